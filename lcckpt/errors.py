@@ -1,0 +1,46 @@
+"""The exceptions lcckpt raises.
+
+One base, :class:`LcckptError`, so that ``except lcckpt.LcckptError`` catches every
+failure of ours; subclasses say what kind of problem it is. Messages name what was
+found and what to do about it.
+"""
+
+
+class LcckptError(Exception):
+    """Base class of every error lcckpt raises on purpose."""
+
+
+class CorruptDataError(LcckptError):
+    """A blob or file is damaged: bad magic, bad header, offsets out of range, bad code."""
+
+
+class TruncatedError(CorruptDataError):
+    """A blob or file ends before the data its header promises."""
+
+
+class ChecksumError(CorruptDataError):
+    """Stored bytes do not match their recorded checksum."""
+
+
+class UnsupportedVersionError(LcckptError):
+    """The data was written by a format version this build cannot read."""
+
+
+class BrokenChainError(LcckptError):
+    """A delta checkpoint's base is missing, damaged or not the one it was made against."""
+
+
+class UnsafeObjectError(LcckptError):
+    """A value cannot be stored or loaded without running arbitrary code."""
+
+
+class UnsupportedDtypeError(LcckptError, TypeError):
+    """The array's dtype is not one this operation handles."""
+
+
+class NonFiniteError(LcckptError, ValueError):
+    """A delta holds NaN or Inf, which no quantizer bucket can represent."""
+
+
+class InvalidArgumentError(LcckptError, ValueError):
+    """An argument is out of its allowed range."""
