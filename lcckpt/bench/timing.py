@@ -1,0 +1,146 @@
+"""Timing and reporting helpers shared by the benchmarks.
+
+``measure`` repeats a call until it has both a minimum number of runs and a
+minimum total wall time (the approach of python-zstandard's bench): fast
+functions get enough runs for a stable median, slow ones are not run 50 times.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import math
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Wall-clock median and minimum, run count, and median process CPU time.
+
+    ``cpu_s`` counts every thread of the process, so ``cpu_s / median_s`` shows
+    how many cores a parallel kernel kept busy.
+    """
+
+    median_s: float
+    min_s: float
+    runs: int
+    cpu_s: float
+
+
+def measure(
+    fn: Callable[[], Any],
+    *,
+    min_runs: int = 3,
+    min_time: float = 0.3,
+    max_runs: int = 50,
+    warmup: int = 0,
+) -> Timing:
+    """Call ``fn()`` until ``min_runs`` calls and ``min_time`` seconds are reached.
+
+    ``max_runs`` caps the count even if ``min_time`` is not reached. ``warmup``
+    untimed calls come first, e.g. to keep JIT compilation out of the numbers.
+    """
+    if min_runs < 1 or max_runs < min_runs or min_time < 0 or warmup < 0:
+        raise InvalidArgumentError(
+            f"need 1 <= min_runs <= max_runs, min_time >= 0, warmup >= 0; got "
+            f"min_runs={min_runs}, max_runs={max_runs}, min_time={min_time}, warmup={warmup}"
+        )
+    for _ in range(warmup):
+        fn()
+    walls: list[float] = []
+    cpus: list[float] = []
+    total = 0.0
+    while len(walls) < max_runs and (len(walls) < min_runs or total < min_time):
+        c0, t0 = time.process_time(), time.perf_counter()
+        fn()
+        t1, c1 = time.perf_counter(), time.process_time()
+        walls.append(t1 - t0)
+        cpus.append(c1 - c0)
+        total += t1 - t0
+    return Timing(statistics.median(walls), min(walls), len(walls), statistics.median(cpus))
+
+
+def throughput_mbs(nbytes: int, seconds: float) -> float:
+    """Decimal megabytes (10**6 bytes) per second; ``inf`` for a zero duration."""
+    return math.inf if seconds <= 0 else nbytes / 1e6 / seconds
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "Hardware"):
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def environment() -> dict[str, Any]:
+    """Versions and hardware that a benchmark result should be reported with.
+
+    Versions come from package metadata, so nothing heavy is imported.
+    """
+    return {
+        "python": platform.python_version(),
+        "numpy": _version("numpy"),
+        "numba": _version("numba"),
+        "torch": _version("torch"),
+        "zstandard": _version("zstandard"),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+    }
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, float):
+        return str(value)
+    if value == 0 or not math.isfinite(value):
+        return "0" if value == 0 else str(value)
+    a = abs(value)
+    if a >= 1e7 or a < 1e-3:
+        return f"{value:.3e}"
+    if a >= 100:
+        return f"{value:.1f}"
+    if a >= 1:
+        return f"{value:.3f}"
+    return f"{value:.4f}"
+
+
+def format_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    """A plain-text table: numbers right-aligned, text left-aligned.
+
+    Missing entries and ``None`` print as ``-``. Floats get 3-4 significant
+    figures, which is all that run-to-run timing noise justifies.
+    """
+    cells = [[_fmt(row.get(c)) for c in columns] for row in rows]
+    numeric = [
+        all(isinstance(row.get(c), (int, float)) or row.get(c) is None for row in rows)
+        for c in columns
+    ]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+
+    def line(values: list[str]) -> str:
+        parts = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)]
+        return "  ".join(parts).rstrip()
+
+    out = [line(list(columns)), "  ".join("-" * w for w in widths)]
+    out.extend(line(r) for r in cells)
+    return "\n".join(out)
