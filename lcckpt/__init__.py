@@ -1,0 +1,21 @@
+"""lcckpt: small, fault-tolerant deep-learning checkpoints.
+
+The public API is re-exported here; nothing else lives in this module.
+"""
+
+from .errors import (
+    BrokenChainError,
+    ChecksumError,
+    CorruptDataError,
+    InvalidArgumentError,
+    LcckptError,
+    NonFiniteError,
+    TruncatedError,
+    UnsafeObjectError,
+    UnsupportedDtypeError,
+    UnsupportedVersionError,
+)
+
+__version__ = "0.1.0"
+
+from .codec import EncodeStats, decode, encode

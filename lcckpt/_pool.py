@@ -1,0 +1,64 @@
+"""One shared thread pool for the nogil kernels.
+
+Numba's ``parallel=True`` threading layers abort on concurrent calls and break forked
+DataLoader workers, so chunks fan out over plain Python threads instead; the kernels
+release the GIL. The pool is created on first use and dropped in a forked child, whose
+copy of the parent's threads does not exist.
+"""
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+_lock = threading.Lock()
+_pool = None
+
+
+def threads() -> int:
+    """Worker count: ``LCCKPT_THREADS`` if set, else the number of usable CPUs."""
+    env = os.environ.get("LCCKPT_THREADS")
+    if env:
+        return max(1, int(env))
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:                       # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _get_pool():
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=threads(), thread_name_prefix="lcckpt")
+        return _pool
+
+
+def _forget_pool():
+    global _pool, _lock
+    _pool = None
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
+def run_tasks(fn, n: int):
+    """Call ``fn(t)`` for ``t in range(n)`` on the pool; return the results in order.
+
+    Work is split into at most ``threads()`` contiguous task ranges so per-task overhead
+    stays small; one range runs inline.
+    """
+    if n <= 0:
+        return []
+    workers = min(threads(), n)
+    if workers == 1:
+        return [fn(t) for t in range(n)]
+
+    def run_range(r):
+        lo, hi = r * n // workers, (r + 1) * n // workers
+        return [fn(t) for t in range(lo, hi)]
+
+    out = []
+    for part in _get_pool().map(run_range, range(workers)):
+        out.extend(part)
+    return out

@@ -1,0 +1,586 @@
+"""The lcckpt file format: a checksummed JSON header, then 64-byte aligned data sections.
+
+This module moves bytes and per-section metadata; it knows nothing of torch, of tensors
+or of what a section holds (serialization.py and chain.py decide that). Every field of
+the header, every offset, length, padding byte and checksum is validated before a byte
+is handed out, so a damaged or hostile file fails with a :class:`CorruptDataError`
+subclass instead of feeding garbage to a decoder. ``docs/format.md`` is the spec.
+
+Writes to a path are atomic: a temp file in the same directory is written, fsynced and
+renamed over the target, then the directory is fsynced. A crash leaves either the old
+file or the new one, never a mix; temp files of crashed writers on this host are removed
+by the next successful write to the same path.
+
+Reading is lazy: the header is read and validated up front, each section's bytes and
+checksum when it is asked for (:meth:`Container.data`, :meth:`Container.read_into`), or
+all of them at once with :meth:`Container.verify`.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import secrets
+import socket
+import stat
+import struct
+import threading
+import zlib
+from collections.abc import Iterable
+from typing import Any, BinaryIO
+
+from .errors import (
+    ChecksumError,
+    CorruptDataError,
+    InvalidArgumentError,
+    TruncatedError,
+    UnsupportedVersionError,
+)
+
+__all__ = [
+    "ALIGNMENT",
+    "FORMAT_VERSION",
+    "MAGIC",
+    "MAX_HEADER_SIZE",
+    "Container",
+    "read_container",
+    "write_container",
+]
+
+MAGIC = b"LCCKPT"
+FORMAT_VERSION = 1
+ALIGNMENT = 64
+MAX_HEADER_SIZE = 64 << 20
+# magic, format version, header length, header crc32, reserved (zero)
+_PREFIX = struct.Struct("<6sHQII")
+PREFIX_SIZE = _PREFIX.size  # 24
+_TMP_SUFFIX = ".lcckpt-tmp"
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGNMENT) * ALIGNMENT
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def write_container(
+    dest: str | os.PathLike | BinaryIO,
+    sections: Iterable[tuple[str, dict, Any]],
+    meta: dict,
+) -> int:
+    """Write ``sections`` (``(name, section_meta, bytes_like)`` triples) and ``meta``.
+
+    ``dest`` is a path (written atomically) or a writable binary file object (written
+    from its current position, not closed). Metadata must be plain JSON: dicts with str
+    keys, lists, str, int, finite float, bool, None. Returns the number of bytes written.
+    """
+    header, payloads = _build_header(sections, meta)
+    if isinstance(dest, (str, os.PathLike)):
+        _atomic_write(os.fspath(dest), lambda f: _write_all_parts(f, header, payloads))
+    else:
+        _write_all_parts(dest, header, payloads)
+    return _file_size(len(header), [len(p) for p in payloads])
+
+
+def _build_header(sections, meta) -> tuple[bytes, list[memoryview]]:
+    _check_json(meta, "meta")
+    entries, payloads, names = [], [], set()
+    offset = 0
+    for item in sections:
+        try:
+            name, section_meta, data = item
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(
+                f"each section must be a (name, meta, bytes_like) triple, got {item!r:.80}"
+            ) from None
+        if not isinstance(name, str) or not name:
+            raise InvalidArgumentError(f"section name must be a non-empty str, got {name!r:.80}")
+        if name in names:
+            raise InvalidArgumentError(f"duplicate section name {name!r}")
+        names.add(name)
+        _check_json(section_meta, f"meta of section {name!r}")
+        if not isinstance(section_meta, dict):
+            raise InvalidArgumentError(f"meta of section {name!r} must be a dict")
+        try:
+            view = memoryview(data).cast("B")
+        except TypeError as e:
+            raise InvalidArgumentError(
+                f"data of section {name!r} must be a C-contiguous bytes-like object: {e}"
+            ) from None
+        entries.append(
+            {
+                "name": name,
+                "offset": offset,
+                "length": view.nbytes,
+                "crc32": zlib.crc32(view),
+                "meta": section_meta,
+            }
+        )
+        payloads.append(view)
+        offset = _align(offset + view.nbytes)
+    header_obj = {"version": FORMAT_VERSION, "meta": meta, "sections": entries}
+    header = json.dumps(header_obj, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    header = header.encode("ascii")
+    if len(header) > MAX_HEADER_SIZE:
+        raise InvalidArgumentError(
+            f"header would be {len(header)} bytes, over the {MAX_HEADER_SIZE}-byte limit "
+            "readers enforce; store large collections of numbers as tensors or arrays"
+        )
+    return header, payloads
+
+
+def _check_json(value, where: str, depth: int = 0) -> None:
+    """Refuse anything json.dumps would silently change (int keys, tuples, NaN)."""
+    if depth > 256:
+        raise InvalidArgumentError(f"{where} is nested too deeply (or is cyclic)")
+    t = type(value)
+    if value is None or t in (bool, int, str):
+        return
+    if t is float:
+        if value != value or value in (float("inf"), float("-inf")):
+            raise InvalidArgumentError(f"{where} holds a non-finite float; JSON cannot store it")
+        return
+    if t is list:
+        for i, v in enumerate(value):
+            _check_json(v, f"{where}[{i}]", depth + 1)
+        return
+    if t is dict:
+        for k, v in value.items():
+            if type(k) is not str:
+                raise InvalidArgumentError(f"{where} has a non-str key {k!r:.80}; JSON keys are str")
+            _check_json(v, f"{where}[{k!r}]", depth + 1)
+        return
+    raise InvalidArgumentError(
+        f"{where} holds a {t.__name__}; container metadata must be plain JSON "
+        "(dict with str keys, list, str, int, finite float, bool, None)"
+    )
+
+
+def _file_size(header_len: int, lengths: list[int]) -> int:
+    size = _align(PREFIX_SIZE + header_len)
+    for i, n in enumerate(lengths):
+        size += n if i == len(lengths) - 1 else _align(n)
+    return size
+
+
+def _write_all_parts(f: BinaryIO, header: bytes, payloads: list[memoryview]) -> None:
+    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header), zlib.crc32(header), 0)
+    head_end = PREFIX_SIZE + len(header)
+    _write_all(f, prefix + header + bytes(_align(head_end) - head_end))
+    for i, view in enumerate(payloads):
+        _write_all(f, view)
+        if i != len(payloads) - 1:
+            _write_all(f, bytes(_align(view.nbytes) - view.nbytes))
+
+
+def _write_all(f: BinaryIO, data) -> None:
+    view = memoryview(data).cast("B")
+    while view.nbytes:
+        n = f.write(view)
+        if n is None:  # raw non-blocking stream with nothing written
+            raise OSError(errno.EAGAIN, "non-blocking stream refused the write")
+        view = view[n:]
+
+
+def _atomic_write(path: str, write) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    base = os.path.basename(path)
+    tmp, fd = _create_temp(directory, base)
+    try:
+        try:
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+        except FileNotFoundError:
+            mode = None
+        with open(fd, "wb") as f:
+            if mode is not None:
+                os.chmod(tmp, mode)
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(directory)
+    _remove_stale_temps(directory, base)
+
+
+def _host_tag() -> str:
+    return f"{zlib.crc32(socket.gethostname().encode('utf-8', 'replace')):08x}"
+
+
+def _temp_prefix(base: str) -> str:
+    return f".{base[:100]}."
+
+
+def _create_temp(directory: str, base: str) -> tuple[str, int]:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    while True:
+        name = f"{_temp_prefix(base)}{_host_tag()}-{os.getpid()}-{secrets.token_hex(4)}{_TMP_SUFFIX}"
+        tmp = os.path.join(directory, name)
+        try:
+            return tmp, os.open(tmp, flags, 0o666)
+        except FileExistsError:
+            continue
+
+
+def _fsync_dir(directory: str) -> None:
+    if os.name != "posix":
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as e:  # some filesystems cannot fsync a directory
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _remove_stale_temps(directory: str, base: str) -> None:
+    """Delete temp files left by killed writers of ``base`` on this host."""
+    if os.name != "posix":  # no safe liveness probe elsewhere
+        return
+    prefix, host = _temp_prefix(base), _host_tag()
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if not (name.startswith(prefix) and name.endswith(_TMP_SUFFIX)):
+            continue
+        parts = name[len(prefix) : -len(_TMP_SUFFIX)].split("-")
+        if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
+            continue
+        pid = int(parts[1])
+        if pid == os.getpid() or _pid_alive(pid):
+            continue
+        try:
+            os.unlink(os.path.join(directory, name))
+        except OSError:
+            pass
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+# --------------------------------------------------------------------------- reading
+
+
+class _BufferSource:
+    """Container bytes already in memory."""
+
+    def __init__(self, view: memoryview):
+        self.view = view
+        self.size = view.nbytes
+
+    def read(self, offset: int, n: int) -> memoryview:
+        return self.view[offset : offset + n]
+
+    def readinto(self, offset: int, out: memoryview) -> int:
+        chunk = self.view[offset : offset + out.nbytes]
+        out[: chunk.nbytes] = chunk
+        return chunk.nbytes
+
+    def close(self) -> None:
+        pass
+
+
+class _FileSource:
+    """A seekable file; ``base`` is where the container starts in it."""
+
+    def __init__(self, f: BinaryIO, base: int, owned: bool):
+        self.f, self.base, self.owned = f, base, owned
+        self.size = f.seek(0, os.SEEK_END) - base
+        self.lock = threading.Lock()
+
+    def read(self, offset: int, n: int) -> memoryview:
+        buf = bytearray(n)
+        got = self.readinto(offset, memoryview(buf))
+        return memoryview(buf)[:got]
+
+    def readinto(self, offset: int, out: memoryview) -> int:
+        with self.lock:
+            self.f.seek(self.base + offset)
+            got = 0
+            while got < out.nbytes:
+                n = self.f.readinto(out[got:])
+                if not n:
+                    break
+                got += n
+            return got
+
+    def close(self) -> None:
+        if self.owned:
+            self.f.close()
+
+
+class Container:
+    """A validated container: ``meta``, ``sections`` and checked access to their bytes.
+
+    ``sections`` is a list of dicts with ``name``, ``offset`` (from the data start),
+    ``length``, ``crc32`` and ``meta``. The header has been fully validated; section bytes
+    are checked (checksum and trailing padding) each time they are read. Use as a context
+    manager, or call :meth:`close`, when the container was opened from a path.
+    """
+
+    def __init__(self, source, version: int, meta: dict, sections: list[dict], data_start: int):
+        self._source = source
+        self.version = version
+        self.meta = meta
+        self.sections = sections
+        self.data_start = data_start
+        self._names = {s["name"]: i for i, s in enumerate(sections)}
+        self._checked: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.sections)
+
+    def __enter__(self) -> Container:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._source.close()
+
+    def index(self, name: str) -> int:
+        """Position of the section called ``name`` (KeyError if absent)."""
+        return self._names[name]
+
+    def data(self, i: int) -> memoryview:
+        """The checked bytes of section ``i`` (a view into memory, or a fresh copy from disk)."""
+        s = self.sections[i]
+        if isinstance(self._source, _BufferSource):
+            view = self._source.read(self.data_start + s["offset"], s["length"])
+            if i not in self._checked:
+                self._check(i, view)
+                self._check_gap(i)
+                self._checked.add(i)
+            return view
+        buf = bytearray(s["length"])
+        self.read_into(i, buf)
+        return memoryview(buf)
+
+    def read_into(self, i: int, out) -> None:
+        """Copy section ``i`` into the writable buffer ``out`` (exactly its length), checked."""
+        s = self.sections[i]
+        view = memoryview(out).cast("B")
+        if view.nbytes != s["length"]:
+            raise InvalidArgumentError(
+                f"buffer of {view.nbytes} bytes for section {s['name']!r} of {s['length']} bytes"
+            )
+        got = self._source.readinto(self.data_start + s["offset"], view)
+        if got != s["length"]:
+            raise TruncatedError(
+                f"section {s['name']!r} ends after {got} of its {s['length']} bytes: the file "
+                "was truncated or changed while being read"
+            )
+        self._check(i, view)
+        self._check_gap(i)
+
+    def verify(self) -> None:
+        """Check every section's checksum and padding; raises on the first damaged one."""
+        for i, s in enumerate(self.sections):
+            if isinstance(self._source, _BufferSource):
+                self.data(i)
+                continue
+            chunk = bytearray(min(s["length"], 16 << 20))
+            crc, pos, end = 0, 0, s["length"]
+            while pos < end:
+                view = memoryview(chunk)[: min(len(chunk), end - pos)]
+                got = self._source.readinto(self.data_start + s["offset"] + pos, view)
+                if got != view.nbytes:
+                    raise TruncatedError(f"section {s['name']!r} is truncated")
+                crc = zlib.crc32(view, crc)
+                pos += got
+            self._compare_crc(i, crc)
+            self._check_gap(i)
+
+    def _check(self, i: int, view: memoryview) -> None:
+        self._compare_crc(i, zlib.crc32(view))
+
+    def _compare_crc(self, i: int, crc: int) -> None:
+        s = self.sections[i]
+        if crc != s["crc32"]:
+            raise ChecksumError(
+                f"section {s['name']!r} is damaged: crc32 {crc:#010x}, header says "
+                f"{s['crc32']:#010x}; restore the file from a good copy"
+            )
+
+    def _check_gap(self, i: int) -> None:
+        if i == len(self.sections) - 1:
+            return
+        s = self.sections[i]
+        start = self.data_start + s["offset"] + s["length"]
+        gap = self.data_start + self.sections[i + 1]["offset"] - start
+        if any(self._source.read(start, gap)):
+            raise CorruptDataError(f"padding after section {s['name']!r} is not zero: the file is damaged")
+
+
+def read_container(source) -> Container:
+    """Open and validate a container from a path, a bytes-like object or a binary file.
+
+    A path is opened and read lazily (close the container when done). A seekable file
+    object is read lazily from its current position, which must stay valid until the
+    container is no longer used; a non-seekable one is read to its end. The container
+    must extend exactly to the end of the file or buffer.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        src = _FileSource(open(source, "rb", buffering=0), 0, owned=True)
+    elif isinstance(source, (bytes, bytearray, memoryview)):
+        src = _BufferSource(memoryview(source).cast("B"))
+    else:
+        try:
+            seekable = source.seekable()
+        except AttributeError:
+            raise InvalidArgumentError(
+                f"cannot read from {type(source).__name__}: pass a path, bytes or a binary file"
+            ) from None
+        if seekable:
+            src = _FileSource(source, source.tell(), owned=False)
+        else:
+            data = source.read()
+            if not isinstance(data, (bytes, bytearray)):
+                raise InvalidArgumentError("the file object must be opened in binary mode")
+            src = _BufferSource(memoryview(data))
+    try:
+        return _open(src)
+    except BaseException:
+        src.close()
+        raise
+
+
+def _open(src) -> Container:
+    prefix = bytes(src.read(0, PREFIX_SIZE))
+    if len(prefix) < PREFIX_SIZE:
+        if prefix[: len(MAGIC)] == MAGIC[: len(prefix)] and prefix:
+            raise TruncatedError(f"file ends after {len(prefix)} bytes, inside the fixed prefix")
+        raise CorruptDataError(_not_ours(prefix))
+    magic, version, header_len, header_crc, reserved = _PREFIX.unpack(prefix)
+    if magic != MAGIC:
+        raise CorruptDataError(_not_ours(prefix))
+    if version > FORMAT_VERSION:
+        raise UnsupportedVersionError(
+            f"file format version {version}, this build reads up to {FORMAT_VERSION}: "
+            "upgrade lcckpt (if no such version exists, the file is damaged)"
+        )
+    if version == 0:
+        raise CorruptDataError("format version 0 does not exist: the file is damaged")
+    if reserved != 0:
+        raise CorruptDataError(f"reserved prefix field is {reserved:#x}, must be 0: the file is damaged")
+    if header_len == 0 or header_len > MAX_HEADER_SIZE:
+        raise CorruptDataError(
+            f"header length {header_len} is outside 1..{MAX_HEADER_SIZE}: the file is damaged"
+        )
+    if PREFIX_SIZE + header_len > src.size:
+        raise TruncatedError(
+            f"file has {src.size} bytes but its header ends at byte {PREFIX_SIZE + header_len}"
+        )
+    raw = src.read(PREFIX_SIZE, header_len)
+    if zlib.crc32(raw) != header_crc:
+        raise ChecksumError("header checksum mismatch: the file is damaged; restore it from a good copy")
+    header = _parse_json(bytes(raw))
+    meta, sections = _validate_header(header, version)
+
+    data_start = _align(PREFIX_SIZE + header_len)
+    end = data_start + (sections[-1]["offset"] + sections[-1]["length"] if sections else 0)
+    if end > src.size:
+        raise TruncatedError(f"file has {src.size} bytes, its header promises {end}: it was truncated")
+    if end < src.size:
+        raise CorruptDataError(
+            f"{src.size - end} unexpected bytes after the last section: the file is damaged "
+            "or another file was appended to it"
+        )
+    if any(src.read(PREFIX_SIZE + header_len, data_start - PREFIX_SIZE - header_len)):
+        raise CorruptDataError("padding after the header is not zero: the file is damaged")
+    return Container(src, version, meta, sections, data_start)
+
+
+def _not_ours(prefix: bytes) -> str:
+    if not prefix:
+        return "the file is empty"
+    return f"not an lcckpt file: it starts with {prefix[:8]!r}, expected {MAGIC!r}"
+
+
+def _parse_json(raw: bytes):
+    def no_duplicates(pairs):
+        obj = {}
+        for k, v in pairs:
+            if k in obj:
+                raise CorruptDataError(f"header has the key {k!r} twice")
+            obj[k] = v
+        return obj
+
+    def no_constants(name):
+        raise CorruptDataError(f"header holds {name}, which JSON does not allow")
+
+    try:
+        text = raw.decode("utf-8")
+        return json.loads(text, object_pairs_hook=no_duplicates, parse_constant=no_constants)
+    except CorruptDataError:
+        raise
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise CorruptDataError(f"header is not valid JSON: {e}") from None
+
+
+def _is_uint(v) -> bool:
+    return type(v) is int and v >= 0
+
+
+def _validate_header(header, version: int) -> tuple[dict, list[dict]]:
+    """Check the header against the schema in docs/format.md and the layout rules."""
+
+    def bad(msg):
+        raise CorruptDataError(f"invalid header: {msg}")
+
+    if type(header) is not dict:
+        bad("not a JSON object")
+    if set(header) != {"version", "meta", "sections"}:
+        bad(f"keys are {sorted(header)}, expected ['meta', 'sections', 'version']")
+    if header["version"] != version or type(header["version"]) is not int:
+        bad(f"version {header['version']!r} does not match the prefix version {version}")
+    if type(header["meta"]) is not dict:
+        bad("'meta' is not an object")
+    sections = header["sections"]
+    if type(sections) is not list:
+        bad("'sections' is not an array")
+    names, expected = set(), 0
+    for i, s in enumerate(sections):
+        if type(s) is not dict:
+            bad(f"section {i} is not an object")
+        if set(s) != {"name", "offset", "length", "crc32", "meta"}:
+            bad(f"section {i} keys are {sorted(s)}, expected crc32, length, meta, name, offset")
+        name = s["name"]
+        if type(name) is not str or not name:
+            bad(f"section {i} name is not a non-empty string")
+        if name in names:
+            bad(f"section name {name!r} appears twice")
+        names.add(name)
+        for key in ("offset", "length", "crc32"):
+            if not _is_uint(s[key]):
+                bad(f"section {name!r} {key} is not a non-negative integer")
+        if s["crc32"] > 0xFFFFFFFF:
+            bad(f"section {name!r} crc32 does not fit 32 bits")
+        if type(s["meta"]) is not dict:
+            bad(f"section {name!r} meta is not an object")
+        if s["offset"] != expected:
+            bad(
+                f"section {name!r} starts at {s['offset']}, expected {expected}: sections must be "
+                f"stored in order, each at the next {ALIGNMENT}-byte boundary"
+            )
+        expected = _align(s["offset"] + s["length"])
+    return header["meta"], sections

@@ -1,0 +1,378 @@
+"""Entropy coding of a symbol stream: chunked canonical Huffman in several modes.
+
+A stream of ``n`` small symbols (``uint8``, values below ``2**b``) is cut into chunks of
+``chunk_size``; every chunk is coded on its own, byte-aligned, so chunks encode and
+decode in parallel. Per chunk one mode:
+
+* ``huffman`` - one code word per symbol (LC-Checkpoint's faithful coder);
+* ``grouped`` - one code word per ``g`` symbols (sub-bit);
+* ``runs``    - one code word per (zero run, symbol) pair plus raw extra bits (sub-bit);
+* ``raw``     - the symbol bytes as they are;
+* ``const``   - every symbol equal: no payload at all.
+
+Each mode that any chunk uses has one code per stream, described by its code lengths.
+Sizes are computed exactly from histograms before anything is written, so the choice
+between modes is by real bytes, and encoding writes straight into one output buffer.
+This module knows nothing of floats: the quantizer and the lossless codec feed it.
+"""
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from ._pool import run_tasks
+from ._wire import Reader, Writer
+from .errors import CorruptDataError, InvalidArgumentError
+from .kernels import huffman as hk
+from .kernels import runs as rk
+
+HUFFMAN, GROUPED, RUNS, RAW, CONST = range(5)
+MODE_NAMES = ("huffman", "grouped", "runs", "raw", "const")
+CODED_MODES = (HUFFMAN, GROUPED, RUNS)
+CACHE_SLACK = 1.01          # reuse a cached code while it costs at most 1% more
+
+
+def group_size(b: int) -> int:
+    """Symbols per grouped letter: as many ``b``-bit symbols as fit in a byte (at least 2)."""
+    return max(2, 8 // b)
+
+
+def alphabet(mode: int, b: int) -> int:
+    if mode == HUFFMAN:
+        return 1 << b
+    if mode == GROUPED:
+        return 1 << (b * group_size(b))
+    if mode == RUNS:
+        return rk.RUN_CLASSES << b
+    raise ValueError(mode)
+
+
+def modes_for(coder: str, b: int) -> tuple:
+    """The modes a coder name may choose from, per chunk."""
+    table = {
+        "huffman": (HUFFMAN,),
+        "grouped": (GROUPED,),
+        "runs": (RUNS,),
+        "auto": (HUFFMAN, GROUPED, RUNS, CONST),
+        "bytes": (HUFFMAN, RAW, CONST),         # lossless byte planes
+    }
+    if coder not in table:
+        raise InvalidArgumentError(
+            f"unknown coder {coder!r}; choose one of 'auto', 'huffman', 'grouped', 'runs'")
+    return table[coder]
+
+
+@dataclass
+class Analysis:
+    """Per-chunk letter histograms of every candidate mode (what sizes are computed from)."""
+    n: int
+    chunk_size: int
+    b: int
+    hist: dict                      # mode -> int64 [nchunks, alphabet]
+    extra_bits: np.ndarray | None   # runs: raw extra bits per chunk
+
+    @property
+    def nchunks(self) -> int:
+        return -(-self.n // self.chunk_size)
+
+    def chunk_len(self, c: int) -> int:
+        return min(self.chunk_size, self.n - c * self.chunk_size)
+
+
+def analyze(sym: np.ndarray, sym_hist: np.ndarray, chunk_size: int, b: int, modes) -> Analysis:
+    """Collect the histograms ``modes`` need; ``sym_hist`` is the per-chunk symbol histogram."""
+    n = sym.size
+    nchunks = -(-n // chunk_size)
+    hist = {HUFFMAN: sym_hist}
+    extra = None
+    g = group_size(b)
+    need_g, need_r = GROUPED in modes, RUNS in modes
+    if need_g:
+        hist[GROUPED] = np.zeros((nchunks, alphabet(GROUPED, b)), np.int64)
+    if need_r:
+        hist[RUNS] = np.zeros((nchunks, alphabet(RUNS, b)), np.int64)
+        extra = np.zeros(nchunks, np.int64)
+
+    if need_g or need_r:
+        def task(c):
+            lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
+            if need_g:
+                rk.grouped_histogram(sym, lo, hi, g, b, hist[GROUPED][c])
+            if need_r:
+                extra[c] = rk.runs_histogram(sym, lo, hi, 1 << b, hist[RUNS][c])
+        run_tasks(task, nchunks)
+    return Analysis(n, chunk_size, b, hist, extra)
+
+
+def entropy_bits(counts: np.ndarray) -> float:
+    """Order-0 entropy of a histogram, in bits in total."""
+    counts = counts[counts > 0].astype(np.float64)
+    total = counts.sum()
+    if total == 0:
+        return 0.0
+    p = counts / total
+    return float(-(counts * np.log2(p)).sum())
+
+
+def _cost(hist: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    return hist @ lengths.astype(np.int64)
+
+
+@dataclass
+class CodeCache:
+    """Code lengths of the previous stream, reused while they stay near-optimal.
+
+    Symbol statistics drift slowly between checkpoints of one tensor; reusing the code
+    keeps decode tables hot in the decoder's cache. Every blob still stores its lengths.
+    """
+    lengths: dict = field(default_factory=dict)   # mode -> uint8 array
+    hits: int = 0
+    misses: int = 0
+
+    def choose(self, mode: int, counts: np.ndarray, fresh: np.ndarray) -> np.ndarray:
+        old = self.lengths.get(mode)
+        if old is not None and old.size == fresh.size and not np.any((counts > 0) & (old == 0)):
+            if _cost(counts, old) <= CACHE_SLACK * _cost(counts, fresh):
+                self.hits += 1
+                return old
+        self.misses += 1
+        self.lengths[mode] = fresh
+        return fresh
+
+
+@dataclass
+class Encoded:
+    modes: np.ndarray          # uint8 per chunk
+    consts: np.ndarray         # uint8 per chunk (the symbol of CONST chunks)
+    nbytes: np.ndarray         # int64 per chunk
+    lengths: dict              # mode -> uint8 code lengths, for the coded modes in use
+    payload: np.ndarray        # uint8
+    mode_bits: dict            # mode -> total bits had every chunk used it (for stats)
+
+
+def _chunk_bits(an: Analysis, mode: int, lengths) -> np.ndarray:
+    """Exact coded size in bits of every chunk under ``mode``."""
+    nch = an.nchunks
+    if mode in CODED_MODES:
+        bits = _cost(an.hist[mode], lengths[mode])
+        if mode == RUNS:
+            bits = bits + an.extra_bits
+        return bits
+    sizes = np.array([an.chunk_len(c) for c in range(nch)], np.int64)
+    if mode == RAW:
+        return sizes * 8
+    if mode == CONST:
+        is_const = (an.hist[HUFFMAN] == sizes[:, None]).any(axis=1)
+        return np.where(is_const, 0, np.iinfo(np.int64).max // 4)
+    raise ValueError(mode)
+
+
+def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None) -> Encoded:
+    """Choose a mode per chunk (fewest bytes among ``modes``) and code the stream."""
+    b = an.b
+    lengths = {}
+    for m in modes:
+        if m in CODED_MODES:
+            counts = an.hist[m].sum(axis=0)
+            fresh = hk.code_lengths(counts, hk.MAX_CODE_LEN)
+            lengths[m] = cache.choose(m, counts, fresh) if cache is not None else fresh
+    mode_bits = {}
+    bits_by_mode = []
+    for m in modes:
+        bits = _chunk_bits(an, m, lengths)
+        bits_by_mode.append(bits)
+        if m != CONST:
+            mode_bits[m] = int(bits.sum())
+    stacked = np.stack([(x + 7) // 8 for x in bits_by_mode])
+    choice = np.argmin(stacked, axis=0)
+    chunk_modes = np.asarray(modes, np.uint8)[choice]
+    nbytes = stacked[choice, np.arange(an.nchunks)].astype(np.int64)
+    consts = np.zeros(an.nchunks, np.uint8)
+    if CONST in modes:
+        is_c = chunk_modes == CONST
+        consts[is_c] = np.argmax(an.hist[HUFFMAN][is_c], axis=1)
+    used = {m: lengths[m] for m in CODED_MODES if m in lengths and np.any(chunk_modes == m)}
+    codes = {m: hk.canonical_codes(l) for m, l in used.items()}
+    offsets = np.concatenate(([0], np.cumsum(nbytes)))
+    payload = np.empty(int(offsets[-1]), np.uint8)
+    g, S = group_size(b), 1 << b
+    cs = an.chunk_size
+
+    def task(c):
+        lo, hi = c * cs, min(an.n, (c + 1) * cs)
+        m, pos = chunk_modes[c], int(offsets[c])
+        if m == HUFFMAN:
+            end = hk.encode_symbols(sym, lo, hi, codes[m], used[m], payload, pos)
+        elif m == GROUPED:
+            end = rk.encode_grouped(sym, lo, hi, g, b, codes[m], used[m], payload, pos)
+        elif m == RUNS:
+            end = rk.encode_runs(sym, lo, hi, S, codes[m], used[m], payload, pos)
+        elif m == RAW:
+            payload[pos:pos + hi - lo] = sym[lo:hi]
+            end = pos + hi - lo
+        else:
+            end = pos
+        if end != offsets[c + 1]:
+            raise AssertionError(f"chunk {c}: wrote {end - pos} bytes, planned {nbytes[c]}")
+    run_tasks(task, an.nchunks)
+    return Encoded(chunk_modes, consts, nbytes, used, payload, mode_bits)
+
+
+# --- stream description: code tables and chunk table -----------------------------------
+
+def write_tables(w: Writer, enc: Encoded):
+    """Serialize the code lengths in use and the chunk table."""
+    mask = 0
+    for m in enc.lengths:
+        mask |= 1 << m
+    w.u8(mask)
+    for m in CODED_MODES:
+        if m in enc.lengths:
+            _write_lengths(w, enc.lengths[m])
+    for c in range(enc.modes.size):
+        m = int(enc.modes[c])
+        w.u8(m)
+        if m == CONST:
+            w.u8(int(enc.consts[c]))
+        else:
+            w.uvar(int(enc.nbytes[c]))
+
+
+def _write_lengths(w: Writer, lengths: np.ndarray):
+    used = np.flatnonzero(lengths)
+    dense = (lengths.size + 1) // 2
+    sparse_est = 2 * used.size + 2
+    if dense <= sparse_est:
+        w.u8(0)
+        padded = np.zeros(2 * dense, np.uint8)
+        padded[:lengths.size] = lengths
+        w.raw(((padded[0::2] << 4) | padded[1::2]).astype(np.uint8).tobytes())
+    else:
+        w.u8(1)
+        w.uvar(used.size)
+        prev = -1
+        for s in used:
+            w.uvar(int(s) - prev - 1)
+            w.u8(int(lengths[s]))
+            prev = int(s)
+
+
+def _read_lengths(r: Reader, size: int) -> np.ndarray:
+    kind = r.u8()
+    if kind == 0:
+        packed = np.frombuffer(r.raw((size + 1) // 2), np.uint8)
+        lengths = np.empty(2 * packed.size, np.uint8)
+        lengths[0::2] = packed >> 4
+        lengths[1::2] = packed & 15
+        if np.any(lengths[size:]):
+            raise CorruptDataError(f"{r.what}: code table has lengths past its alphabet")
+        lengths = lengths[:size].copy()
+    elif kind == 1:
+        m = r.uvar(size, "number of coded letters")
+        lengths = np.zeros(size, np.uint8)
+        s = -1
+        for _ in range(m):
+            s += r.uvar(size, "letter gap") + 1
+            if s >= size:
+                raise CorruptDataError(f"{r.what}: code table letter {s} outside alphabet {size}")
+            lengths[s] = r.u8()
+    else:
+        raise CorruptDataError(f"{r.what}: unknown code table kind {kind}")
+    if lengths.max(initial=0) > hk.MAX_CODE_LEN or not lengths.any():
+        raise CorruptDataError(f"{r.what}: invalid code lengths")
+    kraft = int(np.sum(np.left_shift(1, hk.MAX_CODE_LEN - lengths[lengths > 0].astype(np.int64))))
+    if kraft > 1 << hk.MAX_CODE_LEN:
+        raise CorruptDataError(f"{r.what}: code lengths are over-subscribed (not a prefix code)")
+    return lengths
+
+
+@dataclass
+class StreamLayout:
+    modes: np.ndarray
+    consts: np.ndarray
+    offsets: np.ndarray       # int64 [nchunks + 1], relative to the payload start
+    lengths: dict
+
+
+def read_tables(r: Reader, n: int, chunk_size: int, b: int, allowed) -> StreamLayout:
+    """Parse and validate what :func:`write_tables` wrote, for a stream of ``n`` symbols."""
+    nchunks = -(-n // chunk_size)
+    mask = r.u8()
+    lengths = {}
+    for m in CODED_MODES:
+        if mask & (1 << m):
+            if m not in allowed:
+                raise CorruptDataError(f"{r.what}: code table for a mode this stream cannot use")
+            lengths[m] = _read_lengths(r, alphabet(m, b))
+    if mask & ~sum(1 << m for m in CODED_MODES):
+        raise CorruptDataError(f"{r.what}: unknown code table flags {mask:#x}")
+    modes = np.empty(nchunks, np.uint8)
+    consts = np.zeros(nchunks, np.uint8)
+    nbytes = np.zeros(nchunks, np.int64)
+    for c in range(nchunks):
+        m = r.u8()
+        if m not in allowed:
+            raise CorruptDataError(f"{r.what}: chunk {c} has mode {m}, not allowed here")
+        modes[c] = m
+        if m == CONST:
+            v = r.u8()
+            if v >> b:
+                raise CorruptDataError(f"{r.what}: chunk {c} constant {v} exceeds {b} bits")
+            consts[c] = v
+        else:
+            if m in CODED_MODES and m not in lengths:
+                raise CorruptDataError(f"{r.what}: chunk {c} uses a mode with no code table")
+            nbytes[c] = r.uvar(name="chunk size")
+            if m == RAW and nbytes[c] != min(chunk_size, n - c * chunk_size):
+                raise CorruptDataError(f"{r.what}: raw chunk {c} has the wrong size")
+    offsets = np.concatenate(([0], np.cumsum(nbytes)))
+    return StreamLayout(modes, consts, offsets, lengths)
+
+
+@lru_cache(maxsize=256)
+def _table(lengths_bytes: bytes):
+    lengths = np.frombuffer(lengths_bytes, np.uint8)
+    bits = int(lengths.max())
+    return hk.decode_table(lengths, bits), bits
+
+
+def decode(buf: np.ndarray, base: int, layout: StreamLayout, n: int, chunk_size: int, b: int,
+           out: np.ndarray, what: str = "blob", on_chunk=None):
+    """Decode a stream into ``out`` (uint8, n symbols); ``buf[base:]`` is the payload.
+
+    ``on_chunk(lo, hi)``, if given, runs in the same worker right after each chunk is
+    decoded (while its symbols are hot in cache).
+    """
+    if base + int(layout.offsets[-1]) > buf.size:
+        raise CorruptDataError(f"{what}: chunk table points past the end of the data")
+    tables = {m: _table(l.tobytes()) for m, l in layout.lengths.items()}
+    g, S = group_size(b), 1 << b
+
+    def task(c):
+        lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
+        start, end = base + int(layout.offsets[c]), base + int(layout.offsets[c + 1])
+        m = layout.modes[c]
+        if m == CONST:
+            out[lo:hi] = layout.consts[c]
+            used = 0
+        elif m == RAW:
+            out[lo:hi] = buf[start:end]
+            used = 8 * (end - start)
+        else:
+            table, tb = tables[m]
+            if m == HUFFMAN:
+                used = hk.decode_symbols(buf, start, end, hi - lo, table, tb, out, lo)
+            elif m == GROUPED:
+                used = rk.decode_grouped(buf, start, end, hi - lo, g, b, table, tb, out, lo)
+            else:
+                used = rk.decode_runs(buf, start, end, hi - lo, S, table, tb, out, lo)
+        if used < 0 or (used + 7) // 8 != end - start:
+            raise CorruptDataError(
+                f"{what}: chunk {c} ({MODE_NAMES[m]}) does not decode to its recorded size; "
+                "the data is damaged")
+        if m == RAW and b < 8 and int(out[lo:hi].max(initial=0)) >> b:
+            raise CorruptDataError(f"{what}: raw chunk {c} holds symbols wider than {b} bits")
+        if on_chunk is not None:
+            on_chunk(lo, hi)
+    run_tasks(task, -(-n // chunk_size))

@@ -1,0 +1,153 @@
+"""Exponent-bucket quantizer kernels (LC-Checkpoint, ALGORITHM.md §1-3).
+
+Pure Numba functions over numpy arrays; they know nothing of files, torch or threads.
+Every kernel works on one element range ``[start, stop)`` so that callers can fan
+chunks out over a thread pool (the kernels release the GIL).
+
+A float's bucket key is its sign and biased exponent: ``bits >> 23`` for fp32 (512 keys)
+and ``bits >> 52`` for fp64 (4096 keys). Reading the bits of a computed delta needs a
+reinterpreting view, so callers pass a small scratch array ``scratch_f`` together with
+its unsigned view ``scratch_u`` (``scratch_f.view(np.uint32)``); the kernels compute a
+block of deltas into it and read the keys back. One scratch pair per thread.
+"""
+
+import numpy as np
+from numba import njit
+
+BLOCK = 2048
+
+
+@njit(cache=True, nogil=True)
+def key_histogram(u, ref, use_ref, start, stop, scratch_f, scratch_u, shift,
+                  counts, sums, mins, maxs, want_minmax):
+    """Count and sum (fp64) the nonzero delta elements of each bucket key.
+
+    The delta is ``u - ref`` when ``use_ref`` else ``u``. Exact zeros are not counted
+    (they are symbol 0). With ``want_minmax`` also track each key's min and max.
+    """
+    i = start
+    while i < stop:
+        m = min(BLOCK, stop - i)
+        if use_ref:
+            for j in range(m):
+                scratch_f[j] = u[i + j] - ref[i + j]
+        else:
+            for j in range(m):
+                scratch_f[j] = u[i + j]
+        for j in range(m):
+            d = scratch_f[j]
+            if d != 0:
+                k = scratch_u[j] >> shift
+                counts[k] += 1
+                v = np.float64(d)
+                sums[k] += v
+                if want_minmax:
+                    if v < mins[k]:
+                        mins[k] = v
+                    if v > maxs[k]:
+                        maxs[k] = v
+        i += m
+
+
+@njit(cache=True, nogil=True)
+def promotion_table(counts, sums, mins, maxs, nbits, midpoint, centroids):
+    """Keep the 2**nbits - 1 highest-priority buckets; return the key -> symbol table.
+
+    Priority: larger exponent first; on equal exponent more members first; then the
+    positive bucket before the negative one. Symbol s (1..K) is the s-th kept bucket,
+    symbol 0 means zero. ``centroids[s]`` receives the bucket's representative (mean,
+    or midpoint of min and max); ``centroids[0] = 0``. Returns (lut, K).
+    """
+    nkeys = counts.size
+    half = nkeys // 2
+    keep = (1 << nbits) - 1
+    lut = np.zeros(nkeys, np.uint8)
+    taken = np.zeros(nkeys, np.bool_)
+    centroids[0] = 0
+    kept = 0
+    for s in range(1, keep + 1):
+        best = -1
+        for k in range(nkeys):
+            if counts[k] == 0 or taken[k]:
+                continue
+            if best < 0:
+                best = k
+                continue
+            e, eb = k % half, best % half
+            if e > eb or (e == eb and (counts[k] > counts[best]
+                                       or (counts[k] == counts[best] and k < best))):
+                best = k
+        if best < 0:
+            break
+        taken[best] = True
+        lut[best] = s
+        if midpoint:
+            centroids[s] = (mins[best] + maxs[best]) * 0.5
+        else:
+            centroids[s] = sums[best] / counts[best]
+        kept = s
+    return lut, kept
+
+
+@njit(cache=True, nogil=True)
+def assign_symbols(u, ref, use_ref, start, stop, scratch_f, scratch_u, shift, lut,
+                   centroids, sym, sym_counts, err):
+    """Map each delta element to its symbol and measure the reconstruction error.
+
+    ``sym[i]`` is 0 for an exact zero or a dropped bucket, else ``lut[key]``. The
+    reference is not touched: the encoder advances it with :func:`apply_symbols`, the
+    decoder's own kernel, so both sides stay bit-identical by construction. ``err``
+    accumulates in fp64: [0] squared residual ``u - (ref + centroids[sym])`` with the
+    fp32 add the decoder performs, [1] squared norm of ``u``, [2] squared norm of the delta.
+    """
+    e_res = 0.0
+    e_tgt = 0.0
+    e_del = 0.0
+    i = start
+    while i < stop:
+        m = min(BLOCK, stop - i)
+        if use_ref:
+            for j in range(m):
+                scratch_f[j] = u[i + j] - ref[i + j]
+        else:
+            for j in range(m):
+                scratch_f[j] = u[i + j]
+        for j in range(m):
+            d = scratch_f[j]
+            s = 0
+            if d != 0:
+                s = lut[scratch_u[j] >> shift]
+            sym[i + j] = s
+            sym_counts[s] += 1
+            x = u[i + j]
+            if use_ref:
+                rec = ref[i + j]
+                if s != 0:
+                    rec = rec + centroids[s]
+            else:
+                rec = centroids[s]
+            r = np.float64(x) - np.float64(rec)
+            e_res += r * r
+            e_tgt += np.float64(x) * np.float64(x)
+            e_del += np.float64(d) * np.float64(d)
+        i += m
+    err[0] += e_res
+    err[1] += e_tgt
+    err[2] += e_del
+
+
+@njit(cache=True, nogil=True)
+def apply_symbols(sym, start, stop, centroids, out, accumulate):
+    """Decoder side: ``out[i] = centroids[sym[i]]`` or ``out[i] += centroids[sym[i]]``.
+
+    The accumulating form skips symbol 0, exactly like :func:`assign_symbols` does when
+    it advances the encoder's reference, so both sides stay bit-identical.
+    """
+    if accumulate:
+        for i in range(start, stop):
+            s = sym[i]
+            if s != 0:
+                out[i] = out[i] + centroids[s]
+    else:
+        for i in range(start, stop):
+            out[i] = centroids[sym[i]]

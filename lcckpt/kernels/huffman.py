@@ -1,0 +1,224 @@
+"""Canonical Huffman kernels: length-limited code construction, encode, table decode.
+
+Bit order is MSB-first within big-endian bytes (the order of DEFLATE's canonical code
+values and of ``bitarray(endian="big")``), and codes are canonical in the DEFLATE sense:
+shorter codes first, equal lengths in increasing symbol order. So a code is fully
+described by its length per symbol, and bitarray's ``canonical_decode`` is an
+independent oracle for our streams.
+
+Writers keep a 64-bit accumulator and flush 32 bits at a time; since no single put
+exceeds 32 bits the accumulator never overflows. Readers refill byte by byte and treat
+bytes past the end as zeros; callers check the consumed bit count afterwards.
+"""
+
+import numpy as np
+from numba import njit
+
+MAX_CODE_LEN = 12          # one 4096-entry lookup table decodes any code
+_U8 = np.uint64(8)
+_U32 = np.uint64(32)
+_MASK8 = np.uint64(0xFF)
+
+
+@njit(cache=True, nogil=True)
+def code_lengths(counts, max_len):
+    """Huffman code lengths for ``counts``, limited to ``max_len`` bits.
+
+    Unused symbols get length 0; a lone used symbol gets length 1. Lengths come from a
+    two-queue Huffman build, then the JPEG (Annex K.3) adjustment moves over-long leaves
+    up while keeping the code complete; the most frequent symbols take the shortest.
+    """
+    n = counts.size
+    lengths = np.zeros(n, np.uint8)
+    m = 0
+    for s in range(n):
+        if counts[s] > 0:
+            m += 1
+    if m == 0:
+        return lengths
+    used = np.empty(m, np.int64)
+    w = np.empty(m, np.int64)
+    j = 0
+    for s in range(n):
+        if counts[s] > 0:
+            used[j] = s
+            w[j] = counts[s]
+            j += 1
+    order = np.argsort(w, kind="mergesort")        # ascending count, stable by symbol
+    if m == 1:
+        lengths[used[0]] = 1
+        return lengths
+    weight = np.empty(2 * m - 1, np.int64)
+    parent = np.empty(2 * m - 1, np.int64)
+    for j in range(m):
+        weight[j] = w[order[j]]
+    leaf = 0
+    node = m                                       # next internal node to consume
+    for k in range(m - 1):
+        pick = np.empty(2, np.int64)
+        for t in range(2):
+            if leaf < m and (node >= m + k or weight[leaf] <= weight[node]):
+                pick[t] = leaf
+                leaf += 1
+            else:
+                pick[t] = node
+                node += 1
+        new = m + k
+        weight[new] = weight[pick[0]] + weight[pick[1]]
+        parent[pick[0]] = new
+        parent[pick[1]] = new
+    depth = np.zeros(2 * m - 1, np.int64)
+    for v in range(2 * m - 3, -1, -1):
+        depth[v] = depth[parent[v]] + 1
+    maxd = 0
+    for j in range(m):
+        if depth[j] > maxd:
+            maxd = depth[j]
+    bl = np.zeros(max(maxd, max_len) + 1, np.int64)
+    for j in range(m):
+        bl[depth[j]] += 1
+    for i in range(maxd, max_len, -1):
+        while bl[i] > 0:
+            k = i - 2
+            while bl[k] == 0:
+                k -= 1
+            bl[i] -= 2
+            bl[i - 1] += 1
+            bl[k + 1] += 2
+            bl[k] -= 1
+    # most frequent (end of `order`) gets the shortest length
+    j = m - 1
+    for length in range(1, max_len + 1):
+        for _ in range(bl[length]):
+            lengths[used[order[j]]] = length
+            j -= 1
+    return lengths
+
+
+@njit(cache=True, nogil=True)
+def canonical_codes(lengths):
+    """Canonical code values for ``lengths`` (DEFLATE's assignment)."""
+    n = lengths.size
+    bl = np.zeros(64, np.int64)
+    for s in range(n):
+        bl[lengths[s]] += 1
+    bl[0] = 0
+    next_code = np.zeros(64, np.int64)
+    code = 0
+    for b in range(1, 64):
+        code = (code + bl[b - 1]) << 1
+        next_code[b] = code
+    codes = np.zeros(n, np.uint32)
+    for s in range(n):
+        ln = lengths[s]
+        if ln > 0:
+            codes[s] = next_code[ln]
+            next_code[ln] += 1
+    return codes
+
+
+@njit(cache=True, nogil=True)
+def decode_table(lengths, table_bits):
+    """Lookup table of ``2**table_bits`` entries: ``(symbol << 4) | length``; 0 = invalid."""
+    codes = canonical_codes(lengths)
+    table = np.zeros(1 << table_bits, np.uint32)
+    for s in range(lengths.size):
+        ln = lengths[s]
+        if ln > 0:
+            lo = np.int64(codes[s]) << (table_bits - ln)
+            hi = (np.int64(codes[s]) + 1) << (table_bits - ln)
+            for t in range(lo, hi):
+                table[t] = (s << 4) | ln
+    return table
+
+
+# --- bit writer ------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True, inline="always")
+def put_bits(acc, nb, value, length, out, p):
+    """Append ``length`` (<= 32) bits of ``value``; flush 32 bits once 32 are pending."""
+    acc = (acc << np.uint64(length)) | np.uint64(value)
+    nb += length
+    if nb >= 32:
+        nb -= 32
+        word = acc >> np.uint64(nb)
+        out[p] = (word >> np.uint64(24)) & _MASK8
+        out[p + 1] = (word >> np.uint64(16)) & _MASK8
+        out[p + 2] = (word >> _U8) & _MASK8
+        out[p + 3] = word & _MASK8
+        p += 4
+    return acc, nb, p
+
+
+@njit(cache=True, nogil=True, inline="always")
+def flush_bits(acc, nb, out, p):
+    """Write the pending bits, zero-padded to a whole byte; return the new position."""
+    while nb > 0:
+        if nb >= 8:
+            nb -= 8
+            out[p] = (acc >> np.uint64(nb)) & _MASK8
+        else:
+            out[p] = (acc << np.uint64(8 - nb)) & _MASK8
+            nb = 0
+        p += 1
+    return p
+
+
+@njit(cache=True, nogil=True)
+def encode_symbols(sym, start, stop, codes, lengths, out, pos):
+    """Per-element Huffman: code ``sym[start:stop]`` into ``out`` from byte ``pos``.
+
+    Returns the end byte position. ``out`` must hold the exact size computed from the
+    symbol counts and code lengths.
+    """
+    acc = np.uint64(0)
+    nb = 0
+    p = pos
+    for i in range(start, stop):
+        s = sym[i]
+        acc, nb, p = put_bits(acc, nb, codes[s], lengths[s], out, p)
+    return flush_bits(acc, nb, out, p)
+
+
+# --- bit reader ------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True, inline="always")
+def refill(acc, nb, buf, p, end):
+    """Top the accumulator up to at least 57 bits; bytes past ``end`` read as zero."""
+    while nb <= 56:
+        b = np.uint64(0)
+        if p < end:
+            b = np.uint64(buf[p])
+        acc = (acc << _U8) | b
+        p += 1
+        nb += 8
+    return acc, nb, p
+
+
+@njit(cache=True, nogil=True, inline="always")
+def peek(acc, nb, bits):
+    return (acc >> np.uint64(nb - bits)) & np.uint64((1 << bits) - 1)
+
+
+@njit(cache=True, nogil=True)
+def decode_symbols(buf, start, end, n, table, table_bits, out, out_start):
+    """Decode ``n`` symbols from ``buf[start:end]`` into ``out[out_start:]``.
+
+    Returns the number of bits consumed, or -1 if an invalid code is met. The caller
+    checks that the consumed bits fill exactly the chunk's bytes.
+    """
+    acc = np.uint64(0)
+    nb = 0
+    p = start
+    consumed = 0
+    for i in range(n):
+        if nb < table_bits:
+            acc, nb, p = refill(acc, nb, buf, p, end)
+        e = table[peek(acc, nb, table_bits)]
+        ln = e & 15
+        if ln == 0:
+            return -1
+        out[out_start + i] = e >> 4
+        nb -= ln
+        consumed += ln
+    return consumed
