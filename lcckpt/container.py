@@ -85,6 +85,8 @@ def write_container(
 
 
 def _build_header(sections, meta) -> tuple[bytes, list[memoryview]]:
+    if not isinstance(meta, dict):
+        raise InvalidArgumentError(f"meta must be a dict, got {type(meta).__name__}")
     _check_json(meta, "meta")
     entries, payloads, names = [], [], set()
     offset = 0
