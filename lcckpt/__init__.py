@@ -18,4 +18,5 @@ from .errors import (
 
 __version__ = "0.1.0"
 
-from .codec import EncodeStats, decode, encode
+from .codec import EncodeStats, decode, encode, warmup
+from .delta import DeltaDecoder, DeltaEncoder

@@ -318,3 +318,20 @@ def decode(blob):
     work = np.empty(p.n, p.centroids.dtype)
     decode_symbols_into(buf, p, work, accumulate=False)
     return dtypes.from_float_work(work.reshape(p.shape), p.dt)
+
+
+def warmup():
+    """Load (or compile, on the very first run) every kernel, so later calls are fast.
+
+    Numba caches compiled kernels on disk; the first call in a process still pays for
+    loading them. Call this at start-up to move that cost out of the first checkpoint.
+    """
+    rng = np.random.default_rng(0)
+    for dt in (np.float32, np.float64):
+        x = rng.standard_normal(4096).astype(dt)
+        x[::3] = 0
+        for coder in ("huffman", "grouped", "runs", "auto"):
+            decode(encode(x, bits=2, coder=coder))
+        decode(encode(x, lossless=True))
+    for dt in (np.int64, np.float16, np.uint8):
+        decode(encode(np.arange(64).astype(dt), lossless=True))

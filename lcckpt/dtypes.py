@@ -77,7 +77,7 @@ def to_numpy(x) -> tuple[np.ndarray, DType]:
         if not dt.native:
             t = t.view(torch.uint16 if dt.itemsize == 2 else torch.uint8)
         return t.numpy(), dt
-    return np.ascontiguousarray(x), dt
+    return np.asarray(x, order="C"), dt          # (ascontiguousarray would make 0-d 1-d)
 
 
 def to_float_work(a: np.ndarray, dt: DType) -> np.ndarray:

@@ -1,0 +1,205 @@
+"""The tensor API: round trips, the reference quantizer, stats, the guard, bad input."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import array_shapes, arrays
+
+import lcckpt
+from lcckpt import entropy
+from lcckpt.codec import parse
+
+from reference import quantize_ref
+
+CODERS = ["huffman", "grouped", "runs", "auto"]
+
+
+def _floats(dtype, shape, seed, sparsity=0.5, scale_exp=(-8, 3)):
+    rng = np.random.default_rng(seed)
+    n = int(np.prod(shape))
+    x = rng.standard_normal(n) * 10.0 ** rng.uniform(*scale_exp, size=n)
+    x[rng.random(n) < sparsity] = 0
+    return x.astype(dtype).reshape(shape)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([np.float32, np.float64, np.float16]),
+       array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=40),
+       st.integers(1, 4), st.sampled_from(CODERS), st.integers(0, 2**32 - 1),
+       st.floats(0, 1))
+def test_lossy_round_trip_equals_reference_quantizer(dtype, shape, bits, coder, seed, sparsity):
+    x = _floats(dtype, shape, seed, sparsity)
+    blob, stats = lcckpt.encode(x, bits=bits, coder=coder, chunk_size=1024, report=True)
+    y = lcckpt.decode(blob)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    work = x.astype(np.float64 if dtype == np.float64 else np.float32)
+    sym, cent, _ = quantize_ref(work, bits)
+    # same symbols; centroids may differ in the last bit only through summation order
+    np.testing.assert_allclose(y.reshape(-1), cent[sym].astype(dtype),
+                               rtol=max(2 * np.finfo(dtype).eps, 1e-12), atol=0)
+    assert np.array_equal(y.reshape(-1) == 0, sym == 0)
+    assert stats.nbytes == len(blob)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 4))
+def test_every_coder_decodes_the_same_values(seed, bits):
+    x = _floats(np.float32, (3000,), seed, 0.9)
+    outs = [lcckpt.decode(lcckpt.encode(x, bits=bits, coder=c, chunk_size=1024)) for c in CODERS]
+    for y in outs[1:]:
+        assert np.array_equal(outs[0], y)
+
+
+def test_faithful_size_is_the_exact_huffman_size():
+    x = _floats(np.float32, (200_000,), 1, 0.3)
+    blob, stats = lcckpt.encode(x, bits=2, coder="huffman", report=True)
+    buf, p = parse(blob)
+    payload = len(buf) - p.payload_base - 4
+    lengths = p.layouts[0].lengths[entropy.HUFFMAN]
+    counts = np.bincount(quantize_ref(x, 2)[0], minlength=4)
+    assert payload == (counts @ lengths.astype(np.int64) + 7) // 8   # one chunk
+    assert stats.mode_bits["huffman"] * x.size == pytest.approx(counts @ lengths)
+    assert len(blob) - payload < 64                                 # small fixed header
+
+
+def test_auto_never_larger_than_any_single_coder():
+    rng = np.random.default_rng(3)
+    for density in (1.0, 0.5, 0.05, 0.001, 0.0):
+        x = rng.standard_normal(300_000).astype(np.float32)
+        x[rng.random(x.size) >= density] = 0
+        sizes = {c: len(lcckpt.encode(x, bits=2, coder=c)) for c in CODERS}
+        assert sizes["auto"] <= min(sizes[c] for c in ("huffman", "grouped", "runs"))
+
+
+def test_bf16_tensor_in_tensor_out():
+    t = torch.randn(1000, dtype=torch.bfloat16)
+    y = lcckpt.decode(lcckpt.encode(t, bits=3))
+    assert isinstance(y, torch.Tensor) and y.dtype == torch.bfloat16 and y.shape == t.shape
+    sym, cent, _ = quantize_ref(t.float().numpy(), 3)
+    assert torch.equal(y, torch.from_numpy(cent[sym]).to(torch.bfloat16))
+
+
+def test_midpoint_representative():
+    x = np.array([1.0, 1.5, 1.75, -3.0, 0.0], np.float32)
+    y = lcckpt.decode(lcckpt.encode(x, bits=2, midpoint=True))
+    assert y[0] == y[1] == y[2] == np.float32((1.0 + 1.75) / 2) and y[3] == -3 and y[4] == 0
+
+
+def test_stats_report_stages():
+    x = _floats(np.float32, (100_000,), 5, 0.7)
+    _, s = lcckpt.encode(x, bits=2, report=True)
+    assert s.kind == "lossy" and s.bits == 2 and s.kept_buckets == 3
+    assert s.bucket_entropy >= s.symbol_entropy > 0
+    assert set(s.mode_bits) == {"huffman", "grouped", "runs"}
+    assert s.bits_per_element <= min(s.mode_bits.values()) + 0.01
+    assert 0 < s.rel_error < 1
+
+
+@pytest.mark.parametrize("bound", [0.9, 0.5, 0.2, 0.01, 1e-9])
+def test_error_bound_is_honoured(bound):
+    x = _floats(np.float32, (20_000,), 7, 0.2, (-2, 1))
+    blob, s = lcckpt.encode(x, bits=1, error_bound=bound, report=True)
+    y = lcckpt.decode(blob)
+    err = np.linalg.norm(x.astype(np.float64) - y) / np.linalg.norm(x.astype(np.float64))
+    assert err <= bound
+    if s.kind == "lossless":
+        assert s.fallback and err == 0 and s.tried_bits == [1, 2, 3, 4]
+    else:
+        assert s.rel_error == pytest.approx(err, rel=1e-6, abs=1e-12)
+
+
+def test_lossless_adversarial_floats_are_exact():
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 1e-38,
+                         3.4e38, -3.4e38, 1.0, -1.0], np.float32)
+    payloads = np.array([0x7FC00001, 0xFFFFFFFF, 0x7F800001, 0x00000001], np.uint32).view(np.float32)
+    rng = np.random.default_rng(0)
+    x = np.concatenate([specials, payloads,
+                        rng.integers(0, 2**32, 5000, dtype=np.uint32).view(np.float32)])
+    for dt, carrier in ((np.float32, np.uint32), (np.float64, np.uint64), (np.float16, np.uint16)):
+        with np.errstate(all="ignore"):
+            a = x.astype(dt) if dt != np.float32 else x
+        if dt == np.float64:
+            a = np.concatenate([a, rng.integers(0, 2**63, 999, dtype=np.uint64).view(np.float64)])
+        y = lcckpt.decode(lcckpt.encode(a, lossless=True, chunk_size=1024))
+        assert y.dtype == a.dtype and np.array_equal(y.view(carrier), a.view(carrier))
+    t = torch.from_numpy(rng.integers(0, 2**16, 3000, dtype=np.uint16).view(np.int16)) \
+        .view(torch.bfloat16)
+    assert torch.equal(lcckpt.decode(lcckpt.encode(t, lossless=True)).view(torch.int16),
+                       t.view(torch.int16))
+
+
+@settings(max_examples=60, deadline=None)
+@given(arrays(st.sampled_from([np.int8, np.uint8, np.int16, np.int32, np.int64, np.bool_,
+                               np.complex64, np.complex128, np.float32]),
+              array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=30)))
+def test_lossless_any_dtype(a):
+    y = lcckpt.decode(lcckpt.encode(a, lossless=True))
+    assert y.dtype == a.dtype and y.shape == a.shape
+    assert y.tobytes() == a.tobytes()
+
+
+def test_lossless_compresses_real_exponents():
+    x = (np.random.default_rng(0).standard_normal(500_000) * 0.02).astype(np.float32)
+    assert len(lcckpt.encode(x, lossless=True)) < 0.9 * x.nbytes
+
+
+def test_all_zero_and_constant_tensors_are_tiny():
+    z = np.zeros(1_000_000, np.float32)
+    assert len(lcckpt.encode(z)) < 100
+    assert np.array_equal(lcckpt.decode(lcckpt.encode(z)), z)
+    assert len(lcckpt.encode(z, lossless=True)) < 100
+
+
+def test_bad_input_raises_named_errors():
+    with pytest.raises(lcckpt.NonFiniteError):
+        lcckpt.encode(np.array([1.0, np.nan], np.float32))
+    with pytest.raises(lcckpt.NonFiniteError):
+        lcckpt.encode(np.array([1.0, -np.inf]))
+    with pytest.raises(lcckpt.UnsupportedDtypeError):
+        lcckpt.encode(np.arange(10))
+    with pytest.raises(lcckpt.UnsupportedDtypeError):
+        lcckpt.encode(np.array(["a"]), lossless=True)
+    with pytest.raises(lcckpt.InvalidArgumentError):
+        lcckpt.encode(np.ones(3, np.float32), bits=5)
+    with pytest.raises(lcckpt.InvalidArgumentError):
+        lcckpt.encode(np.ones(3, np.float32), coder="zip")
+    with pytest.raises(lcckpt.InvalidArgumentError):
+        lcckpt.encode(np.ones(3, np.float32), chunk_size=1000)
+
+
+def _blobs():
+    x = _floats(np.float32, (5000,), 11, 0.5)
+    out = [lcckpt.encode(x, bits=b, coder=c, chunk_size=1024) for b in (1, 3) for c in CODERS]
+    out.append(lcckpt.encode(x, lossless=True, chunk_size=1024))
+    out.append(lcckpt.encode(np.arange(777, dtype=np.int64), lossless=True, chunk_size=1024))
+    return out
+
+
+def test_every_truncation_is_rejected():
+    for blob in _blobs():
+        for cut in range(len(blob)):
+            with pytest.raises(lcckpt.LcckptError):
+                lcckpt.decode(blob[:cut])
+
+
+def test_bit_flips_are_rejected():
+    rng = np.random.default_rng(0)
+    for blob in _blobs():
+        for _ in range(150):
+            b = bytearray(blob)
+            pos = int(rng.integers(len(b)))
+            b[pos] ^= 1 << int(rng.integers(8))
+            with pytest.raises(lcckpt.LcckptError):
+                lcckpt.decode(bytes(b))
+
+
+def test_wrong_magic_and_version():
+    blob = lcckpt.encode(np.ones(10, np.float32))
+    with pytest.raises(lcckpt.CorruptDataError, match="magic"):
+        lcckpt.decode(b"XYZ" + blob[3:])
+    with pytest.raises(lcckpt.UnsupportedVersionError):
+        lcckpt.decode(blob[:3] + bytes([9]) + blob[4:])
+    with pytest.raises(lcckpt.CorruptDataError):
+        lcckpt.decode(blob + b"\0")

@@ -1,0 +1,209 @@
+"""Kernels against slow references and an independent Huffman decoder (bitarray)."""
+
+import numpy as np
+import pytest
+from bitarray import bitarray
+from bitarray.util import canonical_decode
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from lcckpt.kernels import buckets as bk
+from lcckpt.kernels import floats as fk
+from lcckpt.kernels import huffman as hk
+from lcckpt.kernels import runs as rk
+from lcckpt.quantize import quantize
+
+from reference import canonical_code_table, huffman_cost, quantize_ref
+
+counts_st = arrays(np.int64, st.integers(1, 300),
+                   elements=st.one_of(st.just(0), st.integers(1, 10**9)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(counts_st)
+def test_code_lengths_complete_and_optimal(counts):
+    lengths = hk.code_lengths(counts, hk.MAX_CODE_LEN)
+    used = counts > 0
+    assert np.all((lengths > 0) == used)
+    assert lengths.max(initial=0) <= hk.MAX_CODE_LEN
+    m = int(used.sum())
+    if m >= 2:
+        kraft = sum(2.0 ** -int(ln) for ln in lengths[used])
+        assert kraft == pytest.approx(1.0)           # complete prefix code
+        cost = int(counts @ lengths.astype(np.int64))
+        best = huffman_cost(counts)
+        assert cost >= best
+        if np.ceil(np.log2(counts[used].sum() / counts[used].min())) + 1 < hk.MAX_CODE_LEN:
+            assert cost == best                      # the limit cannot bind: plain Huffman
+    elif m == 1:
+        assert lengths[used][0] == 1
+
+
+def test_code_lengths_limit_binds_on_fibonacci_counts():
+    fib = [1, 1]
+    while len(fib) < 30:
+        fib.append(fib[-1] + fib[-2])
+    counts = np.array(fib, np.int64)                 # unlimited Huffman would go 29 deep
+    lengths = hk.code_lengths(counts, 12)
+    assert lengths.max() == 12
+    assert sum(2.0 ** -int(x) for x in lengths) == pytest.approx(1.0)
+    # the limited code stays close to the optimum
+    assert counts @ lengths <= 1.05 * huffman_cost(counts)
+
+
+def _encode(sym, lengths):
+    codes = hk.canonical_codes(lengths)
+    nbits = int(np.bincount(sym, minlength=lengths.size) @ lengths.astype(np.int64))
+    out = np.zeros((nbits + 7) // 8, np.uint8)
+    end = hk.encode_symbols(sym, 0, sym.size, codes, lengths, out, 0)
+    assert end == out.size
+    return out, nbits
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 256), st.integers(1, 5000), st.integers(0, 2**32 - 1))
+def test_huffman_stream_matches_bitarray_oracle(alpha, n, seed):
+    rng = np.random.default_rng(seed)
+    p = rng.dirichlet(np.full(alpha, 0.3))
+    sym = rng.choice(alpha, size=n, p=p).astype(np.uint8 if alpha <= 256 else np.uint16)
+    lengths = hk.code_lengths(np.bincount(sym, minlength=alpha), hk.MAX_CODE_LEN)
+    out, nbits = _encode(sym, lengths)
+    count, symbol = canonical_code_table(lengths)
+    if len(symbol) >= 2:                             # bitarray needs a real code
+        a = bitarray(endian="big")
+        a.frombytes(out.tobytes())
+        oracle = list(canonical_decode(a[:nbits], count, symbol))
+        assert oracle == sym.tolist()
+    table = hk.decode_table(lengths, int(lengths.max()))
+    back = np.empty(n, np.uint8)
+    used = hk.decode_symbols(out, 0, out.size, n, table, int(lengths.max()), back, 0)
+    assert used == nbits
+    assert np.array_equal(back, sym)
+
+
+def test_decode_rejects_invalid_code():
+    lengths = np.array([1, 0, 0], np.uint8)          # only '0' is a code word
+    table = hk.decode_table(lengths, 1)
+    buf = np.array([0b01000000], np.uint8)
+    out = np.empty(8, np.uint8)
+    assert hk.decode_symbols(buf, 0, 1, 8, table, 1, out, 0) == -1
+
+
+sym_st = st.tuples(st.integers(1, 4), st.integers(0, 3000), st.floats(0, 1),
+                   st.integers(0, 2**32 - 1))
+
+
+def _symbols(b, n, density, seed):
+    rng = np.random.default_rng(seed)
+    sym = rng.integers(1, 1 << b, size=n).astype(np.uint8)
+    sym[rng.random(n) >= density] = 0
+    return sym
+
+
+@settings(max_examples=150, deadline=None)
+@given(sym_st)
+def test_grouped_round_trip_and_exact_size(args):
+    b, n, density, seed = args
+    sym = _symbols(b, n, density, seed)
+    g = max(2, 8 // b)
+    hist = np.zeros(1 << (b * g), np.int64)
+    rk.grouped_histogram(sym, 0, n, g, b, hist)
+    assert hist.sum() == -(-n // g)
+    lengths = hk.code_lengths(hist, hk.MAX_CODE_LEN)
+    nbits = int(hist @ lengths.astype(np.int64))
+    out = np.zeros((nbits + 7) // 8, np.uint8)
+    assert rk.encode_grouped(sym, 0, n, g, b, hk.canonical_codes(lengths), lengths, out, 0) \
+        == out.size
+    if n:
+        tb = int(lengths.max())
+        back = np.empty(n, np.uint8)
+        used = rk.decode_grouped(out, 0, out.size, n, g, b, hk.decode_table(lengths, tb), tb,
+                                 back, 0)
+        assert used == nbits and np.array_equal(back, sym)
+
+
+@settings(max_examples=150, deadline=None)
+@given(sym_st)
+def test_runs_round_trip_and_exact_size(args):
+    b, n, density, seed = args
+    sym = _symbols(b, n, density, seed)
+    S = 1 << b
+    hist = np.zeros(rk.RUN_CLASSES * S, np.int64)
+    extra = rk.runs_histogram(sym, 0, n, S, hist)
+    assert hist.sum() == np.count_nonzero(sym) + (1 if n and sym[-1] == 0 else 0)
+    lengths = hk.code_lengths(hist, hk.MAX_CODE_LEN)
+    nbits = int(hist @ lengths.astype(np.int64)) + extra
+    out = np.zeros((nbits + 7) // 8, np.uint8)
+    assert rk.encode_runs(sym, 0, n, S, hk.canonical_codes(lengths), lengths, out, 0) == out.size
+    if n:
+        tb = int(lengths.max())
+        back = np.full(n, 99, np.uint8)
+        used = rk.decode_runs(out, 0, out.size, n, S, hk.decode_table(lengths, tb), tb, back, 0)
+        assert used == nbits and np.array_equal(back, sym)
+
+
+def test_long_zero_run_uses_extra_bits():
+    sym = np.zeros(1 << 20, np.uint8)
+    sym[-1] = 3
+    hist = np.zeros(rk.RUN_CLASSES * 4, np.int64)
+    extra = rk.runs_histogram(sym, 0, sym.size, 4, hist)
+    # a run of 2**20 - 1 zeros has bit length 20: class 20, 19 extra bits
+    assert extra == 19 and hist[20 * 4 + 3] == 1 and hist.sum() == 1
+
+
+float_st = st.sampled_from([np.float32, np.float64])
+
+
+@settings(max_examples=60, deadline=None)
+@given(float_st, st.integers(1, 4), st.integers(0, 5000), st.integers(0, 2**32 - 1),
+       st.booleans(), st.booleans())
+def test_quantizer_matches_reference(dtype, bits, n, seed, midpoint, with_ref):
+    rng = np.random.default_rng(seed)
+    scale = 10.0 ** rng.uniform(-30, 10)
+    u = (rng.standard_normal(n) * scale).astype(dtype)
+    u[rng.random(n) < 0.3] = 0
+    ref = (u + rng.standard_normal(n).astype(dtype) * dtype(scale / 10)).astype(dtype) \
+        if with_ref else None
+    delta = u - ref if with_ref else u
+    q = quantize(u, ref, bits, 1024, midpoint)       # several chunks
+    sym, cent, kept = quantize_ref(delta, bits, midpoint)
+    assert q.kept == kept
+    assert np.array_equal(q.sym, sym)
+    np.testing.assert_allclose(q.centroids, cent, rtol=4 * np.finfo(dtype).eps, atol=0)
+    counts = np.bincount(sym, minlength=1 << bits)
+    assert np.array_equal(q.sym_hist.sum(axis=0), counts)
+    rec = (ref + cent[sym]) if with_ref else cent[sym]
+    if with_ref:
+        rec = np.where(sym == 0, ref, rec)
+    want = np.sum((u.astype(np.float64) - rec.astype(np.float64)) ** 2)
+    assert q.residual_sq == pytest.approx(want, rel=1e-9, abs=1e-300)
+
+
+def test_apply_symbols_skips_zero_symbol():
+    out = np.array([-0.0, 1.0, 2.0], np.float32)
+    bk.apply_symbols(np.array([0, 1, 0], np.uint8), 0, 3, np.array([0, 0.5], np.float32),
+                     out, True)
+    assert np.signbit(out[0]) and out[1] == 1.5 and out[2] == 2.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([np.uint8, np.uint16, np.uint32, np.uint64]), st.integers(0, 3000),
+       st.booleans(), st.integers(0, 2**32 - 1))
+def test_byte_planes_round_trip(wt, n, rotate, seed):
+    rng = np.random.default_rng(seed)
+    words = rng.integers(0, np.iinfo(wt).max, size=n, dtype=wt, endpoint=True)
+    width = 8 * words.itemsize
+    planes = np.empty((width // 8, n), np.uint8)
+    hist = np.zeros((width // 8, 256), np.int64)
+    fk.split_planes(words, 0, n, width, rotate and width > 8, planes, hist)
+    x = words.astype(np.uint64)
+    if rotate and width > 8:
+        x = ((x << np.uint64(1)) | (x >> np.uint64(width - 1))) & np.uint64(2**width - 1)
+    for k in range(width // 8):
+        expect = ((x >> np.uint64(8 * k)) & np.uint64(255)).astype(np.uint8)
+        assert np.array_equal(planes[k], expect)
+        assert np.array_equal(hist[k], np.bincount(expect, minlength=256))
+    back = np.empty_like(words)
+    fk.merge_planes(planes, 0, n, width, rotate and width > 8, back)
+    assert np.array_equal(back, words)
