@@ -430,7 +430,9 @@ class Container:
         start = self.data_start + s["offset"] + s["length"]
         gap = self.data_start + self.sections[i + 1]["offset"] - start
         if any(self._source.read(start, gap)):
-            raise CorruptDataError(f"padding after section {s['name']!r} is not zero: the file is damaged")
+            raise CorruptDataError(
+                f"padding after section {s['name']!r} is not zero: the file is damaged"
+            )
 
 
 def read_container(source) -> Container:
@@ -483,7 +485,7 @@ def _open(src) -> Container:
     if version == 0:
         raise CorruptDataError("format version 0 does not exist: the file is damaged")
     if reserved != 0:
-        raise CorruptDataError(f"reserved prefix field is {reserved:#x}, must be 0: the file is damaged")
+        raise CorruptDataError(f"reserved prefix field is {reserved:#x}, not 0: the file is damaged")
     if header_len == 0 or header_len > MAX_HEADER_SIZE:
         raise CorruptDataError(
             f"header length {header_len} is outside 1..{MAX_HEADER_SIZE}: the file is damaged"
@@ -494,14 +496,14 @@ def _open(src) -> Container:
         )
     raw = src.read(PREFIX_SIZE, header_len)
     if zlib.crc32(raw) != header_crc:
-        raise ChecksumError("header checksum mismatch: the file is damaged; restore it from a good copy")
+        raise ChecksumError("header checksum mismatch: the file is damaged; restore a good copy")
     header = _parse_json(bytes(raw))
     meta, sections = _validate_header(header, version)
 
     data_start = _align(PREFIX_SIZE + header_len)
     end = data_start + (sections[-1]["offset"] + sections[-1]["length"] if sections else 0)
     if end > src.size:
-        raise TruncatedError(f"file has {src.size} bytes, its header promises {end}: it was truncated")
+        raise TruncatedError(f"file has {src.size} bytes, its header promises {end}: truncated")
     if end < src.size:
         raise CorruptDataError(
             f"{src.size - end} unexpected bytes after the last section: the file is damaged "

@@ -1,0 +1,109 @@
+"""Damaged files and killed writers: every failure is an LcckptError, never wrong data."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from lcckpt import serialization as S
+from lcckpt.errors import CorruptDataError, LcckptError, TruncatedError
+
+WORKER = Path(__file__).with_name("_fuzz_worker.py")
+
+
+def _real_checkpoint(path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 10),
+    )  # fmt: skip
+    opt = torch.optim.Adam(model.parameters())
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.randn(4, 3, 8, 8)).sum().backward()
+        opt.step()
+    state = {"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 2, "tag": b"run-1"}
+    S.save(state, path)
+    return state
+
+
+def test_random_bit_flips_and_truncations_are_always_detected(tmp_path):
+    path = tmp_path / "ck.lc"
+    _real_checkpoint(path)
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), str(path), "1234", "600", "200"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, f"worker crashed ({proc.returncode}): {proc.stderr[-2000:]}"
+    report = json.loads(proc.stdout)
+    assert report["cases"] >= 800
+    assert report["failures"] == [], report
+    assert set(report["outcomes"]) <= {
+        "ChecksumError", "CorruptDataError", "TruncatedError", "UnsupportedVersionError",
+    }, report  # fmt: skip
+
+
+def test_every_truncation_of_the_fixed_prefix(tmp_path):
+    path = tmp_path / "ck.lc"
+    S.save({"w": torch.ones(3)}, path)
+    raw = path.read_bytes()
+    for n in range(len(raw)):
+        path.write_bytes(raw[:n])
+        with pytest.raises((TruncatedError, CorruptDataError)):
+            S.load(path)
+
+
+_CHILD = """
+import sys, torch
+from lcckpt.serialization import save
+big = torch.full((48 * 2**20,), 7.0)  # 192 MiB: writing it takes a while
+print("ready", flush=True)
+save({"step": 2, "w": big}, sys.argv[1])
+print("done", flush=True)
+"""
+
+
+@pytest.mark.skipif(os.name != "posix", reason="needs SIGKILL")
+def test_sigkill_during_save_keeps_the_previous_checkpoint(tmp_path):
+    path = tmp_path / "ck.lc"
+    previous = {"step": 1, "w": torch.arange(1000.0)}
+    S.save(previous, path)
+    for _attempt in range(3):
+        child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path)], stdout=subprocess.PIPE)
+        assert child.stdout.readline() == b"ready\n"
+        temp = None
+        deadline = time.monotonic() + 120
+        while temp is None and child.poll() is None and time.monotonic() < deadline:
+            for p in tmp_path.iterdir():
+                if p.name != path.name and p.stat().st_size > 0:
+                    temp = p
+            time.sleep(0.001)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        child.stdout.close()
+        if temp is not None and temp.exists():
+            break  # killed in the middle of writing
+        S.save(previous, path)  # the save finished first: put the old one back, try again
+    else:
+        pytest.fail("could not kill the writer while it was writing")
+
+    loaded = S.load(path)  # the old checkpoint, intact
+    assert loaded["step"] == 1 and torch.equal(loaded["w"], previous["w"])
+    assert temp.exists()  # the killed writer's partial temp file
+
+    S.save({"step": 3, "w": torch.zeros(2)}, path)
+    assert [p.name for p in tmp_path.iterdir()] == ["ck.lc"]
+    assert S.load(path)["step"] == 3
+
+
+def test_error_hierarchy():
+    for cls in (CorruptDataError, TruncatedError):
+        assert issubclass(cls, LcckptError)

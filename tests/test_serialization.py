@@ -1,0 +1,567 @@
+"""save/load: exact round trips, refusal of unsafe values, torch.save interop, codec hook."""
+
+import collections
+import io
+import math
+import os
+import pickle
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lcckpt import serialization as S
+from lcckpt.container import read_container, write_container
+from lcckpt.errors import (
+    CorruptDataError,
+    InvalidArgumentError,
+    UnsafeObjectError,
+    UnsupportedDtypeError,
+    UnsupportedVersionError,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+
+
+def assert_same(a, b, path="obj"):
+    """Exact equality: same types, same key order, bit-identical tensors and floats."""
+    assert type(a) is type(b), f"{path}: {type(a)} != {type(b)}"
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and a.device == b.device, path
+        assert torch.equal(_bits(a), _bits(b)), path
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), path
+    elif isinstance(a, (dict, collections.OrderedDict)):
+        assert list(a.keys()) == list(b.keys()), path
+        for (k, x), y in zip(a.items(), b.values()):
+            assert type(k) is type(next(iter(kk for kk in b if kk == k))), path
+            assert_same(x, y, f"{path}[{k!r}]")
+        assert getattr(a, "_metadata", None) == getattr(b, "_metadata", None), path
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{path}[{i}]")
+    elif isinstance(a, float):
+        assert (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) == math.copysign(1, b)), path
+    elif isinstance(a, np.generic):
+        assert a.tobytes() == b.tobytes(), path
+    else:
+        assert a == b, path
+
+
+def _bits(t):
+    t = t.contiguous()
+    return t.reshape(-1).view(torch.uint8) if t.numel() else t.reshape(-1).view(torch.uint8)
+
+
+def round_trip(obj, **kw):
+    f = io.BytesIO()
+    S.save(obj, f, **kw)
+    f.seek(0)
+    return S.load(f)
+
+
+# ---- a real model and optimizer
+
+
+def _cnn():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 16, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+        torch.nn.Linear(16, 10),
+    )  # fmt: skip
+
+
+def _train(model, opt, steps, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = torch.randn(4, 3, 12, 12, generator=g)
+        y = torch.randint(0, 10, (4,), generator=g)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+
+OPTIMIZERS = {
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    "adam": lambda p: torch.optim.Adam(p, lr=1e-3),
+}
+
+
+@pytest.mark.parametrize("opt_name", OPTIMIZERS)
+def test_model_and_optimizer_state_round_trip_and_resume(tmp_path, opt_name):
+    model = _cnn()
+    opt = OPTIMIZERS[opt_name](model.parameters())
+    _train(model, opt, 3)
+    state = {"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 3, "loss": 1.25}
+    path = tmp_path / "ck.lc"
+    S.save(state, path)
+    loaded = S.load(path)
+    assert_same(state, loaded)
+    assert type(loaded["model"]) is collections.OrderedDict
+
+    # resuming from the loaded state continues exactly like the original run
+    model2 = _cnn()
+    opt2 = OPTIMIZERS[opt_name](model2.parameters())
+    model2.load_state_dict(loaded["model"])
+    opt2.load_state_dict(loaded["optim"])
+    _train(model, opt, 2, seed=7)
+    _train(model2, opt2, 2, seed=7)
+    assert_same(model.state_dict(), model2.state_dict())
+
+
+# ---- tensors
+
+
+@pytest.mark.parametrize("dtype", list(S.DTYPE_CODES), ids=str)
+def test_every_dtype_bit_exact(dtype):
+    size = dtype.itemsize
+    g = torch.Generator().manual_seed(3)
+    raw = torch.randint(0, 256, (6 * 4 * size,), dtype=torch.uint8, generator=g)
+    if dtype == torch.bool:
+        raw = raw % 2
+    t = raw.view(dtype).reshape(6, 4)
+    out = round_trip({"t": t, "scalar": t[1, 2].clone(), "empty": t[:0]})
+    assert_same({"t": t, "scalar": t[1, 2].clone(), "empty": t[:0]}, out)
+    assert out["scalar"].dim() == 0
+
+
+def test_special_floats_and_views():
+    x = torch.tensor([0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1e-45])
+    m = torch.arange(24.0).reshape(2, 3, 4)
+    z = torch.complex(torch.randn(5), torch.randn(5))
+    cases = {
+        "specials": x,
+        "transposed": m.transpose(0, 2),
+        "strided": m[:, ::2, 1:],
+        "expanded": torch.tensor([1, 2]).expand(3, 2),
+        "offset": m.reshape(-1)[5:9],
+        "conj": z.conj(),
+        "neg": z.conj().imag,
+        "zero_d": torch.tensor(7, dtype=torch.int64),
+        "empty_2d": torch.empty(0, 5),
+        "empty_0": torch.empty(3, 0, 2, dtype=torch.bfloat16),
+    }
+    out = round_trip(cases)
+    for k, v in cases.items():
+        assert out[k].is_contiguous()
+        assert_same(v.resolve_conj().resolve_neg().contiguous(), out[k], k)
+    assert torch.equal(out["conj"], z.conj())
+
+
+def test_shared_tensors_stay_shared():
+    a = torch.randn(3, 4)
+    lin = torch.nn.Linear(4, 4)
+    tied = torch.nn.ModuleDict({"enc": lin, "dec": lin})
+    sd = tied.state_dict()  # two distinct tensor objects viewing the same storage
+    obj = {"a": a, "again": a, "list": [a, (a,)], "sd": sd, "other": a.clone()}
+    out = round_trip(obj)
+    assert out["a"] is out["again"] is out["list"][0] is out["list"][1][0]
+    assert out["other"] is not out["a"]
+    w1, w2 = out["sd"]["enc.weight"], out["sd"]["dec.weight"]
+    assert w1 is not w2 and w1.data_ptr() == w2.data_ptr()
+    w1.add_(1)
+    assert torch.equal(w1, w2)
+    # stored once
+    meta, sections = S.pack(obj)
+    assert len(sections) == 4  # a, other, enc.weight, enc.bias
+
+
+def test_parameters_lose_requires_grad_like_state_dict():
+    p = torch.nn.Parameter(torch.randn(3))
+    out = round_trip({"p": p})["p"]
+    assert type(out) is torch.Tensor and not out.requires_grad
+    assert torch.equal(out, p.detach())
+
+
+# ---- Python values and containers
+
+
+def test_nested_values_round_trip():
+    od = collections.OrderedDict([("z", 1), ("a", [1, 2]), (3, None)])
+    obj = {
+        "none": None, "t": True, "f": False, "i": -5, "big": 2**200, "neg_big": -(2**64),
+        "fl": 0.1, "negzero": -0.0, "nan": float("nan"), "inf": float("inf"), "ninf": -float("inf"),
+        "s": "", "uni": "naïve ✓ \ud800", "by": b"\x00\xff", "empty_bytes": b"",
+        "list": [], "tuple": (), "nested": [(1, [2, {"x": (3,)}])], "od": od,
+        7: "int key", 2.5: "float key", (1, "a"): "tuple key", None: "none key", True: "bool key",
+        "dtype": torch.bfloat16, "size": torch.Size([2, 3]), "device": torch.device("cpu"),
+        "np": np.arange(6, dtype=np.int16).reshape(2, 3), "np0": np.array(2.5),
+        "npf": np.float32(1.5), "npi": np.int64(-3), "npb": np.bool_(True),
+        "1": "str one", 1: "int one",
+    }  # fmt: skip
+    out = round_trip(obj)
+    assert_same(obj, out)
+    assert list(out) == list(obj)
+    assert type(out["od"]) is collections.OrderedDict
+
+
+def test_state_dict_metadata_is_kept():
+    sd = torch.nn.BatchNorm1d(3).state_dict()
+    out = round_trip(sd)
+    assert out._metadata == sd._metadata
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+class MyDict(dict):
+    pass
+
+
+@pytest.mark.parametrize(
+    "bad, kind",
+    [
+        (object(), "object"),
+        ({1, 2}, "set"),
+        (lambda: 0, "function"),
+        (Point(1, 2), "namedtuple"),
+        (collections.defaultdict(list), "defaultdict"),
+        (MyDict(), "MyDict"),
+        (bytearray(b"x"), "bytearray"),
+        (1 + 2j, "complex"),
+        (np.array([object()]), "object"),
+    ],
+)
+def test_unsafe_values_are_refused_with_their_path(tmp_path, bad, kind):
+    state = {"optim": {"param_groups": [{"lr": 0.1, "foo": bad}]}}
+    path = tmp_path / "ck.lc"
+    with pytest.raises((UnsafeObjectError, UnsupportedDtypeError)) as info:
+        S.save(state, path)
+    assert 'obj["optim"]["param_groups"][0]["foo"]' in str(info.value)
+    assert kind in str(info.value)
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_other_refusals():
+    with pytest.raises(UnsafeObjectError, match="dict keys"):
+        S.save({object(): 1}, io.BytesIO())
+    with pytest.raises(UnsupportedDtypeError, match="layout"):
+        S.save({"s": torch.eye(2).to_sparse()}, io.BytesIO())
+    with pytest.raises(InvalidArgumentError, match="meta"):
+        S.save({"m": torch.empty(2, device="meta")}, io.BytesIO())
+    cyclic = []
+    cyclic.append(cyclic)
+    with pytest.raises(InvalidArgumentError, match="cyclic"):
+        S.save(cyclic, io.BytesIO())
+    od = collections.OrderedDict()
+    od.extra = 1
+    with pytest.raises(UnsafeObjectError, match="extra"):
+        S.save(od, io.BytesIO())
+
+
+# ---- torch.save files and unsafe pickles
+
+
+def test_reads_torch_save_files_exactly(tmp_path):
+    model = _cnn()
+    opt = torch.optim.Adam(model.parameters())
+    _train(model, opt, 2)
+    state = {"model": model.state_dict(), "optim": opt.state_dict()}
+    for legacy in (False, True):
+        path = tmp_path / f"ck{legacy}.pt"
+        torch.save(state, path, _use_new_zipfile_serialization=not legacy)
+        assert_same(state, S.load(path))
+        with open(path, "rb") as f:
+            assert_same(state, S.load(f, map_location="cpu"))
+
+
+class Evil:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').close()",))
+
+
+def test_malicious_pickles_are_refused_and_never_run(tmp_path):
+    # the payload is real: plain pickle runs it
+    proof = tmp_path / "proof"
+    pickle.loads(pickle.dumps(Evil(str(proof))))
+    assert proof.exists()
+
+    marker = tmp_path / "pwned"
+    zipped, plain = tmp_path / "evil.pt", tmp_path / "evil.pkl"
+    torch.save({"w": torch.ones(2), "x": Evil(str(marker))}, zipped)
+    plain.write_bytes(pickle.dumps({"x": Evil(str(marker))}, protocol=2))
+    for path in (zipped, plain):
+        with pytest.raises(UnsafeObjectError, match="trust"):
+            S.load(path)
+        with open(path, "rb") as f, pytest.raises(UnsafeObjectError):
+            S.load(f)
+    assert not marker.exists()
+
+
+def test_damaged_torch_file_is_corrupt_data(tmp_path):
+    path = tmp_path / "x.pt"
+    torch.save({"w": torch.ones(100)}, path)
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(CorruptDataError):
+        S.load(path)
+
+
+# ---- files, streams, map_location
+
+
+def test_path_and_stream_targets(tmp_path):
+    obj = {"w": torch.randn(5)}
+    path = tmp_path / "a.lc"
+    S.save(obj, str(path))
+    assert_same(obj, S.load(str(path)))
+    with open(tmp_path / "b.lc", "wb") as f:
+        S.save(obj, f)
+    with open(tmp_path / "b.lc", "rb") as f:
+        assert_same(obj, S.load(f))
+
+    class Stream(io.RawIOBase):
+        def __init__(self, data):
+            self.b = io.BytesIO(data)
+
+        def readable(self):
+            return True
+
+        def readinto(self, out):
+            return self.b.readinto(out)
+
+    assert_same(obj, S.load(Stream(path.read_bytes())))
+    with pytest.raises(InvalidArgumentError):
+        S.load(12)
+
+
+def _with_device(obj, device):
+    """A saved file whose tensors claim to come from ``device``."""
+    meta, sections = S.pack(obj)
+    sections = [(n, {**m, "device": device}, d) for n, m, d in sections]
+    f = io.BytesIO()
+    write_container(f, sections, meta)
+    return f.getvalue()
+
+
+def test_map_location_forms():
+    obj = {"w": torch.randn(4), "v": torch.arange(3)}
+    raw = _with_device(obj, "cuda:1")
+    for ml in ("cpu", torch.device("cpu"), {"cuda:1": "cpu"}, {"cuda:1": torch.device("cpu")}):
+        assert_same(obj, S.load(io.BytesIO(raw), map_location=ml))
+    seen = []
+
+    def fn(storage, loc):
+        seen.append(loc)
+        return storage
+
+    assert_same(obj, S.load(io.BytesIO(raw), map_location=fn))
+    assert seen == ["cuda:1", "cuda:1"]
+    assert_same(obj, S.load(io.BytesIO(round_trip_bytes(obj)), map_location=lambda s, loc: None))
+    if not torch.cuda.is_available():
+        with pytest.raises(InvalidArgumentError, match="map_location"):
+            S.load(io.BytesIO(raw))
+        with pytest.raises(InvalidArgumentError):
+            S.load(io.BytesIO(raw), map_location={"cuda:0": "cpu"})
+    with pytest.raises(InvalidArgumentError):
+        S.load(io.BytesIO(raw), map_location=3)
+
+
+def round_trip_bytes(obj):
+    f = io.BytesIO()
+    S.save(obj, f)
+    return f.getvalue()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_tensors_round_trip():
+    obj = {"g": torch.randn(3, device="cuda"), "c": torch.randn(2)}
+    out = S.load(io.BytesIO(round_trip_bytes(obj)))
+    assert out["g"].device == obj["g"].device and torch.equal(out["g"], obj["g"])
+    out = S.load(io.BytesIO(round_trip_bytes(obj)), map_location="cpu")
+    assert out["g"].device.type == "cpu" and torch.equal(out["g"], obj["g"].cpu())
+
+
+# ---- codec hook
+
+
+@pytest.fixture
+def zlib_codec(monkeypatch):
+    monkeypatch.setattr(S, "_CODECS", dict(S._CODECS))
+
+    def encode(t):
+        return zlib.compress(t.numpy().tobytes()), {"level": 6}
+
+    def decode(data, meta):
+        return np.frombuffer(zlib.decompress(data), np.float32).reshape(meta["shape"])
+
+    S.register_codec("test-zlib", encode, decode, dtypes=[torch.float32])
+    return "test-zlib"
+
+
+def test_registered_codec_is_used_and_recorded(zlib_codec):
+    obj = {"w": torch.zeros(1000), "i": torch.arange(5), "s": torch.tensor(1.5)}
+    raw = round_trip_bytes_with(obj, codec=zlib_codec)
+    with read_container(raw) as c:
+        metas = {s["name"]: s["meta"] for s in c.sections}
+    assert metas['obj["w"]']["codec"] == "test-zlib"
+    assert metas['obj["w"]']["codec_params"] == {"level": 6}
+    assert metas['obj["w"]']["nbytes"] == 4000 and len(raw) < 4000
+    assert metas['obj["i"]']["codec"] == "raw"  # dtype not handled by the codec
+    assert_same(obj, S.load(io.BytesIO(raw)))
+
+    chosen = round_trip_bytes_with(obj, codec=lambda path, t: zlib_codec if path.endswith('["s"]') else "raw")
+    with read_container(chosen) as c:
+        assert [s["meta"]["codec"] for s in c.sections] == ["raw", "raw", "test-zlib"]
+    assert_same(obj, S.load(io.BytesIO(chosen)))
+
+    # a file needing a codec this build lacks
+    del S._CODECS[zlib_codec]
+    with pytest.raises(UnsupportedVersionError, match="test-zlib"):
+        S.load(io.BytesIO(raw))
+
+
+def round_trip_bytes_with(obj, **kw):
+    f = io.BytesIO()
+    S.save(obj, f, **kw)
+    return f.getvalue()
+
+
+def test_misbehaving_codecs(monkeypatch):
+    monkeypatch.setattr(S, "_CODECS", dict(S._CODECS))
+    S.register_codec("bad-shape", lambda t: b"", lambda d, m: np.zeros(3, np.float32))
+    S.register_codec("raises", lambda t: b"", lambda d, m: 1 / 0)
+    for name in ("bad-shape", "raises"):
+        raw = round_trip_bytes_with({"w": torch.zeros(2)}, codec=name)
+        with pytest.raises(CorruptDataError, match=name):
+            S.load(io.BytesIO(raw))
+    with pytest.raises(InvalidArgumentError):
+        S.register_codec("raises", lambda t: b"", lambda d, m: None)
+    with pytest.raises(InvalidArgumentError):
+        S.register_codec("raw", lambda t: b"", lambda d, m: None, replace=True)
+    with pytest.raises(InvalidArgumentError):
+        S.register_codec("bad name!", lambda t: b"", lambda d, m: None)
+    with pytest.raises(InvalidArgumentError, match="unknown codec"):
+        S.save({}, io.BytesIO(), codec="nope")
+    with pytest.raises(InvalidArgumentError, match="not registered"):
+        S.save({"w": torch.zeros(1)}, io.BytesIO(), codec=lambda p, t: "nope")
+
+
+# ---- hostile trees (valid checksums, invalid content)
+
+
+def _deep(n):
+    tree = []
+    for _ in range(n):
+        tree = [tree]
+    return tree
+
+
+def _file_with_tree(tree, sections=()):
+    f = io.BytesIO()
+    write_container(f, list(sections), {"lcckpt_tree": 1, "tree": tree})
+    f.seek(0)
+    return f
+
+
+@pytest.mark.parametrize(
+    "tree",
+    [
+        {"$": "nope"}, {"$": "tuple"}, {"$": "tuple", "v": 1}, {"$": "int", "hex": "12"},
+        {"$": "float", "v": "1.0"}, {"$": "dict", "items": [[1]]}, {"$": "dict", "items": [[[], 1]]},
+        {"$": "dict", "items": [["a", 1], ["a", 2]]}, {"$": "tensor", "s": 0}, {"$": "bytes", "s": -1},
+        {"$": "dtype", "v": "F33"}, {"$": "size", "v": ["a"]}, {"$": "device", "v": "nowhere:7"},
+        {"$": "npscalar", "dtype": "F32", "hex": "00"}, {"$": "dict", "items": [], "extra": 1},
+        {"no": "tag"}, _deep(200),
+    ],
+)  # fmt: skip
+def test_hostile_trees_are_corrupt_data(tree):
+    with pytest.raises(CorruptDataError):
+        S.load(_file_with_tree(tree))
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {"kind": "bytes"},
+        {"kind": "tensor", "dtype": "F99", "shape": [1], "nbytes": 4, "codec": "raw"},
+        {"kind": "tensor", "dtype": "F32", "shape": [-1], "nbytes": 4, "codec": "raw"},
+        {"kind": "tensor", "dtype": "F32", "shape": [2], "nbytes": 4, "codec": "raw"},
+        {"kind": "tensor", "dtype": "F32", "shape": [2**40], "nbytes": 2**42, "codec": "raw"},
+        {"kind": "tensor", "dtype": "F32", "shape": [1], "nbytes": 4, "codec": "raw", "codec_params": []},
+    ],
+)
+def test_hostile_tensor_sections(meta):
+    with pytest.raises(CorruptDataError):
+        S.load(_file_with_tree({"$": "tensor", "s": 0}, [("t", meta, b"\0\0\0\0")]))
+
+
+def test_not_a_saved_object():
+    f = io.BytesIO()
+    write_container(f, [], {"something": "else"})
+    f.seek(0)
+    with pytest.raises(CorruptDataError, match="no saved object"):
+        S.load(f)
+    f = io.BytesIO()
+    write_container(f, [], {"lcckpt_tree": 99, "tree": None})
+    f.seek(0)
+    with pytest.raises(UnsupportedVersionError):
+        S.load(f)
+
+
+# ---- property tests
+
+_keys = st.one_of(st.text(max_size=5), st.integers(-(2**70), 2**70))
+_leaves = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**80), 2**80), st.floats(allow_nan=True),
+    st.text(max_size=10), st.binary(max_size=20),
+)  # fmt: skip
+_trees = st.recursive(
+    _leaves,
+    lambda kids: st.one_of(
+        st.lists(kids, max_size=4),
+        st.lists(kids, max_size=4).map(tuple),
+        st.dictionaries(_keys, kids, max_size=4),
+        st.dictionaries(_keys, kids, max_size=4).map(lambda d: collections.OrderedDict(reversed(d.items()))),
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_trees)
+def test_random_trees_round_trip(obj):
+    assert_same(obj, round_trip(obj))
+
+
+_dtypes = st.sampled_from(list(S.DTYPE_CODES))
+
+
+@st.composite
+def _tensors(draw):
+    dtype = draw(_dtypes)
+    shape = draw(st.lists(st.integers(0, 4), max_size=3))
+    size = dtype.itemsize
+    n = math.prod(shape) * size
+    raw = torch.tensor(list(draw(st.binary(min_size=n, max_size=n))), dtype=torch.uint8)
+    if dtype == torch.bool:
+        raw = raw % 2
+    t = raw.view(dtype).reshape(shape)
+    if t.dim() >= 2 and draw(st.booleans()):
+        t = t.transpose(0, 1)
+    return t
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_tensors(), max_size=4))
+def test_random_tensors_round_trip(tensors):
+    obj = {str(i): t for i, t in enumerate(tensors)}
+    out = round_trip(obj)
+    for k, t in obj.items():
+        assert_same(t.contiguous(), out[k], k)
+
+
+def test_save_never_writes_a_partial_file_on_refusal(tmp_path):
+    path = tmp_path / "ck.lc"
+    S.save({"w": torch.ones(2)}, path)
+    before = path.read_bytes()
+    with pytest.raises(UnsafeObjectError):
+        S.save({"w": torch.ones(2), "bad": object()}, path)
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["ck.lc"]
