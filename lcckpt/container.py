@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import secrets
 import socket
@@ -52,6 +53,7 @@ MAGIC = b"LCCKPT"
 FORMAT_VERSION = 1
 ALIGNMENT = 64
 MAX_HEADER_SIZE = 64 << 20
+MAX_JSON_DEPTH = 512  # writers refuse deeper metadata; JSON parsers recurse
 # magic, format version, header length, header crc32, reserved (zero)
 _PREFIX = struct.Struct("<6sHQII")
 PREFIX_SIZE = _PREFIX.size  # 24
@@ -133,31 +135,41 @@ def _build_header(sections, meta) -> tuple[bytes, list[memoryview]]:
     return header, payloads
 
 
-def _check_json(value, where: str, depth: int = 0) -> None:
+def _check_json(value, where: str) -> None:
     """Refuse anything json.dumps would silently change (int keys, tuples, NaN)."""
-    if depth > 256:
-        raise InvalidArgumentError(f"{where} is nested too deeply (or is cyclic)")
-    t = type(value)
-    if value is None or t in (bool, int, str):
-        return
-    if t is float:
-        if value != value or value in (float("inf"), float("-inf")):
-            raise InvalidArgumentError(f"{where} holds a non-finite float; JSON cannot store it")
-        return
-    if t is list:
-        for i, v in enumerate(value):
-            _check_json(v, f"{where}[{i}]", depth + 1)
-        return
-    if t is dict:
-        for k, v in value.items():
-            if type(k) is not str:
-                raise InvalidArgumentError(f"{where} has a non-str key {k!r:.80}; JSON keys are str")
-            _check_json(v, f"{where}[{k!r}]", depth + 1)
-        return
-    raise InvalidArgumentError(
-        f"{where} holds a {t.__name__}; container metadata must be plain JSON "
-        "(dict with str keys, list, str, int, finite float, bool, None)"
-    )
+    stack = [(value, 0, (where,))]
+    while stack:
+        v, depth, at = stack.pop()
+        t = type(v)
+        if v is None or t in (bool, int, str):
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidArgumentError(f"{_where(at)} is nested too deeply (or is cyclic)")
+        if t is float:
+            if not math.isfinite(v):
+                raise InvalidArgumentError(f"{_where(at)} is a non-finite float; JSON cannot store it")
+        elif t is list:
+            stack.extend((x, depth + 1, (at, i)) for i, x in enumerate(v))
+        elif t is dict:
+            for k, x in v.items():
+                if type(k) is not str:
+                    raise InvalidArgumentError(
+                        f"{_where(at)} has a non-str key {k!r:.80}; JSON keys are str"
+                    )
+                stack.append((x, depth + 1, (at, k)))
+        else:
+            raise InvalidArgumentError(
+                f"{_where(at)} holds a {t.__name__}; container metadata must be plain JSON "
+                "(dict with str keys, list, str, int, finite float, bool, None)"
+            )
+
+
+def _where(at: tuple) -> str:
+    parts = []
+    while len(at) == 2:
+        at, key = at
+        parts.append(f"[{key!r}]")
+    return at[0] + "".join(reversed(parts))
 
 
 def _file_size(header_len: int, lengths: list[int]) -> int:

@@ -23,6 +23,7 @@ import math
 import os
 import pickle
 import re
+import reprlib
 import sys
 from collections import OrderedDict
 from collections.abc import Callable
@@ -53,7 +54,7 @@ __all__ = [
 ]
 
 TREE_VERSION = 1
-MAX_DEPTH = 128
+MAX_DEPTH = 64  # levels of containers; a few JSON levels each in the header
 
 # torch dtype name -> header code (safetensors names where safetensors has one)
 _DTYPE_TABLE = [
@@ -248,15 +249,17 @@ class _Saver:
         out = []
         for k, v in d.items():
             sub = f"{path}[{_key_repr(k)}]"
-            out.append([self.key(k, sub), self.node(v, sub, depth + 1)])
+            out.append([self.key(k, sub, depth + 1), self.node(v, sub, depth + 1)])
         return out
 
-    def key(self, k, path: str):
+    def key(self, k, path: str, depth: int):
         t = type(k)
         if k is None or t in (bool, int, float, str):
             return self.node(k, path, 0)
         if t is tuple:
-            return {"$": "tuple", "v": [self.key(x, path) for x in k]}
+            if depth > MAX_DEPTH:
+                raise InvalidArgumentError(f"a key of {path} is nested too deeply")
+            return {"$": "tuple", "v": [self.key(x, path, depth + 1) for x in k]}
         raise UnsafeObjectError(
             f"cannot save {path}: dict keys must be str, int, float, bool, None or tuples "
             f"of those, not {t.__module__}.{t.__qualname__}"
@@ -446,6 +449,10 @@ def _is_uint(v) -> bool:
     return type(v) is int and v >= 0
 
 
+def _lookup(table: dict, code):
+    return table.get(code) if type(code) is str else None
+
+
 def _shape(meta: dict, path: str) -> list[int]:
     shape = meta.get("shape")
     if type(shape) is not list or not all(_is_uint(n) for n in shape) or len(shape) > 64:
@@ -477,7 +484,7 @@ class _Loader:
         if t is list:
             return [self.node(x, f"{path}[{i}]", depth + 1) for i, x in enumerate(j)]
         if t is not dict or type(j.get("$")) is not str or j["$"] not in self.handlers:
-            _bad(path, f"unknown node {json.dumps(j)[:80]}")
+            _bad(path, f"unknown node {reprlib.repr(j)}")
         return self.handlers[j["$"]](j, path, depth)
 
     def int_(self, j, path, depth):
@@ -498,7 +505,9 @@ class _Loader:
             _bad(path, "tuple node needs a list")
         return tuple(self.node(x, f"{path}[{i}]", depth + 1) for i, x in enumerate(j["v"]))
 
-    def key(self, j, path):
+    def key(self, j, path, depth):
+        if depth > MAX_DEPTH:
+            _bad(path, f"dict key nested more than {MAX_DEPTH} levels")
         t = type(j)
         if j is None or t in (bool, int, float, str):
             return j
@@ -507,8 +516,8 @@ class _Loader:
                 return self.node(j, path, 0)
             _fields(j, path, ("v",))
             if type(j["v"]) is list:
-                return tuple(self.key(x, path) for x in j["v"])
-        _bad(path, f"invalid dict key {json.dumps(j)[:80]}")
+                return tuple(self.key(x, path, depth + 1) for x in j["v"])
+        _bad(path, f"invalid dict key {reprlib.repr(j)}")
 
     def dict_(self, j, path, depth):
         ordered = j["$"] == "odict"
@@ -520,7 +529,7 @@ class _Loader:
         for item in items:
             if type(item) is not list or len(item) != 2:
                 _bad(path, "dict item is not a [key, value] pair")
-            k = self.key(item[0], path)
+            k = self.key(item[0], path, depth + 1)
             sub = f"{path}[{_key_repr(k)}]"
             if k in out:
                 _bad(sub, "duplicate key")
@@ -554,7 +563,7 @@ class _Loader:
         return self.objects[(s, obj)]
 
     def decode_tensor(self, s: int, meta: dict, path: str) -> torch.Tensor:
-        dtype = _CODE_DTYPES.get(meta.get("dtype"))
+        dtype = _lookup(_CODE_DTYPES, meta.get("dtype"))
         if dtype is None:
             _bad(path, f"unknown tensor dtype {meta.get('dtype')!r:.40}")
         shape = _shape(meta, path)
@@ -635,7 +644,7 @@ class _Loader:
         _fields(j, path, ("s",))
         s, meta = self.section(j, path, "ndarray")
         if s not in self.sections:
-            dtype = _CODE_NP.get(meta.get("dtype"))
+            dtype = _lookup(_CODE_NP, meta.get("dtype"))
             if dtype is None:
                 _bad(path, f"unknown array dtype {meta.get('dtype')!r:.40}")
             shape = _shape(meta, path)
@@ -657,7 +666,7 @@ class _Loader:
 
     def npscalar(self, j, path, depth):
         _fields(j, path, ("dtype", "hex"))
-        dtype = _CODE_NP.get(j["dtype"]) if type(j["dtype"]) is str else None
+        dtype = _lookup(_CODE_NP, j["dtype"])
         h = j["hex"]
         if dtype is None or type(h) is not str or not re.fullmatch(r"(?:[0-9a-f]{2})*", h):
             _bad(path, "invalid numpy scalar")
@@ -668,19 +677,25 @@ class _Loader:
 
     def dtype(self, j, path, depth):
         _fields(j, path, ("v",))
-        if j["v"] not in _CODE_DTYPES:
+        dtype = _lookup(_CODE_DTYPES, j["v"])
+        if dtype is None:
             _bad(path, f"unknown dtype {j['v']!r:.40}")
-        return _CODE_DTYPES[j["v"]]
+        return dtype
 
     def size(self, j, path, depth):
         _fields(j, path, ("v",))
         if type(j["v"]) is not list or not all(type(n) is int for n in j["v"]):
             _bad(path, "torch.Size needs a list of ints")
-        return torch.Size(j["v"])
+        try:
+            return torch.Size(j["v"])
+        except (ValueError, OverflowError, RuntimeError) as e:
+            _bad(path, f"invalid torch.Size: {e}")
 
     def device(self, j, path, depth):
         _fields(j, path, ("v",))
         try:
+            if type(j["v"]) is not str:
+                raise TypeError("not a string")
             return torch.device(j["v"])
         except (RuntimeError, TypeError, ValueError) as e:
             _bad(path, f"invalid device: {e}")

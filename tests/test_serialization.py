@@ -200,6 +200,24 @@ def test_nested_values_round_trip():
     assert type(out["od"]) is collections.OrderedDict
 
 
+def test_deep_nesting_up_to_the_limit():
+    deep, key = [], ()
+    for i in range(S.MAX_DEPTH - 1):
+        deep = {i: deep} if i % 2 else (deep,)
+        key = (key,)
+    obj = {"deep": deep, key: 1}
+    assert_same(obj, round_trip(obj))
+    with pytest.raises(InvalidArgumentError):
+        S.save({(((key,),),): 1}, io.BytesIO())
+
+
+def _deep_key(n):
+    key = "k"
+    for _ in range(n):
+        key = {"$": "tuple", "v": [key]}
+    return key
+
+
 def test_state_dict_metadata_is_kept():
     sd = torch.nn.BatchNorm1d(3).state_dict()
     out = round_trip(sd)
@@ -469,7 +487,7 @@ def _file_with_tree(tree, sections=()):
         {"$": "dict", "items": [["a", 1], ["a", 2]]}, {"$": "tensor", "s": 0}, {"$": "bytes", "s": -1},
         {"$": "dtype", "v": "F33"}, {"$": "size", "v": ["a"]}, {"$": "device", "v": "nowhere:7"},
         {"$": "npscalar", "dtype": "F32", "hex": "00"}, {"$": "dict", "items": [], "extra": 1},
-        {"no": "tag"}, _deep(200),
+        {"no": "tag"}, _deep(200), {"$": "dict", "items": [[_deep_key(100), 1]]},
     ],
 )  # fmt: skip
 def test_hostile_trees_are_corrupt_data(tree):
@@ -491,6 +509,47 @@ def test_hostile_trees_are_corrupt_data(tree):
 def test_hostile_tensor_sections(meta):
     with pytest.raises(CorruptDataError):
         S.load(_file_with_tree({"$": "tensor", "s": 0}, [("t", meta, b"\0\0\0\0")]))
+
+
+_TAGS = ["int", "float", "tuple", "dict", "odict", "tensor", "ndarray", "bytes", "npscalar",
+         "dtype", "size", "device", "nope"]  # fmt: skip
+_FIELDS = ["$", "v", "items", "s", "obj", "hex", "dtype", "metadata"]
+_json_leaves = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 2**70), st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from(_TAGS + ["F32", "U8", "0x1f", "00", "cpu", "nan"]), st.text(max_size=4),
+)  # fmt: skip
+_json = st.recursive(
+    _json_leaves,
+    lambda kids: st.one_of(
+        st.lists(kids, max_size=3),
+        st.dictionaries(st.sampled_from(_FIELDS), kids, max_size=3),
+        st.builds(lambda tag, rest: {**rest, "$": tag}, st.sampled_from(_TAGS),
+                  st.dictionaries(st.sampled_from(_FIELDS[1:]), kids, max_size=3)),
+    ),
+    max_leaves=12,
+)
+
+
+_VALID_META = {"kind": "tensor", "dtype": "F32", "shape": [1], "nbytes": 4, "codec": "raw",
+               "device": "cpu", "codec_params": {}}  # fmt: skip
+_section_meta = st.fixed_dictionaries(
+    {},
+    optional={k: st.one_of(st.just(v), _json) for k, v in _VALID_META.items()},
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_json, _section_meta)
+def test_arbitrary_trees_load_or_raise_lcckpt_errors(tree, meta):
+    sections = [
+        ("t", meta, b"\0" * 4),
+        ("b", {"kind": "bytes"}, b"xy"),
+        ("a", {"kind": "ndarray", "dtype": "U8", "shape": [2], "nbytes": 2, "codec": "raw"}, b"ab"),
+    ]
+    try:
+        S.load(_file_with_tree(tree, sections))
+    except (CorruptDataError, UnsupportedVersionError):
+        pass
 
 
 def test_not_a_saved_object():
