@@ -49,6 +49,7 @@ class EncodeStats:
     symbol_entropy: float = 0.0        # bits/element of the symbols (order-0): per-element floor
     mode_bits: dict = field(default_factory=dict)     # mode name -> bits/element were it used alone
     rel_error: float = 0.0             # ||u - reconstruction|| / ||u||
+    symbol_counts: list = field(default_factory=list)  # elements per symbol (0 = zero)
     tried_bits: list = field(default_factory=list)
     fallback: str | None = None        # why a lossy request became lossless
 
@@ -87,20 +88,23 @@ def _header(kind: int, dt: dtypes.DType, shape, log2: int) -> Writer:
 
 
 def _finish(w: Writer, payloads) -> bytes:
+    """Header, its checksum, the payloads and theirs, joined with a single copy."""
     w.u32(zlib.crc32(w.buf))
     crc = 0
+    parts = [w.buf]
     for p in payloads:
-        mv = memoryview(p)
-        w.raw(mv)
+        mv = memoryview(p).cast("B")
         crc = zlib.crc32(mv, crc)
-    w.u32(crc)
-    return bytes(w.buf)
+        parts.append(mv)
+    parts.append(crc.to_bytes(4, "little"))
+    return b"".join(parts)
 
 
 def _entropy_stats(st: EncodeStats, q: Quantized, enc, n: int):
     counts = q.sym_hist.sum(axis=0)
     keys = np.append(q.key_counts, n - q.key_counts.sum())       # zeros as one more key
     st.kept_buckets = q.kept
+    st.symbol_counts = counts.tolist()
     st.nonzero_fraction = 1 - counts[0] / n if n else 0.0
     st.symbol_entropy = entropy.entropy_bits(counts) / n if n else 0.0
     st.bucket_entropy = entropy.entropy_bits(keys) / n if n else 0.0

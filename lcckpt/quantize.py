@@ -1,8 +1,11 @@
 """The LC-Checkpoint quantizer: delta -> bucket symbols and centroids, chunk-parallel.
 
-Two passes over the data (histogram, then symbol assignment), each fanned out over
-chunks; nothing but the ``uint8`` symbols is materialized. Works in the array's own
-float width: fp32 (9-bit sign+exponent keys) or fp64 (12-bit keys).
+Pass 1 reads the floats once: each element's bucket key (``uint16``) and per-chunk
+bucket statistics (count, sum, sum of squares). Promotion then picks the kept buckets
+from the totals; pass 2 only maps keys to symbols. Symbol histograms and the
+reconstruction error follow from the bucket statistics, with no further pass over the
+floats. Works in the array's own float width: fp32 (9-bit sign+exponent keys) or fp64
+(12-bit keys).
 """
 
 from dataclasses import dataclass
@@ -23,13 +26,17 @@ class Quantized:
     centroids: np.ndarray      # [2**bits], zero-padded past ``kept``
     kept: int                  # buckets kept (K <= 2**bits - 1)
     key_counts: np.ndarray     # int64 [nkeys]: nonzero elements per bucket, before promotion
-    residual_sq: float         # ||u - reconstruction||^2
+    residual_sq: float         # ||delta - centroids[sym]||^2 (fp64, from bucket sums)
     target_sq: float           # ||u||^2
     delta_sq: float            # ||delta||^2
 
     @property
     def rel_error(self) -> float:
-        """Relative L2 error of the reconstruction against the target state."""
+        """Relative L2 error ||u - reconstruction|| / ||u||.
+
+        Measured on the quantized delta; the fp32 rounding of ``ref + centroid``
+        (at most 2**-24 relative to the state) is not included.
+        """
         if self.target_sq == 0:
             return 0.0 if self.residual_sq == 0 else float("inf")
         return float(np.sqrt(self.residual_sq / self.target_sq))
@@ -38,33 +45,6 @@ class Quantized:
 def _scratch(dtype):
     f = np.empty(bk.BLOCK, dtype)
     return f, f.view(_LAYOUT[np.dtype(dtype)][0])
-
-
-def key_histograms(u, ref, chunk_size, midpoint=False):
-    """Per-chunk bucket counts and fp64 sums (and min/max for the midpoint rule)."""
-    _, shift, nkeys = _LAYOUT[u.dtype]
-    n = u.size
-    nch = -(-n // chunk_size)
-    counts = np.zeros((nch, nkeys), np.int64)
-    sums = np.zeros((nch, nkeys), np.float64)
-    mins = np.full((nch, nkeys), np.inf) if midpoint else np.zeros((1, 1))
-    maxs = np.full((nch, nkeys), -np.inf) if midpoint else np.zeros((1, 1))
-    use_ref = ref is not None
-    r = ref if use_ref else u
-
-    def task(c):
-        sf, su = _scratch(u.dtype)
-        lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
-        mm = c if midpoint else 0
-        bk.key_histogram(u, r, use_ref, lo, hi, sf, su, shift, counts[c], sums[c],
-                         mins[mm], maxs[mm], midpoint)
-    run_tasks(task, nch)
-    counts_t = counts.sum(axis=0)
-    sums_t = sums.sum(axis=0)
-    if midpoint:
-        return (counts_t, sums_t, np.min(mins, axis=0, initial=np.inf),
-                np.max(maxs, axis=0, initial=-np.inf))
-    return counts_t, sums_t, np.zeros(nkeys), np.zeros(nkeys)
 
 
 def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
@@ -77,30 +57,59 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     _, shift, nkeys = _LAYOUT[u.dtype]
     n = u.size
     nch = -(-n // chunk_size)
-    counts, sums, mins, maxs = key_histograms(u, ref, chunk_size, midpoint)
+    keys = np.empty(n, np.uint16)
+    counts = np.zeros((nch, nkeys), np.int64)
+    sums = np.zeros((nch, nkeys), np.float64)
+    sumsq = np.zeros((nch, nkeys), np.float64)
+    mins = np.full((nch, nkeys), np.inf) if midpoint else np.zeros((1, 1))
+    maxs = np.full((nch, nkeys), -np.inf) if midpoint else np.zeros((1, 1))
+    norms = np.zeros(nch, np.float64)
+    use_ref = ref is not None
+    r = ref if use_ref else u
+
+    def pass1(c):
+        sf, su = _scratch(u.dtype)
+        lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
+        mm = c if midpoint else 0
+        bk.key_histogram(u, r, use_ref, lo, hi, sf, su, shift, keys, counts[c], sums[c],
+                         sumsq[c], mins[mm], maxs[mm], midpoint)
+        norms[c] = bk.sum_squares(u, lo, hi)
+    run_tasks(pass1, nch)
+
+    total = counts.sum(axis=0)
     half = nkeys // 2
-    bad = int(counts[half - 1] + counts[nkeys - 1])
+    bad = int(total[half - 1] + total[nkeys - 1])
     if bad:
         raise NonFiniteError(
             f"the delta holds {bad} NaN/Inf values, which no quantizer bucket can represent; "
             "check the state for divergence, or store this step as an exact keyframe")
+    s_tot = sums.sum(axis=0)
+    if midpoint:
+        lo_t = np.min(mins, axis=0, initial=np.inf)
+        hi_t = np.max(maxs, axis=0, initial=-np.inf)
+    else:
+        lo_t = hi_t = np.zeros(nkeys)
     centroids = np.zeros(1 << bits, u.dtype)
-    lut, kept = bk.promotion_table(counts, sums, mins, maxs, bits, midpoint, centroids)
-    sym = np.empty(n, np.uint8)
-    sym_hist = np.zeros((nch, 1 << bits), np.int64)
-    err = np.zeros((nch, 3), np.float64)
-    use_ref = ref is not None
-    r = ref if use_ref else u
+    lut, kept = bk.promotion_table(total, s_tot, lo_t, hi_t, bits, midpoint, centroids)
 
-    def task(c):
-        sf, su = _scratch(u.dtype)
+    sym = np.empty(n, np.uint8)
+
+    def pass2(c):
         lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
-        bk.assign_symbols(u, r, use_ref, lo, hi, sf, su, shift, lut, centroids,
-                          sym, sym_hist[c], err[c])
-    run_tasks(task, nch)
-    e = err.sum(axis=0)
-    return Quantized(sym, sym_hist, centroids, int(kept), counts, float(e[0]), float(e[1]),
-                     float(e[2]))
+        bk.map_symbols(keys, lo, hi, lut, sym)
+    run_tasks(pass2, nch)
+
+    onehot = np.zeros((nkeys, 1 << bits), np.int64)
+    onehot[np.arange(nkeys), lut[:nkeys]] = 1
+    onehot[:, 0] = 0                                   # dropped buckets are counted below
+    sym_hist = counts @ onehot
+    chunk_len = np.minimum(chunk_size, n - np.arange(nch) * chunk_size)
+    sym_hist[:, 0] = chunk_len - sym_hist[:, 1:].sum(axis=1)
+
+    c = centroids.astype(np.float64)[lut[:nkeys]]      # 0 for dropped buckets
+    residual = float(np.sum(sumsq.sum(axis=0) - 2 * c * s_tot + total * c * c))
+    return Quantized(sym, sym_hist, centroids, int(kept), total, max(residual, 0.0),
+                     float(norms.sum()), float(sumsq.sum()))
 
 
 def reconstruct(sym, centroids, out, chunk_size, accumulate):

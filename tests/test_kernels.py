@@ -173,11 +173,10 @@ def test_quantizer_matches_reference(dtype, bits, n, seed, midpoint, with_ref):
     np.testing.assert_allclose(q.centroids, cent, rtol=4 * np.finfo(dtype).eps, atol=0)
     counts = np.bincount(sym, minlength=1 << bits)
     assert np.array_equal(q.sym_hist.sum(axis=0), counts)
-    rec = (ref + cent[sym]) if with_ref else cent[sym]
-    if with_ref:
-        rec = np.where(sym == 0, ref, rec)
-    want = np.sum((u.astype(np.float64) - rec.astype(np.float64)) ** 2)
-    assert q.residual_sq == pytest.approx(want, rel=1e-9, abs=1e-300)
+    want = np.sum((delta.astype(np.float64) - cent[sym].astype(np.float64)) ** 2)
+    assert q.residual_sq == pytest.approx(want, rel=1e-6, abs=1e-12 * q.delta_sq)
+    assert q.delta_sq == pytest.approx(np.sum(delta.astype(np.float64) ** 2), rel=1e-9)
+    assert q.target_sq == pytest.approx(np.sum(u.astype(np.float64) ** 2), rel=1e-9)
 
 
 def test_apply_symbols_skips_zero_symbol():

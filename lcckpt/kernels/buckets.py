@@ -17,14 +17,26 @@ from numba import njit
 BLOCK = 2048
 
 
-@njit(cache=True, nogil=True)
-def key_histogram(u, ref, use_ref, start, stop, scratch_f, scratch_u, shift,
-                  counts, sums, mins, maxs, want_minmax):
-    """Count and sum (fp64) the nonzero delta elements of each bucket key.
+@njit(cache=True, nogil=True, fastmath=True)
+def sum_squares(x, start, stop):
+    """fp64 sum of squares; reassociation allowed so the reduction vectorizes."""
+    t = 0.0
+    for i in range(start, stop):
+        v = np.float64(x[i])
+        t += v * v
+    return t
 
-    The delta is ``u - ref`` when ``use_ref`` else ``u``. Exact zeros are not counted
-    (they are symbol 0). With ``want_minmax`` also track each key's min and max.
+
+@njit(cache=True, nogil=True)
+def key_histogram(u, ref, use_ref, start, stop, scratch_f, scratch_u, shift, keys,
+                  counts, sums, sumsq, mins, maxs, want_minmax):
+    """One pass: every element's bucket key, and per key the count, sum and sum of squares.
+
+    The delta is ``u - ref`` when ``use_ref`` else ``u``. ``keys[i]`` receives the key,
+    or ``counts.size`` (a key no float has) for an exact zero, which belongs to no
+    bucket. Sums are fp64. With ``want_minmax`` also track each key's min and max.
     """
+    zero_key = counts.size
     i = start
     while i < stop:
         m = min(BLOCK, stop - i)
@@ -37,21 +49,27 @@ def key_histogram(u, ref, use_ref, start, stop, scratch_f, scratch_u, shift,
         for j in range(m):
             d = scratch_f[j]
             if d != 0:
-                k = scratch_u[j] >> shift
+                k = np.int64(scratch_u[j] >> shift)
+                keys[i + j] = k
                 counts[k] += 1
                 v = np.float64(d)
                 sums[k] += v
+                sumsq[k] += v * v
                 if want_minmax:
                     if v < mins[k]:
                         mins[k] = v
                     if v > maxs[k]:
                         maxs[k] = v
+            else:
+                keys[i + j] = zero_key
         i += m
 
 
 @njit(cache=True, nogil=True)
 def promotion_table(counts, sums, mins, maxs, nbits, midpoint, centroids):
     """Keep the 2**nbits - 1 highest-priority buckets; return the key -> symbol table.
+
+    The table has one extra entry, for the zero key, which maps to symbol 0.
 
     Priority: larger exponent first; on equal exponent more members first; then the
     positive bucket before the negative one. Symbol s (1..K) is the s-th kept bucket,
@@ -61,7 +79,7 @@ def promotion_table(counts, sums, mins, maxs, nbits, midpoint, centroids):
     nkeys = counts.size
     half = nkeys // 2
     keep = (1 << nbits) - 1
-    lut = np.zeros(nkeys, np.uint8)
+    lut = np.zeros(nkeys + 1, np.uint8)
     taken = np.zeros(nkeys, np.bool_)
     centroids[0] = 0
     kept = 0
@@ -90,50 +108,10 @@ def promotion_table(counts, sums, mins, maxs, nbits, midpoint, centroids):
 
 
 @njit(cache=True, nogil=True)
-def assign_symbols(u, ref, use_ref, start, stop, scratch_f, scratch_u, shift, lut,
-                   centroids, sym, sym_counts, err):
-    """Map each delta element to its symbol and measure the reconstruction error.
-
-    ``sym[i]`` is 0 for an exact zero or a dropped bucket, else ``lut[key]``. The
-    reference is not touched: the encoder advances it with :func:`apply_symbols`, the
-    decoder's own kernel, so both sides stay bit-identical by construction. ``err``
-    accumulates in fp64: [0] squared residual ``u - (ref + centroids[sym])`` with the
-    fp32 add the decoder performs, [1] squared norm of ``u``, [2] squared norm of the delta.
-    """
-    e_res = 0.0
-    e_tgt = 0.0
-    e_del = 0.0
-    i = start
-    while i < stop:
-        m = min(BLOCK, stop - i)
-        if use_ref:
-            for j in range(m):
-                scratch_f[j] = u[i + j] - ref[i + j]
-        else:
-            for j in range(m):
-                scratch_f[j] = u[i + j]
-        for j in range(m):
-            d = scratch_f[j]
-            s = 0
-            if d != 0:
-                s = lut[scratch_u[j] >> shift]
-            sym[i + j] = s
-            sym_counts[s] += 1
-            x = u[i + j]
-            if use_ref:
-                rec = ref[i + j]
-                if s != 0:
-                    rec = rec + centroids[s]
-            else:
-                rec = centroids[s]
-            r = np.float64(x) - np.float64(rec)
-            e_res += r * r
-            e_tgt += np.float64(x) * np.float64(x)
-            e_del += np.float64(d) * np.float64(d)
-        i += m
-    err[0] += e_res
-    err[1] += e_tgt
-    err[2] += e_del
+def map_symbols(keys, start, stop, lut, sym):
+    """``sym[i] = lut[keys[i]]``: 0 for zeros and dropped buckets, 1..K for kept ones."""
+    for i in range(start, stop):
+        sym[i] = lut[keys[i]]
 
 
 @njit(cache=True, nogil=True)

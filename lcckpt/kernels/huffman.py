@@ -16,7 +16,6 @@ from numba import njit
 
 MAX_CODE_LEN = 12          # one 4096-entry lookup table decodes any code
 _U8 = np.uint64(8)
-_U32 = np.uint64(32)
 _MASK8 = np.uint64(0xFF)
 
 
@@ -133,33 +132,23 @@ def decode_table(lengths, table_bits):
 
 
 # --- bit writer ------------------------------------------------------------------------
+# Every bit counter is uint64: mixing signed and unsigned integers makes Numba convert
+# through floats, which tripled the cost per symbol.
 
-@njit(cache=True, nogil=True, inline="always")
-def put_bits(acc, nb, value, length, out, p):
-    """Append ``length`` (<= 32) bits of ``value``; flush 32 bits once 32 are pending."""
-    acc = (acc << np.uint64(length)) | np.uint64(value)
-    nb += length
-    if nb >= 32:
-        nb -= 32
-        word = acc >> np.uint64(nb)
-        out[p] = (word >> np.uint64(24)) & _MASK8
-        out[p + 1] = (word >> np.uint64(16)) & _MASK8
-        out[p + 2] = (word >> _U8) & _MASK8
-        out[p + 3] = word & _MASK8
-        p += 4
-    return acc, nb, p
+_Z = np.uint64(0)
+_W = np.uint64(32)
 
 
 @njit(cache=True, nogil=True, inline="always")
 def flush_bits(acc, nb, out, p):
     """Write the pending bits, zero-padded to a whole byte; return the new position."""
-    while nb > 0:
-        if nb >= 8:
-            nb -= 8
-            out[p] = (acc >> np.uint64(nb)) & _MASK8
+    while nb > _Z:
+        if nb >= _U8:
+            nb -= _U8
+            out[p] = np.uint8((acc >> nb) & _MASK8)
         else:
-            out[p] = (acc << np.uint64(8 - nb)) & _MASK8
-            nb = 0
+            out[p] = np.uint8((acc << (_U8 - nb)) & _MASK8)
+            nb = _Z
         p += 1
     return p
 
@@ -169,35 +158,31 @@ def encode_symbols(sym, start, stop, codes, lengths, out, pos):
     """Per-element Huffman: code ``sym[start:stop]`` into ``out`` from byte ``pos``.
 
     Returns the end byte position. ``out`` must hold the exact size computed from the
-    symbol counts and code lengths.
+    symbol counts and code lengths. (The bit writer is written out in the loop rather
+    than called: Numba's inlined helper ran three times slower here.)
     """
-    acc = np.uint64(0)
-    nb = 0
+    acc = _Z
+    nb = _Z
     p = pos
     for i in range(start, stop):
         s = sym[i]
-        acc, nb, p = put_bits(acc, nb, codes[s], lengths[s], out, p)
+        ln = np.uint64(lengths[s])
+        acc = (acc << ln) | np.uint64(codes[s])
+        nb += ln
+        if nb >= _W:
+            nb -= _W
+            w = np.uint32(acc >> nb)
+            out[p] = np.uint8(w >> np.uint32(24))
+            out[p + 1] = np.uint8(w >> np.uint32(16))
+            out[p + 2] = np.uint8(w >> np.uint32(8))
+            out[p + 3] = np.uint8(w)
+            p += 4
     return flush_bits(acc, nb, out, p)
 
 
 # --- bit reader ------------------------------------------------------------------------
 
-@njit(cache=True, nogil=True, inline="always")
-def refill(acc, nb, buf, p, end):
-    """Top the accumulator up to at least 57 bits; bytes past ``end`` read as zero."""
-    while nb <= 56:
-        b = np.uint64(0)
-        if p < end:
-            b = np.uint64(buf[p])
-        acc = (acc << _U8) | b
-        p += 1
-        nb += 8
-    return acc, nb, p
-
-
-@njit(cache=True, nogil=True, inline="always")
-def peek(acc, nb, bits):
-    return (acc >> np.uint64(nb - bits)) & np.uint64((1 << bits) - 1)
+_REFILL = np.uint64(56)
 
 
 @njit(cache=True, nogil=True)
@@ -207,18 +192,26 @@ def decode_symbols(buf, start, end, n, table, table_bits, out, out_start):
     Returns the number of bits consumed, or -1 if an invalid code is met. The caller
     checks that the consumed bits fill exactly the chunk's bytes.
     """
-    acc = np.uint64(0)
-    nb = 0
+    acc = _Z
+    nb = _Z
+    tb = np.uint64(table_bits)
+    mask = (np.uint64(1) << tb) - np.uint64(1)
     p = start
-    consumed = 0
+    consumed = _Z
     for i in range(n):
-        if nb < table_bits:
-            acc, nb, p = refill(acc, nb, buf, p, end)
-        e = table[peek(acc, nb, table_bits)]
-        ln = e & 15
-        if ln == 0:
+        if nb < tb:
+            while nb <= _REFILL:
+                b = _Z
+                if p < end:
+                    b = np.uint64(buf[p])
+                acc = (acc << _U8) | b
+                p += 1
+                nb += _U8
+        e = table[(acc >> (nb - tb)) & mask]
+        ln = np.uint64(e & np.uint32(15))
+        if ln == _Z:
             return -1
-        out[out_start + i] = e >> 4
+        out[out_start + i] = e >> np.uint32(4)
         nb -= ln
         consumed += ln
-    return consumed
+    return np.int64(consumed)

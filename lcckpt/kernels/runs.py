@@ -14,7 +14,7 @@ Both stay canonical Huffman; only the letters change.
 import numpy as np
 from numba import njit
 
-from .huffman import flush_bits, peek, put_bits, refill
+from .huffman import _MASK8, _REFILL, _U8, _W, _Z, flush_bits
 
 RUN_CLASSES = 26                  # runs up to 2**25 - 1: chunks are at most 2**24 long
 
@@ -45,8 +45,8 @@ def grouped_histogram(sym, start, stop, g, b, hist):
 
 @njit(cache=True, nogil=True)
 def encode_grouped(sym, start, stop, g, b, codes, lengths, out, pos):
-    acc = np.uint64(0)
-    nb = 0
+    acc = _Z
+    nb = _Z
     p = pos
     for i in range(start, stop, g):
         letter = 0
@@ -55,32 +55,50 @@ def encode_grouped(sym, start, stop, g, b, codes, lengths, out, pos):
             if i + j < stop:
                 s = sym[i + j]
             letter = (letter << b) | s
-        acc, nb, p = put_bits(acc, nb, codes[letter], lengths[letter], out, p)
+        ln = np.uint64(lengths[letter])
+        acc = (acc << ln) | np.uint64(codes[letter])
+        nb += ln
+        if nb >= _W:                      # the bit writer of huffman.encode_symbols
+            nb -= _W
+            w = np.uint32(acc >> nb)
+            out[p] = np.uint8(w >> np.uint32(24))
+            out[p + 1] = np.uint8(w >> np.uint32(16))
+            out[p + 2] = np.uint8(w >> np.uint32(8))
+            out[p + 3] = np.uint8(w)
+            p += 4
     return flush_bits(acc, nb, out, p)
 
 
 @njit(cache=True, nogil=True)
 def decode_grouped(buf, start, end, n, g, b, table, table_bits, out, out_start):
     """Decode ``n`` symbols; returns bits consumed or -1 on an invalid code."""
-    acc = np.uint64(0)
-    nb = 0
+    acc = _Z
+    nb = _Z
+    tb = np.uint64(table_bits)
+    tmask = (np.uint64(1) << tb) - np.uint64(1)
     p = start
-    consumed = 0
+    consumed = _Z
     mask = (1 << b) - 1
     for i in range(0, n, g):
-        if nb < table_bits:
-            acc, nb, p = refill(acc, nb, buf, p, end)
-        e = table[peek(acc, nb, table_bits)]
-        ln = e & 15
-        if ln == 0:
+        if nb < tb:                       # the bit reader of huffman.decode_symbols
+            while nb <= _REFILL:
+                v = _Z
+                if p < end:
+                    v = np.uint64(buf[p])
+                acc = (acc << _U8) | v
+                p += 1
+                nb += _U8
+        e = table[(acc >> (nb - tb)) & tmask]
+        ln = np.uint64(e & np.uint32(15))
+        if ln == _Z:
             return -1
-        letter = e >> 4
+        letter = np.int64(e >> np.uint32(4))
         nb -= ln
         consumed += ln
         for j in range(g):
             if i + j < n:
                 out[out_start + i + j] = (letter >> (b * (g - 1 - j))) & mask
-    return consumed
+    return np.int64(consumed)
 
 
 # --- zero runs -------------------------------------------------------------------------
@@ -108,10 +126,26 @@ def runs_histogram(sym, start, stop, S, hist):
     return extra
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _put(acc, nb, value, length, out, p):
+    acc = (acc << length) | value
+    nb += length
+    if nb >= _W:
+        nb -= _W
+        w = np.uint32(acc >> nb)
+        out[p] = np.uint8(w >> np.uint32(24))
+        out[p + 1] = np.uint8(w >> np.uint32(16))
+        out[p + 2] = np.uint8(w >> np.uint32(8))
+        out[p + 3] = np.uint8(w)
+        p += 4
+    return acc, nb, p
+
+
 @njit(cache=True, nogil=True)
 def encode_runs(sym, start, stop, S, codes, lengths, out, pos):
-    acc = np.uint64(0)
-    nb = 0
+    """One code word per nonzero symbol (plus the tail): the helper call costs little here."""
+    acc = _Z
+    nb = _Z
     p = pos
     run = 0
     for i in range(start, stop):
@@ -121,34 +155,42 @@ def encode_runs(sym, start, stop, S, codes, lengths, out, pos):
             continue
         c = _bit_length(run)
         letter = c * S + s
-        acc, nb, p = put_bits(acc, nb, codes[letter], lengths[letter], out, p)
+        acc, nb, p = _put(acc, nb, np.uint64(codes[letter]), np.uint64(lengths[letter]), out, p)
         if c > 1:
-            acc, nb, p = put_bits(acc, nb, run - (1 << (c - 1)), c - 1, out, p)
+            acc, nb, p = _put(acc, nb, np.uint64(run - (1 << (c - 1))), np.uint64(c - 1), out, p)
         run = 0
     if run > 0:
         c = _bit_length(run)
-        acc, nb, p = put_bits(acc, nb, codes[c * S], lengths[c * S], out, p)
+        acc, nb, p = _put(acc, nb, np.uint64(codes[c * S]), np.uint64(lengths[c * S]), out, p)
         if c > 1:
-            acc, nb, p = put_bits(acc, nb, run - (1 << (c - 1)), c - 1, out, p)
+            acc, nb, p = _put(acc, nb, np.uint64(run - (1 << (c - 1))), np.uint64(c - 1), out, p)
     return flush_bits(acc, nb, out, p)
 
 
 @njit(cache=True, nogil=True)
 def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start):
     """Decode ``n`` symbols; returns bits consumed or -1 on any inconsistency."""
-    acc = np.uint64(0)
-    nb = 0
+    acc = _Z
+    nb = _Z
+    tb = np.uint64(table_bits)
+    tmask = (np.uint64(1) << tb) - np.uint64(1)
     p = start
-    consumed = 0
+    consumed = _Z
     pos = 0
     while pos < n:
-        if nb < 40:
-            acc, nb, p = refill(acc, nb, buf, p, end)
-        e = table[peek(acc, nb, table_bits)]
-        ln = e & 15
-        if ln == 0:
+        if nb < np.uint64(40):            # a code word and up to 24 extra bits
+            while nb <= _REFILL:
+                v = _Z
+                if p < end:
+                    v = np.uint64(buf[p])
+                acc = (acc << _U8) | v
+                p += 1
+                nb += _U8
+        e = table[(acc >> (nb - tb)) & tmask]
+        ln = np.uint64(e & np.uint32(15))
+        if ln == _Z:
             return -1
-        letter = e >> 4
+        letter = np.int64(e >> np.uint32(4))
         nb -= ln
         consumed += ln
         c = letter // S
@@ -157,9 +199,10 @@ def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start):
         if c == 1:
             run = 1
         elif c > 1:
-            run = (1 << (c - 1)) + np.int64(peek(acc, nb, c - 1))
-            nb -= c - 1
-            consumed += c - 1
+            xb = np.uint64(c - 1)
+            run = (1 << (c - 1)) + np.int64((acc >> (nb - xb)) & ((np.uint64(1) << xb) - np.uint64(1)))
+            nb -= xb
+            consumed += xb
         if run > n - pos:
             return -1
         for k in range(run):
@@ -172,4 +215,4 @@ def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start):
             pos += 1
         elif pos != n:
             return -1
-    return consumed
+    return np.int64(consumed)
