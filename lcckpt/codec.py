@@ -128,7 +128,7 @@ def encode_lossy(u: np.ndarray, ref: np.ndarray | None, dt: dtypes.DType, shape,
     w.u8(q.kept)
     w.raw(q.centroids[1:q.kept + 1].tobytes())
     entropy.write_tables(w, enc)
-    blob = _finish(w, [enc.payload])
+    blob = _finish(w, enc.parts)
     st = EncodeStats(u.size, dt.name, "lossy", bits, coder, len(blob))
     _entropy_stats(st, q, enc, u.size)
     return blob, q, st
@@ -143,7 +143,7 @@ def encode_exact(a: np.ndarray, dt: dtypes.DType, log2: int) -> bytes:
     w.u8(1 if rotate else 0)
     for e in encs:
         entropy.write_tables(w, e)
-    return _finish(w, [e.payload for e in encs])
+    return _finish(w, [p for e in encs for p in e.parts])
 
 
 def encode(x, bits: int = 2, coder: str = "auto", *, lossless: bool = False,

@@ -31,6 +31,7 @@ HUFFMAN, GROUPED, RUNS, RAW, CONST = range(5)
 MODE_NAMES = ("huffman", "grouped", "runs", "raw", "const")
 CODED_MODES = (HUFFMAN, GROUPED, RUNS)
 CACHE_SLACK = 1.01          # reuse a cached code while it costs at most 1% more
+RAW_MARGIN = 0.97           # code a byte chunk only if that saves at least 3% over raw
 
 
 def group_size(b: int) -> int:
@@ -147,8 +148,21 @@ class Encoded:
     consts: np.ndarray         # uint8 per chunk (the symbol of CONST chunks)
     nbytes: np.ndarray         # int64 per chunk
     lengths: dict              # mode -> uint8 code lengths, for the coded modes in use
-    payload: np.ndarray        # uint8
+    parts: list                # the payload, in order: coded bytes and views of raw chunks
     mode_bits: dict            # mode -> total bits had every chunk used it (for stats)
+
+    @property
+    def size(self) -> int:
+        return int(self.nbytes.sum())
+
+
+def raw_stream(sym: np.ndarray, chunk_size: int) -> Encoded:
+    """Every chunk stored raw: the payload is a view of ``sym``, nothing is copied."""
+    n = sym.size
+    nch = -(-n // chunk_size)
+    nbytes = np.minimum(chunk_size, n - np.arange(nch, dtype=np.int64) * chunk_size)
+    return Encoded(np.full(nch, RAW, np.uint8), np.zeros(nch, np.uint8), nbytes, {},
+                   [sym], {RAW: 8 * n})
 
 
 def _chunk_bits(an: Analysis, mode: int, lengths) -> np.ndarray:
@@ -185,7 +199,10 @@ def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None)
         if m != CONST:
             mode_bits[m] = int(bits.sum())
     stacked = np.stack([(x + 7) // 8 for x in bits_by_mode])
-    choice = np.argmin(stacked, axis=0)
+    score = stacked.astype(np.float64)
+    if RAW in modes:                 # coding must pay for its slower decode
+        score[list(modes).index(RAW)] *= RAW_MARGIN
+    choice = np.argmin(score, axis=0)
     chunk_modes = np.asarray(modes, np.uint8)[choice]
     nbytes = stacked[choice, np.arange(an.nchunks)].astype(np.int64)
     consts = np.zeros(an.nchunks, np.uint8)
@@ -194,8 +211,11 @@ def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None)
         consts[is_c] = np.argmax(an.hist[HUFFMAN][is_c], axis=1)
     used = {m: lengths[m] for m in CODED_MODES if m in lengths and np.any(chunk_modes == m)}
     codes = {m: hk.canonical_codes(l) for m, l in used.items()}
-    offsets = np.concatenate(([0], np.cumsum(nbytes)))
-    payload = np.empty(int(offsets[-1]), np.uint8)
+    # Coded chunks go to one new buffer; raw chunks stay views of ``sym`` (no copy).
+    is_raw = chunk_modes == RAW
+    coded_nbytes = np.where(is_raw, 0, nbytes)
+    offsets = np.concatenate(([0], np.cumsum(coded_nbytes)))
+    coded = np.empty(int(offsets[-1]), np.uint8)
     g, S = group_size(b), 1 << b
     cs = an.chunk_size
 
@@ -203,20 +223,29 @@ def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None)
         lo, hi = c * cs, min(an.n, (c + 1) * cs)
         m, pos = chunk_modes[c], int(offsets[c])
         if m == HUFFMAN:
-            end = hk.encode_symbols(sym, lo, hi, codes[m], used[m], payload, pos)
+            end = hk.encode_symbols(sym, lo, hi, codes[m], used[m], coded, pos)
         elif m == GROUPED:
-            end = rk.encode_grouped(sym, lo, hi, g, b, codes[m], used[m], payload, pos)
+            end = rk.encode_grouped(sym, lo, hi, g, b, codes[m], used[m], coded, pos)
         elif m == RUNS:
-            end = rk.encode_runs(sym, lo, hi, S, codes[m], used[m], payload, pos)
-        elif m == RAW:
-            payload[pos:pos + hi - lo] = sym[lo:hi]
-            end = pos + hi - lo
+            end = rk.encode_runs(sym, lo, hi, S, codes[m], used[m], coded, pos)
         else:
             end = pos
         if end != offsets[c + 1]:
             raise AssertionError(f"chunk {c}: wrote {end - pos} bytes, planned {nbytes[c]}")
-    run_tasks(task, an.nchunks)
-    return Encoded(chunk_modes, consts, nbytes, used, payload, mode_bits)
+    if not is_raw.all():
+        run_tasks(task, an.nchunks)
+    parts = []
+    c = 0
+    while c < an.nchunks:                    # runs of raw or coded chunks, in order
+        d = c
+        while d < an.nchunks and is_raw[d] == is_raw[c]:
+            d += 1
+        if is_raw[c]:
+            parts.append(sym[c * cs:min(an.n, d * cs)])
+        else:
+            parts.append(coded[offsets[c]:offsets[d]])
+        c = d
+    return Encoded(chunk_modes, consts, nbytes, used, parts, mode_bits)
 
 
 # --- stream description: code tables and chunk table -----------------------------------
@@ -330,11 +359,19 @@ def read_tables(r: Reader, n: int, chunk_size: int, b: int, allowed) -> StreamLa
     return StreamLayout(modes, consts, offsets, lengths)
 
 
+MULTI_MIN_SYMBOLS = 1 << 16    # below this the multi table costs more than it saves
+
+
 @lru_cache(maxsize=256)
 def _table(lengths_bytes: bytes):
     lengths = np.frombuffer(lengths_bytes, np.uint8)
     bits = int(lengths.max())
     return hk.decode_table(lengths, bits), bits
+
+
+@lru_cache(maxsize=64)
+def _multi_table(lengths_bytes: bytes):
+    return hk.multi_decode_table(np.frombuffer(lengths_bytes, np.uint8))
 
 
 def decode(buf: np.ndarray, base: int, layout: StreamLayout, n: int, chunk_size: int, b: int,
@@ -347,6 +384,9 @@ def decode(buf: np.ndarray, base: int, layout: StreamLayout, n: int, chunk_size:
     if base + int(layout.offsets[-1]) > buf.size:
         raise CorruptDataError(f"{what}: chunk table points past the end of the data")
     tables = {m: _table(l.tobytes()) for m, l in layout.lengths.items()}
+    multi = None
+    if HUFFMAN in layout.lengths and b <= 4 and n >= MULTI_MIN_SYMBOLS:
+        multi = _multi_table(layout.lengths[HUFFMAN].tobytes())
     g, S = group_size(b), 1 << b
 
     def task(c):
@@ -361,7 +401,10 @@ def decode(buf: np.ndarray, base: int, layout: StreamLayout, n: int, chunk_size:
             used = 8 * (end - start)
         else:
             table, tb = tables[m]
-            if m == HUFFMAN:
+            if m == HUFFMAN and multi is not None:
+                used = hk.decode_symbols_multi(buf, start, end, hi - lo, multi, table, tb, out,
+                                               lo)
+            elif m == HUFFMAN:
                 used = hk.decode_symbols(buf, start, end, hi - lo, table, tb, out, lo)
             elif m == GROUPED:
                 used = rk.decode_grouped(buf, start, end, hi - lo, g, b, table, tb, out, lo)

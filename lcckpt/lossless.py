@@ -25,37 +25,69 @@ def words_of(a: np.ndarray, kind: str) -> tuple[np.ndarray, bool]:
     return flat.view(_WORD[item]), kind in ("float", "complex") and item > 1
 
 
-def encode_planes(words: np.ndarray, rotate: bool, chunk_size: int):
-    """Split into planes and code each; returns the list of :class:`entropy.Encoded`."""
-    n = words.size
-    width = 8 * words.dtype.itemsize
-    nplanes = width // 8
-    nch = -(-n // chunk_size)
-    planes = np.empty((nplanes, n), np.uint8)
-    hist = np.zeros((nch, nplanes, 256), np.int64)
+CODE_IF_BELOW = 0.9     # code a sampled plane only if it promises to save 10%
 
-    def task(c):
-        lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
-        fk.split_planes(words, lo, hi, width, rotate, planes, hist[c])
-    run_tasks(task, nch)
+
+def encode_planes(words: np.ndarray, rotate: bool, chunk_size: int):
+    """Split into planes and code each; returns the list of :class:`entropy.Encoded`.
+
+    The top plane of a float (its exponent) is counted exactly during the split; the
+    other planes are sampled, recounted exactly only when the sample says coding pays,
+    and otherwise stored raw as views of the plane.
+    """
+    n = words.size
+    item = words.dtype.itemsize
+    nch = -(-n // chunk_size)
     modes = entropy.modes_for("bytes", 8)
+    if item == 1:
+        planes = words.view(np.uint8).reshape(1, n)
+        hist = np.zeros((nch, 1, 256), np.int64)
+        sampled = [0]
+    else:
+        planes = np.empty((item, n), np.uint8)
+        hist = np.zeros((nch, item, 256), np.int64)
+        split = fk.SPLIT[item]
+
+        def task(c):
+            lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
+            split(words, lo, hi, rotate, planes, hist[c])
+        run_tasks(task, nch)
+        sampled = list(range(item - 1)) + ([] if rotate else [item - 1])
     out = []
-    for k in range(nplanes):
+    for k in range(item):
+        plane = planes[k]
+        if k in sampled:
+            if item > 1:
+                sample = hist[:, k, :].sum(axis=0)
+                total = int(sample.sum())
+                if total == 0 or entropy.entropy_bits(sample) / total > 8 * CODE_IF_BELOW:
+                    out.append(entropy.raw_stream(plane, chunk_size))
+                    continue
+                hist[:, k, :] = 0
+
+            def count(c, plane=plane, k=k):
+                lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
+                fk.byte_histogram(plane, lo, hi, hist[c, k])
+            run_tasks(count, nch)
         an = entropy.Analysis(n, chunk_size, 8, {entropy.HUFFMAN: hist[:, k, :]}, None)
-        out.append(entropy.encode(planes[k], an, modes))
+        out.append(entropy.encode(plane, an, modes))
     return out
 
 
 def decode_planes(buf: np.ndarray, base: int, layouts, n: int, chunk_size: int,
                   rotate: bool, words: np.ndarray, what: str):
     """Decode every plane, then interleave them back into ``words``."""
-    width = 8 * words.dtype.itemsize
-    planes = np.empty((len(layouts), n), np.uint8)
+    item = words.dtype.itemsize
+    if item == 1:
+        entropy.decode(buf, base, layouts[0], n, chunk_size, 8, words.view(np.uint8), what)
+        return
+    planes = np.empty((item, n), np.uint8)
     for k, layout in enumerate(layouts):
         entropy.decode(buf, base, layout, n, chunk_size, 8, planes[k], what)
         base += int(layout.offsets[-1])
+    merge = fk.MERGE[item]
 
     def task(c):
         lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
-        fk.merge_planes(planes, lo, hi, width, rotate, words)
+        merge(planes, lo, hi, rotate, words)
     run_tasks(task, -(-n // chunk_size))

@@ -215,3 +215,88 @@ def decode_symbols(buf, start, end, n, table, table_bits, out, out_start):
         nb -= ln
         consumed += ln
     return np.int64(consumed)
+
+
+# --- multi-symbol decoding -------------------------------------------------------------
+# A low-entropy stream spends ~1 bit per symbol, so one 12-bit window often holds ten
+# whole code words. The multi table maps each window to every complete code word in
+# it (up to 12 four-bit symbols), so one lookup decodes them all.
+
+MULTI_BITS = 12
+MULTI_MAX = 12
+
+
+@njit(cache=True, nogil=True)
+def multi_decode_table(lengths):
+    """Window -> ``consumed | count << 4 | sym_k << (8 + 4k)``; count 0 = invalid code.
+
+    Only for alphabets of at most 16 symbols (four bits each).
+    """
+    single = decode_table(lengths, MULTI_BITS)
+    mask = (1 << MULTI_BITS) - 1
+    table = np.zeros(1 << MULTI_BITS, np.uint64)
+    for w in range(1 << MULTI_BITS):
+        pos = 0
+        cnt = 0
+        entry = np.uint64(0)
+        while cnt < MULTI_MAX:
+            e = single[(w << pos) & mask]
+            ln = e & 15
+            if ln == 0 or ln > MULTI_BITS - pos:
+                break
+            entry |= np.uint64(e >> 4) << np.uint64(8 + 4 * cnt)
+            pos += ln
+            cnt += 1
+        table[w] = entry | np.uint64(pos) | np.uint64(cnt << 4)
+    return table
+
+
+@njit(cache=True, nogil=True)
+def decode_symbols_multi(buf, start, end, n, multi, single, table_bits, out, out_start):
+    """As :func:`decode_symbols`, several symbols per lookup; the tail goes one by one."""
+    acc = _Z
+    nb = _Z
+    mb = np.uint64(MULTI_BITS)
+    mmask = (np.uint64(1) << mb) - np.uint64(1)
+    p = start
+    consumed = _Z
+    i = 0
+    while i + MULTI_MAX <= n:
+        if nb < mb:
+            while nb <= _REFILL:
+                b = _Z
+                if p < end:
+                    b = np.uint64(buf[p])
+                acc = (acc << _U8) | b
+                p += 1
+                nb += _U8
+        e = multi[(acc >> (nb - mb)) & mmask]
+        cnt = np.int64((e >> np.uint64(4)) & np.uint64(15))
+        if cnt == 0:
+            return -1
+        for k in range(MULTI_MAX):                 # fixed count: unrolled stores
+            out[out_start + i + k] = np.uint8((e >> np.uint64(8 + 4 * k)) & np.uint64(15))
+        used = e & np.uint64(15)
+        nb -= used
+        consumed += used
+        i += cnt
+    tb = np.uint64(table_bits)
+    mask = (np.uint64(1) << tb) - np.uint64(1)
+    while i < n:
+        if nb < tb:
+            while nb <= _REFILL:
+                b = _Z
+                if p < end:
+                    b = np.uint64(buf[p])
+                acc = (acc << _U8) | b
+                p += 1
+                nb += _U8
+        e = single[(acc >> (nb - tb)) & mask]
+        ln = np.uint64(e & np.uint32(15))
+        if ln == _Z:
+            return -1
+        out[out_start + i] = e >> np.uint32(4)
+        nb -= ln
+        consumed += ln
+        i += 1
+    return np.int64(consumed)
