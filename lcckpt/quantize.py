@@ -16,7 +16,8 @@ from ._pool import run_tasks
 from .errors import NonFiniteError
 from .kernels import buckets as bk
 
-_LAYOUT = {np.dtype(np.float32): (np.uint32, 23, 512), np.dtype(np.float64): (np.uint64, 52, 4096)}
+_LAYOUT = {np.dtype(np.float32): (np.uint32, np.uint32(23), 512),
+           np.dtype(np.float64): (np.uint64, np.uint64(52), 4096)}
 
 
 @dataclass
@@ -58,11 +59,12 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     n = u.size
     nch = -(-n // chunk_size)
     keys = np.empty(n, np.uint16)
-    counts = np.zeros((nch, nkeys), np.int64)
-    sums = np.zeros((nch, nkeys), np.float64)
-    sumsq = np.zeros((nch, nkeys), np.float64)
-    mins = np.full((nch, nkeys), np.inf) if midpoint else np.zeros((1, 1))
-    maxs = np.full((nch, nkeys), -np.inf) if midpoint else np.zeros((1, 1))
+    slots = nkeys + 1                                   # the last one counts zeros
+    counts = np.zeros((nch, slots), np.int64)
+    sums = np.zeros((nch, slots), np.float64)
+    sumsq = np.zeros((nch, slots), np.float64)
+    mins = np.full((nch, slots), np.inf) if midpoint else np.zeros((1, 1))
+    maxs = np.full((nch, slots), -np.inf) if midpoint else np.zeros((1, 1))
     norms = np.zeros(nch, np.float64)
     use_ref = ref is not None
     r = ref if use_ref else u
@@ -76,6 +78,9 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
         norms[c] = bk.sum_squares(u, lo, hi)
     run_tasks(pass1, nch)
 
+    counts, sums, sumsq = counts[:, :nkeys], sums[:, :nkeys], sumsq[:, :nkeys]
+    if midpoint:
+        mins, maxs = mins[:, :nkeys], maxs[:, :nkeys]
     total = counts.sum(axis=0)
     half = nkeys // 2
     bad = int(total[half - 1] + total[nkeys - 1])
