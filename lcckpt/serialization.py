@@ -142,12 +142,16 @@ register_codec("raw", _raw_encode, _raw_decode)
 # --------------------------------------------------------------------------- save
 
 
-def save(obj: Any, f: str | os.PathLike | BinaryIO, *, codec: str | Callable = "raw") -> None:
+def save(obj: Any, f: str | os.PathLike | BinaryIO, *, codec: str | Callable = "raw",
+         compress: bool = False) -> None:
     """Save ``obj`` to a path (atomically) or a writable binary file, without pickle.
 
     ``codec``: the registered codec for every tensor it handles, or a function
-    ``(key_path, tensor) -> codec name`` choosing per tensor.
+    ``(key_path, tensor) -> codec name`` choosing per tensor. ``compress=True`` is
+    shorthand for ``codec="lossless"`` (bit-exact byte-plane coding of every tensor).
     """
+    if compress and codec == "raw":
+        codec = "lossless"
     meta, sections = pack(obj, codec=codec)
     write_container(f, sections, meta)
 

@@ -1,0 +1,487 @@
+"""DeltaCheckpointer: keyframes, delta chains, reopen, merge, retention, broken links, crashes."""
+
+import collections
+import copy
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import lcckpt
+from lcckpt import BrokenChainError, ChecksumError, DeltaCheckpointer, DeltaDecoder, DeltaEncoder
+from lcckpt.chain import file_name
+from lcckpt.container import read_container
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _bits(x) -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def same_bits(a, b) -> bool:
+    a = torch.from_numpy(a) if isinstance(a, np.ndarray) else a
+    b = torch.from_numpy(b) if isinstance(b, np.ndarray) else b
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bits(a), _bits(b))
+
+
+def assert_exact(a, b, path="obj"):
+    """Same structure, same types, bit-identical tensors."""
+    assert type(a) is type(b), f"{path}: {type(a)} vs {type(b)}"
+    if isinstance(a, dict):
+        assert list(a) == list(b), path
+        for k in a:
+            assert_exact(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_exact(x, y, f"{path}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert same_bits(a, b), f"{path}: tensors differ"
+    else:
+        assert a == b, path
+
+
+class _CNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3)
+        self.bn = nn.BatchNorm2d(16)
+        self.conv2 = nn.Conv2d(16, 32, 3)
+        self.fc = nn.Linear(32 * 8 * 8, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.bn(self.conv1(x)))
+        x = torch.relu(self.conv2(x))
+        return self.fc(torch.flatten(x, 1))
+
+
+def _train(model, opt, steps, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = torch.randn(4, 3, 12, 12, generator=g)
+        y = torch.randint(0, 10, (4,), generator=g)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+
+OPTIMIZERS = {
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+    "adam": lambda p: torch.optim.Adam(p, lr=1e-3),
+}
+
+# one state of a drifting run: deterministic per step, so another process can make it too
+_STATE_SRC = '''
+def _state(step):
+    base = np.random.default_rng(0)
+    w0, d = base.standard_normal(6000), base.standard_normal(6000)
+    noise = np.random.default_rng(1000 + step).standard_normal(6000)
+    w = w0 + 0.02 * np.sqrt(step) * d + 0.002 * noise
+    return {
+        "model": {"w": torch.from_numpy(w.astype(np.float32)),
+                  "h": torch.from_numpy(w[:5000].copy()).to(torch.bfloat16),
+                  "g": torch.from_numpy(w[1000:5096].astype(np.float16)),
+                  "x": torch.from_numpy(w[:4500] * 3.0),
+                  "b": torch.from_numpy(w[:10].astype(np.float32))},
+        "step": torch.tensor(step), "epoch": step // 10, "name": "run",
+    }
+'''
+exec(_STATE_SRC)  # defines _state
+
+TRACKED = ("w", "h", "g", "x")
+
+
+def _files(d):
+    return sorted(p for p in os.listdir(d) if not p.startswith("."))
+
+
+# --------------------------------------------------------------------------- keyframes
+
+
+@pytest.mark.parametrize("opt_name", OPTIMIZERS)
+def test_keyframe_round_trip_model_and_optimizer_is_exact(tmp_path, opt_name):
+    torch.manual_seed(0)
+    model = _CNN()
+    opt = OPTIMIZERS[opt_name](model.parameters())
+    _train(model, opt, 3)
+    state = {
+        "model": model.state_dict(), "optim": opt.state_dict(), "epoch": 3, "loss": 1.25,
+        "extra": {"bf16": torch.randn(5000).to(torch.bfloat16),
+                  "f16": torch.randn(70, 70).half(), "f64": torch.randn(4100).double(),
+                  "mask": torch.rand(100) > 0.5, "ids": torch.arange(5, dtype=torch.int32),
+                  "np": np.arange(4.0), "t": (1, "a", None)},
+    }
+    state = copy.deepcopy(state)     # state_dict() hands out live tensors; keep this snapshot
+    ck = DeltaCheckpointer(tmp_path, bits=2, min_delta_elements=1000)
+    ck.save(0, state)
+    assert ck.info(0)["kind"] == "keyframe"
+    tracked = ck.info(0)["tensors"]
+    assert 'obj["model"]["fc.weight"]' in tracked and 'obj["extra"]["bf16"]' in tracked
+    assert any("exp_avg_sq" in k or "momentum_buffer" in k for k in tracked)
+    assert 'obj["model"]["conv1.bias"]' not in tracked          # small: stored exactly
+    assert all(v["kind"] == "lossless" for v in tracked.values())
+    loaded = DeltaCheckpointer(tmp_path).load()
+    np.testing.assert_array_equal(loaded["extra"].pop("np"), state["extra"].pop("np"))
+    assert_exact(state, loaded)
+    assert type(loaded["model"]) is collections.OrderedDict
+    # a keyframe file is also a plain lcckpt file
+    plain = lcckpt.load(ck.path(0))
+    assert_exact(state["optim"], plain["optim"])
+
+    # a delta on top: the keyframe still loads exactly, untracked values of the delta too
+    _train(model, opt, 2, seed=1)
+    state2 = {"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 4}
+    ck.save(1, state2)
+    assert ck.info(1)["kind"] == "delta"
+    assert_exact(state["model"], ck.load(0)["model"])
+    out = ck.load(1)
+    for k, v in state2["model"].items():
+        assert out["model"][k].dtype == v.dtype
+        if f'obj["model"][{json.dumps(k)}]' not in tracked:
+            assert same_bits(out["model"][k], v), k
+    assert out["optim"]["param_groups"] == state2["optim"]["param_groups"]
+    for pid, st in state2["optim"]["state"].items():
+        if "step" in st:
+            assert same_bits(out["optim"]["state"][pid]["step"], st["step"])
+    with pytest.raises(BrokenChainError, match="delta"):
+        lcckpt.load(ck.path(1))
+
+
+def test_save_compress_uses_the_lossless_codec(tmp_path):
+    state = {"w": torch.randn(300, 300), "b": torch.randn(10).to(torch.bfloat16), "n": 3}
+    lcckpt.save(state, tmp_path / "a.lcc", compress=True)
+    with read_container(tmp_path / "a.lcc") as c:
+        assert {s["meta"]["codec"] for s in c.sections} == {"lossless"}
+    assert_exact(state, lcckpt.load(tmp_path / "a.lcc"))
+
+
+# --------------------------------------------------------------------------- long chains
+
+
+def test_hundred_deltas_restore_bit_identical_to_encoder_references(tmp_path):
+    ck = DeltaCheckpointer(tmp_path, bits=2, keyframe_every=None)
+    encoders = {k: DeltaEncoder(bits=2) for k in TRACKED}
+    refs, errs = [], []
+    for step in range(101):
+        state = _state(step)
+        ck.save(step, state)
+        for k in TRACKED:
+            encoders[k].encode(state["model"][k])
+        refs.append({k: encoders[k].reference() for k in TRACKED})
+    assert [ck.info(s)["kind"] for s in (0, 1, 100)] == ["keyframe", "delta", "delta"]
+    assert ck.info(100)["depth"] == 100
+    reader = DeltaCheckpointer(tmp_path)
+    replayed = reader.replay()
+    for step in range(101):
+        got, out = next(replayed)       # every step, each file decoded once
+        assert got == step
+        if step % 10 == 3 or step == 100:
+            assert_exact(out, reader.load(step))         # random access: the same result
+        truth = _state(step)
+        for k in TRACKED:
+            assert same_bits(out["model"][k], refs[step][k]), (step, k)
+        assert_exact(truth["model"]["b"], out["model"]["b"])
+        assert out["epoch"] == truth["epoch"] and torch.equal(out["step"], truth["step"])
+        w, t = out["model"]["w"].double(), truth["model"]["w"].double()
+        errs.append(float((w - t).norm() / t.norm()))
+    # error feedback: the error stays bounded along the chain instead of accumulating
+    assert errs[0] == 0 and max(errs) < 0.03
+    assert max(errs[51:]) <= 2 * max(errs[1:51])
+
+
+def test_keyframe_cadence(tmp_path):
+    ck = DeltaCheckpointer(tmp_path, keyframe_every=4)
+    for step in range(10):
+        ck.save(step * 5, _state(step))
+    kinds = [ck.info(s)["kind"][0].upper() for s in ck.steps()]
+    assert "".join(kinds) == "KDDDKDDDKD"
+    assert ck.steps() == list(range(0, 50, 5))
+    assert _files(tmp_path) == [file_name(s) for s in range(0, 50, 5)]
+    meta = ck.info(15)
+    assert meta["base"]["step"] == 10 and meta["base"]["file"] == file_name(10)
+    assert meta["settings"]["bits"] == 2 and meta["settings"]["coder"] == "auto"
+    st = meta["tensors"]['obj["model"]["w"]']
+    assert st["kind"] == "lossy" and 0 < st["bits_per_element"] < 3 and 0 < st["rel_error"] < 0.05
+    with pytest.raises(lcckpt.InvalidArgumentError):
+        ck.save(45, _state(10))                      # steps must increase
+    every = DeltaCheckpointer(tmp_path / "k1", keyframe_every=1)
+    for step in range(3):
+        every.save(step, _state(step))
+    assert [every.info(s)["kind"] for s in range(3)] == ["keyframe"] * 3
+
+
+# --------------------------------------------------------------------------- reopen
+
+
+_CHILD_WRITER = """
+import sys, numpy as np, torch
+sys.path.insert(0, {here!r})
+from test_chain import _state
+from lcckpt import DeltaCheckpointer
+ck = DeltaCheckpointer(sys.argv[1], keyframe_every=8)
+for step in range(int(sys.argv[2]), int(sys.argv[3])):
+    ck.save(step, _state(step))
+"""
+
+
+def test_reopen_continues_the_chain_like_a_continuous_writer(tmp_path):
+    cont, reopened, child = tmp_path / "cont", tmp_path / "reopen", tmp_path / "child"
+    ck = DeltaCheckpointer(cont, keyframe_every=8)
+    for step in range(12):
+        ck.save(step, _state(step))
+    for lo, hi in ((0, 3), (3, 4), (4, 12)):          # a new writer object each time
+        w = DeltaCheckpointer(reopened, keyframe_every=8)
+        for step in range(lo, hi):
+            w.save(step, _state(step))
+    w = DeltaCheckpointer(child, keyframe_every=8)
+    for step in range(5):
+        w.save(step, _state(step))
+    code = _CHILD_WRITER.format(here=HERE)    # another process continues the chain
+    subprocess.run([sys.executable, "-c", code, str(child), "5", "9"], check=True)
+    w = DeltaCheckpointer(child, keyframe_every=8)
+    for step in range(9, 12):
+        w.save(step, _state(step))
+    a, b, c = (DeltaCheckpointer(d) for d in (cont, reopened, child))
+    for d in (a, b, c):
+        assert [d.info(s)["kind"][0].upper() for s in d.steps()] == list("KDDDDDDDKDDD")
+    for step in range(12):
+        x = a.load(step)
+        assert_exact(x, b.load(step))
+        assert_exact(x, c.load(step))
+
+
+# --------------------------------------------------------------------------- merge
+
+
+def test_merge_keeps_values_and_frees_earlier_files(tmp_path):
+    ck = DeltaCheckpointer(tmp_path, keyframe_every=None)
+    for step in range(10):
+        ck.save(step, _state(step))
+    before = [ck.load(s) for s in range(10)]
+    ck.merge(6)
+    assert ck.info(6)["kind"] == "keyframe" and ck.info(6)["merged"]["from_base"]["step"] == 5
+    assert ck.info(7)["kind"] == "delta"
+    for s in range(10):
+        assert_exact(before[s], ck.load(s))
+    for s in range(6):
+        os.unlink(ck.path(s))                      # no longer needed by 6..9
+    reader = DeltaCheckpointer(tmp_path)
+    for s in range(6, 10):
+        assert_exact(before[s], reader.load(s))
+    # the writer continues from its in-memory state, a new one from disk: same results
+    ck.save(10, _state(10))
+    ck.merge()                                     # newest: cadence restarts there
+    assert ck.info(10)["kind"] == "keyframe"
+    ck.save(11, _state(11))
+    other = tmp_path / "other"
+    shutil.copytree(tmp_path, other, ignore=shutil.ignore_patterns("other"))
+    ck.save(12, _state(12))
+    DeltaCheckpointer(other, keyframe_every=None).save(12, _state(12))
+    assert_exact(ck.load(12), DeltaCheckpointer(other).load(12))
+
+
+def test_merge_with_retention_removes_the_old_chain(tmp_path):
+    ck = DeltaCheckpointer(tmp_path, keyframe_every=None, keep_last=2)
+    for step in range(6):
+        ck.save(step, _state(step))
+    assert ck.steps() == list(range(6))              # all needed by steps 4 and 5
+    want = ck.load(5)
+    ck.merge(4)
+    assert ck.steps() == [4, 5]
+    assert_exact(want, DeltaCheckpointer(tmp_path).load(5))
+
+
+# --------------------------------------------------------------------------- retention
+
+
+def test_retention_never_breaks_a_kept_step(tmp_path):
+    ck = DeltaCheckpointer(tmp_path, keyframe_every=5, keep_last=3)
+    for step in range(14):
+        ck.save(step, _state(step))
+        kept = [s for s in range(step + 1)][-3:]
+        first = min(s - s % 5 for s in kept)           # the keyframe the oldest kept one needs
+        assert ck.steps() == list(range(first, step + 1)), step
+        reader = DeltaCheckpointer(tmp_path)
+        for s in kept:
+            reader.load(s)
+    assert ck.steps() == [10, 11, 12, 13]
+
+
+# --------------------------------------------------------------------------- broken chains
+
+
+def _chain(d, n=6, seed_offset=0, **kw):
+    ck = DeltaCheckpointer(d, keyframe_every=None, **kw)
+    for step in range(n):
+        ck.save(step, _state(step + seed_offset))
+    return ck
+
+
+def _flip_byte(path, tracked=True):
+    """Damage one byte of the first tracked (or untracked) tensor section of a file."""
+    with read_container(path) as c:
+        s = next(s for s in c.sections if (s["meta"].get("codec") == "delta") == tracked)
+        pos = c.data_start + s["offset"] + s["length"] // 2
+    raw = bytearray(open(path, "rb").read())
+    raw[pos] ^= 0x10
+    open(path, "wb").write(raw)
+
+
+def test_missing_link(tmp_path):
+    ck = _chain(tmp_path)
+    os.unlink(ck.path(3))
+    with pytest.raises(BrokenChainError) as e:
+        ck.load(5)
+    assert "step 5" in str(e.value) and file_name(3) in str(e.value) and "missing" in str(e.value)
+    assert_exact(ck.load(2), DeltaCheckpointer(tmp_path).load(2))   # earlier steps still load
+    with pytest.raises(FileNotFoundError):
+        ck.load(3)
+
+
+def test_damaged_link_and_damaged_target(tmp_path):
+    ck = _chain(tmp_path)
+    want = ck.load(4)
+    _flip_byte(ck.path(2), tracked=False)   # an exact section: later steps do not need it
+    assert_exact(want, ck.load(4))
+    with pytest.raises(ChecksumError) as e:              # the file asked for is itself damaged
+        ck.load(2)
+    assert "step 2" in str(e.value) and file_name(2) in str(e.value)
+    _flip_byte(ck.path(2))                  # a delta section: the chain through it is broken
+    with pytest.raises(BrokenChainError) as e:
+        ck.load(4)
+    assert "step 4" in str(e.value) and file_name(2) in str(e.value)
+    assert isinstance(e.value.__cause__, ChecksumError)
+    p = ck.path(1)
+    open(p, "r+b").truncate(os.path.getsize(p) - 100)     # truncated: damaged header/sections
+    with pytest.raises(BrokenChainError, match=file_name(1)) as e:
+        ck.load(3)
+    assert isinstance(e.value.__cause__, lcckpt.CorruptDataError)
+
+
+def test_link_from_another_run_is_detected(tmp_path):
+    a = _chain(tmp_path / "a")
+    b = _chain(tmp_path / "b", seed_offset=1)
+    shutil.copy(b.path(2), a.path(2))
+    with pytest.raises(BrokenChainError) as e:
+        a.load(4)
+    msg = str(e.value)
+    assert "step 4" in msg and file_name(2) in msg and "state" in msg
+
+
+def test_writer_resumes_with_a_keyframe_after_a_broken_chain(tmp_path):
+    ck = _chain(tmp_path)
+    _flip_byte(ck.path(3))
+    w = DeltaCheckpointer(tmp_path, keyframe_every=None)
+    with pytest.warns(RuntimeWarning, match="keyframe"):
+        w.save(6, _state(6))
+    assert w.info(6)["kind"] == "keyframe"
+    w.save(7, _state(7))
+    assert w.info(7)["kind"] == "delta"
+    DeltaCheckpointer(tmp_path).load(7)
+
+
+_CHILD_KILLED = """
+import sys, torch
+from lcckpt import DeltaCheckpointer
+ck = DeltaCheckpointer(sys.argv[1], keyframe_every=2)
+ck.save(0, {"w": torch.arange(5000.0), "step": 0})
+ck.save(1, {"w": torch.arange(5000.0) * 1.01, "step": 1})
+torch.manual_seed(0)
+big = torch.randn(16 * 2**20)    # a keyframe of ~55 MiB: writing it takes a while
+print("ready", flush=True)
+ck.save(2, {"w": big, "step": 2})
+print("done", flush=True)
+"""
+
+
+@pytest.mark.skipif(os.name != "posix", reason="needs SIGKILL")
+def test_sigkill_during_save_keeps_the_last_good_checkpoint(tmp_path):
+    temp = None
+    for _attempt in range(3):
+        d = tmp_path / f"run{_attempt}"
+        child = subprocess.Popen([sys.executable, "-c", _CHILD_KILLED, str(d)],
+                                 stdout=subprocess.PIPE)
+        assert child.stdout.readline() == b"ready\n"
+        deadline = time.monotonic() + 120
+        while temp is None and child.poll() is None and time.monotonic() < deadline:
+            for p in d.iterdir():
+                if p.name.startswith(".") and p.stat().st_size > 0:
+                    temp = p
+            time.sleep(0.001)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        child.stdout.close()
+        if temp is not None and temp.exists():
+            break
+        temp = None
+    else:
+        pytest.fail("could not kill the writer while it was writing")
+    ck = DeltaCheckpointer(d, keyframe_every=2)
+    assert ck.steps() == [0, 1]
+    out = ck.load()
+    assert out["step"] == 1 and out["w"].shape == (5000,)
+    assert float((out["w"] - torch.arange(5000.0) * 1.01).norm()) < 0.05 * 5000 ** 1.5
+    ck.save(2, {"w": torch.arange(5000.0) * 1.02, "step": 2})    # continues; cleans the temp
+    assert not temp.exists()
+    assert sorted(os.listdir(d)) == [file_name(s) for s in range(3)]
+    assert DeltaCheckpointer(d).load()["step"] == 2
+
+
+# --------------------------------------------------------------------------- accuracy
+
+
+def test_restored_model_accuracy_on_a_real_trajectory(tmp_path, capsys):
+    from lcckpt.bench.trajectory import train_trajectory
+
+    traj = train_trajectory(model="cnn", optimizer="sgd", steps=200, snapshot_every=10)
+    ck = DeltaCheckpointer(tmp_path, bits=2, keyframe_every=20)
+    encoders, decoders = {}, {}
+    rows = []
+    for step, snap in traj.snapshots:
+        ck.save(step, {"model": snap["model"]})
+        # the reference quantizer alone: one DeltaEncoder/Decoder pair per tracked tensor,
+        # with the same tracking rule (>= 4096 elements) and the same keyframes
+        keyframe = ck.info(step)["kind"] == "keyframe"
+        ref_state = {}
+        for k, v in snap["model"].items():
+            if v.is_floating_point() and v.numel() >= 4096:
+                enc = encoders.setdefault(k, DeltaEncoder(bits=2))
+                dec = decoders.setdefault(k, DeltaDecoder())
+                ref_state[k] = torch.from_numpy(dec.decode(enc.encode(v, keyframe=keyframe)))
+            else:
+                ref_state[k] = v
+        rows.append((step, keyframe, snap["model"], ref_state))
+    reader = DeltaCheckpointer(tmp_path)
+    report = []
+    for step, keyframe, true_state, ref_state in rows:
+        restored = reader.load(step)["model"]
+        for k in true_state:
+            assert same_bits(restored[k], ref_state[k]), (step, k)   # the same thing here
+        acc_true, acc_rest = traj.accuracy(true_state), traj.accuracy(restored)
+        acc_ref = traj.accuracy(ref_state)
+        report.append((step, "K" if keyframe else "D", acc_true, acc_rest, acc_ref))
+    with capsys.disabled():
+        print("\nstep kind  true   restored  reference-quantizer")
+        for step, kind, t, r, q in report:
+            print(f"{step:4d}  {kind}   {t:.4f}  {r:.4f}    {q:.4f}")
+    checked = 0
+    for step, kind, t, r, q in report:
+        if abs(q - t) <= 0.02:
+            checked += 1
+            assert abs(r - t) <= 0.02, (step, t, r, q)
+    assert checked >= len(report) // 2
