@@ -14,13 +14,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) benchmarks/codec.py --quick
+	$(PY) -m lcckpt bench --quick
 
 test: $(STAMP)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
-	$(PY) benchmarks/codec.py
+	mkdir -p bench-out
+	$(PY) -m lcckpt bench --json bench-out/codec.json --plot bench-out/codec.png
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

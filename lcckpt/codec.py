@@ -42,6 +42,7 @@ class EncodeStats:
     bits: int | None = None            # bits actually used (the guard may raise them)
     coder: str | None = None
     nbytes: int = 0
+    payload_bytes: int = 0             # the coded symbols alone, without header and tables
     chunk_modes: dict = field(default_factory=dict)   # mode name -> number of chunks
     kept_buckets: int = 0
     nonzero_fraction: float = 0.0
@@ -104,6 +105,7 @@ def _entropy_stats(st: EncodeStats, q: Quantized, enc, n: int):
     counts = q.sym_hist.sum(axis=0)
     keys = np.append(q.key_counts, n - q.key_counts.sum())       # zeros as one more key
     st.kept_buckets = q.kept
+    st.payload_bytes = enc.size
     st.symbol_counts = counts.tolist()
     st.nonzero_fraction = 1 - counts[0] / n if n else 0.0
     st.symbol_entropy = entropy.entropy_bits(counts) / n if n else 0.0
@@ -135,9 +137,24 @@ def encode_lossy(u: np.ndarray, ref: np.ndarray | None, dt: dtypes.DType, shape,
 
 
 def encode_exact(a: np.ndarray, dt: dtypes.DType, log2: int) -> bytes:
-    """Lossless blob of a numpy array (carrier view for bf16/fp8)."""
+    """Lossless blob of a numpy array (carrier view for bf16/fp8).
+
+    When coding does not pay (small or random data: the code tables outweigh the saving)
+    every plane is stored raw, so the blob is never more than a small header above the
+    raw bytes.
+    """
     words, rotate = lossless.words_of(a, dt.kind)
-    encs = lossless.encode_planes(words, rotate, 1 << log2)
+    blob = _exact_blob(a, dt, log2, words, rotate, lossless.encode_planes(words, rotate, 1 << log2))
+    if len(blob) > a.nbytes + RAW_SLACK:
+        blob = _exact_blob(a, dt, log2, words, rotate,
+                           lossless.raw_planes(words, rotate, 1 << log2))
+    return blob
+
+
+RAW_SLACK = 32
+
+
+def _exact_blob(a, dt, log2, words, rotate, encs) -> bytes:
     w = _header(LOSSLESS, dt, a.shape, log2)
     w.u8(len(encs))
     w.u8(1 if rotate else 0)

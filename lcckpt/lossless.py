@@ -74,6 +74,18 @@ def encode_planes(words: np.ndarray, rotate: bool, chunk_size: int):
     return out
 
 
+def raw_planes(words: np.ndarray, rotate: bool, chunk_size: int):
+    """Every plane stored raw (still split, so the blob layout stays the same)."""
+    n = words.size
+    item = words.dtype.itemsize
+    if item == 1:
+        return [entropy.raw_stream(words.view(np.uint8), chunk_size)]
+    planes = np.empty((item, n), np.uint8)
+    hist = np.zeros((max(1, -(-n // chunk_size)), item, 256), np.int64)
+    fk.SPLIT[item](words, 0, n, rotate, planes, hist[0])
+    return [entropy.raw_stream(planes[k], chunk_size) for k in range(item)]
+
+
 def decode_planes(buf: np.ndarray, base: int, layouts, n: int, chunk_size: int,
                   rotate: bool, words: np.ndarray, what: str):
     """Decode every plane, then interleave them back into ``words``."""

@@ -11,7 +11,7 @@ import lcckpt
 from lcckpt import entropy
 from lcckpt.codec import parse
 
-from reference import quantize_ref
+from lcckpt.bench.reference import quantize_ref
 
 CODERS = ["huffman", "grouped", "runs", "auto"]
 

@@ -14,7 +14,7 @@ from lcckpt.kernels import huffman as hk
 from lcckpt.kernels import runs as rk
 from lcckpt.quantize import quantize
 
-from reference import canonical_code_table, huffman_cost, quantize_ref
+from lcckpt.bench.reference import canonical_code_table, huffman_cost, quantize_ref
 
 counts_st = arrays(np.int64, st.integers(1, 300),
                    elements=st.one_of(st.just(0), st.integers(1, 10**9)))

@@ -1,4 +1,4 @@
-"""Slow, obviously-correct numpy/Python references the kernels are held against."""
+"""Slow, obviously-correct numpy/Python references: test oracles and benchmark baselines."""
 
 import heapq
 import math

@@ -1,0 +1,320 @@
+"""Codec benchmark on real training trajectories (digits CNN, SGD and Adam; a wide MLP).
+
+Prints readable tables and, with ``--json``, one JSON document. Sections:
+
+* chain      - per checkpoint of a real run: bits/element after each stage (buckets,
+               promotion, coding), order-0 entropy, every coder's size, ratio, error,
+               accuracy of the restored model, zstd-1 on the same delta bytes;
+* speed      - encode/decode MB/s on a ~20M-element fp32 delta of the wide MLP against
+               zstd level 1 on the same bytes, in the same run (medians);
+* lossless   - the exact codec on trained weights (fp32 and bf16) against zstd 1/3 on raw
+               and byte-grouped bytes;
+* latency    - the first encode in a fresh process, Numba cache warm.
+
+Run it as ``lcckpt bench`` or ``python benchmarks/codec.py`` ([--quick] [--json out.json]).
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+import lcckpt
+from lcckpt.bench.reference import huffman_cost, quantize_ref
+from lcckpt.bench.timing import environment, format_table
+from lcckpt.bench.trajectory import flat_float_params, train_trajectory
+from lcckpt.dtypes import to_numpy
+
+try:
+    import zstandard
+except ImportError as e:                     # pragma: no cover - the bench extra is missing
+    raise ImportError("the benchmark compares against zstd: pip install 'lcckpt[bench]'") from e
+
+MB = 1e6
+
+
+def _median_time(fn, runs, setup=None):
+    times = []
+    for _ in range(runs):
+        if setup is not None:
+            setup()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def _zstd(data: bytes, level: int, threads: int = 0):
+    c = zstandard.ZstdCompressor(level=level, threads=threads)
+    return c.compress(data)
+
+
+# --- chain -----------------------------------------------------------------------------
+
+def chain(model, optimizer, steps, every, bits, log):
+    traj = train_trajectory(model=model, optimizer=optimizer, steps=steps, snapshot_every=every)
+    encs = {c: {} for c in ("huffman", "auto")}
+    decs = {}
+    rows = []
+    for step, state in traj.snapshots:
+        params = flat_float_params(state["model"])
+        acc_true = traj.accuracy(state["model"])
+        tot = dict(n=0, raw=0, huff=0, auto=0, auto_payload=0, ideal=0, zstd=0, ent=0.0, bucket=0.0,
+                   grouped=0.0, runs=0.0, res=0.0, tgt=0.0, ref_err_match=True)
+        restored = {}
+        for name, u in params.items():
+            for coder, d in encs.items():
+                d.setdefault(name, lcckpt.DeltaEncoder(bits=bits, coder=coder))
+            ref_before = encs["auto"][name].ref
+            u = u.reshape(-1)
+            delta = None if ref_before is None else (u - ref_before)
+            blob_h = encs["huffman"][name].encode(u)
+            blob_a = encs["auto"][name].encode(u)
+            st = encs["auto"][name].last_stats
+            dec = decs.setdefault(name, lcckpt.DeltaDecoder())
+            y = dec.decode(blob_a)
+            restored[name] = torch.from_numpy(np.array(y, copy=True))
+            assert np.array_equal(encs["huffman"][name].ref, encs["auto"][name].ref)
+            if delta is None:
+                continue                                   # the keyframe is not a delta
+            tot["n"] += u.size
+            tot["raw"] += u.nbytes
+            tot["huff"] += len(blob_h)
+            tot["auto"] += len(blob_a)
+            tot["auto_payload"] += st.payload_bytes
+            tot["zstd"] += len(_zstd(delta.tobytes(), 1))
+            tot["ent"] += st.symbol_entropy * u.size
+            tot["bucket"] += st.bucket_entropy * u.size
+            tot["grouped"] += st.mode_bits.get("grouped", 0) * u.size
+            tot["runs"] += st.mode_bits.get("runs", 0) * u.size
+            tot["ideal"] += huffman_cost(np.array(st.symbol_counts))
+            tot["res"] += float(np.sum((u.astype(np.float64) - y) ** 2))
+            tot["tgt"] += float(np.sum(u.astype(np.float64) ** 2))
+            sym, cent, _ = quantize_ref(delta, bits)       # the slow reference quantizer
+            ref_rec = ref_before + cent[sym]
+            ref_rec = np.where(sym == 0, ref_before, ref_rec)
+            tot["ref_err_match"] &= bool(np.allclose(ref_rec, y, rtol=1e-6, atol=0))
+        if tot["n"] == 0:
+            continue
+        n = tot["n"]
+        acc = traj.accuracy({k: restored[k].reshape(v.shape) for k, v in state["model"].items()})
+        row = {
+            "step": step, "elements": n,
+            "bucket_bpe": tot["bucket"] / n, "entropy_bpe": tot["ent"] / n,
+            "huffman_bpe": 8 * tot["huff"] / n, "ideal_huffman_bpe": tot["ideal"] / n,
+            "grouped_bpe": tot["grouped"] / n, "runs_bpe": tot["runs"] / n,
+            "auto_payload_bpe": 8 * tot["auto_payload"] / n, "auto_bpe": 8 * tot["auto"] / n,
+            "ratio_huffman": tot["raw"] / tot["huff"], "ratio_auto": tot["raw"] / tot["auto"],
+            "ratio_zstd1": tot["raw"] / tot["zstd"],
+            "rel_error": float(np.sqrt(tot["res"] / tot["tgt"])),
+            "acc_true": acc_true, "acc_restored": acc,
+            "matches_reference": tot["ref_err_match"],
+        }
+        row["auto_vs_best"] = row["auto_payload_bpe"] / min(
+            row["entropy_bpe"], row["grouped_bpe"], row["runs_bpe"])
+        rows.append(row)
+    cols = ["step", "bucket_bpe", "entropy_bpe", "huffman_bpe", "ideal_huffman_bpe",
+            "grouped_bpe", "runs_bpe", "auto_payload_bpe", "auto_bpe", "auto_vs_best",
+            "ratio_huffman", "ratio_auto", "ratio_zstd1", "rel_error", "acc_true", "acc_restored"]
+    log(f"\n## chain: {model}/{optimizer}, bits={bits}, deltas every {every} steps "
+        f"({rows[0]['elements'] if rows else 0} parameters)")
+    log(format_table(rows, cols))
+    raw = sum(r["elements"] for r in rows) * 4
+    summary = {
+        "ratio_huffman": raw / sum(r["huffman_bpe"] * r["elements"] / 8 for r in rows),
+        "ratio_auto": raw / sum(r["auto_bpe"] * r["elements"] / 8 for r in rows),
+        "auto_vs_huffman": sum(r["huffman_bpe"] for r in rows) / sum(r["auto_bpe"] for r in rows),
+        "huffman_vs_ideal_max": max(r["huffman_bpe"] / r["ideal_huffman_bpe"] for r in rows),
+        "auto_vs_best_max": max(r["auto_vs_best"] for r in rows),
+        "all_match_reference": all(r["matches_reference"] for r in rows),
+    }
+    log("summary: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v
+                                  for k, v in summary.items()}))
+    return {"model": model, "optimizer": optimizer, "bits": bits, "rows": rows,
+            "summary": summary}
+
+
+# --- speed -----------------------------------------------------------------------------
+
+def speed(steps, every, runs, log):
+    traj = train_trajectory(model="mlp", optimizer="sgd", steps=steps, snapshot_every=every)
+    (_, s0), (_, s1) = traj.snapshots[-2], traj.snapshots[-1]
+    u0 = np.concatenate([v.reshape(-1) for v in flat_float_params(s0["model"]).values()])
+    u1 = np.concatenate([v.reshape(-1) for v in flat_float_params(s1["model"]).values()])
+    delta = u1 - u0
+    raw = delta.tobytes()
+    nbytes = len(raw)
+    rows = []
+    for coder in ("huffman", "auto"):
+        lcckpt.decode(lcckpt.encode(delta, bits=2, coder=coder))          # warm
+        blob = lcckpt.encode(delta, bits=2, coder=coder)
+        te = _median_time(lambda: lcckpt.encode(delta, bits=2, coder=coder), runs)
+        td = _median_time(lambda: lcckpt.decode(blob), runs)
+        rows.append({"codec": f"lcckpt {coder} b=2", "ratio": nbytes / len(blob),
+                     "enc_MBps": nbytes / te / MB, "dec_MBps": nbytes / td / MB})
+    # the real step: delta against the reference, then the reference update
+    enc = lcckpt.DeltaEncoder(bits=2)
+    enc.encode(u0)
+    ref0 = enc.ref.copy()
+    t_step = _median_time(lambda: enc.encode(u1), runs, setup=lambda: enc.ref.__setitem__(
+        slice(None), ref0))
+    rows.append({"codec": "DeltaEncoder step (auto)", "ratio": float("nan"),
+                 "enc_MBps": nbytes / t_step / MB, "dec_MBps": float("nan")})
+    for level, threads in ((1, 0), (1, 2)):
+        z = _zstd(raw, level, threads)
+        d = zstandard.ZstdDecompressor()
+        te = _median_time(lambda: _zstd(raw, level, threads), runs)
+        td = _median_time(lambda: d.decompress(z), runs)
+        rows.append({"codec": f"zstd-{level}" + (f" ({threads} threads)" if threads else ""),
+                     "ratio": nbytes / len(z), "enc_MBps": nbytes / te / MB,
+                     "dec_MBps": nbytes / td / MB})
+    z1 = rows[-2]
+    for r in rows:
+        r["enc_vs_zstd1"] = r["enc_MBps"] / z1["enc_MBps"]
+        r["dec_vs_zstd1"] = r["dec_MBps"] / z1["dec_MBps"]
+    log(f"\n## speed: wide-MLP delta, {delta.size:,} fp32 elements ({nbytes / MB:.0f} MB), "
+        f"median of {runs}, {lcckpt._pool.threads()} threads")
+    log(format_table(rows, ["codec", "ratio", "enc_MBps", "dec_MBps", "enc_vs_zstd1",
+                            "dec_vs_zstd1"]))
+    return {"elements": int(delta.size), "rows": rows}
+
+
+# --- lossless --------------------------------------------------------------------------
+
+def _byte_grouped(a: np.ndarray) -> bytes:
+    return a.view(np.uint8).reshape(-1, a.itemsize).T.copy().tobytes()
+
+
+def lossless(weights: dict, runs, log):
+    """``weights``: label -> torch tensor (fp32 or bf16)."""
+    rows = []
+    for label, t in weights.items():
+        arr, _ = to_numpy(t)
+        raw = arr.tobytes()
+        nbytes = len(raw)
+        blob = lcckpt.encode(t, lossless=True)
+        assert to_numpy(lcckpt.decode(blob))[0].tobytes() == raw
+        te = _median_time(lambda: lcckpt.encode(t, lossless=True), runs)
+        td = _median_time(lambda: lcckpt.decode(blob), runs)
+        rows.append({"data": label, "codec": "lcckpt lossless", "ratio": nbytes / len(blob),
+                     "enc_MBps": nbytes / te / MB, "dec_MBps": nbytes / td / MB})
+        grouped = _byte_grouped(arr)
+        for level in (1, 3):
+            for how, data in (("raw", raw), ("byte-grouped", grouped)):
+                z = _zstd(data, level)
+                d = zstandard.ZstdDecompressor()
+                te = _median_time(lambda: _zstd(data, level), runs)
+                td = _median_time(lambda: d.decompress(z), runs)
+                rows.append({"data": label, "codec": f"zstd-{level} {how}",
+                             "ratio": nbytes / len(z), "enc_MBps": nbytes / te / MB,
+                             "dec_MBps": nbytes / td / MB})
+    log("\n## lossless: trained weights (reference points: ZipNN reports ~1.2x fp32, ~1.5x bf16)")
+    log(format_table(rows, ["data", "codec", "ratio", "enc_MBps", "dec_MBps"]))
+    return rows
+
+
+# --- latency ---------------------------------------------------------------------------
+
+LATENCY_SNIPPET = """
+import time
+t0 = time.perf_counter()
+import numpy as np, lcckpt
+t1 = time.perf_counter()
+x = np.random.default_rng(0).standard_normal(1_000_000).astype(np.float32)
+t2 = time.perf_counter()
+lcckpt.decode(lcckpt.encode(x))
+t3 = time.perf_counter()
+print(t1 - t0, t3 - t2)
+"""
+
+
+def latency(log):
+    subprocess.run([sys.executable, "-c", LATENCY_SNIPPET], check=True, capture_output=True)
+    out = subprocess.run([sys.executable, "-c", LATENCY_SNIPPET], check=True,
+                         capture_output=True, text=True).stdout.split()
+    res = {"import_s": float(out[0]), "first_encode_decode_s": float(out[1])}
+    log(f"\n## latency: import {res['import_s']:.2f} s, first encode+decode of 1M fp32 "
+        f"(cache warm) {res['first_encode_decode_s']:.3f} s")
+    return res
+
+
+def run(quick: bool = False, bits: int = 2, log=print) -> dict:
+    """All sections; returns the JSON document."""
+    torch.manual_seed(0)
+    t0 = time.time()
+    lcckpt.warmup()
+    doc = {"environment": environment(), "quick": quick, "bits": bits, "chains": []}
+    steps, every = (120, 10) if quick else (300, 10)
+    for opt in ("sgd", "adam"):
+        doc["chains"].append(chain("cnn", opt, steps, every, bits, log))
+    mlp_steps, mlp_every, runs = (10, 5, 3) if quick else (30, 10, 7)
+    doc["speed"] = speed(mlp_steps, mlp_every, runs, log)
+    cnn = train_trajectory(model="cnn", optimizer="sgd", steps=steps, snapshot_every=steps)
+    w = np.concatenate([v.reshape(-1) for v in
+                        flat_float_params(cnn.snapshots[-1][1]["model"]).values()])
+    mlp = train_trajectory(model="mlp", optimizer="sgd", steps=mlp_every, snapshot_every=mlp_every)
+    wm = np.concatenate([v.reshape(-1) for v in
+                         flat_float_params(mlp.snapshots[-1][1]["model"]).values()])
+    w, wm = torch.from_numpy(w), torch.from_numpy(wm)
+    doc["lossless"] = lossless({"cnn fp32": w, "cnn bf16": w.to(torch.bfloat16),
+                                "mlp fp32": wm, "mlp bf16": wm.to(torch.bfloat16)}, runs, log)
+    doc["latency"] = latency(log)
+    doc["seconds"] = time.time() - t0
+    log(f"\ntotal {doc['seconds']:.0f} s")
+    return doc
+
+
+def plot(doc: dict, path: str):
+    """Bits per element and restored accuracy along each chain, drawn from the JSON."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ImportError("plots need matplotlib: pip install 'lcckpt[plot]'") from e
+    chains = doc["chains"]
+    fig, axes = plt.subplots(2, len(chains), figsize=(6 * len(chains), 7), squeeze=False)
+    for col, ch in enumerate(chains):
+        rows = ch["rows"]
+        steps = [r["step"] for r in rows]
+        ax = axes[0][col]
+        for key, label in (("huffman_bpe", "LC faithful (Huffman)"), ("grouped_bpe", "grouped"),
+                           ("runs_bpe", "zero runs"), ("auto_bpe", "auto (whole blob)"),
+                           ("entropy_bpe", "order-0 entropy")):
+            ax.plot(steps, [r[key] for r in rows], marker="o", ms=3, label=label)
+        ax.set_title(f"{ch['model']} / {ch['optimizer']}, b={ch['bits']}")
+        ax.set_ylabel("bits per element")
+        ax.legend(fontsize=8)
+        ax = axes[1][col]
+        ax.plot(steps, [100 * r["acc_true"] for r in rows], marker="o", ms=3, label="true model")
+        ax.plot(steps, [100 * r["acc_restored"] for r in rows], marker="o", ms=3,
+                label="restored from chain")
+        ax.set_xlabel("training step")
+        ax.set_ylabel("held-out accuracy (%)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="lcckpt bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="short version (make demo)")
+    ap.add_argument("--json", help="write the JSON document here")
+    ap.add_argument("--plot", help="draw bits/element and accuracy along the chains (PNG)")
+    ap.add_argument("--bits", type=int, default=2)
+    args = ap.parse_args(argv)
+    doc = run(args.quick, args.bits)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1, default=float)
+    if args.plot:
+        plot(doc, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
