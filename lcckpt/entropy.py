@@ -268,17 +268,38 @@ def write_tables(w: Writer, enc: Encoded):
             w.uvar(int(enc.nbytes[c]))
 
 
+def _nibbles(values: np.ndarray) -> bytes:
+    padded = np.zeros(2 * ((values.size + 1) // 2), np.uint8)
+    padded[:values.size] = values
+    return ((padded[0::2] << 4) | padded[1::2]).astype(np.uint8).tobytes()
+
+
+def _unnibble(packed: np.ndarray, size: int, what: str) -> np.ndarray:
+    out = np.empty(2 * packed.size, np.uint8)
+    out[0::2] = packed >> 4
+    out[1::2] = packed & 15
+    if np.any(out[size:]):
+        raise CorruptDataError(f"{what}: code table has nonzero padding")
+    return out[:size].copy()
+
+
 def _write_lengths(w: Writer, lengths: np.ndarray):
+    """Code lengths in the smallest of three layouts (a table costs bytes in every blob).
+
+    0: a nibble per letter; 1: bitmap of the letters used, then their nibbles;
+    2: count, then (gap, length) per letter used.
+    """
     used = np.flatnonzero(lengths)
-    dense = (lengths.size + 1) // 2
-    sparse_est = 2 * used.size + 2
-    if dense <= sparse_est:
-        w.u8(0)
-        padded = np.zeros(2 * dense, np.uint8)
-        padded[:lengths.size] = lengths
-        w.raw(((padded[0::2] << 4) | padded[1::2]).astype(np.uint8).tobytes())
+    sizes = [(lengths.size + 1) // 2, (lengths.size + 7) // 8 + (used.size + 1) // 2,
+             2 * used.size + 2]
+    kind = int(np.argmin(sizes))
+    w.u8(kind)
+    if kind == 0:
+        w.raw(_nibbles(lengths))
+    elif kind == 1:
+        w.raw(np.packbits(lengths > 0).tobytes())
+        w.raw(_nibbles(lengths[used]))
     else:
-        w.u8(1)
         w.uvar(used.size)
         prev = -1
         for s in used:
@@ -290,14 +311,18 @@ def _write_lengths(w: Writer, lengths: np.ndarray):
 def _read_lengths(r: Reader, size: int) -> np.ndarray:
     kind = r.u8()
     if kind == 0:
-        packed = np.frombuffer(r.raw((size + 1) // 2), np.uint8)
-        lengths = np.empty(2 * packed.size, np.uint8)
-        lengths[0::2] = packed >> 4
-        lengths[1::2] = packed & 15
-        if np.any(lengths[size:]):
-            raise CorruptDataError(f"{r.what}: code table has lengths past its alphabet")
-        lengths = lengths[:size].copy()
+        lengths = _unnibble(np.frombuffer(r.raw((size + 1) // 2), np.uint8), size, r.what)
     elif kind == 1:
+        bitmap = np.unpackbits(np.frombuffer(r.raw((size + 7) // 8), np.uint8))
+        if np.any(bitmap[size:]):
+            raise CorruptDataError(f"{r.what}: code table bitmap has bits past its alphabet")
+        used = np.flatnonzero(bitmap[:size])
+        lengths = np.zeros(size, np.uint8)
+        lengths[used] = _unnibble(np.frombuffer(r.raw((used.size + 1) // 2), np.uint8),
+                                  used.size, r.what)
+        if not np.all(lengths[used]):
+            raise CorruptDataError(f"{r.what}: code table marks a letter used with length 0")
+    elif kind == 2:
         m = r.uvar(size, "number of coded letters")
         lengths = np.zeros(size, np.uint8)
         s = -1
