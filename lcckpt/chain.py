@@ -271,8 +271,7 @@ class DeltaCheckpointer:
         if type(min_delta_elements) is not int or min_delta_elements < 1:
             raise InvalidArgumentError(f"min_delta_elements must be a positive int, got {min_delta_elements!r}")
         DeltaEncoder(bits, coder, error_bound=error_bound)   # validates bits and coder
-        self.directory = os.fspath(directory)
-        os.makedirs(self.directory, exist_ok=True)
+        self.directory = os.fspath(directory)     # created by the first save
         self.bits, self.coder, self.error_bound = bits, coder, error_bound
         self.keyframe_every, self.keep_last = keyframe_every, keep_last
         self.min_delta_elements = min_delta_elements
@@ -292,7 +291,11 @@ class DeltaCheckpointer:
     def steps(self) -> list[int]:
         """Sorted list of the stored steps."""
         out = []
-        for name in os.listdir(self.directory):
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        for name in names:
             m = _NAME_RE.fullmatch(name)
             if m and name == file_name(int(m.group(1))):
                 out.append(int(m.group(1)))
@@ -308,6 +311,7 @@ class DeltaCheckpointer:
         """Store ``obj`` as ``step`` (a keyframe or a delta); returns the file's path."""
         step = self._check_step(step)
         if self._encoders is None:
+            os.makedirs(self.directory, exist_ok=True)
             self._resume()
         if self._last is not None and step <= self._last["step"]:
             raise InvalidArgumentError(

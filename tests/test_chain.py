@@ -351,6 +351,11 @@ def test_missing_link(tmp_path):
     assert_exact(ck.load(2), DeltaCheckpointer(tmp_path).load(2))   # earlier steps still load
     with pytest.raises(FileNotFoundError):
         ck.load(3)
+    nowhere = DeltaCheckpointer(tmp_path / "nowhere")
+    assert nowhere.steps() == []
+    with pytest.raises(FileNotFoundError):
+        nowhere.load()
+    assert not (tmp_path / "nowhere").exists()        # readers create nothing
 
 
 def test_damaged_link_and_damaged_target(tmp_path):

@@ -1,0 +1,252 @@
+"""Checkpoint save/restore benchmark: DeltaCheckpointer against lcckpt.save and torch.save.
+
+The state is a real model with its Adam state: the ~20M-parameter MLP trained on digits
+(``train_trajectory(model="mlp", optimizer="adam", steps=22, snapshot_every=2)``; the
+snapshots after steps 2, 4, ..., 22, ~245 MB each with exp_avg and exp_avg_sq: the first
+is the keyframe, the other 10 the deltas), or the small CNN with ``--quick``.
+Everything is written into one temp directory on the same filesystem.
+
+Measured (medians of several runs, page cache warm for loads):
+
+* save time of a DeltaCheckpointer delta step (the 10 deltas after the keyframe) and of a
+  keyframe; of ``lcckpt.save`` raw and with ``compress=True``; of ``torch.save`` (plain,
+  and followed by an fsync, since every lcckpt write is fsynced and atomic);
+* restore time of the keyframe plus 10 deltas (``DeltaCheckpointer.load`` of the last
+  step) against ``torch.load`` and ``lcckpt.load``;
+* bytes on disk of each, split into parameters, exp_avg, exp_avg_sq and the rest (step
+  counters, param_groups, header), from the per-section sizes in the container header
+  (torch.save stores tensor bytes as they are: its parts are the tensors' sizes).
+
+Usage: python benchmarks/save.py [--quick] [--bits 2] [--error-bound E] [--json out.json]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+import lcckpt
+from lcckpt.bench.timing import environment, format_table, measure
+from lcckpt.bench.trajectory import train_trajectory
+from lcckpt.container import read_container
+
+PARTS = ("params", "exp_avg", "exp_avg_sq", "other")
+MB = 1e6
+
+
+def _part(section_name: str) -> str:
+    if section_name.startswith('obj["model"]'):
+        return "params"
+    if section_name.endswith('["exp_avg"]'):
+        return "exp_avg"
+    if section_name.endswith('["exp_avg_sq"]'):
+        return "exp_avg_sq"
+    return "other"
+
+
+def lcckpt_parts(path: str) -> dict:
+    """Bytes per part of an lcckpt file; header and padding count as "other"."""
+    out = dict.fromkeys(PARTS, 0)
+    with read_container(path) as c:
+        for s in c.sections:
+            out[_part(s["name"])] += s["length"]
+    out["other"] += os.path.getsize(path) - sum(out.values())
+    return out
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def torch_parts(state: dict, total: int) -> dict:
+    """Bytes per part of torch.save, which stores every tensor's bytes as they are (an
+    uncompressed zip member per storage); the pickle and zip records are "other"."""
+    st = state["optim"]["state"]
+    out = {
+        "params": _nbytes(state["model"].values()),
+        "exp_avg": _nbytes(v["exp_avg"] for v in st.values()),
+        "exp_avg_sq": _nbytes(v["exp_avg_sq"] for v in st.values()),
+    }
+    out["other"] = total - sum(out.values())
+    return out
+
+
+def part_elements(state: dict) -> dict:
+    st = state["optim"]["state"]
+    return {
+        "params": sum(v.numel() for v in state["model"].values()),
+        "exp_avg": sum(v["exp_avg"].numel() for v in st.values()),
+        "exp_avg_sq": sum(v["exp_avg_sq"].numel() for v in st.values()),
+    }
+
+
+def _fsync_save(obj, path):
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def run(quick: bool, bits: int, deltas: int = 10, error_bound: float | None = None) -> dict:
+    # Adam's state is empty before the first step, so the chain starts at the snapshot
+    # after step 2 (keyframe) and the deltas are the next `deltas` snapshots: every file
+    # then holds parameters and both moments
+    t0 = time.perf_counter()
+    traj = train_trajectory(model="cnn" if quick else "mlp", optimizer="adam",
+                            steps=2 * (deltas + 1), snapshot_every=2)
+    train_s = time.perf_counter() - t0
+    snaps = traj.snapshots[1: deltas + 2]
+    assert len(snaps) == deltas + 1 and all(s["optim"]["state"] for _, s in snaps)
+    state = snaps[-1][1]          # the object the single-file formats save: the last step
+    elements = part_elements(state)
+    raw_bytes = sum(v.numel() * v.element_size() for v in state["model"].values()) + sum(
+        t.numel() * t.element_size() for s in state["optim"]["state"].values() for t in s.values())
+    lcckpt.warmup()
+    runs = dict(min_runs=3, max_runs=5, min_time=0.0)
+
+    rows, details = [], {}
+    root = tempfile.mkdtemp(prefix="lcckpt-bench-")
+    try:
+        # ---- DeltaCheckpointer: one keyframe, then `deltas` deltas
+        chain_dir = os.path.join(root, "chain")
+        ck = lcckpt.DeltaCheckpointer(chain_dir, bits=bits, keyframe_every=None,
+                                      error_bound=error_bound)
+        k_step = snaps[0][0]
+        ck.save(k_step, snaps[0][1])
+        key_parts = lcckpt_parts(ck.path(k_step))
+        delta_times, delta_parts, delta_errors = [], [], []
+        for step, snap in snaps[1:]:
+            t = time.perf_counter()
+            ck.save(step, snap)
+            delta_times.append(time.perf_counter() - t)
+            delta_parts.append(lcckpt_parts(ck.path(step)))
+            errs = {}
+            for key, st in ck.info(step)["tensors"].items():   # the writer's own report
+                p = _part(key)
+                errs[p] = max(errs.get(p, 0.0), st["rel_error"] or 0.0)
+            delta_errors.append({"step": step, **{f"{p} max rel_err": errs.get(p)
+                                                  for p in PARTS[:3]}})
+        assert all(ck.info(s)["kind"] == "delta" for s, _ in snaps[1:])
+        last = snaps[-1][0]
+        restore = measure(lambda: ck.load(last), **runs)
+        restored = ck.load(last)
+        rel = {}
+        for part, get in (("params", lambda s: list(s["model"].values())),
+                          ("exp_avg", lambda s: [v["exp_avg"] for v in s["optim"]["state"].values()]),
+                          ("exp_avg_sq", lambda s: [v["exp_avg_sq"] for v in s["optim"]["state"].values()])):
+            a = torch.cat([t.reshape(-1).double() for t in get(restored)])
+            b = torch.cat([t.reshape(-1).double() for t in get(state)])
+            rel[part] = float((a - b).norm() / b.norm())
+
+        # keyframe save time: fresh directories, so each save is a keyframe
+        def keyframe_save():
+            d = os.path.join(root, "kf")
+            shutil.rmtree(d, ignore_errors=True)
+            lcckpt.DeltaCheckpointer(d, bits=bits, error_bound=error_bound).save(k_step, snaps[0][1])
+        key_save = measure(keyframe_save, **runs)
+        shutil.rmtree(os.path.join(root, "kf"), ignore_errors=True)
+
+        mean_delta = {p: statistics.mean(d[p] for d in delta_parts) for p in PARTS}
+        rows.append(_row("DeltaCheckpointer delta (mean of %d)" % deltas,
+                         statistics.median(delta_times), None, mean_delta))
+        rows.append(_row("DeltaCheckpointer keyframe", key_save.median_s, None, key_parts))
+        rows.append(_row("DeltaCheckpointer restore K+%d" % deltas, None, restore.median_s,
+                         None))
+
+        # ---- single files of the last state
+        paths = {n: os.path.join(root, n) for n in ("raw.lcc", "z.lcc", "t.pt", "tf.pt")}
+        s_raw = measure(lambda: lcckpt.save(state, paths["raw.lcc"]), **runs)
+        l_raw = measure(lambda: lcckpt.load(paths["raw.lcc"]), **runs)
+        s_z = measure(lambda: lcckpt.save(state, paths["z.lcc"], compress=True), **runs)
+        l_z = measure(lambda: lcckpt.load(paths["z.lcc"]), **runs)
+        s_t = measure(lambda: torch.save(state, paths["t.pt"]), **runs)
+        l_t = measure(lambda: torch.load(paths["t.pt"], weights_only=True), **runs)
+        s_tf = measure(lambda: _fsync_save(state, paths["tf.pt"]), **runs)
+        torch_total = os.path.getsize(paths["t.pt"])
+        t_parts = torch_parts(state, torch_total)
+        rows.append(_row("lcckpt.save raw", s_raw.median_s, l_raw.median_s,
+                         lcckpt_parts(paths["raw.lcc"])))
+        rows.append(_row("lcckpt.save compress=True", s_z.median_s, l_z.median_s,
+                         lcckpt_parts(paths["z.lcc"])))
+        rows.append(_row("torch.save", s_t.median_s, l_t.median_s, t_parts))
+        rows.append(_row("torch.save + fsync", s_tf.median_s, None, None))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    for r in rows:
+        if r["bytes"] is not None:
+            r["vs_torch"] = torch_total / r["bytes"]
+            for p in ("params", "exp_avg", "exp_avg_sq"):
+                r[f"{p}_bits/el"] = 8 * r[p] / elements[p] if elements[p] else None
+    details.update(
+        config={"model": traj.model_name, "optimizer": traj.optimizer_name, "bits": bits,
+                "error_bound": error_bound,
+                "deltas": deltas, "steps": [s for s, _ in snaps], "state_bytes": raw_bytes,
+                "elements": elements, "train_s": train_s},
+        delta_save_s=delta_times,
+        delta_errors=delta_errors,
+        restored_rel_error=rel,
+        torch_parts=t_parts,
+    )
+    return {"environment": environment(), "rows": rows, **details}
+
+
+def _row(name, save_s, load_s, parts):
+    row = {"what": name, "save_s": save_s, "load_s": load_s, "bytes": None}
+    if parts is not None:
+        row["bytes"] = sum(parts.values())
+        row.update(parts)
+    return row
+
+
+def report(res: dict) -> str:
+    cfg = res["config"]
+    lines = [
+        f"{cfg['model']} + {cfg['optimizer']}: {sum(cfg['elements'].values()) / 1e6:.1f}M "
+        f"floats tracked, state {cfg['state_bytes'] / MB:.1f} MB; bits={cfg['bits']}, "
+        f"error_bound={cfg['error_bound']}; "
+        f"chain: keyframe at step {cfg['steps'][0]}, deltas at {cfg['steps'][1:]}",
+        "",
+        format_table(res["rows"], ["what", "save_s", "load_s", "bytes", "vs_torch"]),
+        "",
+        "bytes on disk per part (DeltaCheckpointer delta: mean per delta file)",
+        format_table([r for r in res["rows"] if r["bytes"] is not None],
+                     ["what", "params", "exp_avg", "exp_avg_sq", "other",
+                      "params_bits/el", "exp_avg_bits/el", "exp_avg_sq_bits/el"]),
+        "",
+        "per delta: relative L2 error of each part's worst tensor (from the file headers)",
+        format_table(res["delta_errors"], list(res["delta_errors"][0])),
+        "",
+        "delta save times (s): " + ", ".join(f"{t:.3f}" for t in res["delta_save_s"]),
+        "restored last step vs true state, relative L2 error: "
+        + ", ".join(f"{k} {v:.2e}" for k, v in res["restored_rel_error"].items()),
+        f"cpu: {res['environment']['cpu']} ({res['environment']['cpu_count']} cores), "
+        f"torch {res['environment']['torch']}, threads {torch.get_num_threads()}",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="the small CNN instead of the 20M MLP")
+    ap.add_argument("--bits", type=int, default=2)
+    ap.add_argument("--error-bound", type=float, default=None,
+                    help="cap on each tensor's relative error (more bits, then exact)")
+    ap.add_argument("--json", metavar="OUT", help="also write the results as JSON")
+    args = ap.parse_args(argv)
+    res = run(args.quick, args.bits, error_bound=args.error_bound)
+    print(report(res))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
