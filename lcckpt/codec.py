@@ -22,7 +22,6 @@ from . import dtypes, entropy, lossless
 from ._wire import Reader, Writer
 from .errors import (ChecksumError, CorruptDataError, InvalidArgumentError, TruncatedError,
                      UnsupportedDtypeError, UnsupportedVersionError)
-from .kernels.buckets import apply_symbols
 from .quantize import Quantized, quantize
 
 MAGIC = b"LCC"
@@ -312,14 +311,12 @@ def _words_n(n, dt):
 
 
 def decode_symbols_into(buf, p: Parsed, out: np.ndarray, accumulate: bool):
-    """Lossy blob: ``out = centroids[sym]`` or ``out += centroids[sym]`` (flat, work dtype)."""
-    sym = np.empty(p.n, np.uint8)
-    cs = 1 << p.log2
-
-    def finish(lo, hi):
-        apply_symbols(sym, lo, hi, p.centroids, out, accumulate)
-    entropy.decode(buf, p.payload_base, p.layouts[0], p.n, cs, p.bits, sym, "lcckpt blob",
-                   on_chunk=finish)
+    """Lossy blob: ``out += centroids[sym]`` (flat, work dtype); ``out`` zeroed first unless
+    ``accumulate``. The symbols are applied as they are decoded, never stored."""
+    if not accumulate:
+        out[:] = 0
+    entropy.decode(buf, p.payload_base, p.layouts[0], p.n, 1 << p.log2, p.bits, None,
+                   "lcckpt blob", apply=(p.centroids, out))
 
 
 def decode_exact(buf, p: Parsed) -> np.ndarray:
@@ -336,8 +333,8 @@ def decode(blob):
     buf, p = parse(blob)
     if p.kind == LOSSLESS:
         return dtypes.from_carrier(decode_exact(buf, p), p.dt)
-    work = np.empty(p.n, p.centroids.dtype)
-    decode_symbols_into(buf, p, work, accumulate=False)
+    work = np.zeros(p.n, p.centroids.dtype)          # fresh zero pages: nothing to clear
+    decode_symbols_into(buf, p, work, accumulate=True)
     return dtypes.from_float_work(work.reshape(p.shape), p.dt)
 
 

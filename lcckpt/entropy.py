@@ -24,6 +24,7 @@ import numpy as np
 from ._pool import run_tasks
 from ._wire import Reader, Writer
 from .errors import CorruptDataError, InvalidArgumentError
+from .kernels import buckets as bk
 from .kernels import huffman as hk
 from .kernels import runs as rk
 
@@ -399,12 +400,17 @@ def _multi_table(lengths_bytes: bytes):
     return hk.multi_decode_table(np.frombuffer(lengths_bytes, np.uint8))
 
 
-def decode(buf: np.ndarray, base: int, layout: StreamLayout, n: int, chunk_size: int, b: int,
-           out: np.ndarray, what: str = "blob", on_chunk=None):
-    """Decode a stream into ``out`` (uint8, n symbols); ``buf[base:]`` is the payload.
+_NO_SYMBOLS = np.zeros(1, np.uint8)
+_NO_FLOATS = np.zeros(1, np.float32)
 
-    ``on_chunk(lo, hi)``, if given, runs in the same worker right after each chunk is
-    decoded (while its symbols are hot in cache).
+
+def decode(buf: np.ndarray, base: int, layout: StreamLayout, n: int, chunk_size: int, b: int,
+           out: np.ndarray | None, what: str = "blob", apply=None):
+    """Decode a stream of ``n`` symbols; ``buf[base:]`` is the payload.
+
+    Into ``out`` (uint8), or, with ``apply=(centroids, fout)``, straight into the floats:
+    ``fout[i] += centroids[s]`` for every nonzero symbol, in the same fp32 add the
+    encoder's reference update makes; zero runs and all-zero chunks cost nothing.
     """
     if base + int(layout.offsets[-1]) > buf.size:
         raise CorruptDataError(f"{what}: chunk table points past the end of the data")
@@ -413,34 +419,46 @@ def decode(buf: np.ndarray, base: int, layout: StreamLayout, n: int, chunk_size:
     if HUFFMAN in layout.lengths and b <= 4 and n >= MULTI_MIN_SYMBOLS:
         multi = _multi_table(layout.lengths[HUFFMAN].tobytes())
     g, S = group_size(b), 1 << b
+    applying = apply is not None
+    cent, fout = apply if applying else (_NO_FLOATS, _NO_FLOATS)
+    sym = _NO_SYMBOLS if applying else out
 
     def task(c):
         lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
         start, end = base + int(layout.offsets[c]), base + int(layout.offsets[c + 1])
         m = layout.modes[c]
         if m == CONST:
-            out[lo:hi] = layout.consts[c]
+            v = layout.consts[c]
+            if not applying:
+                out[lo:hi] = v
+            elif v:
+                fout[lo:hi] += cent[v]
             used = 0
         elif m == RAW:
-            out[lo:hi] = buf[start:end]
+            raw = buf[start:end]
+            if b < 8 and int(raw.max(initial=0)) >> b:
+                raise CorruptDataError(f"{what}: raw chunk {c} holds symbols wider than {b} bits")
+            if applying:
+                bk.apply_symbols(raw, 0, hi - lo, cent, fout[lo:hi], True)
+            else:
+                out[lo:hi] = raw
             used = 8 * (end - start)
         else:
             table, tb = tables[m]
             if m == HUFFMAN and multi is not None:
-                used = hk.decode_symbols_multi(buf, start, end, hi - lo, multi, table, tb, out,
-                                               lo)
+                used = hk.decode_symbols_multi(buf, start, end, hi - lo, multi, table, tb, sym, lo,
+                                               cent, fout, applying)
             elif m == HUFFMAN:
-                used = hk.decode_symbols(buf, start, end, hi - lo, table, tb, out, lo)
+                used = hk.decode_symbols(buf, start, end, hi - lo, table, tb, sym, lo, cent, fout,
+                                         applying)
             elif m == GROUPED:
-                used = rk.decode_grouped(buf, start, end, hi - lo, g, b, table, tb, out, lo)
+                used = rk.decode_grouped(buf, start, end, hi - lo, g, b, table, tb, sym, lo, cent,
+                                         fout, applying)
             else:
-                used = rk.decode_runs(buf, start, end, hi - lo, S, table, tb, out, lo)
+                used = rk.decode_runs(buf, start, end, hi - lo, S, table, tb, sym, lo, cent, fout,
+                                      applying)
         if used < 0 or (used + 7) // 8 != end - start:
             raise CorruptDataError(
                 f"{what}: chunk {c} ({MODE_NAMES[m]}) does not decode to its recorded size; "
                 "the data is damaged")
-        if m == RAW and b < 8 and int(out[lo:hi].max(initial=0)) >> b:
-            raise CorruptDataError(f"{what}: raw chunk {c} holds symbols wider than {b} bits")
-        if on_chunk is not None:
-            on_chunk(lo, hi)
     run_tasks(task, -(-n // chunk_size))

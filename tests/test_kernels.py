@@ -14,6 +14,8 @@ from lcckpt.kernels import huffman as hk
 from lcckpt.kernels import runs as rk
 from lcckpt.quantize import quantize
 
+NOF = np.zeros(1, np.float32)                       # no centroids: store symbols
+
 from lcckpt.bench.reference import canonical_code_table, huffman_cost, quantize_ref
 
 counts_st = arrays(np.int64, st.integers(1, 300),
@@ -77,7 +79,8 @@ def test_huffman_stream_matches_bitarray_oracle(alpha, n, seed):
         assert oracle == sym.tolist()
     table = hk.decode_table(lengths, int(lengths.max()))
     back = np.empty(n, np.uint8)
-    used = hk.decode_symbols(out, 0, out.size, n, table, int(lengths.max()), back, 0)
+    used = hk.decode_symbols(out, 0, out.size, n, table, int(lengths.max()), back, 0, NOF, NOF,
+                             False)
     assert used == nbits
     assert np.array_equal(back, sym)
 
@@ -87,7 +90,7 @@ def test_decode_rejects_invalid_code():
     table = hk.decode_table(lengths, 1)
     buf = np.array([0b01000000], np.uint8)
     out = np.empty(8, np.uint8)
-    assert hk.decode_symbols(buf, 0, 1, 8, table, 1, out, 0) == -1
+    assert hk.decode_symbols(buf, 0, 1, 8, table, 1, out, 0, NOF, NOF, False) == -1
 
 
 sym_st = st.tuples(st.integers(1, 4), st.integers(0, 3000), st.floats(0, 1),
@@ -119,7 +122,7 @@ def test_grouped_round_trip_and_exact_size(args):
         tb = int(lengths.max())
         back = np.empty(n, np.uint8)
         used = rk.decode_grouped(out, 0, out.size, n, g, b, hk.decode_table(lengths, tb), tb,
-                                 back, 0)
+                                 back, 0, NOF, NOF, False)
         assert used == nbits and np.array_equal(back, sym)
 
 
@@ -139,7 +142,8 @@ def test_runs_round_trip_and_exact_size(args):
     if n:
         tb = int(lengths.max())
         back = np.full(n, 99, np.uint8)
-        used = rk.decode_runs(out, 0, out.size, n, S, hk.decode_table(lengths, tb), tb, back, 0)
+        used = rk.decode_runs(out, 0, out.size, n, S, hk.decode_table(lengths, tb), tb, back, 0,
+                              NOF, NOF, False)
         assert used == nbits and np.array_equal(back, sym)
 
 
@@ -224,7 +228,8 @@ def test_multi_symbol_decode_matches_single(alpha, n, conc, seed):
     single = hk.decode_table(lengths, tb)
     multi = hk.multi_decode_table(lengths)
     back = np.full(n + 16, 99, np.uint8)
-    used = hk.decode_symbols_multi(out, 0, out.size, n, multi, single, tb, back, 0)
+    used = hk.decode_symbols_multi(out, 0, out.size, n, multi, single, tb, back, 0, NOF, NOF,
+                                   False)
     assert used == nbits and np.array_equal(back[:n], sym)
     assert np.all(back[n:] == 99)                    # never writes past its chunk
 
@@ -236,4 +241,51 @@ def test_multi_symbol_decode_rejects_invalid_code():
     buf = np.zeros(8, np.uint8)
     buf[2] = 0x80                                    # a '1' bit: no such code word
     out = np.empty(64, np.uint8)
-    assert hk.decode_symbols_multi(buf, 0, 8, 64, multi, single, 1, out, 0) == -1
+    assert hk.decode_symbols_multi(buf, 0, 8, 64, multi, single, 1, out, 0, NOF, NOF,
+                                   False) == -1
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from(["huffman", "multi", "grouped", "runs"]), st.integers(1, 4),
+       st.integers(1, 3000), st.floats(0, 1), st.integers(0, 2**32 - 1))
+def test_fused_apply_equals_symbols_then_apply(mode, b, n, density, seed):
+    """Decoding straight into the floats gives what decode-then-apply_symbols gives."""
+    sym = _symbols(b, n, density, seed)
+    S, g = 1 << b, max(2, 8 // b)
+    alpha = {"grouped": 1 << (b * g), "runs": rk.RUN_CLASSES * S}.get(mode, S)
+    hist = np.zeros(alpha, np.int64)
+    if mode == "grouped":
+        rk.grouped_histogram(sym, 0, n, g, b, hist)
+    elif mode == "runs":
+        rk.runs_histogram(sym, 0, n, S, hist)
+    else:
+        hist[:] = np.bincount(sym, minlength=S)
+    lengths = hk.code_lengths(hist, hk.MAX_CODE_LEN)
+    codes = hk.canonical_codes(lengths)
+    out = np.zeros(4 * n + 64, np.uint8)
+    if mode == "grouped":
+        end = rk.encode_grouped(sym, 0, n, g, b, codes, lengths, out, 0)
+    elif mode == "runs":
+        end = rk.encode_runs(sym, 0, n, S, codes, lengths, out, 0)
+    else:
+        end = hk.encode_symbols(sym, 0, n, codes, lengths, out, 0)
+    rng = np.random.default_rng(seed)
+    cent = rng.standard_normal(S).astype(np.float32)
+    base = rng.standard_normal(n).astype(np.float32)
+    want = base.copy()
+    bk.apply_symbols(sym, 0, n, cent, want, True)
+    got = base.copy()
+    tb = int(lengths.max())
+    table = hk.decode_table(lengths, tb)
+    dummy = np.zeros(1, np.uint8)
+    if mode == "multi" and b <= 4:
+        used = hk.decode_symbols_multi(out, 0, end, n, hk.multi_decode_table(lengths), table, tb,
+                                       dummy, 0, cent, got, True)
+    elif mode in ("huffman", "multi"):
+        used = hk.decode_symbols(out, 0, end, n, table, tb, dummy, 0, cent, got, True)
+    elif mode == "grouped":
+        used = rk.decode_grouped(out, 0, end, n, g, b, table, tb, dummy, 0, cent, got, True)
+    else:
+        used = rk.decode_runs(out, 0, end, n, S, table, tb, dummy, 0, cent, got, True)
+    assert used >= 0 and (used + 7) // 8 == end
+    assert got.tobytes() == want.tobytes()

@@ -186,11 +186,14 @@ _REFILL = np.uint64(56)
 
 
 @njit(cache=True, nogil=True)
-def decode_symbols(buf, start, end, n, table, table_bits, out, out_start):
+def decode_symbols(buf, start, end, n, table, table_bits, out, out_start, cent, fout, apply):
     """Decode ``n`` symbols from ``buf[start:end]`` into ``out[out_start:]``.
 
-    Returns the number of bits consumed, or -1 if an invalid code is met. The caller
-    checks that the consumed bits fill exactly the chunk's bytes.
+    With ``apply`` the symbols are not stored: each nonzero one adds its centroid,
+    ``fout[out_start + i] += cent[s]`` (the reconstruction step of the delta decoder,
+    fused so no symbol array is written or read back). Returns the number of bits
+    consumed, or -1 if an invalid code is met. The caller checks that the consumed bits
+    fill exactly the chunk's bytes.
     """
     acc = _Z
     nb = _Z
@@ -211,7 +214,12 @@ def decode_symbols(buf, start, end, n, table, table_bits, out, out_start):
         ln = np.uint64(e & np.uint32(15))
         if ln == _Z:
             return -1
-        out[out_start + i] = e >> np.uint32(4)
+        sy = e >> np.uint32(4)
+        if apply:
+            if sy != 0:
+                fout[out_start + i] += cent[sy]
+        else:
+            out[out_start + i] = sy
         nb -= ln
         consumed += ln
     return np.int64(consumed)
@@ -252,7 +260,8 @@ def multi_decode_table(lengths):
 
 
 @njit(cache=True, nogil=True)
-def decode_symbols_multi(buf, start, end, n, multi, single, table_bits, out, out_start):
+def decode_symbols_multi(buf, start, end, n, multi, single, table_bits, out, out_start, cent,
+                         fout, apply):
     """As :func:`decode_symbols`, several symbols per lookup; the tail goes one by one."""
     acc = _Z
     nb = _Z
@@ -274,8 +283,14 @@ def decode_symbols_multi(buf, start, end, n, multi, single, table_bits, out, out
         cnt = np.int64((e >> np.uint64(4)) & np.uint64(15))
         if cnt == 0:
             return -1
-        for k in range(MULTI_MAX):                 # fixed count: unrolled stores
-            out[out_start + i + k] = np.uint8((e >> np.uint64(8 + 4 * k)) & np.uint64(15))
+        if apply:
+            for k in range(cnt):
+                sy = (e >> np.uint64(8 + 4 * k)) & np.uint64(15)
+                if sy != 0:
+                    fout[out_start + i + k] += cent[sy]
+        else:
+            for k in range(MULTI_MAX):             # fixed count: unrolled stores
+                out[out_start + i + k] = np.uint8((e >> np.uint64(8 + 4 * k)) & np.uint64(15))
         used = e & np.uint64(15)
         nb -= used
         consumed += used
@@ -295,7 +310,12 @@ def decode_symbols_multi(buf, start, end, n, multi, single, table_bits, out, out
         ln = np.uint64(e & np.uint32(15))
         if ln == _Z:
             return -1
-        out[out_start + i] = e >> np.uint32(4)
+        sy = e >> np.uint32(4)
+        if apply:
+            if sy != 0:
+                fout[out_start + i] += cent[sy]
+        else:
+            out[out_start + i] = sy
         nb -= ln
         consumed += ln
         i += 1

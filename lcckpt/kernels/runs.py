@@ -70,8 +70,13 @@ def encode_grouped(sym, start, stop, g, b, codes, lengths, out, pos):
 
 
 @njit(cache=True, nogil=True)
-def decode_grouped(buf, start, end, n, g, b, table, table_bits, out, out_start):
-    """Decode ``n`` symbols; returns bits consumed or -1 on an invalid code."""
+def decode_grouped(buf, start, end, n, g, b, table, table_bits, out, out_start, cent, fout,
+                   apply):
+    """Decode ``n`` symbols; returns bits consumed or -1 on an invalid code.
+
+    ``apply``: add centroids into ``fout`` instead of storing symbols (see
+    :func:`lcckpt.kernels.huffman.decode_symbols`).
+    """
     acc = _Z
     nb = _Z
     tb = np.uint64(table_bits)
@@ -95,9 +100,16 @@ def decode_grouped(buf, start, end, n, g, b, table, table_bits, out, out_start):
         letter = np.int64(e >> np.uint32(4))
         nb -= ln
         consumed += ln
-        for j in range(g):
-            if i + j < n:
-                out[out_start + i + j] = (letter >> (b * (g - 1 - j))) & mask
+        if apply:
+            if letter != 0:
+                for j in range(g):
+                    sy = (letter >> (b * (g - 1 - j))) & mask
+                    if sy != 0 and i + j < n:
+                        fout[out_start + i + j] += cent[sy]
+        else:
+            for j in range(g):
+                if i + j < n:
+                    out[out_start + i + j] = (letter >> (b * (g - 1 - j))) & mask
     return np.int64(consumed)
 
 
@@ -168,8 +180,12 @@ def encode_runs(sym, start, stop, S, codes, lengths, out, pos):
 
 
 @njit(cache=True, nogil=True)
-def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start):
-    """Decode ``n`` symbols; returns bits consumed or -1 on any inconsistency."""
+def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start, cent, fout, apply):
+    """Decode ``n`` symbols; returns bits consumed or -1 on any inconsistency.
+
+    ``apply``: add centroids into ``fout`` instead of storing symbols; zero runs are
+    then skipped without touching memory, so the cost follows the nonzero count.
+    """
     acc = _Z
     nb = _Z
     tb = np.uint64(table_bits)
@@ -205,13 +221,17 @@ def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start):
             consumed += xb
         if run > n - pos:
             return -1
-        for k in range(run):
-            out[out_start + pos + k] = 0
+        if not apply:
+            for k in range(run):
+                out[out_start + pos + k] = 0
         pos += run
         if s != 0:
             if pos >= n:
                 return -1
-            out[out_start + pos] = s
+            if apply:
+                fout[out_start + pos] += cent[s]
+            else:
+                out[out_start + pos] = s
             pos += 1
         elif pos != n:
             return -1
