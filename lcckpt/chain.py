@@ -84,8 +84,12 @@ class _Track:
         self.shape: tuple | None = None
 
     def apply(self, blob, meta: dict, key: str) -> None:
-        """Advance by one section's blob exactly as the encoder advanced its reference."""
-        buf, p = parse(blob)
+        """Advance by one section's blob exactly as the encoder advanced its reference.
+
+        The blob comes from a container section whose CRC was just verified, so its own
+        payload checksum is not computed a second time.
+        """
+        buf, p = parse(blob, check_payload=False)
         name, shape = meta.get("dtype"), tuple(meta.get("shape", ()))
         if p.shape != shape:
             raise CorruptDataError(f"{key}: blob shape {list(p.shape)} != section shape {list(shape)}")
@@ -109,9 +113,11 @@ class _Track:
                 f"{self.dt.name}{list(self.shape)}")
         decode_symbols_into(buf, p, self.ref, accumulate=True)
 
-    def value(self):
-        """The restored tensor (a copy), in the user's dtype."""
-        return dtypes.from_float_work(self.ref.reshape(self.shape).copy(), self.dt)
+    def value(self, copy: bool = True):
+        """The restored tensor in the user's dtype; ``copy=False`` hands over the reference
+        itself (for a final step whose tracks are discarded)."""
+        ref = self.ref.reshape(self.shape)
+        return dtypes.from_float_work(ref.copy() if copy else ref, self.dt)
 
     def exact_blob(self) -> bytes:
         """The reference itself, losslessly (fp32 for fp16/bf16 tensors): a merge keyframe."""
@@ -139,11 +145,11 @@ def _codec_decode(data, meta: dict):
         t = _Track()
         t.apply(data, meta, key)
         return t.value()
-    old, new = ctx
+    old, new, copy = ctx
     track = old.get(key) or _Track()
     track.apply(data, meta, key)
     new[key] = track
-    return track.value()
+    return track.value(copy)
 
 
 def _section_key(meta: dict) -> str:
@@ -411,7 +417,7 @@ class DeltaCheckpointer:
                 raise FileNotFoundError(f"no checkpoints in {self.directory}")
             step = steps[-1]
         step = self._check_step(step)
-        return self._restore(step, build=True, map_location=map_location)[0]
+        return self._restore(step, build=True, map_location=map_location, keep_tracks=False)[0]
 
     def replay(self, start: int | None = None, stop: int | None = None, map_location=None):
         """Yield ``(step, obj)`` for every stored step in ``[start, stop]``, oldest first.
@@ -428,10 +434,13 @@ class DeltaCheckpointer:
             known = (step, links[-1][1].state_id, tracks)
             yield step, obj
 
-    def _restore(self, step: int, *, build: bool, map_location=None, known=None):
+    def _restore(self, step: int, *, build: bool, map_location=None, known=None,
+                 keep_tracks: bool = True):
         """Walk back to the keyframe (or to ``known``), then apply each file in order.
 
         ``known``: ``(step, state_id, tracks)`` of an already restored step to start from.
+        ``keep_tracks=False``: the caller discards the returned tracks, so the restored
+        tensors may take over the references instead of copying them.
         Returns ``(obj or None, [(container, link)], tracks of step)``.
         """
         if not os.path.exists(self.path(step)):
@@ -466,7 +475,7 @@ class DeltaCheckpointer:
                 try:
                     if build and i == len(links) - 1:
                         new: dict[str, _Track] = {}
-                        token = _DECODING.set((tracks, new))
+                        token = _DECODING.set((tracks, new, keep_tracks))
                         try:
                             obj = unpack(c, map_location)
                         finally:

@@ -229,8 +229,12 @@ class Parsed:
     rotate: bool = False
 
 
-def parse(blob) -> tuple[np.ndarray, Parsed]:
-    """Validate a blob completely (structure, sizes, both checksums) before any decode."""
+def parse(blob, check_payload: bool = True) -> tuple[np.ndarray, Parsed]:
+    """Validate a blob completely (structure, sizes, both checksums) before any decode.
+
+    ``check_payload=False`` skips the payload checksum, for callers that have just
+    verified the same bytes themselves (a container section's CRC covers the whole blob).
+    """
     buf = np.frombuffer(blob, np.uint8)
     r = Reader(buf, what="lcckpt blob")
     if len(buf) < 4 or bytes(buf[:3]) != MAGIC:
@@ -301,7 +305,7 @@ def parse(blob) -> tuple[np.ndarray, Parsed]:
     if len(buf) > expect:
         raise CorruptDataError(f"lcckpt blob has {len(buf) - expect} trailing bytes")
     crc = int.from_bytes(bytes(buf[expect - 4:expect]), "little")
-    if zlib.crc32(buf[p.payload_base:expect - 4]) != crc:
+    if check_payload and zlib.crc32(buf[p.payload_base:expect - 4]) != crc:
         raise ChecksumError("lcckpt blob: payload checksum mismatch; the blob is damaged")
     return buf, p
 
@@ -328,9 +332,9 @@ def decode_exact(buf, p: Parsed) -> np.ndarray:
     return a
 
 
-def decode(blob):
+def decode(blob, *, check_payload: bool = True):
     """Decode a blob from :func:`encode`: same shape and dtype (numpy; torch for bf16/fp8)."""
-    buf, p = parse(blob)
+    buf, p = parse(blob, check_payload)
     if p.kind == LOSSLESS:
         return dtypes.from_carrier(decode_exact(buf, p), p.dt)
     work = np.zeros(p.n, p.centroids.dtype)          # fresh zero pages: nothing to clear

@@ -31,6 +31,8 @@ import zlib
 from collections.abc import Iterable
 from typing import Any, BinaryIO
 
+import numpy as np
+
 from .errors import (
     ChecksumError,
     CorruptDataError,
@@ -321,7 +323,7 @@ class _FileSource:
         self.lock = threading.Lock()
 
     def read(self, offset: int, n: int) -> memoryview:
-        buf = bytearray(n)
+        buf = np.empty(n, np.uint8)
         got = self.readinto(offset, memoryview(buf))
         return memoryview(buf)[:got]
 
@@ -385,7 +387,7 @@ class Container:
                 self._check_gap(i)
                 self._checked.add(i)
             return view
-        buf = bytearray(s["length"])
+        buf = np.empty(s["length"], np.uint8)      # no zero fill: every byte is read into
         self.read_into(i, buf)
         return memoryview(buf)
 

@@ -396,8 +396,8 @@ def _table(lengths_bytes: bytes):
 
 
 @lru_cache(maxsize=64)
-def _multi_table(lengths_bytes: bytes):
-    return hk.multi_decode_table(np.frombuffer(lengths_bytes, np.uint8))
+def _multi_table(lengths_bytes: bytes, sym_bits: int):
+    return hk.multi_decode_table(np.frombuffer(lengths_bytes, np.uint8), sym_bits)
 
 
 _NO_SYMBOLS = np.zeros(1, np.uint8)
@@ -415,9 +415,9 @@ def decode(buf: np.ndarray, base: int, layout: StreamLayout, n: int, chunk_size:
     if base + int(layout.offsets[-1]) > buf.size:
         raise CorruptDataError(f"{what}: chunk table points past the end of the data")
     tables = {m: _table(l.tobytes()) for m, l in layout.lengths.items()}
-    multi = None
-    if HUFFMAN in layout.lengths and b <= 4 and n >= MULTI_MIN_SYMBOLS:
-        multi = _multi_table(layout.lengths[HUFFMAN].tobytes())
+    multi, sym_bits = None, 4 if b <= 4 else 8
+    if HUFFMAN in layout.lengths and n >= MULTI_MIN_SYMBOLS:
+        multi = _multi_table(layout.lengths[HUFFMAN].tobytes(), sym_bits)
     g, S = group_size(b), 1 << b
     applying = apply is not None
     cent, fout = apply if applying else (_NO_FLOATS, _NO_FLOATS)
@@ -446,8 +446,8 @@ def decode(buf: np.ndarray, base: int, layout: StreamLayout, n: int, chunk_size:
         else:
             table, tb = tables[m]
             if m == HUFFMAN and multi is not None:
-                used = hk.decode_symbols_multi(buf, start, end, hi - lo, multi, table, tb, sym, lo,
-                                               cent, fout, applying)
+                used = hk.decode_symbols_multi(buf, start, end, hi - lo, multi, sym_bits, table,
+                                               tb, sym, lo, cent, fout, applying)
             elif m == HUFFMAN:
                 used = hk.decode_symbols(buf, start, end, hi - lo, table, tb, sym, lo, cent, fout,
                                          applying)

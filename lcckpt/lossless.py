@@ -11,6 +11,7 @@ import numpy as np
 
 from . import entropy
 from ._pool import run_tasks
+from .errors import CorruptDataError
 from .kernels import floats as fk
 
 _WORD = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -86,17 +87,36 @@ def raw_planes(words: np.ndarray, rotate: bool, chunk_size: int):
     return [entropy.raw_stream(planes[k], chunk_size) for k in range(item)]
 
 
+def _readonly(a: np.ndarray) -> np.ndarray:
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
 def decode_planes(buf: np.ndarray, base: int, layouts, n: int, chunk_size: int,
                   rotate: bool, words: np.ndarray, what: str):
-    """Decode every plane, then interleave them back into ``words``."""
+    """Decode every plane, then interleave them back into ``words``.
+
+    A plane stored raw throughout is read in place from ``buf``; only coded planes are
+    decoded into new arrays.
+    """
     item = words.dtype.itemsize
     if item == 1:
         entropy.decode(buf, base, layouts[0], n, chunk_size, 8, words.view(np.uint8), what)
         return
-    planes = np.empty((item, n), np.uint8)
-    for k, layout in enumerate(layouts):
-        entropy.decode(buf, base, layout, n, chunk_size, 8, planes[k], what)
-        base += int(layout.offsets[-1])
+    planes = []
+    for layout in layouts:
+        size = int(layout.offsets[-1])
+        if base + size > buf.size:
+            raise CorruptDataError(f"{what}: chunk table points past the end of the data")
+        if np.all(layout.modes == entropy.RAW):      # read_tables checked every raw size
+            planes.append(_readonly(buf[base:base + n]))
+        else:
+            plane = np.empty(n, np.uint8)
+            entropy.decode(buf, base, layout, n, chunk_size, 8, plane, what)
+            planes.append(_readonly(plane))
+        base += size
+    planes = tuple(planes)
     merge = fk.MERGE[item]
 
     def task(c):

@@ -210,12 +210,13 @@ def test_byte_planes_round_trip(wt, n, rotate, seed):
         counted = expect if k == item - 1 else expect[::fk.SAMPLE]   # top plane exact
         assert np.array_equal(hist[k], np.bincount(counted, minlength=256))
     back = np.empty_like(words)
-    fk.MERGE[item](planes, 0, n, rotate, back)
+    fk.MERGE[item](tuple(planes), 0, n, rotate, back)
     assert np.array_equal(back, words)
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.integers(1, 16), st.integers(0, 3000), st.floats(0.05, 5), st.integers(0, 2**32 - 1))
+@given(st.sampled_from([2, 5, 16, 40, 256]), st.integers(0, 3000), st.floats(0.05, 5),
+       st.integers(0, 2**32 - 1))
 def test_multi_symbol_decode_matches_single(alpha, n, conc, seed):
     rng = np.random.default_rng(seed)
     p = rng.dirichlet(np.full(alpha, conc))
@@ -226,9 +227,10 @@ def test_multi_symbol_decode_matches_single(alpha, n, conc, seed):
     out, nbits = _encode(sym, lengths)
     tb = int(lengths.max())
     single = hk.decode_table(lengths, tb)
-    multi = hk.multi_decode_table(lengths)
+    sb = 4 if alpha <= 16 else 8
+    multi = hk.multi_decode_table(lengths, sb)
     back = np.full(n + 16, 99, np.uint8)
-    used = hk.decode_symbols_multi(out, 0, out.size, n, multi, single, tb, back, 0, NOF, NOF,
+    used = hk.decode_symbols_multi(out, 0, out.size, n, multi, sb, single, tb, back, 0, NOF, NOF,
                                    False)
     assert used == nbits and np.array_equal(back[:n], sym)
     assert np.all(back[n:] == 99)                    # never writes past its chunk
@@ -236,12 +238,12 @@ def test_multi_symbol_decode_matches_single(alpha, n, conc, seed):
 
 def test_multi_symbol_decode_rejects_invalid_code():
     lengths = np.array([1, 0, 0], np.uint8)
-    multi = hk.multi_decode_table(lengths)
+    multi = hk.multi_decode_table(lengths, 4)
     single = hk.decode_table(lengths, 1)
     buf = np.zeros(8, np.uint8)
     buf[2] = 0x80                                    # a '1' bit: no such code word
     out = np.empty(64, np.uint8)
-    assert hk.decode_symbols_multi(buf, 0, 8, 64, multi, single, 1, out, 0, NOF, NOF,
+    assert hk.decode_symbols_multi(buf, 0, 8, 64, multi, 4, single, 1, out, 0, NOF, NOF,
                                    False) == -1
 
 
@@ -279,8 +281,8 @@ def test_fused_apply_equals_symbols_then_apply(mode, b, n, density, seed):
     table = hk.decode_table(lengths, tb)
     dummy = np.zeros(1, np.uint8)
     if mode == "multi" and b <= 4:
-        used = hk.decode_symbols_multi(out, 0, end, n, hk.multi_decode_table(lengths), table, tb,
-                                       dummy, 0, cent, got, True)
+        used = hk.decode_symbols_multi(out, 0, end, n, hk.multi_decode_table(lengths, 4), 4,
+                                       table, tb, dummy, 0, cent, got, True)
     elif mode in ("huffman", "multi"):
         used = hk.decode_symbols(out, 0, end, n, table, tb, dummy, 0, cent, got, True)
     elif mode == "grouped":

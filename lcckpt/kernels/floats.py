@@ -75,10 +75,14 @@ def byte_histogram(plane, start, stop, hist):
         hist[plane[i]] += 1
 
 
+# The merges take the planes as a tuple of read-only 1-D arrays, so a plane stored raw
+# is read straight from the blob's bytes instead of being copied into a plane array.
+
 @njit(cache=True, nogil=True)
 def merge16(planes, start, stop, rotate, words):
+    p0, p1 = planes[0], planes[1]
     for i in range(start, stop):
-        x = np.uint16(planes[0, i]) | (np.uint16(planes[1, i]) << np.uint16(8))
+        x = np.uint16(p0[i]) | (np.uint16(p1[i]) << np.uint16(8))
         if rotate:
             x = np.uint16((x >> np.uint16(1)) | (x << np.uint16(15)))
         words[i] = x
@@ -86,9 +90,10 @@ def merge16(planes, start, stop, rotate, words):
 
 @njit(cache=True, nogil=True)
 def merge32(planes, start, stop, rotate, words):
+    p0, p1, p2, p3 = planes[0], planes[1], planes[2], planes[3]
     for i in range(start, stop):
-        x = (np.uint32(planes[0, i]) | (np.uint32(planes[1, i]) << np.uint32(8))
-             | (np.uint32(planes[2, i]) << np.uint32(16)) | (np.uint32(planes[3, i]) << np.uint32(24)))
+        x = (np.uint32(p0[i]) | (np.uint32(p1[i]) << np.uint32(8))
+             | (np.uint32(p2[i]) << np.uint32(16)) | (np.uint32(p3[i]) << np.uint32(24)))
         if rotate:
             x = (x >> np.uint32(1)) | (x << np.uint32(31))
         words[i] = x
@@ -99,7 +104,7 @@ def merge64(planes, start, stop, rotate, words):
     for i in range(start, stop):
         x = np.uint64(0)
         for k in range(8):
-            x |= np.uint64(planes[k, i]) << np.uint64(8 * k)
+            x |= np.uint64(planes[k][i]) << np.uint64(8 * k)
         if rotate:
             x = (x >> np.uint64(1)) | (x << np.uint64(63))
         words[i] = x

@@ -228,31 +228,32 @@ def decode_symbols(buf, start, end, n, table, table_bits, out, out_start, cent, 
 # --- multi-symbol decoding -------------------------------------------------------------
 # A low-entropy stream spends ~1 bit per symbol, so one 12-bit window often holds ten
 # whole code words. The multi table maps each window to every complete code word in
-# it (up to 12 four-bit symbols), so one lookup decodes them all.
+# it (up to twelve 4-bit or six 8-bit symbols), so one lookup decodes them all.
 
 MULTI_BITS = 12
-MULTI_MAX = 12
 
 
 @njit(cache=True, nogil=True)
-def multi_decode_table(lengths):
-    """Window -> ``consumed | count << 4 | sym_k << (8 + 4k)``; count 0 = invalid code.
+def multi_decode_table(lengths, sym_bits):
+    """Window -> ``consumed | count << 4 | sym_k << (8 + sym_bits * k)``; count 0 = invalid.
 
-    Only for alphabets of at most 16 symbols (four bits each).
+    ``sym_bits`` is 4 (alphabets up to 16) or 8 (up to 256); at most ``48 // sym_bits``
+    symbols per entry.
     """
     single = decode_table(lengths, MULTI_BITS)
     mask = (1 << MULTI_BITS) - 1
+    most = 48 // sym_bits
     table = np.zeros(1 << MULTI_BITS, np.uint64)
     for w in range(1 << MULTI_BITS):
         pos = 0
         cnt = 0
         entry = np.uint64(0)
-        while cnt < MULTI_MAX:
+        while cnt < most:
             e = single[(w << pos) & mask]
             ln = e & 15
             if ln == 0 or ln > MULTI_BITS - pos:
                 break
-            entry |= np.uint64(e >> 4) << np.uint64(8 + 4 * cnt)
+            entry |= np.uint64(e >> 4) << np.uint64(8 + sym_bits * cnt)
             pos += ln
             cnt += 1
         table[w] = entry | np.uint64(pos) | np.uint64(cnt << 4)
@@ -260,17 +261,20 @@ def multi_decode_table(lengths):
 
 
 @njit(cache=True, nogil=True)
-def decode_symbols_multi(buf, start, end, n, multi, single, table_bits, out, out_start, cent,
-                         fout, apply):
+def decode_symbols_multi(buf, start, end, n, multi, sym_bits, single, table_bits, out, out_start,
+                         cent, fout, apply):
     """As :func:`decode_symbols`, several symbols per lookup; the tail goes one by one."""
     acc = _Z
     nb = _Z
     mb = np.uint64(MULTI_BITS)
     mmask = (np.uint64(1) << mb) - np.uint64(1)
+    most = 48 // sym_bits
+    sb = np.uint64(sym_bits)
+    smask = (np.uint64(1) << sb) - np.uint64(1)
     p = start
     consumed = _Z
     i = 0
-    while i + MULTI_MAX <= n:
+    while i + most <= n:
         if nb < mb:
             while nb <= _REFILL:
                 b = _Z
@@ -285,12 +289,12 @@ def decode_symbols_multi(buf, start, end, n, multi, single, table_bits, out, out
             return -1
         if apply:
             for k in range(cnt):
-                sy = (e >> np.uint64(8 + 4 * k)) & np.uint64(15)
+                sy = (e >> (np.uint64(8) + sb * np.uint64(k))) & smask
                 if sy != 0:
                     fout[out_start + i + k] += cent[sy]
         else:
-            for k in range(MULTI_MAX):             # fixed count: unrolled stores
-                out[out_start + i + k] = np.uint8((e >> np.uint64(8 + 4 * k)) & np.uint64(15))
+            for k in range(most):                  # a fixed count: no branch per symbol
+                out[out_start + i + k] = np.uint8((e >> (np.uint64(8) + sb * np.uint64(k))) & smask)
         used = e & np.uint64(15)
         nb -= used
         consumed += used
