@@ -41,7 +41,7 @@ import torch
 from . import codec as _codec
 from . import container as _container
 from . import dtypes
-from .codec import LOSSLESS, decode_exact, decode_symbols_into, parse
+from .codec import LOSSLESS, apply_deltas, decode_exact, parse
 from .delta import DeltaEncoder
 from .errors import (
     BrokenChainError,
@@ -74,14 +74,28 @@ def file_name(step: int) -> str:
 
 
 class _Track:
-    """The reconstruction of one tracked tensor: flat working floats, user dtype, shape."""
+    """The reconstruction of one tracked tensor: flat working floats, user dtype, shape.
 
-    __slots__ = ("ref", "dt", "shape")
+    Deltas are validated as they arrive but applied lazily, all pending ones together
+    (:func:`lcckpt.codec.apply_deltas`, chunk by chunk across the deltas), the first time
+    the reference is needed: replaying a chain then streams the model through memory
+    once instead of once per delta.
+    """
+
+    __slots__ = ("_ref", "pending", "dt", "shape")
 
     def __init__(self):
-        self.ref: np.ndarray | None = None
+        self._ref: np.ndarray | None = None
+        self.pending: list = []
         self.dt: dtypes.DType | None = None
         self.shape: tuple | None = None
+
+    @property
+    def ref(self) -> np.ndarray | None:
+        if self.pending:
+            apply_deltas(self.pending, self._ref)
+            self.pending = []
+        return self._ref
 
     def apply(self, blob, meta: dict, key: str) -> None:
         """Advance by one section's blob exactly as the encoder advanced its reference.
@@ -98,20 +112,21 @@ class _Track:
                 raise CorruptDataError(f"{key}: blob dtype {p.dt.name} for a {name} section")
             if p.dt.kind != "float" or p.dt.name.startswith("F8"):
                 raise CorruptDataError(f"{key}: {p.dt.name} is not a tracked dtype")
-            self.ref = dtypes.to_float_work(decode_exact(buf, p), p.dt).reshape(-1)
-            if not self.ref.flags.writeable or not self.ref.flags.c_contiguous:
-                self.ref = self.ref.copy()
+            ref = dtypes.to_float_work(decode_exact(buf, p), p.dt).reshape(-1)
+            if not ref.flags.writeable or not ref.flags.c_contiguous:
+                ref = ref.copy()
+            self._ref, self.pending = ref, []
             self.dt, self.shape = dtypes.BY_NAME[name], shape
             return
         if p.dt.name != name:
             raise CorruptDataError(f"{key}: blob dtype {p.dt.name} for a {name} section")
-        if self.ref is None:
+        if self._ref is None:
             raise BrokenChainError(f"{key}: a delta without a reference (its keyframe is missing)")
         if p.dt != self.dt or p.shape != self.shape:
             raise BrokenChainError(
                 f"{key}: delta for {p.dt.name}{list(p.shape)} does not fit the reference "
                 f"{self.dt.name}{list(self.shape)}")
-        decode_symbols_into(buf, p, self.ref, accumulate=True)
+        self.pending.append((buf, p))
 
     def value(self, copy: bool = True):
         """The restored tensor in the user's dtype; ``copy=False`` hands over the reference
@@ -261,7 +276,8 @@ class DeltaCheckpointer:
     save. ``keep_last``: after each save, delete files that none of the newest
     ``keep_last`` steps needs. ``min_delta_elements``: smaller floating tensors are stored
     exactly. ``track``: optional ``(key_path, tensor) -> bool`` policy replacing the size
-    rule for floating tensors.
+    rule for floating tensors. ``keyframe_coding``: "lossless" (default, ~1.2x smaller
+    keyframes) or "raw" (keyframes restore about as fast as ``torch.load``).
 
     One writer per directory is assumed; the object is not thread-safe.
     """
@@ -269,14 +285,17 @@ class DeltaCheckpointer:
     def __init__(self, directory: str | os.PathLike, bits: int = 2, keyframe_every: int | None = 20,
                  *, coder: str = "auto", error_bound: float | None = None,
                  keep_last: int | None = None, min_delta_elements: int = 4096,
-                 track: Callable[[str, torch.Tensor], bool] | None = None):
+                 track: Callable[[str, torch.Tensor], bool] | None = None,
+                 keyframe_coding: str = "lossless"):
         if keyframe_every is not None and (type(keyframe_every) is not int or keyframe_every < 1):
             raise InvalidArgumentError(f"keyframe_every must be a positive int or None, got {keyframe_every!r}")
         if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
             raise InvalidArgumentError(f"keep_last must be a positive int or None, got {keep_last!r}")
         if type(min_delta_elements) is not int or min_delta_elements < 1:
             raise InvalidArgumentError(f"min_delta_elements must be a positive int, got {min_delta_elements!r}")
-        DeltaEncoder(bits, coder, error_bound=error_bound)   # validates bits and coder
+        DeltaEncoder(bits, coder, error_bound=error_bound,      # validates the settings
+                     keyframe_coding=keyframe_coding)
+        self.keyframe_coding = keyframe_coding
         self.directory = os.fspath(directory)     # created by the first save
         self.bits, self.coder, self.error_bound = bits, coder, error_bound
         self.keyframe_every, self.keep_last = keyframe_every, keep_last
@@ -367,7 +386,8 @@ class DeltaCheckpointer:
                 "min_delta_elements": self.min_delta_elements}
 
     def _new_encoder(self) -> DeltaEncoder:
-        return DeltaEncoder(self.bits, self.coder, error_bound=self.error_bound)
+        return DeltaEncoder(self.bits, self.coder, error_bound=self.error_bound,
+                            keyframe_coding=self.keyframe_coding)
 
     @staticmethod
     def _check_step(step) -> int:

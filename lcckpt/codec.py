@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import dtypes, entropy, lossless
+from ._pool import run_tasks
 from ._wire import Reader, Writer
 from .errors import (ChecksumError, CorruptDataError, InvalidArgumentError, TruncatedError,
                      UnsupportedDtypeError, UnsupportedVersionError)
@@ -135,14 +136,17 @@ def encode_lossy(u: np.ndarray, ref: np.ndarray | None, dt: dtypes.DType, shape,
     return blob, q, st
 
 
-def encode_exact(a: np.ndarray, dt: dtypes.DType, log2: int) -> bytes:
+def encode_exact(a: np.ndarray, dt: dtypes.DType, log2: int, raw: bool = False) -> bytes:
     """Lossless blob of a numpy array (carrier view for bf16/fp8).
 
     When coding does not pay (small or random data: the code tables outweigh the saving)
     every plane is stored raw, so the blob is never more than a small header above the
-    raw bytes.
+    raw bytes. ``raw=True`` stores the planes raw from the start: larger, but decoding is
+    a single interleaving pass (for keyframes that must restore fast).
     """
     words, rotate = lossless.words_of(a, dt.kind)
+    if raw:
+        return _exact_blob(a, dt, log2, words, rotate, lossless.raw_planes(words, rotate, 1 << log2))
     blob = _exact_blob(a, dt, log2, words, rotate, lossless.encode_planes(words, rotate, 1 << log2))
     if len(blob) > a.nbytes + RAW_SLACK:
         blob = _exact_blob(a, dt, log2, words, rotate,
@@ -321,6 +325,31 @@ def decode_symbols_into(buf, p: Parsed, out: np.ndarray, accumulate: bool):
         out[:] = 0
     entropy.decode(buf, p.payload_base, p.layouts[0], p.n, 1 << p.log2, p.bits, None,
                    "lcckpt blob", apply=(p.centroids, out))
+
+
+def apply_deltas(parsed: list, ref: np.ndarray):
+    """Add several lossy blobs to ``ref`` in order, chunk by chunk across the blobs.
+
+    The result is bit-identical to decoding them one after another (each element sees the
+    same adds in the same order), but every chunk of ``ref`` is loaded into cache once
+    for all blobs instead of once per blob: replaying N deltas over a model larger than
+    the cache costs one pass over memory, not N.
+    """
+    if not parsed:
+        return
+    log2s = {p.log2 for _, p in parsed}
+    if len(log2s) > 1:                           # different chunking: one blob at a time
+        for buf, p in parsed:
+            decode_symbols_into(buf, p, ref, accumulate=True)
+        return
+    decoders = [entropy.StreamDecoder(buf, p.payload_base, p.layouts[0], p.n, 1 << p.log2,
+                                      p.bits, None, "lcckpt blob", apply=(p.centroids, ref))
+                for buf, p in parsed]
+
+    def task(c):
+        for d in decoders:
+            d.chunk(c)
+    run_tasks(task, decoders[0].nchunks)
 
 
 def decode_exact(buf, p: Parsed) -> np.ndarray:

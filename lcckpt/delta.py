@@ -15,7 +15,8 @@ from . import dtypes
 from .codec import (LOSSLESS, EncodeStats, _chunk_log2, _check_bits, decode_exact,
                     decode_symbols_into, encode_exact, guarded_encode, parse)
 from .entropy import CodeCache, modes_for
-from .errors import BrokenChainError, NonFiniteError, UnsupportedDtypeError
+from .errors import (BrokenChainError, InvalidArgumentError, NonFiniteError,
+                     UnsupportedDtypeError)
 from .quantize import reconstruct
 
 
@@ -23,7 +24,14 @@ class DeltaEncoder:
     """Encode successive states of one floating tensor: a keyframe first, then deltas."""
 
     def __init__(self, bits: int = 2, coder: str = "auto", *, error_bound: float | None = None,
-                 midpoint: bool = False, chunk_size: int | None = None):
+                 midpoint: bool = False, chunk_size: int | None = None,
+                 keyframe_coding: str = "lossless"):
+        """``keyframe_coding``: "lossless" (byte planes, ~1.2x smaller) or "raw" (exact bytes,
+        fastest to restore) for the exact blobs: the first one and every keyframe."""
+        if keyframe_coding not in ("lossless", "raw"):
+            raise InvalidArgumentError(
+                f"keyframe_coding must be 'lossless' or 'raw', got {keyframe_coding!r}")
+        self.raw_keyframes = keyframe_coding == "raw"
         _check_bits(bits)
         modes_for(coder, bits)
         self.bits, self.coder = bits, coder
@@ -50,7 +58,8 @@ class DeltaEncoder:
         try:
             blob, st, q = guarded_encode(u, self.ref, dt, a.shape, self.bits, self.coder,
                                          self.log2, self.midpoint, self.error_bound,
-                                         exact=lambda: encode_exact(a, dt, self.log2),
+                                         exact=lambda: encode_exact(a, dt, self.log2,
+                                                                    self.raw_keyframes),
                                          cache=self.cache)
         except NonFiniteError as e:
             warnings.warn(f"{e}; writing an exact keyframe instead", RuntimeWarning, stacklevel=2)
@@ -63,7 +72,7 @@ class DeltaEncoder:
         return blob
 
     def _keyframe(self, a, dt, u, why):
-        blob = encode_exact(a, dt, self.log2)
+        blob = encode_exact(a, dt, self.log2, self.raw_keyframes)
         self.ref = np.array(u, copy=True)
         self.dtype, self.shape = dt, a.shape
         self.last_stats = EncodeStats(u.size, dt.name, "lossless", nbytes=len(blob), fallback=why)

@@ -99,9 +99,12 @@ def analyze(sym: np.ndarray, sym_hist: np.ndarray, chunk_size: int, b: int, mode
     if need_g or need_r:
         def task(c):
             lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
-            if need_g:
+            if need_g and need_r:
+                extra[c] = rk.both_histograms(sym, lo, hi, g, b, hist[GROUPED][c], 1 << b,
+                                              hist[RUNS][c])
+            elif need_g:
                 rk.grouped_histogram(sym, lo, hi, g, b, hist[GROUPED][c])
-            if need_r:
+            else:
                 extra[c] = rk.runs_histogram(sym, lo, hi, 1 << b, hist[RUNS][c])
         run_tasks(task, nchunks)
     return Analysis(n, chunk_size, b, hist, extra)
@@ -404,61 +407,84 @@ _NO_SYMBOLS = np.zeros(1, np.uint8)
 _NO_FLOATS = np.zeros(1, np.float32)
 
 
-def decode(buf: np.ndarray, base: int, layout: StreamLayout, n: int, chunk_size: int, b: int,
-           out: np.ndarray | None, what: str = "blob", apply=None):
-    """Decode a stream of ``n`` symbols; ``buf[base:]`` is the payload.
+class StreamDecoder:
+    """Decodes one stream chunk by chunk; :func:`decode` runs every chunk on the pool.
 
-    Into ``out`` (uint8), or, with ``apply=(centroids, fout)``, straight into the floats:
-    ``fout[i] += centroids[s]`` for every nonzero symbol, in the same fp32 add the
-    encoder's reference update makes; zero runs and all-zero chunks cost nothing.
+    Symbols go into ``out`` (uint8), or, with ``apply=(centroids, fout)``, straight into
+    the floats: ``fout[i] += centroids[s]`` for every nonzero symbol, in the same fp32 add
+    the encoder's reference update makes; zero runs and all-zero chunks cost nothing.
     """
-    if base + int(layout.offsets[-1]) > buf.size:
-        raise CorruptDataError(f"{what}: chunk table points past the end of the data")
-    tables = {m: _table(l.tobytes()) for m, l in layout.lengths.items()}
-    multi, sym_bits = None, 4 if b <= 4 else 8
-    if HUFFMAN in layout.lengths and n >= MULTI_MIN_SYMBOLS:
-        multi = _multi_table(layout.lengths[HUFFMAN].tobytes(), sym_bits)
-    g, S = group_size(b), 1 << b
-    applying = apply is not None
-    cent, fout = apply if applying else (_NO_FLOATS, _NO_FLOATS)
-    sym = _NO_SYMBOLS if applying else out
 
-    def task(c):
-        lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
-        start, end = base + int(layout.offsets[c]), base + int(layout.offsets[c + 1])
-        m = layout.modes[c]
+    def __init__(self, buf: np.ndarray, base: int, layout: StreamLayout, n: int,
+                 chunk_size: int, b: int, out: np.ndarray | None, what: str = "blob", apply=None):
+        if base + int(layout.offsets[-1]) > buf.size:
+            raise CorruptDataError(f"{what}: chunk table points past the end of the data")
+        self.buf, self.base, self.layout, self.n, self.cs, self.b = buf, base, layout, n, chunk_size, b
+        self.what, self.out = what, out
+        self.tables = {m: _table(l.tobytes()) for m, l in layout.lengths.items()}
+        self.multi, self.sym_bits = None, 4 if b <= 4 else 8
+        if HUFFMAN in layout.lengths and n >= MULTI_MIN_SYMBOLS:
+            self.multi = _multi_table(layout.lengths[HUFFMAN].tobytes(), self.sym_bits)
+        self.gmulti = None                 # grouped letters are at most 8 bits
+        if GROUPED in layout.lengths and n >= MULTI_MIN_SYMBOLS:
+            self.gmulti = _multi_table(layout.lengths[GROUPED].tobytes(), 8)
+        self.applying = apply is not None
+        self.cent, self.fout = apply if self.applying else (_NO_FLOATS, _NO_FLOATS)
+        self.sym = _NO_SYMBOLS if self.applying else out
+
+    @property
+    def nchunks(self) -> int:
+        return -(-self.n // self.cs)
+
+    def chunk(self, c: int):
+        buf, b, cent, fout, sym, applying = (self.buf, self.b, self.cent, self.fout, self.sym,
+                                             self.applying)
+        lo, hi = c * self.cs, min(self.n, (c + 1) * self.cs)
+        start = self.base + int(self.layout.offsets[c])
+        end = self.base + int(self.layout.offsets[c + 1])
+        m = self.layout.modes[c]
         if m == CONST:
-            v = layout.consts[c]
+            v = self.layout.consts[c]
             if not applying:
-                out[lo:hi] = v
+                self.out[lo:hi] = v
             elif v:
                 fout[lo:hi] += cent[v]
             used = 0
         elif m == RAW:
             raw = buf[start:end]
             if b < 8 and int(raw.max(initial=0)) >> b:
-                raise CorruptDataError(f"{what}: raw chunk {c} holds symbols wider than {b} bits")
+                raise CorruptDataError(f"{self.what}: raw chunk {c} holds symbols wider than {b} bits")
             if applying:
                 bk.apply_symbols(raw, 0, hi - lo, cent, fout[lo:hi], True)
             else:
-                out[lo:hi] = raw
+                self.out[lo:hi] = raw
             used = 8 * (end - start)
         else:
-            table, tb = tables[m]
-            if m == HUFFMAN and multi is not None:
-                used = hk.decode_symbols_multi(buf, start, end, hi - lo, multi, sym_bits, table,
-                                               tb, sym, lo, cent, fout, applying)
+            table, tb = self.tables[m]
+            if m == HUFFMAN and self.multi is not None:
+                used = hk.decode_symbols_multi(buf, start, end, hi - lo, self.multi, self.sym_bits,
+                                               table, tb, sym, lo, cent, fout, applying)
             elif m == HUFFMAN:
                 used = hk.decode_symbols(buf, start, end, hi - lo, table, tb, sym, lo, cent, fout,
                                          applying)
+            elif m == GROUPED and self.gmulti is not None:
+                used = rk.decode_grouped_multi(buf, start, end, hi - lo, group_size(b), b,
+                                               self.gmulti, table, tb, sym, lo, cent, fout,
+                                               applying)
             elif m == GROUPED:
-                used = rk.decode_grouped(buf, start, end, hi - lo, g, b, table, tb, sym, lo, cent,
-                                         fout, applying)
+                used = rk.decode_grouped(buf, start, end, hi - lo, group_size(b), b, table, tb, sym,
+                                         lo, cent, fout, applying)
             else:
-                used = rk.decode_runs(buf, start, end, hi - lo, S, table, tb, sym, lo, cent, fout,
-                                      applying)
+                used = rk.decode_runs(buf, start, end, hi - lo, 1 << b, table, tb, sym, lo, cent,
+                                      fout, applying)
         if used < 0 or (used + 7) // 8 != end - start:
             raise CorruptDataError(
-                f"{what}: chunk {c} ({MODE_NAMES[m]}) does not decode to its recorded size; "
-                "the data is damaged")
-    run_tasks(task, -(-n // chunk_size))
+                f"{self.what}: chunk {c} ({MODE_NAMES[m]}) does not decode to its recorded "
+                "size; the data is damaged")
+
+
+def decode(buf: np.ndarray, base: int, layout: StreamLayout, n: int, chunk_size: int, b: int,
+           out: np.ndarray | None, what: str = "blob", apply=None):
+    """Decode a stream of ``n`` symbols (``buf[base:]`` is its payload); see StreamDecoder."""
+    d = StreamDecoder(buf, base, layout, n, chunk_size, b, out, what, apply)
+    run_tasks(d.chunk, d.nchunks)

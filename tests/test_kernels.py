@@ -248,15 +248,15 @@ def test_multi_symbol_decode_rejects_invalid_code():
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.sampled_from(["huffman", "multi", "grouped", "runs"]), st.integers(1, 4),
+@given(st.sampled_from(["huffman", "multi", "grouped", "gmulti", "runs"]), st.integers(1, 4),
        st.integers(1, 3000), st.floats(0, 1), st.integers(0, 2**32 - 1))
 def test_fused_apply_equals_symbols_then_apply(mode, b, n, density, seed):
     """Decoding straight into the floats gives what decode-then-apply_symbols gives."""
     sym = _symbols(b, n, density, seed)
     S, g = 1 << b, max(2, 8 // b)
-    alpha = {"grouped": 1 << (b * g), "runs": rk.RUN_CLASSES * S}.get(mode, S)
+    alpha = {"grouped": 1 << (b * g), "gmulti": 1 << (b * g), "runs": rk.RUN_CLASSES * S}.get(mode, S)
     hist = np.zeros(alpha, np.int64)
-    if mode == "grouped":
+    if mode in ("grouped", "gmulti"):
         rk.grouped_histogram(sym, 0, n, g, b, hist)
     elif mode == "runs":
         rk.runs_histogram(sym, 0, n, S, hist)
@@ -265,7 +265,7 @@ def test_fused_apply_equals_symbols_then_apply(mode, b, n, density, seed):
     lengths = hk.code_lengths(hist, hk.MAX_CODE_LEN)
     codes = hk.canonical_codes(lengths)
     out = np.zeros(4 * n + 64, np.uint8)
-    if mode == "grouped":
+    if mode in ("grouped", "gmulti"):
         end = rk.encode_grouped(sym, 0, n, g, b, codes, lengths, out, 0)
     elif mode == "runs":
         end = rk.encode_runs(sym, 0, n, S, codes, lengths, out, 0)
@@ -287,7 +287,28 @@ def test_fused_apply_equals_symbols_then_apply(mode, b, n, density, seed):
         used = hk.decode_symbols(out, 0, end, n, table, tb, dummy, 0, cent, got, True)
     elif mode == "grouped":
         used = rk.decode_grouped(out, 0, end, n, g, b, table, tb, dummy, 0, cent, got, True)
+    elif mode == "gmulti":
+        used = rk.decode_grouped_multi(out, 0, end, n, g, b, hk.multi_decode_table(lengths, 8),
+                                       table, tb, dummy, 0, cent, got, True)
+        back = np.full(n + 8, 99, np.uint8)          # and the symbol-storing form
+        used2 = rk.decode_grouped_multi(out, 0, end, n, g, b, hk.multi_decode_table(lengths, 8),
+                                        table, tb, back, 0, NOF, NOF, False)
+        assert used2 == used and np.array_equal(back[:n], sym) and np.all(back[n:] == 99)
     else:
         used = rk.decode_runs(out, 0, end, n, S, table, tb, dummy, 0, cent, got, True)
     assert used >= 0 and (used + 7) // 8 == end
     assert got.tobytes() == want.tobytes()
+
+
+@settings(max_examples=80, deadline=None)
+@given(sym_st)
+def test_both_histograms_equal_the_separate_ones(args):
+    b, n, density, seed = args
+    sym = _symbols(b, n, density, seed)
+    g, S = max(2, 8 // b), 1 << b
+    g1, r1 = np.zeros(1 << (b * g), np.int64), np.zeros(rk.RUN_CLASSES * S, np.int64)
+    rk.grouped_histogram(sym, 0, n, g, b, g1)
+    e1 = rk.runs_histogram(sym, 0, n, S, r1)
+    g2, r2 = np.zeros_like(g1), np.zeros_like(r1)
+    e2 = rk.both_histograms(sym, 0, n, g, b, g2, S, r2)
+    assert e1 == e2 and np.array_equal(g1, g2) and np.array_equal(r1, r2)

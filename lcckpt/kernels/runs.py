@@ -113,6 +113,65 @@ def decode_grouped(buf, start, end, n, g, b, table, table_bits, out, out_start, 
     return np.int64(consumed)
 
 
+@njit(cache=True, nogil=True)
+def decode_grouped_multi(buf, start, end, n, g, b, multi, table, table_bits, out, out_start,
+                         cent, fout, apply):
+    """:func:`decode_grouped` with a multi-letter table (up to six 8-bit letters a lookup,
+    see :func:`lcckpt.kernels.huffman.multi_decode_table`); the tail goes letter by letter.
+    """
+    acc = _Z
+    nb = _Z
+    mb = np.uint64(12)
+    mmask = (np.uint64(1) << mb) - np.uint64(1)
+    tb = np.uint64(table_bits)
+    tmask = (np.uint64(1) << tb) - np.uint64(1)
+    p = start
+    consumed = _Z
+    mask = (1 << b) - 1
+    nletters = (n + g - 1) // g
+    li = 0
+    while li < nletters:
+        if nb < mb:
+            while nb <= _REFILL:
+                v = _Z
+                if p < end:
+                    v = np.uint64(buf[p])
+                acc = (acc << _U8) | v
+                p += 1
+                nb += _U8
+        cnt = 0
+        e = np.uint64(0)
+        if li + 6 <= nletters:
+            e = multi[(acc >> (nb - mb)) & mmask]
+            cnt = np.int64((e >> np.uint64(4)) & np.uint64(15))
+            used = e & np.uint64(15)
+        if cnt == 0:                      # the tail, or a code longer than the window
+            e1 = table[(acc >> (nb - tb)) & tmask]
+            ln = np.uint64(e1 & np.uint32(15))
+            if ln == _Z:
+                return -1
+            e = np.uint64(e1 >> np.uint32(4)) << np.uint64(8)
+            cnt = 1
+            used = ln
+        for k in range(cnt):
+            letter = np.int64((e >> np.uint64(8 + 8 * k)) & np.uint64(0xFF))
+            i = (li + k) * g
+            if apply:
+                if letter != 0:
+                    for j in range(g):
+                        sy = (letter >> (b * (g - 1 - j))) & mask
+                        if sy != 0 and i + j < n:
+                            fout[out_start + i + j] += cent[sy]
+            else:
+                for j in range(g):
+                    if i + j < n:
+                        out[out_start + i + j] = (letter >> (b * (g - 1 - j))) & mask
+        nb -= used
+        consumed += used
+        li += cnt
+    return np.int64(consumed)
+
+
 # --- zero runs -------------------------------------------------------------------------
 
 @njit(cache=True, nogil=True)
@@ -193,6 +252,8 @@ def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start, cent, 
     p = start
     consumed = _Z
     pos = 0
+    sbits = _bit_length(S) - 1
+    smask = S - 1
     while pos < n:
         if nb < np.uint64(40):            # a code word and up to 24 extra bits
             while nb <= _REFILL:
@@ -209,8 +270,8 @@ def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start, cent, 
         letter = np.int64(e >> np.uint32(4))
         nb -= ln
         consumed += ln
-        c = letter // S
-        s = letter - c * S
+        c = letter >> sbits                  # S is a power of two: no division
+        s = letter & smask
         run = 0
         if c == 1:
             run = 1
@@ -236,3 +297,36 @@ def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start, cent, 
         elif pos != n:
             return -1
     return np.int64(consumed)
+
+
+@njit(cache=True, nogil=True)
+def both_histograms(sym, start, stop, g, b, ghist, S, rhist):
+    """:func:`grouped_histogram` and :func:`runs_histogram` in one pass over the symbols."""
+    extra = 0
+    run = 0
+    letter = 0
+    filled = 0
+    for i in range(start, stop):
+        s = sym[i]
+        letter = (letter << b) | s
+        filled += 1
+        if filled == g:
+            ghist[letter] += 1
+            letter = 0
+            filled = 0
+        if s == 0:
+            run += 1
+        else:
+            c = _bit_length(run)
+            rhist[c * S + s] += 1
+            if c > 1:
+                extra += c - 1
+            run = 0
+    if filled:
+        ghist[letter << (b * (g - filled))] += 1
+    if run > 0:
+        c = _bit_length(run)
+        rhist[c * S] += 1
+        if c > 1:
+            extra += c - 1
+    return extra
