@@ -147,6 +147,27 @@ def test_runs_round_trip_and_exact_size(args):
         assert used == nbits and np.array_equal(back, sym)
 
 
+def test_longest_runs_round_trip():
+    """Runs up to a 2**24-symbol chunk: 24 extra bits right after a long code word."""
+    rng = np.random.default_rng(1)
+    head = rng.integers(1, 4, 200).astype(np.uint8)          # many letters, some long codes
+    sym = np.concatenate([head, np.zeros((1 << 24) - 300, np.uint8), [3], head[:50],
+                          np.zeros(48, np.uint8)])
+    S = 4
+    hist = np.zeros(rk.RUN_CLASSES * S, np.int64)
+    extra = rk.runs_histogram(sym, 0, sym.size, S, hist)
+    hist[hist == 0] = 1                                       # every letter coded: long codes
+    lengths = hk.code_lengths(hist, hk.MAX_CODE_LEN)
+    out = np.zeros(1 << 16, np.uint8)
+    end = rk.encode_runs(sym, 0, sym.size, S, hk.canonical_codes(lengths), lengths, out, 0)
+    tb = int(lengths.max())
+    back = np.full(sym.size, 99, np.uint8)
+    used = rk.decode_runs(out, 0, end, sym.size, S, hk.decode_table(lengths, tb), tb, back, 0,
+                          NOF, NOF, False)
+    assert used >= 0 and (used + 7) // 8 == end and extra > 0
+    assert np.array_equal(back, sym)
+
+
 def test_long_zero_run_uses_extra_bits():
     sym = np.zeros(1 << 20, np.uint8)
     sym[-1] = 3

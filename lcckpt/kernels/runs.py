@@ -197,44 +197,55 @@ def runs_histogram(sym, start, stop, S, hist):
     return extra
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _put(acc, nb, value, length, out, p):
-    acc = (acc << length) | value
-    nb += length
-    if nb >= _W:
-        nb -= _W
-        w = np.uint32(acc >> nb)
-        out[p] = np.uint8(w >> np.uint32(24))
-        out[p + 1] = np.uint8(w >> np.uint32(16))
-        out[p + 2] = np.uint8(w >> np.uint32(8))
-        out[p + 3] = np.uint8(w)
-        p += 4
-    return acc, nb, p
-
-
 @njit(cache=True, nogil=True)
 def encode_runs(sym, start, stop, S, codes, lengths, out, pos):
-    """One code word per nonzero symbol (plus the tail): the helper call costs little here."""
+    """One code word (plus extra bits) per nonzero symbol, and one for the trailing zeros.
+
+    The bit writer is written out inline, as in huffman.encode_symbols.
+    """
     acc = _Z
     nb = _Z
     p = pos
     run = 0
-    for i in range(start, stop):
-        s = sym[i]
-        if s == 0:
-            run += 1
-            continue
+    i = start
+    while i <= stop:
+        if i < stop:
+            s = sym[i]
+            i += 1
+            if s == 0:
+                run += 1
+                continue
+        else:                             # the end: the trailing zeros, if any
+            i += 1
+            if run == 0:
+                break
+            s = 0
         c = _bit_length(run)
         letter = c * S + s
-        acc, nb, p = _put(acc, nb, np.uint64(codes[letter]), np.uint64(lengths[letter]), out, p)
+        ln = np.uint64(lengths[letter])
+        acc = (acc << ln) | np.uint64(codes[letter])
+        nb += ln
+        if nb >= _W:                      # flush after each part: 31 + 24 bits fit, 31 + 36 not
+            nb -= _W
+            w = np.uint32(acc >> nb)
+            out[p] = np.uint8(w >> np.uint32(24))
+            out[p + 1] = np.uint8(w >> np.uint32(16))
+            out[p + 2] = np.uint8(w >> np.uint32(8))
+            out[p + 3] = np.uint8(w)
+            p += 4
         if c > 1:
-            acc, nb, p = _put(acc, nb, np.uint64(run - (1 << (c - 1))), np.uint64(c - 1), out, p)
+            xb = np.uint64(c - 1)
+            acc = (acc << xb) | np.uint64(run - (1 << (c - 1)))
+            nb += xb
+            if nb >= _W:
+                nb -= _W
+                w = np.uint32(acc >> nb)
+                out[p] = np.uint8(w >> np.uint32(24))
+                out[p + 1] = np.uint8(w >> np.uint32(16))
+                out[p + 2] = np.uint8(w >> np.uint32(8))
+                out[p + 3] = np.uint8(w)
+                p += 4
         run = 0
-    if run > 0:
-        c = _bit_length(run)
-        acc, nb, p = _put(acc, nb, np.uint64(codes[c * S]), np.uint64(lengths[c * S]), out, p)
-        if c > 1:
-            acc, nb, p = _put(acc, nb, np.uint64(run - (1 << (c - 1))), np.uint64(c - 1), out, p)
     return flush_bits(acc, nb, out, p)
 
 
