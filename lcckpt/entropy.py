@@ -206,7 +206,7 @@ def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None)
     score = stacked.astype(np.float64)
     if RAW in modes:                 # coding must pay for its slower decode
         score[list(modes).index(RAW)] *= RAW_MARGIN
-    choice = np.argmin(score, axis=0)
+    choice = _choose(score, modes, lengths)
     chunk_modes = np.asarray(modes, np.uint8)[choice]
     nbytes = stacked[choice, np.arange(an.nchunks)].astype(np.int64)
     consts = np.zeros(an.nchunks, np.uint8)
@@ -252,6 +252,38 @@ def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None)
     return Encoded(chunk_modes, consts, nbytes, used, parts, mode_bits)
 
 
+def _choose(score: np.ndarray, modes, lengths: dict) -> np.ndarray:
+    """Per chunk the cheapest mode, counting each coded mode's table once.
+
+    Every subset of the coded modes is tried (at most 2**3): per chunk the cheapest mode
+    in the subset, plus the tables of the modes it uses. On a small tensor a 40-byte
+    table can outweigh everything its mode saves.
+    """
+    cols = np.arange(score.shape[1])
+    coded = [i for i, m in enumerate(modes) if m in CODED_MODES]
+    tables = {i: lengths_size(lengths[modes[i]]) for i in coded}
+    best, best_choice = np.inf, None
+    for subset in range(1 << len(coded)):
+        masked = score.copy()
+        for k, i in enumerate(coded):
+            if not subset >> k & 1:
+                masked[i] = np.inf
+        choice = np.argmin(masked, axis=0)
+        total = masked[choice, cols].sum() + sum(tables.get(i, 0) for i in np.unique(choice))
+        if total < best:
+            best, best_choice = total, choice
+    if best_choice is None:                   # nothing finite: let argmin decide
+        best_choice = np.argmin(score, axis=0)
+    return best_choice
+
+
+def lengths_size(lengths: np.ndarray) -> int:
+    """Bytes :func:`_write_lengths` spends on a code table."""
+    w = Writer()
+    _write_lengths(w, lengths)
+    return len(w.buf)
+
+
 # --- stream description: code tables and chunk table -----------------------------------
 
 def write_tables(w: Writer, enc: Encoded):
@@ -294,8 +326,15 @@ def _write_lengths(w: Writer, lengths: np.ndarray):
     2: count, then (gap, length) per letter used.
     """
     used = np.flatnonzero(lengths)
+    sparse = Writer()
+    sparse.uvar(used.size)
+    prev = -1
+    for s in used:
+        sparse.uvar(int(s) - prev - 1)
+        sparse.u8(int(lengths[s]))
+        prev = int(s)
     sizes = [(lengths.size + 1) // 2, (lengths.size + 7) // 8 + (used.size + 1) // 2,
-             2 * used.size + 2]
+             len(sparse.buf)]
     kind = int(np.argmin(sizes))
     w.u8(kind)
     if kind == 0:
@@ -304,12 +343,7 @@ def _write_lengths(w: Writer, lengths: np.ndarray):
         w.raw(np.packbits(lengths > 0).tobytes())
         w.raw(_nibbles(lengths[used]))
     else:
-        w.uvar(used.size)
-        prev = -1
-        for s in used:
-            w.uvar(int(s) - prev - 1)
-            w.u8(int(lengths[s]))
-            prev = int(s)
+        w.raw(sparse.buf)
 
 
 def _read_lengths(r: Reader, size: int) -> np.ndarray:

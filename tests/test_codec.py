@@ -64,13 +64,17 @@ def test_faithful_size_is_the_exact_huffman_size():
     assert len(blob) - payload < 64                                 # small fixed header
 
 
-def test_auto_never_larger_than_any_single_coder():
+@pytest.mark.parametrize("n", [7, 100, 3000, 300_000])
+def test_auto_never_larger_than_any_single_coder(n):
+    """Whole blobs, tables included: small tensors must not pay for a big table."""
     rng = np.random.default_rng(3)
-    for density in (1.0, 0.5, 0.05, 0.001, 0.0):
-        x = rng.standard_normal(300_000).astype(np.float32)
-        x[rng.random(x.size) >= density] = 0
-        sizes = {c: len(lcckpt.encode(x, bits=2, coder=c)) for c in CODERS}
-        assert sizes["auto"] <= min(sizes[c] for c in ("huffman", "grouped", "runs"))
+    for bits in (1, 2, 4):
+        for density in (1.0, 0.5, 0.05, 0.001, 0.0):
+            x = rng.standard_normal(n).astype(np.float32)
+            x[rng.random(x.size) >= density] = 0
+            sizes = {c: len(lcckpt.encode(x, bits=bits, coder=c, chunk_size=1 << 16))
+                     for c in CODERS}
+            assert sizes["auto"] <= min(sizes[c] for c in ("huffman", "grouped", "runs"))
 
 
 def test_bf16_tensor_in_tensor_out():
