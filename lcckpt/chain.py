@@ -198,7 +198,7 @@ class _Session:
             raise InvalidArgumentError("delta codec called without a tracked tensor")
         enc = self.encoders.get(key)
         if enc is None:
-            enc = self.encoders[key] = self.make()
+            enc = self.encoders[key] = self.make(key)
         blob = enc.encode(t, keyframe=self.keyframe)
         st = enc.last_stats
         self.stats[key] = {
@@ -270,7 +270,9 @@ class _Link:
 class DeltaCheckpointer:
     """Keyframes and LC-Checkpoint deltas of one training run, one file per step.
 
-    ``bits``/``coder``/``error_bound``: the delta quantizer (see :class:`DeltaEncoder`).
+    ``bits``/``coder``/``error_bound``: the delta quantizer (see :class:`DeltaEncoder`);
+    ``bits`` may also be a ``key_path -> bits`` policy, e.g. more bits for Adam's first
+    moment, which 2 bits track poorly (see docs/chain.md).
     ``keyframe_every``: every that many saves after a keyframe is a keyframe again (so a
     chain is one keyframe and at most ``keyframe_every - 1`` deltas); None: only the first
     save. ``keep_last``: after each save, delete files that none of the newest
@@ -282,7 +284,8 @@ class DeltaCheckpointer:
     One writer per directory is assumed; the object is not thread-safe.
     """
 
-    def __init__(self, directory: str | os.PathLike, bits: int = 2, keyframe_every: int | None = 20,
+    def __init__(self, directory: str | os.PathLike, bits: int | Callable[[str], int] = 2,
+                 keyframe_every: int | None = 20,
                  *, coder: str = "auto", error_bound: float | None = None,
                  keep_last: int | None = None, min_delta_elements: int = 4096,
                  track: Callable[[str, torch.Tensor], bool] | None = None,
@@ -293,8 +296,8 @@ class DeltaCheckpointer:
             raise InvalidArgumentError(f"keep_last must be a positive int or None, got {keep_last!r}")
         if type(min_delta_elements) is not int or min_delta_elements < 1:
             raise InvalidArgumentError(f"min_delta_elements must be a positive int, got {min_delta_elements!r}")
-        DeltaEncoder(bits, coder, error_bound=error_bound,      # validates the settings
-                     keyframe_coding=keyframe_coding)
+        DeltaEncoder(2 if callable(bits) else bits, coder,      # validates the settings
+                     error_bound=error_bound, keyframe_coding=keyframe_coding)
         self.keyframe_coding = keyframe_coding
         self.directory = os.fspath(directory)     # created by the first save
         self.bits, self.coder, self.error_bound = bits, coder, error_bound
@@ -381,12 +384,14 @@ class DeltaCheckpointer:
         return path
 
     def _settings(self) -> dict:
-        return {"bits": self.bits, "coder": self.coder, "error_bound": self.error_bound,
+        return {"bits": "per tensor" if callable(self.bits) else self.bits, "coder": self.coder,
+                "error_bound": self.error_bound,
                 "keyframe_every": self.keyframe_every,
                 "min_delta_elements": self.min_delta_elements}
 
-    def _new_encoder(self) -> DeltaEncoder:
-        return DeltaEncoder(self.bits, self.coder, error_bound=self.error_bound,
+    def _new_encoder(self, key: str) -> DeltaEncoder:
+        bits = self.bits(key) if callable(self.bits) else self.bits
+        return DeltaEncoder(bits, self.coder, error_bound=self.error_bound,
                             keyframe_coding=self.keyframe_coding)
 
     @staticmethod
@@ -416,7 +421,7 @@ class DeltaCheckpointer:
             self._force_keyframe = True
             return
         for key, t in tracks.items():
-            enc = self._new_encoder()
+            enc = self._new_encoder(key)
             enc.ref, enc.dtype, enc.shape = t.ref, t.dt, t.shape
             self._encoders[key] = enc
         top = links[-1][1]

@@ -490,3 +490,21 @@ def test_restored_model_accuracy_on_a_real_trajectory(tmp_path, capsys):
             checked += 1
             assert abs(r - t) <= 0.02, (step, t, r, q)
     assert checked >= len(report) // 2
+
+
+def test_bits_policy_per_tensor(tmp_path):
+    """A key-path policy gives Adam's first moment more bits than the weights."""
+    ck = lcckpt.DeltaCheckpointer(tmp_path, bits=lambda key: 4 if "exp_avg" in key else 2,
+                                  min_delta_elements=1)
+    w = torch.randn(5000)
+    m = torch.randn(5000)
+    for step in range(3):
+        w, m = w + 0.01 * torch.randn(5000), 0.9 * m + 0.1 * torch.randn(5000)
+        ck.save(step, {"w": w.clone(), "exp_avg": m.clone()})
+    tensors = ck.info(2)["tensors"]
+    assert tensors['obj["w"]']["bits"] == 2 and tensors['obj["exp_avg"]']["bits"] == 4
+    assert ck.info(2)["settings"]["bits"] == "per tensor"
+    again = lcckpt.DeltaCheckpointer(tmp_path, bits=lambda key: 4 if "exp_avg" in key else 2,
+                                     min_delta_elements=1)
+    again.save(3, {"w": w.clone(), "exp_avg": m.clone()})        # resumed encoders keep it
+    assert again.info(3)["tensors"]['obj["exp_avg"]']["bits"] == 4
