@@ -23,7 +23,7 @@ _LAYOUT = {np.dtype(np.float32): (np.uint32, np.uint32(23), 512),
 
 @dataclass
 class Quantized:
-    sym: np.ndarray            # uint8 [n]
+    sym: np.ndarray            # uint8 [n]; a per-thread buffer, reused by the next call
     sym_hist: np.ndarray       # int64 [nchunks, 2**bits]
     centroids: np.ndarray      # [2**bits], zero-padded past ``kept``
     kept: int                  # buckets kept (K <= 2**bits - 1)
@@ -47,16 +47,17 @@ class Quantized:
 _workspace = threading.local()
 
 
-def _keys_buffer(n: int) -> np.ndarray:
-    """A per-thread ``uint16`` buffer of at least ``n`` keys, kept between calls.
+def _buffer(name: str, n: int, dtype) -> np.ndarray:
+    """A per-thread buffer of at least ``n`` elements, kept between calls.
 
-    The keys never leave :func:`quantize`; reusing their memory saves the page faults of
-    a fresh 2-bytes-per-element allocation on every checkpoint.
+    Reusing the memory of the keys and symbols saves the page faults of fresh 3-bytes-
+    per-element allocations on every checkpoint. The symbols returned in
+    :class:`Quantized` are only valid until the same thread quantizes again.
     """
-    buf = getattr(_workspace, "keys", None)
+    buf = getattr(_workspace, name, None)
     if buf is None or buf.size < n:
-        buf = np.empty(n, np.uint16)
-        _workspace.keys = buf
+        buf = np.empty(n, dtype)
+        setattr(_workspace, name, buf)
     return buf[:n]
 
 
@@ -75,7 +76,7 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     _, shift, nkeys = _LAYOUT[u.dtype]
     n = u.size
     nch = -(-n // chunk_size)
-    keys = _keys_buffer(n)
+    keys = _buffer("keys", n, np.uint16)
     slots = nkeys + 1                                   # the last one counts zeros
     counts = np.zeros((nch, slots), np.int64)
     sums = np.zeros((nch, slots), np.float64)
@@ -114,7 +115,7 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     centroids = np.zeros(1 << bits, u.dtype)
     lut, kept = bk.promotion_table(total, s_tot, lo_t, hi_t, bits, midpoint, centroids)
 
-    sym = np.empty(n, np.uint8)
+    sym = _buffer("sym", n, np.uint8)
 
     def pass2(c):
         lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)

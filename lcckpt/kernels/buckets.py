@@ -61,7 +61,10 @@ def key_histogram(u, ref, use_ref, start, stop, scratch_f, scratch_u, shift, key
             counts[k] += 1
             sums[k] += v
             sumsq[k] += v * v
-            if want_minmax:
+        if want_minmax:                   # a loop of its own keeps the hot one branch-free
+            for j in range(m):
+                k = kb[j]
+                v = np.float64(scratch_f[j])
                 if v < mins[k]:
                     mins[k] = v
                 if v > maxs[k]:
