@@ -432,6 +432,14 @@ def _table(lengths_bytes: bytes):
     return hk.decode_table(lengths, bits), bits
 
 
+_NO_TABLE = np.zeros(0, np.uint64)
+
+
+@lru_cache(maxsize=64)
+def _runs_table(lengths_bytes: bytes, S: int):
+    return rk.runs_decode_table(np.frombuffer(lengths_bytes, np.uint8), S)
+
+
 @lru_cache(maxsize=64)
 def _multi_table(lengths_bytes: bytes, sym_bits: int):
     return hk.multi_decode_table(np.frombuffer(lengths_bytes, np.uint8), sym_bits)
@@ -462,6 +470,9 @@ class StreamDecoder:
         self.gmulti = None                 # grouped letters are at most 8 bits
         if GROUPED in layout.lengths and n >= MULTI_MIN_SYMBOLS:
             self.gmulti = _multi_table(layout.lengths[GROUPED].tobytes(), 8)
+        self.rmulti = _NO_TABLE
+        if RUNS in layout.lengths and n >= MULTI_MIN_SYMBOLS:
+            self.rmulti = _runs_table(layout.lengths[RUNS].tobytes(), 1 << b)
         self.applying = apply is not None
         self.cent, self.fout = apply if self.applying else (_NO_FLOATS, _NO_FLOATS)
         self.sym = _NO_SYMBOLS if self.applying else out
@@ -510,7 +521,7 @@ class StreamDecoder:
                                          lo, cent, fout, applying)
             else:
                 used = rk.decode_runs(buf, start, end, hi - lo, 1 << b, table, tb, sym, lo, cent,
-                                      fout, applying)
+                                      fout, applying, self.rmulti)
         if used < 0 or (used + 7) // 8 != end - start:
             raise CorruptDataError(
                 f"{self.what}: chunk {c} ({MODE_NAMES[m]}) does not decode to its recorded "

@@ -15,6 +15,7 @@ from lcckpt.kernels import runs as rk
 from lcckpt.quantize import quantize
 
 NOF = np.zeros(1, np.float32)                       # no centroids: store symbols
+NOT = np.zeros(0, np.uint64)                        # no multi-item table
 
 from lcckpt.bench.reference import canonical_code_table, huffman_cost, quantize_ref
 
@@ -141,10 +142,11 @@ def test_runs_round_trip_and_exact_size(args):
     assert rk.encode_runs(sym, 0, n, S, hk.canonical_codes(lengths), lengths, out, 0) == out.size
     if n:
         tb = int(lengths.max())
-        back = np.full(n, 99, np.uint8)
-        used = rk.decode_runs(out, 0, out.size, n, S, hk.decode_table(lengths, tb), tb, back, 0,
-                              NOF, NOF, False)
-        assert used == nbits and np.array_equal(back, sym)
+        for multi in (NOT, rk.runs_decode_table(lengths, S)):
+            back = np.full(n, 99, np.uint8)
+            used = rk.decode_runs(out, 0, out.size, n, S, hk.decode_table(lengths, tb), tb, back,
+                                  0, NOF, NOF, False, multi)
+            assert used == nbits and np.array_equal(back, sym)
 
 
 def test_longest_runs_round_trip():
@@ -163,7 +165,7 @@ def test_longest_runs_round_trip():
     tb = int(lengths.max())
     back = np.full(sym.size, 99, np.uint8)
     used = rk.decode_runs(out, 0, end, sym.size, S, hk.decode_table(lengths, tb), tb, back, 0,
-                          NOF, NOF, False)
+                          NOF, NOF, False, rk.runs_decode_table(lengths, S))
     assert used >= 0 and (used + 7) // 8 == end and extra > 0
     assert np.array_equal(back, sym)
 
@@ -316,7 +318,8 @@ def test_fused_apply_equals_symbols_then_apply(mode, b, n, density, seed):
                                         table, tb, back, 0, NOF, NOF, False)
         assert used2 == used and np.array_equal(back[:n], sym) and np.all(back[n:] == 99)
     else:
-        used = rk.decode_runs(out, 0, end, n, S, table, tb, dummy, 0, cent, got, True)
+        used = rk.decode_runs(out, 0, end, n, S, table, tb, dummy, 0, cent, got, True,
+                              rk.runs_decode_table(lengths, S))
     assert used >= 0 and (used + 7) // 8 == end
     assert got.tobytes() == want.tobytes()
 

@@ -14,7 +14,7 @@ Both stay canonical Huffman; only the letters change.
 import numpy as np
 from numba import njit
 
-from .huffman import _MASK8, _REFILL, _U8, _W, _Z, flush_bits
+from .huffman import _MASK8, _REFILL, _U8, _W, _Z, decode_table, flush_bits
 
 RUN_CLASSES = 26                  # runs up to 2**25 - 1: chunks are at most 2**24 long
 
@@ -249,17 +249,65 @@ def encode_runs(sym, start, stop, S, codes, lengths, out, pos):
     return flush_bits(acc, nb, out, p)
 
 
+RUNS_WINDOW = 12
+RUNS_ITEMS = 3
+
+
 @njit(cache=True, nogil=True)
-def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start, cent, fout, apply):
+def runs_decode_table(lengths, S):
+    """Multi-item table for the runs stream: each 12-bit window maps to up to three whole
+    (code word, extra bits) items with runs below 256 and nonzero symbols.
+
+    Entry: ``consumed | count << 4 | (run_k | sym_k << 8) << (7 + 12 k)``; count 0 sends
+    the decoder to its one-letter path (long runs, the closing letter, invalid codes).
+    """
+    single = decode_table(lengths, RUNS_WINDOW)
+    mask = (1 << RUNS_WINDOW) - 1
+    sbits = _bit_length(S) - 1
+    table = np.zeros(1 << RUNS_WINDOW, np.uint64)
+    for w in range(1 << RUNS_WINDOW):
+        pos = 0
+        cnt = 0
+        entry = np.uint64(0)
+        while cnt < RUNS_ITEMS:
+            e = single[(w << pos) & mask]
+            ln = np.int64(e & np.uint32(15))
+            if ln == 0:
+                break
+            letter = np.int64(e >> np.uint32(4))
+            c = letter >> sbits
+            s = letter & (S - 1)
+            xb = c - 1 if c > 1 else 0
+            if s == 0 or c > 8 or pos + ln + xb > RUNS_WINDOW:
+                break
+            run = c                                   # 0 or 1
+            if c > 1:
+                extra = (w >> (RUNS_WINDOW - pos - ln - xb)) & ((1 << xb) - 1)
+                run = (1 << (c - 1)) + extra
+            entry |= np.uint64(run | (s << 8)) << np.uint64(7 + 12 * cnt)
+            pos += ln + xb
+            cnt += 1
+        table[w] = entry | np.uint64(pos) | np.uint64(cnt << 4)
+    return table
+
+
+@njit(cache=True, nogil=True)
+def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start, cent, fout, apply,
+                multi):
     """Decode ``n`` symbols; returns bits consumed or -1 on any inconsistency.
 
     ``apply``: add centroids into ``fout`` instead of storing symbols; zero runs are
     then skipped without touching memory, so the cost follows the nonzero count.
+    ``multi`` (from :func:`runs_decode_table`, or an empty array) decodes up to three
+    short-run items per lookup.
     """
     acc = _Z
     nb = _Z
     tb = np.uint64(table_bits)
     tmask = (np.uint64(1) << tb) - np.uint64(1)
+    mw = np.uint64(RUNS_WINDOW)
+    mmask = (np.uint64(1) << mw) - np.uint64(1)
+    use_multi = multi.size > 0
     p = start
     consumed = _Z
     pos = 0
@@ -274,11 +322,30 @@ def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start, cent, 
                 acc = (acc << _U8) | v
                 p += 1
                 nb += _U8
-        e = table[(acc >> (nb - tb)) & tmask]
-        ln = np.uint64(e & np.uint32(15))
+        if use_multi and n - pos > 3 * 256:  # all three items surely end inside the chunk
+            e = multi[(acc >> (nb - mw)) & mmask]
+            cnt = np.int64((e >> np.uint64(4)) & np.uint64(7))
+            if cnt > 0:
+                for k in range(cnt):
+                    item = np.int64(e >> np.uint64(7 + 12 * k))
+                    run = item & 255
+                    s = (item >> 8) & 15
+                    if apply:
+                        fout[out_start + pos + run] += cent[s]
+                    else:
+                        for q in range(run):
+                            out[out_start + pos + q] = 0
+                        out[out_start + pos + run] = s
+                    pos += run + 1
+                used = e & np.uint64(15)
+                nb -= used
+                consumed += used
+                continue
+        e1 = table[(acc >> (nb - tb)) & tmask]
+        ln = np.uint64(e1 & np.uint32(15))
         if ln == _Z:
             return -1
-        letter = np.int64(e >> np.uint32(4))
+        letter = np.int64(e1 >> np.uint32(4))
         nb -= ln
         consumed += ln
         c = letter >> sbits                  # S is a power of two: no division
