@@ -96,16 +96,16 @@ def _readonly(a: np.ndarray) -> np.ndarray:
 
 def decode_planes(buf: np.ndarray, base: int, layouts, n: int, chunk_size: int,
                   rotate: bool, words: np.ndarray, what: str):
-    """Decode every plane, then interleave them back into ``words``.
+    """Decode every plane and interleave them back into ``words``, chunk by chunk.
 
-    A plane stored raw throughout is read in place from ``buf``; only coded planes are
-    decoded into new arrays.
+    A plane stored raw throughout is read in place from ``buf``; a coded plane is decoded
+    chunk by chunk, each chunk merged right after it is decoded, while it is in cache.
     """
     item = words.dtype.itemsize
     if item == 1:
         entropy.decode(buf, base, layouts[0], n, chunk_size, 8, words.view(np.uint8), what)
         return
-    planes = []
+    planes, decoders = [], []
     for layout in layouts:
         size = int(layout.offsets[-1])
         if base + size > buf.size:
@@ -114,13 +114,15 @@ def decode_planes(buf: np.ndarray, base: int, layouts, n: int, chunk_size: int,
             planes.append(_readonly(buf[base:base + n]))
         else:
             plane = np.empty(n, np.uint8)
-            entropy.decode(buf, base, layout, n, chunk_size, 8, plane, what)
+            decoders.append(entropy.StreamDecoder(buf, base, layout, n, chunk_size, 8, plane, what))
             planes.append(_readonly(plane))
         base += size
     planes = tuple(planes)
     merge = fk.MERGE[item]
 
     def task(c):
+        for d in decoders:
+            d.chunk(c)
         lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
         merge(planes, lo, hi, rotate, words)
     run_tasks(task, -(-n // chunk_size))
