@@ -116,14 +116,19 @@ def _entropy_stats(st: EncodeStats, q: Quantized, enc, n: int):
     st.rel_error = q.rel_error
 
 
-def encode_lossy(u: np.ndarray, ref: np.ndarray | None, dt: dtypes.DType, shape, bits: int,
-                 coder: str, log2: int, midpoint: bool = False, cache=None):
-    """Quantize and code ``u - ref``; returns (blob, Quantized, EncodeStats)."""
+def encode_lossy(q: Quantized, dt: dtypes.DType, shape, bits: int, coder: str, log2: int,
+                 midpoint: bool = False, cache=None, ref: np.ndarray | None = None):
+    """Code a quantized delta; returns (blob, EncodeStats).
+
+    With ``ref`` the reference advances by the delta while it is coded (the add the
+    decoder makes), so the delta encoder needs no further pass over the symbols.
+    """
     cs = 1 << log2
-    q = quantize(u, ref, bits, cs, midpoint)
+    n = q.sym.size
     modes = entropy.modes_for(coder, bits)
     an = entropy.analyze(q.sym, q.sym_hist, cs, bits, modes)
-    enc = entropy.encode(q.sym, an, modes, cache)
+    enc = entropy.encode(q.sym, an, modes, cache,
+                         apply=None if ref is None else (q.centroids, ref))
     w = _header(LOSSY, dt, shape, log2)
     w.u8(bits)
     w.u8(1 if midpoint else 0)
@@ -131,9 +136,9 @@ def encode_lossy(u: np.ndarray, ref: np.ndarray | None, dt: dtypes.DType, shape,
     w.raw(q.centroids[1:q.kept + 1].tobytes())
     entropy.write_tables(w, enc)
     blob = _finish(w, enc.parts)
-    st = EncodeStats(u.size, dt.name, "lossy", bits, coder, len(blob))
-    _entropy_stats(st, q, enc, u.size)
-    return blob, q, st
+    st = EncodeStats(n, dt.name, "lossy", bits, coder, len(blob))
+    _entropy_stats(st, q, enc, n)
+    return blob, st
 
 
 def encode_exact(a: np.ndarray, dt: dtypes.DType, log2: int, raw: bool = False) -> bytes:
@@ -189,31 +194,36 @@ def encode(x, bits: int = 2, coder: str = "auto", *, lossless: bool = False,
         raise UnsupportedDtypeError(
             f"lossy coding needs a floating dtype, got {dt.name}; use lossless=True")
     u = dtypes.to_float_work(a, dt).reshape(-1)
-    blob, st = guarded_encode(u, None, dt, a.shape, bits, coder, log2, midpoint, error_bound,
-                              exact=lambda: encode_exact(a, dt, log2))[:2]
+    blob, st, _ = guarded_encode(u, None, dt, a.shape, bits, coder, log2, midpoint,
+                                 error_bound, exact=lambda: encode_exact(a, dt, log2))
     return (blob, st) if report else blob
 
 
 def guarded_encode(u, ref, dt, shape, bits, coder, log2, midpoint, error_bound, exact,
-                   cache=None):
-    """Lossy encode honouring ``error_bound``; returns (blob, stats, Quantized or None).
+                   cache=None, advance=False):
+    """Lossy encode honouring ``error_bound``; returns (blob, stats, lossy).
 
-    ``exact()`` makes the lossless fallback. The Quantized result is None when the
-    fallback was taken.
+    The quantizer runs at ``bits``, then with more bits while the error exceeds the bound;
+    only the accepted quantization is entropy-coded. ``exact()`` makes the lossless
+    fallback (then ``lossy`` is False). ``advance``: ``ref`` becomes the decoder's
+    reconstruction of ``u`` when a lossy blob is returned (the caller resets it otherwise).
     """
     tried = []
     top = 4 if error_bound is not None else bits
+    cs = 1 << log2
     for b in range(bits, top + 1):
-        blob, q, st = encode_lossy(u, ref, dt, shape, b, coder, log2, midpoint, cache)
+        q = quantize(u, ref, b, cs, midpoint)
         tried.append(b)
         if error_bound is None or q.rel_error <= error_bound:
+            blob, st = encode_lossy(q, dt, shape, b, coder, log2, midpoint, cache,
+                                    ref if advance else None)
             st.tried_bits = tried
-            return blob, st, q
+            return blob, st, True
     blob = exact()
     st = EncodeStats(u.size, dt.name, "lossless", nbytes=len(blob), tried_bits=tried,
                      fallback=f"relative error {q.rel_error:.3g} at {tried[-1]} bits "
                               f"exceeds the bound {error_bound:g}")
-    return blob, st, None
+    return blob, st, False
 
 
 # --- decoding --------------------------------------------------------------------------

@@ -3,8 +3,10 @@
 The encoder keeps the reference ``ref`` = what the decoder will have reconstructed,
 and codes ``u_t - ref`` each step, so whatever one step drops is carried into the next
 delta and error does not accumulate along a chain. The encoder advances its reference
-with the decoder's own kernel (:func:`lcckpt.quantize.reconstruct`), so both sides stay
-bit-identical by construction. fp16/bf16 states are tracked in fp32, fp64 in fp64.
+while it codes the symbols, with the same fp32 add ``ref[i] + centroid[s]`` the decoder
+makes while it decodes them (skipping symbol 0 on both sides); tests hold the two
+references bit-identical over 1,000-step chains. fp16/bf16 states are tracked in fp32,
+fp64 in fp64.
 """
 
 import warnings
@@ -17,7 +19,6 @@ from .codec import (LOSSLESS, EncodeStats, _chunk_log2, _check_bits, decode_exac
 from .entropy import CodeCache, modes_for
 from .errors import (BrokenChainError, InvalidArgumentError, NonFiniteError,
                      UnsupportedDtypeError)
-from .quantize import reconstruct
 
 
 class DeltaEncoder:
@@ -56,18 +57,16 @@ class DeltaEncoder:
         if keyframe or self.ref is None or dt != self.dtype or a.shape != self.shape:
             return self._keyframe(a, dt, u, None)
         try:
-            blob, st, q = guarded_encode(u, self.ref, dt, a.shape, self.bits, self.coder,
-                                         self.log2, self.midpoint, self.error_bound,
-                                         exact=lambda: encode_exact(a, dt, self.log2,
-                                                                    self.raw_keyframes),
-                                         cache=self.cache)
+            blob, st, lossy = guarded_encode(u, self.ref, dt, a.shape, self.bits, self.coder,
+                                             self.log2, self.midpoint, self.error_bound,
+                                             exact=lambda: encode_exact(a, dt, self.log2,
+                                                                        self.raw_keyframes),
+                                             cache=self.cache, advance=True)
         except NonFiniteError as e:
             warnings.warn(f"{e}; writing an exact keyframe instead", RuntimeWarning, stacklevel=2)
             return self._keyframe(a, dt, u, "non-finite delta")
-        if q is None:
+        if not lossy:
             self.ref = u.copy()
-        else:
-            reconstruct(q.sym, q.centroids, self.ref, 1 << self.log2, accumulate=True)
         self.last_stats = st
         return blob
 

@@ -186,8 +186,13 @@ def _chunk_bits(an: Analysis, mode: int, lengths) -> np.ndarray:
     raise ValueError(mode)
 
 
-def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None) -> Encoded:
-    """Choose a mode per chunk (fewest bytes among ``modes``) and code the stream."""
+def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None,
+           apply=None) -> Encoded:
+    """Choose a mode per chunk (fewest bytes among ``modes``) and code the stream.
+
+    ``apply=(centroids, fout)``: while coding, add each nonzero symbol's centroid into
+    ``fout`` (the delta encoder's reference update, exactly as the decoder makes it).
+    """
     b = an.b
     lengths = {}
     for m in modes:
@@ -223,17 +228,27 @@ def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None)
     g, S = group_size(b), 1 << b
     cs = an.chunk_size
 
+    applying = apply is not None
+    cent, fout = apply if applying else (_NO_FLOATS, _NO_FLOATS)
+    if applying and RAW in modes:
+        raise ValueError("raw chunks cannot advance a reference")
+
     def task(c):
         lo, hi = c * cs, min(an.n, (c + 1) * cs)
         m, pos = chunk_modes[c], int(offsets[c])
         if m == HUFFMAN:
-            end = hk.encode_symbols(sym, lo, hi, codes[m], used[m], coded, pos)
+            end = hk.encode_symbols(sym, lo, hi, codes[m], used[m], coded, pos, cent, fout,
+                                    applying)
         elif m == GROUPED:
-            end = rk.encode_grouped(sym, lo, hi, g, b, codes[m], used[m], coded, pos)
+            end = rk.encode_grouped(sym, lo, hi, g, b, codes[m], used[m], coded, pos, cent, fout,
+                                    applying)
         elif m == RUNS:
-            end = rk.encode_runs(sym, lo, hi, S, codes[m], used[m], coded, pos)
+            end = rk.encode_runs(sym, lo, hi, S, codes[m], used[m], coded, pos, cent, fout,
+                                 applying)
         else:
             end = pos
+            if applying and m == CONST and consts[c]:
+                fout[lo:hi] += cent[consts[c]]
         if end != offsets[c + 1]:
             raise AssertionError(f"chunk {c}: wrote {end - pos} bytes, planned {nbytes[c]}")
     if not is_raw.all():

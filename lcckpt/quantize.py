@@ -133,14 +133,3 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     residual = float(np.sum(sumsq.sum(axis=0) - 2 * c * s_tot + total * c * c))
     return Quantized(sym, sym_hist, centroids, int(kept), total, max(residual, 0.0),
                      float(norms.sum()), float(sumsq.sum()))
-
-
-def reconstruct(sym, centroids, out, chunk_size, accumulate):
-    """``out = centroids[sym]`` (or ``out += ...``), chunk-parallel; the decoder's kernel."""
-    n = sym.size
-    nch = -(-n // chunk_size)
-
-    def task(c):
-        lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
-        bk.apply_symbols(sym, lo, hi, centroids, out, accumulate)
-    run_tasks(task, nch)

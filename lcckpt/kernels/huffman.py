@@ -154,18 +154,22 @@ def flush_bits(acc, nb, out, p):
 
 
 @njit(cache=True, nogil=True)
-def encode_symbols(sym, start, stop, codes, lengths, out, pos):
+def encode_symbols(sym, start, stop, codes, lengths, out, pos, cent, fout, apply):
     """Per-element Huffman: code ``sym[start:stop]`` into ``out`` from byte ``pos``.
 
     Returns the end byte position. ``out`` must hold the exact size computed from the
-    symbol counts and code lengths. (The bit writer is written out in the loop rather
-    than called: Numba's inlined helper ran three times slower here.)
+    symbol counts and code lengths. With ``apply`` each nonzero symbol also adds its
+    centroid, ``fout[i] += cent[s]``: the encoder's reference update, the very add the
+    decoder makes, done while the symbol is at hand. (The bit writer is written out in
+    the loop rather than called: Numba's inlined helper ran three times slower here.)
     """
     acc = _Z
     nb = _Z
     p = pos
     for i in range(start, stop):
         s = sym[i]
+        if apply and s != 0:
+            fout[i] += cent[s]
         ln = np.uint64(lengths[s])
         acc = (acc << ln) | np.uint64(codes[s])
         nb += ln

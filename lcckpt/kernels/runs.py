@@ -44,7 +44,8 @@ def grouped_histogram(sym, start, stop, g, b, hist):
 
 
 @njit(cache=True, nogil=True)
-def encode_grouped(sym, start, stop, g, b, codes, lengths, out, pos):
+def encode_grouped(sym, start, stop, g, b, codes, lengths, out, pos, cent, fout, apply):
+    """``apply``: advance the reference as in :func:`lcckpt.kernels.huffman.encode_symbols`."""
     acc = _Z
     nb = _Z
     p = pos
@@ -54,6 +55,8 @@ def encode_grouped(sym, start, stop, g, b, codes, lengths, out, pos):
             s = 0
             if i + j < stop:
                 s = sym[i + j]
+                if apply and s != 0:
+                    fout[i + j] += cent[s]
             letter = (letter << b) | s
         ln = np.uint64(lengths[letter])
         acc = (acc << ln) | np.uint64(codes[letter])
@@ -198,10 +201,11 @@ def runs_histogram(sym, start, stop, S, hist):
 
 
 @njit(cache=True, nogil=True)
-def encode_runs(sym, start, stop, S, codes, lengths, out, pos):
+def encode_runs(sym, start, stop, S, codes, lengths, out, pos, cent, fout, apply):
     """One code word (plus extra bits) per nonzero symbol, and one for the trailing zeros.
 
-    The bit writer is written out inline, as in huffman.encode_symbols.
+    The bit writer is written out inline, as in huffman.encode_symbols; ``apply``
+    advances the reference as there.
     """
     acc = _Z
     nb = _Z
@@ -215,6 +219,8 @@ def encode_runs(sym, start, stop, S, codes, lengths, out, pos):
             if s == 0:
                 run += 1
                 continue
+            if apply:
+                fout[i - 1] += cent[s]
         else:                             # the end: the trailing zeros, if any
             i += 1
             if run == 0:
