@@ -83,30 +83,37 @@ class Analysis:
 
 
 def analyze(sym: np.ndarray, sym_hist: np.ndarray, chunk_size: int, b: int, modes) -> Analysis:
-    """Collect the histograms ``modes`` need; ``sym_hist`` is the per-chunk symbol histogram."""
+    """Collect the histograms ``modes`` need; ``sym_hist`` is the per-chunk symbol histogram.
+
+    Grouped letters cost at least one bit each, so when the runs code is sure to take
+    fewer than ``n / g`` bits (sparse streams) the grouped histogram is not collected
+    and that mode drops out of the choice.
+    """
     n = sym.size
     nchunks = -(-n // chunk_size)
     hist = {HUFFMAN: sym_hist}
     extra = None
     g = group_size(b)
-    need_g, need_r = GROUPED in modes, RUNS in modes
-    if need_g:
-        hist[GROUPED] = np.zeros((nchunks, alphabet(GROUPED, b)), np.int64)
-    if need_r:
+    if RUNS in modes:
         hist[RUNS] = np.zeros((nchunks, alphabet(RUNS, b)), np.int64)
         extra = np.zeros(nchunks, np.int64)
 
-    if need_g or need_r:
-        def task(c):
+        def runs(c):
             lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
-            if need_g and need_r:
-                extra[c] = rk.both_histograms(sym, lo, hi, g, b, hist[GROUPED][c], 1 << b,
-                                              hist[RUNS][c])
-            elif need_g:
-                rk.grouped_histogram(sym, lo, hi, g, b, hist[GROUPED][c])
-            else:
-                extra[c] = rk.runs_histogram(sym, lo, hi, 1 << b, hist[RUNS][c])
-        run_tasks(task, nchunks)
+            extra[c] = rk.runs_histogram(sym, lo, hi, 1 << b, hist[RUNS][c])
+        run_tasks(runs, nchunks)
+    if GROUPED in modes:
+        if RUNS in modes:
+            counts = hist[RUNS].sum(axis=0)
+            runs_most = entropy_bits(counts) + counts.sum() + extra.sum()   # Huffman < H + 1
+            if len(modes) > 1 and runs_most <= n / g:
+                return Analysis(n, chunk_size, b, hist, extra)
+        hist[GROUPED] = np.zeros((nchunks, alphabet(GROUPED, b)), np.int64)
+
+        def grouped(c):
+            lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
+            rk.grouped_histogram(sym, lo, hi, g, b, hist[GROUPED][c])
+        run_tasks(grouped, nchunks)
     return Analysis(n, chunk_size, b, hist, extra)
 
 
@@ -194,6 +201,7 @@ def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None,
     ``fout`` (the delta encoder's reference update, exactly as the decoder makes it).
     """
     b = an.b
+    modes = [m for m in modes if m not in CODED_MODES or m in an.hist]   # analyzed ones
     lengths = {}
     for m in modes:
         if m in CODED_MODES:

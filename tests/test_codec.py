@@ -96,7 +96,7 @@ def test_stats_report_stages():
     _, s = lcckpt.encode(x, bits=2, report=True)
     assert s.kind == "lossy" and s.bits == 2 and s.kept_buckets == 3
     assert s.bucket_entropy >= s.symbol_entropy > 0
-    assert set(s.mode_bits) == {"huffman", "grouped", "runs"}
+    assert {"huffman", "runs"} <= set(s.mode_bits) <= {"huffman", "grouped", "runs"}
     assert s.bits_per_element <= min(s.mode_bits.values()) + 0.01
     assert 0 < s.rel_error < 1
 

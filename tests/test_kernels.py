@@ -334,17 +334,3 @@ def test_fused_apply_equals_symbols_then_apply(mode, b, n, density, seed):
                               rk.runs_decode_table(lengths, S))
     assert used >= 0 and (used + 7) // 8 == end
     assert got.tobytes() == want.tobytes()
-
-
-@settings(max_examples=80, deadline=None)
-@given(sym_st)
-def test_both_histograms_equal_the_separate_ones(args):
-    b, n, density, seed = args
-    sym = _symbols(b, n, density, seed)
-    g, S = max(2, 8 // b), 1 << b
-    g1, r1 = np.zeros(1 << (b * g), np.int64), np.zeros(rk.RUN_CLASSES * S, np.int64)
-    rk.grouped_histogram(sym, 0, n, g, b, g1)
-    e1 = rk.runs_histogram(sym, 0, n, S, r1)
-    g2, r2 = np.zeros_like(g1), np.zeros_like(r1)
-    e2 = rk.both_histograms(sym, 0, n, g, b, g2, S, r2)
-    assert e1 == e2 and np.array_equal(g1, g2) and np.array_equal(r1, r2)

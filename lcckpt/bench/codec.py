@@ -93,7 +93,11 @@ def chain(model, optimizer, steps, every, bits, log):
             tot["zstd"] += len(_zstd(delta.tobytes(), 1))
             tot["ent"] += st.symbol_entropy * u.size
             tot["bucket"] += st.bucket_entropy * u.size
-            tot["grouped"] += st.mode_bits.get("grouped", 0) * u.size
+            if "grouped" not in st.mode_bits:     # pruned as hopeless: measure it anyway
+                _, sg = lcckpt.encode(delta, bits=bits, coder="grouped", report=True)
+                tot["grouped"] += 8 * sg.payload_bytes
+            else:
+                tot["grouped"] += st.mode_bits["grouped"] * u.size
             tot["runs"] += st.mode_bits.get("runs", 0) * u.size
             tot["ideal"] += huffman_cost(np.array(st.symbol_counts))
             tot["res"] += float(np.sum((u.astype(np.float64) - y) ** 2))

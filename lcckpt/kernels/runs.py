@@ -381,36 +381,3 @@ def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start, cent, 
         elif pos != n:
             return -1
     return np.int64(consumed)
-
-
-@njit(cache=True, nogil=True)
-def both_histograms(sym, start, stop, g, b, ghist, S, rhist):
-    """:func:`grouped_histogram` and :func:`runs_histogram` in one pass over the symbols."""
-    extra = 0
-    run = 0
-    letter = 0
-    filled = 0
-    for i in range(start, stop):
-        s = sym[i]
-        letter = (letter << b) | s
-        filled += 1
-        if filled == g:
-            ghist[letter] += 1
-            letter = 0
-            filled = 0
-        if s == 0:
-            run += 1
-        else:
-            c = _bit_length(run)
-            rhist[c * S + s] += 1
-            if c > 1:
-                extra += c - 1
-            run = 0
-    if filled:
-        ghist[letter << (b * (g - filled))] += 1
-    if run > 0:
-        c = _bit_length(run)
-        rhist[c * S] += 1
-        if c > 1:
-            extra += c - 1
-    return extra
