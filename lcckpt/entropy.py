@@ -300,11 +300,22 @@ def _choose(score: np.ndarray, modes, lengths: dict) -> np.ndarray:
     return best_choice
 
 
+def _uvar_size(v: np.ndarray) -> np.ndarray:
+    """Bytes of each value as an unsigned LEB128 varint."""
+    v = np.asarray(v, np.int64)
+    return 1 + (v >= 1 << 7) + (v >= 1 << 14) + (v >= 1 << 21) + (v >= 1 << 28)
+
+
+def _layout_sizes(lengths: np.ndarray, used: np.ndarray) -> list:
+    """Bytes of the three code table layouts (see :func:`_write_lengths`), kind byte aside."""
+    gaps = np.diff(used, prepend=-1) - 1
+    sparse = int(_uvar_size([used.size])[0] + _uvar_size(gaps).sum() + used.size)
+    return [(lengths.size + 1) // 2, (lengths.size + 7) // 8 + (used.size + 1) // 2, sparse]
+
+
 def lengths_size(lengths: np.ndarray) -> int:
     """Bytes :func:`_write_lengths` spends on a code table."""
-    w = Writer()
-    _write_lengths(w, lengths)
-    return len(w.buf)
+    return 1 + min(_layout_sizes(lengths, np.flatnonzero(lengths)))
 
 
 # --- stream description: code tables and chunk table -----------------------------------
@@ -349,16 +360,7 @@ def _write_lengths(w: Writer, lengths: np.ndarray):
     2: count, then (gap, length) per letter used.
     """
     used = np.flatnonzero(lengths)
-    sparse = Writer()
-    sparse.uvar(used.size)
-    prev = -1
-    for s in used:
-        sparse.uvar(int(s) - prev - 1)
-        sparse.u8(int(lengths[s]))
-        prev = int(s)
-    sizes = [(lengths.size + 1) // 2, (lengths.size + 7) // 8 + (used.size + 1) // 2,
-             len(sparse.buf)]
-    kind = int(np.argmin(sizes))
+    kind = int(np.argmin(_layout_sizes(lengths, used)))
     w.u8(kind)
     if kind == 0:
         w.raw(_nibbles(lengths))
@@ -366,7 +368,12 @@ def _write_lengths(w: Writer, lengths: np.ndarray):
         w.raw(np.packbits(lengths > 0).tobytes())
         w.raw(_nibbles(lengths[used]))
     else:
-        w.raw(sparse.buf)
+        w.uvar(used.size)
+        prev = -1
+        for s in used:
+            w.uvar(int(s) - prev - 1)
+            w.u8(int(lengths[s]))
+            prev = int(s)
 
 
 def _read_lengths(r: Reader, size: int) -> np.ndarray:

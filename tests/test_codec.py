@@ -207,3 +207,15 @@ def test_wrong_magic_and_version():
         lcckpt.decode(blob[:3] + bytes([9]) + blob[4:])
     with pytest.raises(lcckpt.CorruptDataError):
         lcckpt.decode(blob + b"\0")
+
+
+def test_code_table_size_is_what_is_written():
+    from lcckpt._wire import Writer
+    rng = np.random.default_rng(5)
+    for size in (4, 16, 104, 256):
+        for used in (1, 2, 3, 10, size):
+            lengths = np.zeros(size, np.uint8)
+            lengths[rng.choice(size, min(used, size), replace=False)] = rng.integers(1, 13, min(used, size))
+            w = Writer()
+            entropy._write_lengths(w, lengths)
+            assert len(w.buf) == entropy.lengths_size(lengths)
