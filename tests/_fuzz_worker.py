@@ -14,19 +14,9 @@ import tempfile
 from lcckpt.container import read_container
 from lcckpt.errors import LcckptError
 from lcckpt.serialization import load
+from streams import NonSeekableStream
 
 
-class _Stream(io.RawIOBase):
-    """A readable, non-seekable stream (the in-memory reading path)."""
-
-    def __init__(self, data):
-        self.b = io.BytesIO(data)
-
-    def readable(self):
-        return True
-
-    def readinto(self, out):
-        return self.b.readinto(out)
 
 
 def _outcome(data: bytes, mode: int, scratch: str) -> str:
@@ -34,7 +24,7 @@ def _outcome(data: bytes, mode: int, scratch: str) -> str:
         if mode == 0:
             load(io.BytesIO(data))
         elif mode == 1:
-            load(_Stream(data))
+            load(NonSeekableStream(data))
         else:
             with open(scratch, "wb") as f:
                 f.write(data)

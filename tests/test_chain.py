@@ -8,9 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import time
-import warnings
 
 import numpy as np
 import pytest

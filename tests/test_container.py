@@ -9,6 +9,7 @@ import sys
 import zlib
 
 import pytest
+from streams import NonSeekableStream
 
 from lcckpt import container as C
 from lcckpt.errors import (
@@ -45,17 +46,8 @@ def test_round_trip_from_every_source(tmp_path):
     raw = path.read_bytes()
     assert n == len(raw)
 
-    class Stream(io.RawIOBase):  # readable, not seekable
-        def __init__(self, data):
-            self.b = io.BytesIO(data)
-
-        def readable(self):
-            return True
-
-        def readinto(self, out):
-            return self.b.readinto(out)
-
-    for source in (path, str(path), raw, bytearray(raw), memoryview(raw), io.BytesIO(raw), Stream(raw)):
+    for source in (path, str(path), raw, bytearray(raw), memoryview(raw), io.BytesIO(raw),
+                   NonSeekableStream(raw)):
         with C.read_container(source) as c:
             assert c.meta == {"m": 1}
             assert [s["name"] for s in c.sections] == ["a", "b", "empty", "c"]

@@ -14,7 +14,7 @@ Both stay canonical Huffman; only the letters change.
 import numpy as np
 from numba import njit
 
-from .huffman import _MASK8, _REFILL, _U8, _W, _Z, decode_table, flush_bits
+from .huffman import _REFILL, _U8, _W, _Z, decode_table, flush_bits
 
 RUN_CLASSES = 26                  # runs up to 2**25 - 1: chunks are at most 2**24 long
 
