@@ -48,7 +48,8 @@ class EncodeStats:
     nonzero_fraction: float = 0.0
     bucket_entropy: float = 0.0        # bits/element of the (sign, exponent) keys, before promotion
     symbol_entropy: float = 0.0        # bits/element of the symbols (order-0): per-element floor
-    mode_bits: dict = field(default_factory=dict)     # mode name -> bits/element were it used alone
+    mode_bits: dict = field(default_factory=dict)     # mode -> bits/element were it used alone
+                                                      # (the modes evaluated; see analyze)
     rel_error: float = 0.0             # ||u - reconstruction|| / ||u||
     symbol_counts: list = field(default_factory=list)  # elements per symbol (0 = zero)
     tried_bits: list = field(default_factory=list)
