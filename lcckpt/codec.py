@@ -127,7 +127,7 @@ def encode_lossy(q: Quantized, dt: dtypes.DType, shape, bits: int, coder: str, l
     cs = 1 << log2
     n = q.sym.size
     modes = entropy.modes_for(coder, bits)
-    an = entropy.analyze(q.sym, q.sym_hist, cs, bits, modes)
+    an = entropy.analyze(q.sym, q.sym_hist, cs, bits, modes, (q.runs_hist, q.runs_extra))
     enc = entropy.encode(q.sym, an, modes, cache,
                          apply=None if ref is None else (q.centroids, ref))
     w = _header(LOSSY, dt, shape, log2)
@@ -213,7 +213,8 @@ def guarded_encode(u, ref, dt, shape, bits, coder, log2, midpoint, error_bound, 
     top = 4 if error_bound is not None else bits
     cs = 1 << log2
     for b in range(bits, top + 1):
-        q = quantize(u, ref, b, cs, midpoint)
+        q = quantize(u, ref, b, cs, midpoint,
+                     runs_stats=entropy.RUNS in entropy.modes_for(coder, b))
         tried.append(b)
         if error_bound is None or q.rel_error <= error_bound:
             blob, st = encode_lossy(q, dt, shape, b, coder, log2, midpoint, cache,

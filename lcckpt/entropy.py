@@ -82,8 +82,10 @@ class Analysis:
         return min(self.chunk_size, self.n - c * self.chunk_size)
 
 
-def analyze(sym: np.ndarray, sym_hist: np.ndarray, chunk_size: int, b: int, modes) -> Analysis:
-    """Collect the histograms ``modes`` need; ``sym_hist`` is the per-chunk symbol histogram.
+def analyze(sym: np.ndarray, sym_hist: np.ndarray, chunk_size: int, b: int, modes,
+            runs=None) -> Analysis:
+    """Collect the histograms ``modes`` need; ``sym_hist`` is the per-chunk symbol histogram,
+    ``runs`` the runs coder's ``(letter counts, extra bits)`` per chunk if already counted.
 
     Grouped letters cost at least one bit each, so when the runs code is sure to take
     fewer than ``n / g`` bits (sparse streams) the grouped histogram is not collected
@@ -94,7 +96,9 @@ def analyze(sym: np.ndarray, sym_hist: np.ndarray, chunk_size: int, b: int, mode
     hist = {HUFFMAN: sym_hist}
     extra = None
     g = group_size(b)
-    if RUNS in modes:
+    if RUNS in modes and runs is not None and runs[0] is not None:
+        hist[RUNS], extra = runs
+    elif RUNS in modes:
         hist[RUNS] = np.zeros((nchunks, alphabet(RUNS, b)), np.int64)
         extra = np.zeros(nchunks, np.int64)
 

@@ -16,6 +16,7 @@ import numpy as np
 from ._pool import run_tasks
 from .errors import NonFiniteError
 from .kernels import buckets as bk
+from .kernels import runs as rk
 
 _LAYOUT = {np.dtype(np.float32): (np.uint32, np.uint32(23), 512),
            np.dtype(np.float64): (np.uint64, np.uint64(52), 4096)}
@@ -31,6 +32,8 @@ class Quantized:
     residual_sq: float         # ||delta - centroids[sym]||^2 (fp64, from bucket sums)
     target_sq: float           # ||u||^2
     delta_sq: float            # ||delta||^2
+    runs_hist: np.ndarray | None = None    # per-chunk runs-coder letter counts, if asked
+    runs_extra: np.ndarray | None = None   # per-chunk raw extra bits of the runs coder
 
     @property
     def rel_error(self) -> float:
@@ -67,10 +70,12 @@ def _scratch(dtype):
 
 
 def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
-             midpoint: bool = False) -> Quantized:
+             midpoint: bool = False, runs_stats: bool = False) -> Quantized:
     """Quantize the delta ``u - ref`` (or ``u`` itself when ``ref`` is None).
 
     ``u`` and ``ref`` are flat, contiguous, of one float dtype (fp32 or fp64).
+    ``runs_stats``: also collect the zero-run coder's letter counts while the symbols are
+    written (what :func:`lcckpt.entropy.analyze` would otherwise read them back for).
     Raises :class:`NonFiniteError` if the delta holds NaN or Inf.
     """
     _, shift, nkeys = _LAYOUT[u.dtype]
@@ -116,10 +121,16 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     lut, kept = bk.promotion_table(total, s_tot, lo_t, hi_t, bits, midpoint, centroids)
 
     sym = _buffer("sym", n, np.uint8)
+    S = 1 << bits
+    rhist = np.zeros((nch, rk.RUN_CLASSES * S), np.int64) if runs_stats else None
+    rextra = np.zeros(nch, np.int64) if runs_stats else None
 
     def pass2(c):
         lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
-        bk.map_symbols(keys, lo, hi, lut, sym)
+        if runs_stats:
+            rextra[c] = rk.map_symbols_runs(keys, lo, hi, lut, sym, S, rhist[c])
+        else:
+            bk.map_symbols(keys, lo, hi, lut, sym)
     run_tasks(pass2, nch)
 
     onehot = np.zeros((nkeys, 1 << bits), np.int64)
@@ -132,4 +143,4 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     c = centroids.astype(np.float64)[lut[:nkeys]]      # 0 for dropped buckets
     residual = float(np.sum(sumsq.sum(axis=0) - 2 * c * s_tot + total * c * c))
     return Quantized(sym, sym_hist, centroids, int(kept), total, max(residual, 0.0),
-                     float(norms.sum()), float(sumsq.sum()))
+                     float(norms.sum()), float(sumsq.sum()), rhist, rextra)

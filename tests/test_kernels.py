@@ -334,3 +334,19 @@ def test_fused_apply_equals_symbols_then_apply(mode, b, n, density, seed):
                               rk.runs_decode_table(lengths, S))
     assert used >= 0 and (used + 7) // 8 == end
     assert got.tobytes() == want.tobytes()
+
+
+@settings(max_examples=60, deadline=None)
+@given(sym_st)
+def test_fused_pass2_runs_statistics(args):
+    b, n, density, seed = args
+    sym = _symbols(b, n, density, seed)
+    S = 1 << b
+    keys = sym.astype(np.uint16) * 7                 # any key -> symbol table will do
+    lut = np.zeros(7 * S + 1, np.uint8)
+    lut[np.arange(S) * 7] = np.arange(S)
+    got = np.empty(n, np.uint8)
+    h1, h2 = np.zeros(rk.RUN_CLASSES * S, np.int64), np.zeros(rk.RUN_CLASSES * S, np.int64)
+    e1 = rk.map_symbols_runs(keys, 0, n, lut, got, S, h1)
+    e2 = rk.runs_histogram(sym, 0, n, S, h2)
+    assert np.array_equal(got, sym) and e1 == e2 and np.array_equal(h1, h2)

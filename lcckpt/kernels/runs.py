@@ -381,3 +381,28 @@ def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start, cent, 
         elif pos != n:
             return -1
     return np.int64(consumed)
+
+
+@njit(cache=True, nogil=True)
+def map_symbols_runs(keys, start, stop, lut, sym, S, hist):
+    """The quantizer's pass 2 (``sym = lut[keys]``) fused with :func:`runs_histogram`:
+    the runs statistics come at the cost of a branch, not of another pass."""
+    extra = 0
+    run = 0
+    for i in range(start, stop):
+        s = lut[keys[i]]
+        sym[i] = s
+        if s == 0:
+            run += 1
+        else:
+            c = _bit_length(run)
+            hist[c * S + s] += 1
+            if c > 1:
+                extra += c - 1
+            run = 0
+    if run > 0:
+        c = _bit_length(run)
+        hist[c * S] += 1
+        if c > 1:
+            extra += c - 1
+    return extra
