@@ -19,19 +19,27 @@ from numba import njit
 SAMPLE = 8
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _sample(planes, start, stop, top, hist):
+    """Count the planes below ``top`` on every SAMPLE-th element (a strided second loop:
+    no modulo test in the hot one)."""
+    first = start + (-start) % SAMPLE
+    for k in range(top):
+        for i in range(first, stop, SAMPLE):
+            hist[k, planes[k, i]] += 1
+
+
 @njit(cache=True, nogil=True)
 def split16(words, start, stop, rotate, planes, hist):
     for i in range(start, stop):
         x = np.uint16(words[i])
         if rotate:
             x = np.uint16((x << np.uint16(1)) | (x >> np.uint16(15)))
-        lo = np.uint8(x & np.uint16(0xFF))
         hi = np.uint8(x >> np.uint16(8))
-        planes[0, i] = lo
+        planes[0, i] = np.uint8(x & np.uint16(0xFF))
         planes[1, i] = hi
         hist[1, hi] += 1
-        if i % SAMPLE == 0:
-            hist[0, lo] += 1
+    _sample(planes, start, stop, 1, hist)
 
 
 @njit(cache=True, nogil=True)
@@ -40,19 +48,13 @@ def split32(words, start, stop, rotate, planes, hist):
         x = np.uint32(words[i])
         if rotate:
             x = (x << np.uint32(1)) | (x >> np.uint32(31))
-        b0 = np.uint8(x & np.uint32(0xFF))
-        b1 = np.uint8((x >> np.uint32(8)) & np.uint32(0xFF))
-        b2 = np.uint8((x >> np.uint32(16)) & np.uint32(0xFF))
         b3 = np.uint8(x >> np.uint32(24))
-        planes[0, i] = b0
-        planes[1, i] = b1
-        planes[2, i] = b2
+        planes[0, i] = np.uint8(x & np.uint32(0xFF))
+        planes[1, i] = np.uint8((x >> np.uint32(8)) & np.uint32(0xFF))
+        planes[2, i] = np.uint8((x >> np.uint32(16)) & np.uint32(0xFF))
         planes[3, i] = b3
         hist[3, b3] += 1
-        if i % SAMPLE == 0:
-            hist[0, b0] += 1
-            hist[1, b1] += 1
-            hist[2, b2] += 1
+    _sample(planes, start, stop, 3, hist)
 
 
 @njit(cache=True, nogil=True)
@@ -64,9 +66,7 @@ def split64(words, start, stop, rotate, planes, hist):
         for k in range(8):
             planes[k, i] = np.uint8((x >> np.uint64(8 * k)) & np.uint64(0xFF))
         hist[7, planes[7, i]] += 1
-        if i % SAMPLE == 0:
-            for k in range(7):
-                hist[k, planes[k, i]] += 1
+    _sample(planes, start, stop, 7, hist)
 
 
 @njit(cache=True, nogil=True)
