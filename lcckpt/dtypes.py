@@ -70,7 +70,13 @@ def of(x) -> DType:
 
 
 def to_numpy(x) -> tuple[np.ndarray, DType]:
-    """A C-contiguous numpy array of ``x`` (carrier view for bf16/fp8) and its DType."""
+    """A C-contiguous numpy array of ``x`` (carrier view for bf16/fp8) and its DType.
+
+    Tensors and arrays keep their dtype; other array-likes (lists, scalars) go through
+    ``np.asarray``.
+    """
+    if not isinstance(x, (torch.Tensor, np.ndarray)):
+        x = np.asarray(x)
     dt = of(x)
     if isinstance(x, torch.Tensor):
         t = x.detach().to("cpu").contiguous()

@@ -378,6 +378,10 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None) -> Any:
     Numpy arrays always load on the host.
     """
     if isinstance(f, (str, os.PathLike)):
+        if os.path.isdir(f):
+            raise InvalidArgumentError(
+                f"{os.fspath(f)!r} is a directory; a chain of checkpoints loads with "
+                "lcckpt.DeltaCheckpointer(directory).load(step)")
         with open(f, "rb") as fh:
             head = fh.read(8)
         if _sniff(head) == "torch":

@@ -244,3 +244,16 @@ def test_damaged_payload_without_checksum_never_crashes():
             except lcckpt.LcckptError:
                 outcomes["raised"] += 1
     assert outcomes["raised"] > 0              # damage is noticed where the code breaks
+
+
+def test_array_likes_and_directories():
+    y = lcckpt.decode(lcckpt.encode([1.0, -2.0, 0.0], bits=2))
+    assert y.dtype == np.float64 and y.shape == (3,)
+    assert lcckpt.decode(lcckpt.encode([[1, 2], [3, 4]], lossless=True)).tolist() == [[1, 2], [3, 4]]
+    with pytest.raises(lcckpt.UnsupportedDtypeError):
+        lcckpt.encode(["a", "b"], lossless=True)
+
+
+def test_load_of_a_directory_says_what_to_do(tmp_path):
+    with pytest.raises(lcckpt.InvalidArgumentError, match="DeltaCheckpointer"):
+        lcckpt.load(tmp_path)
