@@ -17,7 +17,8 @@ Measured (medians of several runs, page cache warm for loads):
   counters, param_groups, header), from the per-section sizes in the container header
   (torch.save stores tensor bytes as they are: its parts are the tensors' sizes).
 
-Usage: python benchmarks/save.py [--quick] [--bits 2] [--error-bound E] [--json out.json]
+Usage: python benchmarks/save.py [--quick] [--bits 2] [--error-bound E]
+       [--keyframe-coding lossless|raw] [--json out.json]
 """
 
 import argparse
@@ -93,7 +94,8 @@ def _fsync_save(obj, path):
         os.fsync(f.fileno())
 
 
-def run(quick: bool, bits: int, deltas: int = 10, error_bound: float | None = None) -> dict:
+def run(quick: bool, bits: int, deltas: int = 10, error_bound: float | None = None,
+        keyframe_coding: str = "lossless") -> dict:
     # Adam's state is empty before the first step, so the chain starts at the snapshot
     # after step 2 (keyframe) and the deltas are the next `deltas` snapshots: every file
     # then holds parameters and both moments
@@ -116,7 +118,7 @@ def run(quick: bool, bits: int, deltas: int = 10, error_bound: float | None = No
         # ---- DeltaCheckpointer: one keyframe, then `deltas` deltas
         chain_dir = os.path.join(root, "chain")
         ck = lcckpt.DeltaCheckpointer(chain_dir, bits=bits, keyframe_every=None,
-                                      error_bound=error_bound)
+                                      error_bound=error_bound, keyframe_coding=keyframe_coding)
         k_step = snaps[0][0]
         ck.save(k_step, snaps[0][1])
         key_parts = lcckpt_parts(ck.path(k_step))
@@ -238,9 +240,12 @@ def main(argv=None):
     ap.add_argument("--bits", type=int, default=2)
     ap.add_argument("--error-bound", type=float, default=None,
                     help="cap on each tensor's relative error (more bits, then exact)")
+    ap.add_argument("--keyframe-coding", choices=("lossless", "raw"), default="lossless",
+                    help="how the DeltaCheckpointer stores its keyframe")
     ap.add_argument("--json", metavar="OUT", help="also write the results as JSON")
     args = ap.parse_args(argv)
-    res = run(args.quick, args.bits, error_bound=args.error_bound)
+    res = run(args.quick, args.bits, error_bound=args.error_bound,
+              keyframe_coding=args.keyframe_coding)
     print(report(res))
     if args.json:
         with open(args.json, "w") as f:

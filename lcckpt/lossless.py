@@ -46,14 +46,7 @@ def encode_planes(words: np.ndarray, rotate: bool, chunk_size: int):
         hist = np.zeros((nch, 1, 256), np.int64)
         sampled = [0]
     else:
-        planes = np.empty((item, n), np.uint8)
-        hist = np.zeros((nch, item, 256), np.int64)
-        split = fk.SPLIT[item]
-
-        def task(c):
-            lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
-            split(words, lo, hi, rotate, planes, hist[c])
-        run_tasks(task, nch)
+        planes, hist = _split(words, rotate, chunk_size)
         sampled = list(range(item - 1)) + ([] if rotate else [item - 1])
     out = []
     for k in range(item):
@@ -76,16 +69,28 @@ def encode_planes(words: np.ndarray, rotate: bool, chunk_size: int):
     return out
 
 
-def raw_planes(words: np.ndarray, rotate: bool, chunk_size: int):
-    """Every plane stored raw (still split, so the blob layout stays the same)."""
+def _split(words: np.ndarray, rotate: bool, chunk_size: int):
+    """Planes and per-chunk histograms (top plane exact, the others sampled), chunk-parallel."""
     n = words.size
     item = words.dtype.itemsize
-    if item == 1:
-        return [entropy.raw_stream(words.view(np.uint8), chunk_size)]
+    nch = -(-n // chunk_size)
     planes = np.empty((item, n), np.uint8)
-    hist = np.zeros((max(1, -(-n // chunk_size)), item, 256), np.int64)
-    fk.SPLIT[item](words, 0, n, rotate, planes, hist[0])
-    return [entropy.raw_stream(planes[k], chunk_size) for k in range(item)]
+    hist = np.zeros((nch, item, 256), np.int64)
+    split = fk.SPLIT[item]
+
+    def task(c):
+        lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
+        split(words, lo, hi, rotate, planes, hist[c])
+    run_tasks(task, nch)
+    return planes, hist
+
+
+def raw_planes(words: np.ndarray, rotate: bool, chunk_size: int):
+    """Every plane stored raw (still split, so the blob layout stays the same)."""
+    if words.dtype.itemsize == 1:
+        return [entropy.raw_stream(words.view(np.uint8), chunk_size)]
+    planes, _ = _split(words, rotate, chunk_size)
+    return [entropy.raw_stream(plane, chunk_size) for plane in planes]
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
