@@ -330,11 +330,9 @@ def _words_n(n, dt):
     return 2 * n if dt.kind == "complex" else n
 
 
-def decode_symbols_into(buf, p: Parsed, out: np.ndarray, accumulate: bool):
-    """Lossy blob: ``out += centroids[sym]`` (flat, work dtype); ``out`` zeroed first unless
-    ``accumulate``. The symbols are applied as they are decoded, never stored."""
-    if not accumulate:
-        out[:] = 0
+def decode_symbols_into(buf, p: Parsed, out: np.ndarray):
+    """Lossy blob: ``out += centroids[sym]`` (flat, work dtype), applied as the symbols are
+    decoded, never stored."""
     entropy.decode(buf, p.payload_base, p.layouts[0], p.n, 1 << p.log2, p.bits, None,
                    "lcckpt blob", apply=(p.centroids, out))
 
@@ -352,7 +350,7 @@ def apply_deltas(parsed: list, ref: np.ndarray):
     log2s = {p.log2 for _, p in parsed}
     if len(log2s) > 1:                           # different chunking: one blob at a time
         for buf, p in parsed:
-            decode_symbols_into(buf, p, ref, accumulate=True)
+            decode_symbols_into(buf, p, ref)
         return
     decoders = [entropy.StreamDecoder(buf, p.payload_base, p.layouts[0], p.n, 1 << p.log2,
                                       p.bits, None, "lcckpt blob", apply=(p.centroids, ref))
@@ -379,7 +377,7 @@ def decode(blob, *, check_payload: bool = True):
     if p.kind == LOSSLESS:
         return dtypes.from_carrier(decode_exact(buf, p), p.dt)
     work = np.zeros(p.n, p.centroids.dtype)          # fresh zero pages: nothing to clear
-    decode_symbols_into(buf, p, work, accumulate=True)
+    decode_symbols_into(buf, p, work)
     return dtypes.from_float_work(work.reshape(p.shape), p.dt)
 
 

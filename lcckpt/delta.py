@@ -108,7 +108,7 @@ class DeltaDecoder:
                 raise BrokenChainError(
                     f"delta for {p.dt.name}{list(p.shape)} does not fit the reference "
                     f"{self.dtype.name}{list(self.shape)}")
-            decode_symbols_into(buf, p, self.ref, accumulate=True)
+            decode_symbols_into(buf, p, self.ref)
         return self.reference()
 
     def reference(self):

@@ -534,7 +534,7 @@ class StreamDecoder:
             if b < 8 and int(raw.max(initial=0)) >> b:
                 raise CorruptDataError(f"{self.what}: raw chunk {c} holds symbols wider than {b} bits")
             if applying:
-                bk.apply_symbols(raw, 0, hi - lo, cent, fout[lo:hi], True)
+                bk.apply_symbols(raw, 0, hi - lo, cent, fout[lo:hi])
             else:
                 self.out[lo:hi] = raw
             used = 8 * (end - start)

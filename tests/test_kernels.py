@@ -211,8 +211,7 @@ def test_quantizer_matches_reference(dtype, bits, n, seed, midpoint, with_ref):
 
 def test_apply_symbols_skips_zero_symbol():
     out = np.array([-0.0, 1.0, 2.0], np.float32)
-    bk.apply_symbols(np.array([0, 1, 0], np.uint8), 0, 3, np.array([0, 0.5], np.float32),
-                     out, True)
+    bk.apply_symbols(np.array([0, 1, 0], np.uint8), 0, 3, np.array([0, 0.5], np.float32), out)
     assert np.signbit(out[0]) and out[1] == 1.5 and out[2] == 2.0
 
 
@@ -301,7 +300,7 @@ def test_fused_apply_equals_symbols_then_apply(mode, b, n, density, seed):
     cent = rng.standard_normal(S).astype(np.float32)
     base = rng.standard_normal(n).astype(np.float32)
     want = base.copy()
-    bk.apply_symbols(sym, 0, n, cent, want, True)
+    bk.apply_symbols(sym, 0, n, cent, want)
     enc_ref = base.copy()                               # the encoder's update, while coding
     out2 = np.zeros_like(out)
     if mode in ("grouped", "gmulti"):

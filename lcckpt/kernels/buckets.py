@@ -122,17 +122,13 @@ def map_symbols(keys, start, stop, lut, sym):
 
 
 @njit(cache=True, nogil=True)
-def apply_symbols(sym, start, stop, centroids, out, accumulate):
-    """Decoder side: ``out[i] = centroids[sym[i]]`` or ``out[i] += centroids[sym[i]]``.
+def apply_symbols(sym, start, stop, centroids, out):
+    """``out[i] += centroids[sym[i]]`` for every nonzero symbol, in fp32.
 
-    The accumulating form skips symbol 0, exactly like :func:`assign_symbols` does when
-    it advances the encoder's reference, so both sides stay bit-identical.
+    The reference form of the reconstruction step: the coding kernels perform the same
+    add inline (encoder and decoder alike), and tests hold them to this one.
     """
-    if accumulate:
-        for i in range(start, stop):
-            s = sym[i]
-            if s != 0:
-                out[i] = out[i] + centroids[s]
-    else:
-        for i in range(start, stop):
-            out[i] = centroids[sym[i]]
+    for i in range(start, stop):
+        s = sym[i]
+        if s != 0:
+            out[i] = out[i] + centroids[s]
