@@ -4,7 +4,10 @@ The state is a real model with its Adam state: the ~20M-parameter MLP trained on
 (``train_trajectory(model="mlp", optimizer="adam", steps=22, snapshot_every=2)``; the
 snapshots after steps 2, 4, ..., 22, ~245 MB each with exp_avg and exp_avg_sq: the first
 is the keyframe, the other 10 the deltas), or the small CNN with ``--quick``.
-Everything is written into one temp directory on the same filesystem.
+Everything is written into one temp directory on the same filesystem. Every timed save
+starts with no dirty pages (``os.sync()`` before it, untimed): on a small machine the
+kernel's writeback of one save otherwise competes for the CPU with the next one, so the
+order of the measurements would decide the numbers.
 
 Measured (medians of several runs, page cache warm for loads):
 
@@ -111,6 +114,7 @@ def run(quick: bool, bits: int, deltas: int = 10, error_bound: float | None = No
         t.numel() * t.element_size() for s in state["optim"]["state"].values() for t in s.values())
     lcckpt.warmup()
     runs = dict(min_runs=3, max_runs=5, min_time=0.0)
+    saves = dict(runs, before=os.sync)
 
     rows, details = [], {}
     root = tempfile.mkdtemp(prefix="lcckpt-bench-")
@@ -124,6 +128,7 @@ def run(quick: bool, bits: int, deltas: int = 10, error_bound: float | None = No
         key_parts = lcckpt_parts(ck.path(k_step))
         delta_times, delta_parts, delta_errors = [], [], []
         for step, snap in snaps[1:]:
+            os.sync()
             t = time.perf_counter()
             ck.save(step, snap)
             delta_times.append(time.perf_counter() - t)
@@ -151,7 +156,7 @@ def run(quick: bool, bits: int, deltas: int = 10, error_bound: float | None = No
             d = os.path.join(root, "kf")
             shutil.rmtree(d, ignore_errors=True)
             lcckpt.DeltaCheckpointer(d, bits=bits, error_bound=error_bound).save(k_step, snaps[0][1])
-        key_save = measure(keyframe_save, **runs)
+        key_save = measure(keyframe_save, **saves)
         shutil.rmtree(os.path.join(root, "kf"), ignore_errors=True)
 
         mean_delta = {p: statistics.mean(d[p] for d in delta_parts) for p in PARTS}
@@ -163,13 +168,13 @@ def run(quick: bool, bits: int, deltas: int = 10, error_bound: float | None = No
 
         # ---- single files of the last state
         paths = {n: os.path.join(root, n) for n in ("raw.lcc", "z.lcc", "t.pt", "tf.pt")}
-        s_raw = measure(lambda: lcckpt.save(state, paths["raw.lcc"]), **runs)
+        s_raw = measure(lambda: lcckpt.save(state, paths["raw.lcc"]), **saves)
         l_raw = measure(lambda: lcckpt.load(paths["raw.lcc"]), **runs)
-        s_z = measure(lambda: lcckpt.save(state, paths["z.lcc"], compress=True), **runs)
+        s_z = measure(lambda: lcckpt.save(state, paths["z.lcc"], compress=True), **saves)
         l_z = measure(lambda: lcckpt.load(paths["z.lcc"]), **runs)
-        s_t = measure(lambda: torch.save(state, paths["t.pt"]), **runs)
+        s_t = measure(lambda: torch.save(state, paths["t.pt"]), **saves)
         l_t = measure(lambda: torch.load(paths["t.pt"], weights_only=True), **runs)
-        s_tf = measure(lambda: _fsync_save(state, paths["tf.pt"]), **runs)
+        s_tf = measure(lambda: _fsync_save(state, paths["tf.pt"]), **saves)
         torch_total = os.path.getsize(paths["t.pt"])
         t_parts = torch_parts(state, torch_total)
         rows.append(_row("lcckpt.save raw", s_raw.median_s, l_raw.median_s,

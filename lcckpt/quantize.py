@@ -1,7 +1,7 @@
 """The LC-Checkpoint quantizer: delta -> bucket symbols and centroids, chunk-parallel.
 
-Pass 1 reads the floats once: each element's bucket key (``uint16``) and per-chunk
-bucket statistics (count, sum, sum of squares). Promotion then picks the kept buckets
+Pass 1 reads the floats once: each element's bucket key (``uint16``), per-chunk
+bucket statistics (count, sum) and the norms of the state and of the delta. Promotion then picks the kept buckets
 from the totals; pass 2 only maps keys to symbols. Symbol histograms and the
 reconstruction error follow from the bucket statistics, with no further pass over the
 floats. Works in the array's own float width: fp32 (9-bit sign+exponent keys) or fp64
@@ -83,12 +83,11 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     nch = -(-n // chunk_size)
     keys = _buffer("keys", n, np.uint16)
     slots = nkeys + 1                                   # the last one counts zeros
-    counts = np.zeros((nch, slots), np.int64)
-    sums = np.zeros((nch, slots), np.float64)
-    sumsq = np.zeros((nch, slots), np.float64)
+    counts = np.zeros((nch, bk.LANES, slots), np.int64)
+    sums = np.zeros((nch, bk.LANES, slots), np.float64)
     mins = np.full((nch, slots), np.inf) if midpoint else np.zeros((1, 1))
     maxs = np.full((nch, slots), -np.inf) if midpoint else np.zeros((1, 1))
-    norms = np.zeros(nch, np.float64)
+    norms = np.zeros((nch, 2), np.float64)              # ||u||^2, ||delta||^2 per chunk
     use_ref = ref is not None
     r = ref if use_ref else u
 
@@ -96,14 +95,11 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
         sf, su = _scratch(u.dtype)
         lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
         mm = c if midpoint else 0
-        bk.key_histogram(u, r, use_ref, lo, hi, sf, su, shift, keys, counts[c], sums[c],
-                         sumsq[c], mins[mm], maxs[mm], midpoint)
-        norms[c] = bk.sum_squares(u, lo, hi)
+        norms[c] = bk.key_histogram(u, r, use_ref, lo, hi, sf, su, shift, keys, counts[c],
+                                    sums[c], mins[mm], maxs[mm], midpoint)
     run_tasks(pass1, nch)
 
-    counts, sums, sumsq = counts[:, :nkeys], sums[:, :nkeys], sumsq[:, :nkeys]
-    if midpoint:
-        mins, maxs = mins[:, :nkeys], maxs[:, :nkeys]
+    counts = counts.sum(axis=1)[:, :nkeys]
     total = counts.sum(axis=0)
     half = nkeys // 2
     bad = int(total[half - 1] + total[nkeys - 1])
@@ -111,7 +107,9 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
         raise NonFiniteError(
             f"the delta holds {bad} NaN/Inf values, which no quantizer bucket can represent; "
             "check the state for divergence, or store this step as an exact keyframe")
-    s_tot = sums.sum(axis=0)
+    if midpoint:
+        mins, maxs = mins[:, :nkeys], maxs[:, :nkeys]
+    s_tot = sums.sum(axis=(0, 1))[:nkeys]
     if midpoint:
         lo_t = np.min(mins, axis=0, initial=np.inf)
         hi_t = np.max(maxs, axis=0, initial=-np.inf)
@@ -140,7 +138,10 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     chunk_len = np.minimum(chunk_size, n - np.arange(nch) * chunk_size)
     sym_hist[:, 0] = chunk_len - sym_hist[:, 1:].sum(axis=1)
 
-    c = centroids.astype(np.float64)[lut[:nkeys]]      # 0 for dropped buckets
-    residual = float(np.sum(sumsq.sum(axis=0) - 2 * c * s_tot + total * c * c))
+    # sum over buckets of ||delta - c||^2 = sumsq - 2 c sum + count c^2, where the sums of
+    # squares of all buckets add up to ||delta||^2 and c = 0 for dropped buckets
+    c = centroids.astype(np.float64)[lut[:nkeys]]
+    delta_sq = float(norms[:, 1].sum())
+    residual = delta_sq - float(np.sum(2 * c * s_tot - total * c * c))
     return Quantized(sym, sym_hist, centroids, int(kept), total, max(residual, 0.0),
-                     float(norms.sum()), float(sumsq.sum()), rhist, rextra)
+                     float(norms[:, 0].sum()), delta_sq, rhist, rextra)

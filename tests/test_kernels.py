@@ -336,16 +336,20 @@ def test_fused_apply_equals_symbols_then_apply(mode, b, n, density, seed):
 
 
 @settings(max_examples=60, deadline=None)
-@given(sym_st)
-def test_fused_pass2_runs_statistics(args):
+@given(st.tuples(st.integers(1, 4), st.integers(0, 20000), st.sampled_from([0, 1e-3, 0.05, 0.3, 1]),
+                 st.integers(0, 2**32 - 1)), st.integers(0, 20000), st.integers(0, 20000))
+def test_fused_pass2_runs_statistics(args, a, z):
+    """Against runs_histogram on a sub-range: block edges (4,096) and runs past 512."""
     b, n, density, seed = args
+    lo, hi = sorted((min(a, n), min(z, n)))
     sym = _symbols(b, n, density, seed)
     S = 1 << b
     keys = sym.astype(np.uint16) * 7                 # any key -> symbol table will do
     lut = np.zeros(7 * S + 1, np.uint8)
     lut[np.arange(S) * 7] = np.arange(S)
-    got = np.empty(n, np.uint8)
+    got = np.full(n, 99, np.uint8)
     h1, h2 = np.zeros(rk.RUN_CLASSES * S, np.int64), np.zeros(rk.RUN_CLASSES * S, np.int64)
-    e1 = rk.map_symbols_runs(keys, 0, n, lut, got, S, h1)
-    e2 = rk.runs_histogram(sym, 0, n, S, h2)
-    assert np.array_equal(got, sym) and e1 == e2 and np.array_equal(h1, h2)
+    e1 = rk.map_symbols_runs(keys, lo, hi, lut, got, S, h1)
+    e2 = rk.runs_histogram(sym, lo, hi, S, h2)
+    assert np.array_equal(got[lo:hi], sym[lo:hi]) and np.all(got[:lo] == 99) and np.all(got[hi:] == 99)
+    assert e1 == e2 and np.array_equal(h1, h2)

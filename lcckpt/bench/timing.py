@@ -40,11 +40,14 @@ def measure(
     min_time: float = 0.3,
     max_runs: int = 50,
     warmup: int = 0,
+    before: Callable[[], Any] | None = None,
 ) -> Timing:
     """Call ``fn()`` until ``min_runs`` calls and ``min_time`` seconds are reached.
 
     ``max_runs`` caps the count even if ``min_time`` is not reached. ``warmup``
     untimed calls come first, e.g. to keep JIT compilation out of the numbers.
+    ``before()``, if given, runs untimed before every timed call (e.g. ``os.sync``, so
+    that a write does not pay for the writeback of the previous one).
     """
     if min_runs < 1 or max_runs < min_runs or min_time < 0 or warmup < 0:
         raise InvalidArgumentError(
@@ -57,6 +60,8 @@ def measure(
     cpus: list[float] = []
     total = 0.0
     while len(walls) < max_runs and (len(walls) < min_runs or total < min_time):
+        if before is not None:
+            before()
         c0, t0 = time.process_time(), time.perf_counter()
         fn()
         t1, c1 = time.perf_counter(), time.process_time()

@@ -17,6 +17,8 @@ from numba import njit
 from .huffman import _REFILL, _U8, _W, _Z, decode_table, flush_bits
 
 RUN_CLASSES = 26                  # runs up to 2**25 - 1: chunks are at most 2**24 long
+_BIT_LENGTH = np.array([int(r).bit_length() for r in range(512)], np.int64)
+_SCAN = 4096                      # block of the branch-free scans for nonzero symbols
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -204,46 +206,45 @@ def runs_histogram(sym, start, stop, S, hist):
 def encode_runs(sym, start, stop, S, codes, lengths, out, pos, cent, fout, apply):
     """One code word (plus extra bits) per nonzero symbol, and one for the trailing zeros.
 
-    The bit writer is written out inline, as in huffman.encode_symbols; ``apply``
-    advances the reference as there.
+    The nonzero positions are listed per block branch-free, as in
+    :func:`map_symbols_runs`; the bit writer is written out inline, as in
+    huffman.encode_symbols; ``apply`` advances the reference as there.
     """
     acc = _Z
     nb = _Z
     p = pos
-    run = 0
+    last = start - 1                  # the previous nonzero's position
+    nzpos = np.empty(_SCAN, np.int64)
     i = start
     while i <= stop:
         if i < stop:
-            s = sym[i]
+            m = min(_SCAN, stop - i)
+            k = 0
+            for j in range(i, i + m):
+                nzpos[k] = j
+                k += sym[j] != 0
+            i += m
+        else:                         # the end: the trailing zeros, if any
             i += 1
-            if s == 0:
-                run += 1
-                continue
-            if apply:
-                fout[i - 1] += cent[s]
-        else:                             # the end: the trailing zeros, if any
-            i += 1
-            if run == 0:
+            if stop - last - 1 == 0:
                 break
+            nzpos[0] = stop
+            k = 1
+        for t in range(k):
+            q = nzpos[t]
+            run = q - last - 1
+            last = q
             s = 0
-        c = _bit_length(run)
-        letter = c * S + s
-        ln = np.uint64(lengths[letter])
-        acc = (acc << ln) | np.uint64(codes[letter])
-        nb += ln
-        if nb >= _W:                      # flush after each part: 31 + 24 bits fit, 31 + 36 not
-            nb -= _W
-            w = np.uint32(acc >> nb)
-            out[p] = np.uint8(w >> np.uint32(24))
-            out[p + 1] = np.uint8(w >> np.uint32(16))
-            out[p + 2] = np.uint8(w >> np.uint32(8))
-            out[p + 3] = np.uint8(w)
-            p += 4
-        if c > 1:
-            xb = np.uint64(c - 1)
-            acc = (acc << xb) | np.uint64(run - (1 << (c - 1)))
-            nb += xb
-            if nb >= _W:
+            if q < stop:
+                s = sym[q]
+                if apply:
+                    fout[q] += cent[s]
+            c = _BIT_LENGTH[run] if run < 512 else _bit_length(run)
+            letter = c * S + s
+            ln = np.uint64(lengths[letter])
+            acc = (acc << ln) | np.uint64(codes[letter])
+            nb += ln
+            if nb >= _W:                  # flush after each part: 31 + 24 bits fit, 31 + 36 not
                 nb -= _W
                 w = np.uint32(acc >> nb)
                 out[p] = np.uint8(w >> np.uint32(24))
@@ -251,7 +252,18 @@ def encode_runs(sym, start, stop, S, codes, lengths, out, pos, cent, fout, apply
                 out[p + 2] = np.uint8(w >> np.uint32(8))
                 out[p + 3] = np.uint8(w)
                 p += 4
-        run = 0
+            if c > 1:
+                xb = np.uint64(c - 1)
+                acc = (acc << xb) | np.uint64(run - (1 << (c - 1)))
+                nb += xb
+                if nb >= _W:
+                    nb -= _W
+                    w = np.uint32(acc >> nb)
+                    out[p] = np.uint8(w >> np.uint32(24))
+                    out[p + 1] = np.uint8(w >> np.uint32(16))
+                    out[p + 2] = np.uint8(w >> np.uint32(8))
+                    out[p + 3] = np.uint8(w)
+                    p += 4
     return flush_bits(acc, nb, out, p)
 
 
@@ -385,21 +397,35 @@ def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start, cent, 
 
 @njit(cache=True, nogil=True)
 def map_symbols_runs(keys, start, stop, lut, sym, S, hist):
-    """The quantizer's pass 2 (``sym = lut[keys]``) fused with :func:`runs_histogram`:
-    the runs statistics come at the cost of a branch, not of another pass."""
+    """The quantizer's pass 2 (``sym = lut[keys]``) fused with :func:`runs_histogram`.
+
+    Per block: map the keys, list the nonzero positions branch-free (store every
+    position, advance only past nonzeros), then count one letter per listed position
+    from the gap to the previous one. About 1.4x faster than the branch per element of
+    :func:`runs_histogram` on dense symbols, where that branch is unpredictable.
+    """
     extra = 0
-    run = 0
-    for i in range(start, stop):
-        s = lut[keys[i]]
-        sym[i] = s
-        if s == 0:
-            run += 1
-        else:
-            c = _bit_length(run)
-            hist[c * S + s] += 1
+    last = start - 1                  # the previous nonzero's position
+    pos = np.empty(_SCAN, np.int64)
+    i = start
+    while i < stop:
+        m = min(_SCAN, stop - i)
+        for j in range(i, i + m):
+            sym[j] = lut[keys[j]]
+        k = 0
+        for j in range(i, i + m):
+            pos[k] = j
+            k += sym[j] != 0
+        for t in range(k):
+            p = pos[t]
+            run = p - last - 1
+            last = p
+            c = _BIT_LENGTH[run] if run < 512 else _bit_length(run)
+            hist[c * S + sym[p]] += 1
             if c > 1:
                 extra += c - 1
-            run = 0
+        i += m
+    run = stop - last - 1
     if run > 0:
         c = _bit_length(run)
         hist[c * S] += 1
