@@ -8,10 +8,11 @@ copy of the parent's threads does not exist.
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 _lock = threading.Lock()
 _pool = None
+_local = threading.local()       # .worker is True on the pool's own threads
 
 
 def threads() -> int:
@@ -29,8 +30,26 @@ def _get_pool():
     global _pool
     with _lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=threads(), thread_name_prefix="lcckpt")
+            _pool = ThreadPoolExecutor(max_workers=threads(), thread_name_prefix="lcckpt",
+                                       initializer=_mark_worker)
         return _pool
+
+
+def _mark_worker():
+    _local.worker = True
+
+
+def submit(fn, *args) -> Future:
+    """Start ``fn(*args)`` on the pool and return its future; on a pool thread (where
+    waiting for a queued task could deadlock the pool) it runs inline instead."""
+    if getattr(_local, "worker", False):
+        fut = Future()
+        try:
+            fut.set_result(fn(*args))
+        except BaseException as e:
+            fut.set_exception(e)
+        return fut
+    return _get_pool().submit(fn, *args)
 
 
 def _forget_pool():

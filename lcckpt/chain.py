@@ -79,20 +79,27 @@ class _Track:
     Deltas are validated as they arrive but applied lazily, all pending ones together
     (:func:`lcckpt.codec.apply_deltas`, chunk by chunk across the deltas), the first time
     the reference is needed: replaying a chain then streams the model through memory
-    once instead of once per delta.
+    once instead of once per delta. A keyframe stored in the working precision waits
+    too, and is decoded chunk by chunk in that same pass.
     """
 
-    __slots__ = ("_ref", "pending", "dt", "shape")
+    __slots__ = ("_ref", "_key", "pending", "dt", "shape")
 
     def __init__(self):
         self._ref: np.ndarray | None = None
+        self._key = None                  # (buf, parsed) of a keyframe not yet decoded
         self.pending: list = []
         self.dt: dtypes.DType | None = None
         self.shape: tuple | None = None
 
     @property
     def ref(self) -> np.ndarray | None:
-        if self.pending:
+        if self._key is not None:
+            buf, p = self._key
+            ref = np.empty(p.n, p.dt.numpy)
+            apply_deltas(self.pending, ref, base=self._key)
+            self._ref, self._key, self.pending = ref, None, []
+        elif self.pending:
             apply_deltas(self.pending, self._ref)
             self.pending = []
         return self._ref
@@ -112,15 +119,19 @@ class _Track:
                 raise CorruptDataError(f"{key}: blob dtype {p.dt.name} for a {name} section")
             if p.dt.kind != "float" or p.dt.name.startswith("F8"):
                 raise CorruptDataError(f"{key}: {p.dt.name} is not a tracked dtype")
-            ref = dtypes.to_float_work(decode_exact(buf, p), p.dt).reshape(-1)
-            if not ref.flags.writeable or not ref.flags.c_contiguous:
-                ref = ref.copy()
-            self._ref, self.pending = ref, []
+            if p.dt.name in _WORK_DTYPES:         # fp16/bf16: widened to fp32 right away
+                ref = dtypes.to_float_work(decode_exact(buf, p), p.dt).reshape(-1)
+                if not ref.flags.writeable or not ref.flags.c_contiguous:
+                    ref = ref.copy()
+                self._ref, self._key = ref, None
+            else:
+                self._ref, self._key = None, (buf, p)
+            self.pending = []
             self.dt, self.shape = dtypes.BY_NAME[name], shape
             return
         if p.dt.name != name:
             raise CorruptDataError(f"{key}: blob dtype {p.dt.name} for a {name} section")
-        if self._ref is None:
+        if self._ref is None and self._key is None:
             raise BrokenChainError(f"{key}: a delta without a reference (its keyframe is missing)")
         if p.dt != self.dt or p.shape != self.shape:
             raise BrokenChainError(

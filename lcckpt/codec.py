@@ -337,37 +337,57 @@ def decode_symbols_into(buf, p: Parsed, out: np.ndarray):
                    "lcckpt blob", apply=(p.centroids, out))
 
 
-def apply_deltas(parsed: list, ref: np.ndarray):
+def apply_deltas(parsed: list, ref: np.ndarray, base=None):
     """Add several lossy blobs to ``ref`` in order, chunk by chunk across the blobs.
 
     The result is bit-identical to decoding them one after another (each element sees the
     same adds in the same order), but every chunk of ``ref`` is loaded into cache once
     for all blobs instead of once per blob: replaying N deltas over a model larger than
     the cache costs one pass over memory, not N.
+
+    ``base``: a lossless blob ``(buf, parsed)`` holding exactly ``ref``'s dtype and size
+    (a keyframe), decoded into ``ref`` chunk by chunk before the deltas, in the same pass.
     """
-    if not parsed:
-        return
     log2s = {p.log2 for _, p in parsed}
+    if base is not None:
+        if base[1].dt.numpy != ref.dtype or base[1].n != ref.size:
+            raise ValueError("the base blob does not hold the reference's dtype and size")
+        log2s.add(base[1].log2)
     if len(log2s) > 1:                           # different chunking: one blob at a time
+        if base is not None:
+            _run_exact(base[0], base[1], ref)
         for buf, p in parsed:
             decode_symbols_into(buf, p, ref)
         return
-    decoders = [entropy.StreamDecoder(buf, p.payload_base, p.layouts[0], p.n, 1 << p.log2,
-                                      p.bits, None, "lcckpt blob", apply=(p.centroids, ref))
-                for buf, p in parsed]
+    if not log2s:
+        return
+    steps = [] if base is None else [_exact_decoder(base[0], base[1], ref)]
+    steps += [entropy.StreamDecoder(buf, p.payload_base, p.layouts[0], p.n, 1 << p.log2,
+                                    p.bits, None, "lcckpt blob", apply=(p.centroids, ref)).chunk
+              for buf, p in parsed]
 
     def task(c):
-        for d in decoders:
-            d.chunk(c)
-    run_tasks(task, decoders[0].nchunks)
+        for step in steps:
+            step(c)
+    run_tasks(task, -(-ref.size // (1 << log2s.pop())))
+
+
+def _exact_decoder(buf, p: Parsed, a: np.ndarray):
+    """Per-chunk task decoding a lossless blob into the carrier array ``a``."""
+    words, rotate = lossless.words_of(a, p.dt.kind)
+    return lossless.plane_decoder(buf, p.payload_base, p.layouts, words.size, 1 << p.log2,
+                                  rotate, words, "lcckpt blob")
+
+
+def _run_exact(buf, p: Parsed, a: np.ndarray):
+    n = _words_n(p.n, p.dt)
+    run_tasks(_exact_decoder(buf, p, a), -(-n // (1 << p.log2)))
 
 
 def decode_exact(buf, p: Parsed) -> np.ndarray:
     """Lossless blob -> carrier array of the blob's shape."""
     a = np.empty(p.shape, p.dt.numpy)
-    words, rotate = lossless.words_of(a, p.dt.kind)
-    lossless.decode_planes(buf, p.payload_base, p.layouts, words.size, 1 << p.log2, rotate,
-                           words, "lcckpt blob")
+    _run_exact(buf, p, a)
     return a
 
 

@@ -33,6 +33,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from . import _crc
 from .errors import (
     ChecksumError,
     CorruptDataError,
@@ -120,7 +121,7 @@ def _build_header(sections, meta) -> tuple[bytes, list[memoryview]]:
                 "name": name,
                 "offset": offset,
                 "length": view.nbytes,
-                "crc32": zlib.crc32(view),
+                "crc32": _crc.crc32(view),
                 "meta": section_meta,
             }
         )
@@ -399,13 +400,26 @@ class Container:
             raise InvalidArgumentError(
                 f"buffer of {view.nbytes} bytes for section {s['name']!r} of {s['length']} bytes"
             )
-        got = self._source.readinto(self.data_start + s["offset"], view)
+        start = self.data_start + s["offset"]
+        if view.nbytes < 2 * _crc.PIECE or isinstance(self._source, _BufferSource):
+            got = self._source.readinto(start, view)
+            crc = None
+        else:                         # checksum each piece on the pool while reading the next
+            acc, got = _crc.PieceCrc(), 0
+            while got < view.nbytes:
+                piece = view[got:got + _crc.PIECE]
+                n = self._source.readinto(start + got, piece)
+                got += n
+                if n != piece.nbytes:
+                    break
+                acc.add(piece)
+            crc = acc.value()
         if got != s["length"]:
             raise TruncatedError(
                 f"section {s['name']!r} ends after {got} of its {s['length']} bytes: the file "
                 "was truncated or changed while being read"
             )
-        self._check(i, view)
+        self._compare_crc(i, _crc.crc32(view) if crc is None else crc)
         self._check_gap(i)
 
     def verify(self) -> None:
@@ -414,20 +428,20 @@ class Container:
             if isinstance(self._source, _BufferSource):
                 self.data(i)
                 continue
-            chunk = bytearray(min(s["length"], 16 << 20))
+            buf = np.empty(min(s["length"], 16 << 20), np.uint8)
             crc, pos, end = 0, 0, s["length"]
             while pos < end:
-                view = memoryview(chunk)[: min(len(chunk), end - pos)]
+                view = memoryview(buf)[: min(buf.size, end - pos)]
                 got = self._source.readinto(self.data_start + s["offset"] + pos, view)
                 if got != view.nbytes:
                     raise TruncatedError(f"section {s['name']!r} is truncated")
-                crc = zlib.crc32(view, crc)
+                crc = _crc.crc32_combine(crc, _crc.crc32(view), got)
                 pos += got
             self._compare_crc(i, crc)
             self._check_gap(i)
 
     def _check(self, i: int, view: memoryview) -> None:
-        self._compare_crc(i, zlib.crc32(view))
+        self._compare_crc(i, _crc.crc32(view))
 
     def _compare_crc(self, i: int, crc: int) -> None:
         s = self.sections[i]

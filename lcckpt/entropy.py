@@ -23,10 +23,11 @@ import numpy as np
 
 from ._pool import run_tasks
 from ._wire import Reader, Writer
-from .errors import CorruptDataError, InvalidArgumentError
+from .errors import CorruptDataError, InvalidArgumentError, TruncatedError
 from .kernels import buckets as bk
 from .kernels import huffman as hk
 from .kernels import runs as rk
+from .kernels import tables as tk
 
 HUFFMAN, GROUPED, RUNS, RAW, CONST = range(5)
 MODE_NAMES = ("huffman", "grouped", "runs", "raw", "const")
@@ -433,25 +434,21 @@ def read_tables(r: Reader, n: int, chunk_size: int, b: int, allowed) -> StreamLa
             lengths[m] = _read_lengths(r, alphabet(m, b))
     if mask & ~sum(1 << m for m in CODED_MODES):
         raise CorruptDataError(f"{r.what}: unknown code table flags {mask:#x}")
+    if 2 * nchunks > r.end - r.pos:             # every entry takes at least two bytes
+        raise TruncatedError(f"{r.what} is truncated: no room for a table of {nchunks} chunks")
     modes = np.empty(nchunks, np.uint8)
     consts = np.zeros(nchunks, np.uint8)
     nbytes = np.zeros(nchunks, np.int64)
-    for c in range(nchunks):
-        m = r.u8()
-        if m not in allowed:
-            raise CorruptDataError(f"{r.what}: chunk {c} has mode {m}, not allowed here")
-        modes[c] = m
-        if m == CONST:
-            v = r.u8()
-            if v >> b:
-                raise CorruptDataError(f"{r.what}: chunk {c} constant {v} exceeds {b} bits")
-            consts[c] = v
-        else:
-            if m in CODED_MODES and m not in lengths:
-                raise CorruptDataError(f"{r.what}: chunk {c} uses a mode with no code table")
-            nbytes[c] = r.uvar(name="chunk size")
-            if m == RAW and nbytes[c] != min(chunk_size, n - c * chunk_size):
-                raise CorruptDataError(f"{r.what}: raw chunk {c} has the wrong size")
+    state = np.zeros(8, np.uint8)
+    for m in allowed:
+        state[m] = tk.MODE_NO_TABLE if m in CODED_MODES and m not in lengths else tk.MODE_OK
+    buf = np.frombuffer(r.buf, np.uint8)
+    r.pos, err, c = tk.read_chunk_table(buf, r.pos, r.end, nchunks, n, chunk_size, b, state,
+                                        CONST, RAW, r.end, modes, consts, nbytes)
+    if err == tk.TRUNCATED:
+        raise TruncatedError(f"{r.what} is truncated: {tk.ERRORS[err]} (chunk {c} of {nchunks})")
+    if err != tk.OK:
+        raise CorruptDataError(f"{r.what}: chunk {c} {tk.ERRORS[err]}")
     offsets = np.concatenate(([0], np.cumsum(nbytes)))
     return StreamLayout(modes, consts, offsets, lengths)
 

@@ -99,17 +99,19 @@ def _readonly(a: np.ndarray) -> np.ndarray:
     return v
 
 
-def decode_planes(buf: np.ndarray, base: int, layouts, n: int, chunk_size: int,
+def plane_decoder(buf: np.ndarray, base: int, layouts, n: int, chunk_size: int,
                   rotate: bool, words: np.ndarray, what: str):
-    """Decode every plane and interleave them back into ``words``, chunk by chunk.
+    """``task(c)`` that decodes chunk ``c`` of every plane and interleaves it into ``words``.
 
     A plane stored raw throughout is read in place from ``buf``; a coded plane is decoded
     chunk by chunk, each chunk merged right after it is decoded, while it is in cache.
+    The caller runs it for every chunk, alone or as the first step of a larger per-chunk
+    task (a keyframe followed by its deltas).
     """
     item = words.dtype.itemsize
     if item == 1:
-        entropy.decode(buf, base, layouts[0], n, chunk_size, 8, words.view(np.uint8), what)
-        return
+        return entropy.StreamDecoder(buf, base, layouts[0], n, chunk_size, 8,
+                                     words.view(np.uint8), what).chunk
     planes, decoders = [], []
     for layout in layouts:
         size = int(layout.offsets[-1])
@@ -130,4 +132,4 @@ def decode_planes(buf: np.ndarray, base: int, layouts, n: int, chunk_size: int,
             d.chunk(c)
         lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
         merge(planes, lo, hi, rotate, words)
-    run_tasks(task, -(-n // chunk_size))
+    return task

@@ -257,3 +257,62 @@ def test_array_likes_and_directories():
 def test_load_of_a_directory_says_what_to_do(tmp_path):
     with pytest.raises(lcckpt.InvalidArgumentError, match="DeltaCheckpointer"):
         lcckpt.load(tmp_path)
+
+
+# ---- chunk tables: every malformed entry is refused before any kernel reads the payload
+
+def _table_bytes(entries, huffman_table=False, tail=b""):
+    from lcckpt._wire import Writer
+    w = Writer()
+    w.u8(1 << entropy.HUFFMAN if huffman_table else 0)
+    if huffman_table:
+        lengths = np.zeros(256, np.uint8)
+        lengths[:2] = 1
+        entropy._write_lengths(w, lengths)
+    for mode, value in entries:
+        w.u8(mode)
+        if mode == entropy.CONST:
+            w.u8(value)
+        else:
+            w.uvar(value)
+    return bytes(w.buf) + tail
+
+
+def _read(data, n=10, cs=4, b=8, allowed=(entropy.HUFFMAN, entropy.RAW, entropy.CONST)):
+    from lcckpt._wire import Reader
+    return entropy.read_tables(Reader(data, what="t"), n, cs, b, allowed)
+
+
+def test_chunk_table_round_trip():
+    R, C, H = entropy.RAW, entropy.CONST, entropy.HUFFMAN
+    data = _table_bytes([(R, 4), (C, 7), (H, 300)], huffman_table=True, tail=bytes(300))
+    lay = _read(data)
+    assert lay.modes.tolist() == [R, C, H] and lay.consts.tolist() == [0, 7, 0]
+    assert lay.offsets.tolist() == [0, 4, 4, 304]
+
+
+@pytest.mark.parametrize("entries, table, kw, match", [
+    ([(entropy.GROUPED, 1)], False, {}, "mode not allowed"),
+    ([(entropy.HUFFMAN, 1)], False, {}, "no code table"),
+    ([(entropy.CONST, 4)], False, dict(b=2, allowed=entropy.modes_for("auto", 2)), "constant wider"),
+    ([(entropy.RAW, 5)], False, {}, "raw with the wrong size"),
+    ([(entropy.RAW, 4), (entropy.HUFFMAN, 10**6)], True, {}, "past the end"),
+    ([(entropy.HUFFMAN, 2**62)], True, {}, "past the end"),
+    ([(99, 1)], False, {}, "mode not allowed"),
+])
+def test_chunk_table_errors(entries, table, kw, match):
+    data = _table_bytes(entries + [(entropy.CONST, 0)] * 3, huffman_table=table, tail=bytes(64))
+    with pytest.raises(lcckpt.CorruptDataError, match=match):
+        _read(data, **kw)
+
+
+def test_chunk_table_overlong_varint_and_truncation():
+    head = _table_bytes([])
+    with pytest.raises(lcckpt.CorruptDataError, match="past the end"):
+        _read(head + bytes([entropy.RAW]) + b"\xff" * 12 + b"\x01" + bytes(40))
+    good = _table_bytes([(entropy.RAW, 4), (entropy.CONST, 7), (entropy.RAW, 2)])
+    for cut in range(len(good)):
+        with pytest.raises(lcckpt.TruncatedError):
+            _read(good[:cut])
+    with pytest.raises(lcckpt.TruncatedError, match="no room"):    # nothing allocated
+        _read(good, n=10**15, cs=1)

@@ -8,9 +8,13 @@ import subprocess
 import sys
 import zlib
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from streams import NonSeekableStream
 
+from lcckpt import _crc
 from lcckpt import container as C
 from lcckpt.errors import (
     ChecksumError,
@@ -256,6 +260,42 @@ def test_file_shrinking_while_open(tmp_path):
             f.truncate(c.data_start + 2)
         with pytest.raises(TruncatedError):
             c.data(0)
+
+
+# ---- checksums of large sections: pieces on the pool, combined
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300), st.binary(max_size=300), st.integers(0, 2**32 - 1))
+def test_crc32_combine(a, b, seed):
+    assert _crc.crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+    zeros = bytes(seed % 5000)                      # long zero runs: every operator power
+    assert _crc.crc32_combine(zlib.crc32(a), zlib.crc32(zeros), len(zeros)) == zlib.crc32(a + zeros)
+
+
+def test_pieced_section_reads(tmp_path, monkeypatch):
+    monkeypatch.setattr(_crc, "PIECE", 1000)        # many pieces, a short last one
+    rng = np.random.default_rng(3)
+    big = rng.integers(0, 256, 10_001, dtype=np.uint8).tobytes()
+    assert _crc.crc32(big) == zlib.crc32(big)
+    path = tmp_path / "f.lc"
+    C.write_container(path, [("a", {}, b"x"), ("big", {}, big), ("z", {}, b"y")], {})
+    with C.read_container(path) as c:
+        assert c.sections[1]["crc32"] == zlib.crc32(big)
+        assert bytes(c.data(1)) == big
+        pos = c.data_start + c.sections[1]["offset"]
+    raw = bytearray(path.read_bytes())
+    raw[pos + 4321] ^= 1                            # damage in the fifth piece
+    path.write_bytes(raw)
+    with C.read_container(path) as c:
+        with pytest.raises(ChecksumError, match="'big'"):
+            c.data(1)
+        with pytest.raises(ChecksumError, match="'big'"):
+            c.verify()
+        with open(path, "r+b") as f:                # shrinks while open: mid-piece
+            f.truncate(pos + 2500)
+        with pytest.raises(TruncatedError):
+            c.data(1)
 
 
 # ---- atomic writes

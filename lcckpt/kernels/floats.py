@@ -81,22 +81,27 @@ def byte_histogram(plane, start, stop, hist):
 @njit(cache=True, nogil=True)
 def merge16(planes, start, stop, rotate, words):
     p0, p1 = planes[0], planes[1]
-    for i in range(start, stop):
-        x = np.uint16(p0[i]) | (np.uint16(p1[i]) << np.uint16(8))
-        if rotate:
-            x = np.uint16((x >> np.uint16(1)) | (x << np.uint16(15)))
-        words[i] = x
+    if rotate:                            # one loop per case: each vectorizes
+        for i in range(start, stop):
+            x = np.uint16(p0[i]) | (np.uint16(p1[i]) << np.uint16(8))
+            words[i] = np.uint16((x >> np.uint16(1)) | (x << np.uint16(15)))
+    else:
+        for i in range(start, stop):
+            words[i] = np.uint16(p0[i]) | (np.uint16(p1[i]) << np.uint16(8))
 
 
 @njit(cache=True, nogil=True)
 def merge32(planes, start, stop, rotate, words):
     p0, p1, p2, p3 = planes[0], planes[1], planes[2], planes[3]
-    for i in range(start, stop):
-        x = (np.uint32(p0[i]) | (np.uint32(p1[i]) << np.uint32(8))
-             | (np.uint32(p2[i]) << np.uint32(16)) | (np.uint32(p3[i]) << np.uint32(24)))
-        if rotate:
-            x = (x >> np.uint32(1)) | (x << np.uint32(31))
-        words[i] = x
+    if rotate:                            # one loop per case: each vectorizes
+        for i in range(start, stop):
+            x = (np.uint32(p0[i]) | (np.uint32(p1[i]) << np.uint32(8))
+                 | (np.uint32(p2[i]) << np.uint32(16)) | (np.uint32(p3[i]) << np.uint32(24)))
+            words[i] = (x >> np.uint32(1)) | (x << np.uint32(31))
+    else:
+        for i in range(start, stop):
+            words[i] = (np.uint32(p0[i]) | (np.uint32(p1[i]) << np.uint32(8))
+                        | (np.uint32(p2[i]) << np.uint32(16)) | (np.uint32(p3[i]) << np.uint32(24)))
 
 
 @njit(cache=True, nogil=True)
