@@ -380,8 +380,7 @@ def _exact_decoder(buf, p: Parsed, a: np.ndarray):
 
 
 def _run_exact(buf, p: Parsed, a: np.ndarray):
-    n = _words_n(p.n, p.dt)
-    run_tasks(_exact_decoder(buf, p, a), -(-n // (1 << p.log2)))
+    run_tasks(_exact_decoder(buf, p, a), -(-_words_n(p.n, p.dt) // (1 << p.log2)))
 
 
 def decode_exact(buf, p: Parsed) -> np.ndarray:

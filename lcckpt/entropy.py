@@ -512,17 +512,20 @@ class StreamDecoder:
     def nchunks(self) -> int:
         return -(-self.n // self.cs)
 
-    def chunk(self, c: int):
-        buf, b, cent, fout, sym, applying = (self.buf, self.b, self.cent, self.fout, self.sym,
-                                             self.applying)
+    def chunk(self, c: int, out: np.ndarray | None = None, shift: int = 0):
+        """Decode chunk ``c``; symbols go to ``out[i - shift]`` (default: the stream's own
+        ``out`` at ``i``), so a caller can decode into a small buffer of its own."""
+        buf, b, cent, fout, applying = self.buf, self.b, self.cent, self.fout, self.applying
+        sym = self.sym if out is None else out
         lo, hi = c * self.cs, min(self.n, (c + 1) * self.cs)
+        o = lo - shift
         start = self.base + int(self.layout.offsets[c])
         end = self.base + int(self.layout.offsets[c + 1])
         m = self.layout.modes[c]
         if m == CONST:
             v = self.layout.consts[c]
             if not applying:
-                self.out[lo:hi] = v
+                sym[o:o + hi - lo] = v
             elif v:
                 fout[lo:hi] += cent[v]
             used = 0
@@ -533,25 +536,25 @@ class StreamDecoder:
             if applying:
                 bk.apply_symbols(raw, 0, hi - lo, cent, fout[lo:hi])
             else:
-                self.out[lo:hi] = raw
+                sym[o:o + hi - lo] = raw
             used = 8 * (end - start)
         else:
             table, tb = self.tables[m]
             if m == HUFFMAN and self.multi is not None:
                 used = hk.decode_symbols_multi(buf, start, end, hi - lo, self.multi, self.sym_bits,
-                                               table, tb, sym, lo, cent, fout, applying)
+                                               table, tb, sym, o, cent, fout, applying)
             elif m == HUFFMAN:
-                used = hk.decode_symbols(buf, start, end, hi - lo, table, tb, sym, lo, cent, fout,
+                used = hk.decode_symbols(buf, start, end, hi - lo, table, tb, sym, o, cent, fout,
                                          applying)
             elif m == GROUPED and self.gmulti is not None:
                 used = rk.decode_grouped_multi(buf, start, end, hi - lo, group_size(b), b,
-                                               self.gmulti, table, tb, sym, lo, cent, fout,
+                                               self.gmulti, table, tb, sym, o, cent, fout,
                                                applying)
             elif m == GROUPED:
                 used = rk.decode_grouped(buf, start, end, hi - lo, group_size(b), b, table, tb, sym,
-                                         lo, cent, fout, applying)
+                                         o, cent, fout, applying)
             else:
-                used = rk.decode_runs(buf, start, end, hi - lo, 1 << b, table, tb, sym, lo, cent,
+                used = rk.decode_runs(buf, start, end, hi - lo, 1 << b, table, tb, sym, o, cent,
                                       fout, applying, self.rmulti)
         if used < 0 or (used + 7) // 8 != end - start:
             raise CorruptDataError(

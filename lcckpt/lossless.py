@@ -7,6 +7,8 @@ per chunk the cheapest of Huffman, raw, or constant. Integers and bools use the 
 path without rotation, so step counters and masks shrink too.
 """
 
+import threading
+
 import numpy as np
 
 from . import entropy
@@ -104,32 +106,50 @@ def plane_decoder(buf: np.ndarray, base: int, layouts, n: int, chunk_size: int,
     """``task(c)`` that decodes chunk ``c`` of every plane and interleaves it into ``words``.
 
     A plane stored raw throughout is read in place from ``buf``; a coded plane is decoded
-    chunk by chunk, each chunk merged right after it is decoded, while it is in cache.
-    The caller runs it for every chunk, alone or as the first step of a larger per-chunk
-    task (a keyframe followed by its deltas).
+    into a small per-thread buffer and merged right away, while it is in cache. The
+    caller runs the task for every chunk, alone or as the first step of a larger
+    per-chunk task (a keyframe followed by its deltas).
     """
     item = words.dtype.itemsize
     if item == 1:
         return entropy.StreamDecoder(buf, base, layouts[0], n, chunk_size, 8,
                                      words.view(np.uint8), what).chunk
-    planes, decoders = [], []
-    for layout in layouts:
+    raw, coded = {}, {}                  # plane -> its bytes in buf / its decoder
+    for k, layout in enumerate(layouts):
         size = int(layout.offsets[-1])
         if base + size > buf.size:
             raise CorruptDataError(f"{what}: chunk table points past the end of the data")
         if np.all(layout.modes == entropy.RAW):      # read_tables checked every raw size
-            planes.append(_readonly(buf[base:base + n]))
+            raw[k] = _readonly(buf[base:base + n])
         else:
-            plane = np.empty(n, np.uint8)
-            decoders.append(entropy.StreamDecoder(buf, base, layout, n, chunk_size, 8, plane, what))
-            planes.append(_readonly(plane))
+            coded[k] = entropy.StreamDecoder(buf, base, layout, n, chunk_size, 8, None, what)
         base += size
-    planes = tuple(planes)
     merge = fk.MERGE[item]
 
     def task(c):
-        for d in decoders:
-            d.chunk(c)
         lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
-        merge(planes, lo, hi, rotate, words)
+        planes = []
+        for k in range(item):
+            if k in raw:
+                planes.append(raw[k][lo:hi])
+            else:
+                block = _block(k, chunk_size)
+                coded[k].chunk(c, block, lo)
+                planes.append(_readonly(block[:hi - lo]))
+        merge(tuple(planes), 0, hi - lo, rotate, words[lo:hi])
     return task
+
+
+_blocks = threading.local()
+
+
+def _block(k: int, size: int) -> np.ndarray:
+    """A per-thread buffer for decoded plane ``k`` of one chunk: small, reused, in cache,
+    instead of a whole decoded plane in fresh memory."""
+    bufs = getattr(_blocks, "bufs", None)
+    if bufs is None:
+        bufs = _blocks.bufs = {}
+    b = bufs.get(k)
+    if b is None or b.size < size:
+        b = bufs[k] = np.empty(size, np.uint8)
+    return b

@@ -140,6 +140,20 @@ _W = np.uint64(32)
 
 
 @njit(cache=True, nogil=True, inline="always")
+def additive(cent):
+    """The centroids with symbol 0 adding ``-0.0``, so reconstruction adds need no branch.
+
+    ``x + -0.0`` is ``x`` bit for bit for every ``x`` but NaN (``+0.0`` keeps its sign,
+    which adding ``+0.0`` would not guarantee), so every symbol's add can run
+    unconditionally: a branch on zero symbols mispredicts on dense streams. A reference
+    that receives deltas holds no NaN: a NaN delta is refused and becomes a keyframe.
+    """
+    cz = cent.copy()
+    cz[0] = -0.0
+    return cz
+
+
+@njit(cache=True, nogil=True, inline="always")
 def flush_bits(acc, nb, out, p):
     """Write the pending bits, zero-padded to a whole byte; return the new position."""
     while nb > _Z:
@@ -166,10 +180,11 @@ def encode_symbols(sym, start, stop, codes, lengths, out, pos, cent, fout, apply
     acc = _Z
     nb = _Z
     p = pos
+    cz = additive(cent)
     for i in range(start, stop):
         s = sym[i]
-        if apply and s != 0:
-            fout[i] += cent[s]
+        if apply:
+            fout[i] += cz[s]
         ln = np.uint64(lengths[s])
         acc = (acc << ln) | np.uint64(codes[s])
         nb += ln
@@ -193,8 +208,8 @@ _REFILL = np.uint64(56)
 def decode_symbols(buf, start, end, n, table, table_bits, out, out_start, cent, fout, apply):
     """Decode ``n`` symbols from ``buf[start:end]`` into ``out[out_start:]``.
 
-    With ``apply`` the symbols are not stored: each nonzero one adds its centroid,
-    ``fout[out_start + i] += cent[s]`` (the reconstruction step of the delta decoder,
+    With ``apply`` the symbols are not stored: each one adds its centroid,
+    ``fout[out_start + i] += cent[s]`` (see :func:`additive` for symbol 0) (the reconstruction step of the delta decoder,
     fused so no symbol array is written or read back). Returns the number of bits
     consumed, or -1 if an invalid code is met. The caller checks that the consumed bits
     fill exactly the chunk's bytes.
@@ -205,6 +220,7 @@ def decode_symbols(buf, start, end, n, table, table_bits, out, out_start, cent, 
     mask = (np.uint64(1) << tb) - np.uint64(1)
     p = start
     consumed = _Z
+    cz = additive(cent)
     for i in range(n):
         if nb < tb:
             while nb <= _REFILL:
@@ -220,8 +236,7 @@ def decode_symbols(buf, start, end, n, table, table_bits, out, out_start, cent, 
             return -1
         sy = e >> np.uint32(4)
         if apply:
-            if sy != 0:
-                fout[out_start + i] += cent[sy]
+            fout[out_start + i] += cz[sy]
         else:
             out[out_start + i] = sy
         nb -= ln
@@ -270,14 +285,15 @@ def decode_symbols_multi(buf, start, end, n, multi, sym_bits, single, table_bits
     """As :func:`decode_symbols`, several symbols per lookup; the tail goes one by one."""
     acc = _Z
     nb = _Z
+    p = start
+    consumed = _Z
+    cz = additive(cent)
+    i = 0
     mb = np.uint64(MULTI_BITS)
     mmask = (np.uint64(1) << mb) - np.uint64(1)
     most = 48 // sym_bits
     sb = np.uint64(sym_bits)
     smask = (np.uint64(1) << sb) - np.uint64(1)
-    p = start
-    consumed = _Z
-    i = 0
     while i + most <= n:
         if nb < mb:
             while nb <= _REFILL:
@@ -291,11 +307,10 @@ def decode_symbols_multi(buf, start, end, n, multi, sym_bits, single, table_bits
         cnt = np.int64((e >> np.uint64(4)) & np.uint64(15))
         if cnt == 0:
             return -1
-        if apply:
-            for k in range(cnt):
+        if apply:                                  # past cnt the symbols are 0: -0.0 adds
+            for k in range(most):
                 sy = (e >> (np.uint64(8) + sb * np.uint64(k))) & smask
-                if sy != 0:
-                    fout[out_start + i + k] += cent[sy]
+                fout[out_start + i + k] += cz[sy]
         else:
             for k in range(most):                  # a fixed count: no branch per symbol
                 out[out_start + i + k] = np.uint8((e >> (np.uint64(8) + sb * np.uint64(k))) & smask)
@@ -320,8 +335,7 @@ def decode_symbols_multi(buf, start, end, n, multi, sym_bits, single, table_bits
             return -1
         sy = e >> np.uint32(4)
         if apply:
-            if sy != 0:
-                fout[out_start + i] += cent[sy]
+            fout[out_start + i] += cz[sy]
         else:
             out[out_start + i] = sy
         nb -= ln

@@ -14,7 +14,7 @@ Both stay canonical Huffman; only the letters change.
 import numpy as np
 from numba import njit
 
-from .huffman import _REFILL, _U8, _W, _Z, decode_table, flush_bits
+from .huffman import _REFILL, _U8, _W, _Z, additive, decode_table, flush_bits
 
 RUN_CLASSES = 26                  # runs up to 2**25 - 1: chunks are at most 2**24 long
 _BIT_LENGTH = np.array([int(r).bit_length() for r in range(512)], np.int64)
@@ -51,14 +51,15 @@ def encode_grouped(sym, start, stop, g, b, codes, lengths, out, pos, cent, fout,
     acc = _Z
     nb = _Z
     p = pos
+    cz = additive(cent)
     for i in range(start, stop, g):
         letter = 0
         for j in range(g):
             s = 0
             if i + j < stop:
                 s = sym[i + j]
-                if apply and s != 0:
-                    fout[i + j] += cent[s]
+                if apply:
+                    fout[i + j] += cz[s]
             letter = (letter << b) | s
         ln = np.uint64(lengths[letter])
         acc = (acc << ln) | np.uint64(codes[letter])
@@ -89,6 +90,7 @@ def decode_grouped(buf, start, end, n, g, b, table, table_bits, out, out_start, 
     p = start
     consumed = _Z
     mask = (1 << b) - 1
+    cz = additive(cent)
     for i in range(0, n, g):
         if nb < tb:                       # the bit reader of huffman.decode_symbols
             while nb <= _REFILL:
@@ -106,11 +108,9 @@ def decode_grouped(buf, start, end, n, g, b, table, table_bits, out, out_start, 
         nb -= ln
         consumed += ln
         if apply:
-            if letter != 0:
-                for j in range(g):
-                    sy = (letter >> (b * (g - 1 - j))) & mask
-                    if sy != 0 and i + j < n:
-                        fout[out_start + i + j] += cent[sy]
+            for j in range(g):
+                if i + j < n:
+                    fout[out_start + i + j] += cz[(letter >> (b * (g - 1 - j))) & mask]
         else:
             for j in range(g):
                 if i + j < n:
@@ -133,6 +133,7 @@ def decode_grouped_multi(buf, start, end, n, g, b, multi, table, table_bits, out
     p = start
     consumed = _Z
     mask = (1 << b) - 1
+    cz = additive(cent)
     nletters = (n + g - 1) // g
     li = 0
     while li < nletters:
@@ -162,11 +163,9 @@ def decode_grouped_multi(buf, start, end, n, g, b, multi, table, table_bits, out
             letter = np.int64((e >> np.uint64(8 + 8 * k)) & np.uint64(0xFF))
             i = (li + k) * g
             if apply:
-                if letter != 0:
-                    for j in range(g):
-                        sy = (letter >> (b * (g - 1 - j))) & mask
-                        if sy != 0 and i + j < n:
-                            fout[out_start + i + j] += cent[sy]
+                for j in range(g):
+                    if i + j < n:
+                        fout[out_start + i + j] += cz[(letter >> (b * (g - 1 - j))) & mask]
             else:
                 for j in range(g):
                     if i + j < n:
@@ -326,6 +325,7 @@ def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start, cent, 
     mw = np.uint64(RUNS_WINDOW)
     mmask = (np.uint64(1) << mw) - np.uint64(1)
     use_multi = multi.size > 0
+    cz = additive(cent)
     p = start
     consumed = _Z
     pos = 0
@@ -344,17 +344,20 @@ def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start, cent, 
             e = multi[(acc >> (nb - mw)) & mmask]
             cnt = np.int64((e >> np.uint64(4)) & np.uint64(7))
             if cnt > 0:
-                for k in range(cnt):
-                    item = np.int64(e >> np.uint64(7 + 12 * k))
-                    run = item & 255
-                    s = (item >> 8) & 15
-                    if apply:
-                        fout[out_start + pos + run] += cent[s]
-                    else:
+                if apply:                        # fixed count: an empty item adds -0.0 at pos
+                    for k in range(RUNS_ITEMS):
+                        item = np.int64(e >> np.uint64(7 + 12 * k))
+                        run = item & 255
+                        fout[out_start + pos + run] += cz[(item >> 8) & 15]
+                        pos += run + 1 if k < cnt else 0
+                else:
+                    for k in range(cnt):
+                        item = np.int64(e >> np.uint64(7 + 12 * k))
+                        run = item & 255
                         for q in range(run):
                             out[out_start + pos + q] = 0
-                        out[out_start + pos + run] = s
-                    pos += run + 1
+                        out[out_start + pos + run] = (item >> 8) & 15
+                        pos += run + 1
                 used = e & np.uint64(15)
                 nb -= used
                 consumed += used
