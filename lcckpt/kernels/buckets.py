@@ -46,23 +46,25 @@ def key_histogram(u, ref, use_ref, start, stop, scratch_f, scratch_u, shift, key
     i = start
     while i < stop:
         m = min(BLOCK, stop - i)
+        ub, kout = u[i:i + m], keys[i:i + m]      # views from 0: the loops vectorize
         if use_ref:
+            rb = ref[i:i + m]
             for j in range(m):
-                a = u[i + j]
-                d = a - ref[i + j]
+                a = ub[j]
+                d = a - rb[j]
                 scratch_f[j] = d
                 norm_u += np.float64(a) * np.float64(a)
                 norm_d += np.float64(d) * np.float64(d)
         else:
             for j in range(m):
-                a = u[i + j]
+                a = ub[j]
                 scratch_f[j] = a
                 norm_u += np.float64(a) * np.float64(a)
         for j in range(m):
             k = np.int32(scratch_u[j] >> shift)
             kb[j] = zero_key if scratch_f[j] == 0 else k
         for j in range(m):
-            keys[i + j] = kb[j]
+            kout[j] = kb[j]
         j = 0
         while j + LANES <= m:
             for lane in range(LANES):

@@ -31,41 +31,46 @@ def _sample(planes, start, stop, top, hist):
 
 @njit(cache=True, nogil=True)
 def split16(words, start, stop, rotate, planes, hist):
-    for i in range(start, stop):
-        x = np.uint16(words[i])
-        if rotate:
-            x = np.uint16((x << np.uint16(1)) | (x >> np.uint16(15)))
-        hi = np.uint8(x >> np.uint16(8))
-        planes[0, i] = np.uint8(x & np.uint16(0xFF))
-        planes[1, i] = hi
-        hist[1, hi] += 1
+    w, q0, q1 = words[start:stop], planes[0, start:stop], planes[1, start:stop]
+    r = np.uint16(1 if rotate else 0)
+    for i in range(stop - start):        # views from 0: the loop vectorizes
+        x = np.uint16(w[i])
+        x = np.uint16((x << r) | (x >> np.uint16((16 - r) & 15)))
+        q0[i] = np.uint8(x & np.uint16(0xFF))
+        q1[i] = np.uint8(x >> np.uint16(8))
+    byte_histogram(q1, 0, stop - start, hist[1])
     _sample(planes, start, stop, 1, hist)
 
 
 @njit(cache=True, nogil=True)
 def split32(words, start, stop, rotate, planes, hist):
-    for i in range(start, stop):
-        x = np.uint32(words[i])
-        if rotate:
-            x = (x << np.uint32(1)) | (x >> np.uint32(31))
-        b3 = np.uint8(x >> np.uint32(24))
-        planes[0, i] = np.uint8(x & np.uint32(0xFF))
-        planes[1, i] = np.uint8((x >> np.uint32(8)) & np.uint32(0xFF))
-        planes[2, i] = np.uint8((x >> np.uint32(16)) & np.uint32(0xFF))
-        planes[3, i] = b3
-        hist[3, b3] += 1
+    w = words[start:stop]
+    q0, q1 = planes[0, start:stop], planes[1, start:stop]
+    q2, q3 = planes[2, start:stop], planes[3, start:stop]
+    r = np.uint32(1 if rotate else 0)
+    for i in range(stop - start):        # views from 0: the loop vectorizes
+        x = np.uint32(w[i])
+        x = (x << r) | (x >> np.uint32((32 - r) & 31))
+        q0[i] = np.uint8(x & np.uint32(0xFF))
+        q1[i] = np.uint8((x >> np.uint32(8)) & np.uint32(0xFF))
+        q2[i] = np.uint8((x >> np.uint32(16)) & np.uint32(0xFF))
+        q3[i] = np.uint8(x >> np.uint32(24))
+    byte_histogram(q3, 0, stop - start, hist[3])
     _sample(planes, start, stop, 3, hist)
 
 
 @njit(cache=True, nogil=True)
 def split64(words, start, stop, rotate, planes, hist):
-    for i in range(start, stop):
-        x = np.uint64(words[i])
-        if rotate:
-            x = (x << np.uint64(1)) | (x >> np.uint64(63))
-        for k in range(8):
-            planes[k, i] = np.uint8((x >> np.uint64(8 * k)) & np.uint64(0xFF))
-        hist[7, planes[7, i]] += 1
+    w = words[start:stop]
+    r = np.uint64(1 if rotate else 0)
+    for k in range(8):
+        q = planes[k, start:stop]
+        sh = np.uint64(8 * k)
+        for i in range(stop - start):
+            x = np.uint64(w[i])
+            x = (x << r) | (x >> np.uint64((64 - r) & 63))
+            q[i] = np.uint8((x >> sh) & np.uint64(0xFF))
+    byte_histogram(planes[7, start:stop], 0, stop - start, hist[7])
     _sample(planes, start, stop, 7, hist)
 
 
@@ -77,42 +82,50 @@ def byte_histogram(plane, start, stop, hist):
 
 # The merges take the planes as a tuple of read-only 1-D arrays, so a plane stored raw
 # is read straight from the blob's bytes instead of being copied into a plane array.
+# They loop over views that start at the range's first element: with a loop counter
+# from zero LLVM vectorizes the byte interleave (8x faster than indexing from ``start``).
 
 @njit(cache=True, nogil=True)
 def merge16(planes, start, stop, rotate, words):
-    p0, p1 = planes[0], planes[1]
+    p0, p1 = planes[0][start:stop], planes[1][start:stop]
+    w = words[start:stop]
     if rotate:                            # one loop per case: each vectorizes
-        for i in range(start, stop):
+        for i in range(stop - start):
             x = np.uint16(p0[i]) | (np.uint16(p1[i]) << np.uint16(8))
-            words[i] = np.uint16((x >> np.uint16(1)) | (x << np.uint16(15)))
+            w[i] = np.uint16((x >> np.uint16(1)) | (x << np.uint16(15)))
     else:
-        for i in range(start, stop):
-            words[i] = np.uint16(p0[i]) | (np.uint16(p1[i]) << np.uint16(8))
+        for i in range(stop - start):
+            w[i] = np.uint16(p0[i]) | (np.uint16(p1[i]) << np.uint16(8))
 
 
 @njit(cache=True, nogil=True)
 def merge32(planes, start, stop, rotate, words):
-    p0, p1, p2, p3 = planes[0], planes[1], planes[2], planes[3]
-    if rotate:                            # one loop per case: each vectorizes
-        for i in range(start, stop):
+    p0, p1 = planes[0][start:stop], planes[1][start:stop]
+    p2, p3 = planes[2][start:stop], planes[3][start:stop]
+    w = words[start:stop]
+    if rotate:
+        for i in range(stop - start):
             x = (np.uint32(p0[i]) | (np.uint32(p1[i]) << np.uint32(8))
                  | (np.uint32(p2[i]) << np.uint32(16)) | (np.uint32(p3[i]) << np.uint32(24)))
-            words[i] = (x >> np.uint32(1)) | (x << np.uint32(31))
+            w[i] = (x >> np.uint32(1)) | (x << np.uint32(31))
     else:
-        for i in range(start, stop):
-            words[i] = (np.uint32(p0[i]) | (np.uint32(p1[i]) << np.uint32(8))
-                        | (np.uint32(p2[i]) << np.uint32(16)) | (np.uint32(p3[i]) << np.uint32(24)))
+        for i in range(stop - start):
+            w[i] = (np.uint32(p0[i]) | (np.uint32(p1[i]) << np.uint32(8))
+                    | (np.uint32(p2[i]) << np.uint32(16)) | (np.uint32(p3[i]) << np.uint32(24)))
 
 
 @njit(cache=True, nogil=True)
 def merge64(planes, start, stop, rotate, words):
-    for i in range(start, stop):
-        x = np.uint64(0)
-        for k in range(8):
-            x |= np.uint64(planes[k][i]) << np.uint64(8 * k)
-        if rotate:
-            x = (x >> np.uint64(1)) | (x << np.uint64(63))
-        words[i] = x
+    w = words[start:stop]
+    w[:] = 0
+    for k in range(8):
+        p = planes[k][start:stop]
+        sh = np.uint64(8 * k)
+        for i in range(stop - start):
+            w[i] |= np.uint64(p[i]) << sh
+    if rotate:
+        for i in range(stop - start):
+            w[i] = (w[i] >> np.uint64(1)) | (w[i] << np.uint64(63))
 
 
 SPLIT = {2: split16, 4: split32, 8: split64}
