@@ -218,10 +218,11 @@ def encode_runs(sym, start, stop, S, codes, lengths, out, pos, cent, fout, apply
     while i <= stop:
         if i < stop:
             m = min(_SCAN, stop - i)
+            sb = sym[i:i + m]
             k = 0
-            for j in range(i, i + m):
-                nzpos[k] = j
-                k += sym[j] != 0
+            for j in range(m):
+                nzpos[k] = i + j
+                k += sb[j] != 0
             i += m
         else:                         # the end: the trailing zeros, if any
             i += 1
@@ -413,12 +414,13 @@ def map_symbols_runs(keys, start, stop, lut, sym, S, hist):
     i = start
     while i < stop:
         m = min(_SCAN, stop - i)
-        for j in range(i, i + m):
-            sym[j] = lut[keys[j]]
+        kb, sb = keys[i:i + m], sym[i:i + m]      # views from 0: tighter loops
+        for j in range(m):
+            sb[j] = lut[kb[j]]
         k = 0
-        for j in range(i, i + m):
-            pos[k] = j
-            k += sym[j] != 0
+        for j in range(m):
+            pos[k] = i + j
+            k += sb[j] != 0
         for t in range(k):
             p = pos[t]
             run = p - last - 1
