@@ -5,9 +5,9 @@ The state is a real model with its Adam state: the ~20M-parameter MLP trained on
 snapshots after steps 2, 4, ..., 22, ~245 MB each with exp_avg and exp_avg_sq: the first
 is the keyframe, the other 10 the deltas), or the small CNN with ``--quick``.
 Everything is written into one temp directory on the same filesystem. Every timed save
-starts with no dirty pages (``os.sync()`` before it, untimed): on a small machine the
-kernel's writeback of one save otherwise competes for the CPU with the next one, so the
-order of the measurements would decide the numbers.
+and load starts with no dirty pages (``os.sync()`` before it, untimed): on a small machine
+the kernel's writeback of earlier saves otherwise competes for the CPU with whatever is
+timed next, so the order of the measurements would decide the numbers.
 
 Measured (medians of several runs, page cache warm for loads):
 
@@ -113,8 +113,7 @@ def run(quick: bool, bits: int, deltas: int = 10, error_bound: float | None = No
     raw_bytes = sum(v.numel() * v.element_size() for v in state["model"].values()) + sum(
         t.numel() * t.element_size() for s in state["optim"]["state"].values() for t in s.values())
     lcckpt.warmup()
-    runs = dict(min_runs=3, max_runs=5, min_time=0.0)
-    saves = dict(runs, before=os.sync)
+    runs = dict(min_runs=5, max_runs=5, min_time=0.0, before=os.sync)
 
     rows, details = [], {}
     root = tempfile.mkdtemp(prefix="lcckpt-bench-")
@@ -156,7 +155,7 @@ def run(quick: bool, bits: int, deltas: int = 10, error_bound: float | None = No
             d = os.path.join(root, "kf")
             shutil.rmtree(d, ignore_errors=True)
             lcckpt.DeltaCheckpointer(d, bits=bits, error_bound=error_bound).save(k_step, snaps[0][1])
-        key_save = measure(keyframe_save, **saves)
+        key_save = measure(keyframe_save, **runs)
         shutil.rmtree(os.path.join(root, "kf"), ignore_errors=True)
 
         mean_delta = {p: statistics.mean(d[p] for d in delta_parts) for p in PARTS}
@@ -168,13 +167,13 @@ def run(quick: bool, bits: int, deltas: int = 10, error_bound: float | None = No
 
         # ---- single files of the last state
         paths = {n: os.path.join(root, n) for n in ("raw.lcc", "z.lcc", "t.pt", "tf.pt")}
-        s_raw = measure(lambda: lcckpt.save(state, paths["raw.lcc"]), **saves)
+        s_raw = measure(lambda: lcckpt.save(state, paths["raw.lcc"]), **runs)
         l_raw = measure(lambda: lcckpt.load(paths["raw.lcc"]), **runs)
-        s_z = measure(lambda: lcckpt.save(state, paths["z.lcc"], compress=True), **saves)
+        s_z = measure(lambda: lcckpt.save(state, paths["z.lcc"], compress=True), **runs)
         l_z = measure(lambda: lcckpt.load(paths["z.lcc"]), **runs)
-        s_t = measure(lambda: torch.save(state, paths["t.pt"]), **saves)
+        s_t = measure(lambda: torch.save(state, paths["t.pt"]), **runs)
         l_t = measure(lambda: torch.load(paths["t.pt"], weights_only=True), **runs)
-        s_tf = measure(lambda: _fsync_save(state, paths["tf.pt"]), **saves)
+        s_tf = measure(lambda: _fsync_save(state, paths["tf.pt"]), **runs)
         torch_total = os.path.getsize(paths["t.pt"])
         t_parts = torch_parts(state, torch_total)
         rows.append(_row("lcckpt.save raw", s_raw.median_s, l_raw.median_s,

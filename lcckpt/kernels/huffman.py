@@ -145,8 +145,10 @@ def additive(cent):
 
     ``x + -0.0`` is ``x`` bit for bit for every ``x`` but NaN (``+0.0`` keeps its sign,
     which adding ``+0.0`` would not guarantee), so every symbol's add can run
-    unconditionally: a branch on zero symbols mispredicts on dense streams. A reference
-    that receives deltas holds no NaN: a NaN delta is refused and becomes a keyframe.
+    unconditionally. That pays on dense streams (grouped letters, runs items), where a
+    branch on zero symbols mispredicts; the per-symbol Huffman kernels keep the branch,
+    since their streams are mostly zeros. A reference that receives deltas holds no NaN:
+    a NaN delta is refused and becomes a keyframe.
     """
     cz = cent.copy()
     cz[0] = -0.0
@@ -180,11 +182,10 @@ def encode_symbols(sym, start, stop, codes, lengths, out, pos, cent, fout, apply
     acc = _Z
     nb = _Z
     p = pos
-    cz = additive(cent)
     for i in range(start, stop):
         s = sym[i]
-        if apply:
-            fout[i] += cz[s]
+        if apply and s != 0:
+            fout[i] += cent[s]
         ln = np.uint64(lengths[s])
         acc = (acc << ln) | np.uint64(codes[s])
         nb += ln
@@ -208,8 +209,8 @@ _REFILL = np.uint64(56)
 def decode_symbols(buf, start, end, n, table, table_bits, out, out_start, cent, fout, apply):
     """Decode ``n`` symbols from ``buf[start:end]`` into ``out[out_start:]``.
 
-    With ``apply`` the symbols are not stored: each one adds its centroid,
-    ``fout[out_start + i] += cent[s]`` (see :func:`additive` for symbol 0) (the reconstruction step of the delta decoder,
+    With ``apply`` the symbols are not stored: each nonzero one adds its centroid,
+    ``fout[out_start + i] += cent[s]`` (the reconstruction step of the delta decoder,
     fused so no symbol array is written or read back). Returns the number of bits
     consumed, or -1 if an invalid code is met. The caller checks that the consumed bits
     fill exactly the chunk's bytes.
@@ -220,7 +221,6 @@ def decode_symbols(buf, start, end, n, table, table_bits, out, out_start, cent, 
     mask = (np.uint64(1) << tb) - np.uint64(1)
     p = start
     consumed = _Z
-    cz = additive(cent)
     for i in range(n):
         if nb < tb:
             while nb <= _REFILL:
@@ -236,7 +236,8 @@ def decode_symbols(buf, start, end, n, table, table_bits, out, out_start, cent, 
             return -1
         sy = e >> np.uint32(4)
         if apply:
-            fout[out_start + i] += cz[sy]
+            if sy != 0:
+                fout[out_start + i] += cent[sy]
         else:
             out[out_start + i] = sy
         nb -= ln
@@ -287,7 +288,6 @@ def decode_symbols_multi(buf, start, end, n, multi, sym_bits, single, table_bits
     nb = _Z
     p = start
     consumed = _Z
-    cz = additive(cent)
     i = 0
     mb = np.uint64(MULTI_BITS)
     mmask = (np.uint64(1) << mb) - np.uint64(1)
@@ -307,10 +307,11 @@ def decode_symbols_multi(buf, start, end, n, multi, sym_bits, single, table_bits
         cnt = np.int64((e >> np.uint64(4)) & np.uint64(15))
         if cnt == 0:
             return -1
-        if apply:                                  # past cnt the symbols are 0: -0.0 adds
-            for k in range(most):
+        if apply:             # zeros skipped: faithful streams are mostly zeros, and adds
+            for k in range(cnt):           # past cnt would chain through memory
                 sy = (e >> (np.uint64(8) + sb * np.uint64(k))) & smask
-                fout[out_start + i + k] += cz[sy]
+                if sy != 0:
+                    fout[out_start + i + k] += cent[sy]
         else:
             for k in range(most):                  # a fixed count: no branch per symbol
                 out[out_start + i + k] = np.uint8((e >> (np.uint64(8) + sb * np.uint64(k))) & smask)
@@ -335,7 +336,8 @@ def decode_symbols_multi(buf, start, end, n, multi, sym_bits, single, table_bits
             return -1
         sy = e >> np.uint32(4)
         if apply:
-            fout[out_start + i] += cz[sy]
+            if sy != 0:
+                fout[out_start + i] += cent[sy]
         else:
             out[out_start + i] = sy
         nb -= ln
