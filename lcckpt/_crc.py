@@ -54,29 +54,14 @@ def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
     return crc1 ^ crc2
 
 
-class PieceCrc:
-    """CRC-32 of a buffer that arrives piece by piece; each piece is checksummed on the
-    thread pool as soon as it is added (while the caller fetches the next one)."""
-
-    def __init__(self):
-        self._parts = []
-
-    def add(self, view: memoryview) -> None:
-        self._parts.append((view.nbytes, submit(zlib.crc32, view)))
-
-    def value(self) -> int:
-        crc = 0
-        for n, fut in self._parts:
-            crc = crc32_combine(crc, fut.result(), n)
-        return crc
-
-
-def crc32(view: memoryview) -> int:
+def crc32(view) -> int:
     """``zlib.crc32(view)``, computed in pieces on the thread pool when it is large."""
     view = memoryview(view).cast("B")
     if view.nbytes < 2 * PIECE:
         return zlib.crc32(view)
-    acc = PieceCrc()
-    for off in range(0, view.nbytes, PIECE):
-        acc.add(view[off:off + PIECE])
-    return acc.value()
+    parts = [(len(p), submit(zlib.crc32, p))
+             for p in (view[off:off + PIECE] for off in range(0, view.nbytes, PIECE))]
+    crc = 0
+    for n, fut in parts:
+        crc = crc32_combine(crc, fut.result(), n)
+    return crc

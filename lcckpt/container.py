@@ -34,6 +34,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from . import _crc
+from ._pool import submit
 from .errors import (
     ChecksumError,
     CorruptDataError,
@@ -329,6 +330,16 @@ class _FileSource:
         return memoryview(buf)[:got]
 
     def readinto(self, offset: int, out: memoryview) -> int:
+        """Read up to ``out.nbytes`` bytes at ``offset``; safe from several threads at once
+        (positional reads on a file lcckpt opened itself, else one seek+read at a time)."""
+        if self.owned and hasattr(os, "preadv"):
+            fd, got = self.f.fileno(), 0
+            while got < out.nbytes:
+                n = os.preadv(fd, [out[got:]], self.base + offset + got)
+                if not n:
+                    break
+                got += n
+            return got
         with self.lock:
             self.f.seek(self.base + offset)
             got = 0
@@ -404,16 +415,19 @@ class Container:
         if view.nbytes < 2 * _crc.PIECE or isinstance(self._source, _BufferSource):
             got = self._source.readinto(start, view)
             crc = None
-        else:                         # checksum each piece on the pool while reading the next
-            acc, got = _crc.PieceCrc(), 0
-            while got < view.nbytes:
-                piece = view[got:got + _crc.PIECE]
-                n = self._source.readinto(start + got, piece)
-                got += n
-                if n != piece.nbytes:
-                    break
-                acc.add(piece)
-            crc = acc.value()
+        else:                         # pieces read and checksummed on the pool, in parallel
+            def piece(off):
+                part = view[off:off + _crc.PIECE]
+                n = self._source.readinto(start + off, part)
+                return n, zlib.crc32(part[:n])
+            offsets = range(0, view.nbytes, _crc.PIECE)
+            futures = [submit(piece, off) for off in offsets]
+            got, crc = 0, 0
+            for off, fut in zip(offsets, futures):
+                n, c = fut.result()
+                if got == off:                # else an earlier piece came up short
+                    crc = _crc.crc32_combine(crc, c, n)
+                    got += n
         if got != s["length"]:
             raise TruncatedError(
                 f"section {s['name']!r} ends after {got} of its {s['length']} bytes: the file "
