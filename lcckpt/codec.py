@@ -147,11 +147,11 @@ def encode_exact(a: np.ndarray, dt: dtypes.DType, log2: int, raw: bool = False) 
 
     When coding does not pay (small or random data: the code tables outweigh the saving)
     every plane is stored raw, so the blob is never more than a small header above the
-    raw bytes. ``raw=True`` stores the planes raw from the start: larger, but decoding is
+    raw bytes; arrays of fewer than ``CODE_MIN_WORDS`` words are not analysed at all. ``raw=True`` stores the planes raw from the start: larger, but decoding is
     a single interleaving pass (for keyframes that must restore fast).
     """
     words, rotate = lossless.words_of(a, dt.kind)
-    if raw:
+    if raw or words.size < CODE_MIN_WORDS:
         return _exact_blob(a, dt, log2, words, rotate, lossless.raw_planes(words, rotate, 1 << log2))
     blob = _exact_blob(a, dt, log2, words, rotate, lossless.encode_planes(words, rotate, 1 << log2))
     if len(blob) > a.nbytes + RAW_SLACK:
@@ -161,6 +161,8 @@ def encode_exact(a: np.ndarray, dt: dtypes.DType, log2: int, raw: bool = False) 
 
 
 RAW_SLACK = 32
+CODE_MIN_WORDS = 256    # below this a code table outweighs what coding saves (tens of bytes
+                        # at most), and analysing four planes costs a millisecond of Python
 
 
 def _exact_blob(a, dt, log2, words, rotate, encs) -> bytes:
