@@ -41,7 +41,7 @@ import torch
 from . import codec as _codec
 from . import container as _container
 from . import dtypes
-from .codec import LOSSLESS, apply_deltas, decode_exact, parse
+from .codec import LOSSLESS, apply_deltas, blob_nbytes, decode_exact, parse
 from .delta import DeltaEncoder
 from .errors import (
     BrokenChainError,
@@ -210,14 +210,14 @@ class _Session:
         enc = self.encoders.get(key)
         if enc is None:
             enc = self.encoders[key] = self.make(key)
-        blob = enc.encode(t, keyframe=self.keyframe)
-        st = enc.last_stats
+        blob = enc.encode_parts(t, keyframe=self.keyframe)
+        st, nbytes = enc.last_stats, blob_nbytes(blob)
         self.stats[key] = {
             "kind": st.kind,
             "bits": st.bits,
-            "bits_per_element": _finite(8 * len(blob) / st.n if st.n else 0.0),
+            "bits_per_element": _finite(8 * nbytes / st.n if st.n else 0.0),
             "rel_error": _finite(st.rel_error),
-            "nbytes": len(blob),
+            "nbytes": nbytes,
         }
         if st.fallback:
             self.stats[key]["fallback"] = st.fallback

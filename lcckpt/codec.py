@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import dtypes, entropy, lossless
+from . import _crc, dtypes, entropy, lossless
 from ._pool import run_tasks
 from ._wire import Reader, Writer
 from .errors import (ChecksumError, CorruptDataError, InvalidArgumentError, TruncatedError,
@@ -91,15 +91,31 @@ def _header(kind: int, dt: dtypes.DType, shape, log2: int) -> Writer:
 
 def _finish(w: Writer, payloads) -> bytes:
     """Header, its checksum, the payloads and theirs, joined with a single copy."""
+    return b"".join(_finish_parts(w, payloads))
+
+
+def _finish_parts(w: Writer, payloads) -> list:
+    """The blob as a list of pieces: header with its checksum, payloads, their checksum.
+
+    A container section can be written from the pieces directly, so a large keyframe is
+    never copied into one buffer (:func:`blob_nbytes` is its size).
+    """
     w.u32(zlib.crc32(w.buf))
     crc = 0
-    parts = [w.buf]
+    parts = [bytes(w.buf)]
     for p in payloads:
         mv = memoryview(p).cast("B")
-        crc = zlib.crc32(mv, crc)
+        crc = _crc.crc32_combine(crc, _crc.crc32(mv), mv.nbytes)
         parts.append(mv)
     parts.append(crc.to_bytes(4, "little"))
-    return b"".join(parts)
+    return parts
+
+
+def blob_nbytes(blob) -> int:
+    """Size of a blob given as bytes or as a list of pieces."""
+    if isinstance(blob, list):
+        return sum(memoryview(p).nbytes for p in blob)
+    return len(blob)
 
 
 def _entropy_stats(st: EncodeStats, q: Quantized, enc, n: int):
@@ -142,19 +158,21 @@ def encode_lossy(q: Quantized, dt: dtypes.DType, shape, bits: int, coder: str, l
     return blob, st
 
 
-def encode_exact(a: np.ndarray, dt: dtypes.DType, log2: int, raw: bool = False) -> bytes:
-    """Lossless blob of a numpy array (carrier view for bf16/fp8).
+def encode_exact(a: np.ndarray, dt: dtypes.DType, log2: int, raw: bool = False) -> list:
+    """Lossless blob of a numpy array (carrier view for bf16/fp8), as a list of pieces
+    (:func:`_finish_parts`; ``b"".join`` them for one bytes object).
 
     When coding does not pay (small or random data: the code tables outweigh the saving)
     every plane is stored raw, so the blob is never more than a small header above the
-    raw bytes; arrays of fewer than ``CODE_MIN_WORDS`` words are not analysed at all. ``raw=True`` stores the planes raw from the start: larger, but decoding is
-    a single interleaving pass (for keyframes that must restore fast).
+    raw bytes; arrays of fewer than ``CODE_MIN_WORDS`` words are not analysed at all.
+    ``raw=True`` stores the planes raw from the start: larger, but decoding is a single
+    interleaving pass (for keyframes that must restore fast).
     """
     words, rotate = lossless.words_of(a, dt.kind)
     if raw or words.size < CODE_MIN_WORDS:
         return _exact_blob(a, dt, log2, words, rotate, lossless.raw_planes(words, rotate, 1 << log2))
     blob = _exact_blob(a, dt, log2, words, rotate, lossless.encode_planes(words, rotate, 1 << log2))
-    if len(blob) > a.nbytes + RAW_SLACK:
+    if blob_nbytes(blob) > a.nbytes + RAW_SLACK:
         blob = _exact_blob(a, dt, log2, words, rotate,
                            lossless.raw_planes(words, rotate, 1 << log2))
     return blob
@@ -165,13 +183,13 @@ CODE_MIN_WORDS = 256    # below this a code table outweighs what coding saves (t
                         # at most), and analysing four planes costs a millisecond of Python
 
 
-def _exact_blob(a, dt, log2, words, rotate, encs) -> bytes:
+def _exact_blob(a, dt, log2, words, rotate, encs) -> list:
     w = _header(LOSSLESS, dt, a.shape, log2)
     w.u8(len(encs))
     w.u8(1 if rotate else 0)
     for e in encs:
         entropy.write_tables(w, e)
-    return _finish(w, [p for e in encs for p in e.parts])
+    return _finish_parts(w, [p for e in encs for p in e.parts])
 
 
 def encode(x, bits: int = 2, coder: str = "auto", *, lossless: bool = False,
@@ -188,7 +206,7 @@ def encode(x, bits: int = 2, coder: str = "auto", *, lossless: bool = False,
     a, dt = dtypes.to_numpy(x)
     log2 = _chunk_log2(chunk_size)
     if lossless:
-        blob = encode_exact(a, dt, log2)
+        blob = b"".join(encode_exact(a, dt, log2))
         st = EncodeStats(a.size, dt.name, "lossless", nbytes=len(blob))
         return (blob, st) if report else blob
     _check_bits(bits)
@@ -198,7 +216,7 @@ def encode(x, bits: int = 2, coder: str = "auto", *, lossless: bool = False,
             f"lossy coding needs a floating dtype, got {dt.name}; use lossless=True")
     u = dtypes.to_float_work(a, dt).reshape(-1)
     blob, st, _ = guarded_encode(u, None, dt, a.shape, bits, coder, log2, midpoint,
-                                 error_bound, exact=lambda: encode_exact(a, dt, log2))
+                                 error_bound, exact=lambda: b"".join(encode_exact(a, dt, log2)))
     return (blob, st) if report else blob
 
 
@@ -224,7 +242,7 @@ def guarded_encode(u, ref, dt, shape, bits, coder, log2, midpoint, error_bound, 
             st.tried_bits = tried
             return blob, st, True
     blob = exact()
-    st = EncodeStats(u.size, dt.name, "lossless", nbytes=len(blob), tried_bits=tried,
+    st = EncodeStats(u.size, dt.name, "lossless", nbytes=blob_nbytes(blob), tried_bits=tried,
                      fallback=f"relative error {q.rel_error:.3g} at {tried[-1]} bits "
                               f"exceeds the bound {error_bound:g}")
     return blob, st, False

@@ -76,7 +76,10 @@ def write_container(
     sections: Iterable[tuple[str, dict, Any]],
     meta: dict,
 ) -> int:
-    """Write ``sections`` (``(name, section_meta, bytes_like)`` triples) and ``meta``.
+    """Write ``sections`` (``(name, section_meta, data)`` triples) and ``meta``.
+
+    ``data`` is a bytes-like object, or a list of them written one after another (a
+    section assembled from pieces is never joined into one copy).
 
     ``dest`` is a path (written atomically) or a writable binary file object (written
     from its current position, not closed). Metadata must be plain JSON: dicts with str
@@ -87,10 +90,10 @@ def write_container(
         _atomic_write(os.fspath(dest), lambda f: _write_all_parts(f, header, payloads))
     else:
         _write_all_parts(dest, header, payloads)
-    return _file_size(len(header), [len(p) for p in payloads])
+    return _file_size(len(header), [sum(v.nbytes for v in p) for p in payloads])
 
 
-def _build_header(sections, meta) -> tuple[bytes, list[memoryview]]:
+def _build_header(sections, meta) -> tuple[bytes, list[list[memoryview]]]:
     if not isinstance(meta, dict):
         raise InvalidArgumentError(f"meta must be a dict, got {type(meta).__name__}")
     _check_json(meta, "meta")
@@ -111,23 +114,29 @@ def _build_header(sections, meta) -> tuple[bytes, list[memoryview]]:
         _check_json(section_meta, f"meta of section {name!r}")
         if not isinstance(section_meta, dict):
             raise InvalidArgumentError(f"meta of section {name!r} must be a dict")
+        parts = data if isinstance(data, list) else [data]
         try:
-            view = memoryview(data).cast("B")
+            views = [memoryview(p).cast("B") for p in parts]
         except TypeError as e:
             raise InvalidArgumentError(
-                f"data of section {name!r} must be a C-contiguous bytes-like object: {e}"
+                f"data of section {name!r} must be a C-contiguous bytes-like object (or a "
+                f"list of them): {e}"
             ) from None
+        length, crc = 0, 0
+        for view in views:
+            crc = _crc.crc32_combine(crc, _crc.crc32(view), view.nbytes)
+            length += view.nbytes
         entries.append(
             {
                 "name": name,
                 "offset": offset,
-                "length": view.nbytes,
-                "crc32": _crc.crc32(view),
+                "length": length,
+                "crc32": crc,
                 "meta": section_meta,
             }
         )
-        payloads.append(view)
-        offset = _align(offset + view.nbytes)
+        payloads.append(views)
+        offset = _align(offset + length)
     header_obj = {"version": FORMAT_VERSION, "meta": meta, "sections": entries}
     header = json.dumps(header_obj, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
     header = header.encode("ascii")
@@ -183,14 +192,16 @@ def _file_size(header_len: int, lengths: list[int]) -> int:
     return size
 
 
-def _write_all_parts(f: BinaryIO, header: bytes, payloads: list[memoryview]) -> None:
+def _write_all_parts(f: BinaryIO, header: bytes, payloads: list[list[memoryview]]) -> None:
     prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header), zlib.crc32(header), 0)
     head_end = PREFIX_SIZE + len(header)
     _write_all(f, prefix + header + bytes(_align(head_end) - head_end))
-    for i, view in enumerate(payloads):
-        _write_all(f, view)
+    for i, views in enumerate(payloads):
+        for view in views:
+            _write_all(f, view)
         if i != len(payloads) - 1:
-            _write_all(f, bytes(_align(view.nbytes) - view.nbytes))
+            n = sum(v.nbytes for v in views)
+            _write_all(f, bytes(_align(n) - n))
 
 
 def _write_all(f: BinaryIO, data) -> None:

@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 
 from . import dtypes
-from .codec import (LOSSLESS, EncodeStats, _chunk_log2, _check_bits, decode_exact,
+from .codec import (LOSSLESS, EncodeStats, _chunk_log2, _check_bits, blob_nbytes, decode_exact,
                     decode_symbols_into, encode_exact, guarded_encode, parse)
 from .entropy import CodeCache, modes_for
 from .errors import (BrokenChainError, InvalidArgumentError, NonFiniteError,
@@ -50,6 +50,11 @@ class DeltaEncoder:
 
     def encode(self, x, *, keyframe: bool = False) -> bytes:
         """Blob for state ``x``: exact when ``keyframe`` or no compatible reference exists."""
+        return b"".join(self.encode_parts(x, keyframe=keyframe))
+
+    def encode_parts(self, x, *, keyframe: bool = False) -> list:
+        """:meth:`encode`, the blob as a list of byte pieces that a container writes one
+        after another: an exact blob of a large tensor is never joined into one copy."""
         a, dt = dtypes.to_numpy(x)
         if dt.kind != "float" or dt.name.startswith("F8"):
             raise UnsupportedDtypeError(f"delta tracking needs fp16/bf16/fp32/fp64, got {dt.name}")
@@ -63,18 +68,19 @@ class DeltaEncoder:
                                                                         self.raw_keyframes),
                                              cache=self.cache, advance=True)
         except NonFiniteError as e:
-            warnings.warn(f"{e}; writing an exact keyframe instead", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"{e}; writing an exact keyframe instead", RuntimeWarning, stacklevel=3)
             return self._keyframe(a, dt, u, "non-finite delta")
         if not lossy:
             self.ref = u.copy()
         self.last_stats = st
-        return blob
+        return [blob] if lossy else blob
 
     def _keyframe(self, a, dt, u, why):
         blob = encode_exact(a, dt, self.log2, self.raw_keyframes)
         self.ref = np.array(u, copy=True)
         self.dtype, self.shape = dt, a.shape
-        self.last_stats = EncodeStats(u.size, dt.name, "lossless", nbytes=len(blob), fallback=why)
+        self.last_stats = EncodeStats(u.size, dt.name, "lossless", nbytes=blob_nbytes(blob),
+                                      fallback=why)
         return blob
 
     def reference(self):

@@ -87,8 +87,8 @@ class Codec:
     """How tensor sections named ``name`` are encoded and decoded.
 
     ``encode(tensor)`` gets a detached, contiguous CPU tensor and returns a bytes-like
-    payload, or ``(payload, params)`` with a JSON dict stored as the section's
-    ``codec_params``. ``decode(data, meta)`` gets the checked payload (a memoryview) and the
+    payload (or a list of bytes-like pieces, written one after another), or
+    ``(payload, params)`` with a JSON dict stored as the section's ``codec_params``. ``decode(data, meta)`` gets the checked payload (a memoryview) and the
     section metadata (``dtype``, ``shape``, ``nbytes``, ``codec``, ``codec_params``) and
     returns a numpy array or CPU tensor of exactly that dtype and shape. ``dtypes``: the
     torch dtypes it handles (None: all); tensors of other dtypes are stored raw.

@@ -262,6 +262,21 @@ def test_file_shrinking_while_open(tmp_path):
             c.data(0)
 
 
+def test_section_from_pieces_is_the_joined_section(tmp_path, monkeypatch):
+    monkeypatch.setattr(_crc, "PIECE", 1000)        # pieces large enough to be split too
+    rng = np.random.default_rng(5)
+    pieces = [rng.integers(0, 256, n, dtype=np.uint8) for n in (7, 0, 4000, 1)]
+    joined = b"".join(p.tobytes() for p in pieces)
+    a, b = tmp_path / "a.lc", tmp_path / "b.lc"
+    na = C.write_container(a, [("x", {}, pieces), ("e", {}, []), ("y", {}, b"z")], {"m": 1})
+    nb = C.write_container(b, [("x", {}, joined), ("e", {}, b""), ("y", {}, b"z")], {"m": 1})
+    assert na == nb == a.stat().st_size and a.read_bytes() == b.read_bytes()
+    with C.read_container(a) as c:
+        assert bytes(c.data(0)) == joined and c.sections[0]["crc32"] == zlib.crc32(joined)
+    with pytest.raises(InvalidArgumentError, match="list of them"):
+        C.write_container(tmp_path / "c.lc", [("x", {}, [b"ok", 3])], {})
+
+
 # ---- checksums of large sections: pieces on the pool, combined
 
 
