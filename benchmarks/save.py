@@ -15,7 +15,8 @@ Measured (medians of several runs, page cache warm for loads):
   keyframe; of ``lcckpt.save`` raw and with ``compress=True``; of ``torch.save`` (plain,
   and followed by an fsync, since every lcckpt write is fsynced and atomic);
 * restore time of the keyframe plus 10 deltas (``DeltaCheckpointer.load`` of the last
-  step) against ``torch.load`` and ``lcckpt.load``;
+  step) against ``torch.load`` and ``lcckpt.load``, the four loads taking turns round by
+  round (a slow spell of the machine then hits all of them);
 * bytes on disk of each, split into parameters, exp_avg, exp_avg_sq and the rest (step
   counters, param_groups, header), from the per-section sizes in the container header
   (torch.save stores tensor bytes as they are: its parts are the tensors' sizes).
@@ -90,6 +91,19 @@ def part_elements(state: dict) -> dict:
     }
 
 
+def measure_interleaved(fns: dict, rounds: int, before) -> dict:
+    """Median seconds of each call, the calls taking turns round by round: on a noisy
+    machine a slow spell then hits every contender, not only the one measured during it."""
+    times = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            before()
+            t = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def _fsync_save(obj, path):
     with open(path, "wb") as f:
         torch.save(obj, f)
@@ -140,7 +154,6 @@ def run(quick: bool, bits: int, deltas: int = 10, error_bound: float | None = No
                                                   for p in PARTS[:3]}})
         assert all(ck.info(s)["kind"] == "delta" for s, _ in snaps[1:])
         last = snaps[-1][0]
-        restore = measure(lambda: ck.load(last), **runs)
         restored = ck.load(last)
         rel = {}
         for part, get in (("params", lambda s: list(s["model"].values())),
@@ -161,26 +174,30 @@ def run(quick: bool, bits: int, deltas: int = 10, error_bound: float | None = No
         mean_delta = {p: statistics.mean(d[p] for d in delta_parts) for p in PARTS}
         rows.append(_row("DeltaCheckpointer delta (mean of %d)" % deltas,
                          statistics.median(delta_times), None, mean_delta))
-        rows.append(_row("DeltaCheckpointer keyframe", key_save.median_s, None, key_parts))
-        rows.append(_row("DeltaCheckpointer restore K+%d" % deltas, None, restore.median_s,
-                         None))
-
         # ---- single files of the last state
         paths = {n: os.path.join(root, n) for n in ("raw.lcc", "z.lcc", "t.pt", "tf.pt")}
         s_raw = measure(lambda: lcckpt.save(state, paths["raw.lcc"]), **runs)
-        l_raw = measure(lambda: lcckpt.load(paths["raw.lcc"]), **runs)
         s_z = measure(lambda: lcckpt.save(state, paths["z.lcc"], compress=True), **runs)
-        l_z = measure(lambda: lcckpt.load(paths["z.lcc"]), **runs)
         s_t = measure(lambda: torch.save(state, paths["t.pt"]), **runs)
-        l_t = measure(lambda: torch.load(paths["t.pt"], weights_only=True), **runs)
         s_tf = measure(lambda: _fsync_save(state, paths["tf.pt"]), **runs)
         torch_total = os.path.getsize(paths["t.pt"])
         t_parts = torch_parts(state, torch_total)
-        rows.append(_row("lcckpt.save raw", s_raw.median_s, l_raw.median_s,
+
+        # ---- loads, interleaved round by round so that each sees the same machine state
+        loads = measure_interleaved({
+            "restore": lambda: ck.load(last),
+            "raw": lambda: lcckpt.load(paths["raw.lcc"]),
+            "z": lambda: lcckpt.load(paths["z.lcc"]),
+            "torch": lambda: torch.load(paths["t.pt"], weights_only=True),
+        }, rounds=runs["max_runs"], before=os.sync)
+        rows.append(_row("DeltaCheckpointer keyframe", key_save.median_s, None, key_parts))
+        rows.append(_row("DeltaCheckpointer restore K+%d" % deltas, None, loads["restore"],
+                         None))
+        rows.append(_row("lcckpt.save raw", s_raw.median_s, loads["raw"],
                          lcckpt_parts(paths["raw.lcc"])))
-        rows.append(_row("lcckpt.save compress=True", s_z.median_s, l_z.median_s,
+        rows.append(_row("lcckpt.save compress=True", s_z.median_s, loads["z"],
                          lcckpt_parts(paths["z.lcc"])))
-        rows.append(_row("torch.save", s_t.median_s, l_t.median_s, t_parts))
+        rows.append(_row("torch.save", s_t.median_s, loads["torch"], t_parts))
         rows.append(_row("torch.save + fsync", s_tf.median_s, None, None))
     finally:
         shutil.rmtree(root, ignore_errors=True)
