@@ -1,10 +1,10 @@
 """The LC-Checkpoint quantizer: delta -> bucket symbols and centroids, chunk-parallel.
 
 Pass 1 reads the floats once: each element's bucket key (``uint16``), per-chunk
-bucket statistics (count, sum) and the norms of the state and of the delta. Promotion then picks the kept buckets
-from the totals; pass 2 only maps keys to symbols. Symbol histograms and the
-reconstruction error follow from the bucket statistics, with no further pass over the
-floats. Works in the array's own float width: fp32 (9-bit sign+exponent keys) or fp64
+bucket statistics (count, sum) and the norms of the state and of the delta. Promotion
+then picks the kept buckets from the totals; pass 2 only maps keys to symbols. Symbol
+histograms and the reconstruction error follow from the bucket statistics, with no
+further pass over the floats. Works in the array's own float width: fp32 (9-bit sign+exponent keys) or fp64
 (12-bit keys).
 """
 
@@ -107,12 +107,10 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
         raise NonFiniteError(
             f"the delta holds {bad} NaN/Inf values, which no quantizer bucket can represent; "
             "check the state for divergence, or store this step as an exact keyframe")
-    if midpoint:
-        mins, maxs = mins[:, :nkeys], maxs[:, :nkeys]
     s_tot = sums.sum(axis=(0, 1))[:nkeys]
     if midpoint:
-        lo_t = np.min(mins, axis=0, initial=np.inf)
-        hi_t = np.max(maxs, axis=0, initial=-np.inf)
+        lo_t = np.min(mins[:, :nkeys], axis=0, initial=np.inf)
+        hi_t = np.max(maxs[:, :nkeys], axis=0, initial=-np.inf)
     else:
         lo_t = hi_t = np.zeros(nkeys)
     centroids = np.zeros(1 << bits, u.dtype)

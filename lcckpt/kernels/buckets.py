@@ -37,7 +37,8 @@ def key_histogram(u, ref, use_ref, start, stop, scratch_f, scratch_u, shift, key
     Per block, the deltas and keys are computed branch-free first (those loops
     vectorize), then histogrammed. Reassociation is allowed only so that the two norms
     vectorize: every other operation is a single rounding (the subtraction) or a scatter
-    in element order, so keys, counts and sums are exactly those of a plain loop.
+    in element order, so keys and counts are exact and each lane's sum is accumulated in
+    element order (the caller adds the lanes, chunks in a fixed order: deterministic).
     """
     zero_key = counts.shape[1] - 1
     kb = np.empty(BLOCK, np.int32)
