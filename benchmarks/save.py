@@ -163,12 +163,18 @@ def run(quick: bool, bits: int, deltas: int = 10, error_bound: float | None = No
             b = torch.cat([t.reshape(-1).double() for t in get(state)])
             rel[part] = float((a - b).norm() / b.norm())
 
-        # keyframe save time: fresh directories, so each save is a keyframe
+        # keyframe save time: a fresh directory each time (removed untimed), so each save
+        # is a keyframe
+        kf_dir = os.path.join(root, "kf")
+
+        def clear_kf():
+            shutil.rmtree(kf_dir, ignore_errors=True)
+            os.sync()
+
         def keyframe_save():
-            d = os.path.join(root, "kf")
-            shutil.rmtree(d, ignore_errors=True)
-            lcckpt.DeltaCheckpointer(d, bits=bits, error_bound=error_bound).save(k_step, snaps[0][1])
-        key_save = measure(keyframe_save, **runs)
+            lcckpt.DeltaCheckpointer(kf_dir, bits=bits, error_bound=error_bound,
+                                     keyframe_coding=keyframe_coding).save(k_step, snaps[0][1])
+        key_save = measure(keyframe_save, **dict(runs, before=clear_kf))
         shutil.rmtree(os.path.join(root, "kf"), ignore_errors=True)
 
         mean_delta = {p: statistics.mean(d[p] for d in delta_parts) for p in PARTS}
