@@ -1,7 +1,10 @@
-"""Element types: safetensors-style names, numpy/torch equivalents, blob codes.
+"""Element types: the one table of names, numpy/torch equivalents and blob codes.
 
-Arrays travel through the kernels as numpy; dtypes numpy lacks (bfloat16, float8) travel
-as same-width unsigned integer views and come back as torch tensors.
+Names are safetensors' where safetensors has one; files (container headers and blobs)
+store names or codes, never torch's or numpy's own spellings. Every torch dtype has a
+name (:data:`TORCH_NAME`); the tensor codec handles the subset in :data:`BY_NAME`. Arrays
+travel through the kernels as numpy; dtypes numpy lacks (bfloat16, float8) travel as
+same-width unsigned integer views and come back as torch tensors.
 """
 
 from dataclasses import dataclass
@@ -10,6 +13,29 @@ import numpy as np
 import torch
 
 from .errors import UnsupportedDtypeError
+
+
+# torch dtype attribute -> name; those this torch build lacks are skipped
+_NAMES = [
+    ("float64", "F64"), ("float32", "F32"), ("float16", "F16"), ("bfloat16", "BF16"),
+    ("int64", "I64"), ("int32", "I32"), ("int16", "I16"), ("int8", "I8"),
+    ("uint64", "U64"), ("uint32", "U32"), ("uint16", "U16"), ("uint8", "U8"),
+    ("bool", "BOOL"), ("complex128", "C128"), ("complex64", "C64"), ("complex32", "C32"),
+    ("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"),
+    ("float8_e4m3fnuz", "F8_E4M3FNUZ"), ("float8_e5m2fnuz", "F8_E5M2FNUZ"),
+    ("float8_e8m0fnu", "F8_E8M0"), ("float4_e2m1fn_x2", "F4_E2M1FN_X2"),
+]  # fmt: skip
+TORCH_NAME: dict[torch.dtype, str] = {
+    getattr(torch, attr): name for attr, name in _NAMES if hasattr(torch, attr)
+}
+NAME_TORCH = {name: dtype for dtype, name in TORCH_NAME.items()}
+# numpy dtype.str (explicit byte order) -> name, for numpy arrays stored as themselves
+NUMPY_NAME = {
+    "<f8": "F64", "<f4": "F32", "<f2": "F16", "<i8": "I64", "<i4": "I32", "<i2": "I16",
+    "|i1": "I8", "<u8": "U64", "<u4": "U32", "<u2": "U16", "|u1": "U8", "|b1": "BOOL",
+    "<c16": "C128", "<c8": "C64",
+}  # fmt: skip
+NAME_NUMPY = {name: np.dtype(s) for s, name in NUMPY_NAME.items()}
 
 
 @dataclass(frozen=True)
@@ -26,31 +52,20 @@ class DType:
         return self.numpy.itemsize
 
 
-def _d(name, code, tdt, ndt, native, kind):
-    return DType(name, code, tdt, np.dtype(ndt), native, kind)
-
-
-_ALL = [
-    _d("F32", 0, torch.float32, np.float32, True, "float"),
-    _d("F64", 1, torch.float64, np.float64, True, "float"),
-    _d("F16", 2, torch.float16, np.float16, True, "float"),
-    _d("BF16", 3, torch.bfloat16, np.uint16, False, "float"),
-    _d("I8", 4, torch.int8, np.int8, True, "int"),
-    _d("U8", 5, torch.uint8, np.uint8, True, "int"),
-    _d("I16", 6, torch.int16, np.int16, True, "int"),
-    _d("I32", 8, torch.int32, np.int32, True, "int"),
-    _d("I64", 10, torch.int64, np.int64, True, "int"),
-    _d("BOOL", 12, torch.bool, np.bool_, True, "bool"),
-    _d("C64", 13, torch.complex64, np.complex64, True, "complex"),
-    _d("C128", 14, torch.complex128, np.complex128, True, "complex"),
-]
-for _name, _code, _attr, _ndt in (("U16", 7, "uint16", np.uint16), ("U32", 9, "uint32", np.uint32),
-                                  ("U64", 11, "uint64", np.uint64)):
-    if hasattr(torch, _attr):
-        _ALL.append(_d(_name, _code, getattr(torch, _attr), _ndt, True, "int"))
-for _name, _code, _attr in (("F8_E4M3", 15, "float8_e4m3fn"), ("F8_E5M2", 16, "float8_e5m2")):
-    if hasattr(torch, _attr):
-        _ALL.append(_d(_name, _code, getattr(torch, _attr), np.uint8, False, "float"))
+# the codec's dtypes: name, blob code, numpy dtype or carrier, numpy has it, kind
+_CODEC = [
+    ("F32", 0, np.float32, True, "float"), ("F64", 1, np.float64, True, "float"),
+    ("F16", 2, np.float16, True, "float"), ("BF16", 3, np.uint16, False, "float"),
+    ("I8", 4, np.int8, True, "int"), ("U8", 5, np.uint8, True, "int"),
+    ("I16", 6, np.int16, True, "int"), ("U16", 7, np.uint16, True, "int"),
+    ("I32", 8, np.int32, True, "int"), ("U32", 9, np.uint32, True, "int"),
+    ("I64", 10, np.int64, True, "int"), ("U64", 11, np.uint64, True, "int"),
+    ("BOOL", 12, np.bool_, True, "bool"),
+    ("C64", 13, np.complex64, True, "complex"), ("C128", 14, np.complex128, True, "complex"),
+    ("F8_E4M3", 15, np.uint8, False, "float"), ("F8_E5M2", 16, np.uint8, False, "float"),
+]  # fmt: skip
+_ALL = [DType(name, code, NAME_TORCH[name], np.dtype(ndt), native, kind)
+        for name, code, ndt, native, kind in _CODEC if name in NAME_TORCH]
 
 BY_NAME = {d.name: d for d in _ALL}
 BY_CODE = {d.code: d for d in _ALL}

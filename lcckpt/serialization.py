@@ -33,6 +33,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
+from . import dtypes
 from .container import MAGIC, Container, read_container, write_container
 from .errors import (
     CorruptDataError,
@@ -56,27 +57,7 @@ __all__ = [
 TREE_VERSION = 1
 MAX_DEPTH = 64  # levels of containers; a few JSON levels each in the header
 
-# torch dtype name -> header code (safetensors names where safetensors has one)
-_DTYPE_TABLE = [
-    ("float64", "F64"), ("float32", "F32"), ("float16", "F16"), ("bfloat16", "BF16"),
-    ("int64", "I64"), ("int32", "I32"), ("int16", "I16"), ("int8", "I8"),
-    ("uint64", "U64"), ("uint32", "U32"), ("uint16", "U16"), ("uint8", "U8"),
-    ("bool", "BOOL"), ("complex128", "C128"), ("complex64", "C64"), ("complex32", "C32"),
-    ("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"),
-    ("float8_e4m3fnuz", "F8_E4M3FNUZ"), ("float8_e5m2fnuz", "F8_E5M2FNUZ"),
-    ("float8_e8m0fnu", "F8_E8M0"), ("float4_e2m1fn_x2", "F4_E2M1FN_X2"),
-]  # fmt: skip
-DTYPE_CODES: dict[torch.dtype, str] = {
-    getattr(torch, name): code for name, code in _DTYPE_TABLE if hasattr(torch, name)
-}
-_CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
-# numpy dtype.str (explicit byte order) <-> header code
-_NP_CODES = {
-    "<f8": "F64", "<f4": "F32", "<f2": "F16", "<i8": "I64", "<i4": "I32", "<i2": "I16",
-    "|i1": "I8", "<u8": "U64", "<u4": "U32", "<u2": "U16", "|u1": "U8", "|b1": "BOOL",
-    "<c16": "C128", "<c8": "C64",
-}  # fmt: skip
-_CODE_NP = {code: np.dtype(s) for s, code in _NP_CODES.items()}
+DTYPE_CODES: dict[torch.dtype, str] = dtypes.TORCH_NAME   # dtype -> header name
 
 
 # --------------------------------------------------------------------------- codecs
@@ -88,10 +69,11 @@ class Codec:
 
     ``encode(tensor)`` gets a detached, contiguous CPU tensor and returns a bytes-like
     payload (or a list of bytes-like pieces, written one after another), or
-    ``(payload, params)`` with a JSON dict stored as the section's ``codec_params``. ``decode(data, meta)`` gets the checked payload (a memoryview) and the
-    section metadata (``dtype``, ``shape``, ``nbytes``, ``codec``, ``codec_params``) and
-    returns a numpy array or CPU tensor of exactly that dtype and shape. ``dtypes``: the
-    torch dtypes it handles (None: all); tensors of other dtypes are stored raw.
+    ``(payload, params)`` with a JSON dict stored as the section's ``codec_params``.
+    ``decode(data, meta)`` gets the checked payload (a memoryview) and the section
+    metadata (``dtype``, ``shape``, ``nbytes``, ``codec``, ``codec_params``) and returns a
+    numpy array or CPU tensor of exactly that dtype and shape. ``dtypes``: the torch
+    dtypes it handles (None: all); tensors of other dtypes are stored raw.
     """
 
     name: str
@@ -130,7 +112,7 @@ def _raw_encode(t: torch.Tensor) -> memoryview:
 
 
 def _raw_decode(data: memoryview, meta: dict) -> torch.Tensor:
-    t = torch.empty(meta["shape"], dtype=_CODE_DTYPES[meta["dtype"]])
+    t = torch.empty(meta["shape"], dtype=dtypes.NAME_TORCH[meta["dtype"]])
     if data.nbytes:
         t.reshape(-1).view(torch.uint8).numpy()[:] = np.frombuffer(data, np.uint8)
     return t
@@ -229,8 +211,9 @@ class _Saver:
             return self.tensor(v, path)
         if t is np.ndarray:
             return self.ndarray(v, path)
-        if isinstance(v, np.generic) and v.dtype.str in _NP_CODES:
-            return {"$": "npscalar", "dtype": _NP_CODES[v.dtype.str], "hex": v.tobytes().hex()}
+        if isinstance(v, np.generic) and v.dtype.str in dtypes.NUMPY_NAME:
+            return {"$": "npscalar", "dtype": dtypes.NUMPY_NAME[v.dtype.str],
+                    "hex": v.tobytes().hex()}
         if t is bytes:
             return self.bytes(v, path)
         if t is torch.dtype:
@@ -345,7 +328,7 @@ class _Saver:
     def ndarray(self, v: np.ndarray, path: str):
         if id(v) in self.by_id:
             return self.by_id[id(v)]
-        code = _NP_CODES.get(v.dtype.str)
+        code = dtypes.NUMPY_NAME.get(v.dtype.str)
         if code is None:
             raise UnsupportedDtypeError(
                 f"cannot save {path}: numpy dtype {v.dtype.str} is not supported (object, "
@@ -571,7 +554,7 @@ class _Loader:
         return self.objects[(s, obj)]
 
     def decode_tensor(self, s: int, meta: dict, path: str) -> torch.Tensor:
-        dtype = _lookup(_CODE_DTYPES, meta.get("dtype"))
+        dtype = _lookup(dtypes.NAME_TORCH, meta.get("dtype"))
         if dtype is None:
             _bad(path, f"unknown tensor dtype {meta.get('dtype')!r:.40}")
         shape = _shape(meta, path)
@@ -606,7 +589,7 @@ class _Loader:
         if isinstance(out, np.ndarray):
             if not out.flags.writeable or not out.flags.c_contiguous:
                 out = out.copy()
-            if out.dtype.str not in _NP_CODES:
+            if out.dtype.str not in dtypes.NUMPY_NAME:
                 _bad(path, f"codec {name!r} returned numpy dtype {out.dtype}")
             out = torch.from_numpy(out)
         if not isinstance(out, torch.Tensor) or out.dtype != dtype or list(out.shape) != shape:
@@ -652,7 +635,7 @@ class _Loader:
         _fields(j, path, ("s",))
         s, meta = self.section(j, path, "ndarray")
         if s not in self.sections:
-            dtype = _lookup(_CODE_NP, meta.get("dtype"))
+            dtype = _lookup(dtypes.NAME_NUMPY, meta.get("dtype"))
             if dtype is None:
                 _bad(path, f"unknown array dtype {meta.get('dtype')!r:.40}")
             shape = _shape(meta, path)
@@ -674,7 +657,7 @@ class _Loader:
 
     def npscalar(self, j, path, depth):
         _fields(j, path, ("dtype", "hex"))
-        dtype = _lookup(_CODE_NP, j["dtype"])
+        dtype = _lookup(dtypes.NAME_NUMPY, j["dtype"])
         h = j["hex"]
         if dtype is None or type(h) is not str or not re.fullmatch(r"(?:[0-9a-f]{2})*", h):
             _bad(path, "invalid numpy scalar")
@@ -685,7 +668,7 @@ class _Loader:
 
     def dtype(self, j, path, depth):
         _fields(j, path, ("v",))
-        dtype = _lookup(_CODE_DTYPES, j["v"])
+        dtype = _lookup(dtypes.NAME_TORCH, j["v"])
         if dtype is None:
             _bad(path, f"unknown dtype {j['v']!r:.40}")
         return dtype
