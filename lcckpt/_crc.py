@@ -54,14 +54,13 @@ def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
     return crc1 ^ crc2
 
 
-def crc32(view) -> int:
-    """``zlib.crc32(view)``, computed in pieces on the thread pool when it is large."""
+def crc32(view, value: int = 0) -> int:
+    """``zlib.crc32(view, value)``, computed in pieces on the thread pool when it is large."""
     view = memoryview(view).cast("B")
     if view.nbytes < 2 * PIECE:
-        return zlib.crc32(view)
+        return zlib.crc32(view, value)
     parts = [(len(p), submit(zlib.crc32, p))
              for p in (view[off:off + PIECE] for off in range(0, view.nbytes, PIECE))]
-    crc = 0
     for n, fut in parts:
-        crc = crc32_combine(crc, fut.result(), n)
-    return crc
+        value = crc32_combine(value, fut.result(), n)
+    return value

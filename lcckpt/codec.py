@@ -105,7 +105,7 @@ def _finish_parts(w: Writer, payloads) -> list:
     parts = [bytes(w.buf)]
     for p in payloads:
         mv = memoryview(p).cast("B")
-        crc = _crc.crc32_combine(crc, _crc.crc32(mv), mv.nbytes)
+        crc = _crc.crc32(mv, crc)
         parts.append(mv)
     parts.append(crc.to_bytes(4, "little"))
     return parts

@@ -124,7 +124,7 @@ def _build_header(sections, meta) -> tuple[bytes, list[list[memoryview]]]:
             ) from None
         length, crc = 0, 0
         for view in views:
-            crc = _crc.crc32_combine(crc, _crc.crc32(view), view.nbytes)
+            crc = _crc.crc32(view, crc)
             length += view.nbytes
         entries.append(
             {
@@ -460,7 +460,7 @@ class Container:
                 got = self._source.readinto(self.data_start + s["offset"] + pos, view)
                 if got != view.nbytes:
                     raise TruncatedError(f"section {s['name']!r} is truncated")
-                crc = _crc.crc32_combine(crc, _crc.crc32(view), got)
+                crc = _crc.crc32(view, crc)
                 pos += got
             self._compare_crc(i, crc)
             self._check_gap(i)

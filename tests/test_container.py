@@ -293,6 +293,7 @@ def test_pieced_section_reads(tmp_path, monkeypatch):
     rng = np.random.default_rng(3)
     big = rng.integers(0, 256, 10_001, dtype=np.uint8).tobytes()
     assert _crc.crc32(big) == zlib.crc32(big)
+    assert _crc.crc32(big, 12345) == zlib.crc32(big, 12345)      # continues a running CRC
     path = tmp_path / "f.lc"
     C.write_container(path, [("a", {}, b"x"), ("big", {}, big), ("z", {}, b"y")], {})
     with C.read_container(path) as c:
