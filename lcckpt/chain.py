@@ -95,7 +95,7 @@ class _Track:
     @property
     def ref(self) -> np.ndarray | None:
         if self._key is not None:
-            buf, p = self._key
+            p = self._key[1]
             ref = np.empty(p.n, p.dt.numpy)
             apply_deltas(self.pending, ref, base=self._key)
             self._ref, self._key, self.pending = ref, None, []

@@ -405,7 +405,7 @@ def map_symbols_runs(keys, start, stop, lut, sym, S, hist):
 
     Per block: map the keys, list the nonzero positions branch-free (store every
     position, advance only past nonzeros), then count one letter per listed position
-    from the gap to the previous one. About 1.4x faster than the branch per element of
+    from the gap to the previous one. About 1.3x faster than the branch per element of
     :func:`runs_histogram` on dense symbols, where that branch is unpredictable.
     """
     extra = 0
