@@ -18,8 +18,8 @@ from .errors import (
 
 __version__ = "0.1.0"
 
+from .config import CodecConfig
 from .codec import EncodeStats, decode, encode, warmup
 from .delta import DeltaDecoder, DeltaEncoder
 from .serialization import load, register_codec, save
-from . import codecs as _codecs  # registers the built-in section codecs
 from .chain import DeltaCheckpointer

@@ -14,8 +14,11 @@ first written; a delta whose base file carries another id is refused. :meth:`mer
 rewrites a delta as a keyframe of the very same reconstructed state (stored losslessly,
 in the tracking precision), so it keeps the state id and later deltas still apply.
 
-Tracked sections use the section codec ``"delta"`` registered here: its blob is a
-lossless tensor blob (keyframes, and tensors new in a delta) or a lossy delta blob.
+Tracked sections use the section codec ``"delta"``: its blob is a lossless tensor blob
+(keyframes, and tensors new in a delta) or a lossy delta blob. A save passes its own
+leaf encoder to :func:`~lcckpt.serialization.pack` (``_SaveSession.encode_leaf`` ->
+``DeltaEncoder.encode_parts``); a load passes a leaf decoder that advances the
+:class:`~lcckpt.delta.Reconstruction` of each tracked tensor (``_FileReplay``).
 ``lcckpt.load`` reads keyframe files directly; a delta file needs its chain and is
 refused with :class:`BrokenChainError`.
 
@@ -25,7 +28,6 @@ it writes, since files only ever appear complete.
 
 from __future__ import annotations
 
-import contextvars
 import operator
 import os
 import re
@@ -38,11 +40,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import codec as _codec
-from . import container as _container
-from . import dtypes
-from .codec import LOSSLESS, apply_deltas, blob_nbytes, decode_exact, parse
-from .delta import DeltaEncoder
+from . import _durable
+from . import blob as _blob
+from . import sections as _sections
+from .container import read_container, write_container
+from .delta import DeltaEncoder, Reconstruction
 from .errors import (
     BrokenChainError,
     CorruptDataError,
@@ -50,19 +52,13 @@ from .errors import (
     LcckptError,
     UnsupportedVersionError,
 )
-from .serialization import pack, register_codec, unpack
+from .sections import DELTA, TRACKABLE, Encoded, section_key
+from .serialization import pack, unpack
 
-__all__ = ["DELTA_CODEC", "DeltaCheckpointer"]
+__all__ = ["DeltaCheckpointer", "file_name"]
 
 CHAIN_VERSION = 1
-DELTA_CODEC = "delta"
 _NAME_RE = re.compile(r"step-(\d{12,})\.lcc")
-_TEMP_RE = re.compile(r"\.(step-\d{12,}\.lcc)\..*\.lcckpt-tmp")
-_TRACKABLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_WORK_DTYPES = {"F16": "F32", "BF16": "F32"}   # tracked in fp32, cast back on restore
-
-_ENCODING: contextvars.ContextVar = contextvars.ContextVar("lcckpt_chain_encoding", default=None)
-_DECODING: contextvars.ContextVar = contextvars.ContextVar("lcckpt_chain_decoding", default=None)
 
 
 def file_name(step: int) -> str:
@@ -70,149 +66,26 @@ def file_name(step: int) -> str:
     return f"step-{step:012d}.lcc"
 
 
-# --------------------------------------------------------------------------- the codec
+# --------------------------------------------------------------------------- coding
 
 
-class _Track:
-    """The reconstruction of one tracked tensor: flat working floats, user dtype, shape.
-
-    Deltas are validated as they arrive but applied lazily, all pending ones together
-    (:func:`lcckpt.codec.apply_deltas`, chunk by chunk across the deltas), the first time
-    the reference is needed: replaying a chain then streams the model through memory
-    once instead of once per delta. A keyframe stored in the working precision waits
-    too, and is decoded chunk by chunk in that same pass.
-    """
-
-    __slots__ = ("_ref", "_key", "pending", "dt", "shape")
-
-    def __init__(self):
-        self._ref: np.ndarray | None = None
-        self._key = None                  # (buf, parsed) of a keyframe not yet decoded
-        self.pending: list = []
-        self.dt: dtypes.DType | None = None
-        self.shape: tuple | None = None
-
-    @property
-    def ref(self) -> np.ndarray | None:
-        if self._key is not None:
-            p = self._key[1]
-            ref = np.empty(p.n, p.dt.numpy)
-            apply_deltas(self.pending, ref, base=self._key)
-            self._ref, self._key, self.pending = ref, None, []
-        elif self.pending:
-            apply_deltas(self.pending, self._ref)
-            self.pending = []
-        return self._ref
-
-    def apply(self, blob, meta: dict, key: str) -> None:
-        """Advance by one section's blob exactly as the encoder advanced its reference.
-
-        The blob comes from a container section whose CRC was just verified, so its own
-        payload checksum is not computed a second time.
-        """
-        buf, p = parse(blob, check_payload=False)
-        name, shape = meta.get("dtype"), tuple(meta.get("shape", ()))
-        if p.shape != shape:
-            raise CorruptDataError(f"{key}: blob shape {list(p.shape)} != section shape {list(shape)}")
-        if p.kind == LOSSLESS:
-            if p.dt.name != name and _WORK_DTYPES.get(name) != p.dt.name:
-                raise CorruptDataError(f"{key}: blob dtype {p.dt.name} for a {name} section")
-            if p.dt.kind != "float" or p.dt.name.startswith("F8"):
-                raise CorruptDataError(f"{key}: {p.dt.name} is not a tracked dtype")
-            if p.dt.name in _WORK_DTYPES:         # fp16/bf16: widened to fp32 right away
-                ref = dtypes.to_float_work(decode_exact(buf, p), p.dt).reshape(-1)
-                if not ref.flags.writeable or not ref.flags.c_contiguous:
-                    ref = ref.copy()
-                self._ref, self._key = ref, None
-            else:
-                self._ref, self._key = None, (buf, p)
-            self.pending = []
-            self.dt, self.shape = dtypes.BY_NAME[name], shape
-            return
-        if p.dt.name != name:
-            raise CorruptDataError(f"{key}: blob dtype {p.dt.name} for a {name} section")
-        if self._ref is None and self._key is None:
-            raise BrokenChainError(f"{key}: a delta without a reference (its keyframe is missing)")
-        if p.dt != self.dt or p.shape != self.shape:
-            raise BrokenChainError(
-                f"{key}: delta for {p.dt.name}{list(p.shape)} does not fit the reference "
-                f"{self.dt.name}{list(self.shape)}")
-        self.pending.append((buf, p))
-
-    def value(self, copy: bool = True):
-        """The restored tensor in the user's dtype; ``copy=False`` hands over the reference
-        itself (for a final step whose tracks are discarded)."""
-        ref = self.ref.reshape(self.shape)
-        return dtypes.from_float_work(ref.copy() if copy else ref, self.dt)
-
-    def exact_blob(self) -> bytes:
-        """The reference itself, losslessly (fp32 for fp16/bf16 tensors): a merge keyframe."""
-        return _codec.encode(self.ref.reshape(self.shape), lossless=True)
-
-
-def _codec_encode(t: torch.Tensor):
-    session = _ENCODING.get()
-    if session is None:
-        raise InvalidArgumentError(
-            f"the {DELTA_CODEC!r} section codec is written by lcckpt.DeltaCheckpointer only; "
-            "use codec='lossless' with lcckpt.save")
-    return session.encode(t)
-
-
-def _codec_decode(data, meta: dict):
-    key = _section_key(meta)
-    ctx = _DECODING.get()
-    if ctx is None:                       # plain lcckpt.load: keyframes only
-        buf, p = parse(data)
-        if p.kind != LOSSLESS:
-            raise BrokenChainError(
-                f"{key} is a delta against an earlier checkpoint; restore it with "
-                "lcckpt.DeltaCheckpointer(directory).load(step)")
-        t = _Track()
-        t.apply(data, meta, key)
-        return t.value()
-    old, new, copy = ctx
-    track = old.get(key) or _Track()
-    track.apply(data, meta, key)
-    new[key] = track
-    return track.value(copy)
-
-
-def _section_key(meta: dict) -> str:
-    params = meta.get("codec_params")
-    key = params.get("key") if type(params) is dict else None
-    if type(key) is not str:
-        raise CorruptDataError("a delta section has no tracking key in its codec_params")
-    return key
-
-
-register_codec(DELTA_CODEC, _codec_encode, _codec_decode, dtypes=_TRACKABLE, replace=True)
-
-
-class _Session:
-    """One save: decides per tensor whether it is tracked, and encodes tracked ones."""
+class _SaveSession:
+    """One save: decides per tensor whether it is tracked and codes it (the leaf encoder
+    this save passes to :func:`lcckpt.serialization.pack`)."""
 
     def __init__(self, encoders: dict, make: Callable, track: Callable, keyframe: bool):
         self.encoders, self.make, self.track, self.keyframe = encoders, make, track, keyframe
-        self.pending: str | None = None
         self.stats: dict[str, dict] = {}
 
-    def choose(self, path: str, t: torch.Tensor) -> str:
-        if t.dtype in _TRACKABLE and self.track(path, t):
-            self.pending = path
-            return DELTA_CODEC
-        return "lossless"
-
-    def encode(self, t: torch.Tensor):
-        key, self.pending = self.pending, None
-        if key is None:
-            raise InvalidArgumentError("delta codec called without a tracked tensor")
-        enc = self.encoders.get(key)
+    def encode_leaf(self, path: str, t: torch.Tensor) -> Encoded:
+        if t.dtype not in TRACKABLE or not self.track(path, t):
+            return _sections.encode_with(_sections.LOSSLESS, path, t)
+        enc = self.encoders.get(path)
         if enc is None:
-            enc = self.encoders[key] = self.make(key)
-        blob = enc.encode_parts(t, keyframe=self.keyframe)
-        st, nbytes = enc.last_stats, blob_nbytes(blob)
-        self.stats[key] = {
+            enc = self.encoders[path] = self.make(path)
+        parts, st = enc.encode_parts(t, keyframe=self.keyframe)
+        nbytes = _blob.nbytes(parts)
+        self.stats[path] = {
             "kind": st.kind,
             "bits": st.bits,
             "bits_per_element": _finite(8 * nbytes / st.n if st.n else 0.0),
@@ -220,8 +93,36 @@ class _Session:
             "nbytes": nbytes,
         }
         if st.fallback:
-            self.stats[key]["fallback"] = st.fallback
-        return blob, {"key": key}
+            self.stats[path]["fallback"] = st.fallback
+        return Encoded(DELTA, parts, {"key": path})
+
+
+class _FileReplay:
+    """Loading one file of a chain: ``"delta"`` sections advance the reconstructions of
+    the previous step (``before``) into ``after``; other sections decode as anywhere."""
+
+    def __init__(self, before: dict, copy: bool = True):
+        self.before, self.after, self.copy = before, {}, copy
+
+    def advance(self, c, i: int, meta: dict) -> Reconstruction:
+        key = section_key(meta)
+        rec = self.before.get(key) or Reconstruction()
+        rec.apply(c.data(i), dtype=meta.get("dtype"), shape=tuple(meta.get("shape", ())),
+                  check_payload=False, what=key)
+        self.after[key] = rec
+        return rec
+
+    def decode_leaf(self, path: str, c, i: int, meta: dict):
+        if meta.get("codec") != DELTA:
+            return _sections.decode_leaf(path, c, i, meta)
+        return self.advance(c, i, meta).value(self.copy)
+
+    def advance_all(self, c) -> dict:
+        """Advance every tracked tensor of file ``c`` without building its object."""
+        for i, s in enumerate(c.sections):
+            if s["meta"].get("kind") == "tensor" and s["meta"].get("codec") == DELTA:
+                self.advance(c, i, s["meta"])
+        return self.after
 
 
 def _finite(x):
@@ -359,14 +260,10 @@ class DeltaCheckpointer:
         keyframe = (self._last is None or self._force_keyframe
                     or (self.keyframe_every is not None
                         and self._last["depth"] + 1 >= self.keyframe_every))
-        session = _Session(self._encoders, self._new_encoder, self._track, keyframe)
+        session = _SaveSession(self._encoders, self._new_encoder, self._track, keyframe)
         path = self.path(step)
         try:
-            token = _ENCODING.set(session)
-            try:
-                meta, sections = pack(obj, codec=session.choose)
-            finally:
-                _ENCODING.reset(token)
+            meta, sections = pack(obj, encode_leaf=session.encode_leaf)
             for key in set(self._encoders) - set(session.stats):   # no longer present
                 del self._encoders[key]
             state_id = secrets.token_hex(8)
@@ -383,7 +280,7 @@ class DeltaCheckpointer:
                 "settings": self._settings(),
                 "tensors": session.stats,
             }
-            nbytes = _container.write_container(path, sections, meta)
+            nbytes = write_container(path, sections, meta)
         except BaseException:
             self._encoders = None      # references may have advanced: resync from disk
             raise
@@ -433,15 +330,13 @@ class DeltaCheckpointer:
             return
         for key, t in tracks.items():
             enc = self._new_encoder(key)
-            enc.ref, enc.dtype, enc.shape = t.ref, t.dt, t.shape
+            enc.resume(t)
             self._encoders[key] = enc
         top = links[-1][1]
         self._last = {"step": latest, "state_id": top.state_id, "depth": top.depth}
 
     def _clean_temps(self) -> None:
-        bases = {m.group(1) for m in map(_TEMP_RE.fullmatch, os.listdir(self.directory)) if m}
-        for base in bases:
-            _container._remove_stale_temps(self.directory, base)
+        _durable.remove_stale_temps(self.directory)
 
     # ------------------------------------------------------------------ loading
 
@@ -491,7 +386,7 @@ class DeltaCheckpointer:
                     break
                 path = self.path(s)
                 try:
-                    c = stack.enter_context(_container.read_container(path))
+                    c = stack.enter_context(read_container(path))
                     link = _Link(c.meta.get("lcckpt_chain"), s, path)
                 except FileNotFoundError as e:
                     raise self._fault(step, s, path, BrokenChainError("the file is missing")) from e
@@ -510,15 +405,11 @@ class DeltaCheckpointer:
             for i, (c, link, path) in enumerate(links):
                 try:
                     if build and i == len(links) - 1:
-                        new: dict[str, _Track] = {}
-                        token = _DECODING.set((tracks, new, keep_tracks))
-                        try:
-                            obj = unpack(c, map_location)
-                        finally:
-                            _DECODING.reset(token)
-                        tracks = new
+                        replay = _FileReplay(tracks, copy=keep_tracks)
+                        obj = unpack(c, map_location, decode_leaf=replay.decode_leaf)
+                        tracks = replay.after
                     else:
-                        tracks = _apply_file(c, tracks)
+                        tracks = _FileReplay(tracks).advance_all(c)
                 except (LcckptError, OSError) as e:
                     raise self._fault(step, link.step, path, e) from e
             return obj, [(c, link) for c, link, _ in links], tracks
@@ -543,7 +434,7 @@ class DeltaCheckpointer:
         hit = self._headers.get(path)
         if hit is not None and hit[0] == key:
             return hit[1]
-        with _container.read_container(path) as c:
+        with read_container(path) as c:
             link = _Link(c.meta.get("lcckpt_chain"), step, path)
         self._headers[path] = (key, link)
         return link
@@ -568,7 +459,7 @@ class DeltaCheckpointer:
         _, links, tracks = self._restore(upto, build=False)
         top = links[-1][1]
         if top.kind != "keyframe":
-            with _container.read_container(path) as c:
+            with read_container(path) as c:
                 link = _Link(c.meta.get("lcckpt_chain"), upto, path)
                 if link.state_id != top.state_id:
                     raise BrokenChainError(f"{path} changed while being merged")
@@ -576,12 +467,13 @@ class DeltaCheckpointer:
                 stats = {}
                 for i, s in enumerate(c.sections):
                     meta = s["meta"]
-                    if meta.get("codec") == DELTA_CODEC:
-                        key = _section_key(meta)
+                    if meta.get("codec") == DELTA:
+                        key = section_key(meta)
                         blob = tracks[key].exact_blob()
+                        n = _blob.nbytes(blob)
                         stats[key] = {"kind": "lossless", "bits": None,
-                                      "bits_per_element": _finite(8 * len(blob) / max(1, tracks[key].ref.size)),
-                                      "rel_error": 0.0, "nbytes": len(blob)}
+                                      "bits_per_element": _finite(8 * n / max(1, tracks[key].ref.size)),
+                                      "rel_error": 0.0, "nbytes": n}
                         sections.append((s["name"], meta, blob))
                     else:
                         sections.append((s["name"], meta, c.data(i)))
@@ -590,7 +482,7 @@ class DeltaCheckpointer:
             info.update(kind="keyframe", base=None, depth=0, tensors=stats,
                         merged={"from_base": info["base"], "from_depth": info["depth"]})
             meta["lcckpt_chain"] = info
-            _container.write_container(path, sections, meta)
+            write_container(path, sections, meta)
             if self._last is not None and self._last["step"] == upto:
                 self._last["depth"] = 0     # the cadence counts from this new keyframe
         self._apply_retention()
@@ -624,21 +516,7 @@ class DeltaCheckpointer:
                     pass
                 self._headers.pop(self.path(s), None)
         if removed:
-            _container._fsync_dir(self.directory)
-
-
-def _apply_file(c, tracks: dict) -> dict:
-    """Advance every tracked reference by one file; returns the tracks of that step."""
-    new = {}
-    for i, s in enumerate(c.sections):
-        meta = s["meta"]
-        if meta.get("kind") != "tensor" or meta.get("codec") != DELTA_CODEC:
-            continue
-        key = _section_key(meta)
-        track = tracks.get(key) or _Track()
-        track.apply(c.data(i), meta, key)
-        new[key] = track
-    return new
+            _durable.fsync_dir(self.directory)
 
 
 def _brief(steps: list[int]) -> str:

@@ -33,7 +33,7 @@ def _is_container(path: str) -> bool:
 
 
 def _blob_info(data) -> dict:
-    from .codec import LOSSY, parse
+    from .blob import LOSSY, parse
     _, p = parse(data)
     info = {"blob": "lossy delta" if p.kind == LOSSY else "lossless"}
     if p.kind == LOSSY:
@@ -87,7 +87,7 @@ def verify_file(path: str) -> None:
         from .serialization import load
         load(path)
         return
-    from .codec import parse
+    from .blob import parse
     from .container import read_container
     with read_container(path) as c:
         c.verify()

@@ -22,9 +22,6 @@ import errno
 import json
 import math
 import os
-import secrets
-import socket
-import stat
 import struct
 import threading
 import zlib
@@ -33,7 +30,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from . import _crc
+from . import _crc, _durable
 from ._pool import submit
 from .errors import (
     ChecksumError,
@@ -61,7 +58,6 @@ MAX_JSON_DEPTH = 512  # writers refuse deeper metadata; JSON parsers recurse
 # magic, format version, header length, header crc32, reserved (zero)
 _PREFIX = struct.Struct("<6sHQII")
 PREFIX_SIZE = _PREFIX.size  # 24
-_TMP_SUFFIX = ".lcckpt-tmp"
 
 
 def _align(n: int) -> int:
@@ -87,7 +83,7 @@ def write_container(
     """
     header, payloads = _build_header(sections, meta)
     if isinstance(dest, (str, os.PathLike)):
-        _atomic_write(os.fspath(dest), lambda f: _write_all_parts(f, header, payloads))
+        _durable.atomic_write(os.fspath(dest), lambda f: _write_all_parts(f, header, payloads))
     else:
         _write_all_parts(dest, header, payloads)
     return _file_size(len(header), [sum(v.nbytes for v in p) for p in payloads])
@@ -211,98 +207,6 @@ def _write_all(f: BinaryIO, data) -> None:
         if n is None:  # raw non-blocking stream with nothing written
             raise OSError(errno.EAGAIN, "non-blocking stream refused the write")
         view = view[n:]
-
-
-def _atomic_write(path: str, write) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    base = os.path.basename(path)
-    tmp, fd = _create_temp(directory, base)
-    try:
-        try:
-            mode = stat.S_IMODE(os.stat(path).st_mode)
-        except FileNotFoundError:
-            mode = None
-        with open(fd, "wb") as f:
-            if mode is not None:
-                os.chmod(tmp, mode)
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(directory)
-    _remove_stale_temps(directory, base)
-
-
-def _host_tag() -> str:
-    return f"{zlib.crc32(socket.gethostname().encode('utf-8', 'replace')):08x}"
-
-
-def _temp_prefix(base: str) -> str:
-    return f".{base[:100]}."
-
-
-def _create_temp(directory: str, base: str) -> tuple[str, int]:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-    while True:
-        name = f"{_temp_prefix(base)}{_host_tag()}-{os.getpid()}-{secrets.token_hex(4)}{_TMP_SUFFIX}"
-        tmp = os.path.join(directory, name)
-        try:
-            return tmp, os.open(tmp, flags, 0o666)
-        except FileExistsError:
-            continue
-
-
-def _fsync_dir(directory: str) -> None:
-    if os.name != "posix":
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError as e:  # some filesystems cannot fsync a directory
-        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
-            raise
-    finally:
-        os.close(fd)
-
-
-def _remove_stale_temps(directory: str, base: str) -> None:
-    """Delete temp files left by killed writers of ``base`` on this host."""
-    if os.name != "posix":  # no safe liveness probe elsewhere
-        return
-    prefix, host = _temp_prefix(base), _host_tag()
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return
-    for name in names:
-        if not (name.startswith(prefix) and name.endswith(_TMP_SUFFIX)):
-            continue
-        parts = name[len(prefix) : -len(_TMP_SUFFIX)].split("-")
-        if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
-            continue
-        pid = int(parts[1])
-        if pid == os.getpid() or _pid_alive(pid):
-            continue
-        try:
-            os.unlink(os.path.join(directory, name))
-        except OSError:
-            pass
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
 
 
 # --------------------------------------------------------------------------- reading

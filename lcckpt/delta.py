@@ -7,18 +7,36 @@ while it codes the symbols, with the same fp32 add ``ref[i] + centroid[s]`` the 
 makes while it decodes them (skipping symbol 0 on both sides); tests hold the two
 references bit-identical over 1,000-step chains. fp16/bf16 states are tracked in fp32,
 fp64 in fp64.
+
+:class:`Reconstruction` is the one decoder-side tracker: :class:`DeltaDecoder` and the
+checkpoint chain both use it. It applies deltas lazily, all pending ones in one pass
+(:func:`replay`). Files, keys and chains are chain.py's business, not this module's.
 """
+
+from __future__ import annotations
 
 import warnings
 
 import numpy as np
 
+from . import blob as _blob
 from . import dtypes
-from .codec import (LOSSLESS, EncodeStats, _chunk_log2, _check_bits, blob_nbytes, decode_exact,
-                    decode_symbols_into, encode_exact, guarded_encode, parse)
-from .entropy import CodeCache, modes_for
-from .errors import (BrokenChainError, InvalidArgumentError, NonFiniteError,
+from ._pool import run_tasks
+from .blob import LOSSLESS, Parsed, parse
+from .codec import (EncodeStats, decode_exact, decode_symbols_into, encode_exact,
+                    exact_chunk_decoder, guarded_encode)
+from .config import CodecConfig
+from .entropy import CodeCache, StreamDecoder
+from .errors import (BrokenChainError, CorruptDataError, InvalidArgumentError, NonFiniteError,
                      UnsupportedDtypeError)
+
+__all__ = ["DeltaDecoder", "DeltaEncoder", "Reconstruction", "replay"]
+
+KEYFRAME_CODINGS = ("lossless", "raw")
+
+
+def _tracked(dt: dtypes.DType) -> bool:
+    return dt.kind == "float" and not dt.name.startswith("F8")
 
 
 class DeltaEncoder:
@@ -26,62 +44,71 @@ class DeltaEncoder:
 
     def __init__(self, bits: int = 2, coder: str = "auto", *, error_bound: float | None = None,
                  midpoint: bool = False, chunk_size: int | None = None,
-                 keyframe_coding: str = "lossless"):
-        """``keyframe_coding``: "lossless" (byte planes, ~1.2x smaller) or "raw" (exact bytes,
-        fastest to restore) for the exact blobs: the first one and every keyframe."""
-        if keyframe_coding not in ("lossless", "raw"):
+                 keyframe_coding: str = "lossless", config: CodecConfig | None = None):
+        """``config`` replaces the coding keywords. ``keyframe_coding``: "lossless" (byte
+        planes, ~1.2x smaller) or "raw" (exact bytes, fastest to restore) for the exact
+        blobs: the first one and every keyframe."""
+        if keyframe_coding not in KEYFRAME_CODINGS:
             raise InvalidArgumentError(
                 f"keyframe_coding must be 'lossless' or 'raw', got {keyframe_coding!r}")
+        self.config = config if config is not None else CodecConfig(
+            bits, coder, error_bound, midpoint, chunk_size)
+        if not isinstance(self.config, CodecConfig) or self.config.lossless:
+            raise InvalidArgumentError("config must be a lossy CodecConfig")
         self.raw_keyframes = keyframe_coding == "raw"
-        _check_bits(bits)
-        modes_for(coder, bits)
-        self.bits, self.coder = bits, coder
-        self.error_bound, self.midpoint = error_bound, midpoint
-        self.log2 = _chunk_log2(chunk_size)
         self.cache = CodeCache()
         self.ref: np.ndarray | None = None     # flat working-precision reconstruction
         self.dtype: dtypes.DType | None = None
         self.shape: tuple | None = None
-        self.last_stats: EncodeStats | None = None
 
     def reset(self):
         """Forget the reference: the next :meth:`encode` writes a keyframe."""
         self.ref = None
 
-    def encode(self, x, *, keyframe: bool = False) -> bytes:
-        """Blob for state ``x``: exact when ``keyframe`` or no compatible reference exists."""
-        return b"".join(self.encode_parts(x, keyframe=keyframe))
+    def resume(self, rec: Reconstruction) -> None:
+        """Continue from what a decoder reconstructed (a chain reopened from disk).
 
-    def encode_parts(self, x, *, keyframe: bool = False) -> list:
-        """:meth:`encode`, the blob as a list of byte pieces that a container writes one
-        after another: an exact blob of a large tensor is never joined into one copy."""
+        The encoder takes over ``rec``'s reference array; ``rec`` must not be used after.
+        """
+        if rec.ref is None:
+            raise InvalidArgumentError("cannot resume from an empty reconstruction")
+        self.ref, self.dtype, self.shape = rec.ref, rec.dt, rec.shape
+
+    def encode(self, x, *, keyframe: bool = False, report: bool = False):
+        """Blob for state ``x``: exact when ``keyframe`` or no compatible reference exists.
+
+        With ``report=True`` returns ``(blob, EncodeStats)``.
+        """
+        parts, st = self.encode_parts(x, keyframe=keyframe)
+        blob = b"".join(parts)
+        return (blob, st) if report else blob
+
+    def encode_parts(self, x, *, keyframe: bool = False) -> tuple[list, EncodeStats]:
+        """:meth:`encode` as ``(pieces, stats)``: a container writes the pieces one after
+        another, so an exact blob of a large tensor is never joined into one copy."""
         a, dt = dtypes.to_numpy(x)
-        if dt.kind != "float" or dt.name.startswith("F8"):
+        if not _tracked(dt):
             raise UnsupportedDtypeError(f"delta tracking needs fp16/bf16/fp32/fp64, got {dt.name}")
         u = dtypes.to_float_work(a, dt).reshape(-1)
         if keyframe or self.ref is None or dt != self.dtype or a.shape != self.shape:
             return self._keyframe(a, dt, u, None)
+        exact = lambda: encode_exact(a, dt, self.config.log2, self.raw_keyframes)  # noqa: E731
         try:
-            blob, st, lossy = guarded_encode(u, self.ref, dt, a.shape, self.bits, self.coder,
-                                             self.log2, self.midpoint, self.error_bound,
-                                             exact=lambda: encode_exact(a, dt, self.log2,
-                                                                        self.raw_keyframes),
-                                             cache=self.cache, advance=True)
+            parts, st, lossy = guarded_encode(u, self.ref, dt, a.shape, self.config, exact,
+                                              cache=self.cache, advance=True)
         except NonFiniteError as e:
             warnings.warn(f"{e}; writing an exact keyframe instead", RuntimeWarning, stacklevel=3)
             return self._keyframe(a, dt, u, "non-finite delta")
         if not lossy:
             self.ref = u.copy()
-        self.last_stats = st
-        return [blob] if lossy else blob
+        return parts, st
 
     def _keyframe(self, a, dt, u, why):
-        blob = encode_exact(a, dt, self.log2, self.raw_keyframes)
+        parts = encode_exact(a, dt, self.config.log2, self.raw_keyframes)
         self.ref = np.array(u, copy=True)
         self.dtype, self.shape = dt, a.shape
-        self.last_stats = EncodeStats(u.size, dt.name, "lossless", nbytes=blob_nbytes(blob),
-                                      fallback=why)
-        return blob
+        return parts, EncodeStats(u.size, dt.name, "lossless", nbytes=_blob.nbytes(parts),
+                                  fallback=why)
 
     def reference(self):
         """The decoder's reconstruction of the last state, in the state's dtype."""
@@ -90,34 +117,141 @@ class DeltaEncoder:
         return dtypes.from_float_work(self.ref.reshape(self.shape).copy(), self.dtype)
 
 
+class Reconstruction:
+    """What a decoder holds of one tracked tensor: flat working floats, dtype, shape.
+
+    Deltas are validated as they arrive but applied lazily, all pending ones together
+    (:func:`replay`, chunk by chunk across the deltas), the first time the reference is
+    needed: replaying a chain then streams the tensor through memory once instead of
+    once per delta. A keyframe stored in the working precision waits too, and is decoded
+    chunk by chunk in that same pass.
+    """
+
+    __slots__ = ("_ref", "_key", "pending", "dt", "shape")
+
+    def __init__(self):
+        self._ref: np.ndarray | None = None
+        self._key = None                  # (buf, parsed) of a keyframe not yet decoded
+        self.pending: list = []
+        self.dt: dtypes.DType | None = None
+        self.shape: tuple | None = None
+
+    @property
+    def ref(self) -> np.ndarray | None:
+        """The flat reference with every pending blob applied (None before a keyframe)."""
+        if self._key is not None:
+            p = self._key[1]
+            ref = np.empty(p.n, p.dt.numpy)
+            replay(self.pending, ref, base=self._key)
+            self._ref, self._key, self.pending = ref, None, []
+        elif self.pending:
+            replay(self.pending, self._ref)
+            self.pending = []
+        return self._ref
+
+    def apply(self, blob, *, dtype: str | None = None, shape: tuple | None = None,
+              check_payload: bool = True, what: str = "blob") -> None:
+        """Advance by one blob exactly as the encoder advanced its reference.
+
+        ``dtype``/``shape``: what the stored tensor is (a chain section's metadata); a
+        keyframe may then hold it widened to the working precision (a merged keyframe).
+        ``check_payload=False`` when a container checksum has just covered the bytes.
+        """
+        buf, p = parse(blob, check_payload=check_payload)
+        name = p.dt.name if dtype is None else dtype
+        if shape is not None and p.shape != tuple(shape):
+            raise CorruptDataError(f"{what}: blob shape {list(p.shape)} != section shape {list(shape)}")
+        if p.kind == LOSSLESS:
+            self._keyframe(buf, p, name, what)
+            return
+        if p.dt.name != name:
+            raise CorruptDataError(f"{what}: blob dtype {p.dt.name} for a {name} tensor")
+        if self._ref is None and self._key is None:
+            raise BrokenChainError(f"{what}: a delta without a reference (its keyframe is "
+                                   "missing); decode the chain from its keyframe")
+        if p.dt != self.dt or p.shape != self.shape:
+            raise BrokenChainError(
+                f"{what}: delta for {p.dt.name}{list(p.shape)} does not fit the reference "
+                f"{self.dt.name}{list(self.shape)}")
+        self.pending.append((buf, p))
+
+    def _keyframe(self, buf, p: Parsed, name: str, what: str) -> None:
+        work = "F64" if name == "F64" else "F32"
+        if p.dt.name != name and p.dt.name != work:
+            raise CorruptDataError(f"{what}: blob dtype {p.dt.name} for a {name} tensor")
+        if not _tracked(p.dt) or name not in dtypes.BY_NAME or not _tracked(dtypes.BY_NAME[name]):
+            raise UnsupportedDtypeError(f"{what}: {p.dt.name} is not a delta-tracked dtype")
+        if p.dt.name == work:                 # decoded lazily, in the pass of its deltas
+            self._ref, self._key = None, (buf, p)
+        else:                                 # fp16/bf16: widened to fp32 right away
+            ref = dtypes.to_float_work(decode_exact(buf, p), p.dt).reshape(-1)
+            if not ref.flags.writeable or not ref.flags.c_contiguous:
+                ref = ref.copy()
+            self._ref, self._key = ref, None
+        self.pending = []
+        self.dt, self.shape = dtypes.BY_NAME[name], p.shape
+
+    def value(self, copy: bool = True):
+        """The restored tensor in its own dtype; ``copy=False`` hands over the reference
+        itself (for a final step whose reconstruction is discarded)."""
+        ref = self.ref
+        if ref is None:
+            return None
+        ref = ref.reshape(self.shape)
+        return dtypes.from_float_work(ref.copy() if copy else ref, self.dt)
+
+    def exact_blob(self) -> list:
+        """The reference itself, losslessly, in the working precision (a merge keyframe)."""
+        a = self.ref.reshape(self.shape)
+        return encode_exact(a, dtypes.BY_NUMPY[a.dtype], CodecConfig().log2)
+
+
 class DeltaDecoder:
     """Rebuild the states written by a :class:`DeltaEncoder`, blob by blob, in order."""
 
     def __init__(self):
-        self.ref: np.ndarray | None = None
-        self.dtype: dtypes.DType | None = None
-        self.shape: tuple | None = None
+        self.rec = Reconstruction()
 
     def decode(self, blob):
-        buf, p = parse(blob)
-        if p.kind == LOSSLESS:
-            a = decode_exact(buf, p)
-            if p.dt.kind != "float" or p.dt.name.startswith("F8"):
-                raise UnsupportedDtypeError(f"not a delta-tracked dtype: {p.dt.name}")
-            self.ref = np.array(dtypes.to_float_work(a, p.dt).reshape(-1), copy=True)
-            self.dtype, self.shape = p.dt, p.shape
-        else:
-            if self.ref is None:
-                raise BrokenChainError("a delta blob arrived before any keyframe; "
-                                       "decode the chain from its keyframe")
-            if p.dt != self.dtype or p.shape != self.shape:
-                raise BrokenChainError(
-                    f"delta for {p.dt.name}{list(p.shape)} does not fit the reference "
-                    f"{self.dtype.name}{list(self.shape)}")
-            decode_symbols_into(buf, p, self.ref)
-        return self.reference()
+        """The state after ``blob`` (a copy the caller owns)."""
+        self.rec.apply(blob)
+        return self.rec.value()
 
     def reference(self):
-        if self.ref is None:
-            return None
-        return dtypes.from_float_work(self.ref.reshape(self.shape).copy(), self.dtype)
+        return self.rec.value()
+
+
+def replay(deltas: list, ref: np.ndarray, base=None) -> None:
+    """Add several parsed lossy blobs to ``ref`` in order, chunk by chunk across them.
+
+    The result is bit-identical to decoding them one after another (each element sees the
+    same adds in the same order), but every chunk of ``ref`` is loaded into cache once
+    for all blobs instead of once per blob: replaying N deltas over a model larger than
+    the cache costs one pass over memory, not N.
+
+    ``base``: a lossless blob ``(buf, parsed)`` holding exactly ``ref``'s dtype and size
+    (a keyframe), decoded into ``ref`` chunk by chunk before the deltas, in the same pass.
+    """
+    log2s = {p.log2 for _, p in deltas}
+    if base is not None:
+        if base[1].dt.numpy != ref.dtype or base[1].n != ref.size:
+            raise ValueError("the base blob does not hold the reference's dtype and size")
+        log2s.add(base[1].log2)
+    if len(log2s) > 1:                           # different chunking: one blob at a time
+        if base is not None:
+            buf, p = base
+            run_tasks(exact_chunk_decoder(buf, p, ref), -(-ref.size // (1 << p.log2)))
+        for buf, p in deltas:
+            decode_symbols_into(buf, p, ref)
+        return
+    if not log2s:
+        return
+    steps = [] if base is None else [exact_chunk_decoder(base[0], base[1], ref)]
+    steps += [StreamDecoder(buf, p.payload_base, p.layouts[0], p.n, 1 << p.log2,
+                            p.bits, None, "lcckpt blob", apply=(p.centroids, ref)).chunk
+              for buf, p in deltas]
+
+    def task(c):
+        for step in steps:
+            step(c)
+    run_tasks(task, -(-ref.size // (1 << log2s.pop())))

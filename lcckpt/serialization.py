@@ -1,355 +1,66 @@
 """save/load: exact, pickle-free round trips of nested training state.
 
-An object tree (dict, OrderedDict, list, tuple, tensors, numpy arrays and plain values)
-becomes a typed JSON tree in the container header; every tensor, array and bytes value
-becomes one data section. Nothing is pickled, so loading never runs code from the file;
-values outside that vocabulary are refused at save time, naming their key path, because
-silently pickling them would bring the unsafety back.
-
-Tensor sections are encoded by a named codec: "raw" (exact little-endian bytes) is
-built in; other modules add theirs with :func:`register_codec`. ``load`` also reads plain
+The object tree is walked by tree.py, each tensor leaf is coded by a section codec
+(sections.py) and the result is written by container.py. ``save``/``load`` use the
+default leaf encoder and decoder; :func:`pack` and :func:`unpack` take others, which is
+how a checkpoint chain plugs in its delta coding. ``load`` also reads plain
 ``torch.save`` files through ``torch.load(weights_only=True)``, refusing anything that
 would need arbitrary code.
 
-Deliberately not done here: compression (codec modules), delta chains (chain.py), and
-sharing between *partially* overlapping views (each such view is stored on its own).
+Deliberately not done here: compression (codec modules) and delta chains (chain.py).
 """
 
 from __future__ import annotations
 
 import io
-import json
-import math
 import os
 import pickle
-import re
-import reprlib
-import sys
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-import numpy as np
 import torch
 
-from . import dtypes
+from . import sections as _sections
+from . import tree as _tree
 from .container import MAGIC, Container, read_container, write_container
 from .errors import (
     CorruptDataError,
     InvalidArgumentError,
     LcckptError,
     UnsafeObjectError,
-    UnsupportedDtypeError,
     UnsupportedVersionError,
 )
+from .sections import register_codec
 
-__all__ = [
-    "DTYPE_CODES",
-    "Codec",
-    "load",
-    "pack",
-    "register_codec",
-    "save",
-    "unpack",
-]
+__all__ = ["load", "pack", "register_codec", "save", "unpack"]
 
 TREE_VERSION = 1
-MAX_DEPTH = 64  # levels of containers; a few JSON levels each in the header
-
-DTYPE_CODES: dict[torch.dtype, str] = dtypes.TORCH_NAME   # dtype -> header name
-
-
-# --------------------------------------------------------------------------- codecs
-
-
-@dataclass(frozen=True)
-class Codec:
-    """How tensor sections named ``name`` are encoded and decoded.
-
-    ``encode(tensor)`` gets a detached, contiguous CPU tensor and returns a bytes-like
-    payload (or a list of bytes-like pieces, written one after another), or
-    ``(payload, params)`` with a JSON dict stored as the section's ``codec_params``.
-    ``decode(data, meta)`` gets the checked payload (a memoryview) and the section
-    metadata (``dtype``, ``shape``, ``nbytes``, ``codec``, ``codec_params``) and returns a
-    numpy array or CPU tensor of exactly that dtype and shape. ``dtypes``: the torch
-    dtypes it handles (None: all); tensors of other dtypes are stored raw.
-    """
-
-    name: str
-    encode: Callable[[torch.Tensor], Any]
-    decode: Callable[[memoryview, dict], Any]
-    dtypes: frozenset | None = None
-
-
-_CODECS: dict[str, Codec] = {}
-
-
-def register_codec(
-    name: str,
-    encode: Callable[[torch.Tensor], Any],
-    decode: Callable[[memoryview, dict], Any],
-    *,
-    dtypes=None,
-    replace: bool = False,
-) -> None:
-    """Make codec ``name`` usable by ``save(..., codec=name)`` and by ``load``."""
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.\-]{1,64}", name):
-        raise InvalidArgumentError(f"codec name {name!r} must be 1-64 letters, digits, '_', '.', '-'")
-    if name in _CODECS and not replace:
-        raise InvalidArgumentError(f"codec {name!r} is already registered; pass replace=True")
-    if name == "raw" and _CODECS.get("raw") is not None:
-        raise InvalidArgumentError("the 'raw' codec is built in and cannot be replaced")
-    _CODECS[name] = Codec(name, encode, decode, None if dtypes is None else frozenset(dtypes))
-
-
-def _raw_encode(t: torch.Tensor) -> memoryview:
-    if sys.byteorder != "little":
-        raise UnsupportedDtypeError("the raw codec needs a little-endian host")
-    if t.numel() == 0:
-        return memoryview(b"")
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
-
-
-def _raw_decode(data: memoryview, meta: dict) -> torch.Tensor:
-    t = torch.empty(meta["shape"], dtype=dtypes.NAME_TORCH[meta["dtype"]])
-    if data.nbytes:
-        t.reshape(-1).view(torch.uint8).numpy()[:] = np.frombuffer(data, np.uint8)
-    return t
-
-
-register_codec("raw", _raw_encode, _raw_decode)
-
-
-# --------------------------------------------------------------------------- save
 
 
 def save(obj: Any, f: str | os.PathLike | BinaryIO, *, codec: str | Callable = "raw",
          compress: bool = False) -> None:
     """Save ``obj`` to a path (atomically) or a writable binary file, without pickle.
 
-    ``codec``: the registered codec for every tensor it handles, or a function
-    ``(key_path, tensor) -> codec name`` choosing per tensor. ``compress=True`` is
-    shorthand for ``codec="lossless"`` (bit-exact byte-plane coding of every tensor).
+    ``codec``: a section codec for every tensor it handles ("raw", "lossless", or one
+    registered with :func:`register_codec`), or a function ``(key_path, tensor) -> codec
+    name`` choosing per tensor. ``compress=True`` is shorthand for ``codec="lossless"``
+    (bit-exact byte-plane coding of every tensor).
     """
     if compress and codec == "raw":
         codec = "lossless"
-    meta, sections = pack(obj, codec=codec)
+    meta, sections = pack(obj, encode_leaf=_sections.leaf_encoder(codec))
     write_container(f, sections, meta)
 
 
-def pack(obj: Any, *, codec: str | Callable = "raw") -> tuple[dict, list[tuple[str, dict, Any]]]:
+def pack(obj: Any, *, encode_leaf: _tree.LeafEncoder | None = None
+         ) -> tuple[dict, list[tuple[str, dict, Any]]]:
     """``obj`` as ``(meta, sections)`` for :func:`write_container` (what ``save`` writes).
 
-    Callers may add their own keys to ``meta`` before writing; ``load`` ignores them.
+    ``encode_leaf(key_path, tensor) -> sections.Encoded`` codes each tensor (default:
+    raw). Callers may add their own keys to ``meta`` before writing; ``load`` ignores them.
     """
-    saver = _Saver(_codec_chooser(codec))
-    tree = saver.node(obj, "obj", 0)
-    return {"lcckpt_tree": TREE_VERSION, "tree": tree}, saver.sections
-
-
-def _codec_chooser(codec) -> Callable[[str, torch.Tensor], str]:
-    if isinstance(codec, str):
-        if codec not in _CODECS:
-            raise InvalidArgumentError(f"unknown codec {codec!r}; registered: {sorted(_CODECS)}")
-        return lambda path, t: codec
-    if callable(codec):
-        return codec
-    raise InvalidArgumentError("codec must be a codec name or a function (key_path, tensor) -> name")
-
-
-def _key_repr(k) -> str:
-    return json.dumps(k, ensure_ascii=False) if type(k) is str else repr(k)
-
-
-_SUPPORTED = (
-    "dict, OrderedDict, list, tuple, torch.Tensor, numpy.ndarray, numpy scalars, int, "
-    "float, str, bytes, bool, None, torch.dtype, torch.Size, torch.device"
-)
-
-
-class _Saver:
-    """Walks an object tree, returning its JSON tree and collecting data sections."""
-
-    def __init__(self, choose: Callable[[str, torch.Tensor], str]):
-        self.choose = choose
-        self.sections: list[tuple[str, dict, Any]] = []
-        self.by_id: dict[int, Any] = {}  # id(obj) -> node, for tensors, arrays, bytes
-        self.by_view: dict[tuple, list[int]] = {}  # tensor view -> [section, objects seen]
-        self.alive: list[Any] = []  # keeps ids unique while saving
-
-    def refuse(self, value, path: str, hint: str = ""):
-        t = type(value)
-        raise UnsafeObjectError(
-            f"cannot save {path}: a {t.__module__}.{t.__qualname__} is not storable without "
-            f"pickle. lcckpt stores {_SUPPORTED}. "
-            + (hint or "Convert it to those types (e.g. a dict of plain values) first.")
-        )
-
-    def node(self, v, path: str, depth: int):
-        if depth > MAX_DEPTH:
-            raise InvalidArgumentError(
-                f"{path} is nested more than {MAX_DEPTH} levels deep (or is cyclic)"
-            )
-        t = type(v)
-        if v is None or t is bool or t is str:
-            return v
-        if t is int:
-            return v if -(2**63) <= v < 2**63 else {"$": "int", "hex": hex(v)}
-        if t is float:
-            return v if math.isfinite(v) else {"$": "float", "v": repr(v)}
-        if t is list:
-            return [self.node(x, f"{path}[{i}]", depth + 1) for i, x in enumerate(v)]
-        if t is tuple:
-            items = [self.node(x, f"{path}[{i}]", depth + 1) for i, x in enumerate(v)]
-            return {"$": "tuple", "v": items}
-        if t is dict:
-            return {"$": "dict", "items": self.items(v, path, depth)}
-        if t is OrderedDict:
-            return self.odict(v, path, depth)
-        if isinstance(v, torch.Tensor):
-            return self.tensor(v, path)
-        if t is np.ndarray:
-            return self.ndarray(v, path)
-        if isinstance(v, np.generic) and v.dtype.str in dtypes.NUMPY_NAME:
-            return {"$": "npscalar", "dtype": dtypes.NUMPY_NAME[v.dtype.str],
-                    "hex": v.tobytes().hex()}
-        if t is bytes:
-            return self.bytes(v, path)
-        if t is torch.dtype:
-            if v not in DTYPE_CODES:
-                raise UnsupportedDtypeError(f"cannot save {path}: dtype {v} is not supported")
-            return {"$": "dtype", "v": DTYPE_CODES[v]}
-        if t is torch.Size:
-            return {"$": "size", "v": list(v)}
-        if t is torch.device:
-            return {"$": "device", "v": str(v)}
-        if isinstance(v, tuple) and hasattr(v, "_fields"):
-            self.refuse(v, path, "Convert the namedtuple with tuple(x) or x._asdict().")
-        if isinstance(v, (dict, list, tuple, str, int, float, bytes)):
-            base = next(b for b in (dict, list, tuple, str, int, float, bytes) if isinstance(v, b))
-            name = base.__name__
-            self.refuse(v, path, f"It is a subclass of {name}: convert with {name}(x).")
-        self.refuse(v, path)
-
-    def items(self, d: dict, path: str, depth: int) -> list:
-        out = []
-        for k, v in d.items():
-            sub = f"{path}[{_key_repr(k)}]"
-            out.append([self.key(k, sub, depth + 1), self.node(v, sub, depth + 1)])
-        return out
-
-    def key(self, k, path: str, depth: int):
-        t = type(k)
-        if k is None or t in (bool, int, float, str):
-            return self.node(k, path, 0)
-        if t is tuple:
-            if depth > MAX_DEPTH:
-                raise InvalidArgumentError(f"a key of {path} is nested too deeply")
-            return {"$": "tuple", "v": [self.key(x, path, depth + 1) for x in k]}
-        raise UnsafeObjectError(
-            f"cannot save {path}: dict keys must be str, int, float, bool, None or tuples "
-            f"of those, not {t.__module__}.{t.__qualname__}"
-        )
-
-    def odict(self, v: OrderedDict, path: str, depth: int) -> dict:
-        node = {"$": "odict", "items": self.items(v, path, depth)}
-        attrs = dict(vars(v))
-        if "_metadata" in attrs:  # torch state_dict's per-module version info
-            node["metadata"] = self.node(attrs.pop("_metadata"), f"{path}._metadata", depth + 1)
-        if attrs:
-            raise UnsafeObjectError(
-                f"cannot save {path}: the OrderedDict carries attributes {sorted(attrs)}; only "
-                "a state_dict's _metadata is kept. Delete them or move them into the dict."
-            )
-        return node
-
-    def add_section(self, path: str, meta: dict, payload) -> int:
-        self.sections.append((path, meta, payload))
-        return len(self.sections) - 1
-
-    def tensor(self, v: torch.Tensor, path: str):
-        if id(v) in self.by_id:
-            return self.by_id[id(v)]
-        if type(v) not in (torch.Tensor, torch.nn.Parameter):
-            self.refuse(v, path, "Tensor subclasses are not stored: pass x.as_subclass(torch.Tensor).")
-        if v.layout != torch.strided:
-            raise UnsupportedDtypeError(
-                f"cannot save {path}: layout {v.layout} is not stored; use x.to_dense()"
-            )
-        if v.dtype not in DTYPE_CODES:
-            raise UnsupportedDtypeError(
-                f"cannot save {path}: dtype {v.dtype} is not supported; "
-                f"supported: {', '.join(str(d) for d in DTYPE_CODES)}"
-            )
-        if v.device.type == "meta":
-            raise InvalidArgumentError(f"cannot save {path}: a meta tensor has no data")
-        self.alive.append(v)
-        view = None
-        if v.numel() and v.untyped_storage().data_ptr():
-            view = (v.device, v.dtype, v.untyped_storage().data_ptr(), v.storage_offset(),
-                    tuple(v.shape), tuple(v.stride()))  # fmt: skip
-        if view in self.by_view:
-            seen = self.by_view[view]
-            node = {"$": "tensor", "s": seen[0], "obj": seen[1]}
-            seen[1] += 1
-        else:
-            node = {"$": "tensor", "s": self.add_section(path, *self.encode_tensor(v, path))}
-            if view is not None:
-                self.by_view[view] = [node["s"], 1]
-        self.by_id[id(v)] = node
-        return node
-
-    def encode_tensor(self, v: torch.Tensor, path: str) -> tuple[dict, Any]:
-        t = v.detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
-        t = t.resolve_conj().resolve_neg().contiguous()
-        name = self.choose(path, t)
-        codec = _CODECS.get(name) if isinstance(name, str) else None
-        if codec is None:
-            raise InvalidArgumentError(f"codec {name!r} chosen for {path} is not registered")
-        if codec.dtypes is not None and t.dtype not in codec.dtypes:
-            codec = _CODECS["raw"]
-        out = codec.encode(t)
-        payload, params = out if isinstance(out, tuple) else (out, None)
-        meta = {
-            "kind": "tensor",
-            "dtype": DTYPE_CODES[t.dtype],
-            "shape": list(t.shape),
-            "nbytes": t.numel() * t.element_size(),
-            "codec": codec.name,
-            "device": str(v.device),
-        }
-        if params:
-            meta["codec_params"] = params
-        return meta, payload
-
-    def ndarray(self, v: np.ndarray, path: str):
-        if id(v) in self.by_id:
-            return self.by_id[id(v)]
-        code = dtypes.NUMPY_NAME.get(v.dtype.str)
-        if code is None:
-            raise UnsupportedDtypeError(
-                f"cannot save {path}: numpy dtype {v.dtype.str} is not supported (object, "
-                "structured and big-endian arrays are not); convert with arr.astype(...)"
-            )
-        self.alive.append(v)
-        data = np.ascontiguousarray(v).reshape(-1).view(np.uint8)
-        meta = {"kind": "ndarray", "dtype": code, "shape": list(v.shape), "nbytes": v.nbytes,
-                "codec": "raw"}  # fmt: skip
-        node = {"$": "ndarray", "s": self.add_section(path, meta, data)}
-        self.by_id[id(v)] = node
-        return node
-
-    def bytes(self, v: bytes, path: str):
-        if id(v) not in self.by_id:
-            self.alive.append(v)
-            self.by_id[id(v)] = {"$": "bytes", "s": self.add_section(path, {"kind": "bytes"}, v)}
-        return self.by_id[id(v)]
-
-
-# --------------------------------------------------------------------------- load
+    tree, sections = _tree.flatten(obj, encode_leaf or _sections.leaf_encoder("raw"))
+    return {"lcckpt_tree": TREE_VERSION, "tree": tree}, sections
 
 
 def load(f: str | os.PathLike | BinaryIO, map_location=None) -> Any:
@@ -411,8 +122,13 @@ def _torch_load(f, map_location):
         raise CorruptDataError(f"damaged or unreadable torch.save file: {type(e).__name__}: {e}") from e
 
 
-def unpack(container: Container, map_location=None) -> Any:
-    """Rebuild the object that :func:`pack` stored in ``container``."""
+def unpack(container: Container, map_location=None,
+           decode_leaf: _tree.LeafDecoder | None = None) -> Any:
+    """Rebuild the object that :func:`pack` stored in ``container``.
+
+    ``decode_leaf(key_path, container, index, meta)`` decodes each tensor section
+    (default: :func:`lcckpt.sections.decode_leaf`).
+    """
     meta = container.meta
     version = meta.get("lcckpt_tree")
     if version is None or "tree" not in meta:
@@ -423,270 +139,5 @@ def unpack(container: Container, map_location=None) -> Any:
         raise UnsupportedVersionError(
             f"object tree version {version}, this build reads up to {TREE_VERSION}: upgrade lcckpt"
         )
-    return _Loader(container, map_location).node(meta["tree"], "obj", 0)
-
-
-def _bad(path: str, msg: str):
-    raise CorruptDataError(f"invalid object tree at {path}: {msg}")
-
-
-def _fields(j: dict, path: str, required: tuple, optional: tuple = ()) -> None:
-    keys = set(j) - {"$"}
-    if not set(required) <= keys or not keys <= set(required) | set(optional):
-        _bad(path, f"{j['$']!r} node has keys {sorted(keys)}")
-
-
-def _is_uint(v) -> bool:
-    return type(v) is int and v >= 0
-
-
-def _lookup(table: dict, code):
-    return table.get(code) if type(code) is str else None
-
-
-def _shape(meta: dict, path: str) -> list[int]:
-    shape = meta.get("shape")
-    if type(shape) is not list or not all(_is_uint(n) for n in shape) or len(shape) > 64:
-        _bad(path, f"section shape {shape!r:.80} is not a list of non-negative integers")
-    return shape
-
-
-class _Loader:
-    """Walks a JSON tree, validating every node before building its value."""
-
-    def __init__(self, c: Container, map_location):
-        self.c = c
-        self.map_location = map_location
-        self.sections: dict[int, Any] = {}  # section index -> decoded value
-        self.objects: dict[tuple, Any] = {}  # (section, obj) -> tensor object
-        self.handlers = {
-            "int": self.int_, "float": self.float_, "tuple": self.tuple_, "dict": self.dict_,
-            "odict": self.dict_, "tensor": self.tensor, "ndarray": self.ndarray,
-            "bytes": self.bytes_, "npscalar": self.npscalar, "dtype": self.dtype,
-            "size": self.size, "device": self.device,
-        }  # fmt: skip
-
-    def node(self, j, path: str, depth: int):
-        if depth > MAX_DEPTH:
-            _bad(path, f"nested more than {MAX_DEPTH} levels")
-        t = type(j)
-        if j is None or t in (bool, int, float, str):
-            return j
-        if t is list:
-            return [self.node(x, f"{path}[{i}]", depth + 1) for i, x in enumerate(j)]
-        if t is not dict or type(j.get("$")) is not str or j["$"] not in self.handlers:
-            _bad(path, f"unknown node {reprlib.repr(j)}")
-        return self.handlers[j["$"]](j, path, depth)
-
-    def int_(self, j, path, depth):
-        _fields(j, path, ("hex",))
-        if type(j["hex"]) is not str or not re.fullmatch(r"-?0x[0-9a-f]+", j["hex"]):
-            _bad(path, "int node needs a hex string")
-        return int(j["hex"], 16)
-
-    def float_(self, j, path, depth):
-        _fields(j, path, ("v",))
-        if j["v"] not in ("nan", "inf", "-inf"):
-            _bad(path, f"float node holds {j['v']!r:.40}")
-        return float(j["v"])
-
-    def tuple_(self, j, path, depth):
-        _fields(j, path, ("v",))
-        if type(j["v"]) is not list:
-            _bad(path, "tuple node needs a list")
-        return tuple(self.node(x, f"{path}[{i}]", depth + 1) for i, x in enumerate(j["v"]))
-
-    def key(self, j, path, depth):
-        if depth > MAX_DEPTH:
-            _bad(path, f"dict key nested more than {MAX_DEPTH} levels")
-        t = type(j)
-        if j is None or t in (bool, int, float, str):
-            return j
-        if t is dict and j.get("$") in ("int", "float", "tuple"):
-            if j["$"] != "tuple":
-                return self.node(j, path, 0)
-            _fields(j, path, ("v",))
-            if type(j["v"]) is list:
-                return tuple(self.key(x, path, depth + 1) for x in j["v"])
-        _bad(path, f"invalid dict key {reprlib.repr(j)}")
-
-    def dict_(self, j, path, depth):
-        ordered = j["$"] == "odict"
-        _fields(j, path, ("items",), ("metadata",) if ordered else ())
-        items = j["items"]
-        if type(items) is not list:
-            _bad(path, "dict node needs a list of items")
-        out = OrderedDict() if ordered else {}
-        for item in items:
-            if type(item) is not list or len(item) != 2:
-                _bad(path, "dict item is not a [key, value] pair")
-            k = self.key(item[0], path, depth + 1)
-            sub = f"{path}[{_key_repr(k)}]"
-            if k in out:
-                _bad(sub, "duplicate key")
-            out[k] = self.node(item[1], sub, depth + 1)
-        if "metadata" in j:
-            out._metadata = self.node(j["metadata"], f"{path}._metadata", depth + 1)
-        return out
-
-    def section(self, j, path, kind: str) -> tuple[int, dict]:
-        s = j.get("s")
-        if not _is_uint(s) or s >= len(self.c.sections):
-            _bad(path, f"section index {s!r} out of range")
-        meta = self.c.sections[s]["meta"]
-        if meta.get("kind") != kind:
-            _bad(path, f"section {s} holds {meta.get('kind')!r}, expected {kind!r}")
-        return s, meta
-
-    def tensor(self, j, path, depth):
-        _fields(j, path, ("s",), ("obj",))
-        s, meta = self.section(j, path, "tensor")
-        obj = j.get("obj", 0)
-        if not _is_uint(obj):
-            _bad(path, "tensor obj is not a non-negative integer")
-        if (s, obj) not in self.objects:
-            if s not in self.sections:
-                self.sections[s] = self.place(self.decode_tensor(s, meta, path), meta, path)
-                self.objects[(s, obj)] = self.sections[s]
-            else:  # another tensor object viewing the same storage
-                base = self.sections[s]
-                self.objects[(s, obj)] = base.view(base.shape)
-        return self.objects[(s, obj)]
-
-    def decode_tensor(self, s: int, meta: dict, path: str) -> torch.Tensor:
-        dtype = _lookup(dtypes.NAME_TORCH, meta.get("dtype"))
-        if dtype is None:
-            _bad(path, f"unknown tensor dtype {meta.get('dtype')!r:.40}")
-        shape = _shape(meta, path)
-        nbytes = math.prod(shape) * dtype.itemsize
-        if meta.get("nbytes") != nbytes:
-            _bad(path, f"nbytes {meta.get('nbytes')!r} does not match dtype and shape ({nbytes})")
-        name = meta.get("codec")
-        params = meta.get("codec_params", {})
-        if type(params) is not dict:
-            _bad(path, "codec_params is not an object")
-        if name == "raw":
-            if self.c.sections[s]["length"] != nbytes:
-                _bad(path, f"raw section holds {self.c.sections[s]['length']} bytes, expected {nbytes}")
-            t = torch.empty(shape, dtype=dtype)
-            self.c.read_into(s, t.reshape(-1).view(torch.uint8).numpy() if nbytes else bytearray())
-            return t
-        codec = _CODECS.get(name) if type(name) is str else None
-        if codec is None:
-            raise UnsupportedVersionError(
-                f"{path} was written with codec {name!r:.40}, which this build does not have; "
-                "upgrade lcckpt or import the module that registers it"
-            )
-        data = self.c.data(s)
-        try:
-            out = codec.decode(data, meta)
-        except LcckptError:
-            raise
-        except Exception as e:
-            raise CorruptDataError(
-                f"codec {name!r} could not decode {path}: {type(e).__name__}: {e}"
-            ) from e
-        if isinstance(out, np.ndarray):
-            if not out.flags.writeable or not out.flags.c_contiguous:
-                out = out.copy()
-            if out.dtype.str not in dtypes.NUMPY_NAME:
-                _bad(path, f"codec {name!r} returned numpy dtype {out.dtype}")
-            out = torch.from_numpy(out)
-        if not isinstance(out, torch.Tensor) or out.dtype != dtype or list(out.shape) != shape:
-            _bad(path, f"codec {name!r} returned a {type(out).__name__}, not a {dtype} {shape} tensor")
-        return out
-
-    def place(self, t: torch.Tensor, meta: dict, path: str) -> torch.Tensor:
-        loc = meta.get("device", "cpu")
-        if type(loc) is not str:
-            _bad(path, "device is not a string")
-        ml = self.map_location
-        if ml is None:
-            target = loc
-        elif isinstance(ml, (str, torch.device)):
-            target = ml
-        elif isinstance(ml, dict):
-            target = ml.get(loc, loc)
-        elif callable(ml):
-            res = ml(t.untyped_storage(), loc)
-            if res is None:
-                target = loc
-            else:
-                if isinstance(res, torch.TypedStorage):
-                    res = res.untyped()
-                if not isinstance(res, torch.UntypedStorage):
-                    raise InvalidArgumentError("a map_location function must return a storage or None")
-                out = torch.empty(0, dtype=t.dtype, device=res.device)
-                return out.set_(res, 0, t.shape, t.stride())
-        else:
-            raise InvalidArgumentError(
-                "map_location must be None, a device string, a torch.device, a dict or a function"
-            )
-        try:
-            device = torch.device(target)
-            return t if device.type == "cpu" else t.to(device)
-        except (RuntimeError, AssertionError, ValueError, TypeError) as e:
-            raise InvalidArgumentError(
-                f"cannot place {path} (saved on {loc}) on {target}: {e}. "
-                "Pass map_location='cpu' or a dict such as {'cuda:1': 'cuda:0'}."
-            ) from e
-
-    def ndarray(self, j, path, depth):
-        _fields(j, path, ("s",))
-        s, meta = self.section(j, path, "ndarray")
-        if s not in self.sections:
-            dtype = _lookup(dtypes.NAME_NUMPY, meta.get("dtype"))
-            if dtype is None:
-                _bad(path, f"unknown array dtype {meta.get('dtype')!r:.40}")
-            shape = _shape(meta, path)
-            nbytes = math.prod(shape) * dtype.itemsize
-            length = self.c.sections[s]["length"]
-            if meta.get("nbytes") != nbytes or length != nbytes or meta.get("codec") != "raw":
-                _bad(path, "array section size or codec does not match its dtype and shape")
-            arr = np.empty(shape, dtype=dtype.newbyteorder("="))
-            self.c.read_into(s, arr.reshape(-1).view(np.uint8) if nbytes else bytearray())
-            self.sections[s] = arr
-        return self.sections[s]
-
-    def bytes_(self, j, path, depth):
-        _fields(j, path, ("s",))
-        s, _ = self.section(j, path, "bytes")
-        if s not in self.sections:
-            self.sections[s] = bytes(self.c.data(s))
-        return self.sections[s]
-
-    def npscalar(self, j, path, depth):
-        _fields(j, path, ("dtype", "hex"))
-        dtype = _lookup(dtypes.NAME_NUMPY, j["dtype"])
-        h = j["hex"]
-        if dtype is None or type(h) is not str or not re.fullmatch(r"(?:[0-9a-f]{2})*", h):
-            _bad(path, "invalid numpy scalar")
-        raw = bytes.fromhex(h)
-        if len(raw) != dtype.itemsize:
-            _bad(path, "numpy scalar has the wrong size")
-        return np.frombuffer(raw, dtype=dtype)[0]
-
-    def dtype(self, j, path, depth):
-        _fields(j, path, ("v",))
-        dtype = _lookup(dtypes.NAME_TORCH, j["v"])
-        if dtype is None:
-            _bad(path, f"unknown dtype {j['v']!r:.40}")
-        return dtype
-
-    def size(self, j, path, depth):
-        _fields(j, path, ("v",))
-        if type(j["v"]) is not list or not all(type(n) is int for n in j["v"]):
-            _bad(path, "torch.Size needs a list of ints")
-        try:
-            return torch.Size(j["v"])
-        except (ValueError, OverflowError, RuntimeError) as e:
-            _bad(path, f"invalid torch.Size: {e}")
-
-    def device(self, j, path, depth):
-        _fields(j, path, ("v",))
-        try:
-            if type(j["v"]) is not str:
-                raise TypeError("not a string")
-            return torch.device(j["v"])
-        except (RuntimeError, TypeError, ValueError) as e:
-            _bad(path, f"invalid device: {e}")
+    return _tree.unflatten(meta["tree"], container, decode_leaf or _sections.decode_leaf,
+                           map_location)

@@ -9,7 +9,7 @@ from hypothesis.extra.numpy import array_shapes, arrays
 
 import lcckpt
 from lcckpt import entropy
-from lcckpt.codec import parse
+from lcckpt.blob import parse
 
 from lcckpt.bench.reference import quantize_ref
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from streams import NonSeekableStream
 
-from lcckpt import _crc
+from lcckpt import _crc, _durable
 from lcckpt import container as C
 from lcckpt.errors import (
     ChecksumError,
@@ -358,7 +358,7 @@ def test_overwrite_keeps_permissions(tmp_path):
 def test_stale_temps_of_dead_writers_are_removed(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(dead.stdout)
-    host = C._host_tag()
+    host = _durable._host_tag()
     stale = tmp_path / f".ck.lc.{host}-{dead_pid}-0123abcd.lcckpt-tmp"
     live = tmp_path / f".ck.lc.{host}-{os.getppid()}-0123abcd.lcckpt-tmp"
     other_host = tmp_path / f".ck.lc.zzzzzzzz-{dead_pid}-0123abcd.lcckpt-tmp"

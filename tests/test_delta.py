@@ -64,18 +64,20 @@ def test_low_and_high_precision_chains(dtype):
 def test_first_blob_is_an_exact_keyframe_and_keyframe_can_be_forced():
     enc, dec = lcckpt.DeltaEncoder(), lcckpt.DeltaDecoder()
     u = np.random.default_rng(0).standard_normal(500).astype(np.float32)
-    assert np.array_equal(dec.decode(enc.encode(u)), u)
-    assert enc.last_stats.kind == "lossless"
-    dec.decode(enc.encode(u * 1.1))
-    assert enc.last_stats.kind == "lossy"
+    blob, st = enc.encode(u, report=True)
+    assert np.array_equal(dec.decode(blob), u) and st.kind == "lossless"
+    blob, st = enc.encode(u * 1.1, report=True)
+    dec.decode(blob)
+    assert st.kind == "lossy"
     assert np.array_equal(dec.decode(enc.encode(u * 1.2, keyframe=True)), u * np.float32(1.2))
 
 
 def test_shape_change_writes_keyframe():
     enc, dec = lcckpt.DeltaEncoder(), lcckpt.DeltaDecoder()
     dec.decode(enc.encode(np.ones(10, np.float32)))
-    y = dec.decode(enc.encode(np.full(12, 2.0, np.float32)))
-    assert enc.last_stats.kind == "lossless" and np.array_equal(y, np.full(12, 2.0, np.float32))
+    blob, st = enc.encode(np.full(12, 2.0, np.float32), report=True)
+    y = dec.decode(blob)
+    assert st.kind == "lossless" and np.array_equal(y, np.full(12, 2.0, np.float32))
 
 
 def test_nonfinite_state_falls_back_to_keyframe_with_warning():
@@ -84,8 +86,9 @@ def test_nonfinite_state_falls_back_to_keyframe_with_warning():
     bad = np.ones(10, np.float32)
     bad[3] = np.nan
     with pytest.warns(RuntimeWarning, match="NaN"):
-        y = dec.decode(enc.encode(bad))
-    assert np.isnan(y[3]) and enc.last_stats.kind == "lossless"
+        blob, st = enc.encode(bad, report=True)
+    y = dec.decode(blob)
+    assert np.isnan(y[3]) and st.kind == "lossless"
 
 
 def test_guarded_chain_honours_bound():

@@ -14,6 +14,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import lcckpt
+from lcckpt import sections, tree
 from lcckpt import serialization as S
 from lcckpt.container import read_container, write_container
 from lcckpt.errors import (
@@ -118,7 +120,7 @@ def test_model_and_optimizer_state_round_trip_and_resume(tmp_path, opt_name):
 # ---- tensors
 
 
-@pytest.mark.parametrize("dtype", list(S.DTYPE_CODES), ids=str)
+@pytest.mark.parametrize("dtype", list(lcckpt.dtypes.TORCH_NAME), ids=str)
 def test_every_dtype_bit_exact(dtype):
     size = dtype.itemsize
     g = torch.Generator().manual_seed(3)
@@ -203,7 +205,7 @@ def test_nested_values_round_trip():
 
 def test_deep_nesting_up_to_the_limit():
     deep, key = [], ()
-    for i in range(S.MAX_DEPTH - 1):
+    for i in range(tree.MAX_DEPTH - 1):
         deep = {i: deep} if i % 2 else (deep,)
         key = (key,)
     obj = {"deep": deep, key: 1}
@@ -393,7 +395,7 @@ def test_cuda_tensors_round_trip():
 
 @pytest.fixture
 def zlib_codec(monkeypatch):
-    monkeypatch.setattr(S, "_CODECS", dict(S._CODECS))
+    monkeypatch.setattr(sections, "_registered", dict(sections._registered))
 
     def encode(t):
         return zlib.compress(t.numpy().tobytes()), {"level": 6}
@@ -422,7 +424,7 @@ def test_registered_codec_is_used_and_recorded(zlib_codec):
     assert_same(obj, S.load(io.BytesIO(chosen)))
 
     # a file needing a codec this build lacks
-    del S._CODECS[zlib_codec]
+    del sections._registered[zlib_codec]
     with pytest.raises(UnsupportedVersionError, match="test-zlib"):
         S.load(io.BytesIO(raw))
 
@@ -434,7 +436,7 @@ def round_trip_bytes_with(obj, **kw):
 
 
 def test_misbehaving_codecs(monkeypatch):
-    monkeypatch.setattr(S, "_CODECS", dict(S._CODECS))
+    monkeypatch.setattr(sections, "_registered", dict(sections._registered))
     S.register_codec("bad-shape", lambda t: b"", lambda d, m: np.zeros(3, np.float32))
     S.register_codec("raises", lambda t: b"", lambda d, m: 1 / 0)
     for name in ("bad-shape", "raises"):
@@ -581,7 +583,7 @@ def test_random_trees_round_trip(obj):
     assert_same(obj, round_trip(obj))
 
 
-_dtypes = st.sampled_from(list(S.DTYPE_CODES))
+_dtypes = st.sampled_from(list(lcckpt.dtypes.TORCH_NAME))
 
 
 @st.composite

@@ -74,10 +74,9 @@ def chain(model, optimizer, steps, every, bits, log):
             ref_before = None if ref_before is None else ref_before.copy()
             u = u.reshape(-1)
             delta = None if ref_before is None else (u - ref_before)
-            blob_h = encs["huffman"][name].encode(u)
-            payload_h = encs["huffman"][name].last_stats.payload_bytes
-            blob_a = encs["auto"][name].encode(u)
-            st = encs["auto"][name].last_stats
+            blob_h, st_h = encs["huffman"][name].encode(u, report=True)
+            payload_h = st_h.payload_bytes
+            blob_a, st = encs["auto"][name].encode(u, report=True)
             dec = decs.setdefault(name, lcckpt.DeltaDecoder())
             y = dec.decode(blob_a)
             restored[name] = torch.from_numpy(np.array(y, copy=True))

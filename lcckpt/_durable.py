@@ -1,0 +1,136 @@
+"""Durable file I/O shared by every writer: atomic replace, directory fsync, stale temps.
+
+A file is written to a temp file in the same directory, fsynced and renamed over the
+target, then the directory is fsynced: a crash leaves the old file or the new one,
+never a mix. Temp names carry a host tag and the writer's pid, so temp files of killed
+writers on this host are recognised and removed by later writes into the directory.
+
+Deliberately not here: what the bytes mean (container.py) and which files belong
+together (chain.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import socket
+import stat
+import zlib
+from collections.abc import Callable
+from typing import BinaryIO
+
+__all__ = ["atomic_write", "fsync_dir", "remove_stale_temps", "TEMP_SUFFIX"]
+
+TEMP_SUFFIX = ".lcckpt-tmp"
+
+
+def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
+    """Call ``write(f)`` on a temp file, then make it ``path`` durably and atomically.
+
+    The target keeps its permission bits when it exists. On any error (or interrupt) the
+    temp file is removed and ``path`` is untouched.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    base = os.path.basename(path)
+    tmp, fd = _create_temp(directory, base)
+    try:
+        try:
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+        except FileNotFoundError:
+            mode = None
+        with open(fd, "wb") as f:
+            if mode is not None:
+                os.chmod(tmp, mode)
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(directory)
+    remove_stale_temps(directory, base)
+
+
+def fsync_dir(directory: str) -> None:
+    """Make renames and unlinks in ``directory`` durable (a no-op where unsupported)."""
+    if os.name != "posix":
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as e:  # some filesystems cannot fsync a directory
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temps(directory: str, base: str | None = None) -> None:
+    """Delete temp files left by killed writers on this host: of ``base``, or of any file."""
+    if os.name != "posix":  # no safe liveness probe elsewhere
+        return
+    host = _host_tag()
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        owner = _temp_owner(name, base)
+        if owner is None or owner[0] != host:
+            continue
+        pid = owner[1]
+        if pid == os.getpid() or _pid_alive(pid):
+            continue
+        try:
+            os.unlink(os.path.join(directory, name))
+        except OSError:
+            pass
+
+
+def _temp_owner(name: str, base: str | None) -> tuple[str, int] | None:
+    """``(host tag, pid)`` of a temp file name of ``base`` (any base when None)."""
+    if not (name.startswith(".") and name.endswith(TEMP_SUFFIX)):
+        return None
+    body = name[: -len(TEMP_SUFFIX)]
+    if base is not None:
+        prefix = _temp_prefix(base)
+        if not body.startswith(prefix):
+            return None
+    parts = body.rsplit(".", 1)[-1].split("-")
+    if len(parts) != 3 or len(parts[0]) != 8 or not parts[1].isdigit():
+        return None
+    return parts[0], int(parts[1])
+
+
+def _host_tag() -> str:
+    return f"{zlib.crc32(socket.gethostname().encode('utf-8', 'replace')):08x}"
+
+
+def _temp_prefix(base: str) -> str:
+    return f".{base[:100]}."
+
+
+def _create_temp(directory: str, base: str) -> tuple[str, int]:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    while True:
+        name = f"{_temp_prefix(base)}{_host_tag()}-{os.getpid()}-{secrets.token_hex(4)}{TEMP_SUFFIX}"
+        tmp = os.path.join(directory, name)
+        try:
+            return tmp, os.open(tmp, flags, 0o666)
+        except FileExistsError:
+            continue
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True

@@ -1,0 +1,174 @@
+"""The blob wire format: header layout, checksums, and a parser that validates it all.
+
+Blob layout (little-endian; ``uvar`` = unsigned LEB128):
+
+    "LCC" version:u8  kind:u8 (1 lossy, 2 lossless)  dtype:u8  ndim:uvar  dims:uvar*
+    log2(chunk_size):u8
+    lossy:    bits:u8  flags:u8 (bit0 midpoint)  kept:u8  centroids[1..kept] (fp32; fp64 for F64)
+              stream tables (see entropy.write_tables)
+    lossless: nplanes:u8  rotate:u8  stream tables per plane
+    crc32(header):u32   payload   crc32(payload):u32
+
+A lossy blob holds a quantized *delta*: decoding adds it to a reference (zeros for a
+stand-alone ``encode``). A lossless blob holds exact values. See docs/algorithm.md §8.
+
+This module writes and reads headers; it codes nothing (codec.py does).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import _crc, dtypes, entropy, lossless
+from ._wire import Reader, Writer
+from .errors import ChecksumError, CorruptDataError, TruncatedError, UnsupportedVersionError
+
+MAGIC = b"LCC"
+VERSION = 1
+LOSSY, LOSSLESS = 1, 2
+MAX_NDIM = 64
+
+
+def header(kind: int, dt: dtypes.DType, shape, log2: int) -> Writer:
+    """A writer holding the common header fields; the caller appends its kind's fields."""
+    w = Writer()
+    w.raw(MAGIC)
+    w.u8(VERSION)
+    w.u8(kind)
+    w.u8(dt.code)
+    w.uvar(len(shape))
+    for d in shape:
+        w.uvar(int(d))
+    w.u8(log2)
+    return w
+
+
+def finish(w: Writer, payloads) -> list:
+    """The blob as a list of pieces: header with its checksum, payloads, their checksum.
+
+    A container section can be written from the pieces directly, so a large keyframe is
+    never copied into one buffer (:func:`nbytes` is its size; ``b"".join`` makes bytes).
+    """
+    w.u32(zlib.crc32(w.buf))
+    crc = 0
+    parts = [bytes(w.buf)]
+    for p in payloads:
+        mv = memoryview(p).cast("B")
+        crc = _crc.crc32(mv, crc)
+        parts.append(mv)
+    parts.append(crc.to_bytes(4, "little"))
+    return parts
+
+
+def nbytes(blob) -> int:
+    """Size of a blob given as bytes or as a list of pieces."""
+    if isinstance(blob, list):
+        return sum(memoryview(p).nbytes for p in blob)
+    return len(blob)
+
+
+@dataclass
+class Parsed:
+    """Everything the header says, validated; ``layouts`` locate each chunk's bytes."""
+    kind: int
+    dt: dtypes.DType
+    shape: tuple
+    n: int
+    log2: int
+    payload_base: int
+    bits: int = 0
+    midpoint: bool = False
+    centroids: np.ndarray | None = None
+    layouts: list = field(default_factory=list)
+    rotate: bool = False
+
+
+def parse(blob, check_payload: bool = True) -> tuple[np.ndarray, Parsed]:
+    """Validate a blob completely (structure, sizes, both checksums) before any decode.
+
+    ``check_payload=False`` skips the payload checksum, for callers that have just
+    verified the same bytes themselves (a container section's CRC covers the whole blob).
+    """
+    from .config import MAX_CHUNK_LOG2, MIN_CHUNK_LOG2
+
+    buf = np.frombuffer(blob, np.uint8)
+    r = Reader(buf, what="lcckpt blob")
+    if len(buf) < 4 or bytes(buf[:3]) != MAGIC:
+        raise CorruptDataError("not an lcckpt blob (bad magic); was it produced by lcckpt.encode?")
+    r.pos = 3
+    version = r.u8()
+    if version != VERSION:
+        raise UnsupportedVersionError(
+            f"blob format version {version}; this lcckpt reads version {VERSION}: upgrade lcckpt")
+    kind = r.u8()
+    if kind not in (LOSSY, LOSSLESS):
+        raise CorruptDataError(f"lcckpt blob: unknown kind {kind}")
+    code = r.u8()
+    if code not in dtypes.BY_CODE:
+        raise CorruptDataError(f"lcckpt blob: unknown dtype code {code}")
+    dt = dtypes.BY_CODE[code]
+    ndim = r.uvar(MAX_NDIM, "ndim")
+    shape = tuple(r.uvar(1 << 48, "dimension") for _ in range(ndim))
+    n = int(np.prod(shape, dtype=object)) if shape else 1
+    log2 = r.u8()
+    if not MIN_CHUNK_LOG2 <= log2 <= MAX_CHUNK_LOG2:
+        raise CorruptDataError(f"lcckpt blob: chunk size 2**{log2} out of range")
+    cs = 1 << log2
+    if -(-n // cs) > len(buf):             # every chunk costs at least one table byte
+        raise CorruptDataError(f"lcckpt blob: shape {shape} is larger than the blob can describe")
+    p = Parsed(kind, dt, shape, n, log2, 0)
+    if kind == LOSSY:
+        if dt.kind != "float":
+            raise CorruptDataError(f"lcckpt blob: lossy kind with dtype {dt.name}")
+        p.bits = r.u8()
+        if not 1 <= p.bits <= 4:
+            raise CorruptDataError(f"lcckpt blob: bits = {p.bits}")
+        flags = r.u8()
+        if flags & ~1:
+            raise CorruptDataError(f"lcckpt blob: unknown flags {flags:#x}")
+        p.midpoint = bool(flags & 1)
+        kept = r.u8()
+        if kept > (1 << p.bits) - 1:
+            raise CorruptDataError(f"lcckpt blob: {kept} buckets exceed {p.bits} bits")
+        work = np.float64 if dt.name == "F64" else np.float32
+        p.centroids = np.zeros(1 << p.bits, work)
+        p.centroids[1:kept + 1] = np.frombuffer(r.raw(kept * np.dtype(work).itemsize), work)
+        if not np.all(np.isfinite(p.centroids)):
+            raise CorruptDataError("lcckpt blob: non-finite centroid")
+        allowed = entropy.modes_for("auto", p.bits)
+        p.layouts = [entropy.read_tables(r, n, cs, p.bits, allowed)]
+    else:
+        nplanes = r.u8()
+        words, rotate = lossless.words_of(np.empty((0,), dt.numpy), dt.kind)
+        if nplanes != words.dtype.itemsize:
+            raise CorruptDataError(f"lcckpt blob: {nplanes} byte planes for dtype {dt.name}")
+        rot = r.u8()
+        if rot != int(rotate):
+            raise CorruptDataError("lcckpt blob: rotation flag does not match the dtype")
+        p.rotate = rotate
+        allowed = entropy.modes_for("bytes", 8)
+        p.layouts = [entropy.read_tables(r, words_n(n, dt), cs, 8, allowed)
+                     for _ in range(nplanes)]
+    hdr_end = r.pos
+    stored = r.u32()
+    if zlib.crc32(buf[:hdr_end]) != stored:
+        raise ChecksumError("lcckpt blob: header checksum mismatch; the blob is damaged")
+    p.payload_base = r.pos
+    size = sum(int(lay.offsets[-1]) for lay in p.layouts)
+    expect = p.payload_base + size + 4
+    if len(buf) < expect:
+        raise TruncatedError(f"lcckpt blob is truncated: {len(buf)} bytes, header promises {expect}")
+    if len(buf) > expect:
+        raise CorruptDataError(f"lcckpt blob has {len(buf) - expect} trailing bytes")
+    crc = int.from_bytes(bytes(buf[expect - 4:expect]), "little")
+    if check_payload and zlib.crc32(buf[p.payload_base:expect - 4]) != crc:
+        raise ChecksumError("lcckpt blob: payload checksum mismatch; the blob is damaged")
+    return buf, p
+
+
+def words_n(n: int, dt: dtypes.DType) -> int:
+    """Words of the lossless planes: complex numbers are two floats each."""
+    return 2 * n if dt.kind == "complex" else n

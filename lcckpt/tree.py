@@ -1,0 +1,494 @@
+"""The object tree: nested training state <-> a JSON tree plus one data section per leaf.
+
+An object tree (dict, OrderedDict, list, tuple, tensors, numpy arrays and plain values)
+becomes a typed JSON tree for the container header; every tensor, array and bytes value
+becomes one data section. Nothing is pickled, so loading never runs code from the file;
+values outside that vocabulary are refused at save time, naming their key path, because
+silently pickling them would bring the unsafety back.
+
+How a tensor leaf is coded is not decided here: :func:`flatten` calls the leaf encoder
+it is given and :func:`unflatten` the leaf decoder (sections.py has the defaults, the
+chain its own). Tensors that are views of one storage with the same shape and strides
+are stored once; partially overlapping views are stored each on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import reprlib
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import dtypes
+from .container import Container
+from .errors import (CorruptDataError, InvalidArgumentError, LcckptError, UnsafeObjectError,
+                     UnsupportedDtypeError)
+from .sections import Encoded
+
+__all__ = ["MAX_DEPTH", "flatten", "unflatten"]
+
+MAX_DEPTH = 64  # levels of containers; a few JSON levels each in the header
+DTYPE_CODES: dict[torch.dtype, str] = dtypes.TORCH_NAME   # dtype -> header name
+
+LeafEncoder = Callable[[str, torch.Tensor], Encoded]
+LeafDecoder = Callable[[str, Container, int, dict], Any]
+
+
+def flatten(obj: Any, encode_leaf: LeafEncoder) -> tuple[Any, list[tuple[str, dict, Any]]]:
+    """``obj`` as ``(json_tree, sections)``; ``encode_leaf`` codes each tensor leaf."""
+    saver = _Saver(encode_leaf)
+    return saver.node(obj, "obj", 0), saver.sections
+
+
+def unflatten(tree: Any, c: Container, decode_leaf: LeafDecoder, map_location=None) -> Any:
+    """Rebuild the object of ``tree`` from container ``c``; ``decode_leaf`` decodes each
+    tensor section (after its dtype, shape and size were validated)."""
+    return _Loader(c, decode_leaf, map_location).node(tree, "obj", 0)
+
+
+# --------------------------------------------------------------------------- save
+
+
+def _key_repr(k) -> str:
+    return json.dumps(k, ensure_ascii=False) if type(k) is str else repr(k)
+
+
+_SUPPORTED = (
+    "dict, OrderedDict, list, tuple, torch.Tensor, numpy.ndarray, numpy scalars, int, "
+    "float, str, bytes, bool, None, torch.dtype, torch.Size, torch.device"
+)
+
+
+class _Saver:
+    """Walks an object tree, returning its JSON tree and collecting data sections."""
+
+    def __init__(self, encode_leaf: LeafEncoder):
+        self.encode_leaf = encode_leaf
+        self.sections: list[tuple[str, dict, Any]] = []
+        self.by_id: dict[int, Any] = {}  # id(obj) -> node, for tensors, arrays, bytes
+        self.by_view: dict[tuple, list[int]] = {}  # tensor view -> [section, objects seen]
+        self.alive: list[Any] = []  # keeps ids unique while saving
+
+    def refuse(self, value, path: str, hint: str = ""):
+        t = type(value)
+        raise UnsafeObjectError(
+            f"cannot save {path}: a {t.__module__}.{t.__qualname__} is not storable without "
+            f"pickle. lcckpt stores {_SUPPORTED}. "
+            + (hint or "Convert it to those types (e.g. a dict of plain values) first.")
+        )
+
+    def node(self, v, path: str, depth: int):
+        if depth > MAX_DEPTH:
+            raise InvalidArgumentError(
+                f"{path} is nested more than {MAX_DEPTH} levels deep (or is cyclic)"
+            )
+        t = type(v)
+        if v is None or t is bool or t is str:
+            return v
+        if t is int:
+            return v if -(2**63) <= v < 2**63 else {"$": "int", "hex": hex(v)}
+        if t is float:
+            return v if math.isfinite(v) else {"$": "float", "v": repr(v)}
+        if t is list:
+            return [self.node(x, f"{path}[{i}]", depth + 1) for i, x in enumerate(v)]
+        if t is tuple:
+            items = [self.node(x, f"{path}[{i}]", depth + 1) for i, x in enumerate(v)]
+            return {"$": "tuple", "v": items}
+        if t is dict:
+            return {"$": "dict", "items": self.items(v, path, depth)}
+        if t is OrderedDict:
+            return self.odict(v, path, depth)
+        if isinstance(v, torch.Tensor):
+            return self.tensor(v, path)
+        if t is np.ndarray:
+            return self.ndarray(v, path)
+        if isinstance(v, np.generic) and v.dtype.str in dtypes.NUMPY_NAME:
+            return {"$": "npscalar", "dtype": dtypes.NUMPY_NAME[v.dtype.str],
+                    "hex": v.tobytes().hex()}
+        if t is bytes:
+            return self.bytes(v, path)
+        if t is torch.dtype:
+            if v not in DTYPE_CODES:
+                raise UnsupportedDtypeError(f"cannot save {path}: dtype {v} is not supported")
+            return {"$": "dtype", "v": DTYPE_CODES[v]}
+        if t is torch.Size:
+            return {"$": "size", "v": list(v)}
+        if t is torch.device:
+            return {"$": "device", "v": str(v)}
+        if isinstance(v, tuple) and hasattr(v, "_fields"):
+            self.refuse(v, path, "Convert the namedtuple with tuple(x) or x._asdict().")
+        if isinstance(v, (dict, list, tuple, str, int, float, bytes)):
+            base = next(b for b in (dict, list, tuple, str, int, float, bytes) if isinstance(v, b))
+            name = base.__name__
+            self.refuse(v, path, f"It is a subclass of {name}: convert with {name}(x).")
+        self.refuse(v, path)
+
+    def items(self, d: dict, path: str, depth: int) -> list:
+        out = []
+        for k, v in d.items():
+            sub = f"{path}[{_key_repr(k)}]"
+            out.append([self.key(k, sub, depth + 1), self.node(v, sub, depth + 1)])
+        return out
+
+    def key(self, k, path: str, depth: int):
+        t = type(k)
+        if k is None or t in (bool, int, float, str):
+            return self.node(k, path, 0)
+        if t is tuple:
+            if depth > MAX_DEPTH:
+                raise InvalidArgumentError(f"a key of {path} is nested too deeply")
+            return {"$": "tuple", "v": [self.key(x, path, depth + 1) for x in k]}
+        raise UnsafeObjectError(
+            f"cannot save {path}: dict keys must be str, int, float, bool, None or tuples "
+            f"of those, not {t.__module__}.{t.__qualname__}"
+        )
+
+    def odict(self, v: OrderedDict, path: str, depth: int) -> dict:
+        node = {"$": "odict", "items": self.items(v, path, depth)}
+        attrs = dict(vars(v))
+        if "_metadata" in attrs:  # torch state_dict's per-module version info
+            node["metadata"] = self.node(attrs.pop("_metadata"), f"{path}._metadata", depth + 1)
+        if attrs:
+            raise UnsafeObjectError(
+                f"cannot save {path}: the OrderedDict carries attributes {sorted(attrs)}; only "
+                "a state_dict's _metadata is kept. Delete them or move them into the dict."
+            )
+        return node
+
+    def add_section(self, path: str, meta: dict, payload) -> int:
+        self.sections.append((path, meta, payload))
+        return len(self.sections) - 1
+
+    def tensor(self, v: torch.Tensor, path: str):
+        if id(v) in self.by_id:
+            return self.by_id[id(v)]
+        if type(v) not in (torch.Tensor, torch.nn.Parameter):
+            self.refuse(v, path, "Tensor subclasses are not stored: pass x.as_subclass(torch.Tensor).")
+        if v.layout != torch.strided:
+            raise UnsupportedDtypeError(
+                f"cannot save {path}: layout {v.layout} is not stored; use x.to_dense()"
+            )
+        if v.dtype not in DTYPE_CODES:
+            raise UnsupportedDtypeError(
+                f"cannot save {path}: dtype {v.dtype} is not supported; "
+                f"supported: {', '.join(str(d) for d in DTYPE_CODES)}"
+            )
+        if v.device.type == "meta":
+            raise InvalidArgumentError(f"cannot save {path}: a meta tensor has no data")
+        self.alive.append(v)
+        view = None
+        if v.numel() and v.untyped_storage().data_ptr():
+            view = (v.device, v.dtype, v.untyped_storage().data_ptr(), v.storage_offset(),
+                    tuple(v.shape), tuple(v.stride()))  # fmt: skip
+        if view in self.by_view:
+            seen = self.by_view[view]
+            node = {"$": "tensor", "s": seen[0], "obj": seen[1]}
+            seen[1] += 1
+        else:
+            node = {"$": "tensor", "s": self.add_section(path, *self.encode_tensor(v, path))}
+            if view is not None:
+                self.by_view[view] = [node["s"], 1]
+        self.by_id[id(v)] = node
+        return node
+
+    def encode_tensor(self, v: torch.Tensor, path: str) -> tuple[dict, Any]:
+        t = v.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.resolve_conj().resolve_neg().contiguous()
+        enc = self.encode_leaf(path, t)
+        meta = {
+            "kind": "tensor",
+            "dtype": DTYPE_CODES[t.dtype],
+            "shape": list(t.shape),
+            "nbytes": t.numel() * t.element_size(),
+            "codec": enc.codec,
+            "device": str(v.device),
+        }
+        if enc.params:
+            meta["codec_params"] = enc.params
+        return meta, enc.payload
+
+    def ndarray(self, v: np.ndarray, path: str):
+        if id(v) in self.by_id:
+            return self.by_id[id(v)]
+        code = dtypes.NUMPY_NAME.get(v.dtype.str)
+        if code is None:
+            raise UnsupportedDtypeError(
+                f"cannot save {path}: numpy dtype {v.dtype.str} is not supported (object, "
+                "structured and big-endian arrays are not); convert with arr.astype(...)"
+            )
+        self.alive.append(v)
+        data = np.ascontiguousarray(v).reshape(-1).view(np.uint8)
+        meta = {"kind": "ndarray", "dtype": code, "shape": list(v.shape), "nbytes": v.nbytes,
+                "codec": "raw"}  # fmt: skip
+        node = {"$": "ndarray", "s": self.add_section(path, meta, data)}
+        self.by_id[id(v)] = node
+        return node
+
+    def bytes(self, v: bytes, path: str):
+        if id(v) not in self.by_id:
+            self.alive.append(v)
+            self.by_id[id(v)] = {"$": "bytes", "s": self.add_section(path, {"kind": "bytes"}, v)}
+        return self.by_id[id(v)]
+
+
+# --------------------------------------------------------------------------- load
+
+
+def _bad(path: str, msg: str):
+    raise CorruptDataError(f"invalid object tree at {path}: {msg}")
+
+
+def _fields(j: dict, path: str, required: tuple, optional: tuple = ()) -> None:
+    keys = set(j) - {"$"}
+    if not set(required) <= keys or not keys <= set(required) | set(optional):
+        _bad(path, f"{j['$']!r} node has keys {sorted(keys)}")
+
+
+def _is_uint(v) -> bool:
+    return type(v) is int and v >= 0
+
+
+def _lookup(table: dict, code):
+    return table.get(code) if type(code) is str else None
+
+
+def _shape(meta: dict, path: str) -> list[int]:
+    shape = meta.get("shape")
+    if type(shape) is not list or not all(_is_uint(n) for n in shape) or len(shape) > 64:
+        _bad(path, f"section shape {shape!r:.80} is not a list of non-negative integers")
+    return shape
+
+class _Loader:
+    """Walks a JSON tree, validating every node before building its value."""
+
+    def __init__(self, c: Container, decode_leaf: LeafDecoder, map_location):
+        self.c = c
+        self.decode_leaf = decode_leaf
+        self.map_location = map_location
+        self.sections: dict[int, Any] = {}  # section index -> decoded value
+        self.objects: dict[tuple, Any] = {}  # (section, obj) -> tensor object
+        self.handlers = {
+            "int": self.int_, "float": self.float_, "tuple": self.tuple_, "dict": self.dict_,
+            "odict": self.dict_, "tensor": self.tensor, "ndarray": self.ndarray,
+            "bytes": self.bytes_, "npscalar": self.npscalar, "dtype": self.dtype,
+            "size": self.size, "device": self.device,
+        }  # fmt: skip
+
+    def node(self, j, path: str, depth: int):
+        if depth > MAX_DEPTH:
+            _bad(path, f"nested more than {MAX_DEPTH} levels")
+        t = type(j)
+        if j is None or t in (bool, int, float, str):
+            return j
+        if t is list:
+            return [self.node(x, f"{path}[{i}]", depth + 1) for i, x in enumerate(j)]
+        if t is not dict or type(j.get("$")) is not str or j["$"] not in self.handlers:
+            _bad(path, f"unknown node {reprlib.repr(j)}")
+        return self.handlers[j["$"]](j, path, depth)
+
+    def int_(self, j, path, depth):
+        _fields(j, path, ("hex",))
+        if type(j["hex"]) is not str or not re.fullmatch(r"-?0x[0-9a-f]+", j["hex"]):
+            _bad(path, "int node needs a hex string")
+        return int(j["hex"], 16)
+
+    def float_(self, j, path, depth):
+        _fields(j, path, ("v",))
+        if j["v"] not in ("nan", "inf", "-inf"):
+            _bad(path, f"float node holds {j['v']!r:.40}")
+        return float(j["v"])
+
+    def tuple_(self, j, path, depth):
+        _fields(j, path, ("v",))
+        if type(j["v"]) is not list:
+            _bad(path, "tuple node needs a list")
+        return tuple(self.node(x, f"{path}[{i}]", depth + 1) for i, x in enumerate(j["v"]))
+
+    def key(self, j, path, depth):
+        if depth > MAX_DEPTH:
+            _bad(path, f"dict key nested more than {MAX_DEPTH} levels")
+        t = type(j)
+        if j is None or t in (bool, int, float, str):
+            return j
+        if t is dict and j.get("$") in ("int", "float", "tuple"):
+            if j["$"] != "tuple":
+                return self.node(j, path, 0)
+            _fields(j, path, ("v",))
+            if type(j["v"]) is list:
+                return tuple(self.key(x, path, depth + 1) for x in j["v"])
+        _bad(path, f"invalid dict key {reprlib.repr(j)}")
+
+    def dict_(self, j, path, depth):
+        ordered = j["$"] == "odict"
+        _fields(j, path, ("items",), ("metadata",) if ordered else ())
+        items = j["items"]
+        if type(items) is not list:
+            _bad(path, "dict node needs a list of items")
+        out = OrderedDict() if ordered else {}
+        for item in items:
+            if type(item) is not list or len(item) != 2:
+                _bad(path, "dict item is not a [key, value] pair")
+            k = self.key(item[0], path, depth + 1)
+            sub = f"{path}[{_key_repr(k)}]"
+            if k in out:
+                _bad(sub, "duplicate key")
+            out[k] = self.node(item[1], sub, depth + 1)
+        if "metadata" in j:
+            out._metadata = self.node(j["metadata"], f"{path}._metadata", depth + 1)
+        return out
+
+    def section(self, j, path, kind: str) -> tuple[int, dict]:
+        s = j.get("s")
+        if not _is_uint(s) or s >= len(self.c.sections):
+            _bad(path, f"section index {s!r} out of range")
+        meta = self.c.sections[s]["meta"]
+        if meta.get("kind") != kind:
+            _bad(path, f"section {s} holds {meta.get('kind')!r}, expected {kind!r}")
+        return s, meta
+
+    def tensor(self, j, path, depth):
+        _fields(j, path, ("s",), ("obj",))
+        s, meta = self.section(j, path, "tensor")
+        obj = j.get("obj", 0)
+        if not _is_uint(obj):
+            _bad(path, "tensor obj is not a non-negative integer")
+        if (s, obj) not in self.objects:
+            if s not in self.sections:
+                self.sections[s] = self.place(self.decode_tensor(s, meta, path), meta, path)
+                self.objects[(s, obj)] = self.sections[s]
+            else:  # another tensor object viewing the same storage
+                base = self.sections[s]
+                self.objects[(s, obj)] = base.view(base.shape)
+        return self.objects[(s, obj)]
+
+    def decode_tensor(self, s: int, meta: dict, path: str) -> torch.Tensor:
+        dtype = _lookup(dtypes.NAME_TORCH, meta.get("dtype"))
+        if dtype is None:
+            _bad(path, f"unknown tensor dtype {meta.get('dtype')!r:.40}")
+        shape = _shape(meta, path)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if meta.get("nbytes") != nbytes:
+            _bad(path, f"nbytes {meta.get('nbytes')!r} does not match dtype and shape ({nbytes})")
+        name = meta.get("codec")
+        if type(meta.get("codec_params", {})) is not dict:
+            _bad(path, "codec_params is not an object")
+        try:
+            out = self.decode_leaf(path, self.c, s, meta)
+        except LcckptError:
+            raise
+        except Exception as e:
+            raise CorruptDataError(
+                f"codec {name!r:.40} could not decode {path}: {type(e).__name__}: {e}"
+            ) from e
+        if isinstance(out, np.ndarray):
+            if not out.flags.writeable or not out.flags.c_contiguous:
+                out = out.copy()
+            if out.dtype.str not in dtypes.NUMPY_NAME:
+                _bad(path, f"codec {name!r} returned numpy dtype {out.dtype}")
+            out = torch.from_numpy(out)
+        if not isinstance(out, torch.Tensor) or out.dtype != dtype or list(out.shape) != shape:
+            _bad(path, f"codec {name!r} returned a {type(out).__name__}, not a {dtype} {shape} tensor")
+        return out
+
+    def place(self, t: torch.Tensor, meta: dict, path: str) -> torch.Tensor:
+        loc = meta.get("device", "cpu")
+        if type(loc) is not str:
+            _bad(path, "device is not a string")
+        ml = self.map_location
+        if ml is None:
+            target = loc
+        elif isinstance(ml, (str, torch.device)):
+            target = ml
+        elif isinstance(ml, dict):
+            target = ml.get(loc, loc)
+        elif callable(ml):
+            res = ml(t.untyped_storage(), loc)
+            if res is None:
+                target = loc
+            else:
+                if isinstance(res, torch.TypedStorage):
+                    res = res.untyped()
+                if not isinstance(res, torch.UntypedStorage):
+                    raise InvalidArgumentError("a map_location function must return a storage or None")
+                out = torch.empty(0, dtype=t.dtype, device=res.device)
+                return out.set_(res, 0, t.shape, t.stride())
+        else:
+            raise InvalidArgumentError(
+                "map_location must be None, a device string, a torch.device, a dict or a function"
+            )
+        try:
+            device = torch.device(target)
+            return t if device.type == "cpu" else t.to(device)
+        except (RuntimeError, AssertionError, ValueError, TypeError) as e:
+            raise InvalidArgumentError(
+                f"cannot place {path} (saved on {loc}) on {target}: {e}. "
+                "Pass map_location='cpu' or a dict such as {'cuda:1': 'cuda:0'}."
+            ) from e
+
+    def ndarray(self, j, path, depth):
+        _fields(j, path, ("s",))
+        s, meta = self.section(j, path, "ndarray")
+        if s not in self.sections:
+            dtype = _lookup(dtypes.NAME_NUMPY, meta.get("dtype"))
+            if dtype is None:
+                _bad(path, f"unknown array dtype {meta.get('dtype')!r:.40}")
+            shape = _shape(meta, path)
+            nbytes = math.prod(shape) * dtype.itemsize
+            length = self.c.sections[s]["length"]
+            if meta.get("nbytes") != nbytes or length != nbytes or meta.get("codec") != "raw":
+                _bad(path, "array section size or codec does not match its dtype and shape")
+            arr = np.empty(shape, dtype=dtype.newbyteorder("="))
+            self.c.read_into(s, arr.reshape(-1).view(np.uint8) if nbytes else bytearray())
+            self.sections[s] = arr
+        return self.sections[s]
+
+    def bytes_(self, j, path, depth):
+        _fields(j, path, ("s",))
+        s, _ = self.section(j, path, "bytes")
+        if s not in self.sections:
+            self.sections[s] = bytes(self.c.data(s))
+        return self.sections[s]
+
+    def npscalar(self, j, path, depth):
+        _fields(j, path, ("dtype", "hex"))
+        dtype = _lookup(dtypes.NAME_NUMPY, j["dtype"])
+        h = j["hex"]
+        if dtype is None or type(h) is not str or not re.fullmatch(r"(?:[0-9a-f]{2})*", h):
+            _bad(path, "invalid numpy scalar")
+        raw = bytes.fromhex(h)
+        if len(raw) != dtype.itemsize:
+            _bad(path, "numpy scalar has the wrong size")
+        return np.frombuffer(raw, dtype=dtype)[0]
+
+    def dtype(self, j, path, depth):
+        _fields(j, path, ("v",))
+        dtype = _lookup(dtypes.NAME_TORCH, j["v"])
+        if dtype is None:
+            _bad(path, f"unknown dtype {j['v']!r:.40}")
+        return dtype
+
+    def size(self, j, path, depth):
+        _fields(j, path, ("v",))
+        if type(j["v"]) is not list or not all(type(n) is int for n in j["v"]):
+            _bad(path, "torch.Size needs a list of ints")
+        try:
+            return torch.Size(j["v"])
+        except (ValueError, OverflowError, RuntimeError) as e:
+            _bad(path, f"invalid torch.Size: {e}")
+
+    def device(self, j, path, depth):
+        _fields(j, path, ("v",))
+        try:
+            if type(j["v"]) is not str:
+                raise TypeError("not a string")
+            return torch.device(j["v"])
+        except (RuntimeError, TypeError, ValueError) as e:
+            _bad(path, f"invalid device: {e}")
