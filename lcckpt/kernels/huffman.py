@@ -6,17 +6,15 @@ shorter codes first, equal lengths in increasing symbol order. So a code is full
 described by its length per symbol, and bitarray's ``canonical_decode`` is an
 independent oracle for our streams.
 
-Writers keep a 64-bit accumulator and flush 32 bits at a time; since no single put
-exceeds 32 bits the accumulator never overflows. Readers refill byte by byte and treat
-bytes past the end as zeros; callers check the consumed bit count afterwards.
+The bit writer and reader are those of :mod:`lcckpt.kernels.bits`, shared by every coder.
 """
 
 import numpy as np
 from numba import njit
 
+from .bits import U8, Z, flush, put, refill
+
 MAX_CODE_LEN = 12          # one 4096-entry lookup table decodes any code
-_U8 = np.uint64(8)
-_MASK8 = np.uint64(0xFF)
 
 
 @njit(cache=True, nogil=True)
@@ -131,12 +129,7 @@ def decode_table(lengths, table_bits):
     return table
 
 
-# --- bit writer ------------------------------------------------------------------------
-# Every bit counter is uint64: mixing signed and unsigned integers makes Numba convert
-# through floats, which tripled the cost per symbol.
-
-_Z = np.uint64(0)
-_W = np.uint64(32)
+# --- encoding --------------------------------------------------------------------------
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -155,20 +148,6 @@ def additive(cent):
     return cz
 
 
-@njit(cache=True, nogil=True, inline="always")
-def flush_bits(acc, nb, out, p):
-    """Write the pending bits, zero-padded to a whole byte; return the new position."""
-    while nb > _Z:
-        if nb >= _U8:
-            nb -= _U8
-            out[p] = np.uint8((acc >> nb) & _MASK8)
-        else:
-            out[p] = np.uint8((acc << (_U8 - nb)) & _MASK8)
-            nb = _Z
-        p += 1
-    return p
-
-
 @njit(cache=True, nogil=True)
 def encode_symbols(sym, start, stop, codes, lengths, out, pos, cent, fout, apply):
     """Per-element Huffman: code ``sym[start:stop]`` into ``out`` from byte ``pos``.
@@ -176,33 +155,22 @@ def encode_symbols(sym, start, stop, codes, lengths, out, pos, cent, fout, apply
     Returns the end byte position. ``out`` must hold the exact size computed from the
     symbol counts and code lengths. With ``apply`` each nonzero symbol also adds its
     centroid, ``fout[i] += cent[s]``: the encoder's reference update, the very add the
-    decoder makes, done while the symbol is at hand. (The bit writer is written out in
-    the loop rather than called: Numba's inlined helper ran three times slower here.)
+    decoder makes, done while the symbol is at hand.
     """
-    acc = _Z
-    nb = _Z
+    acc = Z
+    nb = Z
     p = pos
     for i in range(start, stop):
         s = sym[i]
         if apply and s != 0:
             fout[i] += cent[s]
         ln = np.uint64(lengths[s])
-        acc = (acc << ln) | np.uint64(codes[s])
-        nb += ln
-        if nb >= _W:
-            nb -= _W
-            w = np.uint32(acc >> nb)
-            out[p] = np.uint8(w >> np.uint32(24))
-            out[p + 1] = np.uint8(w >> np.uint32(16))
-            out[p + 2] = np.uint8(w >> np.uint32(8))
-            out[p + 3] = np.uint8(w)
-            p += 4
-    return flush_bits(acc, nb, out, p)
+        acc, nb, p = put(acc, nb, np.uint64(codes[s]), ln, out, p)
+    return flush(acc, nb, out, p)
 
 
-# --- bit reader ------------------------------------------------------------------------
+# --- decoding --------------------------------------------------------------------------
 
-_REFILL = np.uint64(56)
 
 
 @njit(cache=True, nogil=True)
@@ -215,31 +183,31 @@ def decode_symbols(buf, start, end, n, table, table_bits, out, out_start, cent, 
     consumed, or -1 if an invalid code is met. The caller checks that the consumed bits
     fill exactly the chunk's bytes.
     """
-    acc = _Z
-    nb = _Z
+    return _decode_from(buf, start, end, Z, Z, 0, n, table, table_bits, out, out_start,
+                        cent, fout, apply)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _decode_from(buf, p, end, acc, nb, i, n, table, table_bits, out, out_start, cent, fout,
+                 apply):
+    """Symbols ``i..n-1``, one table lookup each, from the reader state ``(acc, nb, p)``;
+    returns the bits consumed from that state, or -1 on an invalid code."""
     tb = np.uint64(table_bits)
     mask = (np.uint64(1) << tb) - np.uint64(1)
-    p = start
-    consumed = _Z
-    for i in range(n):
+    consumed = Z
+    for k in range(i, n):
         if nb < tb:
-            while nb <= _REFILL:
-                b = _Z
-                if p < end:
-                    b = np.uint64(buf[p])
-                acc = (acc << _U8) | b
-                p += 1
-                nb += _U8
+            acc, nb, p = refill(acc, nb, buf, p, end)
         e = table[(acc >> (nb - tb)) & mask]
         ln = np.uint64(e & np.uint32(15))
-        if ln == _Z:
+        if ln == Z:
             return -1
         sy = e >> np.uint32(4)
         if apply:
             if sy != 0:
-                fout[out_start + i] += cent[sy]
+                fout[out_start + k] += cent[sy]
         else:
-            out[out_start + i] = sy
+            out[out_start + k] = sy
         nb -= ln
         consumed += ln
     return np.int64(consumed)
@@ -284,10 +252,10 @@ def multi_decode_table(lengths, sym_bits):
 def decode_symbols_multi(buf, start, end, n, multi, sym_bits, single, table_bits, out, out_start,
                          cent, fout, apply):
     """As :func:`decode_symbols`, several symbols per lookup; the tail goes one by one."""
-    acc = _Z
-    nb = _Z
+    acc = Z
+    nb = Z
     p = start
-    consumed = _Z
+    consumed = Z
     i = 0
     mb = np.uint64(MULTI_BITS)
     mmask = (np.uint64(1) << mb) - np.uint64(1)
@@ -296,13 +264,7 @@ def decode_symbols_multi(buf, start, end, n, multi, sym_bits, single, table_bits
     smask = (np.uint64(1) << sb) - np.uint64(1)
     while i + most <= n:
         if nb < mb:
-            while nb <= _REFILL:
-                b = _Z
-                if p < end:
-                    b = np.uint64(buf[p])
-                acc = (acc << _U8) | b
-                p += 1
-                nb += _U8
+            acc, nb, p = refill(acc, nb, buf, p, end)
         e = multi[(acc >> (nb - mb)) & mmask]
         cnt = np.int64((e >> np.uint64(4)) & np.uint64(15))
         if cnt == 0:
@@ -319,28 +281,6 @@ def decode_symbols_multi(buf, start, end, n, multi, sym_bits, single, table_bits
         nb -= used
         consumed += used
         i += cnt
-    tb = np.uint64(table_bits)
-    mask = (np.uint64(1) << tb) - np.uint64(1)
-    while i < n:
-        if nb < tb:
-            while nb <= _REFILL:
-                b = _Z
-                if p < end:
-                    b = np.uint64(buf[p])
-                acc = (acc << _U8) | b
-                p += 1
-                nb += _U8
-        e = single[(acc >> (nb - tb)) & mask]
-        ln = np.uint64(e & np.uint32(15))
-        if ln == _Z:
-            return -1
-        sy = e >> np.uint32(4)
-        if apply:
-            if sy != 0:
-                fout[out_start + i] += cent[sy]
-        else:
-            out[out_start + i] = sy
-        nb -= ln
-        consumed += ln
-        i += 1
-    return np.int64(consumed)
+    tail = _decode_from(buf, p, end, acc, nb, i, n, single, table_bits, out, out_start,
+                        cent, fout, apply)
+    return -1 if tail < 0 else np.int64(consumed) + tail

@@ -14,7 +14,8 @@ Both stay canonical Huffman; only the letters change.
 import numpy as np
 from numba import njit
 
-from .huffman import _REFILL, _U8, _W, _Z, additive, decode_table, flush_bits
+from .bits import Z, flush, put, refill
+from .huffman import additive, decode_table
 
 RUN_CLASSES = 26                  # runs up to 2**25 - 1: chunks are at most 2**24 long
 _BIT_LENGTH = np.array([int(r).bit_length() for r in range(512)], np.int64)
@@ -48,8 +49,8 @@ def grouped_histogram(sym, start, stop, g, b, hist):
 @njit(cache=True, nogil=True)
 def encode_grouped(sym, start, stop, g, b, codes, lengths, out, pos, cent, fout, apply):
     """``apply``: advance the reference as in :func:`lcckpt.kernels.huffman.encode_symbols`."""
-    acc = _Z
-    nb = _Z
+    acc = Z
+    nb = Z
     p = pos
     cz = additive(cent)
     for i in range(start, stop, g):
@@ -62,17 +63,23 @@ def encode_grouped(sym, start, stop, g, b, codes, lengths, out, pos, cent, fout,
                     fout[i + j] += cz[s]
             letter = (letter << b) | s
         ln = np.uint64(lengths[letter])
-        acc = (acc << ln) | np.uint64(codes[letter])
-        nb += ln
-        if nb >= _W:                      # the bit writer of huffman.encode_symbols
-            nb -= _W
-            w = np.uint32(acc >> nb)
-            out[p] = np.uint8(w >> np.uint32(24))
-            out[p + 1] = np.uint8(w >> np.uint32(16))
-            out[p + 2] = np.uint8(w >> np.uint32(8))
-            out[p + 3] = np.uint8(w)
-            p += 4
-    return flush_bits(acc, nb, out, p)
+        acc, nb, p = put(acc, nb, np.uint64(codes[letter]), ln, out, p)
+    return flush(acc, nb, out, p)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _emit_letter(letter, i, n, g, b, out, out_start, cz, fout, apply):
+    """Unpack one letter into symbols ``i..i+g-1`` (those below ``n``): stored, or with
+    ``apply`` added as centroids into ``fout``."""
+    mask = (1 << b) - 1
+    if apply:
+        for j in range(g):
+            if i + j < n:
+                fout[out_start + i + j] += cz[(letter >> (b * (g - 1 - j))) & mask]
+    else:
+        for j in range(g):
+            if i + j < n:
+                out[out_start + i + j] = (letter >> (b * (g - 1 - j))) & mask
 
 
 @njit(cache=True, nogil=True)
@@ -83,38 +90,24 @@ def decode_grouped(buf, start, end, n, g, b, table, table_bits, out, out_start, 
     ``apply``: add centroids into ``fout`` instead of storing symbols (see
     :func:`lcckpt.kernels.huffman.decode_symbols`).
     """
-    acc = _Z
-    nb = _Z
+    acc = Z
+    nb = Z
     tb = np.uint64(table_bits)
     tmask = (np.uint64(1) << tb) - np.uint64(1)
     p = start
-    consumed = _Z
-    mask = (1 << b) - 1
+    consumed = Z
     cz = additive(cent)
     for i in range(0, n, g):
-        if nb < tb:                       # the bit reader of huffman.decode_symbols
-            while nb <= _REFILL:
-                v = _Z
-                if p < end:
-                    v = np.uint64(buf[p])
-                acc = (acc << _U8) | v
-                p += 1
-                nb += _U8
+        if nb < tb:
+            acc, nb, p = refill(acc, nb, buf, p, end)
         e = table[(acc >> (nb - tb)) & tmask]
         ln = np.uint64(e & np.uint32(15))
-        if ln == _Z:
+        if ln == Z:
             return -1
         letter = np.int64(e >> np.uint32(4))
         nb -= ln
         consumed += ln
-        if apply:
-            for j in range(g):
-                if i + j < n:
-                    fout[out_start + i + j] += cz[(letter >> (b * (g - 1 - j))) & mask]
-        else:
-            for j in range(g):
-                if i + j < n:
-                    out[out_start + i + j] = (letter >> (b * (g - 1 - j))) & mask
+        _emit_letter(letter, i, n, g, b, out, out_start, cz, fout, apply)
     return np.int64(consumed)
 
 
@@ -124,27 +117,20 @@ def decode_grouped_multi(buf, start, end, n, g, b, multi, table, table_bits, out
     """:func:`decode_grouped` with a multi-letter table (up to six 8-bit letters a lookup,
     see :func:`lcckpt.kernels.huffman.multi_decode_table`); the tail goes letter by letter.
     """
-    acc = _Z
-    nb = _Z
+    acc = Z
+    nb = Z
     mb = np.uint64(12)
     mmask = (np.uint64(1) << mb) - np.uint64(1)
     tb = np.uint64(table_bits)
     tmask = (np.uint64(1) << tb) - np.uint64(1)
     p = start
-    consumed = _Z
-    mask = (1 << b) - 1
+    consumed = Z
     cz = additive(cent)
     nletters = (n + g - 1) // g
     li = 0
     while li < nletters:
         if nb < mb:
-            while nb <= _REFILL:
-                v = _Z
-                if p < end:
-                    v = np.uint64(buf[p])
-                acc = (acc << _U8) | v
-                p += 1
-                nb += _U8
+            acc, nb, p = refill(acc, nb, buf, p, end)
         cnt = 0
         e = np.uint64(0)
         if li + 6 <= nletters:
@@ -154,7 +140,7 @@ def decode_grouped_multi(buf, start, end, n, g, b, multi, table, table_bits, out
         if cnt == 0:                      # the tail, or a code longer than the window
             e1 = table[(acc >> (nb - tb)) & tmask]
             ln = np.uint64(e1 & np.uint32(15))
-            if ln == _Z:
+            if ln == Z:
                 return -1
             e = np.uint64(e1 >> np.uint32(4)) << np.uint64(8)
             cnt = 1
@@ -162,14 +148,7 @@ def decode_grouped_multi(buf, start, end, n, g, b, multi, table, table_bits, out
         for k in range(cnt):
             letter = np.int64((e >> np.uint64(8 + 8 * k)) & np.uint64(0xFF))
             i = (li + k) * g
-            if apply:
-                for j in range(g):
-                    if i + j < n:
-                        fout[out_start + i + j] += cz[(letter >> (b * (g - 1 - j))) & mask]
-            else:
-                for j in range(g):
-                    if i + j < n:
-                        out[out_start + i + j] = (letter >> (b * (g - 1 - j))) & mask
+            _emit_letter(letter, i, n, g, b, out, out_start, cz, fout, apply)
         nb -= used
         consumed += used
         li += cnt
@@ -206,11 +185,12 @@ def encode_runs(sym, start, stop, S, codes, lengths, out, pos, cent, fout, apply
     """One code word (plus extra bits) per nonzero symbol, and one for the trailing zeros.
 
     The nonzero positions are listed per block branch-free, as in
-    :func:`map_symbols_runs`; the bit writer is written out inline, as in
-    huffman.encode_symbols; ``apply`` advances the reference as there.
+    :func:`map_symbols_runs`; ``apply`` advances the reference as in
+    huffman.encode_symbols. The code word and its extra bits are two puts: a put holds
+    at most 32 bits, and 31 + 24 bits fit where 31 + 36 would not.
     """
-    acc = _Z
-    nb = _Z
+    acc = Z
+    nb = Z
     p = pos
     last = start - 1                  # the previous nonzero's position
     nzpos = np.empty(_SCAN, np.int64)
@@ -242,29 +222,11 @@ def encode_runs(sym, start, stop, S, codes, lengths, out, pos, cent, fout, apply
             c = _BIT_LENGTH[run] if run < 512 else _bit_length(run)
             letter = c * S + s
             ln = np.uint64(lengths[letter])
-            acc = (acc << ln) | np.uint64(codes[letter])
-            nb += ln
-            if nb >= _W:                  # flush after each part: 31 + 24 bits fit, 31 + 36 not
-                nb -= _W
-                w = np.uint32(acc >> nb)
-                out[p] = np.uint8(w >> np.uint32(24))
-                out[p + 1] = np.uint8(w >> np.uint32(16))
-                out[p + 2] = np.uint8(w >> np.uint32(8))
-                out[p + 3] = np.uint8(w)
-                p += 4
+            acc, nb, p = put(acc, nb, np.uint64(codes[letter]), ln, out, p)
             if c > 1:
                 xb = np.uint64(c - 1)
-                acc = (acc << xb) | np.uint64(run - (1 << (c - 1)))
-                nb += xb
-                if nb >= _W:
-                    nb -= _W
-                    w = np.uint32(acc >> nb)
-                    out[p] = np.uint8(w >> np.uint32(24))
-                    out[p + 1] = np.uint8(w >> np.uint32(16))
-                    out[p + 2] = np.uint8(w >> np.uint32(8))
-                    out[p + 3] = np.uint8(w)
-                    p += 4
-    return flush_bits(acc, nb, out, p)
+                acc, nb, p = put(acc, nb, np.uint64(run - (1 << (c - 1))), xb, out, p)
+    return flush(acc, nb, out, p)
 
 
 RUNS_WINDOW = 12
@@ -319,8 +281,8 @@ def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start, cent, 
     ``multi`` (from :func:`runs_decode_table`, or an empty array) decodes up to three
     short-run items per lookup.
     """
-    acc = _Z
-    nb = _Z
+    acc = Z
+    nb = Z
     tb = np.uint64(table_bits)
     tmask = (np.uint64(1) << tb) - np.uint64(1)
     mw = np.uint64(RUNS_WINDOW)
@@ -328,19 +290,13 @@ def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start, cent, 
     use_multi = multi.size > 0
     cz = additive(cent)
     p = start
-    consumed = _Z
+    consumed = Z
     pos = 0
     sbits = _bit_length(S) - 1
     smask = S - 1
     while pos < n:
         if nb < np.uint64(40):            # a code word and up to 24 extra bits
-            while nb <= _REFILL:
-                v = _Z
-                if p < end:
-                    v = np.uint64(buf[p])
-                acc = (acc << _U8) | v
-                p += 1
-                nb += _U8
+            acc, nb, p = refill(acc, nb, buf, p, end)
         if use_multi and n - pos > 3 * 256:  # all three items surely end inside the chunk
             e = multi[(acc >> (nb - mw)) & mmask]
             cnt = np.int64((e >> np.uint64(4)) & np.uint64(7))
@@ -365,7 +321,7 @@ def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start, cent, 
                 continue
         e1 = table[(acc >> (nb - tb)) & tmask]
         ln = np.uint64(e1 & np.uint32(15))
-        if ln == _Z:
+        if ln == Z:
             return -1
         letter = np.int64(e1 >> np.uint32(4))
         nb -= ln
