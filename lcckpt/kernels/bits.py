@@ -70,3 +70,11 @@ def refill(acc, nb, buf, p, end):
         p += 1
         nb += U8
     return acc, nb, p
+
+
+@njit(cache=True, nogil=True, inline="always")
+def lookup(table, acc, nb, tb, tmask):
+    """One canonical-Huffman table lookup at the reader's position: ``(letter, length)``;
+    length 0 marks an invalid code. Entries are ``letter << 4 | length``."""
+    e = table[(acc >> (nb - tb)) & tmask]
+    return np.int64(e >> np.uint32(4)), np.uint64(e & np.uint32(15))

@@ -12,7 +12,7 @@ The bit writer and reader are those of :mod:`lcckpt.kernels.bits`, shared by eve
 import numpy as np
 from numba import njit
 
-from .bits import U8, Z, flush, put, refill
+from .bits import Z, flush, lookup, put, refill
 
 MAX_CODE_LEN = 12          # one 4096-entry lookup table decodes any code
 
@@ -198,11 +198,9 @@ def _decode_from(buf, p, end, acc, nb, i, n, table, table_bits, out, out_start, 
     for k in range(i, n):
         if nb < tb:
             acc, nb, p = refill(acc, nb, buf, p, end)
-        e = table[(acc >> (nb - tb)) & mask]
-        ln = np.uint64(e & np.uint32(15))
+        sy, ln = lookup(table, acc, nb, tb, mask)
         if ln == Z:
             return -1
-        sy = e >> np.uint32(4)
         if apply:
             if sy != 0:
                 fout[out_start + k] += cent[sy]

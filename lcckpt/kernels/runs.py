@@ -14,7 +14,7 @@ Both stay canonical Huffman; only the letters change.
 import numpy as np
 from numba import njit
 
-from .bits import Z, flush, put, refill
+from .bits import Z, flush, lookup, put, refill
 from .huffman import additive, decode_table
 
 RUN_CLASSES = 26                  # runs up to 2**25 - 1: chunks are at most 2**24 long
@@ -100,11 +100,9 @@ def decode_grouped(buf, start, end, n, g, b, table, table_bits, out, out_start, 
     for i in range(0, n, g):
         if nb < tb:
             acc, nb, p = refill(acc, nb, buf, p, end)
-        e = table[(acc >> (nb - tb)) & tmask]
-        ln = np.uint64(e & np.uint32(15))
+        letter, ln = lookup(table, acc, nb, tb, tmask)
         if ln == Z:
             return -1
-        letter = np.int64(e >> np.uint32(4))
         nb -= ln
         consumed += ln
         _emit_letter(letter, i, n, g, b, out, out_start, cz, fout, apply)
@@ -138,11 +136,10 @@ def decode_grouped_multi(buf, start, end, n, g, b, multi, table, table_bits, out
             cnt = np.int64((e >> np.uint64(4)) & np.uint64(15))
             used = e & np.uint64(15)
         if cnt == 0:                      # the tail, or a code longer than the window
-            e1 = table[(acc >> (nb - tb)) & tmask]
-            ln = np.uint64(e1 & np.uint32(15))
+            letter, ln = lookup(table, acc, nb, tb, tmask)
             if ln == Z:
                 return -1
-            e = np.uint64(e1 >> np.uint32(4)) << np.uint64(8)
+            e = np.uint64(letter) << np.uint64(8)
             cnt = 1
             used = ln
         for k in range(cnt):
@@ -319,11 +316,9 @@ def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start, cent, 
                 nb -= used
                 consumed += used
                 continue
-        e1 = table[(acc >> (nb - tb)) & tmask]
-        ln = np.uint64(e1 & np.uint32(15))
+        letter, ln = lookup(table, acc, nb, tb, tmask)
         if ln == Z:
             return -1
-        letter = np.int64(e1 >> np.uint32(4))
         nb -= ln
         consumed += ln
         c = letter >> sbits                  # S is a power of two: no division
