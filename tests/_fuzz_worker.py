@@ -14,7 +14,7 @@ import tempfile
 from lcckpt.container import read_container
 from lcckpt.errors import LcckptError
 from lcckpt.serialization import load
-from streams import NonSeekableStream
+from helpers import NonSeekableStream
 
 
 

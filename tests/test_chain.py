@@ -5,10 +5,8 @@ import copy
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -20,38 +18,15 @@ from lcckpt import BrokenChainError, ChecksumError, DeltaCheckpointer, DeltaDeco
 from lcckpt.chain import file_name
 from lcckpt.container import read_container
 
+from helpers import assert_same, kill_while_writing, same_bits, train_steps
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 # --------------------------------------------------------------------------- helpers
 
 
-def _bits(x) -> torch.Tensor:
-    t = torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
-
-
-def same_bits(a, b) -> bool:
-    a = torch.from_numpy(a) if isinstance(a, np.ndarray) else a
-    b = torch.from_numpy(b) if isinstance(b, np.ndarray) else b
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bits(a), _bits(b))
-
-
-def assert_exact(a, b, path="obj"):
-    """Same structure, same types, bit-identical tensors."""
-    assert type(a) is type(b), f"{path}: {type(a)} vs {type(b)}"
-    if isinstance(a, dict):
-        assert list(a) == list(b), path
-        for k in a:
-            assert_exact(a[k], b[k], f"{path}[{k!r}]")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_exact(x, y, f"{path}[{i}]")
-    elif isinstance(a, torch.Tensor):
-        assert same_bits(a, b), f"{path}: tensors differ"
-    else:
-        assert a == b, path
+assert_exact = assert_same
 
 
 class _CNN(nn.Module):
@@ -68,14 +43,7 @@ class _CNN(nn.Module):
         return self.fc(torch.flatten(x, 1))
 
 
-def _train(model, opt, steps, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        x = torch.randn(4, 3, 12, 12, generator=g)
-        y = torch.randint(0, 10, (4,), generator=g)
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
+_train = train_steps
 
 
 OPTIMIZERS = {
@@ -414,24 +382,11 @@ print("done", flush=True)
 
 @pytest.mark.skipif(os.name != "posix", reason="needs SIGKILL")
 def test_sigkill_during_save_keeps_the_last_good_checkpoint(tmp_path):
-    temp = None
+    partial = lambda p: os.path.basename(p).startswith(".")  # noqa: E731
     for _attempt in range(3):
         d = tmp_path / f"run{_attempt}"
-        child = subprocess.Popen([sys.executable, "-c", _CHILD_KILLED, str(d)],
-                                 stdout=subprocess.PIPE)
-        assert child.stdout.readline() == b"ready\n"
-        deadline = time.monotonic() + 120
-        while temp is None and child.poll() is None and time.monotonic() < deadline:
-            for p in d.iterdir():
-                if p.name.startswith(".") and p.stat().st_size > 0:
-                    temp = p
-            time.sleep(0.001)
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait()
-        child.stdout.close()
-        if temp is not None and temp.exists():
+        if kill_while_writing(_CHILD_KILLED, [d], d, partial):
             break
-        temp = None
     else:
         pytest.fail("could not kill the writer while it was writing")
     ck = DeltaCheckpointer(d, keyframe_every=2)
@@ -439,8 +394,9 @@ def test_sigkill_during_save_keeps_the_last_good_checkpoint(tmp_path):
     out = ck.load()
     assert out["step"] == 1 and out["w"].shape == (5000,)
     assert float((out["w"] - torch.arange(5000.0) * 1.01).norm()) < 0.05 * 5000 ** 1.5
+    assert [p for p in os.listdir(d) if partial(p)]                # the killed writer's temp
     ck.save(2, {"w": torch.arange(5000.0) * 1.02, "step": 2})    # continues; cleans the temp
-    assert not temp.exists()
+    assert not [p for p in os.listdir(d) if partial(p)]
     assert sorted(os.listdir(d)) == [file_name(s) for s in range(3)]
     assert DeltaCheckpointer(d).load()["step"] == 2
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from streams import NonSeekableStream
+from helpers import NonSeekableStream
 
 from lcckpt import _crc, _durable
 from lcckpt import container as C

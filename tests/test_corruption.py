@@ -2,10 +2,8 @@
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +11,8 @@ import torch
 
 from lcckpt import serialization as S
 from lcckpt.errors import CorruptDataError, LcckptError, TruncatedError
+
+from helpers import kill_while_writing
 
 WORKER = Path(__file__).with_name("_fuzz_worker.py")
 
@@ -76,20 +76,9 @@ def test_sigkill_during_save_keeps_the_previous_checkpoint(tmp_path):
     path = tmp_path / "ck.lc"
     previous = {"step": 1, "w": torch.arange(1000.0)}
     S.save(previous, path)
+    partial = lambda p: os.path.basename(p) != path.name  # noqa: E731
     for _attempt in range(3):
-        child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path)], stdout=subprocess.PIPE)
-        assert child.stdout.readline() == b"ready\n"
-        temp = None
-        deadline = time.monotonic() + 120
-        while temp is None and child.poll() is None and time.monotonic() < deadline:
-            for p in tmp_path.iterdir():
-                if p.name != path.name and p.stat().st_size > 0:
-                    temp = p
-            time.sleep(0.001)
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait()
-        child.stdout.close()
-        if temp is not None and temp.exists():
+        if kill_while_writing(_CHILD, [path], tmp_path, partial):
             break  # killed in the middle of writing
         S.save(previous, path)  # the save finished first: put the old one back, try again
     else:
@@ -97,7 +86,7 @@ def test_sigkill_during_save_keeps_the_previous_checkpoint(tmp_path):
 
     loaded = S.load(path)  # the old checkpoint, intact
     assert loaded["step"] == 1 and torch.equal(loaded["w"], previous["w"])
-    assert temp.exists()  # the killed writer's partial temp file
+    assert [p for p in tmp_path.iterdir() if partial(p)]  # the killed writer's partial temp file
 
     S.save({"step": 3, "w": torch.zeros(2)}, path)
     assert [p.name for p in tmp_path.iterdir()] == ["ck.lc"]

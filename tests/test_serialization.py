@@ -9,7 +9,7 @@ import zlib
 
 import numpy as np
 import pytest
-from streams import NonSeekableStream
+from helpers import NonSeekableStream, assert_same, train_steps
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,37 +27,6 @@ from lcckpt.errors import (
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
-
-
-def assert_same(a, b, path="obj"):
-    """Exact equality: same types, same key order, bit-identical tensors and floats."""
-    assert type(a) is type(b), f"{path}: {type(a)} != {type(b)}"
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape and a.device == b.device, path
-        assert torch.equal(_bits(a), _bits(b)), path
-    elif isinstance(a, np.ndarray):
-        assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), path
-    elif isinstance(a, (dict, collections.OrderedDict)):
-        assert list(a.keys()) == list(b.keys()), path
-        for (k, x), y in zip(a.items(), b.values()):
-            assert type(k) is type(next(iter(kk for kk in b if kk == k))), path
-            assert_same(x, y, f"{path}[{k!r}]")
-        assert getattr(a, "_metadata", None) == getattr(b, "_metadata", None), path
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{path}[{i}]")
-    elif isinstance(a, float):
-        assert (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) == math.copysign(1, b)), path
-    elif isinstance(a, np.generic):
-        assert a.tobytes() == b.tobytes(), path
-    else:
-        assert a == b, path
-
-
-def _bits(t):
-    t = t.contiguous()
-    return t.reshape(-1).view(torch.uint8) if t.numel() else t.reshape(-1).view(torch.uint8)
 
 
 def round_trip(obj, **kw):
@@ -80,13 +49,7 @@ def _cnn():
 
 
 def _train(model, opt, steps, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        x = torch.randn(4, 3, 12, 12, generator=g)
-        y = torch.randint(0, 10, (4,), generator=g)
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
+    train_steps(model, opt, steps, seed)
 
 
 OPTIMIZERS = {

@@ -33,17 +33,24 @@ def _bit_length(r):
 
 # --- grouped ---------------------------------------------------------------------------
 
+@njit(cache=True, nogil=True, inline="always")
+def _letter(sym, i, stop, g, b):
+    """The ``g`` symbols from ``i`` packed into one letter, first in the high bits;
+    positions at or past ``stop`` count as zeros."""
+    letter = 0
+    for j in range(g):
+        s = 0
+        if i + j < stop:
+            s = sym[i + j]
+        letter = (letter << b) | s
+    return letter
+
+
 @njit(cache=True, nogil=True)
 def grouped_histogram(sym, start, stop, g, b, hist):
     """Count the letters of ``g`` packed ``b``-bit symbols over ``sym[start:stop]``."""
     for i in range(start, stop, g):
-        letter = 0
-        for j in range(g):
-            s = 0
-            if i + j < stop:
-                s = sym[i + j]
-            letter = (letter << b) | s
-        hist[letter] += 1
+        hist[_letter(sym, i, stop, g, b)] += 1
 
 
 @njit(cache=True, nogil=True)
@@ -54,14 +61,10 @@ def encode_grouped(sym, start, stop, g, b, codes, lengths, out, pos, cent, fout,
     p = pos
     cz = additive(cent)
     for i in range(start, stop, g):
-        letter = 0
-        for j in range(g):
-            s = 0
-            if i + j < stop:
-                s = sym[i + j]
-                if apply:
-                    fout[i + j] += cz[s]
-            letter = (letter << b) | s
+        letter = _letter(sym, i, stop, g, b)
+        if apply:
+            for j in range(min(g, stop - i)):
+                fout[i + j] += cz[sym[i + j]]
         ln = np.uint64(lengths[letter])
         acc, nb, p = put(acc, nb, np.uint64(codes[letter]), ln, out, p)
     return flush(acc, nb, out, p)

@@ -1,0 +1,107 @@
+"""Helpers shared by the test files (importable because conftest.py puts tests/ on the path)."""
+
+from __future__ import annotations
+
+import collections
+import io
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+
+class NonSeekableStream(io.RawIOBase):
+    """A readable, non-seekable binary stream (a pipe or socket, say)."""
+
+    def __init__(self, data):
+        self.b = io.BytesIO(data)
+
+    def readable(self):
+        return True
+
+    def readinto(self, out):
+        return self.b.readinto(out)
+
+
+def _bytes_of(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def same_bits(a, b) -> bool:
+    """Same dtype, shape and bytes (numpy arrays or tensors; NaN payloads and -0.0 count)."""
+    a = torch.from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a
+    b = torch.from_numpy(np.ascontiguousarray(b)) if isinstance(b, np.ndarray) else b
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bytes_of(a), _bytes_of(b))
+
+
+def assert_same(a, b, path="obj"):
+    """Exact equality: same types, same key order, bit-identical tensors and floats."""
+    assert type(a) is type(b), f"{path}: {type(a)} != {type(b)}"
+    if isinstance(a, torch.Tensor):
+        assert a.device == b.device, path
+        assert same_bits(a, b), f"{path}: tensors differ"
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), path
+    elif isinstance(a, (dict, collections.OrderedDict)):
+        assert list(a.keys()) == list(b.keys()), path
+        for (k, x), y in zip(a.items(), b.values()):
+            assert type(k) is type(next(iter(kk for kk in b if kk == k))), path
+            assert_same(x, y, f"{path}[{k!r}]")
+        assert getattr(a, "_metadata", None) == getattr(b, "_metadata", None), path
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{path}[{i}]")
+    elif isinstance(a, float):
+        assert (math.isnan(a) and math.isnan(b)) or (
+            a == b and math.copysign(1, a) == math.copysign(1, b)), path
+    elif isinstance(a, np.generic):
+        assert a.tobytes() == b.tobytes(), path
+    else:
+        assert a == b, path
+
+
+def train_steps(model, opt, steps: int, seed: int = 0, shape=(4, 3, 12, 12)):
+    """A few deterministic optimizer steps of a 10-class model on random data."""
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = torch.randn(*shape, generator=g)
+        y = torch.randint(0, 10, (shape[0],), generator=g)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+
+def kill_while_writing(script: str, args: list[str], directory, is_partial) -> bool:
+    """Run ``script`` in a child; once it prints "ready", SIGKILL it as soon as a file of
+    ``directory`` for which ``is_partial(path)`` holds has bytes in it.
+
+    Returns True when the child was killed with that file still present (killed in the
+    middle of writing), False when the write finished first (the caller may retry).
+    """
+    child = subprocess.Popen([sys.executable, "-c", script, *map(str, args)],
+                             stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline() == b"ready\n"
+        temp = None
+        deadline = time.monotonic() + 120
+        while temp is None and child.poll() is None and time.monotonic() < deadline:
+            if os.path.isdir(directory):
+                for name in os.listdir(directory):
+                    p = os.path.join(directory, name)
+                    try:
+                        if is_partial(p) and os.path.getsize(p) > 0:
+                            temp = p
+                    except FileNotFoundError:
+                        pass
+            time.sleep(0.001)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        return temp is not None and os.path.exists(temp)
+    finally:
+        child.stdout.close()
