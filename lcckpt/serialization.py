@@ -34,7 +34,7 @@ from .sections import register_codec
 
 __all__ = ["load", "pack", "register_codec", "save", "unpack"]
 
-TREE_VERSION = 1
+TREE_VERSION = 2  # the newest tree version read; files are written with the lowest that fits
 
 
 def save(obj: Any, f: str | os.PathLike | BinaryIO, *, codec: str | Callable = "raw",
@@ -59,8 +59,8 @@ def pack(obj: Any, *, encode_leaf: _tree.LeafEncoder | None = None
     ``encode_leaf(key_path, tensor) -> sections.Encoded`` codes each tensor (default:
     raw). Callers may add their own keys to ``meta`` before writing; ``load`` ignores them.
     """
-    tree, sections = _tree.flatten(obj, encode_leaf or _sections.leaf_encoder("raw"))
-    return {"lcckpt_tree": TREE_VERSION, "tree": tree}, sections
+    tree, sections, version = _tree.flatten(obj, encode_leaf or _sections.leaf_encoder("raw"))
+    return {"lcckpt_tree": version, "tree": tree}, sections
 
 
 def load(f: str | os.PathLike | BinaryIO, map_location=None) -> Any:

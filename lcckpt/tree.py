@@ -40,10 +40,13 @@ LeafEncoder = Callable[[str, torch.Tensor], Encoded]
 LeafDecoder = Callable[[str, Container, int, dict], Any]
 
 
-def flatten(obj: Any, encode_leaf: LeafEncoder) -> tuple[Any, list[tuple[str, dict, Any]]]:
-    """``obj`` as ``(json_tree, sections)``; ``encode_leaf`` codes each tensor leaf."""
+def flatten(obj: Any, encode_leaf: LeafEncoder) -> tuple[Any, list[tuple[str, dict, Any]], int]:
+    """``obj`` as ``(json_tree, sections, tree_version)``; ``encode_leaf`` codes each
+    tensor leaf. ``tree_version`` is the lowest tree version that holds ``obj`` (1 unless
+    it has Parameters, tensors requiring grad, or views that are not the plain tensor)."""
     saver = _Saver(encode_leaf)
-    return saver.node(obj, "obj", 0), saver.sections
+    tree = saver.node(obj, "obj", 0)
+    return tree, saver.sections, saver.finish()
 
 
 def unflatten(tree: Any, c: Container, decode_leaf: LeafDecoder, map_location=None) -> Any:
@@ -65,6 +68,11 @@ _SUPPORTED = (
 )
 
 
+def _dense_strides(shape) -> tuple:
+    """The strides of a fresh C-contiguous tensor of ``shape`` (what a loaded one gets)."""
+    return torch.empty(tuple(shape), device="meta").stride()
+
+
 class _Saver:
     """Walks an object tree, returning its JSON tree and collecting data sections."""
 
@@ -72,7 +80,9 @@ class _Saver:
         self.encode_leaf = encode_leaf
         self.sections: list[tuple[str, dict, Any]] = []
         self.by_id: dict[int, Any] = {}  # id(obj) -> node, for tensors, arrays, bytes
-        self.by_view: dict[tuple, list[int]] = {}  # tensor view -> [section, objects seen]
+        self.storages: dict[tuple, list] = {}  # (device, dtype, storage) -> [(tensor, node, path)]
+        self.storage_sections: dict[tuple, int] = {}  # the same key -> its section
+        self.version = 1  # tree version the nodes written so far need
         self.alive: list[Any] = []  # keeps ids unique while saving
 
     def refuse(self, value, path: str, hint: str = ""):
@@ -182,22 +192,52 @@ class _Saver:
         if v.device.type == "meta":
             raise InvalidArgumentError(f"cannot save {path}: a meta tensor has no data")
         self.alive.append(v)
-        view = None
-        if v.numel() and v.untyped_storage().data_ptr():
-            view = (v.device, v.dtype, v.untyped_storage().data_ptr(), v.storage_offset(),
-                    tuple(v.shape), tuple(v.stride()))  # fmt: skip
-        if view in self.by_view:
-            seen = self.by_view[view]
-            node = {"$": "tensor", "s": seen[0], "obj": seen[1]}
-            seen[1] += 1
-        else:
-            node = {"$": "tensor", "s": self.add_section(path, *self.encode_tensor(v, path))}
-            if view is not None:
-                self.by_view[view] = [node["s"], 1]
+        node = {"$": "tensor"}
+        if type(v) is torch.nn.Parameter:        # torch.load gives Parameters back
+            node["param"] = True
+            node["grad"] = bool(v.requires_grad)
+            self.version = 2
+        elif v.requires_grad:
+            node["grad"] = True
+            self.version = 2
+        if v.numel() and v.untyped_storage().data_ptr() and not (v.is_conj() or v.is_neg()):
+            key = (v.device, v.dtype, v.untyped_storage().data_ptr())
+            self.storages.setdefault(key, []).append((v, node, path))
+            if key not in self.storage_sections:     # coded after the walk (finish)
+                self.storage_sections[key] = self.add_section(path, None, None)
+            node["s"] = self.storage_sections[key]
+        else:                                    # no storage to share: stored as it is
+            node["s"] = self.add_section(path, *self.encode_tensor(v, path))
         self.by_id[id(v)] = node
         return node
 
-    def encode_tensor(self, v: torch.Tensor, path: str) -> tuple[dict, Any]:
+    def finish(self) -> int:
+        """Encode the storages met during the walk; returns the tree version needed (1:
+        every tensor is stored as it is; 2: some are views of a stored storage span)."""
+        version = self.version
+        for key, users in self.storages.items():
+            s = self.storage_sections[key]
+            path = self.sections[s][0]
+            v0 = users[0][0]
+            views = {(v.storage_offset(), tuple(v.shape), tuple(v.stride())) for v, _, _ in users}
+            if len(views) == 1 and v0.stride() == _dense_strides(v0.shape):  # as in format v1
+                self.sections[s] = (path, *self.encode_tensor(v0, path))
+                for k, (_, node, _) in enumerate(users):
+                    if k:
+                        node["obj"] = k
+            else:                            # the span of storage the views cover, once
+                lo = min(o for o, _, _ in views)
+                hi = max(o + sum((n - 1) * st for n, st in zip(shape, stride)) + 1
+                         for o, shape, stride in views)
+                span = torch.as_strided(v0.detach(), (hi - lo,), (1,), lo)
+                self.sections[s] = (path, *self.encode_tensor(span, path, v0.device))
+                for k, (v, node, _) in enumerate(users):
+                    node.update(obj=k, offset=v.storage_offset() - lo, shape=list(v.shape),
+                                stride=list(v.stride()))
+                version = 2
+        return version
+
+    def encode_tensor(self, v: torch.Tensor, path: str, device=None) -> tuple[dict, Any]:
         t = v.detach()
         if t.device.type != "cpu":
             t = t.cpu()
@@ -209,7 +249,7 @@ class _Saver:
             "shape": list(t.shape),
             "nbytes": t.numel() * t.element_size(),
             "codec": enc.codec,
-            "device": str(v.device),
+            "device": str(v.device if device is None else device),
         }
         if enc.params:
             meta["codec_params"] = enc.params
@@ -265,6 +305,36 @@ def _shape(meta: dict, path: str) -> list[int]:
     if type(shape) is not list or not all(_is_uint(n) for n in shape) or len(shape) > 64:
         _bad(path, f"section shape {shape!r:.80} is not a list of non-negative integers")
     return shape
+
+def _view(j: dict, path: str) -> tuple[int, list, list] | None:
+    """A tensor node's ``(offset, shape, stride)`` into its section, or None (the section
+    is the tensor itself)."""
+    keys = [k for k in ("offset", "shape", "stride") if k in j]
+    if not keys:
+        return None
+    if len(keys) != 3:
+        _bad(path, "a tensor view needs offset, shape and stride together")
+    offset, shape, stride = j["offset"], j["shape"], j["stride"]
+    if not _is_uint(offset) or type(shape) is not list or type(stride) is not list \
+            or len(shape) != len(stride) or len(shape) > 64 \
+            or not all(_is_uint(n) for n in shape + stride):
+        _bad(path, "a tensor view needs a non-negative offset and equally long lists of "
+                   "non-negative sizes and strides")
+    if math.prod(shape) >= 2**63:
+        _bad(path, f"view shape {shape} has too many elements")
+    return offset, shape, stride
+
+
+def _as_view(base: torch.Tensor, view: tuple, path: str) -> torch.Tensor:
+    """``base`` (a stored storage span) seen through ``view``, checked to stay inside it."""
+    offset, shape, stride = view
+    n = base.numel()
+    last = offset + sum((k - 1) * st for k, st in zip(shape, stride)) if all(shape) else offset - 1
+    if offset > n or last >= n:
+        _bad(path, f"view (offset {offset}, shape {shape}, stride {stride}) reaches past "
+                   f"the {n} stored elements")
+    return base.as_strided(shape, stride, base.storage_offset() + offset)
+
 
 class _Loader:
     """Walks a JSON tree, validating every node before building its value."""
@@ -355,19 +425,31 @@ class _Loader:
         return s, meta
 
     def tensor(self, j, path, depth):
-        _fields(j, path, ("s",), ("obj",))
+        _fields(j, path, ("s",), ("obj", "offset", "shape", "stride", "param", "grad"))
         s, meta = self.section(j, path, "tensor")
         obj = j.get("obj", 0)
         if not _is_uint(obj):
             _bad(path, "tensor obj is not a non-negative integer")
-        if (s, obj) not in self.objects:
-            if s not in self.sections:
-                self.sections[s] = self.place(self.decode_tensor(s, meta, path), meta, path)
-                self.objects[(s, obj)] = self.sections[s]
-            else:  # another tensor object viewing the same storage
-                base = self.sections[s]
-                self.objects[(s, obj)] = base.view(base.shape)
-        return self.objects[(s, obj)]
+        if (s, obj) in self.objects:
+            return self.objects[(s, obj)]
+        view = _view(j, path)
+        if s not in self.sections:
+            base = self.sections[s] = self.place(self.decode_tensor(s, meta, path), meta, path)
+            t = base if view is None else _as_view(base, view, path)
+        else:  # another tensor object viewing the same storage
+            base = self.sections[s]
+            t = base.view(base.shape) if view is None else _as_view(base, view, path)
+        param, grad = j.get("param", False), j.get("grad", False)
+        if type(param) is not bool or type(grad) is not bool:
+            _bad(path, "tensor param and grad must be booleans")
+        if param:
+            t = torch.nn.Parameter(t, requires_grad=grad)
+        elif grad:
+            if not t.dtype.is_floating_point and not t.dtype.is_complex:
+                _bad(path, f"a {t.dtype} tensor cannot require grad")
+            t = t.detach().requires_grad_(True)
+        self.objects[(s, obj)] = t
+        return t
 
     def decode_tensor(self, s: int, meta: dict, path: str) -> torch.Tensor:
         dtype = _lookup(dtypes.NAME_TORCH, meta.get("dtype"))
