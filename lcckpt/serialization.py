@@ -20,13 +20,16 @@ from typing import Any, BinaryIO
 
 import torch
 
+from . import _crc, dtypes
 from . import sections as _sections
 from . import tree as _tree
 from .container import MAGIC, Container, read_container, write_container
 from .errors import (
+    ChecksumError,
     CorruptDataError,
     InvalidArgumentError,
     LcckptError,
+    TruncatedError,
     UnsafeObjectError,
     UnsupportedVersionError,
 )
@@ -63,14 +66,38 @@ def pack(obj: Any, *, encode_leaf: _tree.LeafEncoder | None = None
     return {"lcckpt_tree": version, "tree": tree}, sections
 
 
-def load(f: str | os.PathLike | BinaryIO, map_location=None) -> Any:
+def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None, *,
+         weights_only: bool | None = None, mmap: bool | None = None, **pickle_load_args) -> Any:
     """Load what :func:`save` wrote, or a plain ``torch.save`` file (weights only).
 
-    ``map_location`` as in ``torch.load``: None (the device each tensor was saved from),
-    a device string or ``torch.device`` (everything there), a dict mapping saved device
-    strings to targets, or a function ``(storage, location) -> storage or None``.
-    Numpy arrays always load on the host.
+    Takes ``torch.load``'s arguments, with the same meaning:
+
+    - ``map_location``: None (the device each tensor was saved from), a device string or
+      ``torch.device`` (everything there), a dict mapping saved device strings to
+      targets, or a function ``(storage, location) -> storage or None``. Numpy arrays
+      always load on the host.
+    - ``weights_only``: an lcckpt file holds no code, so every value loads whatever it
+      is. For a ``torch.save`` file, None or True unpickle with torch's weights-only
+      unpickler; False is refused (lcckpt never runs code from a file): call
+      ``torch.load(f, weights_only=False)`` yourself if you trust the file.
+    - ``mmap=True`` (``f`` must be a path): uncompressed (``"raw"``) tensors are views of
+      a private, copy-on-write memory map of the file instead of copies in memory; their
+      checksums are still verified (which reads them once). Coded tensors are decoded.
+    - ``pickle_module`` must be None (nothing is unpickled with a module of yours);
+      ``pickle_load_args`` (such as ``encoding``) go to torch's unpickler for a
+      ``torch.save`` file and mean nothing for an lcckpt file.
     """
+    if pickle_module is not None:
+        raise InvalidArgumentError(
+            "lcckpt.load takes no pickle_module: lcckpt files hold no pickle, and torch.save "
+            "files are read with torch's weights-only unpickler")
+    if set(pickle_load_args) - {"encoding"}:
+        raise InvalidArgumentError(
+            f"unknown arguments {sorted(set(pickle_load_args) - {'encoding'})}; lcckpt.load "
+            "takes map_location, weights_only, mmap and the unpickler's encoding")
+    for name, v in (("weights_only", weights_only), ("mmap", mmap)):
+        if v is not None and type(v) is not bool:
+            raise InvalidArgumentError(f"{name} must be None, True or False, got {v!r:.40}")
     if isinstance(f, (str, os.PathLike)):
         if os.path.isdir(f):
             raise InvalidArgumentError(
@@ -79,20 +106,48 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None) -> Any:
         with open(f, "rb") as fh:
             head = fh.read(8)
         if _sniff(head) == "torch":
-            return _torch_load(f, map_location)
+            return _torch_load(f, map_location, weights_only, mmap, pickle_load_args)
         with read_container(f) as c:
-            return unpack(c, map_location)
+            decode = _mapped_decoder(f, c) if mmap else None
+            return unpack(c, map_location, decode_leaf=decode)
     if not hasattr(f, "read"):
         raise InvalidArgumentError(f"load needs a path or a binary file object, got {type(f).__name__}")
+    if mmap:
+        raise InvalidArgumentError("mmap=True needs a path: a file object cannot be memory-mapped "
+                                   "(torch.load refuses it too)")
     if not f.seekable():
         f = io.BytesIO(f.read())
     pos = f.tell()
     head = f.read(8)
     f.seek(pos)
     if _sniff(head) == "torch":
-        return _torch_load(f, map_location)
+        return _torch_load(f, map_location, weights_only, mmap, pickle_load_args)
     with read_container(f) as c:
         return unpack(c, map_location)
+
+
+def _mapped_decoder(path, c: Container) -> _tree.LeafDecoder:
+    """A leaf decoder that maps raw sections from the file (``load(mmap=True)``)."""
+    size = os.path.getsize(path)
+    storage = torch.UntypedStorage.from_file(os.fspath(path), shared=False, nbytes=size) \
+        if size else None
+
+    def decode(key_path: str, c: Container, i: int, meta: dict):
+        s = c.sections[i]
+        if meta.get("codec") != _sections.RAW or not s["length"] or s["length"] != meta["nbytes"]:
+            return _sections.decode_leaf(key_path, c, i, meta)
+        start = c.data_start + s["offset"]
+        if start + s["length"] > size:
+            raise TruncatedError(f"{key_path}: the file changed while being mapped")
+        raw = torch.empty(0, dtype=torch.uint8).set_(storage, start, (s["length"],), (1,))
+        crc = _crc.crc32(memoryview(raw.numpy()))
+        if crc != s["crc32"]:
+            raise ChecksumError(
+                f"section {s['name']!r} is damaged: crc32 {crc:#010x}, header says "
+                f"{s['crc32']:#010x}; restore the file from a good copy")
+        return raw.view(dtypes.NAME_TORCH[meta["dtype"]]).reshape(meta["shape"])
+
+    return decode
 
 
 def _sniff(head: bytes) -> str:
@@ -105,9 +160,15 @@ def _sniff(head: bytes) -> str:
     return "lcckpt"  # let the container reader name the problem (empty, truncated, bad magic)
 
 
-def _torch_load(f, map_location):
+def _torch_load(f, map_location, weights_only, mmap, pickle_load_args):
+    if weights_only is False:
+        raise UnsafeObjectError(
+            "lcckpt.load reads torch.save files with the weights-only unpickler and never runs "
+            "code from a file; weights_only=False is refused. If you trust the file, call "
+            "torch.load(f, weights_only=False) yourself, then re-save it with lcckpt.save.")
     try:
-        return torch.load(f, map_location=map_location, weights_only=True)
+        return torch.load(f, map_location=map_location, weights_only=True, mmap=mmap,
+                          **pickle_load_args)
     except pickle.UnpicklingError as e:
         if "weights only" in str(e).lower():
             raise UnsafeObjectError(
