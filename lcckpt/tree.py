@@ -31,7 +31,7 @@ from .errors import (CorruptDataError, InvalidArgumentError, LcckptError, Unsafe
                      UnsupportedDtypeError)
 from .sections import Encoded
 
-__all__ = ["MAX_DEPTH", "flatten", "unflatten"]
+__all__ = ["MAX_DEPTH", "flatten", "leaves", "load_leaf", "unflatten", "view_of"]
 
 MAX_DEPTH = 64  # levels of containers; a few JSON levels each in the header
 DTYPE_CODES: dict[torch.dtype, str] = dtypes.TORCH_NAME   # dtype -> header name
@@ -53,6 +53,56 @@ def unflatten(tree: Any, c: Container, decode_leaf: LeafDecoder, map_location=No
     """Rebuild the object of ``tree`` from container ``c``; ``decode_leaf`` decodes each
     tensor section (after its dtype, shape and size were validated)."""
     return _Loader(c, decode_leaf, map_location).node(tree, "obj", 0)
+
+
+def leaves(tree: Any) -> list[tuple[tuple, str, dict]]:
+    """Every tensor and array leaf of a stored tree, without decoding any data:
+    ``(parts, key_path, node)``; ``parts`` are the dict keys and list/tuple indices on the
+    way (``("model", "fc.weight")``), ``key_path`` the unambiguous ``obj["model"]["fc.weight"]``
+    form of section names. A leaf met at several paths is listed at each."""
+    walker, out = _Loader(None, None, None), []
+    stack = [(tree, (), "obj", 0)]
+    while stack:
+        j, parts, path, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            _bad(path, f"nested more than {MAX_DEPTH} levels")
+        tag = j.get("$") if type(j) is dict else None
+        if type(j) is list or tag == "tuple":
+            items = j if type(j) is list else j.get("v")
+            if type(items) is not list:
+                _bad(path, "tuple node needs a list")
+            kids = [(x, parts + (i,), f"{path}[{i}]") for i, x in enumerate(items)]
+        elif tag in ("dict", "odict"):
+            if type(j.get("items")) is not list:
+                _bad(path, "dict node needs a list of items")
+            kids = []
+            for item in j["items"]:
+                if type(item) is not list or len(item) != 2:
+                    _bad(path, "dict item is not a [key, value] pair")
+                k = walker.key(item[0], path, depth + 1)
+                kids.append((item[1], parts + (k,), f"{path}[{_key_repr(k)}]"))
+        else:
+            if tag in ("tensor", "ndarray"):
+                out.append((parts, path, j))
+            continue
+        stack.extend((x, p, kp, depth + 1) for x, p, kp in reversed(kids))
+    return out
+
+
+def load_leaf(node: dict, path: str, c: Container, decode_leaf: LeafDecoder,
+              map_location=None):
+    """One tensor or array leaf of ``c`` (a node :func:`leaves` listed), validated and
+    decoded as :func:`unflatten` would, decoding only the section it needs."""
+    return _Loader(c, decode_leaf, map_location).node(node, path, 0)
+
+
+def view_of(node: dict, section_meta: dict) -> tuple[int, list, list]:
+    """``(offset, shape, stride)`` in elements of the section that tensor ``node`` sees."""
+    view = _view(node, "tensor")
+    if view is not None:
+        return view
+    shape = list(section_meta.get("shape", ()))
+    return 0, shape, list(_dense_strides(shape))
 
 
 # --------------------------------------------------------------------------- save
