@@ -1,0 +1,157 @@
+"""Lazy reads: keys, metadata, get_tensor and row slices of a file or of a chain step."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import lcckpt
+from lcckpt.container import read_container
+from lcckpt.errors import BrokenChainError, InvalidArgumentError
+from lcckpt.reader import open as lc_open
+
+
+def _state():
+    torch.manual_seed(0)
+    w = torch.randn(120, 9)
+    return {
+        "model": {"fc.weight": w, "fc.bias": torch.randn(9)},
+        "optim": {"state": {0: {"exp_avg": torch.randn(5, 3)}}, "param_groups": [{"lr": 0.1}]},
+        "t": w.t(),
+        "e": torch.randn(4).expand(6, 4),
+        "p": torch.nn.Parameter(torch.randn(3, 2)),
+        "np": np.arange(12, dtype=np.int16).reshape(3, 4),
+        "seq": [torch.ones(2), (torch.zeros(3),)],
+        "step": 7,
+    }
+
+
+def test_keys_are_flat_names_and_tensors_load_like_load(tmp_path):
+    path = tmp_path / "a.lc"
+    obj = _state()
+    lcckpt.save(obj, path)
+    full = lcckpt.load(path)
+    with lc_open(path) as f:
+        assert f.keys() == ["model.fc.weight", "model.fc.bias", "optim.state.0.exp_avg", "t", "e",
+                            "p", "np", "seq.0", "seq.1.0"]
+        assert f.metadata() == {"lcckpt_tree": 2}
+        assert len(f) == 9 and "t" in f and "nope" not in f
+        for k, want in [("model.fc.weight", full["model"]["fc.weight"]), ("t", full["t"]),
+                        ("e", full["e"]), ("p", full["p"]), ("seq.1.0", full["seq"][1][0]),
+                        ("optim.state.0.exp_avg", full["optim"]["state"][0]["exp_avg"])]:
+            got = f.get_tensor(k)
+            assert type(got) is type(want) and got.stride() == want.stride(), k
+            assert torch.equal(got.detach(), want.detach()), k
+        assert np.array_equal(f.get_tensor("np"), obj["np"])
+        assert torch.equal(f.get_tensor('obj["model"]["fc.weight"]'), obj["model"]["fc.weight"])
+        with pytest.raises(KeyError, match="no tensor 'model.fc'"):
+            f.get_tensor("model.fc")
+        with pytest.raises(InvalidArgumentError, match="numpy array"):
+            f.get_slice("np")
+
+
+def test_colliding_flat_names_fall_back_to_key_paths(tmp_path):
+    path = tmp_path / "a.lc"
+    lcckpt.save({"a.b": torch.ones(1), "a": {"b": torch.zeros(1)}, 0: torch.full((1,), 2.0),
+                 "0": torch.full((1,), 3.0), "c": torch.full((1,), 4.0)}, path)
+    with lc_open(path) as f:
+        assert f.keys() == ['obj["a.b"]', 'obj["a"]["b"]', "obj[0]", 'obj["0"]', "c"]
+        assert f.get_tensor("obj[0]").item() == 2.0 and f.get_tensor('obj["0"]').item() == 3.0
+        assert "a.b" not in f
+
+
+_INDEXES = st.one_of(
+    st.integers(-12, 11),
+    st.builds(slice, st.none() | st.integers(-14, 14), st.none() | st.integers(-14, 14),
+              st.none() | st.integers(1, 4) | st.integers(-4, -1)),
+    st.tuples(st.builds(slice, st.integers(0, 12), st.integers(0, 12)), st.integers(0, 2)),
+)
+
+
+def _expected(x, index):
+    if isinstance(index, slice) and index.step and index.step < 0:
+        return x[torch.tensor(list(range(*index.indices(x.shape[0]))), dtype=torch.int64)]
+    return x[index]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+@given(index=_INDEXES, codec=st.sampled_from(["raw", "lossless"]))
+def test_slices_equal_slicing_the_loaded_tensor(tmp_path, index, codec):
+    path = tmp_path / f"s-{codec}.lc"
+    m = torch.arange(12 * 3 * 5, dtype=torch.float32).reshape(12, 3, 5)
+    obj = {"m": m, "t": m.reshape(12, 15).t()[:12], "e": torch.arange(3.0).expand(12, 3),
+           "b": torch.arange(12) % 2 == 0}
+    if not path.exists():
+        lcckpt.save(obj, path, codec=codec)
+    with lc_open(path) as f:
+        for k, x in obj.items():
+            s = f.get_slice(k)
+            assert s.shape == x.shape and s.dtype == x.dtype
+            try:
+                want = _expected(x, index)
+            except IndexError:
+                with pytest.raises(IndexError):
+                    s[index]
+                continue
+            assert torch.equal(s[index], want), (k, index)
+
+
+def test_a_raw_slice_reads_only_its_rows(tmp_path):
+    """Damage outside the rows asked for goes unnoticed by the slice (it was not read);
+    get_tensor reads and checks the whole section."""
+    path = tmp_path / "a.lc"
+    lcckpt.save({"w": torch.zeros(1000, 16)}, path)
+    with read_container(path) as c:
+        at = c.data_start + c.sections[0]["offset"] + 900 * 64
+    raw = bytearray(path.read_bytes())
+    raw[at] = 0x7F
+    path.write_bytes(raw)
+    with lc_open(path) as f:
+        assert torch.equal(f.get_slice("w")[10:20], torch.zeros(10, 16))
+        assert f.get_slice("w")[900][0] != 0
+        with pytest.raises(lcckpt.ChecksumError):
+            f.get_tensor("w")
+
+
+def test_chain_steps_read_lazily(tmp_path):
+    d = tmp_path / "run"
+    ck = lcckpt.DeltaCheckpointer(d, keyframe_every=3, min_delta_elements=64)
+    w = torch.randn(100, 40)
+    for step in range(6):
+        w = w + 0.01 * torch.randn_like(w)
+        ck.save(step, {"model": {"w": w.clone(), "b": torch.randn(3)}, "step": step})
+    for step in ck.steps():
+        full = ck.load(step)
+        with lc_open(d, step=step) as f:
+            assert f.keys() == ["model.w", "model.b"]
+            assert f.metadata()["lcckpt_chain"]["step"] == step
+            assert torch.equal(f.get_tensor("model.w"), full["model"]["w"])
+            assert torch.equal(f.get_slice("model.w")[10:20, 3], full["model"]["w"][10:20, 3])
+            assert torch.equal(f.get_tensor("model.b"), full["model"]["b"])
+    with lc_open(d) as f:                      # the newest step
+        assert f.metadata()["lcckpt_chain"]["step"] == 5
+    os.remove(ck.path(3))                      # the keyframe of steps 4 and 5
+    with lc_open(d, step=5) as f:
+        assert f.get_tensor("model.b").shape == (3,)        # not delta-coded: readable
+        with pytest.raises(BrokenChainError, match="missing"):
+            f.get_tensor("model.w")
+
+
+def test_bad_arguments(tmp_path):
+    path = tmp_path / "a.lc"
+    lcckpt.save({"w": torch.ones(2)}, path)
+    with pytest.raises(InvalidArgumentError, match="only for a chain directory"):
+        lc_open(path, step=3)
+    with pytest.raises(InvalidArgumentError, match="needs a path"):
+        lc_open(open(path, "rb"))
+    with pytest.raises(FileNotFoundError):
+        lc_open(tmp_path, step=1)
+    with lc_open(path) as f:
+        with pytest.raises(InvalidArgumentError):
+            f.get_slice("w")["x"]
+        with pytest.raises(IndexError):
+            f.get_slice("w")[2]
