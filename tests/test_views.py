@@ -256,3 +256,26 @@ def test_torch_files_weights_only_false_is_refused_and_mmap_passes_through(tmp_p
     assert torch.equal(out["x"], torch.arange(4.0)) and type(out["p"]) is torch.nn.Parameter
     with pytest.raises(UnsafeObjectError, match="torch.load"):
         lcckpt.load(path, weights_only=False)
+
+
+# ---- golden files of tree v2 (tests/fixtures/v2, written by make_golden.py)
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+
+
+def test_v2_golden_files_keep_their_layout(tmp_path):
+    import shutil
+
+    from fixtures.make_golden import layout, views_state
+
+    with open(os.path.join(FIXTURES, "v2", "manifest.json")) as f:
+        m = json.load(f)
+    theirs, _ = torch_round_trip(views_state(3))
+    assert m["layout"]["views.lcc"] == layout(theirs)       # what torch.load gives
+    for name in ("views.lcc", "views-compressed.lcc"):
+        assert layout(lcckpt.load(os.path.join(FIXTURES, "v2", name))) == m["layout"][name], name
+    d = tmp_path / "chain"
+    shutil.copytree(os.path.join(FIXTURES, "v2", "chain"), d)
+    ck = lcckpt.DeltaCheckpointer(d)
+    for step in ck.steps():
+        assert layout(ck.load(step)) == m["layout"][f"chain/{step}"], step
