@@ -8,8 +8,12 @@ silently pickling them would bring the unsafety back.
 
 How a tensor leaf is coded is not decided here: :func:`flatten` calls the leaf encoder
 it is given and :func:`unflatten` the leaf decoder (sections.py has the defaults, the
-chain its own). Tensors that are views of one storage with the same shape and strides
-are stored once; partially overlapping views are stored each on its own.
+chain its own). Tensors come back as ``torch.load`` gives them: Parameters stay
+Parameters, ``requires_grad`` is kept, and tensors viewing one storage are stored once, as
+the span of that storage they cover, with each one's offset, shape and strides, so they
+load as views of one storage (transposes keep their strides, a stride-0 ``expand`` costs
+its storage, not its size). A tensor that is plainly itself (dense, C-ordered, alone on its
+stored span) is stored as in tree version 1, which is what :func:`flatten` then writes.
 """
 
 from __future__ import annotations
