@@ -14,10 +14,11 @@ leaves would get the same flat name (``{"a.b": x}`` next to ``{"a": {"b": y}}``,
 ``0`` and ``"0"``), neither gets it: both are listed under their exact key path, the
 ``obj[...]`` form that names sections. ``get_tensor`` takes either form.
 
-Deliberately not done here: building whole objects (``lcckpt.load``), and partial decoding
-of coded sections: a slice of a ``"lossless"`` or ``"delta"`` section decodes the section,
-then slices it. A slice read of a raw section is not checksummed (the CRC covers the whole
-section); ``get_tensor`` always is.
+A slice of a ``"lossless"`` section reads and checks the section's bytes but decodes only
+the chunks holding the rows; a chain's ``"delta"`` section is rebuilt whole, then sliced.
+A slice read of a raw section is not checksummed (the CRC covers the whole section);
+``get_tensor`` always is. Deliberately not done here: building whole objects
+(``lcckpt.load``).
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import blob as _blob
 from . import dtypes
 from . import sections as _sections
 from . import tree as _tree
 from .chain import DeltaCheckpointer
+from .codec import exact_chunk_decoder
 from .container import Container, read_container
 from .delta import Reconstruction
 from .errors import (BrokenChainError, CorruptDataError, InvalidArgumentError,
@@ -270,15 +273,17 @@ class Slice:
         """Rows ``[lo, hi)`` of the tensor, reading only their bytes from a raw section."""
         offset, shape, stride = self._view
         sub_shape = [hi - lo] + list(shape[1:])
-        if self._meta.get("codec") != _sections.RAW or self._node.get("param") or \
+        codec = self._meta.get("codec")
+        if codec not in (_sections.RAW, _sections.LOSSLESS) or self._node.get("param") or \
                 self._node.get("grad") or self._r.map_location is not None or sys.byteorder != "little":
             t = self._r.get_tensor(self._path)
             return t.detach()[lo:hi]
         c, s, meta = self._r._c, self._s, self._meta
         item = self.dtype.itemsize
         size = math.prod(meta.get("shape", ())) if type(meta.get("shape")) is list else -1
-        if meta.get("nbytes") != size * item or c.sections[s]["length"] != size * item:
-            raise CorruptDataError(f"invalid object tree at {self._path}: raw section size "
+        if meta.get("nbytes") != size * item or \
+                (codec == _sections.RAW and c.sections[s]["length"] != size * item):
+            raise CorruptDataError(f"invalid object tree at {self._path}: {codec} section size "
                                    "does not match its dtype and shape")
         if hi <= lo or 0 in sub_shape:
             return torch.empty(sub_shape, dtype=self.dtype)
@@ -287,6 +292,8 @@ class Slice:
         if first < 0 or last >= size:
             raise CorruptDataError(f"invalid object tree at {self._path}: view reaches past "
                                    f"the {size} stored elements")
+        if codec == _sections.LOSSLESS:
+            return self._coded_rows(first, last, meta).as_strided(sub_shape, stride, 0)
         buf = torch.empty(last - first + 1, dtype=self.dtype)
         raw = buf.view(torch.uint8).numpy()
         start = c.data_start + c.sections[s]["offset"] + first * item
@@ -295,6 +302,24 @@ class Slice:
         if got != raw.nbytes:
             raise TruncatedError(f"{self._path}: the file ends inside the rows asked for")
         return buf.as_strided(sub_shape, stride, 0)
+
+
+    def _coded_rows(self, first: int, last: int, meta: dict) -> torch.Tensor:
+        """Elements ``[first, last]`` of a lossless section, decoding only the chunks that
+        hold them (the section's bytes are read and checksummed whole)."""
+        buf, p = _blob.parse(self._r._c.data(self._s), check_payload=False)
+        if p.kind != _blob.LOSSLESS or p.dt.name != meta.get("dtype") or \
+                list(p.shape) != meta.get("shape"):
+            raise CorruptDataError(f"{self._path}: the lossless blob does not hold the "
+                                   f"{meta.get('dtype')} {meta.get('shape')} tensor its section says")
+        a = np.empty(p.shape, p.dt.numpy)              # pages of other chunks stay untouched
+        task = exact_chunk_decoder(buf, p, a)
+        per = 2 if p.dt.kind == "complex" else 1        # words per element
+        chunk = 1 << p.log2
+        for k in range(first * per // chunk, (last * per + per - 1) // chunk + 1):
+            task(k)
+        part = dtypes.from_carrier(a.reshape(-1)[first:last + 1].copy(), p.dt)
+        return part if isinstance(part, torch.Tensor) else torch.from_numpy(part)
 
 
 def _delta_sections(c: Container) -> dict:

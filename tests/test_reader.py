@@ -155,3 +155,19 @@ def test_bad_arguments(tmp_path):
             f.get_slice("w")["x"]
         with pytest.raises(IndexError):
             f.get_slice("w")[2]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.complex64, torch.int16])
+def test_lossless_slices_across_chunks(tmp_path, dtype):
+    """Rows spanning several 2**18-word chunks of a lossless section, and a transposed view."""
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(1200, 500, generator=g) * 100).to(dtype) if dtype != torch.complex64 else \
+        torch.complex(torch.randn(1200, 500, generator=g), torch.randn(1200, 500, generator=g))
+    obj = {"x": x, "xt": x[:, :300].t()}
+    path = tmp_path / "l.lc"
+    lcckpt.save(obj, path, codec="lossless")
+    with lc_open(path) as f:
+        s = f.get_slice("x")
+        for index in (slice(0, 3), slice(520, 1100, 7), 1199, (slice(600, 610), slice(2, 9))):
+            assert torch.equal(s[index], x[index]), index
+        assert torch.equal(f.get_slice("xt")[250:260], obj["xt"][250:260])
