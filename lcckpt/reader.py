@@ -42,7 +42,7 @@ from .container import Container, read_container
 from .delta import Reconstruction
 from .errors import (BrokenChainError, CorruptDataError, InvalidArgumentError,
                      TruncatedError, UnsupportedVersionError)
-from .serialization import TREE_VERSION
+from .serialization import tree_of
 
 __all__ = ["Reader", "Slice", "open"]
 
@@ -83,17 +83,11 @@ class Reader:
         self._links: list | None = None            # older chain files, keyframe first
         self._c = read_container(path)
         try:
-            meta = self._c.meta
-            version = meta.get("lcckpt_tree")
-            if version is None or "tree" not in meta:
-                raise CorruptDataError(f"{path} holds no saved object (no 'lcckpt_tree' in its meta)")
-            if type(version) is not int or version < 1:
-                raise CorruptDataError(f"{path}: invalid tree version {version!r}")
-            if version > TREE_VERSION:
-                raise UnsupportedVersionError(
-                    f"{path}: object tree version {version}, this build reads up to "
-                    f"{TREE_VERSION}: upgrade lcckpt")
-            self._index = _names(_tree.leaves(meta["tree"]))
+            try:
+                tree = tree_of(self._c.meta)
+            except (CorruptDataError, UnsupportedVersionError) as e:
+                raise type(e)(f"{path}: {e}") from None
+            self._index = _names(_tree.leaves(tree))
         except BaseException:
             self._c.close()
             raise
@@ -221,10 +215,13 @@ class Slice:
     def __init__(self, reader: Reader, path: str, node: dict):
         self._r, self._path, self._node = reader, path, node
         self._s, self._meta = reader._section(node, path)
-        dtype = dtypes.NAME_TORCH.get(self._meta.get("dtype")) \
-            if type(self._meta.get("dtype")) is str else None
-        if dtype is None:
-            raise CorruptDataError(f"invalid object tree at {path}: unknown tensor dtype")
+        meta = self._meta
+        dtype = dtypes.NAME_TORCH.get(meta.get("dtype")) if type(meta.get("dtype")) is str else None
+        shape = meta.get("shape")
+        if meta.get("kind") != "tensor" or dtype is None or type(shape) is not list \
+                or len(shape) > 64 or not all(type(n) is int and n >= 0 for n in shape):
+            raise CorruptDataError(f"invalid object tree at {path}: section {self._s} is not a "
+                                   "tensor with a known dtype and a valid shape")
         try:
             self._view = _tree.view_of(node, self._meta)
         except (TypeError, ValueError, RuntimeError) as e:

@@ -35,7 +35,7 @@ from .errors import (
 )
 from .sections import register_codec
 
-__all__ = ["load", "pack", "register_codec", "save", "unpack"]
+__all__ = ["load", "pack", "register_codec", "save", "tree_of", "unpack"]
 
 TREE_VERSION = 2  # the newest tree version read; files are written with the lowest that fits
 
@@ -190,7 +190,12 @@ def unpack(container: Container, map_location=None,
     ``decode_leaf(key_path, container, index, meta)`` decodes each tensor section
     (default: :func:`lcckpt.sections.decode_leaf`).
     """
-    meta = container.meta
+    return _tree.unflatten(tree_of(container.meta), container, decode_leaf or _sections.decode_leaf,
+                           map_location)
+
+
+def tree_of(meta: dict) -> Any:
+    """The object tree in a container's ``meta``, after checking its version."""
     version = meta.get("lcckpt_tree")
     if version is None or "tree" not in meta:
         raise CorruptDataError("this lcckpt file holds no saved object (no 'lcckpt_tree' in its meta)")
@@ -200,5 +205,4 @@ def unpack(container: Container, map_location=None,
         raise UnsupportedVersionError(
             f"object tree version {version}, this build reads up to {TREE_VERSION}: upgrade lcckpt"
         )
-    return _tree.unflatten(meta["tree"], container, decode_leaf or _sections.decode_leaf,
-                           map_location)
+    return meta["tree"]

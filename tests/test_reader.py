@@ -171,3 +171,39 @@ def test_lossless_slices_across_chunks(tmp_path, dtype):
         for index in (slice(0, 3), slice(520, 1100, 7), 1199, (slice(600, 610), slice(2, 9))):
             assert torch.equal(s[index], x[index]), index
         assert torch.equal(f.get_slice("xt")[250:260], obj["xt"][250:260])
+
+
+def test_files_that_hold_no_object_or_a_newer_tree_are_named(tmp_path):
+    from lcckpt.container import write_container
+    from lcckpt.errors import CorruptDataError, UnsupportedVersionError
+
+    for meta, err, match in (({"x": 1}, CorruptDataError, "no saved object"),
+                             ({"lcckpt_tree": 99, "tree": None}, UnsupportedVersionError, "upgrade")):
+        path = tmp_path / "m.lc"
+        write_container(path, [], meta)
+        with pytest.raises(err, match=match):
+            lc_open(path)
+    path.write_bytes(b"not a checkpoint at all")
+    with pytest.raises(CorruptDataError, match="not an lcckpt file"):
+        lc_open(path)
+
+
+def test_map_location_and_hostile_slice_nodes(tmp_path):
+    from lcckpt import serialization as S
+    from lcckpt.container import write_container
+    from lcckpt.errors import CorruptDataError
+
+    x = torch.randn(10, 4)
+    path = tmp_path / "a.lc"
+    lcckpt.save({"x": x, "t": x.t()}, path)
+    with lc_open(path, map_location={"cpu": "cpu"}) as f:
+        assert torch.equal(f.get_slice("t")[1:3], x.t()[1:3])
+        assert torch.equal(f.get_tensor("x"), x)
+    meta, sections = S.pack({"x": x, "t": x.t()})
+    meta["tree"]["items"][1][1]["offset"] = 10**6
+    write_container(path, sections, meta)
+    with lc_open(path) as f:
+        with pytest.raises(CorruptDataError, match="reaches past"):
+            f.get_slice("t")[0:2]
+        with pytest.raises(CorruptDataError, match="reaches past"):
+            f.get_tensor("t")
