@@ -279,3 +279,16 @@ def test_v2_golden_files_keep_their_layout(tmp_path):
     ck = lcckpt.DeltaCheckpointer(d)
     for step in ck.steps():
         assert layout(ck.load(step)) == m["layout"][f"chain/{step}"], step
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_views_match_torch_load_and_map_to_cpu():
+    base = torch.randn(8, 6, device="cuda")
+    obj = {"b": base, "t": base.t(), "e": base[0].expand(3, 6), "p": torch.nn.Parameter(base[1])}
+    assert_like_torch_load(obj)
+    f = io.BytesIO()
+    lcckpt.save(obj, f)
+    f.seek(0)
+    out = lcckpt.load(f, map_location="cpu")
+    assert out["t"].device.type == "cpu" and out["t"].stride() == (1, 6)
+    assert out["t"].untyped_storage().data_ptr() == out["b"].untyped_storage().data_ptr()
