@@ -41,6 +41,7 @@ __all__ = [
     "MAX_HEADER_SIZE",
     "is_safetensors",
     "load_safetensors",
+    "read_header",
     "read_safetensors",
     "save_safetensors",
 ]
@@ -147,17 +148,8 @@ def _place(t: torch.Tensor, map_location) -> torch.Tensor:
         f"{{'cpu': device}}; got {type(map_location).__name__}")
 
 
-def read_safetensors(f: str | os.PathLike | BinaryIO, map_location=None
-                     ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """``(tensors, metadata)`` of a safetensors file (a path or a binary file object).
-
-    Tensors come in header order, each in its own memory (no tensor shares storage with
-    another). Raises :class:`CorruptDataError` (or :class:`TruncatedError`) naming the
-    first problem found, before any data is read.
-    """
-    if isinstance(f, (str, os.PathLike)):
-        with open(f, "rb") as fh:
-            return read_safetensors(fh, map_location)
+def _open(f):
+    """``(file, entries, metadata, data start)`` after validating the header of ``f``."""
     if not hasattr(f, "read"):
         raise InvalidArgumentError(f"need a path or a binary file object, got {type(f).__name__}")
     if sys.byteorder != "little":
@@ -179,9 +171,32 @@ def read_safetensors(f: str | os.PathLike | BinaryIO, map_location=None
     if 8 + n > size:
         raise TruncatedError(f"safetensors header of {n} bytes, but only {size - 8} bytes "
                              "follow the length: the file is truncated or not safetensors")
-    raw = f.read(n)
-    entries, meta = _parse_header(raw, size - 8 - n)
-    base = start + 8 + n
+    entries, meta = _parse_header(f.read(n), size - 8 - n)
+    return f, entries, meta, start + 8 + n
+
+
+def read_header(f: str | os.PathLike | BinaryIO) -> tuple[list[dict], dict[str, str]]:
+    """``([{name, dtype, shape, nbytes}], metadata)`` from a validated header, data unread."""
+    if isinstance(f, (str, os.PathLike)):
+        with open(f, "rb") as fh:
+            return read_header(fh)
+    _, entries, meta, _ = _open(f)
+    return [{"name": name, "dtype": dt, "shape": shape, "nbytes": end - begin}
+            for name, dt, shape, begin, end in entries], meta
+
+
+def read_safetensors(f: str | os.PathLike | BinaryIO, map_location=None
+                     ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """``(tensors, metadata)`` of a safetensors file (a path or a binary file object).
+
+    Tensors come in header order, each in its own memory (no tensor shares storage with
+    another). Raises :class:`CorruptDataError` (or :class:`TruncatedError`) naming the
+    first problem found, before any data is read.
+    """
+    if isinstance(f, (str, os.PathLike)):
+        with open(f, "rb") as fh:
+            return read_safetensors(fh, map_location)
+    f, entries, meta, base = _open(f)
     out = {}
     for name, dt, shape, begin, end in entries:
         t = torch.empty(shape, dtype=TORCH_DTYPE[dt])
