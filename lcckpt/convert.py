@@ -18,6 +18,7 @@ arbitrary objects (a torch file that needs it is refused, never executed).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -64,6 +65,23 @@ def format_for_path(path: str | os.PathLike) -> str | None:
     return _EXTENSIONS.get(os.path.splitext(os.fspath(path))[1].lower())
 
 
+def load_torch(path: str | os.PathLike, map_location="cpu"):
+    """A torch.save file through lcckpt's weights-only loader, with a refusal that names
+    the object that would have needed code to unpickle."""
+    from .serialization import load
+    try:
+        return load(path, map_location=map_location)
+    except UnsafeObjectError as e:
+        cause = str(e.__cause__ or e)
+        m = re.search(r"Unsupported global: GLOBAL ([\w.]+)", cause) or \
+            re.search(r"Unsupported operand \d+|Unsupported class [\w.]+", cause)
+        what = f" (it needs {m.group(1) if m.groups() else m.group(0)})" if m else ""
+        raise UnsafeObjectError(
+            f"refused {os.fspath(path)}: unpickling this torch.save file would run arbitrary "
+            f"code{what}; lcckpt never does that. If you trust its source, load it with "
+            "torch.load(path, weights_only=False) and re-save it with lcckpt.save") from None
+
+
 def read_checkpoint(path: str | os.PathLike, *, step: int | None = None,
                     map_location="cpu") -> tuple[Any, dict[str, str] | None, str]:
     """``(object, safetensors metadata or None, format)`` of any checkpoint lcckpt reads.
@@ -84,6 +102,8 @@ def read_checkpoint(path: str | os.PathLike, *, step: int | None = None,
     if fmt == "safetensors":
         tensors, meta = read_safetensors(path, map_location)
         return tensors, meta, fmt
+    if fmt == "torch":
+        return load_torch(path, map_location), None, fmt
     obj = serialization.load(path, map_location=map_location)
     meta = None
     if fmt == "lcckpt":
@@ -142,6 +162,8 @@ def write_checkpoint(obj, path: str | os.PathLike, fmt: str, *, compress: bool =
         raise InvalidArgumentError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if compress and fmt != "lcckpt":
         raise InvalidArgumentError(f"--compress applies to lcckpt output, not {fmt}")
+    if fmt == "torch":
+        metadata = None         # torch.save has no place for it; convert() reports the loss
     if fmt == "safetensors":
         save_safetensors(_flat_tensors(obj, source), path, metadata=metadata)
     elif fmt == "torch":
@@ -176,7 +198,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = 
         raise InvalidArgumentError(f"{dst} is a directory; give an output file name")
     obj, meta, src_fmt = read_checkpoint(src, step=step)
     write_checkpoint(obj, dst, fmt, compress=compress, metadata=meta, source=src)
-    return {"input": src, "input_format": src_fmt, "output": dst, "output_format": fmt,
+    dropped = len(meta) if meta and fmt == "torch" else 0
+    return {"dropped_metadata": dropped, "input": src, "input_format": src_fmt, "output": dst, "output_format": fmt,
             "input_bytes": _size(src), "output_bytes": os.path.getsize(dst),
             "tensors": _count_tensors(obj)}
 
