@@ -123,9 +123,9 @@ def _flat_tensors(obj, path: str) -> dict[str, torch.Tensor]:
             f"{type(obj).__name__}; convert to .lcc or .pt instead")
     for k, v in obj.items():
         if not isinstance(k, str) or not isinstance(v, torch.Tensor):
-            what = type(v).__name__ if isinstance(k, str) else f"key of type {type(k).__name__}"
+            what = f"a {type(v).__name__}" if isinstance(k, str) else f"a key of type {type(k).__name__}"
             raise InvalidArgumentError(
-                f"safetensors stores only named tensors, but {path}[{k!r}] is a {what}; "
+                f"safetensors stores only named tensors, but {path}[{k!r}] holds {what}; "
                 "convert to .lcc or .pt to keep everything, or save just the model's "
                 "state_dict")
     return dict(obj)
