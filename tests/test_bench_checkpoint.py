@@ -62,7 +62,7 @@ def test_stream_of_files(run_files, capsys):
     assert main(["bench", "--checkpoint", *paths, "--error-bound", "0.001",
                  "--json", str(out), "--plot", str(png)]) == 0
     text = capsys.readouterr().out
-    assert "err_vs_change" in text and "default b=2" in text
+    assert "worst tensor err/step" in text and "default b=2" in text
     s = json.loads(out.read_text())["stream"]
     rows = {r["method"]: r for r in s["rows"]}
     assert s["files"] == 3 and s["deltas"] == 2
@@ -70,6 +70,9 @@ def test_stream_of_files(run_files, capsys):
     for label, _ in cb.SETTINGS:
         r = rows[label]
         assert r["bytes"] > 0 and math.isfinite(r["err_state"]) and len(r["per_file"]) == 2
+        # one number for all state never exceeds its worst tensor (a mediant)
+        assert r["worst_tensor_err_vs_change"] >= r["err_vs_change"] * (1 - 1e-9)
+        assert r["worst_tensor"] in states[0]
     # the error bound is a promise: every restored state is within it (plus fp32 rounding)
     bound = rows["lcckpt b=2, error <= 0.001"]
     assert bound["err_state"] <= 0.001 * (1 + 1e-4) + 1e-6
@@ -110,8 +113,8 @@ def test_story_puts_the_error_beside_every_lossy_ratio():
     assert "Verdict" in text and "torch.save" in text
     table = [ln for ln in text.splitlines() if ln.startswith("chain")]
     assert len(table) == 3
-    for ln in table:                       # ratio, then error, error/step and accuracy
+    for ln in table:            # ratio, error, error/step, accuracy, worst drop, speeds
         cells = ln.split()
-        assert cells[-6].endswith("x") and float(cells[-5]) >= 0 and float(cells[-4]) >= 0
-        assert cells[-3].endswith("%")
+        assert cells[-7].endswith("x") and float(cells[-6]) >= 0 and float(cells[-5]) >= 0
+        assert cells[-4].endswith("%") and cells[-2] == "pt" and "/" in cells[-1]
     assert max(len(ln) for ln in text.splitlines()) <= 100

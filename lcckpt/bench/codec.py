@@ -340,17 +340,19 @@ def _cell(v, fmt: str) -> str:
 
 def story(s: dict) -> str:
     """The short table and verdict of :func:`stream` on a training run, < 100 columns."""
-    head = ["", "MB", "x smaller", "error", "error/step", "accuracy", "save MB/s", "load MB/s"]
+    head = ["", "MB", "x smaller", "error", "error/step", "accuracy", "worst drop",
+            "MB/s save/load"]
     cells = []
     for r in s["rows"]:
         exact = r.get("exact")
         acc = s["accuracy_true"] if exact else r["accuracy"]
+        speed = "/".join(_cell(r.get(k), ".0f") for k in ("enc_MBps", "dec_MBps"))
         cells.append([_STORY_NAMES.get(r["method"], r["method"]), _cell(r["bytes"] / MB, ".2f"),
                       _cell(r["ratio"], ".1f") + "x",
                       "exact" if exact else _cell(r["err_state"], ".3f"),
                       "exact" if exact else _cell(r["err_vs_change"], ".2f"),
-                      f"{100 * acc:.1f}%", _cell(r.get("enc_MBps"), ".0f"),
-                      _cell(r.get("dec_MBps"), ".0f")])
+                      f"{100 * acc:.1f}%",
+                      "0" if exact else f"{100 * r['accuracy_drop_max']:.1f} pt", speed])
     widths = [max(len(row[i]) for row in cells + [head]) for i in range(len(head))]
     table = "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                                 for i, (c, w) in enumerate(zip(row, widths))).rstrip()
@@ -365,17 +367,22 @@ def story(s: dict) -> str:
              "deltas); x smaller is against torch.save."),
         wrap("error: ||restored - true|| / ||true|| of all floating state, worst checkpoint. "
              "error/step: that error over how far the state moved since the previous "
-             "checkpoint (above 1, the delta kept less than the step)."),
+             "checkpoint (above 1, the delta kept less than the step). accuracy: of the "
+             "last restored model on held-out digits; worst drop: the largest fall below the "
+             "true model's accuracy at any checkpoint."),
         "",
         table,
         "",
         wrap(f"Verdict: the default 2-bit chain stores these checkpoints {d['ratio']:.1f}x "
              f"smaller than torch.save ({z['bytes'] / d['bytes']:.1f}x smaller than zstd-3), and "
-             f"the restored model scores {100 * d['accuracy']:.1f}% against the true model's "
-             f"{100 * s['accuracy_true']:.1f}%." + (
+             f"the last restored model scores {100 * d['accuracy']:.1f}% against the true "
+             f"model's {100 * s['accuracy_true']:.1f}%" + (
+                 f"; at its worst checkpoint it was {100 * d['accuracy_drop_max']:.1f} points "
+                 "behind." if d["accuracy_drop_max"] > 0.005 else ".") + (
                  f" It does not replay the run exactly: a restored state is "
-                 f"{d['err_vs_change']:.2f} steps' worth of change away from the true one (error "
-                 "feedback keeps that from growing along the chain)." +
+                 f"{d['err_vs_change']:.2f} steps' worth of change away from the true one "
+                 f"({d['worst_tensor_err_vs_change']:.2f} for {d['worst_tensor']}); error "
+                 "feedback keeps that from growing along the chain." +
                  (f" 4 bits cut that to {b4['err_vs_change']:.2f} at {b4['ratio']:.1f}x."
                   if b4 else "") if d["err_vs_change"] >= 1 else "")),
         wrap("Speeds on files this small are mostly per-file overhead (and a disk sync per "
