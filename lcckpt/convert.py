@@ -144,6 +144,8 @@ def _save_torch(obj, path: str) -> None:
                 "the torch.save file would need weights_only=False to load (it holds "
                 f"objects torch's safe loader refuses: {str(e).splitlines()[0][:160]}); "
                 "keep it as .lcc instead") from None
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
