@@ -39,19 +39,6 @@ def _blob_info(data) -> dict:
     return info
 
 
-def _tensors(obj, prefix=""):
-    """``(key path, tensor)`` for every tensor in a loaded object tree."""
-    import torch
-    if isinstance(obj, torch.Tensor):
-        yield prefix or "obj", obj
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _tensors(v, f"{prefix}.{k}" if prefix else str(k))
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield from _tensors(v, f"{prefix}.{i}" if prefix else str(i))
-
-
 def inspect_file(path: str) -> dict:
     """What a checkpoint file holds: format, meta, and per section/tensor sizes and codecs."""
     from .convert import detect_format
@@ -64,9 +51,9 @@ def inspect_file(path: str) -> dict:
                 "raw_bytes": sum(e["nbytes"] for e in entries), "metadata": meta,
                 "tensors": entries}
     if fmt == "torch":
-        from .convert import load_torch
+        from .convert import flat_tensors, load_torch
         obj = load_torch(path)                      # weights only: never runs code
-        ts = list(_tensors(obj))
+        ts = list(flat_tensors(obj).items())
         return {"path": path, "format": "torch.save", "file_bytes": size,
                 "raw_bytes": sum(t.numel() * t.element_size() for _, t in ts),
                 "tensor_count": len(ts),
@@ -323,8 +310,8 @@ def main(argv=None) -> int:
     args, rest = ap.parse_known_args(argv)
     if rest:
         subs[args.command].error(f"unrecognized arguments: {' '.join(rest)}")
-    for name in ("path", "input"):
-        path = getattr(args, name, None)
+    for path in [getattr(args, "path", None), getattr(args, "input", None),
+                 *(getattr(args, "checkpoint", None) or [])]:
         if path is not None and not os.path.exists(path):
             _fail(args.command, f"{path}: no such file or directory")
             return 2

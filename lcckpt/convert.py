@@ -27,8 +27,8 @@ import torch
 from .errors import CorruptDataError, InvalidArgumentError, UnsafeObjectError
 from .safetensors_io import is_safetensors, read_safetensors, save_safetensors
 
-__all__ = ["FORMATS", "convert", "detect_format", "format_for_path", "read_checkpoint",
-           "write_checkpoint"]
+__all__ = ["FORMATS", "convert", "detect_format", "flat_tensors", "format_for_path",
+           "load_torch", "read_checkpoint", "write_checkpoint"]
 
 FORMATS = ("lcckpt", "torch", "safetensors")
 _EXTENSIONS = {".lcc": "lcckpt", ".lcckpt": "lcckpt", ".pt": "torch", ".pth": "torch",
@@ -203,7 +203,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = 
     dropped = len(meta) if meta and fmt == "torch" else 0
     return {"dropped_metadata": dropped, "input": src, "input_format": src_fmt, "output": dst, "output_format": fmt,
             "input_bytes": _size(src), "output_bytes": os.path.getsize(dst),
-            "tensors": _count_tensors(obj)}
+            "tensors": len(flat_tensors(obj))}
 
 
 def _size(path: str) -> int:
@@ -212,11 +212,15 @@ def _size(path: str) -> int:
     return os.path.getsize(path)
 
 
-def _count_tensors(obj) -> int:
+def flat_tensors(obj, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Key path -> tensor for every tensor of a loaded object tree (dicts, lists, tuples)."""
+    out: dict[str, torch.Tensor] = {}
     if isinstance(obj, torch.Tensor):
-        return 1
-    if isinstance(obj, Mapping):
-        return sum(_count_tensors(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_count_tensors(v) for v in obj)
-    return 0
+        out[prefix or "obj"] = obj
+    elif isinstance(obj, Mapping):
+        for k, v in obj.items():
+            out.update(flat_tensors(v, f"{prefix}.{k}" if prefix else str(k)))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            out.update(flat_tensors(v, f"{prefix}.{i}" if prefix else str(i)))
+    return out

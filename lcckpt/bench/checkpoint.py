@@ -38,6 +38,7 @@ import torch
 
 import lcckpt
 from lcckpt.bench.timing import environment, format_table
+from lcckpt.convert import flat_tensors
 from lcckpt.errors import InvalidArgumentError
 
 MB = 1e6
@@ -77,20 +78,6 @@ def progress(total: int, desc: str):
             pass
 
     return _Quiet()
-
-
-def flat_tensors(obj, prefix: str = "") -> dict[str, torch.Tensor]:
-    """Key path -> tensor for every tensor of an object tree."""
-    out: dict[str, torch.Tensor] = {}
-    if isinstance(obj, torch.Tensor):
-        out[prefix or "obj"] = obj
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            out.update(flat_tensors(v, f"{prefix}.{k}" if prefix else str(k)))
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            out.update(flat_tensors(v, f"{prefix}.{i}" if prefix else str(i)))
-    return out
 
 
 def _floats(obj) -> dict[str, np.ndarray]:
