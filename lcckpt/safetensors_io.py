@@ -83,8 +83,9 @@ def _is_uint(v) -> bool:
     return type(v) is int and v >= 0
 
 
-def _parse_header(raw: bytes, buffer_len: int) -> tuple[list[tuple[str, str, list, int, int]], dict]:
-    """Validated ``([(name, dtype, shape, begin, end)] in header order, metadata)``."""
+def _parse_header(raw: bytes, buffer_len: int
+                  ) -> tuple[list[tuple[str, str, list, int, int]], dict | None]:
+    """Validated ``([(name, dtype, shape, begin, end)] in header order, metadata or None)``."""
     try:
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
@@ -94,9 +95,8 @@ def _parse_header(raw: bytes, buffer_len: int) -> tuple[list[tuple[str, str, lis
     if not isinstance(header, dict):
         raise CorruptDataError("safetensors header must be a JSON object")
     meta = header.pop(METADATA_KEY, None)
-    if meta is None:
-        meta = {}
-    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+    if meta is not None and not (isinstance(meta, dict)
+                                 and all(isinstance(v, str) for v in meta.values())):
         raise CorruptDataError(f"safetensors {METADATA_KEY} must map strings to strings")
     entries = []
     for name, info in header.items():
@@ -175,8 +175,9 @@ def _open(f):
     return f, entries, meta, start + 8 + n
 
 
-def read_header(f: str | os.PathLike | BinaryIO) -> tuple[list[dict], dict[str, str]]:
-    """``([{name, dtype, shape, nbytes}], metadata)`` from a validated header, data unread."""
+def read_header(f: str | os.PathLike | BinaryIO) -> tuple[list[dict], dict[str, str] | None]:
+    """``([{name, dtype, shape, nbytes}], metadata)`` from a validated header, data unread
+    (metadata None when the header has no ``__metadata__``)."""
     if isinstance(f, (str, os.PathLike)):
         with open(f, "rb") as fh:
             return read_header(fh)
@@ -186,8 +187,9 @@ def read_header(f: str | os.PathLike | BinaryIO) -> tuple[list[dict], dict[str, 
 
 
 def read_safetensors(f: str | os.PathLike | BinaryIO, map_location=None
-                     ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """``(tensors, metadata)`` of a safetensors file (a path or a binary file object).
+                     ) -> tuple[dict[str, torch.Tensor], dict[str, str] | None]:
+    """``(tensors, metadata)`` of a safetensors file (a path or a binary file object);
+    metadata is None when the header has none (``{}`` when it has an empty one).
 
     Tensors come in header order, each in its own memory (no tensor shares storage with
     another). Raises :class:`CorruptDataError` (or :class:`TruncatedError`) naming the

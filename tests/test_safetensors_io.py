@@ -64,7 +64,7 @@ def test_round_trip_bit_exact(tensors, meta):
     save_safetensors(tensors, buf, metadata=meta)
     got, got_meta = read_safetensors(io.BytesIO(buf.getvalue()))
     assert _same(got, tensors)
-    assert got_meta == (meta or {})
+    assert got_meta == meta
     assert is_safetensors(buf.getvalue()[:16])
 
 
@@ -80,7 +80,7 @@ def test_matches_reference_library_byte_for_byte(tensors, meta):
     save_safetensors(tensors, buf, metadata=meta)
     if meta is None or len(meta) <= 1:     # the library orders metadata keys by hash
         assert buf.getvalue() == theirs
-    assert read_safetensors(io.BytesIO(theirs))[1] == (meta or {})
+    assert read_safetensors(io.BytesIO(theirs))[1] == meta
     assert _same(safetensors_torch.load(buf.getvalue()), tensors)
     assert _same(load_safetensors(io.BytesIO(theirs)), tensors)
 
@@ -161,8 +161,9 @@ def test_read_refuses_lying_headers(blob, err):
 
 def test_read_accepts_padding_and_empty():
     t, meta = read_safetensors(io.BytesIO(_file({"a": F32}, bytes(8), pad=b"   ")))
-    assert torch.equal(t["a"], torch.zeros(2)) and meta == {}
-    assert read_safetensors(io.BytesIO(_file({}))) == ({}, {})
+    assert torch.equal(t["a"], torch.zeros(2)) and meta is None
+    assert read_safetensors(io.BytesIO(_file({}))) == ({}, None)
+    assert read_safetensors(io.BytesIO(_file({"__metadata__": {}}))) == ({}, {})
 
 
 def test_sniff():
