@@ -434,16 +434,27 @@ def plot_stream(s: dict, path: str):
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for r in s["rows"]:
         if "per_file" not in r:
+            if r["method"] in ("torch.save", "zstd-3 of torch.save"):
+                a.axhline(r["bytes"] / s["deltas"] / 1e3, color="grey",
+                          ls=":" if "zstd" in r["method"] else "--",
+                          label=f"{r['method']} (mean)")
             continue
         x = list(range(2, len(r["per_file"]) + 2))
-        a.plot(x, [f["bytes"] / 1e3 for f in r["per_file"]], marker="o", ms=3, label=r["method"])
-        b.plot(x, [f["err_vs_change"] for f in r["per_file"]], marker="o", ms=3, label=r["method"])
-    a.set_xlabel("checkpoint")
+        line, = a.plot(x, [f["bytes"] / 1e3 for f in r["per_file"]], marker="o", ms=3,
+                       label=r["method"])
+        b.plot(x, [f["err_vs_change"] for f in r["per_file"]], marker="o", ms=3,
+               color=line.get_color(), label=f"{r['method']}: all state")
+        b.plot(x, [f["worst_tensor_err_vs_change"] for f in r["per_file"]], ls="--",
+               color=line.get_color(), label="  worst tensor")
+    for ax in (a, b):
+        ax.set_xlabel("checkpoint (delta on the one before)")
+        ax.set_yscale("log")
+        ax.xaxis.get_major_locator().set_params(integer=True)
     a.set_ylabel("kB on disk")
-    a.set_yscale("log")
-    b.set_xlabel("checkpoint")
+    a.legend(fontsize=7)
+    b.axhline(1, color="grey", lw=0.8)
     b.set_ylabel("error / step (1 = as far as the previous state)")
-    b.legend(fontsize=8)
+    b.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
