@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from . import serialization
 from .errors import CorruptDataError, InvalidArgumentError, UnsafeObjectError
 from .safetensors_io import is_safetensors, read_safetensors, save_safetensors
 
@@ -33,7 +34,6 @@ __all__ = ["FORMATS", "convert", "detect_format", "flat_tensors", "format_for_pa
 FORMATS = ("lcckpt", "torch", "safetensors")
 _EXTENSIONS = {".lcc": "lcckpt", ".lcckpt": "lcckpt", ".pt": "torch", ".pth": "torch",
                ".bin": "torch", ".ckpt": "torch", ".tar": "torch", ".safetensors": "safetensors"}
-_META_KEY = "safetensors_metadata"     # container header key for safetensors' metadata
 
 
 def detect_format(path: str | os.PathLike) -> str:
@@ -68,9 +68,8 @@ def format_for_path(path: str | os.PathLike) -> str | None:
 def load_torch(path: str | os.PathLike, map_location="cpu"):
     """A torch.save file through lcckpt's weights-only loader, with a refusal that names
     the object that would have needed code to unpickle."""
-    from .serialization import load
     try:
-        return load(path, map_location=map_location)
+        return serialization.load(path, map_location=map_location)
     except UnsafeObjectError as e:
         cause = str(e.__cause__ or e)
         m = re.search(r"Unsupported global: GLOBAL ([\w.]+)", cause) or \
@@ -88,7 +87,6 @@ def read_checkpoint(path: str | os.PathLike, *, step: int | None = None,
 
     ``step`` picks a step of a DeltaCheckpointer directory (default: the newest).
     """
-    from . import serialization
     fmt = detect_format(path)
     if step is not None and fmt != "chain":
         raise InvalidArgumentError(f"--step applies to a checkpoint directory; {path} is a "
@@ -105,14 +103,7 @@ def read_checkpoint(path: str | os.PathLike, *, step: int | None = None,
     if fmt == "torch":
         return load_torch(path, map_location), None, fmt
     obj = serialization.load(path, map_location=map_location)
-    meta = None
-    if fmt == "lcckpt":
-        from .container import read_container
-        with read_container(path) as c:
-            meta = c.meta.get(_META_KEY)
-        if meta is not None and not (isinstance(meta, dict) and all(
-                isinstance(k, str) and isinstance(v, str) for k, v in meta.items())):
-            raise CorruptDataError(f"{path}: {_META_KEY} in its header is not a str->str map")
+    meta = serialization.read_metadata(path) if fmt == "lcckpt" else None
     return obj, meta, fmt
 
 
@@ -170,15 +161,8 @@ def write_checkpoint(obj, path: str | os.PathLike, fmt: str, *, compress: bool =
         save_safetensors(_flat_tensors(obj, source), path, metadata=metadata)
     elif fmt == "torch":
         _save_torch(obj, path)
-    elif metadata is None:
-        from .serialization import save
-        save(obj, path, compress=compress)
     else:
-        from .container import write_container
-        from .serialization import pack
-        meta, sections = pack(obj, codec="lossless" if compress else "raw")
-        meta[_META_KEY] = dict(metadata)
-        write_container(path, sections, meta)
+        serialization.save(obj, path, compress=compress, metadata=metadata)
 
 
 def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = None,

@@ -173,3 +173,20 @@ def test_sniff():
     assert not is_safetensors(b"hello world, text")
     assert not is_safetensors(struct.pack("<Q", 5))             # too short to tell
     assert not is_safetensors(struct.pack("<Q", 5) + b"[")
+
+
+def test_lcckpt_load_reads_safetensors_files_and_save_keeps_string_metadata(tmp_path):
+    import lcckpt
+    tensors = {"w": torch.randn(3, 4), "ids": torch.arange(5), "h": torch.ones(2, dtype=torch.bfloat16)}
+    p = tmp_path / "m.safetensors"
+    lcckpt.save_safetensors(tensors, p, metadata={"format": "pt"})
+    for src in (p, io.BytesIO(p.read_bytes())):
+        got = lcckpt.load(src)
+        assert set(got) == set(tensors) and all(torch.equal(got[k], tensors[k]) for k in tensors)
+    q = tmp_path / "m.lcc"
+    lcckpt.save(got, q, metadata={"format": "pt", "note": "ä"})
+    assert lcckpt.read_metadata(q) == {"format": "pt", "note": "ä"}
+    lcckpt.save(got, q)
+    assert lcckpt.read_metadata(q) is None
+    with pytest.raises(lcckpt.InvalidArgumentError, match="str to str"):
+        lcckpt.save(got, q, metadata={"n": 1})
