@@ -119,6 +119,9 @@ def _window_time(prob, u, window, cand) -> float:
     lu = prob.lam * u
     if np.any(lu <= 0):
         return total
-    tstar = float(np.max(np.sqrt(2.0 * prob.ckpt / lu)))
+    # Persisting makes a checkpoint dearer (backpressure, rollback past it), so the
+    # bound uses C + P; short horizons get no cap at all.
+    tstar = float(np.max(np.sqrt(2.0 * (prob.ckpt + prob.persist) / lu)))
     spacing = float(np.max(np.diff(prob.t[cand])))
-    return min(total, max(window * tstar, 2.0 * spacing))
+    w = max(window * tstar, 2.0 * spacing)
+    return total if w >= 0.5 * total else w
