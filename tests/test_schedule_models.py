@@ -96,11 +96,14 @@ def test_termination_puts_checkpoints_at_rungs():
     p = S.solve(3000, termination=rungs, **BASE)
     plain = S.solve(3000, **BASE)
     assert 1000 in p.iterations and 2000 in p.iterations
+    assert S.score(plain.iterations, 3000, termination=rungs, **BASE).expected_overhead \
+        >= p.expected_overhead
+    assert S.score(p.iterations, 3000, termination=rungs, **BASE).expected_overhead \
+        == pytest.approx(p.expected_overhead, rel=1e-12)
     a = S.simulate(p, trials=4000, seed=1)["accountings"]["time"]["total"]
-    b = S.simulate(plain.iterations, horizon=3000, termination=rungs, trials=4000, seed=2,
-                   **BASE)["accountings"]["time"]["total"]
-    assert a["mean"] < b["mean"]
     assert a["mean"] == pytest.approx(p.expected_overhead, rel=0.02, abs=3 * a["se"])
+    with pytest.raises(InvalidArgumentError, match="1..3000"):
+        S.score([0, 5], 3000, **BASE)
 
 
 def test_failure_models():

@@ -82,6 +82,26 @@ def solve(horizon, *, iter_time, checkpoint_cost, restart_cost, mtbf, downtime=0
                      curve=curve, termination=termination, notes=tuple(notes))
 
 
+def score(iterations, horizon, *, iter_time, checkpoint_cost, restart_cost, mtbf, downtime=0.0,
+          persist_time=0.0, curve=None, termination=None, policy="young_daly", start=0) -> Plan:
+    """Expected costs of a given schedule under the same model and accounting as :func:`solve`."""
+    if isinstance(start, bool) or not isinstance(start, (int, np.integer)) or start < 0:
+        raise InvalidArgumentError(f"start must be an int >= 0 (iterations already done), got {start!r}")
+    accounting = as_accounting(policy)
+    prob = build_problem(horizon, iter_time=iter_time, checkpoint_cost=checkpoint_cost,
+                         restart_cost=restart_cost, mtbf=mtbf, downtime=downtime,
+                         persist_time=persist_time)
+    its = np.asarray(iterations, dtype=np.int64).ravel()
+    if its.size and (its.min() < 1 or its.max() > prob.horizon):
+        raise InvalidArgumentError(f"checkpoint iterations must lie in 1..{prob.horizon}")
+    curve = as_curve(curve)
+    survival = conditional_survival(termination, int(start), prob.horizon)
+    u = value_weights(accounting, iter_time=prob.tau, start=int(start), curve=curve, survival=survival)
+    name = policy if isinstance(policy, str) else f"omega={accounting.omega},gamma={accounting.gamma}"
+    return make_plan(prob, its, u, survival, policy=name, method="given", start=int(start),
+                     curve=curve, termination=termination)
+
+
 def make_plan(prob, iterations, u, survival, *, policy, method, start=0, curve=None,
               termination=None, notes=()) -> Plan:
     """Score ``iterations`` under the policy weights ``u`` and under plain time."""
