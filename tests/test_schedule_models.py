@@ -109,7 +109,13 @@ def test_termination_puts_checkpoints_at_rungs():
 def test_failure_models():
     w = S.Weibull(0.7, 3600.0)
     assert w.scale * math.gamma(1 + 1 / 0.7) == pytest.approx(3600.0)
-    assert S.solve(5000, **{**BASE, "mtbf": w}).iterations == S.solve(5000, **BASE).iterations
+    assert S.solve(5000, **{**BASE, "mtbf": S.Weibull(1.0, 3600.0)}).iterations == \
+        S.solve(5000, **BASE).iterations
+    # Shape < 1: failures crowd the start of a fresh clock, so checkpoints do too.
+    gaps = np.diff([0, *S.solve(5000, **{**BASE, "mtbf": w}).iterations])
+    assert gaps[0] < 0.8 * gaps[-1]
+    edges = np.linspace(0, 50 * 3600.0, 11)
+    assert w.expected_failures(edges)[-1] == pytest.approx(5 * 3600.0 / 3600.0, rel=0.01)
     for bad in (lambda: S.Weibull(0, 1), lambda: S.Exponential(-1),
                 lambda: S.Piecewise((1.0,), (1.0,)), lambda: S.Piecewise((0.0, 5.0), (1.0, -1.0))):
         with pytest.raises(InvalidArgumentError):

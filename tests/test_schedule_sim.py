@@ -116,6 +116,15 @@ def test_weibull_simulation_counts_infant_mortality():
     assert r["failures"]["mean"] > 3 * 1e4 / 1e6
 
 
+def test_weibull_plan_predicts_the_failure_count():
+    # The solver plans with the renewal density (expected failures exact); the overhead
+    # is an approximation there (failures right after a restart lose little work).
+    plan = S.solve(400, iter_time=45.0, checkpoint_cost=60.0, restart_cost=120.0,
+                   mtbf=S.Weibull(0.7, 4 * 3600.0))
+    r = S.simulate(plan, trials=TRIALS, seed=11)
+    assert _agree(plan.expected_failures, r["failures"])
+
+
 def test_simulator_does_not_use_the_solver_cost_code():
     src = inspect.getsource(sim_module)
     assert "from .cost" not in src and "import cost" not in src
