@@ -88,7 +88,7 @@ def run(*, steps: int = 400, every: int = 5, trials: int = 4000, seed: int = 0,
         train_s = None
     iters, values = np.asarray(losses[0], dtype=float), np.asarray(losses[1], dtype=float)
     horizon = int(iters[-1])
-    curve = S.fit_curve(iters[1:], values[1:])          # step 0 is the untrained model
+    curve = S.fit_curve(iters, values)
     rungs = S.Rungs.geometric(max(1, round(horizon / 27)), 3.0, horizon)
     cells = []
     for sc in scenarios(horizon):
