@@ -16,11 +16,11 @@ import numpy as np
 from ..errors import InvalidArgumentError
 from . import rules
 from .cost import dp_schedule, evaluate
-from .curves import MIN_POINTS, FittedCurve, as_curve
+from .curves import MIN_POINTS, as_curve
 from .plan import Plan
 from .problem import build_problem
 from .termination import conditional_survival
-from .weights import Accounting, as_accounting, value_weights
+from .weights import as_accounting, value_weights
 
 METHODS = ("dp", "density", "young", "daly", "checkfreq", "coci_code")
 
