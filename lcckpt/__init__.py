@@ -25,3 +25,4 @@ from .serialization import load, read_metadata, register_codec, save
 from .safetensors_io import load_safetensors, save_safetensors
 from .convert import convert
 from .chain import DeltaCheckpointer
+from . import schedule

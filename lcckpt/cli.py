@@ -278,7 +278,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p = subs["bench"] = sub.add_parser(
         "bench", help="codec benchmark: built-in training runs, or your own checkpoints",
         description="Codec benchmark on real training runs, or on your own checkpoints "
-                    "(--checkpoint).")
+                    "(--checkpoint). Other suites: lcckpt bench {" + ",".join(SUITES)
+                    + "} [--help].")
     add_bench_arguments(p)
     for name, helptext in (("inspect", "show what a checkpoint file or directory holds"),
                            ("verify", "check every checksum and chain link (exit 0 if all hold)")):
@@ -305,7 +306,16 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 _COMMANDS = {"bench": _bench, "inspect": _inspect, "verify": _verify, "convert": _convert}
 
 
+# ``lcckpt bench SUITE ...``: the other benchmark suites, each a module with main(argv)
+SUITES = {"schedule": "lcckpt.bench.schedule"}
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if len(argv) >= 2 and argv[0] == "bench" and argv[1] in SUITES:
+        import importlib
+        suite = importlib.import_module(SUITES[argv[1]])
+        return _guarded(f"bench {argv[1]}", lambda: suite.main(argv[2:]))
     ap, subs = build_parser()
     args, rest = ap.parse_known_args(argv)
     if rest:
@@ -315,15 +325,20 @@ def main(argv=None) -> int:
         if path is not None and not os.path.exists(path):
             _fail(args.command, f"{path}: no such file or directory")
             return 2
+    return _guarded(args.command, lambda: _COMMANDS[args.command](args))
+
+
+def _guarded(command: str, run) -> int:
+    """Run a command; every failure becomes one line on stderr and an exit code."""
     try:
-        return _COMMANDS[args.command](args)
+        return run()
     except KeyboardInterrupt:
-        _fail(args.command, "interrupted")
+        _fail(command, "interrupted")
         return 130
     except (LcckptError, OSError, ImportError) as e:
-        _fail(args.command, _describe(e))
+        _fail(command, _describe(e))
         return 1
     except Exception as e:  # a bug of ours: still one line, with what to do about it
-        _fail(args.command, f"unexpected {type(e).__name__}: {_describe(e)} (this is a bug in "
-                            "lcckpt; please report it with the command that caused it)")
+        _fail(command, f"unexpected {type(e).__name__}: {_describe(e)} (this is a bug in "
+                       "lcckpt; please report it with the command that caused it)")
         return 1

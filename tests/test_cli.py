@@ -218,3 +218,12 @@ def test_inspect_and_verify_safetensors(tmp_path, capsys):
     assert doc["format"] == "safetensors" and doc["metadata"] == {"format": "pt"}
     assert {t["name"]: t["shape"] for t in doc["tensors"]} == {"w": [4, 5], "b": [5]}
     assert main(["verify", str(p)]) == 0
+
+
+def test_bench_suites_are_reached_through_bench(capsys):
+    from lcckpt.cli import SUITES
+    for name in SUITES:
+        with pytest.raises(SystemExit) as e:
+            main(["bench", name, "--help"])
+        assert e.value.code == 0
+        assert "usage" in capsys.readouterr().out
