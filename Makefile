@@ -14,14 +14,15 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m lcckpt bench --quick
+	mkdir -p bench-out
+	$(PY) -m lcckpt bench --quick --json bench-out/demo.json --plot bench-out/demo.png
 
 test: $(STAMP)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
 	mkdir -p bench-out
-	$(PY) -m lcckpt bench --json bench-out/codec.json --plot bench-out/codec.png
+	$(PY) -m lcckpt bench --tables --json bench-out/codec.json --plot bench-out/codec.png
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -21,5 +21,8 @@ __version__ = "0.1.0"
 from .config import CodecConfig
 from .codec import EncodeStats, decode, encode, warmup
 from .delta import DeltaDecoder, DeltaEncoder
-from .serialization import load, register_codec, save
+from .serialization import load, read_metadata, register_codec, save
+from .safetensors_io import load_safetensors, save_safetensors
+from .convert import convert
 from .chain import DeltaCheckpointer
+from . import schedule

@@ -1,19 +1,22 @@
-"""Command line: ``lcckpt bench | inspect | verify``.
+"""Command line: ``lcckpt bench | inspect | verify | convert``.
 
 ``main(argv) -> int`` is plain argparse so it can be called from tests. ``inspect`` and
-``verify`` take a checkpoint file or a :class:`DeltaCheckpointer` directory; ``--json``
-prints one JSON document instead of tables. ``verify`` exits 0 only if every checksum and
-every chain link holds, 1 otherwise, 2 on bad usage.
+``verify`` take a checkpoint file (lcckpt, torch.save or safetensors) or a
+:class:`DeltaCheckpointer` directory; ``--json`` prints one JSON document instead of
+tables. ``convert`` moves a checkpoint between the three file formats, either way.
+
+Exit codes: 0 success; 1 the data is bad (damaged, missing link, unsafe, unknown format)
+or a check failed; 2 bad usage (unknown option, missing path). Every failure is one line
+on stderr, never a traceback.
 """
 
 import argparse
 import json
 import os
+import re
 import sys
 
-from .errors import LcckptError
-
-MAGIC = b"LCCKPT"
+from .errors import CorruptDataError, LcckptError
 
 
 def _progress(items, desc: str):
@@ -27,11 +30,6 @@ def _progress(items, desc: str):
     return tqdm(items, desc=desc, file=sys.stderr, leave=False)
 
 
-def _is_container(path: str) -> bool:
-    with open(path, "rb") as f:
-        return f.read(len(MAGIC)) == MAGIC
-
-
 def _blob_info(data) -> dict:
     from .blob import LOSSY, parse
     _, p = parse(data)
@@ -42,11 +40,23 @@ def _blob_info(data) -> dict:
 
 
 def inspect_file(path: str) -> dict:
-    """What a checkpoint file holds: format, meta, and per section sizes and codecs."""
-    if not _is_container(path):
-        from .serialization import load
-        obj = load(path)                         # plain torch.save file: weights_only rules
-        return {"path": path, "format": "torch.save", "file_bytes": os.path.getsize(path),
+    """What a checkpoint file holds: format, meta, and per section/tensor sizes and codecs."""
+    from .convert import detect_format
+    fmt = detect_format(path)
+    size = os.path.getsize(path)
+    if fmt == "safetensors":
+        from .safetensors_io import read_header
+        entries, meta = read_header(path)
+        return {"path": path, "format": "safetensors", "file_bytes": size,
+                "raw_bytes": sum(e["nbytes"] for e in entries), "metadata": meta,
+                "tensors": entries}
+    if fmt == "torch":
+        from .convert import flat_tensors, load_torch
+        obj = load_torch(path)                      # weights only: never runs code
+        ts = list(flat_tensors(obj).items())
+        return {"path": path, "format": "torch.save", "file_bytes": size,
+                "raw_bytes": sum(t.numel() * t.element_size() for _, t in ts),
+                "tensor_count": len(ts),
                 "top_level": sorted(map(str, obj)) if isinstance(obj, dict) else type(obj).__name__}
     from .container import read_container
     with read_container(path) as c:
@@ -60,32 +70,82 @@ def inspect_file(path: str) -> dict:
             sections.append(row)
         raw = sum(r["raw_bytes"] or 0 for r in sections)
         return {"path": path, "format": "lcckpt", "version": c.version,
-                "file_bytes": os.path.getsize(path), "raw_bytes": raw,
+                "file_bytes": size, "raw_bytes": raw,
                 "chain": c.meta.get("lcckpt_chain"), "sections": sections}
 
 
+def _no_checkpoints(path: str) -> CorruptDataError:
+    others = sorted(os.listdir(path))
+    what = (f"it holds {len(others)} other file(s), e.g. {others[0]!r}" if others
+            else "it is empty")
+    return CorruptDataError(f"{path} holds no checkpoints (no step-NNNNNNNNNNNN.lcc files; "
+                            f"{what}); give a checkpoint file or a DeltaCheckpointer directory")
+
+
 def inspect_dir(path: str) -> dict:
+    """One row per step, and the problems: damaged files and links that cannot restore."""
     from .chain import DeltaCheckpointer
     ck = DeltaCheckpointer(path)
-    rows = []
-    for step in _progress(ck.steps(), "inspect"):
-        info = ck.info(step)
-        f = inspect_file(ck.path(step))
-        tensors = info.get("tensors", {})
-        lossy = [t for t in tensors.values() if t.get("kind") == "lossy"]
+    steps = ck.steps()
+    if not steps:
+        raise _no_checkpoints(path)
+    rows, problems, infos = [], [], {}
+    for step in _progress(steps, "inspect"):
+        try:
+            info = infos[step] = ck.info(step)
+            f = inspect_file(ck.path(step))
+        except (LcckptError, OSError) as e:
+            rows.append({"step": step, "kind": "damaged"})
+            problems.append(f"step {step}: {_describe(e)}")
+            continue
+        lossy = [t for t in info.get("tensors", {}).values() if t.get("kind") == "lossy"]
         rows.append({"step": step, "kind": info.get("kind"),
                      "base": (info.get("base") or {}).get("step"),
                      "file_bytes": f["file_bytes"], "raw_bytes": f["raw_bytes"],
                      "ratio": f["raw_bytes"] / f["file_bytes"] if f["file_bytes"] else None,
-                     "max_rel_error": max((t.get("rel_error", 0) for t in lossy), default=0.0)})
-    return {"path": path, "format": "lcckpt chain", "steps": rows}
+                     "max_rel_error": max((t.get("rel_error") or 0 for t in lossy), default=0.0)})
+    ok: dict[int, bool] = {}
+    for row in rows:                    # oldest first: a base is judged before its deltas
+        step, info = row["step"], infos.get(row["step"])
+        if info is None:
+            ok[step] = False
+        elif info.get("kind") == "keyframe":
+            ok[step] = True
+        else:
+            base = info["base"]["step"]
+            if base not in ok:
+                ok[step] = False
+                problems.append(f"step {step} is a delta on step {base}, which is missing")
+            elif ok[base] and infos.get(base, {}).get("state_id") != info["base"].get("state_id"):
+                ok[step] = False
+                problems.append(f"step {step} was made against another version of step {base}")
+            else:
+                ok[step] = ok[base]
+        row["restorable"] = ok[step]
+    lost = [s for s in steps if not ok[s]]
+    if lost:
+        problems.append(f"{len(lost)} of {len(steps)} steps cannot be restored "
+                        f"({_span(lost)}); restorable: {_span([s for s in steps if ok[s]]) or 'none'}")
+    return {"path": path, "format": "lcckpt chain", "steps": rows, "problems": problems}
+
+
+def _span(steps: list[int]) -> str:
+    if len(steps) <= 6:
+        return ", ".join(map(str, steps))
+    return f"{', '.join(map(str, steps[:3]))}, ..., {steps[-1]}"
 
 
 def verify_file(path: str) -> None:
-    """Raise an LcckptError unless every checksum of the file holds."""
-    if not _is_container(path):
-        from .serialization import load
-        load(path)
+    """Raise an LcckptError unless every checksum and every structure of the file holds."""
+    from .convert import detect_format
+    fmt = detect_format(path)
+    if fmt == "safetensors":
+        from .safetensors_io import read_safetensors
+        read_safetensors(path)
+        return
+    if fmt == "torch":
+        from .convert import load_torch
+        load_torch(path)
         return
     from .blob import parse
     from .container import read_container
@@ -100,19 +160,21 @@ def verify_dir(path: str) -> list[dict]:
     """Check every file, then replay the whole chain (every link, every decode)."""
     from .chain import DeltaCheckpointer
     ck = DeltaCheckpointer(path)
+    if not ck.steps():
+        raise _no_checkpoints(path)
     report = []
     for step in _progress(ck.steps(), "checksums"):
         try:
             verify_file(ck.path(step))
             report.append({"step": step, "ok": True})
         except (LcckptError, OSError) as e:
-            report.append({"step": step, "ok": False, "error": f"{type(e).__name__}: {e}"})
+            report.append({"step": step, "ok": False, "error": _describe(e)})
     if all(r["ok"] for r in report):
         try:
             for _ in _progress(ck.replay(), "chain"):
                 pass
         except (LcckptError, OSError) as e:
-            report.append({"step": None, "ok": False, "error": f"{type(e).__name__}: {e}"})
+            report.append({"step": None, "ok": False, "error": _describe(e)})
     return report
 
 
@@ -123,12 +185,13 @@ def _table(rows, cols):
 
 def _inspect(args) -> int:
     doc = inspect_dir(args.path) if os.path.isdir(args.path) else inspect_file(args.path)
+    problems = doc.get("problems", [])
     if args.json:
         print(json.dumps(doc, indent=1, default=str))
     elif "steps" in doc:
         print(f"{doc['path']}: {len(doc['steps'])} checkpoints")
-        print(_table(doc["steps"], ["step", "kind", "base", "file_bytes", "raw_bytes", "ratio",
-                                    "max_rel_error"]))
+        print(_table(doc["steps"], ["step", "kind", "base", "restorable", "file_bytes",
+                                    "raw_bytes", "ratio", "max_rel_error"]))
     elif doc["format"] == "lcckpt":
         chain = doc["chain"] or {}
         print(f"{doc['path']}: lcckpt v{doc['version']}, {doc['file_bytes']:,} bytes "
@@ -136,10 +199,18 @@ def _inspect(args) -> int:
                                                 f"({chain.get('kind')})" if chain else ""))
         print(_table(doc["sections"], ["name", "dtype", "shape", "codec", "blob", "bits",
                                        "raw_bytes", "stored_bytes"]))
+    elif doc["format"] == "safetensors":
+        print(f"{doc['path']}: safetensors, {doc['file_bytes']:,} bytes, "
+              f"{len(doc['tensors'])} tensors" + (f"; metadata {doc['metadata']}"
+                                                  if doc["metadata"] else ""))
+        print(_table(doc["tensors"], ["name", "dtype", "shape", "nbytes"]))
     else:
-        print(f"{doc['path']}: torch.save file, {doc['file_bytes']:,} bytes; "
+        print(f"{doc['path']}: torch.save file, {doc['file_bytes']:,} bytes, "
+              f"{doc['tensor_count']} tensors ({doc['raw_bytes']:,} bytes); "
               f"top level: {doc['top_level']}")
-    return 0
+    for p in problems:
+        _fail("inspect", p, "warning")
+    return 1 if problems else 0
 
 
 def _verify(args) -> int:
@@ -150,35 +221,124 @@ def _verify(args) -> int:
             verify_file(args.path)
             report = [{"path": args.path, "ok": True}]
         except (LcckptError, OSError) as e:
-            report = [{"path": args.path, "ok": False, "error": f"{type(e).__name__}: {e}"}]
+            report = [{"path": args.path, "ok": False, "error": _describe(e)}]
     ok = all(r["ok"] for r in report)
     if args.json:
         print(json.dumps({"ok": ok, "report": report}, indent=1))
     else:
         for r in report:
             if not r["ok"]:
-                print(f"FAIL {r.get('step', r.get('path'))}: {r['error']}")
+                where = r.get("path") or (f"step {r['step']}" if r.get("step") is not None
+                                          else "chain")
+                _fail("verify", f"{where}: {r['error']}", "FAIL")
         print(f"{'OK' if ok else 'FAILED'}: {sum(r['ok'] for r in report)} of {len(report)} checks passed")
     return 0 if ok else 1
 
 
-def main(argv=None) -> int:
+def _convert(args) -> int:
+    from .convert import convert
+    doc = convert(args.input, args.output, to=args.to, compress=args.compress, step=args.step)
+    if doc.get("dropped_metadata"):
+        _fail("convert", f"the input's safetensors metadata ({doc['dropped_metadata']} keys) "
+                         "has no place in a torch.save file and was not kept", "warning")
+    if args.json:
+        print(json.dumps(doc, indent=1))
+    else:
+        print(f"{doc['input']} ({doc['input_format']}, {doc['input_bytes']:,} bytes) -> "
+              f"{doc['output']} ({doc['output_format']}, {doc['output_bytes']:,} bytes), "
+              f"{doc['tensors']} tensors, exact")
+    return 0
+
+
+def _bench(args) -> int:
+    from .bench.codec import run_cli
+    return run_cli(args)
+
+
+def _describe(e: BaseException) -> str:
+    """One line: what went wrong, from the exception's own message."""
+    if isinstance(e, OSError) and e.strerror:
+        msg = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
+    else:
+        msg = str(e) or type(e).__name__
+    return " ".join(re.sub(r"\x1b\[[0-9;]*m", "", msg).split())   # no terminal colours
+
+
+def _fail(command: str, msg: str, level: str = "error") -> None:
+    print(f"lcckpt {command}: {level}: {msg}", file=sys.stderr)
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    from . import __version__
+    from .bench.codec import add_arguments as add_bench_arguments
     ap = argparse.ArgumentParser(prog="lcckpt", description="LC-Checkpoint compressed checkpoints")
-    sub = ap.add_subparsers(dest="command", required=True)
-    sub.add_parser("bench", add_help=False,
-                   help="codec benchmark on real training runs (see `lcckpt bench --help`)")
+    ap.add_argument("--version", action="version", version=f"lcckpt {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    subs = {}
+    p = subs["bench"] = sub.add_parser(
+        "bench", help="codec benchmark: built-in training runs, or your own checkpoints",
+        description="Codec benchmark on real training runs, or on your own checkpoints "
+                    "(--checkpoint). Other suites: lcckpt bench {" + ",".join(SUITES)
+                    + "} [--help].")
+    add_bench_arguments(p)
     for name, helptext in (("inspect", "show what a checkpoint file or directory holds"),
                            ("verify", "check every checksum and chain link (exit 0 if all hold)")):
-        p = sub.add_parser(name, help=helptext)
-        p.add_argument("path", help="a checkpoint file or a DeltaCheckpointer directory")
+        p = subs[name] = sub.add_parser(name, help=helptext, description=helptext)
+        p.add_argument("path", help="a checkpoint file (lcckpt, torch.save, safetensors) or a "
+                                    "DeltaCheckpointer directory")
         p.add_argument("--json", action="store_true", help="print JSON")
+    p = subs["convert"] = sub.add_parser(
+        "convert", help="convert between torch.save, safetensors and lcckpt files (exact)",
+        description="Convert a checkpoint between torch.save (.pt), safetensors and lcckpt "
+                    "(.lcc) files, keeping every tensor bit for bit. A torch file that needs "
+                    "arbitrary code to unpickle is refused, never executed.")
+    p.add_argument("input", help="a checkpoint file, or a DeltaCheckpointer directory")
+    p.add_argument("output", help="the file to write; its extension picks the format")
+    p.add_argument("--to", choices=["lcckpt", "torch", "safetensors"],
+                   help="output format (default: from the output's extension)")
+    p.add_argument("--compress", action="store_true",
+                   help="lcckpt output: lossless compression of every tensor")
+    p.add_argument("--step", type=int, help="which step of a directory input (default: newest)")
+    p.add_argument("--json", action="store_true", help="print what was done as JSON")
+    return ap, subs
+
+
+_COMMANDS = {"bench": _bench, "inspect": _inspect, "verify": _verify, "convert": _convert}
+
+
+# ``lcckpt bench SUITE ...``: the other benchmark suites, each a module with main(argv)
+SUITES = {"schedule": "lcckpt.bench.schedule"}
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if len(argv) >= 2 and argv[0] == "bench" and argv[1] in SUITES:
+        import importlib
+        suite = importlib.import_module(SUITES[argv[1]])
+        return _guarded(f"bench {argv[1]}", lambda: suite.main(argv[2:]))
+    ap, subs = build_parser()
     args, rest = ap.parse_known_args(argv)
-    if args.command == "bench":
-        from .bench.codec import main as bench_main
-        return bench_main(rest)
     if rest:
-        ap.error(f"unrecognized arguments: {' '.join(rest)}")
-    if not os.path.exists(args.path):
-        print(f"lcckpt {args.command}: {args.path}: no such file or directory", file=sys.stderr)
-        return 2
-    return _inspect(args) if args.command == "inspect" else _verify(args)
+        subs[args.command].error(f"unrecognized arguments: {' '.join(rest)}")
+    for path in [getattr(args, "path", None), getattr(args, "input", None),
+                 *(getattr(args, "checkpoint", None) or [])]:
+        if path is not None and not os.path.exists(path):
+            _fail(args.command, f"{path}: no such file or directory")
+            return 2
+    return _guarded(args.command, lambda: _COMMANDS[args.command](args))
+
+
+def _guarded(command: str, run) -> int:
+    """Run a command; every failure becomes one line on stderr and an exit code."""
+    try:
+        return run()
+    except KeyboardInterrupt:
+        _fail(command, "interrupted")
+        return 130
+    except (LcckptError, OSError, ImportError) as e:
+        _fail(command, _describe(e))
+        return 1
+    except Exception as e:  # a bug of ours: still one line, with what to do about it
+        _fail(command, f"unexpected {type(e).__name__}: {_describe(e)} (this is a bug in "
+                       "lcckpt; please report it with the command that caused it)")
+        return 1

@@ -33,26 +33,53 @@ from .errors import (
     UnsafeObjectError,
     UnsupportedVersionError,
 )
+from .safetensors_io import is_safetensors, load_safetensors
 from .sections import register_codec
 
-__all__ = ["load", "pack", "register_codec", "save", "tree_of", "unpack"]
+__all__ = ["load", "pack", "read_metadata", "register_codec", "save", "tree_of", "unpack"]
 
 TREE_VERSION = 2  # the newest tree version read; files are written with the lowest that fits
 
 
 def save(obj: Any, f: str | os.PathLike | BinaryIO, *, codec: str | Callable = "raw",
-         compress: bool = False) -> None:
+         compress: bool = False, metadata: dict[str, str] | None = None) -> None:
     """Save ``obj`` to a path (atomically) or a writable binary file, without pickle.
 
     ``codec``: a section codec for every tensor it handles ("raw", "lossless", or one
     registered with :func:`register_codec`), or a function ``(key_path, tensor) -> codec
     name`` choosing per tensor. ``compress=True`` is shorthand for ``codec="lossless"``
-    (bit-exact byte-plane coding of every tensor).
+    (bit-exact byte-plane coding of every tensor). ``metadata``: string pairs stored in
+    the header, readable with :func:`read_metadata` without decoding anything (as
+    safetensors' ``__metadata__``).
     """
     if compress and codec == "raw":
         codec = "lossless"
     meta, sections = pack(obj, encode_leaf=_sections.leaf_encoder(codec))
+    if metadata is not None:
+        meta[METADATA_KEY] = _check_metadata(metadata, "metadata")
     write_container(f, sections, meta)
+
+
+METADATA_KEY = "metadata"
+
+
+def read_metadata(f: str | os.PathLike | BinaryIO) -> dict[str, str] | None:
+    """The ``metadata`` given to :func:`save` (None if none), reading only the header."""
+    with read_container(f) as c:
+        value = c.meta.get(METADATA_KEY)
+    if value is None:
+        return None
+    try:
+        return _check_metadata(value, "metadata")
+    except InvalidArgumentError as e:
+        raise CorruptDataError(f"the file's header holds invalid {e}") from None
+
+
+def _check_metadata(value, what: str) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(
+            type(k) is str and type(v) is str for k, v in value.items()):
+        raise InvalidArgumentError(f"{what} must be a dict of str to str")
+    return dict(value)
 
 
 def pack(obj: Any, *, encode_leaf: _tree.LeafEncoder | None = None
@@ -68,7 +95,8 @@ def pack(obj: Any, *, encode_leaf: _tree.LeafEncoder | None = None
 
 def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None, *,
          weights_only: bool | None = None, mmap: bool | None = None, **pickle_load_args) -> Any:
-    """Load what :func:`save` wrote, or a plain ``torch.save`` file (weights only).
+    """Load what :func:`save` wrote, a plain ``torch.save`` file (weights only), or a
+    ``.safetensors`` file (a dict of tensors).
 
     Takes ``torch.load``'s arguments, with the same meaning:
 
@@ -79,10 +107,12 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
     - ``weights_only``: an lcckpt file holds no code, so every value loads whatever it
       is. For a ``torch.save`` file, None or True unpickle with torch's weights-only
       unpickler; False is refused (lcckpt never runs code from a file): call
-      ``torch.load(f, weights_only=False)`` yourself if you trust the file.
+      ``torch.load(f, weights_only=False)`` yourself if you trust the file. A
+      ``.safetensors`` file holds no code either.
     - ``mmap=True`` (``f`` must be a path): uncompressed (``"raw"``) tensors are views of
       a private, copy-on-write memory map of the file instead of copies in memory; their
       checksums are still verified (which reads them once). Coded tensors are decoded.
+      Passed on for a ``torch.save`` file; refused for a ``.safetensors`` file.
     - ``pickle_module`` must be None (nothing is unpickled with a module of yours);
       ``pickle_load_args`` (such as ``encoding``) go to torch's unpickler for a
       ``torch.save`` file and mean nothing for an lcckpt file.
@@ -104,9 +134,12 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
                 f"{os.fspath(f)!r} is a directory; a chain of checkpoints loads with "
                 "lcckpt.DeltaCheckpointer(directory).load(step)")
         with open(f, "rb") as fh:
-            head = fh.read(8)
-        if _sniff(head) == "torch":
+            head = fh.read(16)
+        kind = _sniff(head)
+        if kind == "torch":
             return _torch_load(f, map_location, weights_only, mmap, pickle_load_args)
+        if kind == "safetensors":
+            return _safetensors_load(f, map_location, mmap)
         with read_container(f) as c:
             decode = _mapped_decoder(f, c) if mmap else None
             return unpack(c, map_location, decode_leaf=decode)
@@ -118,12 +151,23 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
     if not f.seekable():
         f = io.BytesIO(f.read())
     pos = f.tell()
-    head = f.read(8)
+    head = f.read(16)
     f.seek(pos)
-    if _sniff(head) == "torch":
+    kind = _sniff(head)
+    if kind == "torch":
         return _torch_load(f, map_location, weights_only, mmap, pickle_load_args)
+    if kind == "safetensors":
+        return _safetensors_load(f, map_location, mmap)
     with read_container(f) as c:
         return unpack(c, map_location)
+
+
+def _safetensors_load(f, map_location, mmap):
+    if mmap:
+        raise InvalidArgumentError(
+            "mmap=True is not supported for .safetensors files: load without mmap, or read "
+            "single tensors with safetensors.safe_open")
+    return load_safetensors(f, map_location)
 
 
 def _mapped_decoder(path, c: Container) -> _tree.LeafDecoder:
@@ -157,6 +201,8 @@ def _sniff(head: bytes) -> str:
         return "torch"
     if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):  # legacy pickle
         return "torch"
+    if is_safetensors(head):
+        return "safetensors"
     return "lcckpt"  # let the container reader name the problem (empty, truncated, bad magic)
 
 

@@ -75,3 +75,155 @@ def test_bench_help():
     with pytest.raises(SystemExit) as e:
         main(["bench", "--help"])
     assert e.value.code == 0
+
+
+# --- bad input, through main(argv): one line on stderr, non-zero exit, no traceback -------
+
+
+class NotAllowed:
+    """Unpickling this needs arbitrary code: torch's weights-only loader refuses it."""
+
+
+@pytest.fixture()
+def files(tmp_path, chain_dir):
+    """name -> path of every kind of bad or foreign input."""
+    text = tmp_path / "notes.txt"
+    text.write_text("hello, these are notes\n")
+    empty = tmp_path / "empty.lcc"
+    empty.write_bytes(b"")
+    good = tmp_path / "good.lcc"
+    lcckpt.save({"a": torch.randn(300)}, good)
+    trunc = tmp_path / "trunc.lcc"
+    trunc.write_bytes(good.read_bytes()[:-20])
+    pt = tmp_path / "good.pt"
+    torch.save({"a": torch.randn(300)}, pt)
+    trunc_pt = tmp_path / "trunc.pt"
+    trunc_pt.write_bytes(pt.read_bytes()[:200])
+    unsafe = tmp_path / "unsafe.pt"
+    torch.save({"a": torch.ones(2), "obj": NotAllowed()}, unsafe)
+    st = tmp_path / "good.safetensors"
+    from lcckpt.safetensors_io import save_safetensors
+    save_safetensors({"a": torch.randn(300)}, st)
+    trunc_st = tmp_path / "trunc.safetensors"
+    trunc_st.write_bytes(st.read_bytes()[:-8])
+    empty_dir = tmp_path / "emptydir"
+    empty_dir.mkdir()
+    text_dir = tmp_path / "textdir"
+    text_dir.mkdir()
+    (text_dir / "readme.txt").write_text("no checkpoints here")
+    damaged = tmp_path / "damaged"
+    import shutil
+    shutil.copytree(chain_dir, damaged)
+    victim = damaged / "step-000000000000.lcc"
+    victim.write_bytes(victim.read_bytes()[:100])
+    return {"text": text, "empty": empty, "trunc": trunc, "trunc_pt": trunc_pt,
+            "unsafe": unsafe, "trunc_st": trunc_st, "empty_dir": empty_dir,
+            "text_dir": text_dir, "damaged_chain": damaged, "missing": tmp_path / "nope.lcc"}
+
+
+def _one_line_error(capsys, rc, expect_rc=None):
+    err = capsys.readouterr().err
+    assert rc != 0 if expect_rc is None else rc == expect_rc
+    assert "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+BAD = ["text", "empty", "trunc", "trunc_pt", "unsafe", "trunc_st", "empty_dir", "text_dir",
+       "missing"]
+
+
+@pytest.mark.parametrize("kind", BAD + ["damaged_chain"])
+@pytest.mark.parametrize("command", ["inspect", "verify"])
+def test_bad_input_is_one_line(files, capsys, command, kind):
+    rc = main([command, str(files[kind])])
+    if kind == "damaged_chain" and command == "inspect":
+        err = capsys.readouterr().err        # a row per step, then what is wrong
+        assert rc == 1 and "Traceback" not in err and "step 0" in err
+        return
+    line = _one_line_error(capsys, rc)
+    assert line.startswith(f"lcckpt {command}: ")
+
+
+@pytest.mark.parametrize("kind", BAD)
+def test_convert_bad_input_is_one_line(files, tmp_path, capsys, kind):
+    out = tmp_path / "out.lcc"
+    line = _one_line_error(capsys, main(["convert", str(files[kind]), str(out)]))
+    assert line.startswith("lcckpt convert: ")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("kind", ["text", "empty", "unsafe", "missing"])
+def test_bench_bad_checkpoint_is_one_line(files, capsys, kind):
+    line = _one_line_error(capsys, main(["bench", "--checkpoint", str(files[kind])]))
+    assert line.startswith("lcckpt bench: ")
+
+
+def test_unsafe_torch_file_is_refused_not_run(files, tmp_path, capsys):
+    out = tmp_path / "x.lcc"
+    line = _one_line_error(capsys, main(["convert", str(files["unsafe"]), str(out)]), 1)
+    assert "arbitrary code" in line and "NotAllowed" in line
+
+
+def test_empty_or_foreign_directory_fails_verify(files, capsys):
+    for kind in ("empty_dir", "text_dir"):
+        line = _one_line_error(capsys, main(["verify", str(files[kind])]), 1)
+        assert "no checkpoints" in line
+
+
+def test_inspect_warns_when_keyframe_is_gone(chain_dir, capsys):
+    (chain_dir / "step-000000000000.lcc").unlink()
+    assert main(["inspect", str(chain_dir), "--json"]) == 1
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    assert [r["restorable"] for r in doc["steps"]] == [False, False, True, True]
+    assert "step 1 is a delta on step 0, which is missing" in out.err
+    assert "2 of 4 steps cannot be restored (1, 2)" in out.err
+
+
+@pytest.mark.parametrize("argv", [["inspect", "x", "--jsn"], ["verify"], ["convert", "a"],
+                                  ["bench", "--bits", "7"], ["bench", "--frobnicate"],
+                                  ["convert", "a", "b", "--to", "zip"], []])
+def test_bad_arguments_exit_2_with_the_subcommand_usage(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "error:" in err
+    if argv:
+        assert f"usage: lcckpt {argv[0]}" in err
+
+
+def test_error_bound_out_of_range(tmp_path, capsys):
+    p = tmp_path / "a.pt"
+    torch.save({"w": torch.randn(10)}, p)
+    line = _one_line_error(capsys, main(["bench", "--checkpoint", str(p), "--error-bound", "2"]))
+    assert "--error-bound" in line
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"lcckpt {lcckpt.__version__}"
+
+
+def test_inspect_and_verify_safetensors(tmp_path, capsys):
+    from lcckpt.safetensors_io import save_safetensors
+    p = tmp_path / "m.safetensors"
+    save_safetensors({"w": torch.randn(4, 5), "b": torch.zeros(5)}, p, metadata={"format": "pt"})
+    assert main(["inspect", str(p), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["format"] == "safetensors" and doc["metadata"] == {"format": "pt"}
+    assert {t["name"]: t["shape"] for t in doc["tensors"]} == {"w": [4, 5], "b": [5]}
+    assert main(["verify", str(p)]) == 0
+
+
+def test_bench_suites_are_reached_through_bench(capsys):
+    from lcckpt.cli import SUITES
+    for name in SUITES:
+        with pytest.raises(SystemExit) as e:
+            main(["bench", name, "--help"])
+        assert e.value.code == 0
+        assert "usage" in capsys.readouterr().out

@@ -1,0 +1,348 @@
+"""Benchmark on the user's own checkpoints (``lcckpt bench --checkpoint A.pt [B.pt ...]``).
+
+One file: the lossless codec against torch.save's size and zstd-1/3 of that file. Two or
+more files of one run: each file after the first as a delta on the one before, through a
+real :class:`~lcckpt.DeltaCheckpointer` (the files a user would get), at several
+settings, beside torch.save, zstd of each torch.save file and zstd of the exact fp32 delta.
+Every lossy row carries its error next to its ratio, measured on the restored tensors:
+
+* ``err_state``: ||restored - true|| / ||true|| over all floating tensors (worst file);
+* ``err_vs_change``: ||restored - true|| / ||true - previous true||, the error against how
+  far the state moved since the previous file (worst file). Above 1 the restored state is
+  further from the truth than the previous checkpoint was: the delta kept little.
+* ``worst_tensor_err_vs_change`` (and ``worst_tensor``): the same for the single tensor
+  where it is largest, since a fast-moving optimizer moment can hide a lost weight delta.
+
+Speeds are decimal MB of tensor data per second of ``save``/``load`` (encode and write,
+read and decode), medians over the files; the zstd rows time compress/decompress only.
+:func:`stream` is also what ``make demo`` runs on its own training run.
+
+Deliberately not done here: accuracy of the restored model (the files carry no model or
+data; :func:`stream` takes an ``accuracy`` callback for runs that do).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import statistics
+import sys
+import tempfile
+import textwrap
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+import lcckpt
+from lcckpt.bench.timing import environment, format_table
+from lcckpt.convert import flat_tensors
+from lcckpt.errors import InvalidArgumentError
+
+MB = 1e6
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+# (label, DeltaCheckpointer settings): the paper's coder at its usual 2 bits, the defaults,
+# and the most bits the quantizer offers
+SETTINGS = [
+    ("LC-faithful b=2 (huffman)", {"bits": 2, "coder": "huffman"}),
+    ("lcckpt default b=2", {"bits": 2}),
+    ("lcckpt b=4", {"bits": 4}),
+]
+
+
+def zstandard_module():
+    try:
+        import zstandard
+    except ImportError as e:
+        raise ImportError("the benchmark compares against zstd: pip install 'lcckpt[bench]'") from e
+    return zstandard
+
+
+def progress(total: int, desc: str):
+    """A tqdm bar on stderr when stderr is a terminal; otherwise a no-op with ``update``."""
+    if sys.stderr.isatty():
+        try:
+            from tqdm import tqdm
+            return tqdm(total=total, desc=desc, file=sys.stderr, leave=False)
+        except ImportError:
+            pass
+
+    class _Quiet:
+        def update(self, n=1):
+            pass
+
+        def close(self):
+            pass
+
+    return _Quiet()
+
+
+def _floats(obj) -> dict[str, np.ndarray]:
+    return {k: t.detach().to("cpu", torch.float64).reshape(-1).numpy()
+            for k, t in flat_tensors(obj).items() if t.dtype in FLOATS}
+
+
+def _raw_bytes(obj) -> int:
+    return sum(t.numel() * t.element_size() for t in flat_tensors(obj).values())
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    return t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def _torch_bytes(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+# --- one file ----------------------------------------------------------------------------
+
+def single(obj, torch_file: bytes, label: str, runs: int = 3) -> dict:
+    """Lossless codec against torch.save and zstd-1/3 of the torch.save file."""
+    zstandard = zstandard_module()
+    raw = _raw_bytes(obj)
+    rows = [{"method": "torch.save", "bytes": len(torch_file), "exact": True}]
+    buf = io.BytesIO()
+    lcckpt.save(obj, buf, compress=True)
+    blob = buf.getvalue()
+    back = lcckpt.load(io.BytesIO(blob))
+    exact = all(a.dtype == b.dtype and _bytes(a) == _bytes(b)
+                for a, b in zip(flat_tensors(obj).values(), flat_tensors(back).values()))
+    te = [_timed(lambda: lcckpt.save(obj, io.BytesIO(), compress=True))[1] for _ in range(runs)]
+    td = [_timed(lambda: lcckpt.load(io.BytesIO(blob)))[1] for _ in range(runs)]
+    rows.append({"method": "lcckpt lossless", "bytes": len(blob), "exact": exact,
+                 "enc_MBps": raw / _median(te) / MB, "dec_MBps": raw / _median(td) / MB})
+    for level in (1, 3):
+        c, d = zstandard.ZstdCompressor(level=level), zstandard.ZstdDecompressor()
+        z = c.compress(torch_file)
+        te = [_timed(lambda: c.compress(torch_file))[1] for _ in range(runs)]
+        td = [_timed(lambda: d.decompress(z))[1] for _ in range(runs)]
+        rows.append({"method": f"zstd-{level} of torch.save", "bytes": len(z), "exact": True,
+                     "enc_MBps": len(torch_file) / _median(te) / MB,
+                     "dec_MBps": len(torch_file) / _median(td) / MB})
+    for r in rows:
+        r["ratio"] = len(torch_file) / r["bytes"]
+    return {"file": label, "tensor_bytes": raw, "tensors": len(flat_tensors(obj)), "rows": rows}
+
+
+# --- a run of files ----------------------------------------------------------------------
+
+def _errors(restored, truth, previous) -> tuple[float, float, tuple[float, str]]:
+    """``(error of the state, error over the step, (worst tensor's error over its step,
+    its name))``: one number for all floating state can hide a tensor the delta lost,
+    when other tensors (an optimizer's moments) move much more."""
+    res = tgt = moved = 0.0
+    worst = (0.0, "")
+    for k, u in truth.items():
+        r = float(np.sum((restored[k] - u) ** 2))
+        p = previous.get(k)
+        m = float(np.sum((u - p) ** 2)) if p is not None and p.shape == u.shape \
+            else float(np.sum(u ** 2))       # new since the previous file: all of it moved
+        res, tgt, moved = res + r, tgt + float(np.sum(u ** 2)), moved + m
+        if r > 0:
+            worst = max(worst, (math.sqrt(r / m) if m else math.inf, k))
+    return (math.sqrt(res / tgt) if tgt else 0.0,
+            math.sqrt(res / moved) if moved else (0.0 if res == 0 else math.inf), worst)
+
+
+def _chain_row(label, settings, objs, truths, accuracy, bar) -> dict:
+    """Write every state through a DeltaCheckpointer; measure size, speed and error."""
+    raw = [_raw_bytes(o) for o in objs]
+    with tempfile.TemporaryDirectory(prefix="lcckpt-bench-") as d:
+        ck = lcckpt.DeltaCheckpointer(d, keyframe_every=None, **settings)
+        save_s, sizes = [], []
+        for i, obj in enumerate(objs):
+            path, t = _timed(lambda: ck.save(i, obj))
+            save_s.append(t)
+            sizes.append(os.path.getsize(path))
+            bar.update()
+        lossy = sum(t.get("kind") == "lossy" for i in range(1, len(objs))
+                    for t in ck.info(i).get("tensors", {}).values())
+        tracked = sum(len(ck.info(i).get("tensors", {})) for i in range(1, len(objs)))
+        load_s, err_w, err_c, worst, acc = [], [], [], [], []
+        it = iter(ck.replay())
+        for i in range(len(objs)):
+            (_, obj), t = _timed(lambda: next(it))
+            load_s.append(t)
+            if i:
+                ew, ec, wt = _errors(_floats(obj), truths[i], truths[i - 1])
+                err_w.append(ew)
+                err_c.append(ec)
+                worst.append(wt)
+                if accuracy is not None:
+                    acc.append(accuracy(obj))
+            bar.update()
+    deltas = sum(sizes[1:])
+    row = {"method": label, "bytes": deltas, "keyframe_bytes": sizes[0],
+           "enc_MBps": _median([r / t / MB for r, t in zip(raw[1:], save_s[1:])]),
+           "dec_MBps": _median([r / t / MB for r, t in zip(raw[1:], load_s[1:])]),
+           "err_state": max(err_w), "err_vs_change": max(err_c),
+           "worst_tensor_err_vs_change": max(worst)[0], "worst_tensor": max(worst)[1],
+           "lossy_tensors": f"{lossy}/{tracked}", "exact": False,
+           "per_file": [{"bytes": s, "err_state": a, "err_vs_change": b,
+                         "worst_tensor_err_vs_change": w[0], "worst_tensor": w[1]}
+                        for s, a, b, w in zip(sizes[1:], err_w, err_c, worst)]}
+    if acc:
+        row["accuracy"] = acc[-1]
+        row["accuracy_min"] = min(acc)
+        for f, a in zip(row["per_file"], acc):
+            f["accuracy"] = a
+    return row
+
+
+def stream(objs: list, torch_files: list[bytes], *, settings=None, error_bounds=(),
+           accuracy: Callable[[Any], float] | None = None, desc: str = "bench") -> dict:
+    """Files 2..n of a run as deltas, beside torch.save and zstd of the same files.
+
+    ``objs``: the loaded states, oldest first; ``torch_files``: their torch.save bytes.
+    ``accuracy(obj) -> float``, if given, scores each restored state (and the true ones).
+    """
+    if len(objs) < 2:
+        raise InvalidArgumentError("a delta stream needs at least two checkpoints of one run")
+    zstandard = zstandard_module()
+    settings = list(settings if settings is not None else SETTINGS)
+    settings += [(f"lcckpt b=2, error <= {eb:g}", {"bits": 2, "error_bound": eb})
+                 for eb in error_bounds]
+    truths = [_floats(o) for o in objs]
+    for i in range(1, len(truths)):     # optimizer state may appear after the first step
+        a, b = truths[i - 1], truths[i]
+        if not any(k in a and a[k].shape == v.shape for k, v in b.items()):
+            raise InvalidArgumentError(
+                f"checkpoints {i} and {i + 1} share no floating tensor (same name and shape): "
+                "a delta stream needs files of one run, oldest first")
+    raw = [_raw_bytes(o) for o in objs]
+    n = len(objs) - 1
+    bar = progress(2 * len(objs) * len(settings) + 3 * n, desc)
+    rows = [{"method": "torch.save", "bytes": sum(map(len, torch_files[1:])), "exact": True}]
+    # lcckpt lossless of every file, and zstd of every torch.save file
+    sizes, te, td = [], [], []
+    for o, r in zip(objs[1:], raw[1:]):
+        buf = io.BytesIO()
+        _, t = _timed(lambda: lcckpt.save(o, buf, compress=True))
+        te.append(r / t / MB)
+        _, t = _timed(lambda: lcckpt.load(io.BytesIO(buf.getvalue())))
+        td.append(r / t / MB)
+        sizes.append(len(buf.getvalue()))
+        bar.update()
+    rows.append({"method": "lcckpt lossless (each file)", "bytes": sum(sizes),
+                 "enc_MBps": _median(te), "dec_MBps": _median(td), "exact": True})
+    for level in (1, 3):
+        c, d = zstandard.ZstdCompressor(level=level), zstandard.ZstdDecompressor()
+        sizes, te, td = [], [], []
+        for f in torch_files[1:]:
+            z, t = _timed(lambda: c.compress(f))
+            te.append(len(f) / t / MB)
+            td.append(len(f) / _timed(lambda: d.decompress(z))[1] / MB)
+            sizes.append(len(z))
+        rows.append({"method": f"zstd-{level} of torch.save", "bytes": sum(sizes),
+                     "enc_MBps": _median(te), "dec_MBps": _median(td), "exact": True})
+        bar.update(n)
+    # the exact delta of the floating tensors, zstd-3: what a generic tool gets from deltas
+    c = zstandard.ZstdCompressor(level=3)
+    sizes, te = [], []
+    for prev, cur in zip(objs, objs[1:]):
+        fp, fc = flat_tensors(prev), flat_tensors(cur)
+        data = b"".join(_bytes(fc[k] - fp[k]) if fc[k].dtype in FLOATS and k in fp
+                        and fp[k].shape == fc[k].shape else _bytes(fc[k]) for k in fc)
+        z, t = _timed(lambda: c.compress(data))
+        te.append(len(data) / t / MB)
+        sizes.append(len(z))
+    rows.append({"method": "zstd-3 of the exact delta", "bytes": sum(sizes),
+                 "enc_MBps": _median(te), "exact": True})
+    true_acc = [accuracy(o) for o in objs] if accuracy is not None else None
+    for label, kw in settings:
+        row = _chain_row(label, kw, objs, truths, accuracy, bar)
+        if true_acc is not None:
+            row["accuracy_drop_max"] = max(t - f["accuracy"]
+                                           for t, f in zip(true_acc[1:], row["per_file"]))
+        rows.append(row)
+    bar.close()
+    base = rows[0]["bytes"]
+    for r in rows:
+        r["ratio"] = base / r["bytes"] if r["bytes"] else math.inf
+    doc = {"files": len(objs), "deltas": n, "tensor_bytes": raw[0],
+           "tensors": len(flat_tensors(objs[0])), "float_elements":
+           int(sum(v.size for v in truths[-1].values())), "rows": rows}
+    if true_acc is not None:
+        doc["accuracy_true"] = true_acc[-1]
+        doc["accuracy_true_per_file"] = true_acc
+    return doc
+
+
+# --- the command -------------------------------------------------------------------------
+
+COLUMNS = {"method": "method", "bytes": "MB", "ratio": "x smaller", "err_state": "err_state",
+           "err_vs_change": "err/step", "worst_tensor_err_vs_change": "worst tensor err/step",
+           "enc_MBps": "save MB/s", "dec_MBps": "load MB/s"}
+
+
+def table(rows: list[dict]) -> str:
+    """The stream's rows as a text table (MB, short headers)."""
+    return format_table([{h: (r.get(k) / MB if k == "bytes" else r.get(k))
+                          for k, h in COLUMNS.items()} for r in rows], list(COLUMNS.values()))
+
+
+def run(paths: list[str], *, error_bounds=(), runs: int = 3, log=print) -> dict:
+    """Load the files (any format lcckpt reads) and benchmark them; returns the JSON doc."""
+    from lcckpt.convert import read_checkpoint
+    objs, torch_files = [], []
+    bar = progress(len(paths), "loading")
+    for p in paths:
+        obj, _, fmt = read_checkpoint(p)
+        objs.append(obj)
+        if fmt == "torch":
+            with open(p, "rb") as f:
+                torch_files.append(f.read())
+        else:
+            torch_files.append(_torch_bytes(obj))
+        bar.update()
+    bar.close()
+    lcckpt.warmup()
+    doc: dict[str, Any] = {"environment": environment(), "paths": list(paths)}
+    if len(paths) == 1:
+        doc["single"] = single(objs[0], torch_files[0], paths[0], runs)
+        d = doc["single"]
+        log(f"{paths[0]}: {d['tensors']} tensors, {d['tensor_bytes'] / MB:.2f} MB of tensor "
+            f"data; ratios against torch.save ({len(torch_files[0]) / MB:.2f} MB)")
+        log(format_table(d["rows"], ["method", "bytes", "ratio", "exact", "enc_MBps",
+                                     "dec_MBps"]))
+        return doc
+    doc["stream"] = stream(objs, torch_files, error_bounds=error_bounds)
+    s = doc["stream"]
+    log(f"{len(paths)} checkpoints, {s['tensors']} tensors ({s['float_elements']:,} floating "
+        f"elements, {s['tensor_bytes'] / MB:.2f} MB each); the {s['deltas']} file(s) after "
+        "the first, as deltas; ratio against torch.save")
+    log(table(s["rows"]))
+    log(summary_line(s))
+    return doc
+
+
+def summary_line(s: dict) -> str:
+    """The default's ratio against torch.save and zstd-3, and what its deltas kept."""
+    rows = {r["method"]: r for r in s["rows"]}
+    d, z = rows.get("lcckpt default b=2"), rows.get("zstd-3 of torch.save")
+    if d is None or z is None:
+        return ""
+    worst = d["worst_tensor_err_vs_change"]
+    kept = (f"every tensor's restored error stays under {worst:.2g} of its step's change"
+            if worst < 0.5 else
+            f"but {d['worst_tensor']} lost most of its change (error {worst:.2f} of its "
+            "step): try --error-bound, or more bits for such tensors")
+    return textwrap.fill(
+        f"Default 2-bit chain: {d['ratio']:.1f}x smaller than torch.save and "
+        f"{z['bytes'] / d['bytes']:.1f}x smaller than zstd-3 of the same files; the restored "
+        f"state is within {d['err_state']:.2g} relative error; {kept}.", 92)

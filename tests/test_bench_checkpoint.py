@@ -1,0 +1,120 @@
+"""lcckpt bench --checkpoint on small files of a real (tiny) training run, and the demo's
+short story table."""
+
+import json
+import math
+
+import pytest
+import torch
+
+import lcckpt
+from lcckpt.bench import checkpoint as cb
+from lcckpt.bench.codec import story
+from lcckpt.cli import main
+from lcckpt.safetensors_io import save_safetensors
+
+pytest.importorskip("zstandard")
+
+
+def _run_states(n=3, steps_between=3):
+    """States of a small model trained with SGD+momentum, a few steps apart."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.Tanh(), torch.nn.Linear(128, 4))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(64, 32), torch.randint(0, 4, (64,))
+    states = []
+    for _ in range(n):
+        for _ in range(steps_between):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+        states.append({k: v.clone() for k, v in net.state_dict().items()})
+    return states, (net, x, y)
+
+
+@pytest.fixture(scope="module")
+def run_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("run")
+    states, _ = _run_states()
+    paths = []
+    for i, s in enumerate(states):
+        p = d / f"ck{i}.pt"
+        torch.save(s, p)
+        paths.append(str(p))
+    return d, paths, states
+
+
+def test_one_file(run_files, capsys):
+    d, paths, _ = run_files
+    out = d / "one.json"
+    assert main(["bench", "--checkpoint", paths[0], "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "zstd-3 of torch.save" in text and "lcckpt lossless" in text
+    rows = {r["method"]: r for r in json.loads(out.read_text())["single"]["rows"]}
+    assert rows["lcckpt lossless"]["exact"] is True
+    assert rows["torch.save"]["ratio"] == 1.0
+    assert all(r["bytes"] > 0 for r in rows.values())
+
+
+def test_stream_of_files(run_files, capsys):
+    d, paths, states = run_files
+    out, png = d / "s.json", d / "s.png"
+    assert main(["bench", "--checkpoint", *paths, "--error-bound", "0.001",
+                 "--json", str(out), "--plot", str(png)]) == 0
+    text = capsys.readouterr().out
+    assert "worst tensor err/step" in text and "default b=2" in text
+    s = json.loads(out.read_text())["stream"]
+    rows = {r["method"]: r for r in s["rows"]}
+    assert s["files"] == 3 and s["deltas"] == 2
+    assert rows["torch.save"]["bytes"] == sum((d / f"ck{i}.pt").stat().st_size for i in (1, 2))
+    for label, _ in cb.SETTINGS:
+        r = rows[label]
+        assert r["bytes"] > 0 and math.isfinite(r["err_state"]) and len(r["per_file"]) == 2
+        # one number for all state never exceeds its worst tensor (a mediant)
+        assert r["worst_tensor_err_vs_change"] >= r["err_vs_change"] * (1 - 1e-9)
+        assert r["worst_tensor"] in states[0]
+    # the error bound is a promise: every restored state is within it (plus fp32 rounding)
+    bound = rows["lcckpt b=2, error <= 0.001"]
+    assert bound["err_state"] <= 0.001 * (1 + 1e-4) + 1e-6
+    # more bits never give a larger error on these states
+    assert rows["lcckpt b=4"]["err_state"] <= rows["lcckpt default b=2"]["err_state"]
+    assert png.stat().st_size > 0
+
+
+def test_mixed_formats_of_one_run(run_files, capsys):
+    d, paths, states = run_files
+    save_safetensors(states[1], d / "ck1.safetensors")
+    lcckpt.save(states[2], d / "ck2.lcc", compress=True)
+    assert main(["bench", "--checkpoint", paths[0], str(d / "ck1.safetensors"),
+                 str(d / "ck2.lcc")]) == 0
+    assert "default b=2" in capsys.readouterr().out
+
+
+def test_files_of_different_runs_are_refused(run_files, tmp_path, capsys):
+    _, paths, _ = run_files
+    other = tmp_path / "other.pt"
+    torch.save({"something": torch.randn(10, 10)}, other)
+    assert main(["bench", "--checkpoint", paths[0], str(other)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "share no floating tensor" in err
+
+
+def test_story_puts_the_error_beside_every_lossy_ratio():
+    states, (net, x, y) = _run_states(n=3)
+
+    def accuracy(sd):
+        net.load_state_dict(sd)
+        return float((net(x).argmax(1) == y).float().mean())
+
+    tfiles = [cb._torch_bytes(s) for s in states]
+    s = cb.stream(states, tfiles, accuracy=accuracy)
+    s.update(every=3)
+    text = story(s)
+    assert "Verdict" in text and "torch.save" in text
+    table = [ln for ln in text.splitlines() if ln.startswith("chain")]
+    assert len(table) == 3
+    for ln in table:            # ratio, error, error/step, accuracy, worst drop, speeds
+        cells = ln.split()
+        assert cells[-7].endswith("x") and float(cells[-6]) >= 0 and float(cells[-5]) >= 0
+        assert cells[-4].endswith("%") and cells[-2] == "pt" and "/" in cells[-1]
+    assert max(len(ln) for ln in text.splitlines()) <= 100
