@@ -292,3 +292,14 @@ def test_cuda_views_match_torch_load_and_map_to_cpu():
     out = lcckpt.load(f, map_location="cpu")
     assert out["t"].device.type == "cpu" and out["t"].stride() == (1, 6)
     assert out["t"].untyped_storage().data_ptr() == out["b"].untyped_storage().data_ptr()
+
+
+def test_safetensors_files_take_the_same_keywords(tmp_path):
+    from lcckpt.safetensors_io import save_safetensors
+
+    path = tmp_path / "m.safetensors"
+    save_safetensors({"w": torch.arange(6.0).reshape(2, 3)}, path)
+    for kw in ({}, {"weights_only": True}, {"weights_only": False}, {"map_location": "cpu"}):
+        assert torch.equal(lcckpt.load(path, **kw)["w"], torch.arange(6.0).reshape(2, 3)), kw
+    with pytest.raises(InvalidArgumentError, match="safetensors"):
+        lcckpt.load(path, mmap=True)
