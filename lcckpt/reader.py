@@ -27,7 +27,6 @@ import math
 import operator
 import os
 import sys
-from typing import Any
 
 import numpy as np
 import torch
