@@ -24,5 +24,6 @@ from .delta import DeltaDecoder, DeltaEncoder
 from .serialization import load, read_metadata, register_codec, save
 from .safetensors_io import load_safetensors, save_safetensors
 from .convert import convert
+from .reader import Reader, open  # noqa: A001  (lcckpt.open, like safetensors.safe_open)
 from .chain import DeltaCheckpointer
 from . import schedule

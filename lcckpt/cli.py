@@ -307,7 +307,7 @@ _COMMANDS = {"bench": _bench, "inspect": _inspect, "verify": _verify, "convert":
 
 
 # ``lcckpt bench SUITE ...``: the other benchmark suites, each a module with main(argv)
-SUITES = {"schedule": "lcckpt.bench.schedule"}
+SUITES = {"schedule": "lcckpt.bench.schedule", "lazy": "lcckpt.bench.lazy"}
 
 
 def main(argv=None) -> int:
