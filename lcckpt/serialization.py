@@ -20,9 +20,10 @@ from typing import Any, BinaryIO
 
 import torch
 
+from . import limits
 from . import sections as _sections
 from . import tree as _tree
-from .container import MAGIC, Container, read_container, write_container
+from .container import MAGIC, Container, at_path, open_file, read_container, write_container
 from .errors import (
     CorruptDataError,
     InvalidArgumentError,
@@ -63,25 +64,35 @@ def pack(obj: Any, *, encode_leaf: _tree.LeafEncoder | None = None
     return {"lcckpt_tree": TREE_VERSION, "tree": tree}, sections
 
 
-def load(f: str | os.PathLike | BinaryIO, map_location=None) -> Any:
+def load(f: str | os.PathLike | BinaryIO, map_location=None, *,
+         max_bytes=limits.DEFAULT) -> Any:
     """Load what :func:`save` wrote, or a plain ``torch.save`` file (weights only).
 
     ``map_location`` as in ``torch.load``: None (the device each tensor was saved from),
     a device string or ``torch.device`` (everything there), a dict mapping saved device
     strings to targets, or a function ``(storage, location) -> storage or None``.
     Numpy arrays always load on the host.
+
+    ``max_bytes``: the most bytes of tensors, arrays and bytes the file may decode to,
+    checked before anything is decoded (:class:`ResourceLimitError`): an int, None (no
+    limit: input you trust) or "auto"; the default is :func:`lcckpt.limits.set_max_bytes`'s
+    setting, "auto" (256 MiB + 64 x the file size; see lcckpt/limits.py).
     """
     if isinstance(f, (str, os.PathLike)):
-        if os.path.isdir(f):
+        path = os.fspath(f)
+        if os.path.isdir(path):
             raise InvalidArgumentError(
-                f"{os.fspath(f)!r} is a directory; a chain of checkpoints loads with "
+                f"{path!r} is a directory; a chain of checkpoints loads with "
                 "lcckpt.DeltaCheckpointer(directory).load(step)")
-        with open(f, "rb") as fh:
+        with open_file(path) as fh:
             head = fh.read(8)
         if _sniff(head) == "torch":
             return _torch_load(f, map_location)
-        with read_container(f) as c:
-            return unpack(c, map_location)
+        with read_container(path) as c:
+            try:
+                return _unpack_limited(c, map_location, max_bytes, path)
+            except LcckptError as e:
+                raise at_path(e, path) from None
     if not hasattr(f, "read"):
         raise InvalidArgumentError(f"load needs a path or a binary file object, got {type(f).__name__}")
     if not f.seekable():
@@ -92,7 +103,12 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None) -> Any:
     if _sniff(head) == "torch":
         return _torch_load(f, map_location)
     with read_container(f) as c:
-        return unpack(c, map_location)
+        return _unpack_limited(c, map_location, max_bytes, "the file")
+
+
+def _unpack_limited(c: Container, map_location, max_bytes, what: str):
+    limits.check(limits.declared_bytes(c.sections), c.size, max_bytes, what)
+    return unpack(c, map_location)
 
 
 def _sniff(head: bytes) -> str:
