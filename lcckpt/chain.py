@@ -584,7 +584,7 @@ class DeltaCheckpointer:
                     limits.check(limits.declared_bytes(c.sections), stored, max_bytes,
                                  f"step {link.step} with its chain ({len(links)} files)")
                 except LcckptError as e:
-                    raise self._fault(step, link.step, path, e) from None
+                    raise type(e)(f"{path}: {e}") from None
             obj = None
             for i, (c, link, path) in enumerate(links):
                 try:

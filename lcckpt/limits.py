@@ -107,4 +107,4 @@ def check(declared: int, stored_bytes: int, max_bytes, what: str) -> None:
         f"{what} declares {declared:,} bytes of data in {stored_bytes:,} stored bytes "
         f"(expansion {declared / max(stored_bytes, 1):,.0f}x), over {limit:,} bytes ({how}). "
         "If you trust this file, pass max_bytes=None (or a larger number), or set "
-        "lcckpt.limits.set_max_bytes(...) for the whole process.")
+        "lcckpt.limits.set_max_bytes(...) for the whole process")
