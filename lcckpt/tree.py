@@ -260,6 +260,7 @@ def _lookup(table: dict, code):
     return table.get(code) if type(code) is str else None
 
 
+MAX_INT_HEX = 3500         # ~14,000 bits: below Python's 4,300-digit str() limit
 MAX_ELEMENTS = 1 << 48     # per dimension and per tensor: far beyond any real one, and
                            # small enough that no size computed from a shape overflows
 DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")   # where a file's own device strings may put
@@ -327,6 +328,8 @@ class _Loader:
         _fields(j, path, ("hex",))
         if type(j["hex"]) is not str or not re.fullmatch(r"-?0x[0-9a-f]+", j["hex"]):
             _bad(path, "int node needs a hex string")
+        if len(j["hex"]) > MAX_INT_HEX:       # Python could not even print such an int
+            _bad(path, f"int of {len(j['hex'])} hex digits; at most {MAX_INT_HEX} load")
         return int(j["hex"], 16)
 
     def float_(self, j, path, depth):

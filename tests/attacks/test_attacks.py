@@ -255,6 +255,14 @@ def test_torch_size_values_that_break_repr_are_refused(one_tensor, v):
     assert repr(ok)
 
 
+def test_an_int_too_long_to_print_is_refused(one_tensor):
+    """Found by fuzz_large.py: a 5,000-hex-digit int loaded, then repr() raised."""
+    raw = craft.with_tree(one_tensor, {"$": "int", "hex": "0x" + "f" * 5000})
+    with pytest.raises(CorruptDataError, match="hex digits"):
+        lcckpt.load(io.BytesIO(raw))
+    assert repr(lcckpt.load(io.BytesIO(craft.with_tree(one_tensor, {"$": "int", "hex": "0x" + "f" * 3000}))))
+
+
 # --------------------------------------------------------------------------- 4. writers
 
 
