@@ -514,7 +514,7 @@ class DeltaCheckpointer:
             why = "the directory does not exist"
         else:
             others = [n for n in os.listdir(d) if n != LOCK_NAME]
-            why = (f"the directory is empty" if not others else
+            why = ("the directory is empty" if not others else
                    f"it holds {len(others)} other entries but no step-<step>.lcc file: "
                    "is it the right directory?")
         return NotFoundError(errno.ENOENT, f"no checkpoints to load: {why}", d)

@@ -11,8 +11,8 @@ The limit (``max_bytes``) of a call is one of:
 - an ``int``: at most that many decoded bytes;
 - ``None``: no limit (input you trust);
 - ``"auto"`` (the global default): ``AUTO_FLOOR + AUTO_EXPANSION * file size``, so an
-  uncompressed file always loads and a compressed one may expand 64-fold, while a file
-  under 1 MB decodes to at most 320 MB;
+  uncompressed file always loads and a compressed one may expand 32-fold, while a file
+  under 1 MB decodes to at most 224 MiB (peak memory of the whole process under 1 GB);
 - omitted: the global default, set with :func:`set_max_bytes`.
 
 Deliberately not here: measuring memory while decoding (declared sizes are enforced
@@ -31,8 +31,8 @@ __all__ = ["AUTO", "AUTO_EXPANSION", "AUTO_FLOOR", "DEFAULT", "MAX_HEADER_CONTAI
            "set_max_bytes"]
 
 AUTO = "auto"
-AUTO_FLOOR = 256 << 20          # decoded bytes any file may ask for
-AUTO_EXPANSION = 64             # ... plus this many times its stored size
+AUTO_FLOOR = 192 << 20          # decoded bytes any file may ask for
+AUTO_EXPANSION = 32             # ... plus this many times its stored size
 # Header parsing: the JSON header's arrays and objects ('[' and '{' bytes), and its values
 # (',' and ':' bytes), counted before parsing. A real header needs about 15 of each per
 # tensor, so these allow well over 100,000 tensors while keeping a parse under ~1 GB.
@@ -83,13 +83,18 @@ def resolve(max_bytes, stored_bytes: int) -> int | None:
 
 def declared_bytes(sections) -> int:
     """What a container's sections say they decode to (validated later, section by
-    section: a wrong ``nbytes`` is refused before that section is decoded)."""
+    section: a wrong ``nbytes`` is refused before that section is decoded). A raw
+    section is read as stored, so its length counts, whatever its metadata claims; a
+    chain's 16-bit float sections are decoded through fp32, so they count three times."""
     total = 0
     for s in sections:
         meta = s["meta"]
         n = s["length"]                   # bytes sections, and raw ones (read as stored)
         if meta.get("kind") in ("tensor", "ndarray") and meta.get("codec") != "raw":
             n = meta.get("nbytes")
+            if meta.get("codec") == "delta" and meta.get("dtype") in ("F16", "BF16") \
+                    and type(n) is int:
+                n *= 3                    # a 16-bit carrier, then fp32 while tracked
         if type(n) is int and n > 0:
             total += n
     return total
@@ -100,7 +105,7 @@ def check(declared: int, stored_bytes: int, max_bytes, what: str) -> None:
     limit = resolve(max_bytes, stored_bytes)
     if limit is None or declared <= limit:
         return
-    how = ("the default limit, 'auto': 256 MiB + 64 x the stored size"
+    how = (f"the default limit, 'auto': 192 MiB + {AUTO_EXPANSION} x the stored size"
            if (max_bytes is DEFAULT and _global == AUTO) or max_bytes == AUTO
            else f"max_bytes={limit}")
     raise ResourceLimitError(

@@ -76,7 +76,7 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, *,
     ``max_bytes``: the most bytes of tensors, arrays and bytes the file may decode to,
     checked before anything is decoded (:class:`ResourceLimitError`): an int, None (no
     limit: input you trust) or "auto"; the default is :func:`lcckpt.limits.set_max_bytes`'s
-    setting, "auto" (256 MiB + 64 x the file size; see lcckpt/limits.py).
+    setting, "auto" (192 MiB + 32 x the file size; see lcckpt/limits.py).
     """
     if isinstance(f, (str, os.PathLike)):
         path = os.fspath(f)

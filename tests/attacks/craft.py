@@ -6,7 +6,6 @@ checksum an attacker can recompute made valid, so a test sees the defence that m
 
 import io
 import json
-import os
 import struct
 import zlib
 
@@ -57,7 +56,7 @@ def tensor_file(blob: bytes, shape, dtype="F32", codec="lossless", device="cpu",
     return container([('obj["t"]', meta, blob)], {"$": "dict", "items": [["t", {"$": "tensor", "s": 0}]]})
 
 
-def container(sections, tree, version=None) -> bytes:
+def container(sections, tree) -> bytes:
     f = io.BytesIO()
     C.write_container(f, sections, {"lcckpt_tree": 1, "tree": tree})
     return f.getvalue()
