@@ -1,20 +1,26 @@
-"""CRC-32 (zlib's) of large buffers on several threads: pieces, then ``crc32_combine``.
+"""CRC-32 (zlib's) and CRC-32C of large buffers on several threads: pieces, then combine.
 
 ``zlib.crc32`` runs at about 3-4 GB/s on one core and releases the GIL, but it is
 sequential. The CRC of a concatenation follows from the CRCs of its parts (zlib's
 ``crc32_combine``, which Python does not expose): appending ``n`` zero bytes to a message
 is a linear map of its CRC register, a 32x32 matrix over GF(2). The matrices for
 ``2**k`` zero bytes are built once by repeated squaring; combining is then a few
-matrix-vector products, microseconds per piece.
+matrix-vector products, microseconds per piece. CRC-32C (the container's section
+checksum from format version 2, see kernels/crc32c.py) combines the same way with its
+own polynomial.
 """
 
 import zlib
 from functools import lru_cache
 
+import numpy as np
+
 from ._pool import submit
+from .kernels import crc32c as _c
 
 PIECE = 4 << 20          # bytes per CRC task
 _POLY = 0xEDB88320       # reflected CRC-32 polynomial
+_POLY_C = _c.POLY        # reflected CRC-32C polynomial
 
 
 def _times(mat: tuple, vec: int) -> int:
@@ -32,26 +38,45 @@ def _square(mat: tuple) -> tuple:
 
 
 @lru_cache(maxsize=None)
-def _zeros(k: int) -> tuple:
+def _zeros(k: int, poly: int = _POLY) -> tuple:
     """The operator appending ``2**k`` zero bytes to a CRC register."""
     if k == 0:
-        one_bit = (_POLY,) + tuple(1 << i for i in range(31))   # one zero bit
+        one_bit = (poly,) + tuple(1 << i for i in range(31))    # one zero bit
         m = one_bit
         for _ in range(3):                                      # 8 bits = one byte
             m = _square(m)
         return m
-    return _square(_zeros(k - 1))
+    return _square(_zeros(k - 1, poly))
 
 
-def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
-    """CRC-32 of ``a + b`` from ``crc1 = crc32(a)``, ``crc2 = crc32(b)``, ``len2 = len(b)``."""
+def crc32_combine(crc1: int, crc2: int, len2: int, poly: int = _POLY) -> int:
+    """CRC-32 of ``a + b`` from ``crc1 = crc32(a)``, ``crc2 = crc32(b)``, ``len2 = len(b)``
+    (``poly``: the reflected polynomial; CRC-32C's for :func:`crc32c` values)."""
     k = 0
     while len2:
         if len2 & 1:
-            crc1 = _times(_zeros(k), crc1)
+            crc1 = _times(_zeros(k, poly), crc1)
         len2 >>= 1
         k += 1
     return crc1 ^ crc2
+
+
+def crc32c_piece(view, value: int = 0) -> int:
+    """CRC-32C of one buffer on this thread (the kernel releases the GIL)."""
+    buf = np.frombuffer(memoryview(view).cast("B"), np.uint8)
+    return int(_c.kernel()(buf, value, _c.TABLES))
+
+
+def crc32c(view, value: int = 0) -> int:
+    """CRC-32C of ``view`` continuing from ``value``, in pieces on the pool when large."""
+    view = memoryview(view).cast("B")
+    if view.nbytes < 2 * PIECE:
+        return crc32c_piece(view, value)
+    parts = [(len(p), submit(crc32c_piece, p))
+             for p in (view[off:off + PIECE] for off in range(0, view.nbytes, PIECE))]
+    for n, fut in parts:
+        value = crc32_combine(value, fut.result(), n, _POLY_C)
+    return value
 
 
 def crc32(view, value: int = 0) -> int:

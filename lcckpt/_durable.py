@@ -3,7 +3,10 @@
 A file is written to a temp file in the same directory, fsynced and renamed over the
 target, then the directory is fsynced: a crash leaves the old file or the new one,
 never a mix. Temp names carry a host tag and the writer's pid, so temp files of killed
-writers on this host are recognised and removed by later writes into the directory.
+writers on this host are recognised and removed by later writes into the directory
+(of any name: a killed save's temp file is not kept until that name is written again).
+Failures are reported as :class:`~lcckpt.errors.NotFoundError` or
+:class:`~lcckpt.errors.StorageError` naming the target path, never the temp file.
 
 Deliberately not here: what the bytes mean (container.py) and which files belong
 together (chain.py).
@@ -20,6 +23,8 @@ import zlib
 from collections.abc import Callable
 from typing import BinaryIO
 
+from .errors import LcckptError, NotFoundError, StorageError
+
 __all__ = ["atomic_write", "fsync_dir", "remove_stale_temps", "TEMP_SUFFIX"]
 
 TEMP_SUFFIX = ".lcckpt-tmp"
@@ -33,7 +38,13 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
     """
     directory = os.path.dirname(os.path.abspath(path))
     base = os.path.basename(path)
-    tmp, fd = _create_temp(directory, base)
+    try:
+        tmp, fd = _create_temp(directory, base)
+    except FileNotFoundError:
+        raise NotFoundError(errno.ENOENT, f"cannot write the checkpoint: its directory "
+                            f"{directory} does not exist (create it first)", path) from None
+    except OSError as e:
+        raise StorageError(e.errno, f"cannot write the checkpoint: {e.strerror}", path) from None
     try:
         try:
             mode = stat.S_IMODE(os.stat(path).st_mode)
@@ -46,14 +57,17 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(e, OSError) and not isinstance(e, LcckptError):
+            raise StorageError(e.errno, f"cannot write the checkpoint: {e.strerror}",
+                               path) from e
         raise
     fsync_dir(directory)
-    remove_stale_temps(directory, base)
+    remove_stale_temps(directory)
 
 
 def fsync_dir(directory: str) -> None:

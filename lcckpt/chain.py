@@ -22,34 +22,46 @@ leaf encoder to :func:`~lcckpt.serialization.pack` (``_SaveSession.encode_leaf``
 ``lcckpt.load`` reads keyframe files directly; a delta file needs its chain and is
 refused with :class:`BrokenChainError`.
 
-One writer per directory is assumed (no locking); any number of readers may load while
-it writes, since files only ever appear complete.
+One writer per directory: the first save (or merge) takes an advisory lock on the file
+``.lcckpt-writer.lock`` in the directory (``fcntl.flock``) and holds it until
+:meth:`DeltaCheckpointer.close` (or the object is garbage collected); a second writer, in
+this or another process, is refused at once with :class:`ConcurrentWriteError`. The
+kernel drops the lock of a process that dies, so a crashed writer never blocks the next
+one. Two threads calling one checkpointer's save/merge at the same time are refused too.
+Any number of readers may load while it writes, since files only ever appear complete.
 """
 
 from __future__ import annotations
 
+import errno
 import operator
 import os
 import re
 import secrets
+import socket
+import threading
+import time
 import warnings
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import numpy as np
 import torch
 
-from . import _durable
+from . import _durable, limits
 from . import blob as _blob
 from . import sections as _sections
 from .container import read_container, write_container
 from .delta import DeltaEncoder, Reconstruction
 from .errors import (
     BrokenChainError,
+    ConcurrentWriteError,
     CorruptDataError,
     InvalidArgumentError,
     LcckptError,
+    NotFoundError,
+    StorageError,
     UnsupportedVersionError,
 )
 from .sections import DELTA, TRACKABLE, Encoded, section_key
@@ -59,6 +71,7 @@ __all__ = ["DeltaCheckpointer", "file_name"]
 
 CHAIN_VERSION = 1
 _NAME_RE = re.compile(r"step-(\d{12,})\.lcc")
+LOCK_NAME = ".lcckpt-writer.lock"
 
 
 def file_name(step: int) -> str:
@@ -176,6 +189,91 @@ class _Link:
             self.base_step, self.base_state_id = base["step"], base["state_id"]
 
 
+# --------------------------------------------------------------------------- writer lock
+
+
+class _WriterLock:
+    """An exclusive ``flock`` on the directory's lock file, held while the fd is open.
+
+    The file holds ``pid host time`` of the holder, for the message a refused writer
+    gets, and is deleted on release; one left behind is a writer's that died (the kernel
+    released its lock, and the next writer takes it over: ``stale`` says whose it was).
+    """
+
+    def __init__(self, directory: str):
+        self.path = os.path.join(directory, LOCK_NAME)
+        self.pid = os.getpid()
+        self.fd = None
+        self.stale = None
+        try:
+            import fcntl
+        except ImportError:          # no flock on this platform: one writer is assumed
+            return
+        for _ in range(100):         # until the locked file is the one at the path
+            fd = self._lock_once(fcntl, directory)
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:          # its holder released and deleted it
+                same = False
+            if same:
+                break
+            os.close(fd)
+        else:
+            raise ConcurrentWriteError(f"{directory}: the writer lock keeps changing hands")
+        self.stale = _read_small(fd) or None     # a writer that died holding it, if any
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()} {int(time.time())}\n".encode(), 0)
+        self.fd = fd
+
+    def _lock_once(self, fcntl, directory: str) -> int:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise StorageError(e.errno, f"cannot create the writer lock: {e.strerror}",
+                               self.path) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = _read_small(fd)
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise StorageError(e.errno, f"cannot lock the checkpoint directory: "
+                                   f"{e.strerror}", self.path) from None
+            raise ConcurrentWriteError(
+                f"{directory} is being written by another DeltaCheckpointer "
+                f"({_describe(holder)}); one writer per directory: stop or close() the other "
+                "writer first (readers need no lock: DeltaCheckpointer(d).load() works while "
+                "it writes)") from None
+        return fd
+
+    def held(self) -> bool:
+        return self.pid == os.getpid()      # a forked child must take its own
+
+    def release(self) -> None:
+        if self.fd is not None and self.pid == os.getpid():
+            try:
+                os.unlink(self.path)        # while locked: a waiter re-checks the path
+            except OSError:
+                pass
+            os.close(self.fd)               # closing the fd drops the flock
+        self.fd = None
+
+
+def _read_small(fd: int) -> str:
+    try:
+        return os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
+def _describe(holder: str) -> str:
+    parts = holder.split()
+    if len(parts) == 3 and parts[0].isdigit() and parts[2].isdigit():
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(int(parts[2])))
+        return f"pid {parts[0]} on {parts[1]}, since {since}"
+    return "holder unknown"
+
+
 # --------------------------------------------------------------------------- checkpointer
 
 
@@ -193,7 +291,10 @@ class DeltaCheckpointer:
     rule for floating tensors. ``keyframe_coding``: "lossless" (default, ~1.2x smaller
     keyframes) or "raw" (keyframes restore about as fast as ``torch.load``).
 
-    One writer per directory is assumed; the object is not thread-safe.
+    One writer per directory: the first save or merge locks the directory until
+    :meth:`close` (or ``with DeltaCheckpointer(d) as ck:``); a second writer gets
+    :class:`ConcurrentWriteError` at once. The object is not thread-safe: save/merge from
+    two threads at the same time is refused the same way. ``load`` takes no lock.
     """
 
     def __init__(self, directory: str | os.PathLike, bits: int | Callable[[str], int] = 2,
@@ -215,12 +316,54 @@ class DeltaCheckpointer:
         self.bits, self.coder, self.error_bound = bits, coder, error_bound
         self.keyframe_every, self.keep_last = keyframe_every, keep_last
         self.min_delta_elements = min_delta_elements
-        self._track = track or (lambda path, t: t.numel() >= self.min_delta_elements)
+        self._track = track              # None: the size rule (no lambda: no cycle keeping
+                                         # a dropped writer's lock alive until a GC pass)
         self._encoders: dict[str, DeltaEncoder] | None = None   # None: not in sync with disk
         self._last: dict | None = None      # step, state_id, depth of the newest file
         self._force_keyframe = False
         self._headers: dict[str, tuple] = {}    # file name -> (stat key, _Link)
         self.last_save: dict | None = None  # what the newest save wrote (step, kind, path, nbytes)
+        self._lock: _WriterLock | None = None
+        self._busy = threading.Lock()
+
+    def _size_rule(self, path: str, t: torch.Tensor) -> bool:
+        return t.numel() >= self.min_delta_elements
+
+    # ------------------------------------------------------------------ writer lock
+
+    @contextmanager
+    def _writing(self):
+        """One save/merge at a time, by the one writer of the directory."""
+        if not self._busy.acquire(blocking=False):
+            raise ConcurrentWriteError(
+                f"DeltaCheckpointer({self.directory!r}) is already saving or merging in "
+                "another thread; it is not thread-safe: call save/merge from one thread")
+        try:
+            if self._lock is None or not self._lock.held():
+                self._lock = None
+                self._encoders = None        # others may have written: resync from disk
+                self._lock = _WriterLock(self.directory)
+            yield
+        finally:
+            self._busy.release()
+
+    def close(self) -> None:
+        """Release the directory's writer lock (a later save takes it again)."""
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
+
+    def __enter__(self) -> DeltaCheckpointer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
 
     # ------------------------------------------------------------------ listing
 
@@ -250,8 +393,16 @@ class DeltaCheckpointer:
     def save(self, step: int, obj: Any) -> str:
         """Store ``obj`` as ``step`` (a keyframe or a delta); returns the file's path."""
         step = self._check_step(step)
-        if self._encoders is None:
+        try:
             os.makedirs(self.directory, exist_ok=True)
+        except OSError as e:
+            raise StorageError(e.errno, f"cannot create the checkpoint directory: {e.strerror}",
+                               self.directory) from None
+        with self._writing():
+            return self._save(step, obj)
+
+    def _save(self, step: int, obj: Any) -> str:
+        if self._encoders is None:
             self._resume()
         if self._last is not None and step <= self._last["step"]:
             raise InvalidArgumentError(
@@ -260,7 +411,8 @@ class DeltaCheckpointer:
         keyframe = (self._last is None or self._force_keyframe
                     or (self.keyframe_every is not None
                         and self._last["depth"] + 1 >= self.keyframe_every))
-        session = _SaveSession(self._encoders, self._new_encoder, self._track, keyframe)
+        session = _SaveSession(self._encoders, self._new_encoder,
+                               self._track or self._size_rule, keyframe)
         path = self.path(step)
         try:
             meta, sections = pack(obj, encode_leaf=session.encode_leaf)
@@ -321,7 +473,7 @@ class DeltaCheckpointer:
             return
         latest = steps[-1]
         try:
-            _, links, tracks = self._restore(latest, build=False)
+            _, links, tracks = self._restore(latest, build=False, max_bytes=None)
         except (LcckptError, OSError) as e:
             warnings.warn(f"cannot continue the delta chain from step {latest} ({e}); the next "
                           "save is written as a keyframe", RuntimeWarning, stacklevel=3)
@@ -340,17 +492,41 @@ class DeltaCheckpointer:
 
     # ------------------------------------------------------------------ loading
 
-    def load(self, step: int | None = None, map_location=None) -> Any:
-        """The object stored as ``step`` (default: the newest), rebuilt through its chain."""
+    def load(self, step: int | None = None, map_location=None, *,
+             max_bytes=limits.DEFAULT) -> Any:
+        """The object stored as ``step`` (default: the newest), rebuilt through its chain.
+
+        ``max_bytes`` as in :func:`lcckpt.load`, for the files of the chain together:
+        each must declare at most the limit, "auto" being computed from their total size.
+        """
         if step is None:
             steps = self.steps()
             if not steps:
-                raise FileNotFoundError(f"no checkpoints in {self.directory}")
+                raise self._no_checkpoints()
             step = steps[-1]
         step = self._check_step(step)
-        return self._restore(step, build=True, map_location=map_location, keep_tracks=False)[0]
+        return self._restore(step, build=True, map_location=map_location, keep_tracks=False,
+                             max_bytes=max_bytes)[0]
 
-    def replay(self, start: int | None = None, stop: int | None = None, map_location=None):
+    def _no_checkpoints(self) -> NotFoundError:
+        d = self.directory
+        if not os.path.isdir(d):
+            why = "the directory does not exist"
+        else:
+            others = [n for n in os.listdir(d) if n != LOCK_NAME]
+            why = ("the directory is empty" if not others else
+                   f"it holds {len(others)} other entries but no step-<step>.lcc file: "
+                   "is it the right directory?")
+        return NotFoundError(errno.ENOENT, f"no checkpoints to load: {why}", d)
+
+    def _missing_step(self, step: int) -> NotFoundError:
+        if not self.steps():
+            return self._no_checkpoints()
+        return NotFoundError(errno.ENOENT, f"no checkpoint for step {step}; stored: "
+                             f"{_brief(self.steps())}", self.path(step))
+
+    def replay(self, start: int | None = None, stop: int | None = None, map_location=None,
+               *, max_bytes=limits.DEFAULT):
         """Yield ``(step, obj)`` for every stored step in ``[start, stop]``, oldest first.
 
         Each file is decoded once: a step continues from the previous one's references
@@ -361,22 +537,23 @@ class DeltaCheckpointer:
             if (start is not None and step < start) or (stop is not None and step > stop):
                 continue
             obj, links, tracks = self._restore(step, build=True, map_location=map_location,
-                                               known=known)
+                                               known=known, max_bytes=max_bytes)
             known = (step, links[-1][1].state_id, tracks)
             yield step, obj
 
     def _restore(self, step: int, *, build: bool, map_location=None, known=None,
-                 keep_tracks: bool = True):
+                 keep_tracks: bool = True, max_bytes=limits.DEFAULT):
         """Walk back to the keyframe (or to ``known``), then apply each file in order.
 
         ``known``: ``(step, state_id, tracks)`` of an already restored step to start from.
         ``keep_tracks=False``: the caller discards the returned tracks, so the restored
         tensors may take over the references instead of copying them.
+        ``max_bytes``: checked for every file before anything is decoded; deltas decode
+        into references of the keyframe's shapes, so the files' total size is the base.
         Returns ``(obj or None, [(container, link)], tracks of step)``.
         """
         if not os.path.exists(self.path(step)):
-            raise FileNotFoundError(
-                f"no checkpoint for step {step} in {self.directory}; stored: {_brief(self.steps())}")
+            raise self._missing_step(step)
         with ExitStack() as stack:
             links = []                       # newest first: (container, link, path)
             s, expect, tracks = step, None, {}
@@ -401,6 +578,13 @@ class DeltaCheckpointer:
                     break
                 s, expect = link.base_step, link.base_state_id
             links.reverse()
+            stored = sum(c.size for c, _, _ in links)
+            for c, link, path in links:
+                try:
+                    limits.check(limits.declared_bytes(c.sections), stored, max_bytes,
+                                 f"step {link.step} with its chain ({len(links)} files)")
+                except LcckptError as e:
+                    raise type(e)(f"{path}: {e}") from None
             obj = None
             for i, (c, link, path) in enumerate(links):
                 try:
@@ -418,8 +602,9 @@ class DeltaCheckpointer:
     def _fault(step: int, at: int, path: str, e: Exception) -> LcckptError:
         if at == step and not isinstance(e, BrokenChainError):
             cls = type(e) if isinstance(e, LcckptError) else CorruptDataError
+            msg = str(e) if path in str(e) else f"{path}: {e}"
             try:
-                return cls(f"step {step}: {path}: {e}")
+                return cls(f"step {step}: {msg}")
             except TypeError:
                 return CorruptDataError(f"step {step}: {path}: {e}")
         return BrokenChainError(
@@ -429,7 +614,10 @@ class DeltaCheckpointer:
     def _link(self, step: int) -> _Link:
         """The validated chain header of ``step`` (cached by file identity)."""
         path = self.path(step)
-        st = os.stat(path)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            raise self._missing_step(step) from None
         key = (st.st_ino, st.st_mtime_ns, st.st_size)
         hit = self._headers.get(path)
         if hit is not None and hit[0] == key:
@@ -452,11 +640,17 @@ class DeltaCheckpointer:
         if upto is None:
             steps = self.steps()
             if not steps:
-                raise FileNotFoundError(f"no checkpoints in {self.directory}")
+                raise self._no_checkpoints()
             upto = steps[-1]
         upto = self._check_step(upto)
+        if not os.path.exists(self.path(upto)):
+            raise self._missing_step(upto)
+        with self._writing():
+            return self._merge(upto)
+
+    def _merge(self, upto: int) -> str:
         path = self.path(upto)
-        _, links, tracks = self._restore(upto, build=False)
+        _, links, tracks = self._restore(upto, build=False, max_bytes=None)
         top = links[-1][1]
         if top.kind != "keyframe":
             with read_container(path) as c:

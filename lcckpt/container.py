@@ -6,10 +6,16 @@ the header, every offset, length, padding byte and checksum is validated before 
 is handed out, so a damaged or hostile file fails with a :class:`CorruptDataError`
 subclass instead of feeding garbage to a decoder. ``docs/format.md`` is the spec.
 
+Section checksums (format version 2) are CRC-32C of the section's index and name followed
+by its bytes: they bind each section's content and identity, so no swap or substitution
+of equal-length sections passes (a tensor blob ends with the CRC-32 of its own payload,
+which makes a plain CRC-32 of it content-blind; version 1 files still load, with that
+weakness). The header's size and shape are bounded before it is parsed.
+
 Writes to a path are atomic: a temp file in the same directory is written, fsynced and
 renamed over the target, then the directory is fsynced. A crash leaves either the old
 file or the new one, never a mix; temp files of crashed writers on this host are removed
-by the next successful write to the same path.
+by the next successful write into the same directory.
 
 Reading is lazy: the header is read and validated up front, each section's bytes and
 checksum when it is asked for (:meth:`Container.data`, :meth:`Container.read_into`), or
@@ -30,12 +36,16 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from . import _crc, _durable
+from . import _crc, _durable, limits
 from ._pool import submit
 from .errors import (
     ChecksumError,
     CorruptDataError,
     InvalidArgumentError,
+    LcckptError,
+    NotFoundError,
+    ResourceLimitError,
+    StorageError,
     TruncatedError,
     UnsupportedVersionError,
 )
@@ -46,12 +56,18 @@ __all__ = [
     "MAGIC",
     "MAX_HEADER_SIZE",
     "Container",
+    "at_path",
+    "open_file",
     "read_container",
+    "section_seed",
+    "verify_file",
     "write_container",
 ]
 
 MAGIC = b"LCCKPT"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2              # written; every version from 1 up to it is read
+CHECK_KEY = {1: "crc32", 2: "crc32c"}   # a section entry's checksum field, per version
+BLOB_CODECS = ("lossless", "delta")    # section codecs whose payload is a tensor blob
 ALIGNMENT = 64
 MAX_HEADER_SIZE = 64 << 20
 MAX_JSON_DEPTH = 512  # writers refuse deeper metadata; JSON parsers recurse
@@ -118,16 +134,16 @@ def _build_header(sections, meta) -> tuple[bytes, list[list[memoryview]]]:
                 f"data of section {name!r} must be a C-contiguous bytes-like object (or a "
                 f"list of them): {e}"
             ) from None
-        length, crc = 0, 0
+        length, crc = 0, section_seed(len(entries), name)
         for view in views:
-            crc = _crc.crc32(view, crc)
+            crc = _crc.crc32c(view, crc)
             length += view.nbytes
         entries.append(
             {
                 "name": name,
                 "offset": offset,
                 "length": length,
-                "crc32": crc,
+                "crc32c": crc,
                 "meta": section_meta,
             }
         )
@@ -171,6 +187,13 @@ def _check_json(value, where: str) -> None:
                 f"{_where(at)} holds a {t.__name__}; container metadata must be plain JSON "
                 "(dict with str keys, list, str, int, finite float, bool, None)"
             )
+
+
+def section_seed(index: int, name: str) -> int:
+    """CRC-32C of a section's identity: u32 index, u32 byte length of the name, the name
+    (UTF-8). A version 2 section checksum is the CRC-32C continued from it over the bytes."""
+    raw = name.encode("utf-8", "surrogatepass")
+    return _crc.crc32c_piece(struct.pack("<II", index, len(raw)) + raw)
 
 
 def _where(at: tuple) -> str:
@@ -282,6 +305,7 @@ class Container:
     def __init__(self, source, version: int, meta: dict, sections: list[dict], data_start: int):
         self._source = source
         self.version = version
+        self.size = source.size                 # bytes of the whole container
         self.meta = meta
         self.sections = sections
         self.data_start = data_start
@@ -331,24 +355,27 @@ class Container:
             got = self._source.readinto(start, view)
             crc = None
         else:                         # pieces read and checksummed on the pool, in parallel
+            one = zlib.crc32 if self.version == 1 else _crc.crc32c_piece
+
             def piece(off):
                 part = view[off:off + _crc.PIECE]
                 n = self._source.readinto(start + off, part)
-                return n, zlib.crc32(part[:n])
+                return n, one(part[:n])
             offsets = range(0, view.nbytes, _crc.PIECE)
             futures = [submit(piece, off) for off in offsets]
-            got, crc = 0, 0
+            got, crc = 0, self._seed(i)
+            poly = _crc._POLY if self.version == 1 else _crc._POLY_C
             for off, fut in zip(offsets, futures):
                 n, c = fut.result()
                 if got == off:                # else an earlier piece came up short
-                    crc = _crc.crc32_combine(crc, c, n)
+                    crc = _crc.crc32_combine(crc, c, n, poly)
                     got += n
         if got != s["length"]:
             raise TruncatedError(
                 f"section {s['name']!r} ends after {got} of its {s['length']} bytes: the file "
                 "was truncated or changed while being read"
             )
-        self._compare_crc(i, _crc.crc32(view) if crc is None else crc)
+        self._compare_crc(i, self._checksum(view, self._seed(i)) if crc is None else crc)
         self._check_gap(i)
 
     def verify(self) -> None:
@@ -358,26 +385,35 @@ class Container:
                 self.data(i)
                 continue
             buf = np.empty(min(s["length"], 16 << 20), np.uint8)
-            crc, pos, end = 0, 0, s["length"]
+            crc, pos, end = self._seed(i), 0, s["length"]
             while pos < end:
                 view = memoryview(buf)[: min(buf.size, end - pos)]
                 got = self._source.readinto(self.data_start + s["offset"] + pos, view)
                 if got != view.nbytes:
                     raise TruncatedError(f"section {s['name']!r} is truncated")
-                crc = _crc.crc32(view, crc)
+                crc = self._checksum(view, crc)
                 pos += got
             self._compare_crc(i, crc)
             self._check_gap(i)
 
+    def _seed(self, i: int) -> int:
+        return 0 if self.version == 1 else section_seed(i, self.sections[i]["name"])
+
+    def _checksum(self, view, value: int) -> int:
+        return _crc.crc32(view, value) if self.version == 1 else _crc.crc32c(view, value)
+
     def _check(self, i: int, view: memoryview) -> None:
-        self._compare_crc(i, _crc.crc32(view))
+        self._compare_crc(i, self._checksum(view, self._seed(i)))
 
     def _compare_crc(self, i: int, crc: int) -> None:
         s = self.sections[i]
-        if crc != s["crc32"]:
+        key = CHECK_KEY[self.version]
+        if crc != s[key]:
+            why = ("its bytes are damaged, or are another section's"
+                   if self.version > 1 else "its bytes are damaged")
             raise ChecksumError(
-                f"section {s['name']!r} is damaged: crc32 {crc:#010x}, header says "
-                f"{s['crc32']:#010x}; restore the file from a good copy"
+                f"section {s['name']!r} fails its checksum ({key} {crc:#010x}, header says "
+                f"{s[key]:#010x}): {why}; restore the file from a good copy"
             )
 
     def _check_gap(self, i: int) -> None:
@@ -401,7 +437,16 @@ def read_container(source) -> Container:
     must extend exactly to the end of the file or buffer.
     """
     if isinstance(source, (str, os.PathLike)):
-        src = _FileSource(open(source, "rb", buffering=0), 0, owned=True)
+        path = os.fspath(source)
+        src = _FileSource(open_file(path), 0, owned=True)
+        try:
+            return _open(src)
+        except LcckptError as e:
+            src.close()
+            raise at_path(e, path) from None
+        except BaseException:
+            src.close()
+            raise
     elif isinstance(source, (bytes, bytearray, memoryview)):
         src = _BufferSource(memoryview(source).cast("B"))
     else:
@@ -423,6 +468,33 @@ def read_container(source) -> Container:
     except BaseException:
         src.close()
         raise
+
+
+def open_file(path: str):
+    """``open(path, "rb")`` whose failures are LcckptErrors naming ``path``."""
+    try:
+        return open(path, "rb", buffering=0)
+    except FileNotFoundError:
+        parent = os.path.dirname(os.path.abspath(path))
+        why = "no such file" if os.path.isdir(parent) else f"its directory {parent} does not exist"
+        raise NotFoundError(errno.ENOENT, f"cannot read the checkpoint: {why}", path) from None
+    except IsADirectoryError:
+        raise InvalidArgumentError(
+            f"{path} is a directory, not a checkpoint file; a chain of checkpoints loads with "
+            "lcckpt.DeltaCheckpointer(directory).load(step)") from None
+    except OSError as e:
+        raise StorageError(e.errno, f"cannot read the checkpoint: {e.strerror}", path) from None
+
+
+def at_path(e: LcckptError, path: str) -> LcckptError:
+    """``e`` with the user's path in front of its message (unless it names it already)."""
+    msg = str(e)
+    if path in msg or isinstance(e, OSError):
+        return e
+    try:
+        return type(e)(f"{path}: {msg}")
+    except TypeError:
+        return CorruptDataError(f"{path}: {msg}")
 
 
 def _open(src) -> Container:
@@ -454,7 +526,9 @@ def _open(src) -> Container:
     raw = src.read(PREFIX_SIZE, header_len)
     if zlib.crc32(raw) != header_crc:
         raise ChecksumError("header checksum mismatch: the file is damaged; restore a good copy")
-    header = _parse_json(bytes(raw))
+    raw = bytes(raw)
+    _check_header_size(raw)
+    header = _parse_json(raw)
     meta, sections = _validate_header(header, version)
 
     data_start = _align(PREFIX_SIZE + header_len)
@@ -475,6 +549,18 @@ def _not_ours(prefix: bytes) -> str:
     if not prefix:
         return "the file is empty"
     return f"not an lcckpt file: it starts with {prefix[:8]!r}, expected {MAGIC!r}"
+
+
+def _check_header_size(raw: bytes) -> None:
+    """Bound the work and memory of parsing: count containers and values first (bytes
+    inside strings count too, so this is an upper bound), in C, before building objects."""
+    containers = raw.count(b"[") + raw.count(b"{")
+    values = raw.count(b",") + raw.count(b":")
+    if containers > limits.MAX_HEADER_CONTAINERS or values > limits.MAX_HEADER_VALUES:
+        raise ResourceLimitError(
+            f"the header holds up to {containers:,} arrays/objects and {values:,} values, over "
+            f"the limits of {limits.MAX_HEADER_CONTAINERS:,} and {limits.MAX_HEADER_VALUES:,}: "
+            "parsing it could take gigabytes; the file is damaged or hostile")
 
 
 def _parse_json(raw: bytes):
@@ -523,19 +609,20 @@ def _validate_header(header, version: int) -> tuple[dict, list[dict]]:
     for i, s in enumerate(sections):
         if type(s) is not dict:
             bad(f"section {i} is not an object")
-        if set(s) != {"name", "offset", "length", "crc32", "meta"}:
-            bad(f"section {i} keys are {sorted(s)}, expected crc32, length, meta, name, offset")
+        ck = CHECK_KEY[version]
+        if set(s) != {"name", "offset", "length", ck, "meta"}:
+            bad(f"section {i} keys are {sorted(s)}, expected {ck}, length, meta, name, offset")
         name = s["name"]
         if type(name) is not str or not name:
             bad(f"section {i} name is not a non-empty string")
         if name in names:
             bad(f"section name {name!r} appears twice")
         names.add(name)
-        for key in ("offset", "length", "crc32"):
+        for key in ("offset", "length", ck):
             if not _is_uint(s[key]):
                 bad(f"section {name!r} {key} is not a non-negative integer")
-        if s["crc32"] > 0xFFFFFFFF:
-            bad(f"section {name!r} crc32 does not fit 32 bits")
+        if s[ck] > 0xFFFFFFFF:
+            bad(f"section {name!r} {ck} does not fit 32 bits")
         if type(s["meta"]) is not dict:
             bad(f"section {name!r} meta is not an object")
         if s["offset"] != expected:
@@ -545,3 +632,55 @@ def _validate_header(header, version: int) -> tuple[dict, list[dict]]:
             )
         expected = _align(s["offset"] + s["length"])
     return header["meta"], sections
+
+
+# --------------------------------------------------------------------------- verify
+
+
+def verify_file(path: str | os.PathLike) -> dict:
+    """Check every byte of a container file against what covers it; never raises for a
+    damaged file (an unreadable path still raises :class:`NotFoundError` / StorageError).
+
+    Checks the header, every section's checksum and padding, and inside every tensor
+    blob (codecs ``lossless`` and ``delta``) its own two checksums, its structure, and
+    that it holds the shape its section declares. Returns a JSON-able report: ``ok``,
+    ``error`` (the first failure, or None), ``version``, ``file_bytes``,
+    ``declared_bytes`` (what loading it decodes to), ``expansion`` (declared / file
+    bytes: what a load's ``max_bytes`` is compared with), ``sections`` and ``warnings``.
+    """
+    from . import blob as _blob      # the codec's wire format: only verify looks inside
+
+    path = os.fspath(path)
+    report = {"path": path, "ok": False, "error": None, "version": None, "file_bytes": None,
+              "declared_bytes": None, "expansion": None, "sections": None, "warnings": []}
+    try:
+        c = read_container(path)
+    except (NotFoundError, StorageError, InvalidArgumentError):
+        raise
+    except LcckptError as e:
+        report["error"] = f"{type(e).__name__}: {e}"
+        return report
+    with c:
+        declared = limits.declared_bytes(c.sections)
+        report.update(version=c.version, file_bytes=c.size, sections=len(c),
+                      declared_bytes=declared, expansion=round(declared / max(c.size, 1), 3))
+        if c.version == 1:
+            report["warnings"].append(
+                "format version 1: a section swapped with another of equal length cannot be "
+                "detected; load and save the file again to upgrade it")
+        try:
+            c.verify()
+            for i, s in enumerate(c.sections):
+                meta = s["meta"]
+                if meta.get("kind") != "tensor" or meta.get("codec") not in BLOB_CODECS:
+                    continue
+                _, p = _blob.parse(c.data(i), check_payload=True)
+                if list(p.shape) != meta.get("shape"):
+                    raise CorruptDataError(
+                        f"section {s['name']!r} holds a blob of shape {list(p.shape)}, its "
+                        f"header says {meta.get('shape')!r:.80}")
+        except LcckptError as e:
+            report["error"] = f"{type(e).__name__}: {at_path(e, path)}"
+            return report
+    report["ok"] = True
+    return report

@@ -44,3 +44,24 @@ class NonFiniteError(LcckptError, ValueError):
 
 class InvalidArgumentError(LcckptError, ValueError):
     """An argument is out of its allowed range."""
+
+
+class NotFoundError(LcckptError, FileNotFoundError):
+    """A file or directory the call needs does not exist: a missing step, an empty or
+    foreign checkpoint directory, a missing parent directory. Also a FileNotFoundError,
+    so code written against the built-in exception keeps working."""
+
+
+class StorageError(LcckptError, OSError):
+    """Reading or writing failed in the operating system (permissions, a full disk);
+    the message names the user's path, not a temp file."""
+
+
+class ResourceLimitError(LcckptError):
+    """Loading would take more memory or work than the caller allows (a decompression
+    bomb, an oversized header); raise the limit only for input you trust."""
+
+
+class ConcurrentWriteError(LcckptError):
+    """Another writer (process, object or thread) is writing the same checkpoint
+    directory; one writer at a time is allowed."""

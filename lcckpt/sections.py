@@ -78,7 +78,13 @@ def _lossless_encode(t: torch.Tensor) -> list:
 
 
 def _lossless_decode(data, meta: dict):
-    return _decode_blob(data, check_payload=False)     # the section's CRC covered it
+    # into a tensor of the declared shape: a blob of any other size is refused before
+    # decoding (the declared sizes are what the load's max_bytes was checked against)
+    out = torch.empty(meta["shape"], dtype=dtypes.NAME_TORCH[meta["dtype"]])
+    try:
+        return _decode_blob(data, out=out, check_payload=False)   # the section CRC covered it
+    except InvalidArgumentError as e:
+        raise CorruptDataError(f"the section's blob does not hold what its header says: {e}") from None
 
 
 def _keyframe_decode(data, meta: dict):

@@ -20,10 +20,10 @@ from typing import Any, BinaryIO
 
 import torch
 
-from . import _crc, dtypes
+from . import _crc, dtypes, limits
 from . import sections as _sections
 from . import tree as _tree
-from .container import MAGIC, Container, read_container, write_container
+from .container import MAGIC, Container, at_path, open_file, read_container, write_container
 from .errors import (
     ChecksumError,
     CorruptDataError,
@@ -94,7 +94,8 @@ def pack(obj: Any, *, encode_leaf: _tree.LeafEncoder | None = None
 
 
 def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None, *,
-         weights_only: bool | None = None, mmap: bool | None = None, **pickle_load_args) -> Any:
+         weights_only: bool | None = None, mmap: bool | None = None,
+         max_bytes=limits.DEFAULT, **pickle_load_args) -> Any:
     """Load what :func:`save` wrote, a plain ``torch.save`` file (weights only), or a
     ``.safetensors`` file (a dict of tensors).
 
@@ -116,6 +117,12 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
     - ``pickle_module`` must be None (nothing is unpickled with a module of yours);
       ``pickle_load_args`` (such as ``encoding``) go to torch's unpickler for a
       ``torch.save`` file and mean nothing for an lcckpt file.
+
+    ``max_bytes``: the most bytes of tensors, arrays and bytes an lcckpt file may decode
+    to, checked before anything is decoded (:class:`ResourceLimitError`): an int, None
+    (no limit: input you trust) or "auto"; the default is
+    :func:`lcckpt.limits.set_max_bytes`'s setting, "auto" (192 MiB + 32 x the file size;
+    see lcckpt/limits.py).
     """
     if pickle_module is not None:
         raise InvalidArgumentError(
@@ -129,20 +136,24 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
         if v is not None and type(v) is not bool:
             raise InvalidArgumentError(f"{name} must be None, True or False, got {v!r:.40}")
     if isinstance(f, (str, os.PathLike)):
-        if os.path.isdir(f):
+        path = os.fspath(f)
+        if os.path.isdir(path):
             raise InvalidArgumentError(
-                f"{os.fspath(f)!r} is a directory; a chain of checkpoints loads with "
+                f"{path!r} is a directory; a chain of checkpoints loads with "
                 "lcckpt.DeltaCheckpointer(directory).load(step)")
-        with open(f, "rb") as fh:
+        with open_file(path) as fh:
             head = fh.read(16)
         kind = _sniff(head)
         if kind == "torch":
             return _torch_load(f, map_location, weights_only, mmap, pickle_load_args)
         if kind == "safetensors":
             return _safetensors_load(f, map_location, mmap)
-        with read_container(f) as c:
-            decode = _mapped_decoder(f, c) if mmap else None
-            return unpack(c, map_location, decode_leaf=decode)
+        with read_container(path) as c:
+            try:
+                decode = _mapped_decoder(path, c) if mmap else None
+                return _unpack_limited(c, map_location, max_bytes, path, decode)
+            except LcckptError as e:
+                raise at_path(e, path) from None
     if not hasattr(f, "read"):
         raise InvalidArgumentError(f"load needs a path or a binary file object, got {type(f).__name__}")
     if mmap:
@@ -159,7 +170,12 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
     if kind == "safetensors":
         return _safetensors_load(f, map_location, mmap)
     with read_container(f) as c:
-        return unpack(c, map_location)
+        return _unpack_limited(c, map_location, max_bytes, "the file")
+
+
+def _unpack_limited(c: Container, map_location, max_bytes, what: str, decode_leaf=None):
+    limits.check(limits.declared_bytes(c.sections), c.size, max_bytes, what)
+    return unpack(c, map_location, decode_leaf=decode_leaf)
 
 
 def _safetensors_load(f, map_location, mmap):

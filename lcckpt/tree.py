@@ -354,10 +354,21 @@ def _lookup(table: dict, code):
     return table.get(code) if type(code) is str else None
 
 
+MAX_INT_HEX = 3500         # ~14,000 bits: below Python's 4,300-digit str() limit
+MAX_ELEMENTS = 1 << 48     # per dimension and per tensor: far beyond any real one, and
+                           # small enough that no size computed from a shape overflows
+DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")   # where a file's own device strings may put
+                                               # tensors; others need map_location
+_DEVICE_RE = re.compile(r"[a-z][a-z0-9_]{0,31}(?::[0-9]{1,6})?")
+
+
 def _shape(meta: dict, path: str) -> list[int]:
     shape = meta.get("shape")
     if type(shape) is not list or not all(_is_uint(n) for n in shape) or len(shape) > 64:
         _bad(path, f"section shape {shape!r:.80} is not a list of non-negative integers")
+    if any(n > MAX_ELEMENTS for n in shape) or math.prod(shape) > MAX_ELEMENTS:
+        _bad(path, f"section shape {shape!r:.80} is larger than any tensor can be "
+                   f"(at most 2**48 elements)")
     return shape
 
 def _view(j: dict, path: str) -> tuple[int, list, list] | None:
@@ -389,6 +400,24 @@ def _as_view(base: torch.Tensor, view: tuple, path: str) -> torch.Tensor:
                    f"the {n} stored elements")
     return base.as_strided(shape, stride, base.storage_offset() + offset)
 
+
+def _saved_device(meta: dict, path: str) -> str:
+    """The device string a section was saved from, well formed (not yet allowed)."""
+    loc = meta.get("device", "cpu")
+    if type(loc) is not str or not _DEVICE_RE.fullmatch(loc):
+        _bad(path, f"device {loc!r:.40} is not a device string such as 'cpu' or 'cuda:0'")
+    return loc
+
+
+def _check_file_device(loc: str, path: str) -> None:
+    """A device taken from the file itself (no map_location says otherwise) must be a
+    real one lcckpt places tensors on: never 'meta' (the data would be dropped) nor a
+    backend whose module would be imported by placing a tensor there."""
+    if loc.split(":")[0] not in DEVICE_TYPES:
+        raise InvalidArgumentError(
+            f"{path} was saved on device {loc!r}, which lcckpt does not place tensors on "
+            f"(only {', '.join(DEVICE_TYPES)}); pass map_location='cpu', or a dict such as "
+            f"{{{loc!r}: 'cpu'}}")
 
 class _Loader:
     """Walks a JSON tree, validating every node before building its value."""
@@ -422,6 +451,8 @@ class _Loader:
         _fields(j, path, ("hex",))
         if type(j["hex"]) is not str or not re.fullmatch(r"-?0x[0-9a-f]+", j["hex"]):
             _bad(path, "int node needs a hex string")
+        if len(j["hex"]) > MAX_INT_HEX:       # Python could not even print such an int
+            _bad(path, f"int of {len(j['hex'])} hex digits; at most {MAX_INT_HEX} load")
         return int(j["hex"], 16)
 
     def float_(self, j, path, depth):
@@ -535,9 +566,7 @@ class _Loader:
         return out
 
     def place(self, t: torch.Tensor, meta: dict, path: str) -> torch.Tensor:
-        loc = meta.get("device", "cpu")
-        if type(loc) is not str:
-            _bad(path, "device is not a string")
+        loc = _saved_device(meta, path)
         ml = self.map_location
         if ml is None:
             target = loc
@@ -560,10 +589,12 @@ class _Loader:
             raise InvalidArgumentError(
                 "map_location must be None, a device string, a torch.device, a dict or a function"
             )
+        if target is loc:                    # not mapped: the file decides
+            _check_file_device(loc, path)
         try:
             device = torch.device(target)
             return t if device.type == "cpu" else t.to(device)
-        except (RuntimeError, AssertionError, ValueError, TypeError) as e:
+        except Exception as e:                # torch reports a missing backend many ways
             raise InvalidArgumentError(
                 f"cannot place {path} (saved on {loc}) on {target}: {e}. "
                 "Pass map_location='cpu' or a dict such as {'cuda:1': 'cuda:0'}."
@@ -613,8 +644,9 @@ class _Loader:
 
     def size(self, j, path, depth):
         _fields(j, path, ("v",))
-        if type(j["v"]) is not list or not all(type(n) is int for n in j["v"]):
-            _bad(path, "torch.Size needs a list of ints")
+        if type(j["v"]) is not list or len(j["v"]) > 64 or \
+                not all(type(n) is int and -(2**63) <= n < 2**63 for n in j["v"]):
+            _bad(path, "torch.Size needs a list of at most 64 64-bit ints")
         try:
             return torch.Size(j["v"])
         except (ValueError, OverflowError, RuntimeError) as e:
@@ -623,8 +655,8 @@ class _Loader:
     def device(self, j, path, depth):
         _fields(j, path, ("v",))
         try:
-            if type(j["v"]) is not str:
-                raise TypeError("not a string")
+            if type(j["v"]) is not str or not _DEVICE_RE.fullmatch(j["v"]):
+                raise TypeError("not a device string such as 'cpu' or 'cuda:0'")
             return torch.device(j["v"])
         except (RuntimeError, TypeError, ValueError) as e:
             _bad(path, f"invalid device: {e}")

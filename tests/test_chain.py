@@ -15,7 +15,7 @@ from torch import nn
 
 import lcckpt
 from lcckpt import BrokenChainError, ChecksumError, DeltaCheckpointer, DeltaDecoder, DeltaEncoder
-from lcckpt.chain import file_name
+from lcckpt.chain import LOCK_NAME, file_name
 from lcckpt.container import read_container
 
 from helpers import assert_same, kill_while_writing, same_bits, train_steps
@@ -217,6 +217,7 @@ def test_reopen_continues_the_chain_like_a_continuous_writer(tmp_path):
     w = DeltaCheckpointer(child, keyframe_every=8)
     for step in range(5):
         w.save(step, _state(step))
+    w.close()                                 # one writer at a time: hand it over
     code = _CHILD_WRITER.format(here=HERE)    # another process continues the chain
     subprocess.run([sys.executable, "-c", code, str(child), "5", "9"], check=True)
     w = DeltaCheckpointer(child, keyframe_every=8)
@@ -356,6 +357,7 @@ def test_link_from_another_run_is_detected(tmp_path):
 
 def test_writer_resumes_with_a_keyframe_after_a_broken_chain(tmp_path):
     ck = _chain(tmp_path)
+    ck.close()                                # one writer at a time: hand it over
     _flip_byte(ck.path(3))
     w = DeltaCheckpointer(tmp_path, keyframe_every=None)
     with pytest.warns(RuntimeWarning, match="keyframe"):
@@ -382,7 +384,8 @@ print("done", flush=True)
 
 @pytest.mark.skipif(os.name != "posix", reason="needs SIGKILL")
 def test_sigkill_during_save_keeps_the_last_good_checkpoint(tmp_path):
-    partial = lambda p: os.path.basename(p).startswith(".")  # noqa: E731
+    partial = lambda p: os.path.basename(p).startswith(".") \
+        and os.path.basename(p) != LOCK_NAME  # noqa: E731
     for _attempt in range(3):
         d = tmp_path / f"run{_attempt}"
         if kill_while_writing(_CHILD_KILLED, [d], d, partial):
@@ -397,6 +400,7 @@ def test_sigkill_during_save_keeps_the_last_good_checkpoint(tmp_path):
     assert [p for p in os.listdir(d) if partial(p)]                # the killed writer's temp
     ck.save(2, {"w": torch.arange(5000.0) * 1.02, "step": 2})    # continues; cleans the temp
     assert not [p for p in os.listdir(d) if partial(p)]
+    ck.close()                                                    # deletes the lock file
     assert sorted(os.listdir(d)) == [file_name(s) for s in range(3)]
     assert DeltaCheckpointer(d).load()["step"] == 2
 
@@ -458,6 +462,7 @@ def test_bits_policy_per_tensor(tmp_path):
     tensors = ck.info(2)["tensors"]
     assert tensors['obj["w"]']["bits"] == 2 and tensors['obj["exp_avg"]']["bits"] == 4
     assert ck.info(2)["settings"]["bits"] == "per tensor"
+    ck.close()                                # one writer at a time: hand it over
     again = lcckpt.DeltaCheckpointer(tmp_path, bits=lambda key: 4 if "exp_avg" in key else 2,
                                      min_delta_elements=1)
     again.save(3, {"w": w.clone(), "exp_avg": m.clone()})        # resumed encoders keep it

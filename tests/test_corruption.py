@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import lcckpt
 from lcckpt import serialization as S
 from lcckpt.errors import CorruptDataError, LcckptError, TruncatedError
 
@@ -33,22 +34,51 @@ def _real_checkpoint(path):
     return state
 
 
+ROOT = str(Path(__file__).resolve().parents[1])
+
+
+def _fuzz(*args) -> dict:
+    """Run the fuzz worker on this checkout's lcckpt (not an installed one)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, str(WORKER.parent)])}
+    proc = subprocess.run([sys.executable, str(WORKER), *map(str, args)], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0, f"worker crashed ({proc.returncode}): {proc.stderr[-2000:]}"
+    return json.loads(proc.stdout)
+
+
 def test_random_bit_flips_and_truncations_are_always_detected(tmp_path):
     path = tmp_path / "ck.lc"
     _real_checkpoint(path)
-    proc = subprocess.run(
-        [sys.executable, str(WORKER), str(path), "1234", "600", "200"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, f"worker crashed ({proc.returncode}): {proc.stderr[-2000:]}"
-    report = json.loads(proc.stdout)
+    report = _fuzz(path, 1234, 600, 200)
     assert report["cases"] >= 800
     assert report["failures"] == [], report
     assert set(report["outcomes"]) <= {
         "ChecksumError", "CorruptDataError", "TruncatedError", "UnsupportedVersionError",
     }, report  # fmt: skip
+
+
+def test_swaps_splices_bombs_and_forged_headers(tmp_path):
+    """Compressed files: every swap of equal-length sections, splices from the next
+    "step", forged bombs and headers; a chain's swaps and splices. None loads wrong data
+    or passes verify; none escapes the LcckptError hierarchy (tests/attacks/ has more)."""
+    torch.manual_seed(0)
+    a, b = tmp_path / "a.lc", tmp_path / "b.lc"
+    w = {f"w{i}": torch.randn(32) for i in range(6)}
+    S.save({**w, "z0": torch.zeros(16), "z1": torch.ones(16)}, a, compress=True)
+    S.save({**{k: v + 1 for k, v in w.items()}, "z0": torch.ones(16), "z1": torch.zeros(16)},
+           b, compress=True)
+    chain = tmp_path / "chain"
+    ck = lcckpt.DeltaCheckpointer(chain, keyframe_every=3, min_delta_elements=64,
+                                  keyframe_coding="raw")
+    u = torch.randn(256)
+    for step in range(4):            # u and -u: sections of equal length, to swap
+        u = u + 0.01 * torch.randn(256)
+        ck.save(step, {"u": u.clone(), "v": -u, "step": step})
+    ck.close()
+    report = _fuzz(a, 7, 20, 5, "--donor", b, "--forged", 60, "--chain", chain)
+    assert report["failures"] == [], report
+    assert report["kinds"]["swap"] >= 15 and report["kinds"]["splice"] >= 20, report
+    assert report["kinds"].get("chain-swap", 0) + report["kinds"].get("chain-splice", 0) >= 2, report["kinds"]
 
 
 def test_every_truncation_of_the_fixed_prefix(tmp_path):

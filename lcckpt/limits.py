@@ -1,0 +1,115 @@
+"""How much memory and work a load may spend: the caller's limits for untrusted input.
+
+A compressed section can describe far more data than it stores (a constant chunk costs
+two bytes for 2**24 elements), so a small file can ask for gigabytes. Every load adds up
+what the file *declares* it will decode (each tensor's and array's ``nbytes``, each bytes
+section's length) and compares it with the limit before decoding anything; decoders then
+refuse a section whose blob does not hold exactly the declared shape.
+
+The limit (``max_bytes``) of a call is one of:
+
+- an ``int``: at most that many decoded bytes;
+- ``None``: no limit (input you trust);
+- ``"auto"`` (the global default): ``AUTO_FLOOR + AUTO_EXPANSION * file size``, so an
+  uncompressed file always loads and a compressed one may expand 32-fold, while a file
+  under 1 MB decodes to at most 224 MiB (peak memory of the whole process under 1 GB);
+- omitted: the global default, set with :func:`set_max_bytes`.
+
+Deliberately not here: measuring memory while decoding (declared sizes are enforced
+exactly by the decoders instead), and limits of the tensor codec API (``lcckpt.decode``
+trusts its caller).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from .errors import InvalidArgumentError, ResourceLimitError
+
+__all__ = ["AUTO", "AUTO_EXPANSION", "AUTO_FLOOR", "DEFAULT", "MAX_HEADER_CONTAINERS",
+           "MAX_HEADER_VALUES", "check", "declared_bytes", "get_max_bytes", "resolve",
+           "set_max_bytes"]
+
+AUTO = "auto"
+AUTO_FLOOR = 192 << 20          # decoded bytes any file may ask for
+AUTO_EXPANSION = 32             # ... plus this many times its stored size
+# Header parsing: the JSON header's arrays and objects ('[' and '{' bytes), and its values
+# (',' and ':' bytes), counted before parsing. A real header needs about 15 of each per
+# tensor, so these allow well over 100,000 tensors while keeping a parse under ~1 GB.
+MAX_HEADER_CONTAINERS = 1 << 21
+MAX_HEADER_VALUES = 1 << 23
+
+
+class _Default:
+    def __repr__(self) -> str:
+        return "<the global default>"
+
+
+DEFAULT = _Default()            # "use the global setting"
+_lock = threading.Lock()
+_global: int | str | None = AUTO
+
+
+def _validate(value) -> int | str | None:
+    if value is None or value == AUTO:
+        return value
+    if type(value) is int and value >= 0:
+        return value
+    raise InvalidArgumentError(
+        f"max_bytes must be a non-negative int, None (no limit) or 'auto', got {value!r:.60}")
+
+
+def set_max_bytes(value) -> int | str | None:
+    """Set the default ``max_bytes`` of every load in this process; returns the old one."""
+    global _global
+    value = _validate(value)
+    with _lock:
+        old, _global = _global, value
+    return old
+
+
+def get_max_bytes() -> int | str | None:
+    """The default ``max_bytes`` of loads in this process."""
+    return _global
+
+
+def resolve(max_bytes, stored_bytes: int) -> int | None:
+    """The decoded-byte limit for a load of ``stored_bytes`` (None: unlimited)."""
+    value = _global if max_bytes is DEFAULT else _validate(max_bytes)
+    if value == AUTO:
+        return AUTO_FLOOR + AUTO_EXPANSION * stored_bytes
+    return value
+
+
+def declared_bytes(sections) -> int:
+    """What a container's sections say they decode to (validated later, section by
+    section: a wrong ``nbytes`` is refused before that section is decoded). A raw
+    section is read as stored, so its length counts, whatever its metadata claims; a
+    chain's 16-bit float sections are decoded through fp32, so they count three times."""
+    total = 0
+    for s in sections:
+        meta = s["meta"]
+        n = s["length"]                   # bytes sections, and raw ones (read as stored)
+        if meta.get("kind") in ("tensor", "ndarray") and meta.get("codec") != "raw":
+            n = meta.get("nbytes")
+            if meta.get("codec") == "delta" and meta.get("dtype") in ("F16", "BF16") \
+                    and type(n) is int:
+                n *= 3                    # a 16-bit carrier, then fp32 while tracked
+        if type(n) is int and n > 0:
+            total += n
+    return total
+
+
+def check(declared: int, stored_bytes: int, max_bytes, what: str) -> None:
+    """Raise :class:`ResourceLimitError` when ``declared`` exceeds the resolved limit."""
+    limit = resolve(max_bytes, stored_bytes)
+    if limit is None or declared <= limit:
+        return
+    how = (f"the default limit, 'auto': 192 MiB + {AUTO_EXPANSION} x the stored size"
+           if (max_bytes is DEFAULT and _global == AUTO) or max_bytes == AUTO
+           else f"max_bytes={limit}")
+    raise ResourceLimitError(
+        f"{what} declares {declared:,} bytes of data in {stored_bytes:,} stored bytes "
+        f"(expansion {declared / max(stored_bytes, 1):,.0f}x), over {limit:,} bytes ({how}). "
+        "If you trust this file, pass max_bytes=None (or a larger number), or set "
+        "lcckpt.limits.set_max_bytes(...) for the whole process")

@@ -1,0 +1,398 @@
+"""Each abuse of the format an outside audit found, as a test of how it now fails.
+
+tests/attacks/README.md lists them with the reason each one fails cleanly. Everything
+hostile here is built by craft.py with every checksum an attacker can recompute made
+valid; loads run in this process except where memory or a second process is the point.
+"""
+
+import io
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+import lcckpt
+from lcckpt import limits
+from lcckpt.container import read_container, verify_file
+from lcckpt.errors import (ChecksumError, ConcurrentWriteError, CorruptDataError,
+                           InvalidArgumentError, LcckptError, NotFoundError,
+                           ResourceLimitError)
+
+import craft
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def _save(obj, path, **kw):
+    lcckpt.save(obj, path, **kw)
+    return open(path, "rb").read()
+
+
+# --------------------------------------------------------------------------- 1. swaps
+
+
+def test_swapping_equal_length_compressed_sections_is_detected(tmp_path):
+    """CRC-32 of a blob is content-blind (the blob ends with its own CRC-32); CRC-32C
+    seeded with the section's index and name is not."""
+    p = tmp_path / "x.lcc"
+    raw = _save({"a": torch.zeros(16), "b": torch.ones(16)}, p, compress=True)
+    pairs = craft.equal_length_pairs(raw)
+    assert pairs == [(0, 1)]
+    p.write_bytes(craft.swap(raw, 0, 1))
+    with pytest.raises(ChecksumError, match="another section"):
+        lcckpt.load(p)
+    report = verify_file(p)
+    assert not report["ok"] and "ChecksumError" in report["error"]
+
+
+def test_swapping_equal_content_sections_still_names_them(tmp_path):
+    """Identity is bound too: two sections with the same bytes have different checksums."""
+    p = tmp_path / "x.lcc"
+    raw = _save({"a": torch.ones(16), "b": torch.ones(16)}, p, compress=True)
+    with read_container(raw) as c:
+        assert c.sections[0]["crc32c"] != c.sections[1]["crc32c"]
+    p.write_bytes(craft.swap(raw, 0, 1))       # same bytes: the file is unchanged
+    assert verify_file(p)["ok"]
+
+
+def test_splicing_a_section_from_another_file_is_detected(tmp_path):
+    """The same section of the next chain step (same name, same length) does not fit."""
+    a, b = tmp_path / "a.lcc", tmp_path / "b.lcc"
+    raw_a = _save({"w": torch.zeros(64)}, a, compress=True)
+    raw_b = _save({"w": torch.full((64,), 2.0)}, b, compress=True)
+    a.write_bytes(craft.splice(raw_a, 0, raw_b, 0))
+    with pytest.raises(ChecksumError):
+        lcckpt.load(a)
+    assert not verify_file(a)["ok"]
+
+
+def test_splicing_a_blob_header_onto_another_payload_is_detected(tmp_path):
+    """Header+CRC of one blob, payload+CRC of another: each inner checksum holds."""
+    g = torch.Generator().manual_seed(0)           # incompressible: raw planes, equal sizes
+    x, y = (lcckpt.encode(torch.randint(-2**31, 2**31 - 1, (4096,), dtype=torch.int32,
+                                        generator=g), lossless=True) for _ in range(2))
+    spliced = craft.blob_splice(x, y)
+    assert spliced is not None and len(spliced) == len(x)
+    lcckpt.decode(spliced)                           # a valid blob on its own
+    raw = craft.tensor_file(x, [4096], dtype="I32")
+    p = tmp_path / "k.lcc"
+    p.write_bytes(craft.splice(raw, 0, craft.tensor_file(spliced, [4096], dtype="I32"), 0))
+    with pytest.raises(ChecksumError):
+        lcckpt.load(p)
+    assert not verify_file(p)["ok"]
+
+
+def test_chain_files_swapped_sections_are_detected(tmp_path):
+    ck = lcckpt.DeltaCheckpointer(tmp_path, keyframe_every=None, min_delta_elements=16)
+    torch.manual_seed(0)
+    w = torch.randn(256)
+    for step in range(3):
+        w = w + 0.01 * torch.randn(256)
+        ck.save(step, {"u": w.clone(), "v": -w.clone()})
+    ck.close()
+    path = ck.path(2)
+    raw = open(path, "rb").read()
+    pairs = craft.equal_length_pairs(raw)
+    assert pairs, "expected two tracked sections of equal length"
+    for i, j in pairs:
+        with open(path, "wb") as f:
+            f.write(craft.swap(raw, i, j))
+        with pytest.raises(LcckptError):
+            ck.load(2)
+        assert not verify_file(path)["ok"]
+
+
+def test_version_1_files_still_load_and_verify_warns():
+    v1 = os.path.join(ROOT, "tests", "fixtures", "v1", "compressed.lcc")
+    lcckpt.load(v1)
+    report = verify_file(v1)
+    assert report["ok"] and report["version"] == 1 and "version 1" in report["warnings"][0]
+
+
+# --------------------------------------------------------------------------- 2. bombs
+
+
+def test_a_600_byte_file_declaring_2_gib_is_refused_before_decoding():
+    raw = craft.tensor_file(craft.const_blob([2**29]), [2**29])
+    assert len(raw) < 700
+    with pytest.raises(ResourceLimitError, match="max_bytes=None"):
+        lcckpt.load(io.BytesIO(raw))
+
+
+def test_a_lossy_bomb_in_a_delta_section_is_refused():
+    raw = craft.tensor_file(craft.const_blob([3 * 2**28], lossy=True), [3 * 2**28],
+                            codec="delta")
+    with pytest.raises(ResourceLimitError):
+        lcckpt.load(io.BytesIO(raw))
+
+
+def test_a_blob_larger_than_its_declared_shape_is_refused_before_decoding():
+    """The section says 16 elements (within any limit); its blob says 2**26."""
+    raw = craft.tensor_file(craft.const_blob([2**26]), [2**26], meta_shape=[16])
+    with pytest.raises(CorruptDataError, match="does not hold"):
+        lcckpt.load(io.BytesIO(raw))
+
+
+def test_the_limit_is_one_argument_away():
+    raw = craft.tensor_file(craft.const_blob([2**20], log2=18), [2**20])   # 4 MiB of zeros
+    with pytest.raises(ResourceLimitError):
+        lcckpt.load(io.BytesIO(raw), max_bytes=1 << 20)
+    assert lcckpt.load(io.BytesIO(raw), max_bytes=4 << 20)["t"].abs().sum() == 0
+    assert lcckpt.load(io.BytesIO(raw), max_bytes=None)["t"].numel() == 2**20
+    old = limits.set_max_bytes(1 << 20)
+    try:
+        with pytest.raises(ResourceLimitError):
+            lcckpt.load(io.BytesIO(raw))
+    finally:
+        limits.set_max_bytes(old)
+    with pytest.raises(InvalidArgumentError):
+        lcckpt.load(io.BytesIO(raw), max_bytes=-1)
+
+
+def test_uncompressed_files_always_fit_the_default_limit(tmp_path):
+    p = tmp_path / "big.lcc"
+    lcckpt.save({"w": torch.randn(200 * 2**10, 256)}, p)      # 200 MiB > the 192 MiB floor
+    report = verify_file(p)
+    assert report["ok"] and report["expansion"] <= 1.0
+    assert lcckpt.load(p)["w"].shape == (200 * 2**10, 256)
+
+
+def test_chain_load_counts_the_chain_as_a_whole(tmp_path):
+    """Deltas of a mostly frozen model expand a lot per file, but only into references the
+    keyframe already holds: the chain's total size is the base of the limit."""
+    ck = lcckpt.DeltaCheckpointer(tmp_path, keyframe_every=None, min_delta_elements=16)
+    frozen = torch.randn(1 << 20)
+    for step in range(3):
+        ck.save(step, {"frozen": frozen, "step": step})
+    ck.close()
+    assert os.path.getsize(ck.path(2)) * limits.AUTO_EXPANSION < (4 << 20) + os.path.getsize(ck.path(0))
+    assert ck.load(2)["step"] == 2
+    with pytest.raises(ResourceLimitError):
+        ck.load(2, max_bytes=1 << 20)
+
+
+_RSS_CHILD = """
+import io, resource, sys
+sys.path[:0] = sys.argv[1:3]
+import craft, lcckpt
+from lcckpt import dtypes, limits
+dtype, codec, scale = sys.argv[3], sys.argv[4], float(sys.argv[5])
+pad = 1_000_000 - 4096                 # a file just under 1 MB: the largest "auto" limit
+limit = limits.AUTO_FLOOR + limits.AUTO_EXPANSION * (pad + 1024)
+weight = dtypes.BY_NAME[dtype].numpy.itemsize * (3 if dtype in ("F16", "BF16") and codec == "delta" else 1)
+n = int((limit - pad) * scale) // weight // 4096 * 4096
+meta = {"kind": "tensor", "dtype": dtype, "shape": [n], "nbytes": n * dtypes.BY_NAME[dtype].numpy.itemsize,
+        "codec": codec, "device": "cpu", "codec_params": {"key": "t"}}
+raw = craft.container([("t", meta, craft.const_blob([n], dtype)), ("pad", {"kind": "bytes"}, bytes(pad))],
+                      {"$": "tuple", "v": [{"$": "tensor", "s": 0}, {"$": "bytes", "s": 1}]})
+assert len(raw) < 1_000_000, len(raw)
+try:
+    out = lcckpt.load(io.BytesIO(raw))
+    assert out[0].shape == (n,)
+    print("loaded")
+except lcckpt.LcckptError as e:
+    print(type(e).__name__)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+@pytest.mark.parametrize("dtype,codec,scale", [
+    ("F32", "lossless", 0.99), ("BF16", "delta", 0.99), ("F64", "delta", 0.99),
+    ("F32", "lossless", 1.05),
+])
+def test_no_file_under_1_mb_makes_a_default_load_use_1_gb(dtype, codec, scale):
+    """The largest bomb a file under 1 MB may hold by default loads in a child process
+    whose peak resident memory (interpreter, torch and Numba included) stays under 1 GB;
+    a slightly larger one is refused."""
+    out = subprocess.run([sys.executable, "-c", _RSS_CHILD, HERE, ROOT, dtype, codec, str(scale)],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": ROOT})
+    assert out.returncode == 0, out.stderr[-2000:]
+    outcome, rss_kib = out.stdout.split()
+    assert outcome == ("loaded" if scale < 1 else "ResourceLimitError")
+    assert int(rss_kib) * 1024 < 1e9, f"peak RSS {int(rss_kib) // 1024} MiB"
+
+
+def test_a_header_of_millions_of_empty_lists_is_refused_before_parsing():
+    header = b'{"version":2,"meta":{"x":[' + b"[]," * 3_000_000 + b'[]]},"sections":[]}'
+    t = time.perf_counter()
+    with pytest.raises(ResourceLimitError, match="header"):
+        read_container(craft.raw_header_file(header))
+    assert time.perf_counter() - t < 30      # generous: refused by counting, not parsing
+
+
+# --------------------------------------------------------------------------- 3. crafted headers
+
+
+@pytest.fixture
+def one_tensor(tmp_path):
+    return _save({"t": torch.ones(4)}, tmp_path / "t.lcc")
+
+
+@pytest.mark.parametrize("shape", [[0, 2**64], [0, 2**63 - 1], [2**49], [2**30, 2**30]])
+def test_absurd_shapes_are_corrupt_data(one_tensor, shape):
+    raw = craft.with_section_meta(one_tensor, 0, shape=shape, nbytes=0)
+    with pytest.raises(CorruptDataError, match="shape"):
+        lcckpt.load(io.BytesIO(raw))
+
+
+@pytest.mark.parametrize("device", ["hpu", "privateuseone", "meta", "xla:0", "lazy"])
+def test_unknown_saved_devices_are_refused_without_importing_anything(one_tensor, device):
+    raw = craft.with_section_meta(one_tensor, 0, device=device)
+    before = set(sys.modules)
+    with pytest.raises(InvalidArgumentError, match="map_location"):
+        lcckpt.load(io.BytesIO(raw))
+    assert set(sys.modules) == before
+    out = lcckpt.load(io.BytesIO(raw), map_location={device: "cpu"})    # mapped: loads
+    assert torch.equal(out["t"], torch.ones(4))
+    assert torch.equal(lcckpt.load(io.BytesIO(raw), map_location="cpu")["t"], torch.ones(4))
+
+
+@pytest.mark.parametrize("device", ["CUDA", "cuda:-1", "cuda:0:1", "", "x" * 100, 7])
+def test_malformed_devices_are_corrupt_data(one_tensor, device):
+    raw = craft.with_section_meta(one_tensor, 0, device=device)
+    with pytest.raises(CorruptDataError):
+        lcckpt.load(io.BytesIO(raw))
+
+
+@pytest.mark.parametrize("v", [[2**63], [-(2**63) - 1], [1] * 65])
+def test_torch_size_values_that_break_repr_are_refused(one_tensor, v):
+    raw = craft.with_tree(one_tensor, {"$": "size", "v": v})
+    with pytest.raises(CorruptDataError):
+        lcckpt.load(io.BytesIO(raw))
+    ok = lcckpt.load(io.BytesIO(craft.with_tree(one_tensor, {"$": "size", "v": [2**63 - 1]})))
+    assert repr(ok)
+
+
+def test_an_int_too_long_to_print_is_refused(one_tensor):
+    """Found by fuzz_large.py: a 5,000-hex-digit int loaded, then repr() raised."""
+    raw = craft.with_tree(one_tensor, {"$": "int", "hex": "0x" + "f" * 5000})
+    with pytest.raises(CorruptDataError, match="hex digits"):
+        lcckpt.load(io.BytesIO(raw))
+    assert repr(lcckpt.load(io.BytesIO(craft.with_tree(one_tensor, {"$": "int", "hex": "0x" + "f" * 3000}))))
+
+
+# --------------------------------------------------------------------------- 4. writers
+
+
+_WRITER = """
+import sys, time
+sys.path.insert(0, sys.argv[2])
+import torch, lcckpt
+ck = lcckpt.DeltaCheckpointer(sys.argv[1])
+ck.save(0, {"w": torch.zeros(10)})
+print("locked", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_second_writer_process_is_refused_at_once(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path), ROOT],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "locked\n"
+        ck = lcckpt.DeltaCheckpointer(tmp_path)
+        t = time.perf_counter()
+        with pytest.raises(ConcurrentWriteError, match=f"pid {child.pid}"):
+            ck.save(1, {"w": torch.ones(10)})
+        assert time.perf_counter() - t < 5
+        assert ck.steps() == [0] and torch.equal(ck.load(0)["w"], torch.zeros(10))
+    finally:
+        child.kill()
+        child.wait()
+    ck.save(1, {"w": torch.ones(10)})          # the dead writer's lock is stale: taken over
+    assert torch.equal(ck.load(1)["w"], torch.ones(10))
+    ck.close()
+
+
+def test_a_second_writer_object_and_a_second_thread_are_refused(tmp_path):
+    a = lcckpt.DeltaCheckpointer(tmp_path, min_delta_elements=1)
+    a.save(0, {"w": torch.zeros(10)})
+    b = lcckpt.DeltaCheckpointer(tmp_path)
+    with pytest.raises(ConcurrentWriteError):
+        b.save(1, {"w": torch.ones(10)})
+    with pytest.raises(ConcurrentWriteError):
+        b.merge(0)
+    del a                                       # dropping the writer releases the lock
+    b.save(1, {"w": torch.ones(10)})
+    b.close()
+
+    ck = lcckpt.DeltaCheckpointer(tmp_path / "t", min_delta_elements=1)
+    big = {"w": torch.randn(2**22)}
+    errors, done = [], []
+
+    def worker(start):
+        for step in range(start, start + 40, 2):
+            try:
+                ck.save(step, big)
+                done.append(step)
+            except ConcurrentWriteError as e:
+                errors.append(e)
+            except InvalidArgumentError:    # the other thread got ahead: steps must increase
+                pass
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ck.close()
+    assert errors, "two threads saving at once were never refused"
+    reader = lcckpt.DeltaCheckpointer(tmp_path / "t")
+    assert reader.steps() == sorted(done)
+    for step in reader.steps():                 # every save that reported success loads
+        reader.load(step)
+
+
+# --------------------------------------------------------------------------- 5. errors
+
+
+def test_missing_things_are_lcckpt_errors_naming_the_path(tmp_path):
+    ck = lcckpt.DeltaCheckpointer(tmp_path / "ck")
+    with pytest.raises(NotFoundError, match="does not exist"):
+        ck.load()
+    (tmp_path / "ck").mkdir()
+    with pytest.raises(NotFoundError, match="empty"):
+        ck.load()
+    (tmp_path / "ck" / "notes.txt").write_text("x")
+    with pytest.raises(NotFoundError, match="right directory"):
+        ck.load()
+    ck.save(3, {"w": torch.zeros(2)})
+    with pytest.raises(NotFoundError, match="step 999") as e:
+        ck.load(999)
+    assert isinstance(e.value, FileNotFoundError) and "step-000000000999" in str(e.value)
+    with pytest.raises(NotFoundError):
+        ck.info(999)
+    ck.close()
+    missing = tmp_path / "no" / "such" / "x.lcc"
+    with pytest.raises(NotFoundError, match="does not exist") as e:
+        lcckpt.save({"a": 1}, missing)
+    assert str(missing) in str(e.value) and "lcckpt-tmp" not in str(e.value)
+    with pytest.raises(NotFoundError) as e:
+        lcckpt.load(missing)
+    assert str(missing) in str(e.value)
+
+
+def test_corruption_errors_name_the_file(tmp_path):
+    p = tmp_path / "x.lcc"
+    raw = bytearray(_save({"a": torch.zeros(16)}, p, compress=True))
+    raw[-3] ^= 1
+    p.write_bytes(raw)
+    with pytest.raises(ChecksumError, match=str(p)):
+        lcckpt.load(p)
+
+
+# --------------------------------------------------------------------------- 6. growth
+
+
+def test_temp_files_of_killed_saves_are_removed_by_any_later_save(tmp_path):
+    from lcckpt import _durable
+    dead = f".big.lcc.{_durable._host_tag()}-999999999-abcd1234{_durable.TEMP_SUFFIX}"
+    (tmp_path / dead).write_bytes(b"x" * 1000)
+    lcckpt.save({"a": 1}, tmp_path / "other.lcc")
+    assert sorted(os.listdir(tmp_path)) == ["other.lcc"]
