@@ -135,25 +135,24 @@ def _span(steps: list[int]) -> str:
     return f"{', '.join(map(str, steps[:3]))}, ..., {steps[-1]}"
 
 
-def verify_file(path: str) -> None:
-    """Raise an LcckptError unless every checksum and every structure of the file holds."""
+def verify_file(path: str) -> dict:
+    """Check every checksum and structure of one file; returns a report entry with
+    ``ok`` and, for lcckpt files, ``expansion`` (decoded / stored bytes) and ``warnings``.
+    Raises an LcckptError for a torch or safetensors file that fails."""
     from .convert import detect_format
     fmt = detect_format(path)
     if fmt == "safetensors":
         from .safetensors_io import read_safetensors
         read_safetensors(path)
-        return
+        return {"path": path, "ok": True}
     if fmt == "torch":
         from .convert import load_torch
         load_torch(path)
-        return
-    from .blob import parse
-    from .container import read_container
-    with read_container(path) as c:
-        c.verify()
-        for i, s in enumerate(c.sections):
-            if s.get("meta", {}).get("codec") in ("lossless", "delta"):
-                parse(c.data(i))                 # the blob's own checksums and structure
+        return {"path": path, "ok": True}
+    from .container import verify_file as verify_container
+    r = verify_container(path)
+    return {"path": path, "ok": r["ok"], "error": r["error"], "expansion": r["expansion"],
+            "warnings": r["warnings"]}
 
 
 def verify_dir(path: str) -> list[dict]:
@@ -165,8 +164,7 @@ def verify_dir(path: str) -> list[dict]:
     report = []
     for step in _progress(ck.steps(), "checksums"):
         try:
-            verify_file(ck.path(step))
-            report.append({"step": step, "ok": True})
+            report.append({"step": step, **verify_file(ck.path(step))})
         except (LcckptError, OSError) as e:
             report.append({"step": step, "ok": False, "error": _describe(e)})
     if all(r["ok"] for r in report):
@@ -218,8 +216,7 @@ def _verify(args) -> int:
         report = verify_dir(args.path)
     else:
         try:
-            verify_file(args.path)
-            report = [{"path": args.path, "ok": True}]
+            report = [verify_file(args.path)]
         except (LcckptError, OSError) as e:
             report = [{"path": args.path, "ok": False, "error": _describe(e)}]
     ok = all(r["ok"] for r in report)
@@ -227,10 +224,16 @@ def _verify(args) -> int:
         print(json.dumps({"ok": ok, "report": report}, indent=1))
     else:
         for r in report:
+            where = r.get("path") or (f"step {r['step']}" if r.get("step") is not None
+                                      else "chain")
+            for w in r.get("warnings") or ():
+                _fail("verify", f"{where}: {w}", "warning")
             if not r["ok"]:
-                where = r.get("path") or (f"step {r['step']}" if r.get("step") is not None
-                                          else "chain")
                 _fail("verify", f"{where}: {r['error']}", "FAIL")
+        top = max((r["expansion"] for r in report if r.get("expansion") is not None), default=None)
+        if top is not None:
+            print(f"largest expansion: {top:g}x (bytes decoded per byte stored; a load refuses "
+                  "more than its max_bytes allows)")
         print(f"{'OK' if ok else 'FAILED'}: {sum(r['ok'] for r in report)} of {len(report)} checks passed")
     return 0 if ok else 1
 

@@ -402,6 +402,11 @@ class Container:
     def _checksum(self, view, value: int) -> int:
         return _crc.crc32(view, value) if self.version == 1 else _crc.crc32c(view, value)
 
+    def check(self, i: int, view) -> None:
+        """Raise :class:`ChecksumError` unless ``view`` holds section ``i``'s bytes (for
+        callers that got them another way, such as a memory map)."""
+        self._compare_crc(i, self._checksum(memoryview(view).cast("B"), self._seed(i)))
+
     def _check(self, i: int, view: memoryview) -> None:
         self._compare_crc(i, self._checksum(view, self._seed(i)))
 

@@ -20,12 +20,11 @@ from typing import Any, BinaryIO
 
 import torch
 
-from . import _crc, dtypes, limits
+from . import dtypes, limits
 from . import sections as _sections
 from . import tree as _tree
 from .container import MAGIC, Container, at_path, open_file, read_container, write_container
 from .errors import (
-    ChecksumError,
     CorruptDataError,
     InvalidArgumentError,
     LcckptError,
@@ -200,11 +199,7 @@ def _mapped_decoder(path, c: Container) -> _tree.LeafDecoder:
         if start + s["length"] > size:
             raise TruncatedError(f"{key_path}: the file changed while being mapped")
         raw = torch.empty(0, dtype=torch.uint8).set_(storage, start, (s["length"],), (1,))
-        crc = _crc.crc32(memoryview(raw.numpy()))
-        if crc != s["crc32"]:
-            raise ChecksumError(
-                f"section {s['name']!r} is damaged: crc32 {crc:#010x}, header says "
-                f"{s['crc32']:#010x}; restore the file from a good copy")
+        c.check(i, raw.numpy())
         return raw.view(dtypes.NAME_TORCH[meta["dtype"]]).reshape(meta["shape"])
 
     return decode
