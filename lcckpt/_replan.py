@@ -72,26 +72,26 @@ def decide(inp: Inputs) -> Decision:
         horizon = min(WINDOW_INTERVALS * yd, 1 << 40)
     block = max(1, math.ceil(horizon / MAX_CANDIDATES))
     blocks = max(1, horizon // block)
-    policy, curve, note = inp.policy, None, ""
+    policy, note = inp.policy, ""
+    curve = None
     if policy != "young_daly":
         curve = _curve_in_blocks(inp, block)
         if curve is None:
             policy, note = "young_daly", (f"fewer than {MIN_CURVE_POINTS} loss points recorded: "
                                           "planning by time alone until the curve can be fitted")
-    try:
-        plan = schedule.solve(
+    def plan_with(policy, curve):
+        return schedule.solve(
             blocks, iter_time=inp.iter_time * block, checkpoint_cost=inp.checkpoint_cost,
             restart_cost=inp.restart_cost, mtbf=inp.mtbf, downtime=inp.downtime,
-            persist_time=inp.persist_time, curve=curve, policy=policy)
+            persist_time=inp.persist_time, curve=curve, policy=policy, start=inp.anchor // block)
+    try:
+        plan = plan_with(policy, curve)
     except Exception as e:  # a fit or solver failure must not stop training
         if policy == "young_daly":
             raise
         note = f"the {policy} plan failed ({type(e).__name__}: {e}); planning by time alone"
-        policy, curve = "young_daly", None
-        plan = schedule.solve(
-            blocks, iter_time=inp.iter_time * block, checkpoint_cost=inp.checkpoint_cost,
-            restart_cost=inp.restart_cost, mtbf=inp.mtbf, downtime=inp.downtime,
-            persist_time=inp.persist_time, curve=None, policy=policy)
+        policy = "young_daly"
+        plan = plan_with(policy, None)
     its = list(plan.iterations)
     if its:
         gap = int(its[0]) * block
@@ -105,10 +105,10 @@ def decide(inp: Inputs) -> Decision:
 
 
 def _curve_in_blocks(inp: Inputs, block: int):
-    """The loss curve with iterations counted in blocks from the anchor (past ones <= 0)."""
+    """The loss curve with iterations counted in blocks (absolute, like the plan's ``start``)."""
     if inp.curve is None:
         return None
     its, losses = inp.curve
     if len(its) < MIN_CURVE_POINTS:
         return None
-    return (np.asarray(its, dtype=np.float64) - inp.anchor) / block, np.asarray(losses, dtype=np.float64)
+    return np.asarray(its, dtype=np.float64) / block, np.asarray(losses, dtype=np.float64)

@@ -308,10 +308,34 @@ class CheckpointManager:
         for k in ("snapshot", "persist"):
             if m.get(k) is not None:
                 self._costs[k].append(float(m[k]))
-        if m.get("iter_time"):
-            self._intervals.append(float(m["iter_time"]))
+        if isinstance(m.get("iter_time"), float) and math.isfinite(m["iter_time"]):
+            self._intervals.append(m["iter_time"])
 
     # ---------------------------------------------------------------- explain
+
+    @property
+    def costs(self) -> dict[str, float]:
+        """Measured seconds: per iteration, snapshot (stall), persist (background), restart.
+
+        Medians of the recent measurements; NaN/0 before the first one. ``restart`` is the
+        given ``restart_cost``, else the measured restore time, else the persist time.
+        """
+        return {"iteration": self._iter_time(), "snapshot": self._cost("snapshot"),
+                "persist": self._cost("persist"), "restart": self._restart()}
+
+    @property
+    def next_checkpoint(self) -> int | None:
+        """The iteration at which the next checkpoint is due (None: no further one)."""
+        return self._next_at if self._next_at < (1 << 62) else None
+
+    @property
+    def plan_summary(self) -> dict[str, Any] | None:
+        """The latest plan: gap (iterations), policy used, Young/Daly gap, horizon; or None."""
+        d = self._decision
+        if d is None:
+            return None
+        return {"gap": d.gap, "policy": d.policy_used, "young_daly_gap": d.young_daly_gap,
+                "horizon": d.horizon, "block": d.block, "note": d.note}
 
     def explain(self) -> str:
         """Why the manager checkpoints at its current rate, in a few lines."""
@@ -341,7 +365,7 @@ class CheckpointManager:
             plan_explain = getattr(d.plan, "explain", None)
             if plan_explain is not None and d.plan.iterations:
                 try:
-                    lines.append(str(plan_explain(0)))
+                    lines.append(str(plan_explain(d.plan.iterations[0])))
                 except Exception as e:        # explanation is best effort
                     lines.append(f"(the plan could not explain itself: {e!r})")
         s = self.stats
@@ -452,6 +476,8 @@ class CheckpointManager:
             self._plan_job(inputs)
 
     def _plan_job(self, inputs: _replan.Inputs) -> None:
+        if not math.isfinite(inputs.iter_time):
+            return                      # no iteration timed yet: keep the provisional gap
         d = _replan.decide(inputs)
         self._decision = d
         self._planned = (inputs.iter_time, len(inputs.curve[0]) if inputs.curve else 0)
