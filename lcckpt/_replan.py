@@ -2,8 +2,9 @@
 
 Receding horizon: every decision plans from the last checkpoint over the rest of the job
 (``total_steps``) or, when the job's length is unknown, over a window of several Young/Daly
-intervals, and keeps only the first planned checkpoint; the next decision re-plans with
-whatever the costs and the loss curve have become by then. Long horizons are planned on a
+intervals. The manager follows the plan's gaps while its inputs hold and re-plans from the
+newest checkpoint as soon as the costs, the iteration time or the loss curve move (or the
+trustworthy part of the plan is used up). Long horizons are planned on a
 coarser grid (blocks of iterations) so that one plan stays cheap.
 
 It does not measure anything, run threads or touch checkpoints: the manager does.
@@ -18,7 +19,8 @@ import numpy as np
 
 
 MAX_CANDIDATES = 1500      # plan over at most this many blocks of iterations
-WINDOW_INTERVALS = 8       # unknown job length: plan over this many Young/Daly intervals
+WINDOW_INTERVALS = 16      # unknown job length: plan over this many Young/Daly intervals
+KEEP_FRACTION = 0.5        # ... and keep the gaps of its first half (the end distorts the rest)
 MIN_CURVE_POINTS = 20      # fewer loss bins: plan by time alone (Young/Daly)
 
 
@@ -43,6 +45,7 @@ class Decision:
     """The gap (iterations after ``anchor``) to the next checkpoint, and why."""
 
     gap: int | None             # None: no further checkpoint is worth taking
+    later: tuple[int, ...]      # the gaps after that one, while the plan stays trustworthy
     policy_used: str
     young_daly_gap: int
     block: int                  # iterations per planning step
@@ -67,7 +70,7 @@ def decide(inp: Inputs) -> Decision:
     if inp.total_steps is not None:
         horizon = inp.total_steps - inp.anchor
         if horizon <= 0:
-            return Decision(None, inp.policy, yd, 1, 0, note="the job's last step is reached")
+            return Decision(None, (), inp.policy, yd, 1, 0, note="the job's last step is reached")
     else:
         horizon = min(WINDOW_INTERVALS * yd, 1 << 40)
     block = max(1, math.ceil(horizon / MAX_CANDIDATES))
@@ -92,16 +95,19 @@ def decide(inp: Inputs) -> Decision:
         note = f"the {policy} plan failed ({type(e).__name__}: {e}); planning by time alone"
         policy = "young_daly"
         plan = plan_with(policy, None)
-    its = list(plan.iterations)
+    its = [int(k) * block for k in plan.iterations]
+    later: tuple[int, ...] = ()
     if its:
-        gap = int(its[0]) * block
+        gap = its[0]
+        keep = its if inp.total_steps is not None else [k for k in its if k <= KEEP_FRACTION * horizon]
+        later = tuple(b - a for a, b in zip(keep, keep[1:]))
     elif inp.total_steps is None:
         gap = blocks * block          # nothing worth it in this window: look again after it
         note = note or "no checkpoint pays off within the planning window"
     else:
         gap = None
         note = note or "no further checkpoint pays off before the job's last step"
-    return Decision(gap, policy, yd, block, blocks * block, plan, note)
+    return Decision(gap, later, policy, yd, block, blocks * block, plan, note)
 
 
 def _curve_in_blocks(inp: Inputs, block: int):

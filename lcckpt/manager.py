@@ -30,6 +30,7 @@ import threading
 import time
 import warnings
 from collections import deque
+from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -151,7 +152,8 @@ class CheckpointManager:
         self._costs: dict[str, deque] = {k: deque(maxlen=5) for k in ("snapshot", "persist", "restore")}
         self._next_at = every if every is not None else profile_at
         self._decision: _replan.Decision | None = None
-        self._planned: tuple[float, int] | None = None     # (iter_time, curve length) of the plan
+        self._basis: _replan.Inputs | None = None     # what the current plan was based on
+        self._gaps: list[int] = []                     # the plan's gaps still to follow
         self._job: threading.Thread | None = None
         self._error: BaseException | None = None
         self._deferring = False
@@ -188,7 +190,7 @@ class CheckpointManager:
             took = True
         elif self.iteration >= self._next_at:
             took = self._due()
-        elif self.iteration % 128 == 0 and self._should_replan():
+        elif self.iteration % 128 == 0 and self._between_checkpoints_replan():
             self._start(self._plan_job, (self._inputs(),))
         self._last_t = time.perf_counter()
         return took
@@ -278,6 +280,7 @@ class CheckpointManager:
             self._next_at = step + self.every
         else:
             self._next_at = step + max(1, int(state["manager"].get("gap", 1)))
+            self._basis, self._gaps = None, []
             if self._intervals:
                 self._start(self._plan_job, (self._inputs(),))
         return step
@@ -439,11 +442,12 @@ class CheckpointManager:
         step = self.last_checkpoint = self.iteration
         if self.every is not None:
             self._next_at = step + self.every
-            self._start(self._persist, (step, snap, None))
+            self._start(self._persist, (step, snap, None, False))
         else:
-            gap = self._decision.gap if self._decision is not None else None
-            self._next_at = step + (gap if gap else max(1, step))   # until the re-plan lands
-            self._start(self._persist, (step, snap, self._inputs()))
+            # follow the plan; the writer re-plans after the save if the inputs moved
+            following = bool(self._gaps)
+            self._next_at = step + (self._gaps.pop(0) if following else max(1, step))
+            self._start(self._persist, (step, snap, self._inputs(), following))
 
     def _collect(self) -> dict:
         tree: dict[str, Any] = {"manager": self._manager_state(), "model": self.model.state_dict()}
@@ -465,34 +469,44 @@ class CheckpointManager:
                 "gap": d.gap if d is not None and d.gap else (self.every or 0),
                 "loss_curve": self._curve.state()}
 
-    def _persist(self, step: int, snap: dict, inputs: _replan.Inputs | None) -> None:
+    def _persist(self, step: int, snap: dict, inputs: _replan.Inputs | None,
+                 following: bool) -> None:
         t0 = time.perf_counter()
         self._ck.save(step, snap)
         self._costs["persist"].append(time.perf_counter() - t0)
         self.durable_step = step
         if inputs is not None:
-            inputs = _replace(inputs, checkpoint_cost=self._cost("snapshot"),
-                              persist_time=self._cost("persist"))
-            self._plan_job(inputs)
+            inputs = replace(inputs, checkpoint_cost=self._cost("snapshot"),
+                             persist_time=self._cost("persist"))
+            if not following or self._moved(inputs):
+                self._plan_job(inputs)
 
     def _plan_job(self, inputs: _replan.Inputs) -> None:
         if not math.isfinite(inputs.iter_time):
             return                      # no iteration timed yet: keep the provisional gap
         d = _replan.decide(inputs)
-        self._decision = d
-        self._planned = (inputs.iter_time, len(inputs.curve[0]) if inputs.curve else 0)
+        self._decision, self._basis, self._gaps = d, inputs, list(d.later)
         self.stats["plans"] += 1
         self._next_at = inputs.anchor + d.gap if d.gap is not None else 1 << 62
 
-    def _should_replan(self) -> bool:
-        """Between checkpoints: re-plan when the iteration time or the curve has moved."""
-        if self.every is not None or self._planned is None or self.last_checkpoint is None:
+    def _moved(self, now: _replan.Inputs) -> bool:
+        """Whether the plan's inputs have moved enough to plan again."""
+        b = self._basis
+        if b is None:
+            return True
+        def rel(x, y):
+            return abs(x - y) > 0.25 * max(abs(y), 1e-9)
+        grown = (now.policy != "young_daly" and now.curve is not None
+                 and (b.curve is None or len(now.curve[0]) >= 1.25 * max(len(b.curve[0]), 16)))
+        return (rel(now.iter_time, b.iter_time) or rel(now.checkpoint_cost, b.checkpoint_cost)
+                or rel(now.restart_cost, b.restart_cost) or abs(now.persist_time - b.persist_time)
+                > 0.5 * max(b.persist_time, 0.1 * now.iter_time) or grown)
+
+    def _between_checkpoints_replan(self) -> bool:
+        """Re-plan between checkpoints only when the iteration time has moved a lot."""
+        if self.every is not None or self._basis is None or self._busy():
             return False
-        if self._busy():
-            return False
-        tau, n = self._planned
-        now = self._iter_time()
-        return abs(now / tau - 1) > 0.25 or len(self._curve.counts) >= 1.25 * max(n, 16)
+        return abs(self._iter_time() / self._basis.iter_time - 1) > 0.25
 
     def _inputs(self) -> _replan.Inputs:
         return _replan.Inputs(
@@ -546,11 +560,6 @@ def _handler(obj: Any):
     if callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
         return obj.state_dict, obj.load_state_dict
     return None
-
-
-def _replace(inputs: _replan.Inputs, **changes) -> _replan.Inputs:
-    from dataclasses import replace
-    return replace(inputs, **changes)
 
 
 def _fmt(seconds: float) -> str:
