@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
-MAX_CANDIDATES = 1500      # plan over at most this many blocks of iterations
+MAX_CANDIDATES = 600       # plan over at most this many blocks of iterations
 WINDOW_INTERVALS = 16      # unknown job length: plan over this many Young/Daly intervals
 KEEP_FRACTION = 0.5        # ... and keep the gaps of its first half (the end distorts the rest)
+MIN_BLOCKS_PER_INTERVAL = 40   # grid step at most 1/40 of Young/Daly's interval
 MIN_CURVE_POINTS = 20      # fewer loss bins: plan by time alone (Young/Daly)
 
 
@@ -67,13 +68,17 @@ def decide(inp: Inputs) -> Decision:
     """Plan from ``inp.anchor`` and return the first checkpoint of the plan."""
     from . import schedule
     yd = young_daly_gap(inp)
-    if inp.total_steps is not None:
+    windowed = inp.total_steps is None
+    if not windowed:
         horizon = inp.total_steps - inp.anchor
         if horizon <= 0:
             return Decision(None, (), inp.policy, yd, 1, 0, note="the job's last step is reached")
     else:
         horizon = min(WINDOW_INTERVALS * yd, 1 << 40)
-    block = max(1, math.ceil(horizon / MAX_CANDIDATES))
+    # a grid fine enough to place checkpoints within ~2% of Young/Daly's interval ...
+    block = max(1, min(math.ceil(horizon / MAX_CANDIDATES), yd // MIN_BLOCKS_PER_INTERVAL))
+    if horizon > MAX_CANDIDATES * block:    # ... and a window of the job if it is too long
+        horizon, windowed = MAX_CANDIDATES * block, True
     blocks = max(1, horizon // block)
     policy, note = inp.policy, ""
     curve = None
@@ -99,9 +104,9 @@ def decide(inp: Inputs) -> Decision:
     later: tuple[int, ...] = ()
     if its:
         gap = its[0]
-        keep = its if inp.total_steps is not None else [k for k in its if k <= KEEP_FRACTION * horizon]
+        keep = [k for k in its if k <= KEEP_FRACTION * horizon] if windowed else its
         later = tuple(b - a for a, b in zip(keep, keep[1:]))
-    elif inp.total_steps is None:
+    elif windowed:
         gap = blocks * block          # nothing worth it in this window: look again after it
         note = note or "no checkpoint pays off within the planning window"
     else:

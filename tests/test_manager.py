@@ -330,3 +330,65 @@ def test_sigterm_writes_an_emergency_checkpoint_and_exits(tmp_path, uninterrupte
     assert resumed["resumed_from"] == last
     for k, v in uninterrupted["exact"]["model"].items():
         assert torch.equal(resumed["model"][k], v), k
+
+
+# ----------------------------------------------------------------------- planning
+
+from lcckpt import _replan, schedule  # noqa: E402
+
+
+def _inputs(**kw):
+    base = dict(anchor=100, iter_time=0.01, checkpoint_cost=0.02, persist_time=0.05,
+                restart_cost=0.5, downtime=0.0, mtbf=600.0, policy="young_daly", total_steps=None)
+    base.update(kw)
+    return _replan.Inputs(**base)
+
+
+def test_young_daly_policy_plans_young_daly_gaps():
+    inp = _inputs()
+    d = _replan.decide(inp)
+    yd = schedule.young_daly(0.02, 600.0) / 0.01         # 489.9 iterations
+    assert d.young_daly_gap == round(yd)
+    assert abs(d.gap - yd) < 0.05 * yd and d.policy_used == "young_daly"
+    assert d.later and all(abs(g - yd) < 0.05 * yd for g in d.later)
+
+
+@pytest.mark.parametrize("total", [None, 10**8])
+def test_long_horizons_are_planned_on_a_coarser_grid(total):
+    d = _replan.decide(_inputs(total_steps=total, iter_time=1e-4))   # YD = 48,990 iterations
+    assert d.block > 1 and d.horizon <= (total or 1 << 62)
+    assert abs(d.gap - 48990) < 0.05 * 48990
+
+
+def test_no_checkpoint_when_the_job_is_about_to_end():
+    assert _replan.decide(_inputs(total_steps=150)).gap is None      # 50 iterations left
+    assert _replan.decide(_inputs(total_steps=100)).gap is None
+
+
+def test_convergence_policy_checkpoints_densely_while_the_loss_falls_fast():
+    its = np.arange(1, 101, dtype=float)
+    curve = (its, 3.0 * np.exp(-its / 400) + 0.2)    # falling fast now, flat by the end
+    d = _replan.decide(_inputs(policy="convergence", total_steps=5000, curve=curve))
+    assert d.policy_used == "convergence"
+    assert d.gap < 0.8 * d.young_daly_gap
+    few = _replan.decide(_inputs(policy="convergence", total_steps=5000,
+                                 curve=(its[:5], curve[1][:5])))
+    assert few.policy_used == "young_daly" and "loss points" in few.note
+
+
+def test_manager_plans_from_its_own_measurements(tmp_path):
+    model, opt = _setup()
+    mgr = CheckpointManager(tmp_path, model, opt, policy="young_daly", mtbf=3.0, profile_at=10)
+    first = None
+    for it in range(1, 201):
+        time.sleep(0.002)
+        if mgr.step(float(it)) and first is None:
+            first = it
+    mgr.close()
+    assert first == 10 and mgr.stats["plans"] >= 1
+    plan = mgr.plan_summary
+    assert plan["policy"] == "young_daly" and plan["gap"] >= 1
+    assert abs(plan["gap"] - plan["young_daly_gap"]) <= max(2, 0.1 * plan["young_daly_gap"])
+    text = mgr.explain()
+    assert "Young/Daly" in text and "snapshot" in text
+    assert mgr.stats["checkpoints"] >= 2        # the profiling one and a planned one
