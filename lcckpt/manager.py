@@ -495,7 +495,8 @@ class CheckpointManager:
         The expected overhead is flat near the optimum (a cost off by half moves the best
         interval by about a fifth and the overhead by about 2%), and every plan costs tens
         of milliseconds of CPU, so only large moves count: a cost or the iteration time
-        off by half, or a loss curve that has doubled its points.
+        off by half (the persist time only once it exceeds a quarter of the gap), or a loss
+        curve that has doubled its points.
         """
         b = self._basis
         if b is None:
@@ -504,9 +505,12 @@ class CheckpointManager:
             return abs(x - y) > 0.5 * max(abs(y), 1e-9)
         grown = (now.policy != "young_daly" and now.curve is not None
                  and (b.curve is None or len(now.curve[0]) >= 2 * max(len(b.curve[0]), 16)))
+        # the persist time matters only when it nears the gap (backpressure, durability lag)
+        gap_s = (self._decision.gap or 0) * now.iter_time if self._decision else 0.0
+        persist = (moved(now.persist_time, b.persist_time)
+                   and max(now.persist_time, b.persist_time) > 0.25 * gap_s)
         return (moved(now.iter_time, b.iter_time) or moved(now.checkpoint_cost, b.checkpoint_cost)
-                or moved(now.restart_cost, b.restart_cost) or grown
-                or abs(now.persist_time - b.persist_time) > 0.5 * max(b.persist_time, now.iter_time))
+                or moved(now.restart_cost, b.restart_cost) or grown or persist)
 
     def _between_checkpoints_replan(self) -> bool:
         """Re-plan between checkpoints only when the iteration time has moved by half."""
@@ -523,11 +527,11 @@ class CheckpointManager:
             total_steps=self.total_steps, curve=self._curve.points())
 
     def _iter_time(self) -> float:
-        return statistics.median(self._intervals) if self._intervals else float("nan")
+        return statistics.median(list(self._intervals)) if self._intervals else float("nan")
 
     def _cost(self, kind: str) -> float:
         values = self._costs[kind]
-        return statistics.median(values) if values else 0.0
+        return statistics.median(list(values)) if values else 0.0
 
     def _restart(self) -> float:
         """Seconds to load a checkpoint: given, measured, or estimated by the persist time."""
