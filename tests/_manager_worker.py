@@ -1,7 +1,7 @@
 """A small training run under CheckpointManager, to be killed and resumed by test_manager.py.
 
 Usage: _manager_worker.py DIR OUT STEPS MODE KILL
-  MODE  "exact" (every checkpoint a lossless keyframe) or "lossy" (the default 2/4-bit chain)
+  MODE  "exact" (every checkpoint an exact keyframe) or "lossy" (the default 2/4-bit chain)
   KILL  "none"; "at:N" (SIGKILL itself right after iteration N); "save:N" (SIGKILL itself
         while the background save of the first checkpoint at or after iteration N is
         writing its file); "sigterm" (installs the SIGTERM handler and reports each
@@ -44,8 +44,10 @@ def main(directory, out, steps, mode, kill):
     opt = torch.optim.Adam(model.parameters(), lr=2e-3)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=100, gamma=0.7)
     shuffle = torch.Generator().manual_seed(2)
-    opts = ({"keyframe_every": 1, "checkpointer_options": {"keyframe_coding": "raw"}}
-            if mode == "exact" else {})
+    # exact: every checkpoint a raw keyframe, and the loop waits for a busy writer, so that a
+    # checkpoint every 20 iterations is durable by the time of a kill 20 iterations later
+    opts = ({"keyframe_every": 1, "checkpointer_options": {"keyframe_coding": "raw"},
+             "backpressure": "wait"} if mode == "exact" else {})
     mgr = CheckpointManager(directory, model, opt, every=20, scheduler=sched,
                             objects={"shuffle": shuffle}, extra={"epoch": 0, "pos": 0},
                             sigterm=(kill == "sigterm"), **opts)
@@ -78,7 +80,6 @@ def main(directory, out, steps, mode, kill):
                 os.kill(os.getpid(), signal.SIGKILL)
             if kill.startswith("save:") and it + 1 >= kill_at and took:
                 kill_while_writing(directory, mgr)
-    print(mgr.stats, mgr.durable_step, mgr.last_checkpoint, mgr._next_at, mgr.iteration, flush=True)
     model.eval()
     with torch.no_grad():
         logits = model(x_te)

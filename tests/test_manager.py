@@ -286,7 +286,7 @@ def uninterrupted(tmp_path_factory):
 def test_sigkill_then_resume_is_bit_identical_with_exact_checkpoints(tmp_path, uninterrupted):
     _run(tmp_path, "run-killed", STEPS, "exact", "at:130", expect_rc=-signal.SIGKILL)
     resumed, _ = _run(tmp_path, "run-resumed", STEPS, "exact", "none")
-    assert resumed["resumed_from"] is not None and 0 < resumed["resumed_from"] <= 130
+    assert resumed["resumed_from"] in (100, 120)     # 120's write may have been cut short
     ref = uninterrupted["exact"]
     for k, v in ref["model"].items():
         assert torch.equal(resumed["model"][k], v), k
