@@ -12,7 +12,8 @@ from .curves import FAMILIES, FittedCurve, fit_curve, fit_exponential_no_offset
 from .failures import Exponential, FailureModel, Piecewise, Weibull
 from .intervals import lambert_w0, lambert_w0_branch, young_daly
 from .plan import Plan
-from .solver import METHODS, solve
+from .simulate import simulate
+from .solver import METHODS, score, solve
 from .termination import Empirical, ExponentialTermination, NoTermination, Rungs, Termination
 from .weights import POLICIES, Accounting
 
@@ -20,5 +21,5 @@ __all__ = [
     "Accounting", "Empirical", "Exponential", "ExponentialTermination", "FAMILIES",
     "FailureModel", "FittedCurve", "METHODS", "NoTermination", "POLICIES", "Piecewise",
     "Plan", "Rungs", "Termination", "Weibull", "fit_curve", "fit_exponential_no_offset",
-    "lambert_w0", "lambert_w0_branch", "solve", "young_daly",
+    "lambert_w0", "lambert_w0_branch", "score", "simulate", "solve", "young_daly",
 ]

@@ -88,7 +88,7 @@ def evaluate(prob: Problem, u: np.ndarray, survival: np.ndarray, iterations) -> 
             work_ck = float(np.exp(ac) * pf[-1])
             stall_ck = float(_stall(np.float64(lam_s), np.float64(prob.ckpt[e - 1] + wait)))
             nf_ck = float(np.expm1(ac + aloc[-1]))
-            p_lag = float(-np.expm1(-lam_s * prob.persist[e - 1]))
+            p_lag = float(np.expm1(lam_s * prob.persist[e - 1]))
             lag = sn * p_lag * (work_ck + stall_ck + nf_ck * kb)
             work += sn * work_ck
             stall = sn * stall_ck
@@ -133,13 +133,14 @@ def dp_schedule(prob: Problem, u: np.ndarray, survival: np.ndarray, cand: np.nda
     big_eps = np.bincount(j, weights=pi * e_rel, minlength=m_count + 1)
     big_phi = np.bincount(j, weights=pi * pf, minlength=m_count + 1)
     growth = np.exp(np.diff(ac, prepend=0.0))
+    has_mass = (big_pi > 0) | (big_phi > 0) | (big_eps > 0)
 
     kb = _restart_terms(prob, cand)[0]
     e_it = np.maximum(cand, 1) - 1                            # array index of iteration cand[e]
     cost_c = prob.ckpt[e_it]
     lam_s = prob.lam[e_it]
     p_b = np.where(cand > 0, prob.persist[e_it], 0.0)
-    p_lag = 1.0 - np.exp(-lam_s * prob.persist[e_it])
+    p_lag = np.expm1(lam_s * prob.persist[e_it])
     s_next = s[cand + 1]
     has_persist = bool(np.any(prob.persist > 0))
     lo_arr = np.minimum(np.searchsorted(tc, tc - window_time, side="left"), np.arange(m_count + 1) - 1)
@@ -153,8 +154,9 @@ def dp_schedule(prob: Problem, u: np.ndarray, survival: np.ndarray, cand: np.nda
         tv[e - 1] = 0.0
         qv[e - 1] = 0.0
         tsl = tv[lo:e]
-        e_prev = np.exp(ac[e - 1] - ac[lo:e])
-        qv[lo:e] += tsl * big_eps[e] + big_phi[e] + kb[lo:e] * (e_prev * big_eps[e] - big_pi[e])
+        if has_mass[e]:  # the job may stop inside interval e
+            e_prev = np.exp(ac[e - 1] - ac[lo:e])
+            qv[lo:e] += tsl * big_eps[e] + big_phi[e] + kb[lo:e] * (e_prev * big_eps[e] - big_pi[e])
         tsl *= growth[e]
         tsl += big_f[e]
         cost = big_j[lo:e] + qv[lo:e]
@@ -164,8 +166,10 @@ def dp_schedule(prob: Problem, u: np.ndarray, survival: np.ndarray, cand: np.nda
                 length = length + np.maximum(0.0, p_b[lo:e] - (tc[e] - tc[lo:e]))
             eac = np.exp(lam_s[e] * length)
             stall = _stall(lam_s[e], length) if lam_s[e] > 0 else length
-            ck = eac * tsl + stall + (eac * e_prev * growth[e] - 1.0) * kb[lo:e]
-            cost = cost + (s_next[e] * (1.0 + p_lag[e])) * ck
+            ck = eac * tsl
+            ck += (eac * np.exp(ac[e] - ac[lo:e]) - 1.0) * kb[lo:e]
+            ck += stall
+            cost += (s_next[e] * (1.0 + p_lag[e])) * ck
         # Exact ties (e.g. the order of equal-cost gaps) are broken the same way
         # whatever the time unit: the earliest b within a relative 1e-10 wins.
         best = float(cost.min())

@@ -9,7 +9,9 @@ linear least-squares problem, so only a 1-D search remains):
 * ``optimus``:     ``1 / (beta0 k + beta1) + beta2``  (fitted as ``a / (k + s) + c``)
 * ``power``:       ``a * (k + 1) ** -p + c``
 
-Recent points weigh more (the future looks more like the recent past). The family
+Recent points weigh more (the future looks more like the recent past), and
+positive losses are fitted by relative error (minibatch noise scales with the
+loss, and a plateau at 0.1 matters as much as the drop from 2). The family
 is chosen on a held-out tail (the last 20% of the points), then refitted on all of
 them. If no family beats a monotone (isotonic) fit on the tail, the isotonic fit
 is used. This module does not decide how much progress is worth; see
@@ -93,6 +95,8 @@ def fit_curve(iterations, losses, families=FAMILIES, min_points: int = MIN_POINT
         if fam not in FAMILIES:
             raise InvalidArgumentError(f"unknown curve family {fam!r}; choose from {FAMILIES}")
     w = _recency_weights(k.size)
+    if np.all(y > 0):  # noise in a loss scales with the loss: fit relative errors
+        w = w / y ** 2
     n_test = max(2, int(round(_HOLDOUT * k.size)))
     tr, te = slice(0, k.size - n_test), slice(k.size - n_test, k.size)
     best, best_err = "isotonic", _holdout_err(_isotonic(k[tr], y[tr], w[tr]), k[te], y[te], w[te])

@@ -5,8 +5,9 @@ iteration (the hazard while that iteration runs); the simulator samples failure
 times. ``Exponential`` is the classic constant rate (per job: node MTBF divided by
 node count). ``Piecewise`` is a non-homogeneous Poisson process whose rate varies
 with job time. ``Weibull`` is a renewal process (the clock restarts at each
-failure); the solver can only plan for its long-run rate ``1 / mtbf``, the
-simulator samples it exactly, so the gap between the two is measurable.
+failure); the solver plans with its renewal density from a fresh start (high
+early for shape < 1, tending to ``1 / mtbf``) as if failures were Poisson with that
+rate, the simulator samples the renewals exactly, so the gap is measurable.
 This module does not decide anything about checkpoints.
 """
 
@@ -28,6 +29,11 @@ class FailureModel:
     def rate(self, t: np.ndarray) -> np.ndarray:
         """Failure rate (1/s) the solver plans with at job times ``t`` (seconds)."""
         raise NotImplementedError
+
+    def expected_failures(self, edges: np.ndarray) -> np.ndarray:
+        """Expected failures in each interval between consecutive job times ``edges``."""
+        edges = np.asarray(edges, dtype=np.float64)
+        return self.rate(0.5 * (edges[:-1] + edges[1:])) * np.diff(edges)
 
 
 @dataclass(frozen=True)
@@ -83,7 +89,8 @@ class Weibull(FailureModel):
     """Weibull renewal failures with ``shape`` k and mean time between failures ``mtbf``.
 
     k < 1 is the usual infant-mortality shape of cluster failure logs. The scale is
-    ``mtbf / Gamma(1 + 1/k)``. The solver plans with the long-run rate ``1/mtbf``.
+    ``mtbf / Gamma(1 + 1/k)``. The solver plans with the renewal density ``dM/dt``
+    of a clock that starts fresh at the start of the plan.
     """
 
     shape: float
@@ -98,7 +105,31 @@ class Weibull(FailureModel):
         return self.mtbf / math.gamma(1.0 + 1.0 / self.shape)
 
     def rate(self, t: np.ndarray) -> np.ndarray:
-        return np.full(np.shape(t), 1.0 / self.mtbf)
+        """Renewal density at job time ``t`` (the clock starts fresh at t = 0)."""
+        t = np.asarray(t, dtype=np.float64)
+        grid, m = self._renewal_function(float(np.max(t, initial=0.0)))
+        h = grid[1] - grid[0]
+        return np.interp(t, 0.5 * (grid[1:] + grid[:-1]), np.diff(m) / h)
+
+    def expected_failures(self, edges: np.ndarray) -> np.ndarray:
+        edges = np.asarray(edges, dtype=np.float64)
+        grid, m = self._renewal_function(float(edges[-1]))
+        return np.diff(np.interp(edges, grid, m))
+
+    def _renewal_function(self, t_max: float, n: int = 4000):
+        """``M(t)``, expected failures by t from a fresh start: M = F + M * dF (discretised)."""
+        t_max = max(t_max, self.mtbf) * 1.001
+        grid = np.linspace(0.0, t_max, n + 1)
+        cdf = -np.expm1(-(grid / self.scale) ** self.shape)
+        df = np.diff(cdf)
+        m = np.zeros(n + 1)
+        for i in range(1, n + 1):
+            # M(t_i) = F(t_i) + sum_j M(t_i - s) dF over [s_j-1, s_j], trapezoid in M;
+            # the j = 1 term holds M(t_i) itself and is solved for.
+            back = m[i - 1::-1][:i]                       # M(t_i - s_j), j = 1..i
+            acc = np.dot(back, df[:i]) + np.dot(back[:-1], df[1:i])
+            m[i] = (cdf[i] + 0.5 * acc) / (1.0 - 0.5 * df[0])
+        return grid, m
 
 
 def as_failure_model(mtbf) -> FailureModel | None:

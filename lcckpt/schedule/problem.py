@@ -62,7 +62,7 @@ def build_problem(horizon, *, iter_time, checkpoint_cost, restart_cost, mtbf,
         m = _per_iter("mtbf", mtbf, h, positive=True, allow_inf=True)
         lam = 1.0 / m
     else:
-        lam = np.asarray(model.rate(0.5 * (t[:-1] + t[1:])), dtype=np.float64)
+        lam = np.asarray(model.expected_failures(t), dtype=np.float64) / tau
     if np.any(~np.isfinite(lam)) or np.any(lam < 0):
         raise InvalidArgumentError("failure rates must be finite and >= 0; check mtbf")
     return Problem(h, tau, ckpt, persist, restart, lam, d, t, model)

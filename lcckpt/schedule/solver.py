@@ -27,7 +27,7 @@ METHODS = ("dp", "density", "young", "daly", "checkfreq", "coci_code")
 
 def solve(horizon, *, iter_time, checkpoint_cost, restart_cost, mtbf, downtime=0.0,
           persist_time=0.0, curve=None, termination=None, policy="young_daly", method="dp",
-          start=0, candidates=None, max_candidates=5000, window=4.0,
+          start=0, candidates=None, max_candidates=5000, max_pairs=6_000_000, window=4.0,
           checkfreq_overhead=0.05, coci_time_unit=60.0) -> Plan:
     """Plan checkpoints for the next ``horizon`` iterations.
 
@@ -42,7 +42,9 @@ def solve(horizon, *, iter_time, checkpoint_cost, restart_cost, mtbf, downtime=0
     rate), ``"exploratory"`` (also by the chance the job is still wanted) or an
     :class:`Accounting`. The DP considers checkpoints on a grid of at most
     ``max_candidates`` iterations (or ``candidates``) and segments up to ``window``
-    times the longest local optimal interval.
+    times the longest local optimal interval; if that means more than ``max_pairs``
+    (start, end) pairs, the grid is coarsened until it does not (the cost is flat
+    near the optimum, so a few iterations of resolution cost little).
     """
     if method not in METHODS:
         raise InvalidArgumentError(f"method must be one of {METHODS}, got {method!r}")
@@ -66,7 +68,10 @@ def solve(horizon, *, iter_time, checkpoint_cost, restart_cost, mtbf, downtime=0
 
     if method == "dp":
         cand = _candidates(prob.horizon, candidates, max_candidates)
-        its, _ = dp_schedule(prob, u, survival, cand, _window_time(prob, u, window, cand))
+        win = _window_time(prob, u, window, cand)
+        if candidates is None:
+            cand, win = _fit_budget(prob, u, window, cand, win, max_pairs)
+        its, _ = dp_schedule(prob, u, survival, cand, win)
     elif method == "young":
         its = rules.young(prob, 1)
     elif method == "daly":
@@ -80,6 +85,26 @@ def solve(horizon, *, iter_time, checkpoint_cost, restart_cost, mtbf, downtime=0
         its = rules.coci_code(prob, coci_curve, int(start), coci_time_unit)
     return make_plan(prob, its, u, survival, policy=policy_name, method=method, start=int(start),
                      curve=curve, termination=termination, notes=tuple(notes))
+
+
+def score(iterations, horizon, *, iter_time, checkpoint_cost, restart_cost, mtbf, downtime=0.0,
+          persist_time=0.0, curve=None, termination=None, policy="young_daly", start=0) -> Plan:
+    """Expected costs of a given schedule under the same model and accounting as :func:`solve`."""
+    if isinstance(start, bool) or not isinstance(start, (int, np.integer)) or start < 0:
+        raise InvalidArgumentError(f"start must be an int >= 0 (iterations already done), got {start!r}")
+    accounting = as_accounting(policy)
+    prob = build_problem(horizon, iter_time=iter_time, checkpoint_cost=checkpoint_cost,
+                         restart_cost=restart_cost, mtbf=mtbf, downtime=downtime,
+                         persist_time=persist_time)
+    its = np.asarray(iterations, dtype=np.int64).ravel()
+    if its.size and (its.min() < 1 or its.max() > prob.horizon):
+        raise InvalidArgumentError(f"checkpoint iterations must lie in 1..{prob.horizon}")
+    curve = as_curve(curve)
+    survival = conditional_survival(termination, int(start), prob.horizon)
+    u = value_weights(accounting, iter_time=prob.tau, start=int(start), curve=curve, survival=survival)
+    name = policy if isinstance(policy, str) else f"omega={accounting.omega},gamma={accounting.gamma}"
+    return make_plan(prob, its, u, survival, policy=name, method="given", start=int(start),
+                     curve=curve, termination=termination)
 
 
 def make_plan(prob, iterations, u, survival, *, policy, method, start=0, curve=None,
@@ -112,6 +137,24 @@ def _candidates(h: int, candidates, max_candidates) -> np.ndarray:
     return np.concatenate([[0], c, [h]]).astype(np.int64)
 
 
+def _fit_budget(prob, u, window, cand, win, max_pairs):
+    """Coarsen a uniform grid until candidates x window stays within ``max_pairs``."""
+    if isinstance(max_pairs, bool) or not isinstance(max_pairs, (int, np.integer)) or max_pairs < 1:
+        raise InvalidArgumentError(f"max_pairs must be an int >= 1, got {max_pairs!r}")
+    h = prob.horizon
+    for _ in range(64):
+        m = cand.size - 1
+        per_window = win / float(prob.t[-1]) * m
+        pairs = m * min(m, max(per_window, 1.0))
+        if pairs <= max_pairs or m <= 2:
+            return cand, win
+        stride = int(cand[1]) if cand.size > 2 else h
+        stride = max(stride + 1, math.ceil(stride * math.sqrt(pairs / max_pairs)))
+        cand = np.concatenate([[0], np.arange(stride, h, stride), [h]]).astype(np.int64)
+        win = _window_time(prob, u, window, cand)
+    return cand, win
+
+
 def _window_time(prob, u, window, cand) -> float:
     if not (isinstance(window, (int, float)) and window >= 1):
         raise InvalidArgumentError(f"window must be a number >= 1 (times the local optimal interval), got {window!r}")
@@ -119,6 +162,9 @@ def _window_time(prob, u, window, cand) -> float:
     lu = prob.lam * u
     if np.any(lu <= 0):
         return total
-    tstar = float(np.max(np.sqrt(2.0 * prob.ckpt / lu)))
+    # Persisting makes a checkpoint dearer (backpressure, rollback past it), so the
+    # bound uses C + P; short horizons get no cap at all.
+    tstar = float(np.max(np.sqrt(2.0 * (prob.ckpt + prob.persist) / lu)))
     spacing = float(np.max(np.diff(prob.t[cand])))
-    return min(total, max(window * tstar, 2.0 * spacing))
+    w = max(window * tstar, 2.0 * spacing)
+    return total if w >= 0.5 * total else w
