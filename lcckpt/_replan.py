@@ -88,10 +88,14 @@ def decide(inp: Inputs) -> Decision:
             policy, note = "young_daly", (f"fewer than {MIN_CURVE_POINTS} loss points recorded: "
                                           "planning by time alone until the curve can be fitted")
     def plan_with(policy, curve):
-        return schedule.solve(
-            blocks, iter_time=inp.iter_time * block, checkpoint_cost=inp.checkpoint_cost,
-            restart_cost=inp.restart_cost, mtbf=inp.mtbf, downtime=inp.downtime,
-            persist_time=inp.persist_time, curve=curve, policy=policy, start=inp.anchor // block)
+        # flat stretches of a fitted curve give zero weights and infinite local intervals,
+        # which the solver handles; numpy's warnings about them are noise in a training log
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            return schedule.solve(
+                blocks, iter_time=inp.iter_time * block, checkpoint_cost=inp.checkpoint_cost,
+                restart_cost=inp.restart_cost, mtbf=inp.mtbf, downtime=inp.downtime,
+                persist_time=inp.persist_time, curve=curve, policy=policy,
+                start=inp.anchor // block)
     try:
         plan = plan_with(policy, curve)
     except Exception as e:  # a fit or solver failure must not stop training

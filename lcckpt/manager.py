@@ -157,6 +157,7 @@ class CheckpointManager:
         self._job: threading.Thread | None = None
         self._error: BaseException | None = None
         self._deferring = False
+        self._persists = 0              # saves finished by this object
         self._closed = False
         self.stats = {"checkpoints": 0, "deferred": 0, "waited_s": 0.0, "stall_s": 0.0, "plans": 0}
 
@@ -279,7 +280,7 @@ class CheckpointManager:
         if self.every is not None:
             self._next_at = step + self.every
         else:
-            self._next_at = step + max(1, int(state["manager"].get("gap", 1)))
+            self._next_at = step + max(1, int(state.get("manager", {}).get("gap") or 1))
             self._basis, self._gaps = None, []
             if self._intervals:
                 self._start(self._plan_job, (self._inputs(),))
@@ -307,7 +308,8 @@ class CheckpointManager:
         self.extra.update(state.get("extra", {}))
         _rng.restore(state.get("rng", {}))
         m = state.get("manager", {})
-        self._curve.load(m["loss_curve"], step) if "loss_curve" in m else None
+        if "loss_curve" in m:
+            self._curve.load(m["loss_curve"], step)
         for k in ("snapshot", "persist"):
             if m.get(k) is not None:
                 self._costs[k].append(float(m[k]))
@@ -473,6 +475,9 @@ class CheckpointManager:
                  following: bool) -> None:
         t0 = time.perf_counter()
         self._ck.save(step, snap)
+        if self._persists == 1:         # the first save of a process compiles kernels: not typical
+            self._costs["persist"].clear()
+        self._persists += 1
         self._costs["persist"].append(time.perf_counter() - t0)
         self.durable_step = step
         if inputs is not None:

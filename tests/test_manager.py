@@ -388,7 +388,28 @@ def test_manager_plans_from_its_own_measurements(tmp_path):
     assert first == 10 and mgr.stats["plans"] >= 1
     plan = mgr.plan_summary
     assert plan["policy"] == "young_daly" and plan["gap"] >= 1
-    assert abs(plan["gap"] - plan["young_daly_gap"]) <= max(2, 0.1 * plan["young_daly_gap"])
+    # the young_daly policy's DP never checkpoints more often than Young/Daly; it may space
+    # checkpoints further apart when the background write is slower than that interval
+    assert plan["gap"] >= 0.9 * plan["young_daly_gap"]
     text = mgr.explain()
     assert "Young/Daly" in text and "snapshot" in text
     assert mgr.stats["checkpoints"] >= 2        # the profiling one and a planned one
+
+    # a resumed manager starts from the saved measurements and plans at once
+    mgr2 = CheckpointManager(tmp_path, *_setup(), policy="young_daly", mtbf=3.0)
+    step = mgr2.restore()
+    mgr2.wait()
+    assert step == mgr.durable_step and mgr2.plan_summary is not None
+    assert mgr2.next_checkpoint > step and mgr2.costs["restart"] > 0
+    mgr2.close()
+
+
+def test_restores_a_plain_delta_checkpointer_directory(tmp_path):
+    model, opt = _setup()
+    _train(model, opt, 2)
+    lcckpt.DeltaCheckpointer(tmp_path).save(7, {"model": model.state_dict(),
+                                                "optimizer": opt.state_dict()})
+    model2, opt2 = _setup(seed=1)
+    with CheckpointManager(tmp_path, model2, opt2, every=5) as mgr:
+        assert mgr.restore() == 7
+    assert all(torch.equal(a, b) for a, b in zip(_params(model), _params(model2)))
