@@ -147,9 +147,13 @@ class CheckpointManager:
         self._restored = False
         self._curve = LossCurve()
         self._buffers = HostBuffers()
-        self._intervals: deque[float] = deque(maxlen=256)
+        self._intervals: deque[float] = deque(maxlen=256)       # with no background job
+        self._busy_intervals: deque[float] = deque(maxlen=256)  # with one running
+        self._excess = 0.0              # iteration time lost to the current job's contention
+        self._tau_ref: float | None = None  # iteration time without a job, when it started
         self._last_t: float | None = None
-        self._costs: dict[str, deque] = {k: deque(maxlen=5) for k in ("snapshot", "persist", "restore")}
+        self._costs: dict[str, deque] = {
+            k: deque(maxlen=5) for k in ("snapshot", "persist", "restore", "interference")}
         self._next_at = every if every is not None else profile_at
         self._decision: _replan.Decision | None = None
         self._basis: _replan.Inputs | None = None     # what the current plan was based on
@@ -181,7 +185,7 @@ class CheckpointManager:
         now = time.perf_counter()
         self._check_usable()
         if self._last_t is not None:
-            self._intervals.append(now - self._last_t)
+            self._record_interval(now - self._last_t)
         self.iteration += 1
         if loss is not None:
             self._curve.add(self.iteration, loss)
@@ -310,7 +314,7 @@ class CheckpointManager:
         m = state.get("manager", {})
         if "loss_curve" in m:
             self._curve.load(m["loss_curve"], step)
-        for k in ("snapshot", "persist"):
+        for k in ("snapshot", "interference", "persist"):
             if m.get(k) is not None:
                 self._costs[k].append(float(m[k]))
         if isinstance(m.get("iter_time"), float) and math.isfinite(m["iter_time"]):
@@ -320,12 +324,17 @@ class CheckpointManager:
 
     @property
     def costs(self) -> dict[str, float]:
-        """Measured seconds: per iteration, snapshot (stall), persist (background), restart.
+        """Measured seconds: per iteration, per checkpoint, persist (background), restart.
 
-        Medians of the recent measurements; NaN/0 before the first one. ``restart`` is the
-        given ``restart_cost``, else the measured restore time, else the persist time.
+        Medians of the recent measurements; NaN/0 before the first one. ``iteration`` is
+        timed while no background job runs; ``checkpoint`` = ``snapshot`` (the stall) +
+        ``interference`` (how much longer the iterations beside a background write took,
+        summed over the write). ``restart`` is the given ``restart_cost``, else the
+        measured restore time, else the persist time.
         """
         return {"iteration": self._iter_time(), "snapshot": self._cost("snapshot"),
+                "interference": max(0.0, self._cost("interference")),
+                "checkpoint": self._checkpoint_cost(),
                 "persist": self._cost("persist"), "restart": self._restart()}
 
     @property
@@ -349,13 +358,14 @@ class CheckpointManager:
             lines.append(f"fixed interval: a checkpoint every {self.every} iterations (every=)")
         d = self._decision
         tau, c, p, r = self._iter_time(), self._cost("snapshot"), self._cost("persist"), self._restart()
+        slow = max(0.0, self._cost("interference"))
         lines.append(
             f"iteration {self.iteration}; last checkpoint {self.last_checkpoint}, durable "
             f"{self.durable_step}; next due at {self._next_at if self._next_at < (1 << 62) else 'never'}")
         lines.append(
-            "measured: iteration " + _fmt(tau) + ", snapshot (stall) " + _fmt(c) +
-            ", persist (background) " + _fmt(p) + ", restart " + _fmt(r) +
-            f" + downtime {self.downtime:g} s")
+            "measured: iteration " + _fmt(tau) + ", checkpoint " + _fmt(c + slow) + " (snapshot "
+            + _fmt(c) + " + training slowed by the write " + _fmt(slow) + "), persist "
+            "(background) " + _fmt(p) + ", restart " + _fmt(r) + f" + downtime {self.downtime:g} s")
         if d is None:
             if self.every is None:
                 lines.append(f"no plan yet: the first checkpoint at iteration {self._next_at} "
@@ -369,6 +379,8 @@ class CheckpointManager:
                 lines.append(d.note)
             plan_explain = getattr(d.plan, "explain", None)
             if plan_explain is not None and d.plan.iterations:
+                if d.block > 1:
+                    lines.append(f"the solver's lines below count blocks of {d.block} iterations:")
                 try:
                     lines.append(str(plan_explain(d.plan.iterations[0])))
                 except Exception as e:        # explanation is best effort
@@ -400,9 +412,12 @@ class CheckpointManager:
             self._job.join()
             self.stats["waited_s"] += time.perf_counter() - t0
             self._job = None
+            self._book()
 
     def _start(self, target: Callable, args: tuple) -> None:
         """Run ``target`` on the background thread (the previous job must be finished)."""
+        self._book()
+        self._tau_ref = self._iter_time() if len(self._intervals) >= 8 else None
         self._job = threading.Thread(target=self._guard, args=(target, args),
                                      name="lcckpt-manager", daemon=False)
         self._job.start()
@@ -467,7 +482,7 @@ class CheckpointManager:
         d = self._decision
         return {"version": STATE_VERSION, "iteration": self.iteration,
                 "iter_time": self._iter_time(), "snapshot": self._cost("snapshot"),
-                "persist": self._cost("persist"),
+                "interference": self._cost("interference"), "persist": self._cost("persist"),
                 "gap": d.gap if d is not None and d.gap else (self.every or 0),
                 "loss_curve": self._curve.state()}
 
@@ -481,8 +496,7 @@ class CheckpointManager:
         self._costs["persist"].append(time.perf_counter() - t0)
         self.durable_step = step
         if inputs is not None:
-            inputs = replace(inputs, checkpoint_cost=self._cost("snapshot"),
-                             persist_time=self._cost("persist"))
+            inputs = replace(inputs, persist_time=self._cost("persist"))
             if not following or self._moved(inputs):
                 self._plan_job(inputs)
 
@@ -526,13 +540,45 @@ class CheckpointManager:
     def _inputs(self) -> _replan.Inputs:
         return _replan.Inputs(
             anchor=self.last_checkpoint if self.last_checkpoint is not None else self.iteration,
-            iter_time=self._iter_time(), checkpoint_cost=self._cost("snapshot"),
+            iter_time=self._iter_time(), checkpoint_cost=self._checkpoint_cost(),
             persist_time=self._cost("persist"), restart_cost=self._restart(),
             downtime=self.downtime, mtbf=float(self.mtbf), policy=self.policy,
             total_steps=self.total_steps, curve=self._curve.points())
 
+    def _record_interval(self, dt: float) -> None:
+        """Keep iteration times apart by whether a background job ran alongside.
+
+        The difference is the contention of the background write with training (CPU
+        cores, memory bandwidth, the GIL): time each checkpoint costs besides its stall.
+        """
+        if self._job is None:
+            self._intervals.append(dt)
+            return
+        self._busy_intervals.append(dt)
+        if self._tau_ref is not None:
+            self._excess += dt - self._tau_ref
+        if not self._job.is_alive():     # its last iteration: book the job's contention
+            self._book()
+            self._job = None
+
+    def _book(self) -> None:
+        """Record the contention of the job that just ended (if any iteration ran beside it)."""
+        if self._excess:
+            self._costs["interference"].append(self._excess)
+        self._excess = 0.0
+
     def _iter_time(self) -> float:
-        return statistics.median(list(self._intervals)) if self._intervals else float("nan")
+        """Seconds per iteration without a background job (all iterations if too few)."""
+        if len(self._intervals) >= 8 or not self._busy_intervals:
+            pool = self._intervals
+        else:
+            pool = list(self._intervals) + list(self._busy_intervals)
+        return statistics.median(list(pool)) if pool else float("nan")
+
+    def _checkpoint_cost(self) -> float:
+        """Time one checkpoint costs the loop: the snapshot stall plus the measured
+        contention of its background write (clamped at 0)."""
+        return self._cost("snapshot") + max(0.0, self._cost("interference"))
 
     def _cost(self, kind: str) -> float:
         values = self._costs[kind]

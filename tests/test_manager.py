@@ -1,6 +1,7 @@
 """CheckpointManager: what it saves and restores, its background writer, and resuming
 training after a kill (subprocess tests in _manager_worker.py)."""
 
+import importlib.util
 import os
 import random
 import signal
@@ -275,6 +276,8 @@ def _run(tmp, name, steps, mode, kill, expect_rc=0):
 
 
 STEPS = 240
+needs_sklearn = pytest.mark.skipif(importlib.util.find_spec("sklearn") is None,
+                                   reason="the training runs use scikit-learn's digits")
 
 
 @pytest.fixture(scope="module")
@@ -283,6 +286,7 @@ def uninterrupted(tmp_path_factory):
     return {mode: _run(tmp, f"{mode}", STEPS, mode, "none")[0] for mode in ("exact", "lossy")}
 
 
+@needs_sklearn
 def test_sigkill_then_resume_is_bit_identical_with_exact_checkpoints(tmp_path, uninterrupted):
     _run(tmp_path, "run-killed", STEPS, "exact", "at:130", expect_rc=-signal.SIGKILL)
     resumed, _ = _run(tmp_path, "run-resumed", STEPS, "exact", "none")
@@ -293,6 +297,7 @@ def test_sigkill_then_resume_is_bit_identical_with_exact_checkpoints(tmp_path, u
     assert resumed["accuracy"] == ref["accuracy"]
 
 
+@needs_sklearn
 def test_sigkill_while_writing_then_resume_reaches_the_same_quality(tmp_path, uninterrupted):
     _, out = _run(tmp_path, "run-killed", STEPS, "lossy", "save:100", expect_rc=-signal.SIGKILL)
     killed_step = int(out.split("killed while writing step ")[1].split()[0])
@@ -311,6 +316,7 @@ def test_sigkill_while_writing_then_resume_reaches_the_same_quality(tmp_path, un
     assert resumed["loss"] < 1.5 * ref["loss"]
 
 
+@needs_sklearn
 def test_sigterm_writes_an_emergency_checkpoint_and_exits(tmp_path, uninterrupted):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, str(WORKER), str(tmp_path / "run"),
@@ -413,3 +419,12 @@ def test_restores_a_plain_delta_checkpointer_directory(tmp_path):
     with CheckpointManager(tmp_path, model2, opt2, every=5) as mgr:
         assert mgr.restore() == 7
     assert all(torch.equal(a, b) for a, b in zip(_params(model), _params(model2)))
+
+
+@needs_sklearn
+def test_benchmark_leaves_training_unchanged():
+    from lcckpt.bench.manager import run
+    res = run(hidden=32, steps=60, block=20, every=10)
+    # every 10 of 60 iterations, some deferred while the previous write runs
+    assert res["same_final_loss"] and 3 <= res["checkpoints"] <= 6 and res["settings"]["steps"] == 60
+    assert res["baseline_ms_per_it"] > 0 and "fixed interval" in res["explain"]
