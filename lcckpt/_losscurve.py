@@ -40,7 +40,7 @@ class LossCurve:
                 raise InvalidArgumentError(
                     f"step(loss) needs a scalar loss, got a tensor of shape {tuple(loss.shape)}; "
                     "pass loss.mean() or the value you minimize")
-            self._pending.append((iteration, loss.detach().reshape(())))
+            self._pending.append((iteration, loss.detach()))
             if len(self._pending) >= FLUSH_EVERY:
                 self.flush()
             return
@@ -60,7 +60,10 @@ class LossCurve:
         for it, t in pending:
             by_device.setdefault(t.device, []).append((it, t))
         for items in by_device.values():
-            values = torch.stack([t.float() for _, t in items]).cpu().tolist()
+            try:        # one stack, one copy to the host
+                values = torch.stack([t for _, t in items]).reshape(-1).double().cpu().tolist()
+            except RuntimeError:        # mixed dtypes: one at a time
+                values = [t.double().item() for _, t in items]
             for (it, _), v in zip(items, values):
                 self._put(it, v)
 
