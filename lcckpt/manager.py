@@ -171,7 +171,8 @@ class CheckpointManager:
             if threading.current_thread() is not threading.main_thread():
                 raise InvalidArgumentError("sigterm=True needs the manager to be created in the "
                                            "main thread (Python delivers signals only there)")
-            self._prev_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+            prev = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._prev_handler = signal.SIG_DFL if prev is None else prev   # None: set from C
 
     # ---------------------------------------------------------------- the loop
 

@@ -428,3 +428,26 @@ def test_benchmark_leaves_training_unchanged():
     # every 10 of 60 iterations, some deferred while the previous write runs
     assert res["same_final_loss"] and 3 <= res["checkpoints"] <= 6 and res["settings"]["steps"] == 60
     assert res["baseline_ms_per_it"] > 0 and "fixed interval" in res["explain"]
+
+
+def test_sigterm_checkpoints_then_calls_the_previous_handler(tmp_path):
+    calls = []
+
+    def handler(signum, frame):
+        calls.append(signum)
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        model, opt = _setup()
+        mgr = CheckpointManager(tmp_path, model, opt, every=100, sigterm=True)
+        mgr.step(1.0), mgr.step(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)                            # the handler only sets a flag ...
+        assert calls == [] and lcckpt.DeltaCheckpointer(tmp_path).steps() == []
+        assert mgr.step(1.0) is True                # ... acted on at the next step
+        assert mgr.durable_step == 3 and calls == [signal.SIGTERM]
+        mgr.step(1.0)
+        mgr.close()
+        assert lcckpt.DeltaCheckpointer(tmp_path).steps() == [3]
+        assert signal.getsignal(signal.SIGTERM) is handler       # handed back
+    finally:
+        signal.signal(signal.SIGTERM, old)
