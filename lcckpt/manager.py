@@ -150,7 +150,7 @@ class CheckpointManager:
         self._intervals: deque[float] = deque(maxlen=256)       # with no background job
         self._busy_intervals: deque[float] = deque(maxlen=256)  # with one running
         self._excess = 0.0              # iteration time lost to the current job's contention
-        self._tau_ref: float | None = None  # iteration time without a job, when it started
+        self._tau_ref: tuple[float, float] | None = None  # see _reference
         self._last_t: float | None = None
         self._costs: dict[str, deque] = {
             k: deque(maxlen=5) for k in ("snapshot", "persist", "restore", "interference")}
@@ -418,7 +418,7 @@ class CheckpointManager:
     def _start(self, target: Callable, args: tuple) -> None:
         """Run ``target`` on the background thread (the previous job must be finished)."""
         self._book()
-        self._tau_ref = self._iter_time() if len(self._intervals) >= 8 else None
+        self._tau_ref = self._reference() if len(self._intervals) >= 8 else None
         self._job = threading.Thread(target=self._guard, args=(target, args),
                                      name="lcckpt-manager", daemon=False)
         self._job.start()
@@ -557,7 +557,8 @@ class CheckpointManager:
             return
         self._busy_intervals.append(dt)
         if self._tau_ref is not None:
-            self._excess += dt - self._tau_ref
+            mean, cap = self._tau_ref
+            self._excess += min(dt, cap) - mean
         if not self._job.is_alive():     # its last iteration: book the job's contention
             self._book()
             self._job = None
@@ -575,6 +576,14 @@ class CheckpointManager:
         else:
             pool = list(self._intervals) + list(self._busy_intervals)
         return statistics.median(list(pool)) if pool else float("nan")
+
+    def _reference(self) -> tuple[float, float]:
+        """(mean, cap) of the iteration time without a job: intervals are capped at 10x the
+        median (an evaluation pass, a pause), and the mean of the capped ones is the
+        reference. Means, not medians, on both sides: a write that stalls one iteration
+        out of many must count, and the skew of noisy timings cancels."""
+        cap = 10 * statistics.median(list(self._intervals))
+        return statistics.fmean(min(x, cap) for x in list(self._intervals)), cap
 
     def _checkpoint_cost(self) -> float:
         """Time one checkpoint costs the loop: the snapshot stall plus the measured
