@@ -94,3 +94,10 @@ def test_plan_explain_and_invalid():
         S.solve(10, method="best", **BASE)
     with pytest.raises(InvalidArgumentError, match="order"):
         S.young_daly(1, 10, order=3)
+    for bad in (dict(start=True), dict(start=-1), dict(window=0.5), dict(max_pairs=0),
+                dict(max_candidates=0), dict(candidates=[0, 3])):
+        with pytest.raises(InvalidArgumentError, match=next(iter(bad))):
+            S.solve(50, **bad, **BASE)
+    with pytest.raises(InvalidArgumentError, match="horizon"):
+        S.solve(50.0, **BASE)
+    assert S.solve(np.int64(50), window=np.int64(4), **BASE).horizon == 50

@@ -17,7 +17,7 @@ from ..errors import InvalidArgumentError
 from .problem import Problem
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Plan:
     """Checkpoint after each of ``iterations`` (relative to ``start``; 1..horizon).
 

@@ -10,17 +10,18 @@ training; a checkpoint manager calls it again when costs or the curve move.
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
 from ..errors import InvalidArgumentError
 from . import rules
 from .cost import dp_schedule, evaluate
-from .curves import MIN_POINTS, FittedCurve, as_curve
+from .curves import MIN_POINTS, as_curve
 from .plan import Plan
 from .problem import build_problem
 from .termination import conditional_survival
-from .weights import Accounting, as_accounting, value_weights
+from .weights import as_accounting, value_weights
 
 METHODS = ("dp", "density", "young", "daly", "checkfreq", "coci_code")
 
@@ -156,7 +157,7 @@ def _fit_budget(prob, u, window, cand, win, max_pairs):
 
 
 def _window_time(prob, u, window, cand) -> float:
-    if not (isinstance(window, (int, float)) and window >= 1):
+    if isinstance(window, bool) or not isinstance(window, numbers.Real) or not window >= 1:
         raise InvalidArgumentError(f"window must be a number >= 1 (times the local optimal interval), got {window!r}")
     total = float(prob.t[-1])
     lu = prob.lam * u
