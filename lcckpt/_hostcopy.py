@@ -1,0 +1,78 @@
+"""Copy a state tree into host buffers that are reused from one checkpoint to the next.
+
+This is the only part of a checkpoint that stalls the training loop: every tensor of the
+tree is copied into a preallocated CPU tensor (pinned when the source is on a CUDA device,
+so the copies run as asynchronous DMA and one synchronization waits for all of them), and
+every other value is deep-copied. Buffers are keyed by their position in the tree and
+reallocated only when a tensor's shape or dtype changes, so steady-state checkpoints
+allocate nothing large.
+
+It does not serialize, compress or write anything, and it does not own the buffers'
+lifetime: the caller must not snapshot again while a previous snapshot is still being read
+(the manager keeps at most one save in flight for that reason).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+
+class HostBuffers:
+    """Reusable host copies of the tensors of a state tree, keyed by tree path."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+        self.nbytes = 0           # bytes held in buffers
+
+    def snapshot(self, tree: Any) -> Any:
+        """A copy of ``tree`` whose tensors live in this object's host buffers.
+
+        Containers (dict, OrderedDict, list, tuple) are rebuilt, tensors are copied into
+        the buffer of their path, anything else is ``copy.deepcopy``-ed. Returns after
+        every device copy has finished, so the caller may let training continue.
+        """
+        seen: set[str] = set()
+        devices: set[torch.device] = set()
+        out = self._copy(tree, "", seen, devices)
+        for dev in devices:
+            torch.cuda.synchronize(dev)
+        for path in set(self._buffers) - seen:       # tensors that disappeared
+            self.nbytes -= _size(self._buffers.pop(path))
+        return out
+
+    def _copy(self, v: Any, path: str, seen: set, devices: set) -> Any:
+        if isinstance(v, torch.Tensor):
+            return self._tensor(v, path, seen, devices)
+        if isinstance(v, dict):
+            items = [(k, self._copy(x, f"{path}/{k!r}", seen, devices)) for k, x in v.items()]
+            return OrderedDict(items) if isinstance(v, OrderedDict) else dict(items)
+        if type(v) in (list, tuple):
+            items = [self._copy(x, f"{path}/{i}", seen, devices) for i, x in enumerate(v)]
+            return items if type(v) is list else tuple(items)
+        return copy.deepcopy(v)
+
+    def _tensor(self, t: torch.Tensor, path: str, seen: set, devices: set) -> torch.Tensor:
+        seen.add(path)
+        t = t.detach()
+        buf = self._buffers.get(path)
+        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+            if buf is not None:
+                self.nbytes -= _size(buf)
+            pin = t.is_cuda and torch.cuda.is_available()
+            buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
+            self._buffers[path] = buf
+            self.nbytes += _size(buf)
+        if t.is_cuda:
+            buf.copy_(t, non_blocking=buf.is_pinned())
+            devices.add(t.device)
+        else:
+            buf.copy_(t)
+        return buf
+
+
+def _size(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
