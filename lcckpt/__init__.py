@@ -14,6 +14,10 @@ from .errors import (
     UnsafeObjectError,
     UnsupportedDtypeError,
     UnsupportedVersionError,
+    NotFoundError,
+    StorageError,
+    ResourceLimitError,
+    ConcurrentWriteError,
 )
 
 __version__ = "0.1.0"
@@ -26,4 +30,5 @@ from .safetensors_io import load_safetensors, save_safetensors
 from .convert import convert
 from .reader import Reader, open  # noqa: A001  (lcckpt.open, like safetensors.safe_open)
 from .chain import DeltaCheckpointer
+from .manager import CheckpointManager
 from . import schedule

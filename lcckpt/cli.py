@@ -310,7 +310,8 @@ _COMMANDS = {"bench": _bench, "inspect": _inspect, "verify": _verify, "convert":
 
 
 # ``lcckpt bench SUITE ...``: the other benchmark suites, each a module with main(argv)
-SUITES = {"schedule": "lcckpt.bench.schedule", "lazy": "lcckpt.bench.lazy"}
+SUITES = {"schedule": "lcckpt.bench.schedule", "lazy": "lcckpt.bench.lazy",
+          "manager": "lcckpt.bench.manager"}
 
 
 def main(argv=None) -> int:
