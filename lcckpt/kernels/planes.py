@@ -1,0 +1,223 @@
+"""Fused kernels of the exact codec's fast path for floats (fp16, bf16, fp32).
+
+The byte-plane format is that of :mod:`lcckpt.kernels.floats`: the word rotated left by
+one bit, its top byte (the exponent) Huffman-coded per chunk, the lower bytes stored raw.
+These kernels make that in as few passes over memory as possible:
+
+* ``top_histogram`` counts the top plane exactly (and samples the others) reading only
+  the words: nothing is written, so no plane array is ever allocated;
+* ``split_code`` writes the raw planes of one chunk and its Huffman-coded exponents
+  straight into the blob's final buffer;
+* ``decode_top``/``decode_top2`` read the exponent code with a branch-free 64-bit window
+  (one or two chunks at a time: two independent bit streams keep the core busy while
+  one waits on its table lookup), into a small buffer the merge consumes while in cache.
+
+They do not choose codes or parse anything: lossless.py plans, entropy.py owns the
+stream layout, and bits.py's careful reader decodes the last bytes of each chunk.
+"""
+
+import numpy as np
+from numba import njit
+
+from .bits import Z, flush, put
+from .huffman import _decode_from
+
+SAMPLE = 8
+WIN = np.uint64(52)            # 64 - MULTI_BITS: the multi table's window is 12 bits
+MOST = 6                       # symbols per multi-table entry for 8-bit letters
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _top(x, width):
+    """Top byte of the word rotated left by one (the exponent for fp32/bf16)."""
+    if width == 4:
+        return (np.uint32(x) >> np.uint32(23)) & np.uint32(0xFF)
+    return (np.uint32(x) >> np.uint32(7)) & np.uint32(0xFF)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _rot(x, width):
+    if width == 4:
+        y = np.uint32(x)
+        return (y << np.uint32(1)) | (y >> np.uint32(31))
+    y = np.uint32(x)
+    return ((y << np.uint32(1)) | (y >> np.uint32(15))) & np.uint32(0xFFFF)
+
+
+@njit(cache=True, nogil=True)
+def top_histogram(words, start, stop, width, hist):
+    """``hist[width-1]``: exact counts of the top plane of ``words[start:stop]``; the
+    lower planes of every SAMPLE-th word into ``hist[k]``. Four interleaved sub-counts
+    break the store-to-load chain when one exponent dominates."""
+    w = words[start:stop]
+    m = stop - start
+    h4 = np.zeros((4, 256), np.int64)
+    q = m - m % 4
+    for i in range(0, q, 4):
+        h4[0, _top(w[i], width)] += 1
+        h4[1, _top(w[i + 1], width)] += 1
+        h4[2, _top(w[i + 2], width)] += 1
+        h4[3, _top(w[i + 3], width)] += 1
+    for i in range(q, m):
+        h4[0, _top(w[i], width)] += 1
+    for s in range(256):
+        hist[width - 1, s] += h4[0, s] + h4[1, s] + h4[2, s] + h4[3, s]
+    first = (-start) % SAMPLE
+    for i in range(first, m, SAMPLE):
+        x = _rot(w[i], width)
+        for k in range(width - 1):
+            hist[k, (x >> np.uint32(8 * k)) & np.uint32(0xFF)] += 1
+
+
+TOP_HUFFMAN, TOP_RAW, TOP_CONST = 0, 1, 2
+BLOCK = 4096                   # words split per step: the coder re-reads them from L1
+
+
+@njit(cache=True, nogil=True)
+def split_code(words, start, stop, width, out, raw_pos, top_mode, top_pos, codes, lengths):
+    """Chunk ``words[start:stop]``: lower plane ``k`` raw to ``out[raw_pos[k]:]``, the top
+    plane to ``out[top_pos:]`` Huffman-coded, raw, or not at all (constant). Returns the
+    end of the top plane's bytes."""
+    m = stop - start
+    acc = Z
+    nb = Z
+    p = top_pos
+    for b0 in range(0, m, BLOCK):
+        b1 = min(m, b0 + BLOCK)
+        w = words[start + b0:start + b1]
+        if width == 4:
+            o0 = out[raw_pos[0] + b0:raw_pos[0] + b1]
+            o1 = out[raw_pos[1] + b0:raw_pos[1] + b1]
+            o2 = out[raw_pos[2] + b0:raw_pos[2] + b1]
+            for i in range(b1 - b0):            # views from 0: the loop vectorizes
+                x = np.uint32(w[i])
+                x = (x << np.uint32(1)) | (x >> np.uint32(31))
+                o0[i] = np.uint8(x & np.uint32(0xFF))
+                o1[i] = np.uint8((x >> np.uint32(8)) & np.uint32(0xFF))
+                o2[i] = np.uint8((x >> np.uint32(16)) & np.uint32(0xFF))
+        else:
+            o0 = out[raw_pos[0] + b0:raw_pos[0] + b1]
+            for i in range(b1 - b0):
+                x = np.uint16(w[i])
+                x = np.uint16((x << np.uint16(1)) | (x >> np.uint16(15)))
+                o0[i] = np.uint8(x & np.uint16(0xFF))
+        if top_mode == TOP_HUFFMAN:
+            for i in range(b1 - b0):
+                s = _top(w[i], width)
+                acc, nb, p = put(acc, nb, np.uint64(codes[s]), np.uint64(lengths[s]), out, p)
+        elif top_mode == TOP_RAW:
+            t = out[top_pos + b0:top_pos + b1]
+            for i in range(b1 - b0):
+                t[i] = np.uint8(_top(w[i], width))
+    if top_mode == TOP_HUFFMAN:
+        return flush(acc, nb, out, p)
+    if top_mode == TOP_RAW:
+        return top_pos + m
+    return top_pos
+
+
+# --- decoding --------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True, inline="always")
+def _load64(buf, p):
+    """Eight bytes big-endian from ``buf[p]`` (LLVM fuses the loads into one)."""
+    return ((np.uint64(buf[p]) << np.uint64(56)) | (np.uint64(buf[p + 1]) << np.uint64(48))
+            | (np.uint64(buf[p + 2]) << np.uint64(40)) | (np.uint64(buf[p + 3]) << np.uint64(32))
+            | (np.uint64(buf[p + 4]) << np.uint64(24)) | (np.uint64(buf[p + 5]) << np.uint64(16))
+            | (np.uint64(buf[p + 6]) << np.uint64(8)) | np.uint64(buf[p + 7]))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _step(buf, bp, multi, out, o):
+    """One multi-table lookup at bit ``bp``: stores up to six letters at ``out[o:]``
+    (always six: the caller leaves room), returns ``(bits used, letters)``; 0 letters
+    marks an invalid code."""
+    win = _load64(buf, bp >> np.uint64(3)) << (bp & np.uint64(7))
+    e = multi[win >> WIN]
+    x = e >> np.uint64(8)
+    out[o] = np.uint8(x & np.uint64(0xFF))
+    out[o + 1] = np.uint8((x >> np.uint64(8)) & np.uint64(0xFF))
+    out[o + 2] = np.uint8((x >> np.uint64(16)) & np.uint64(0xFF))
+    out[o + 3] = np.uint8((x >> np.uint64(24)) & np.uint64(0xFF))
+    out[o + 4] = np.uint8((x >> np.uint64(32)) & np.uint64(0xFF))
+    out[o + 5] = np.uint8((x >> np.uint64(40)) & np.uint64(0xFF))
+    return e & np.uint64(15), np.int64((e >> np.uint64(4)) & np.uint64(15))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _fast(buf, bp, end, i, n, multi, out, o):
+    """Lookups while eight bytes can be loaded and six letters stored; returns the
+    reader's bit position and letter count, or letter count -1 on an invalid code."""
+    if end < 8:
+        return bp, i
+    last = np.uint64(end - 8) << np.uint64(3)
+    while i + MOST <= n and bp <= last:
+        used, cnt = _step(buf, bp, multi, out, o + i)
+        if cnt == 0:
+            return bp, -1
+        bp += used
+        i += cnt
+    return bp, i
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _tail(buf, start, bp, end, i, n, single, tb, out, o):
+    """The rest of a chunk with the careful reader; returns the bits consumed in all."""
+    p = np.int64(bp >> np.uint64(3))
+    skip = bp & np.uint64(7)
+    acc = Z
+    nb = Z
+    if p < end:
+        acc = np.uint64(buf[p]) & (np.uint64(0xFF) >> skip)
+        nb = np.uint64(8) - skip
+        p += 1
+    dummy = np.zeros(1, np.float32)
+    t = _decode_from(buf, p, end, acc, nb, i, n, single, tb, out, o, dummy, dummy, False)
+    if t < 0:
+        return -1
+    return np.int64(bp) - 8 * start + t
+
+
+@njit(cache=True, nogil=True)
+def decode_top(buf, start, end, n, multi, single, tb, out, o):
+    """Decode ``n`` letters of one chunk (bytes ``buf[start:end]``) into ``out[o:o + n]``.
+    Returns the bits consumed, -1 if invalid."""
+    bp, i = _fast(buf, np.uint64(8 * start), end, 0, n, multi, out, o)
+    if i < 0:
+        return -1
+    return _tail(buf, start, bp, end, i, n, single, tb, out, o)
+
+
+@njit(cache=True, nogil=True)
+def decode_top2(buf, sa, ea, na, sb, eb, nb_, multi, single, tb, out, oa, ob):
+    """Two chunks at once, lookups alternating (independent chains overlap in the core).
+    Returns the bits consumed by each (-1 if invalid)."""
+    bpa = np.uint64(8 * sa)
+    bpb = np.uint64(8 * sb)
+    la = np.uint64(max(ea, 8) - 8) << np.uint64(3)
+    lb = np.uint64(max(eb, 8) - 8) << np.uint64(3)
+    ia = 0
+    ib = 0
+    bad = False
+    while (ia + MOST <= na and ib + MOST <= nb_ and bpa <= la and bpb <= lb
+           and ea >= 8 and eb >= 8):
+        ua, ca = _step(buf, bpa, multi, out, oa + ia)
+        ub, cb = _step(buf, bpb, multi, out, ob + ib)
+        if ca == 0 or cb == 0:
+            bad = True
+            break
+        bpa += ua
+        ia += ca
+        bpb += ub
+        ib += cb
+    if bad:
+        return -1, -1
+    ra = -1
+    rb = -1
+    bpa, ia = _fast(buf, bpa, ea, ia, na, multi, out, oa)
+    if ia >= 0:
+        ra = _tail(buf, sa, bpa, ea, ia, na, single, tb, out, oa)
+    bpb, ib = _fast(buf, bpb, eb, ib, nb_, multi, out, ob)
+    if ib >= 0:
+        rb = _tail(buf, sb, bpb, eb, ib, nb_, single, tb, out, ob)
+    return ra, rb
