@@ -9,6 +9,7 @@ are delta.py's job.
 
 from __future__ import annotations
 
+import ctypes
 import zlib
 from dataclasses import dataclass, field
 
@@ -73,7 +74,7 @@ def encode(x, bits: int = 2, coder: str = "auto", *, lossless: bool = False,
         raise InvalidArgumentError(f"config must be a CodecConfig, got {type(cfg).__name__}")
     a, dt = dtypes.to_numpy(x)
     if cfg.lossless:
-        blob = b"".join(encode_exact(a, dt, cfg.log2))
+        blob = encode_exact_bytes(a, dt, cfg.log2)
         st = EncodeStats(a.size, dt.name, "lossless", nbytes=len(blob))
         return (blob, st) if report else blob
     if dt.kind != "float":
@@ -172,19 +173,62 @@ def encode_exact(a: np.ndarray, dt: dtypes.DType, log2: int, raw: bool = False) 
     cs = 1 << log2
     if raw or words.size < CODE_MIN_WORDS:
         return _exact_blob(a, dt, log2, rotate, lossless.raw_planes(words, rotate, cs))
-    if rotate and words.dtype.itemsize in lossless.FAST_WIDTHS \
-            and words.size >= lossless.FAST_MIN_WORDS:
-        encs = lossless.plan_floats(words, cs)
-        if encs is not None:
-            payload = np.empty(sum(e.size for e in encs), np.uint8)
-            crc = lossless.fill_floats(words, encs, cs, payload, 0)
-            w = _exact_header(a, dt, log2, rotate, encs)
-            w.u32(zlib.crc32(w.buf))
-            return [bytes(w.buf), payload, crc.to_bytes(4, "little")]
+    fast = _fast_plan(a, dt, log2, words, rotate)
+    if fast is not None:
+        head, encs = fast
+        payload = np.empty(sum(e.size for e in encs), np.uint8)
+        crc = lossless.fill_floats(words, encs, cs, payload, 0)
+        return [head, payload, crc.to_bytes(4, "little")]
     parts = _exact_blob(a, dt, log2, rotate, lossless.encode_planes(words, rotate, cs))
     if _blob.nbytes(parts) > a.nbytes + RAW_SLACK:
         parts = _exact_blob(a, dt, log2, rotate, lossless.raw_planes(words, rotate, cs))
     return parts
+
+
+def encode_exact_bytes(a: np.ndarray, dt: dtypes.DType, log2: int) -> bytes:
+    """:func:`encode_exact` as one ``bytes`` object; on the fast path the payload is
+    written straight into it, so the blob is never copied."""
+    words, rotate = lossless.words_of(a, dt.kind)
+    fast = _fast_plan(a, dt, log2, words, rotate) if words.size >= CODE_MIN_WORDS else None
+    if fast is None:
+        return b"".join(encode_exact(a, dt, log2))
+    head, encs = fast
+    total = len(head) + sum(e.size for e in encs) + 4
+    blob, view = _new_bytes(total)
+    view[:len(head)] = np.frombuffer(head, np.uint8)
+    crc = lossless.fill_floats(words, encs, 1 << log2, view, len(head))
+    view[total - 4:] = np.frombuffer(crc.to_bytes(4, "little"), np.uint8)
+    return blob
+
+
+def _fast_plan(a, dt, log2, words, rotate):
+    """(header bytes with their CRC, plane descriptions) when the float fast path applies."""
+    if not (rotate and words.dtype.itemsize in lossless.FAST_WIDTHS
+            and words.size >= lossless.FAST_MIN_WORDS):
+        return None
+    encs = lossless.plan_floats(words, 1 << log2)
+    if encs is None:
+        return None
+    w = _exact_header(a, dt, log2, rotate, encs)
+    w.u32(zlib.crc32(w.buf))
+    return bytes(w.buf), encs
+
+
+_bytes_new = ctypes.pythonapi.PyBytes_FromStringAndSize
+_bytes_new.restype = ctypes.py_object
+_bytes_new.argtypes = (ctypes.c_char_p, ctypes.c_ssize_t)
+_bytes_ptr = ctypes.pythonapi.PyBytes_AsString
+_bytes_ptr.restype = ctypes.c_void_p
+_bytes_ptr.argtypes = (ctypes.py_object,)
+
+
+def _new_bytes(n: int):
+    """A new ``bytes`` of ``n`` uninitialized bytes and a writable array over them: the
+    C API's way to build a bytes object in place (``PyBytes_FromStringAndSize(NULL, n)``),
+    legal while no one else holds the object. Saves a copy of the whole blob."""
+    b = _bytes_new(None, n)
+    view = np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(_bytes_ptr(b)))
+    return b, view
 
 
 def _exact_header(a, dt, log2, rotate, encs):

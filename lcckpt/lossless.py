@@ -224,6 +224,7 @@ def fill_floats(words: np.ndarray, encs, chunk_size: int, out: np.ndarray, base:
     offs = starts[item - 1] + np.concatenate(([0], np.cumsum(top.nbytes)))
     lengths = top.lengths.get(entropy.HUFFMAN, np.zeros(256, np.uint8))
     codes = hk.canonical_codes(lengths)
+    pairs = pk.pair_codes(codes, lengths)
     mode_map = {entropy.HUFFMAN: pk.TOP_HUFFMAN, entropy.RAW: pk.TOP_RAW,
                 entropy.CONST: pk.TOP_CONST}
     crcs = np.zeros((item, nch), np.int64)
@@ -232,7 +233,7 @@ def fill_floats(words: np.ndarray, encs, chunk_size: int, out: np.ndarray, base:
         lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
         raw_pos = starts[:item - 1] + lo
         end = pk.split_code(words, lo, hi, item, out, raw_pos, mode_map[int(top.modes[c])],
-                            int(offs[c]), codes, lengths)
+                            int(offs[c]), int(offs[c + 1]), codes, lengths, pairs)
         if end != offs[c + 1]:
             raise AssertionError(f"chunk {c}: wrote {end - offs[c]} bytes, "
                                  f"planned {offs[c + 1] - offs[c]}")

@@ -19,7 +19,7 @@ stream layout, and bits.py's careful reader decodes the last bytes of each chunk
 import numpy as np
 from numba import njit
 
-from .bits import Z, flush, put
+from .bits import W, Z, flush, put, write32
 from .huffman import _decode_from
 
 SAMPLE = 8
@@ -70,14 +70,28 @@ def top_histogram(words, start, stop, width, hist):
 
 
 TOP_HUFFMAN, TOP_RAW, TOP_CONST = 0, 1, 2
+
+
+@njit(cache=True, nogil=True)
+def pair_codes(codes, lengths):
+    """``(code of a, code of b) << 5 | length`` for every letter pair ``a << 8 | b``: one
+    put per two exponents (a pair is at most 24 bits with 12-bit codes)."""
+    t = np.zeros(1 << 16, np.uint32)
+    for a in range(256):
+        for b in range(256):
+            ln = np.uint32(lengths[a]) + np.uint32(lengths[b])
+            code = (np.uint32(codes[a]) << np.uint32(lengths[b])) | np.uint32(codes[b])
+            t[(a << 8) | b] = (code << np.uint32(5)) | ln
+    return t
 BLOCK = 4096                   # words split per step: the coder re-reads them from L1
 
 
 @njit(cache=True, nogil=True)
-def split_code(words, start, stop, width, out, raw_pos, top_mode, top_pos, codes, lengths):
+def split_code(words, start, stop, width, out, raw_pos, top_mode, top_pos, limit, codes,
+               lengths, pairs):
     """Chunk ``words[start:stop]``: lower plane ``k`` raw to ``out[raw_pos[k]:]``, the top
-    plane to ``out[top_pos:]`` Huffman-coded, raw, or not at all (constant). Returns the
-    end of the top plane's bytes."""
+    plane to ``out[top_pos:limit]`` Huffman-coded, raw, or not at all (constant). Returns
+    the end of the top plane's bytes. Nothing is written at or past ``limit``."""
     m = stop - start
     acc = Z
     nb = Z
@@ -102,8 +116,24 @@ def split_code(words, start, stop, width, out, raw_pos, top_mode, top_pos, codes
                 x = np.uint16((x << np.uint16(1)) | (x >> np.uint16(15)))
                 o0[i] = np.uint8(x & np.uint16(0xFF))
         if top_mode == TOP_HUFFMAN:
-            for i in range(b1 - b0):
-                s = _top(w[i], width)
+            k = b1 - b0
+            i = 0
+            while i + 1 < k and p + 8 <= limit:        # branch-free: a 4-byte store every
+                e = pairs[(_top(w[i], width) << np.uint32(8)) | _top(w[i + 1], width)]
+                acc = (acc << np.uint64(e & np.uint32(31))) | np.uint64(e >> np.uint32(5))
+                nb += np.uint64(e & np.uint32(31))     # time, kept only once 32 bits are full
+                f = nb >> np.uint64(5)
+                write32(out, p, np.uint32((acc >> ((nb - W) & np.uint64(63))) & np.uint64(0xFFFFFFFF)))
+                p += np.int64(f) * 4
+                nb -= f << np.uint64(5)
+                i += 2
+            while i + 1 < k:
+                e = pairs[(_top(w[i], width) << np.uint32(8)) | _top(w[i + 1], width)]
+                acc, nb, p = put(acc, nb, np.uint64(e >> np.uint32(5)),
+                                 np.uint64(e & np.uint32(31)), out, p)
+                i += 2
+            if k % 2:
+                s = _top(w[k - 1], width)
                 acc, nb, p = put(acc, nb, np.uint64(codes[s]), np.uint64(lengths[s]), out, p)
         elif top_mode == TOP_RAW:
             t = out[top_pos + b0:top_pos + b1]
