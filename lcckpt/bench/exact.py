@@ -120,17 +120,27 @@ def bench_dtype(t: torch.Tensor, label: str, reps: int, threads: int, log=print)
         rows.append(row)
     result = {"data": label, "elements": n, "nbytes": nbytes, "rows": rows}
     if "zipnn" in enc:
-        pair = {"enc": statistics.median(z / l for z, l in zip(enc["zipnn"], enc["lcckpt"])),
-                "dec": statistics.median(z / l for z, l in zip(dec["zipnn"], dec["lcckpt"]))}
+        pe = [z / l for z, l in zip(enc["zipnn"], enc["lcckpt"])]
+        pd = [z / l for z, l in zip(dec["zipnn"], dec["lcckpt"])]
+        pair = {"enc": statistics.median(pe), "dec": statistics.median(pd)}
         r_l, r_z = rows[0]["ratio"], next(r["ratio"] for r in rows if r["codec"] == "zipnn")
         result["vs_zipnn"] = {"encode_speed": pair["enc"], "decode_speed": pair["dec"],
+                              "encode_range": _quartiles(pe), "decode_range": _quartiles(pd),
                               "ratio": r_l / r_z,
                               "meets": {"ratio>=1": r_l >= r_z, "encode>=1.5": pair["enc"] >= 1.5,
                                         "decode>=1.0": pair["dec"] >= 1.0}}
     return result
 
 
-def run(steps: int = 30, reps: int = 11, threads: int = 2, dtypes=("fp32", "bf16", "fp16"),
+def _quartiles(v) -> str:
+    """The middle half of the per-repetition ratios, as text for the table."""
+    if len(v) < 4:
+        return "-"
+    q = statistics.quantiles(v, n=4)
+    return f"{q[0]:.2f}-{q[2]:.2f}"
+
+
+def run(steps: int = 30, reps: int = 15, threads: int = 2, dtypes=("fp32", "bf16", "fp16"),
         log=print) -> dict:
     """Train, then benchmark each dtype; returns a JSON-able document.
 
@@ -159,8 +169,8 @@ def run(steps: int = 30, reps: int = 11, threads: int = 2, dtypes=("fp32", "bf16
               **res["vs_zipnn"]["meets"]} for res in doc["results"] if "vs_zipnn" in res]
     if pairs:
         log("\nlcckpt / ZipNN (per-repetition speed ratios, median; ratio = compression ratio)")
-        log(format_table(pairs, ["data", "ratio", "encode_speed", "decode_speed", "ratio>=1",
-                                 "encode>=1.5", "decode>=1.0"]))
+        log(format_table(pairs, ["data", "ratio", "encode_speed", "encode_range", "decode_speed",
+                                 "decode_range", "ratio>=1", "encode>=1.5", "decode>=1.0"]))
     traffic = [{"data": r["data"], **{k: r[k] for k in ("encode_bytes_per_element",
                                                          "decode_bytes_per_element",
                                                          "enc_GBps_traffic", "dec_GBps_traffic")}}
@@ -176,7 +186,7 @@ def main(argv=None):
     import json
     ap = argparse.ArgumentParser(prog="benchmarks/exact.py", description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=int(os.environ.get("LCCKPT_THREADS", 2)))
-    ap.add_argument("--reps", type=int, default=11)
+    ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--steps", type=int, default=30, help="Adam steps before the weights are taken")
     ap.add_argument("--dtypes", default="fp32,bf16,fp16")
     ap.add_argument("--json", help="write the JSON document here")
