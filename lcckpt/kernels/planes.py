@@ -19,7 +19,7 @@ stream layout, and bits.py's careful reader decodes the last bytes of each chunk
 import numpy as np
 from numba import njit
 
-from .bits import W, Z, flush, put, write32
+from .bits import U8, Z, flush, put
 from .huffman import _decode_from
 
 SAMPLE = 32                    # every 32nd word: 2048+ samples on the fast path
@@ -78,6 +78,13 @@ def top_histogram(words, start, stop, width, hist):
 TOP_HUFFMAN, TOP_RAW, TOP_CONST = 0, 1, 2
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _write64(out, p, v):
+    """``v`` big-endian at ``out[p:p + 8]`` (LLVM fuses the stores into one)."""
+    for k in range(8):
+        out[p + k] = np.uint8((v >> np.uint64(56 - 8 * k)) & np.uint64(0xFF))
+
+
 @njit(cache=True, nogil=True)
 def pair_codes(codes, lengths):
     """``(code of a, code of b) << 5 | length`` for every letter pair ``a << 8 | b``: one
@@ -125,15 +132,21 @@ def split_code(words, start, stop, width, out, raw_pos, top_mode, top_pos, limit
         if top_mode == TOP_HUFFMAN:
             k = b1 - b0
             i = 0
-            while i + 1 < k and p + 8 <= limit:        # branch-free: a 4-byte store every
-                e = pairs[(_top(w[i], sh) << np.uint32(8)) | _top(w[i + 1], sh)]
-                acc = (acc << np.uint64(e & np.uint32(31))) | np.uint64(e >> np.uint32(5))
-                nb += np.uint64(e & np.uint32(31))     # time, kept only once 32 bits are full
-                f = nb >> np.uint64(5)
-                write32(out, p, np.uint32((acc >> ((nb - W) & np.uint64(63))) & np.uint64(0xFFFFFFFF)))
-                p += np.int64(f) * 4
-                nb -= f << np.uint64(5)
-                i += 2
+            while nb >= U8:                           # whole bytes out: fewer than 8
+                nb -= U8                              # bits pending from here on
+                out[p] = np.uint8((acc >> nb) & np.uint64(0xFF))
+                p += 1
+            while i + 3 < k and p + 8 <= limit:      # four letters (two pairs, <= 48
+                e1 = pairs[(_top(w[i], sh) << np.uint32(8)) | _top(w[i + 1], sh)]   # bits)
+                e2 = pairs[(_top(w[i + 2], sh) << np.uint32(8)) | _top(w[i + 3], sh)]
+                l2 = np.uint64(e2 & np.uint32(31))
+                ln = np.uint64(e1 & np.uint32(31)) + l2
+                acc = (acc << ln) | (np.uint64(e1 >> np.uint32(5)) << l2) | np.uint64(e2 >> np.uint32(5))
+                nb += ln                              # <= 55: the pending bits fit
+                _write64(out, p, acc << (np.uint64(64) - nb))   # top-aligned, 8 bytes; only
+                p += np.int64(nb >> np.uint64(3))     # the whole ones are kept (the rest is
+                nb &= np.uint64(7)                    # written again next time)
+                i += 4
             while i + 1 < k:
                 e = pairs[(_top(w[i], sh) << np.uint32(8)) | _top(w[i + 1], sh)]
                 acc, nb, p = put(acc, nb, np.uint64(e >> np.uint32(5)),
