@@ -5,6 +5,11 @@ observation: the exponent carries ~2.6 bits of entropy in 8, the mantissa is nea
 random). Every plane then goes through :mod:`lcckpt.entropy` in the ``bytes`` modes:
 per chunk the cheapest of Huffman, raw, or constant. Integers and bools use the same
 path without rotation, so step counters and masks shrink too.
+
+fp16, bf16 and fp32 arrays whose lower planes stay raw (trained weights) take a fused
+path that writes the same layout in two passes and decodes four chunks at a time
+(:func:`plan_floats`, :func:`fill_floats`, :class:`FastDecoder`). This module does not
+write headers or parse blobs: codec.py and blob.py do.
 """
 
 import threading
