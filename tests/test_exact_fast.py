@@ -106,6 +106,19 @@ def test_a_lower_plane_worth_coding_takes_the_general_path():
     assert np.array_equal(lcckpt.decode(blob).view(np.uint32), x.view(np.uint32))
 
 
+def test_crc_pieces_combine_to_zlibs_crc():
+    import zlib
+
+    from lcckpt import _crc
+    data = np.random.default_rng(5).integers(0, 256, 3 * N + 11, dtype=np.uint8)
+    assert _crc.piece_crc32(data, 77) == zlib.crc32(data, 77)       # ISA-L or zlib: one CRC
+    sizes = [[N, N + 11], [N]]
+    pieces = [data[:N], data[N:2 * N + 11], data[2 * N + 11:]]
+    crcs = np.array([[zlib.crc32(pieces[0]), zlib.crc32(pieces[1])], [zlib.crc32(pieces[2]), 0]])
+    sizes[1].append(0)
+    assert lossless.combine_crcs(crcs, sizes) == zlib.crc32(data)
+
+
 def test_benchmark_reports_every_codec():
     pytest.importorskip("sklearn")
     from lcckpt.bench.exact import bench_dtype
