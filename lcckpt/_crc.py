@@ -3,9 +3,10 @@
 ``zlib.crc32`` runs at about 1-4 GB/s on one core (ISA-L's, the same checksum, used when
 the ``speed`` extra is installed, at 8+) and releases the GIL, but it is sequential. The
 CRC of a concatenation follows from the CRCs of its parts (zlib's ``crc32_combine``,
-which Python does not expose): appending ``n`` zero bytes to a message is a linear map of its CRC register, a 32x32 matrix over GF(2). The matrices for
-``2**k`` zero bytes are built once by repeated squaring; combining is then a few
-matrix-vector products, microseconds per piece.
+which Python does not expose): appending ``n`` zero bytes to a message is a linear map
+of its CRC register, a 32x32 matrix over GF(2). The matrices for ``2**k`` zero bytes are
+built once by repeated squaring; combining is then a few matrix-vector products,
+microseconds per piece.
 """
 
 import zlib

@@ -363,7 +363,7 @@ class FastDecoder:
         """Decode every chunk on the pool; with ``stored_crc`` compare the payload's CRC."""
         run_tasks(self.group, -(-self.nch // 4))
         if stored_crc is not None:
-            sizes = [np.minimum(self.cs, self.n - np.arange(self.nch) * self.cs)] * (self.item - 1) \
-                + [np.diff(self.top.offsets)]
+            raw = np.minimum(self.cs, self.n - np.arange(self.nch) * self.cs)
+            sizes = [raw] * (self.item - 1) + [np.diff(self.top.offsets)]
             if combine_crcs(self.crcs, sizes) != stored_crc:
                 raise ChecksumError(f"{self.what}: payload checksum mismatch; the blob is damaged")
