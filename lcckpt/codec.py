@@ -358,3 +358,5 @@ def warmup():
         decode(encode(x, lossless=True))
     for dt in (np.int64, np.float16, np.uint8):
         decode(encode(np.arange(64).astype(dt), lossless=True))
+    for dt in (np.float32, np.float16):                 # the fused float path
+        decode(encode(rng.standard_normal(lossless.FAST_MIN_WORDS).astype(dt), lossless=True))
