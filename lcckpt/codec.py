@@ -9,16 +9,18 @@ are delta.py's job.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import _crc
 from . import blob as _blob
 from . import dtypes, entropy, lossless
 from ._pool import run_tasks
 from .blob import LOSSLESS, LOSSY, Parsed, parse
 from .config import CodecConfig
-from .errors import InvalidArgumentError, UnsupportedDtypeError
+from .errors import ChecksumError, InvalidArgumentError, UnsupportedDtypeError
 from .quantize import Quantized, quantize
 
 __all__ = ["EncodeStats", "decode", "encode", "warmup"]
@@ -163,23 +165,49 @@ def encode_exact(a: np.ndarray, dt: dtypes.DType, log2: int, raw: bool = False) 
     every plane is stored raw, so the blob is never more than a small header above the
     raw bytes; arrays of fewer than ``CODE_MIN_WORDS`` words are not analysed at all.
     ``raw=True`` stores the planes raw from the start: larger, but decoding is a single
-    interleaving pass (for keyframes that must restore fast).
+    interleaving pass (for keyframes that must restore fast). fp16, bf16 and fp32 arrays
+    take the fused path of :func:`lossless.plan_floats` (the same layout, fewer passes).
     """
     words, rotate = lossless.words_of(a, dt.kind)
+    cs = 1 << log2
     if raw or words.size < CODE_MIN_WORDS:
-        return _exact_blob(a, dt, log2, rotate, lossless.raw_planes(words, rotate, 1 << log2))
-    parts = _exact_blob(a, dt, log2, rotate, lossless.encode_planes(words, rotate, 1 << log2))
+        return _exact_blob(a, dt, log2, rotate, lossless.raw_planes(words, rotate, cs))
+    fast = _fast_plan(a, dt, log2, words, rotate)
+    if fast is not None:
+        head, encs = fast
+        payload = np.empty(sum(e.size for e in encs), np.uint8)
+        crc = lossless.fill_floats(words, encs, cs, payload, 0)
+        return [head, payload, crc.to_bytes(4, "little")]
+    parts = _exact_blob(a, dt, log2, rotate, lossless.encode_planes(words, rotate, cs))
     if _blob.nbytes(parts) > a.nbytes + RAW_SLACK:
-        parts = _exact_blob(a, dt, log2, rotate, lossless.raw_planes(words, rotate, 1 << log2))
+        parts = _exact_blob(a, dt, log2, rotate, lossless.raw_planes(words, rotate, cs))
     return parts
 
 
-def _exact_blob(a, dt, log2, rotate, encs) -> list:
+def _fast_plan(a, dt, log2, words, rotate):
+    """(header bytes with their CRC, plane descriptions) when the float fast path applies."""
+    if not (rotate and words.dtype.itemsize in lossless.FAST_WIDTHS
+            and words.size >= lossless.FAST_MIN_WORDS):
+        return None
+    encs = lossless.plan_floats(words, 1 << log2)
+    if encs is None:
+        return None
+    w = _exact_header(a, dt, log2, rotate, encs)
+    w.u32(zlib.crc32(w.buf))
+    return bytes(w.buf), encs
+
+
+def _exact_header(a, dt, log2, rotate, encs):
     w = _blob.header(LOSSLESS, dt, a.shape, log2)
     w.u8(len(encs))
     w.u8(1 if rotate else 0)
     for e in encs:
         entropy.write_tables(w, e)
+    return w
+
+
+def _exact_blob(a, dt, log2, rotate, encs) -> list:
+    w = _exact_header(a, dt, log2, rotate, encs)
     return _blob.finish(w, [p for e in encs for p in e.parts])
 
 
@@ -192,17 +220,29 @@ def decode(blob, *, out=None, check_payload: bool = True):
     decode into (returned, reshaped views aside); no other memory is allocated for the
     values when its dtype is the one decoding works in.
     """
-    buf, p = parse(blob, check_payload)
+    buf, p = parse(blob, False)            # the payload CRC: below, or while decoding
+    crc = _stored_crc(buf) if check_payload else None
+    if crc is not None and p.kind != LOSSLESS:
+        _check_payload(buf, p, crc)
     if out is not None:
-        return _decode_into(buf, p, out)
+        return _decode_into(buf, p, out, crc)
     if p.kind == LOSSLESS:
-        return dtypes.from_carrier(decode_exact(buf, p), p.dt)
+        return dtypes.from_carrier(decode_exact(buf, p, crc), p.dt)
     work = np.zeros(p.n, p.centroids.dtype)          # fresh zero pages: nothing to clear
     decode_symbols_into(buf, p, work)
     return dtypes.from_float_work(work.reshape(p.shape), p.dt)
 
 
-def _decode_into(buf, p: Parsed, out):
+def _stored_crc(buf) -> int:
+    return int.from_bytes(bytes(buf[-4:]), "little")
+
+
+def _check_payload(buf, p: Parsed, crc: int):
+    if _crc.crc32(buf[p.payload_base:buf.size - 4]) != crc:
+        raise ChecksumError("lcckpt blob: payload checksum mismatch; the blob is damaged")
+
+
+def _decode_into(buf, p: Parsed, out, crc=None):
     if isinstance(out, np.ndarray):
         in_place = out.flags.c_contiguous and out.flags.writeable
     else:
@@ -219,7 +259,7 @@ def _decode_into(buf, p: Parsed, out):
             f"out is {dt.name} with {a.size} elements; the blob holds {p.dt.name}{list(p.shape)}")
     flat = a.reshape(-1)
     if p.kind == LOSSLESS:
-        _run_exact(buf, p, flat)
+        _run_exact(buf, p, flat, crc)
     elif flat.dtype == p.centroids.dtype:
         flat[:] = 0
         decode_symbols_into(buf, p, flat)
@@ -240,18 +280,32 @@ def decode_symbols_into(buf, p: Parsed, out: np.ndarray):
 def exact_chunk_decoder(buf, p: Parsed, a: np.ndarray):
     """Per-chunk task decoding a lossless blob into the carrier array ``a``."""
     words, rotate = lossless.words_of(a, p.dt.kind)
-    return lossless.plane_decoder(buf, p.payload_base, p.layouts, words.size, 1 << p.log2,
+    n, item = words.size, words.dtype.itemsize
+    if lossless.FastDecoder.applies(p.layouts, n, rotate, item):
+        return lossless.FastDecoder(buf, p.payload_base, p.layouts, n, 1 << p.log2, words,
+                                    "lcckpt blob").chunk
+    return lossless.plane_decoder(buf, p.payload_base, p.layouts, n, 1 << p.log2,
                                   rotate, words, "lcckpt blob")
 
 
-def _run_exact(buf, p: Parsed, a: np.ndarray):
+def _run_exact(buf, p: Parsed, a: np.ndarray, crc: int | None = None):
+    """Decode a lossless blob into ``a``; with ``crc`` (the stored payload CRC) check it,
+    on the fast path while decoding (``a`` holds garbage if that check fails)."""
+    words, rotate = lossless.words_of(a, p.dt.kind)
+    n, item = words.size, words.dtype.itemsize
+    if lossless.FastDecoder.applies(p.layouts, n, rotate, item):
+        lossless.FastDecoder(buf, p.payload_base, p.layouts, n, 1 << p.log2, words,
+                             "lcckpt blob", crc=crc is not None).run(crc)
+        return
+    if crc is not None:
+        _check_payload(buf, p, crc)
     run_tasks(exact_chunk_decoder(buf, p, a), -(-_blob.words_n(p.n, p.dt) // (1 << p.log2)))
 
 
-def decode_exact(buf, p: Parsed) -> np.ndarray:
-    """Lossless blob -> carrier array of the blob's shape."""
+def decode_exact(buf, p: Parsed, crc: int | None = None) -> np.ndarray:
+    """Lossless blob -> carrier array of the blob's shape (``crc``: see :func:`_run_exact`)."""
     a = np.empty(p.shape, p.dt.numpy)
-    _run_exact(buf, p, a)
+    _run_exact(buf, p, a, crc)
     return a
 
 
@@ -270,3 +324,5 @@ def warmup():
         decode(encode(x, lossless=True))
     for dt in (np.int64, np.float16, np.uint8):
         decode(encode(np.arange(64).astype(dt), lossless=True))
+    for dt in (np.float32, np.float16):                 # the fused float path
+        decode(encode(rng.standard_normal(lossless.FAST_MIN_WORDS).astype(dt), lossless=True))

@@ -5,16 +5,24 @@ observation: the exponent carries ~2.6 bits of entropy in 8, the mantissa is nea
 random). Every plane then goes through :mod:`lcckpt.entropy` in the ``bytes`` modes:
 per chunk the cheapest of Huffman, raw, or constant. Integers and bools use the same
 path without rotation, so step counters and masks shrink too.
+
+fp16, bf16 and fp32 arrays whose lower planes stay raw (trained weights) take a fused
+path that writes the same layout in two passes and decodes four chunks at a time
+(:func:`plan_floats`, :func:`fill_floats`, :class:`FastDecoder`). This module does not
+write headers or parse blobs: codec.py and blob.py do.
 """
 
 import threading
+from functools import lru_cache
 
 import numpy as np
 
-from . import entropy
+from . import _crc, entropy
 from ._pool import run_tasks
-from .errors import CorruptDataError
+from .errors import ChecksumError, CorruptDataError
 from .kernels import floats as fk
+from .kernels import huffman as hk
+from .kernels import planes as pk
 
 _WORD = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
@@ -161,3 +169,201 @@ def _block(k: int, size: int) -> np.ndarray:
     if b is None or b.size < size:
         b = bufs[k] = np.empty(size, np.uint8)
     return b
+
+
+# --- the fast path for floats -----------------------------------------------------------
+# fp16, bf16 and fp32 with their exponent coded and the other planes raw (what trained
+# weights always give): one counting pass over the words, then one pass that writes the
+# raw planes and the coded exponents straight into the blob's buffer, the CRC of each
+# piece taken while it is in cache. Same blobs as the general path, byte for byte in
+# layout; anything else (integers, fp64, a lower plane worth coding) takes that path.
+
+FAST_WIDTHS = (2, 4)
+FAST_MIN_WORDS = 1 << 16      # the multi-symbol decode table pays from here on
+
+
+def plan_floats(words: np.ndarray, chunk_size: int):
+    """Per-plane :class:`entropy.Encoded` descriptions (sizes and codes, no payload) for
+    the fast path, or None when it does not apply (a lower plane looks codeable)."""
+    n = words.size
+    item = words.dtype.itemsize
+    nch = -(-n // chunk_size)
+    hist = np.zeros((nch, item, 256), np.int64)
+
+    def count(c):
+        pk.top_histogram(words, c * chunk_size, min(n, (c + 1) * chunk_size), item, hist[c])
+    run_tasks(count, nch)
+    for k in range(item - 1):
+        sample = hist[:, k, :].sum(axis=0)
+        total = int(sample.sum())
+        if total and _sample_entropy(sample, total) <= 8 * CODE_IF_BELOW:
+            return None
+    sizes = np.minimum(chunk_size, n - np.arange(nch, dtype=np.int64) * chunk_size)
+    raw = entropy.Encoded(np.full(nch, entropy.RAW, np.uint8), np.zeros(nch, np.uint8),
+                          sizes, {}, [], {entropy.RAW: 8 * n})
+    top = hist[:, item - 1, :]
+    lengths = hk.code_lengths(top.sum(axis=0), hk.MAX_CODE_LEN)
+    coded = (top @ lengths.astype(np.int64) + 7) // 8
+    modes = np.where(coded < entropy.RAW_MARGIN * sizes, entropy.HUFFMAN, entropy.RAW)
+    is_const = (top == sizes[:, None]).any(axis=1)
+    modes = np.where(is_const, entropy.CONST, modes).astype(np.uint8)
+    consts = np.where(is_const, np.argmax(top, axis=1), 0).astype(np.uint8)
+    huff = modes == entropy.HUFFMAN
+    if huff.any() and (sizes - coded)[huff].sum() <= entropy.lengths_size(lengths):
+        modes[huff] = entropy.RAW               # the table would cost more than it saves
+        huff[:] = False
+    nbytes = np.where(huff, coded, np.where(is_const, 0, sizes)).astype(np.int64)
+    used = {entropy.HUFFMAN: lengths} if huff.any() else {}
+    top_enc = entropy.Encoded(modes, consts, nbytes, used, [], {})
+    return [raw] * (item - 1) + [top_enc]
+
+
+def fill_floats(words: np.ndarray, encs, chunk_size: int, out: np.ndarray, base: int) -> int:
+    """Write the payload planned by :func:`plan_floats` into ``out[base:]``; returns its
+    CRC-32 (zlib's), combined from per-chunk pieces taken while they are in cache."""
+    n = words.size
+    item = words.dtype.itemsize
+    nch = -(-n // chunk_size)
+    starts = base + np.concatenate(([0], np.cumsum([e.size for e in encs])))
+    top = encs[-1]
+    offs = starts[item - 1] + np.concatenate(([0], np.cumsum(top.nbytes)))
+    lengths = top.lengths.get(entropy.HUFFMAN, np.zeros(256, np.uint8))
+    codes = hk.canonical_codes(lengths)
+    pairs = pk.pair_codes(codes, lengths)
+    mode_map = {entropy.HUFFMAN: pk.TOP_HUFFMAN, entropy.RAW: pk.TOP_RAW,
+                entropy.CONST: pk.TOP_CONST}
+    crcs = np.zeros((item, nch), np.int64)
+
+    def task(c):
+        lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
+        raw_pos = starts[:item - 1] + lo
+        end = pk.split_code(words, lo, hi, item, out, raw_pos, mode_map[int(top.modes[c])],
+                            int(offs[c]), int(offs[c + 1]), codes, lengths, pairs)
+        if end != offs[c + 1]:
+            raise AssertionError(f"chunk {c}: wrote {end - offs[c]} bytes, "
+                                 f"planned {offs[c + 1] - offs[c]}")
+        for k in range(item - 1):
+            crcs[k, c] = _crc.piece_crc32(out[raw_pos[k]:raw_pos[k] + hi - lo])
+        crcs[item - 1, c] = _crc.piece_crc32(out[offs[c]:offs[c + 1]])
+    run_tasks(task, nch)
+    sizes = [e.nbytes for e in encs]
+    return combine_crcs(crcs, sizes)
+
+
+def combine_crcs(crcs: np.ndarray, sizes) -> int:
+    """CRC-32 of the pieces in plane-major order from their own CRCs and sizes."""
+    value = 0
+    for k in range(crcs.shape[0]):
+        for c in range(crcs.shape[1]):
+            value = _crc.crc32_combine(value, int(crcs[k, c]), int(sizes[k][c]))
+    return value
+
+
+@lru_cache(maxsize=64)
+def _tables(lengths_bytes: bytes):
+    lengths = np.frombuffer(lengths_bytes, np.uint8)
+    bits = int(lengths.max())
+    return (hk.multi_decode_table(lengths, 8), hk.decode_table(lengths, bits), bits)
+
+
+class FastDecoder:
+    """Decodes a float blob whose lower planes are raw throughout: per chunk the exponent
+    code into a small per-thread buffer (four chunks at a time with :meth:`group`), then
+    the merge, and, with ``crc``, the CRC of every piece of the chunk while it is hot."""
+
+    def __init__(self, buf, base, layouts, n, chunk_size, words, what, crc=False):
+        self.buf, self.n, self.cs, self.words, self.what = buf, n, chunk_size, words, what
+        self.item = item = words.dtype.itemsize
+        self.raw = []
+        for layout in layouts[:-1]:
+            self.raw.append(_readonly(buf[base:base + n]))
+            base += int(layout.offsets[-1])
+        self.top = layouts[-1]
+        self.tbase = base
+        if base + int(self.top.offsets[-1]) > buf.size:
+            raise CorruptDataError(f"{what}: chunk table points past the end of the data")
+        lengths = self.top.lengths.get(entropy.HUFFMAN)
+        self.tables = _tables(lengths.tobytes()) if lengths is not None else None
+        self.merge = fk.MERGE[item]
+        self.nch = -(-n // chunk_size)
+        self.crcs = np.zeros((item, self.nch), np.int64) if crc else None
+
+    @staticmethod
+    def applies(layouts, n: int, rotate: bool, item: int) -> bool:
+        return (rotate and item in FAST_WIDTHS and n >= FAST_MIN_WORDS
+                and all(np.all(lay.modes == entropy.RAW) for lay in layouts[:-1]))
+
+    def _span(self, c):
+        return c * self.cs, min(self.n, (c + 1) * self.cs)
+
+    def _top_start(self, c):
+        off = self.top.offsets
+        return self.tbase + int(off[c]), self.tbase + int(off[c + 1])
+
+    def _fail(self, c):
+        raise CorruptDataError(f"{self.what}: chunk {c} (huffman) does not decode to its "
+                               "recorded size; the data is damaged")
+
+    def _finish(self, c, block):
+        lo, hi = self._span(c)
+        m = self.top.modes[c]
+        s, e = self._top_start(c)
+        if m == entropy.RAW:
+            top = self.buf[s:e]
+        elif m == entropy.CONST:
+            block[:hi - lo] = self.top.consts[c]
+            top = block
+        else:
+            top = block
+        planes = tuple(r[lo:hi] for r in self.raw) + (_readonly(top[:hi - lo]),)
+        self.merge(planes, 0, hi - lo, True, self.words[lo:hi])
+        if self.crcs is not None:
+            for k, r in enumerate(self.raw):
+                self.crcs[k, c] = _crc.piece_crc32(r[lo:hi])
+            self.crcs[self.item - 1, c] = _crc.piece_crc32(self.buf[s:e])
+
+    def _check(self, c, used):
+        s, e = self._top_start(c)
+        if used < 0 or (used + 7) // 8 != e - s:
+            self._fail(c)
+
+    def chunk(self, c):
+        block = _block(self.item - 1, self.cs)
+        if self.top.modes[c] == entropy.HUFFMAN:
+            lo, hi = self._span(c)
+            s, e = self._top_start(c)
+            multi, single, tb = self.tables
+            self._check(c, pk.decode_top(self.buf, s, e, hi - lo, multi, single, tb, block, 0))
+        self._finish(c, block)
+
+    def group(self, j):
+        """Chunks ``4j`` to ``4j + 3``, their exponent codes decoded side by side."""
+        cs = [c for c in range(4 * j, min(self.nch, 4 * j + 4))]
+        if len(cs) < 4 or any(self.top.modes[c] != entropy.HUFFMAN for c in cs):
+            for c in cs:
+                self.chunk(c)
+            return
+        block = _block(self.item - 1, 4 * self.cs)
+        s = np.empty(4, np.int64)
+        e = np.empty(4, np.int64)
+        n = np.empty(4, np.int64)
+        for k, c in enumerate(cs):
+            s[k], e[k] = self._top_start(c)
+            lo, hi = self._span(c)
+            n[k] = hi - lo
+        o = np.arange(4, dtype=np.int64) * self.cs
+        used = np.empty(4, np.int64)
+        multi, single, tb = self.tables
+        pk.decode_top4(self.buf, s, e, n, multi, single, tb, block, o, used)
+        for k, c in enumerate(cs):
+            self._check(c, int(used[k]))
+            self._finish(c, block[k * self.cs:])
+
+    def run(self, stored_crc: int | None = None):
+        """Decode every chunk on the pool; with ``stored_crc`` compare the payload's CRC."""
+        run_tasks(self.group, -(-self.nch // 4))
+        if stored_crc is not None:
+            raw = np.minimum(self.cs, self.n - np.arange(self.nch) * self.cs)
+            sizes = [raw] * (self.item - 1) + [np.diff(self.top.offsets)]
+            if combine_crcs(self.crcs, sizes) != stored_crc:
+                raise ChecksumError(f"{self.what}: payload checksum mismatch; the blob is damaged")
