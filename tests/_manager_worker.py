@@ -3,9 +3,10 @@
 Usage: _manager_worker.py DIR OUT STEPS MODE KILL
   MODE  "exact" (every checkpoint an exact keyframe) or "lossy" (the default 2/4-bit chain)
   KILL  "none"; "at:N" (SIGKILL itself right after iteration N); "save:N" (SIGKILL itself
-        while the background save of the first checkpoint at or after iteration N is
-        writing its file); "sigterm" (installs the SIGTERM handler and reports each
-        iteration on stdout so the parent can signal it mid-run)
+        while the background save of a checkpoint at or after iteration N is writing its
+        file; from N on it checkpoints every iteration until then); "sigterm" (installs
+        the SIGTERM handler and reports each iteration on stdout so the parent can signal
+        it mid-run)
 Writes OUT (a torch file: final model state, test accuracy and loss, resumed-from step) when
 it finishes. Deterministic: one thread, seeded generators, so an uninterrupted run and a
 resumed exact run give bit-identical weights.
@@ -78,7 +79,9 @@ def main(directory, out, steps, mode, kill):
                 time.sleep(0.005)
             if kill.startswith("at:") and it + 1 == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
-            if kill.startswith("save:") and it + 1 >= kill_at and took:
+            if kill.startswith("save:") and it + 1 >= kill_at:
+                if not took:               # do not depend on the plan's timing: save now
+                    mgr.checkpoint()
                 kill_while_writing(directory, mgr)
     model.eval()
     with torch.no_grad():
