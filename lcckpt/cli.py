@@ -311,7 +311,7 @@ _COMMANDS = {"bench": _bench, "inspect": _inspect, "verify": _verify, "convert":
 
 # ``lcckpt bench SUITE ...``: the other benchmark suites, each a module with main(argv)
 SUITES = {"schedule": "lcckpt.bench.schedule", "lazy": "lcckpt.bench.lazy",
-          "manager": "lcckpt.bench.manager"}
+          "manager": "lcckpt.bench.manager", "exact": "lcckpt.bench.exact"}
 
 
 def main(argv=None) -> int:
