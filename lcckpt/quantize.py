@@ -143,3 +143,157 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     residual = delta_sq - float(np.sum(2 * c * s_tot - total * c * c))
     return Quantized(sym, sym_hist, centroids, int(kept), total, max(residual, 0.0),
                      float(norms[:, 0].sum()), delta_sq, rhist, rextra)
+
+
+# --- the error-bounded uniform quantizer ------------------------------------------------
+
+UNIFORM_BITS = (2, 3, 4, 5, 6, 7, 8)       # symbol widths it may choose; escapes beyond
+ESCAPE_COST = 12                           # bytes an escape costs, roughly (index, value)
+SQRT12 = float(np.sqrt(12.0))
+
+
+def zigzag_levels(bits: int) -> np.ndarray:
+    """Symbol -> signed level: 0, -1, 1, -2, 2, ... (``2**bits`` symbols)."""
+    s = np.arange(1 << bits, dtype=np.int64)
+    return np.where(s & 1, -((s + 1) >> 1), s >> 1)
+
+
+def uniform_table(step: float, bits: int, dtype) -> np.ndarray:
+    """What each symbol adds to the reference: ``level * step`` rounded once to ``dtype``.
+
+    The encoder and the decoder both take the table from here, so they add the very same
+    floats and their references stay bit-identical.
+    """
+    return (zigzag_levels(bits).astype(np.float64) * float(step)).astype(dtype)
+
+
+@dataclass
+class Uniform:
+    """A delta coded by the uniform quantizer, with the reconstruction it leads to."""
+    sym: np.ndarray            # uint8 [n]
+    sym_hist: np.ndarray       # int64 [nchunks, 2**bits]
+    bits: int
+    step: float
+    table: np.ndarray          # [2**bits] in the work dtype (see uniform_table)
+    esc_idx: np.ndarray        # int64, sorted: elements stored exactly
+    esc_val: np.ndarray        # their values, in the work dtype
+    recon: np.ndarray          # the decoder's reconstruction of u (flat, work dtype)
+    residual_sq: float         # ||u - recon||^2, measured on the reconstruction itself
+    target_sq: float           # ||u||^2
+    delta_sq: float            # ||u - ref||^2
+
+    @property
+    def rel_error(self) -> float:
+        """||u - ũ||₂ / ||u||₂ of the restored tensor, exactly (fp32 rounding included)."""
+        if self.target_sq == 0:
+            return 0.0 if self.residual_sq == 0 else float("inf")
+        return float(np.sqrt(self.residual_sq / self.target_sq))
+
+
+def _entropy(counts: np.ndarray) -> float:
+    c = counts[counts > 0].astype(np.float64)
+    t = c.sum()
+    return float(-(c * np.log2(c / t)).sum()) if t else 0.0
+
+
+def _try_step(u, ref, d, step, chunk_size, itemsize):
+    """Quantize ``d`` with ``step``: the symbol width of fewest estimated bytes, escapes
+    for levels beyond it; returns (Uniform, estimated bytes)."""
+    n = u.size
+    if step > 0:
+        q = np.rint(d.astype(np.float64) / step)
+        np.clip(q, -(1 << 40), 1 << 40, out=q)
+        q = q.astype(np.int64)
+        zz = np.where(q < 0, -2 * q - 1, 2 * q)
+    else:                                        # exact: every change is an escape
+        zz = np.where(d != 0, 1 << 62, 0).astype(np.int64)
+    hist = np.bincount(np.minimum(zz, 256), minlength=257)
+    best = None
+    for b in UNIFORM_BITS:
+        S = 1 << b
+        h = hist[:S].copy()
+        esc = int(hist[S:].sum())
+        h[0] += esc
+        est = _entropy(h) / 8 + esc * (4 + itemsize) + (S if b > 4 else 0) / 2
+        if best is None or est < best[0]:
+            best = (est, b, esc)
+        if esc == 0:
+            break
+    est, b, _ = best
+    S = 1 << b
+    esc_mask = zz >= S
+    sym = np.where(esc_mask, 0, zz).astype(np.uint8)
+    table = uniform_table(step, b, u.dtype)
+    r = ref if ref is not None else np.zeros_like(u)
+    recon = np.where(sym != 0, r + table[sym], r)    # symbol 0 adds nothing (as decoding)
+    esc_idx = np.flatnonzero(esc_mask)
+    esc_val = u[esc_idx].copy()
+    recon[esc_idx] = esc_val
+    err = u.astype(np.float64) - recon.astype(np.float64)
+    nch = -(-n // chunk_size)
+    sym_hist = np.zeros((nch, S), np.int64)
+    for c in range(nch):
+        sym_hist[c] = np.bincount(sym[c * chunk_size:(c + 1) * chunk_size], minlength=S)
+    uq = Uniform(sym, sym_hist, b, float(step), table, esc_idx, esc_val, recon,
+                 float(err @ err), 0.0, 0.0)
+    return uq, est
+
+
+def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
+                     chunk_size: int) -> Uniform:
+    """Code ``u - ref`` so that the *restored* tensor meets ``||u - ũ||₂ <= target·||u||₂``.
+
+    ``ũ = ref + level·step`` (levels are integers), so every element is off by at most
+    ``step/2`` and, because ``ref`` is the decoder's own reconstruction, the error does not
+    build up along a chain: each step measures it afresh against the true ``u``. The step
+    is searched: first ``sqrt(12)·target·rms(u)`` (the uniform-noise estimate), rescaled
+    once by the error actually measured, and ``2·target·rms(u)`` (for which the max-error
+    bound alone guarantees the target) as the last resort; the largest step whose measured
+    error meets the target wins. Levels beyond 8-bit symbols, and every change when
+    ``target == 0``, are escapes: elements stored exactly. The returned error is measured
+    on the reconstruction itself; if even the last resort misses (fp rounding under a tiny
+    target) the caller stores the tensor exactly.
+    """
+    if not np.all(np.isfinite(u)) or (ref is not None and not np.all(np.isfinite(ref))):
+        raise NonFiniteError(
+            "the state holds NaN/Inf values, which the uniform quantizer cannot bound; "
+            "check the state for divergence, or store this step as an exact keyframe")
+    u64 = u.astype(np.float64)
+    norm_u = float(u64 @ u64)
+    d = u - ref if ref is not None else u.copy()
+    d64 = d.astype(np.float64)
+    delta_sq = float(d64 @ d64)
+    n = u.size
+    tol_sq = target * target * norm_u
+    rms = np.sqrt(norm_u / n) if n else 0.0
+    isz = u.dtype.itemsize
+    if target == 0 or rms == 0:
+        steps = [0.0]
+    else:
+        steps = [SQRT12 * target * rms]
+    best = None
+    tried = set()
+    while steps:
+        s = steps.pop(0)
+        if s in tried:
+            continue
+        tried.add(s)
+        uq, est = _try_step(u, ref, d, s, chunk_size, isz)
+        ok = uq.residual_sq <= tol_sq
+        if ok and (best is None or est < best[1]):
+            best = (uq, est)
+        if s == 0:
+            break
+        if len(tried) == 1:
+            # one rescale by the measured error, then the guaranteed step
+            scale = np.sqrt(tol_sq / uq.residual_sq) if uq.residual_sq > 0 else 2.0
+            steps = [s * min(2.0, 0.99 * scale), 2 * target * rms]
+            if ok and scale < 1.0:
+                steps = []
+        elif best is not None:
+            break
+    if best is None:
+        return None
+    uq = best[0]
+    uq.target_sq, uq.delta_sq = norm_u, delta_sq
+    return uq
