@@ -150,6 +150,7 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
 UNIFORM_BITS = (2, 3, 4, 5, 6, 7, 8)       # symbol widths it may choose; escapes beyond
 ESCAPE_COST = 12                           # bytes an escape costs, roughly (index, value)
 SQRT12 = float(np.sqrt(12.0))
+SEARCH_TRIES = 5                           # quantization passes spent looking for the step
 
 
 def zigzag_levels(bits: int) -> np.ndarray:
@@ -246,10 +247,11 @@ def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
     ``ũ = ref + level·step`` (levels are integers), so every element is off by at most
     ``step/2`` and, because ``ref`` is the decoder's own reconstruction, the error does not
     build up along a chain: each step measures it afresh against the true ``u``. The step
-    is searched: first ``sqrt(12)·target·rms(u)`` (the uniform-noise estimate), rescaled
-    once by the error actually measured, and ``2·target·rms(u)`` (for which the max-error
-    bound alone guarantees the target) as the last resort; the largest step whose measured
-    error meets the target wins. Levels beyond 8-bit symbols, and every change when
+    is searched: first ``sqrt(12)·target·rms(u)`` (the uniform-noise estimate), then
+    rescaled by the error actually measured (a few tries, bisecting once a step has
+    failed), with ``2·target·rms(u)`` (for which the max-error bound alone guarantees the
+    target) as the last resort; the cheapest step whose measured error meets the target
+    wins. Levels beyond 8-bit symbols, and every change when
     ``target == 0``, are escapes: elements stored exactly. The returned error is measured
     on the reconstruction itself; if even the last resort misses (fp rounding under a tiny
     target) the caller stores the tensor exactly.
@@ -272,26 +274,31 @@ def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
     else:
         steps = [SQRT12 * target * rms]
     best = None
-    tried = set()
-    while steps:
-        s = steps.pop(0)
-        if s in tried:
-            continue
-        tried.add(s)
+    lo_fail = None                      # the smallest step seen to miss the target
+    s = steps[0]
+    for _ in range(SEARCH_TRIES if s > 0 else 1):
         uq, est = _try_step(u, ref, d, s, chunk_size, isz)
-        ok = uq.residual_sq <= tol_sq
-        if ok and (best is None or est < best[1]):
+        if uq.residual_sq <= tol_sq:
+            if best is None or est < best[1]:
+                best = (uq, est)
+            if uq.residual_sq >= 0.97 * tol_sq:
+                break                   # close enough to the target
+            grow = np.sqrt(tol_sq / uq.residual_sq) if uq.residual_sq > 0 else 4.0
+            nxt = s * min(4.0, 0.995 * grow)
+            if lo_fail is not None:
+                nxt = min(nxt, 0.5 * (s + lo_fail))
+        else:
+            lo_fail = s if lo_fail is None else min(lo_fail, s)
+            nxt = s * max(0.5, 0.995 * np.sqrt(tol_sq / uq.residual_sq))
+            if best is not None:
+                nxt = 0.5 * (best[0].step + s)
+        if nxt == s:
+            break
+        s = nxt
+    if best is None and target > 0 and rms > 0:          # the guaranteed step
+        uq, est = _try_step(u, ref, d, 2 * target * rms, chunk_size, isz)
+        if uq.residual_sq <= tol_sq:
             best = (uq, est)
-        if s == 0:
-            break
-        if len(tried) == 1:
-            # one rescale by the measured error, then the guaranteed step
-            scale = np.sqrt(tol_sq / uq.residual_sq) if uq.residual_sq > 0 else 2.0
-            steps = [s * min(2.0, 0.99 * scale), 2 * target * rms]
-            if ok and scale < 1.0:
-                steps = []
-        elif best is not None:
-            break
     if best is None:
         return None
     uq = best[0]
