@@ -82,9 +82,11 @@ class _SaveSession:
     (None: those are stored as plain exact sections, LC-Checkpoint's way)."""
 
     def __init__(self, encoders: dict, make: Callable, track: Callable, keyframe: bool,
-                 small: Callable | None = None, exact_of: dict | None = None):
+                 small: Callable | None = None, exact_of: dict | None = None,
+                 warn_error: float | None = None):
         self.encoders, self.make, self.track, self.keyframe = encoders, make, track, keyframe
-        self.small = small
+        self.small, self.warn_error = small, warn_error
+        self.drifted: list[tuple[str, float]] = []     # (path, restored error) past warn_error
         self.exact_of = {} if exact_of is None else exact_of   # path -> its encoder is exact
         self.stats: dict[str, dict] = {}
 
@@ -122,6 +124,8 @@ class _SaveSession:
                 rec["escapes"] = st.escapes
         if st.fallback and not exact:          # exact deltas are stored exactly by intent
             rec["fallback"] = st.fallback
+        if self.warn_error is not None and st.rel_error > self.warn_error:
+            self.drifted.append((path, float(st.rel_error)))
         return Encoded(DELTA, parts, {"key": path})
 
 
@@ -217,6 +221,8 @@ class DeltaCheckpointer:
     (an unchanged one costs a few bytes). ``target`` may be a ``key_path -> target``
     policy. ``target=None``, or any LC setting (``bits``, ``error_bound``) without a
     ``target``: LC-Checkpoint's exponent buckets, small tensors stored whole, as the paper.
+    ``warn_error``: warn (RuntimeWarning) when a tracked tensor's restored relative error
+    passes it, e.g. in LC mode, where nothing bounds it.
     ``bits``/``coder``/``error_bound``: the LC delta quantizer (see :class:`DeltaEncoder`);
     ``bits`` may also be a ``key_path -> bits`` policy, e.g. more bits for Adam's first
     moment, which 2 bits track poorly (see docs/chain.md).
@@ -238,7 +244,8 @@ class DeltaCheckpointer:
                  keep_last: int | None = None, min_delta_elements: int | None = None,
                  track: Callable[[str, torch.Tensor], bool] | None = None,
                  keyframe_coding: str = "lossless",
-                 target: float | Callable[[str], float | None] | None | str = "default"):
+                 target: float | Callable[[str], float | None] | None | str = "default",
+                 warn_error: float | None = None):
         if keyframe_every is not None and (type(keyframe_every) is not int or keyframe_every < 1):
             raise InvalidArgumentError(f"keyframe_every must be a positive int or None, got {keyframe_every!r}")
         if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
@@ -261,6 +268,10 @@ class DeltaCheckpointer:
         self.directory = os.fspath(directory)     # created by the first save
         self.bits, self.coder, self.error_bound = bits, coder, error_bound
         self.target = target
+        if warn_error is not None and (isinstance(warn_error, bool) or not isinstance(
+                warn_error, (int, float)) or not warn_error >= 0):
+            raise InvalidArgumentError(f"warn_error must be None or a number >= 0, got {warn_error!r}")
+        self.warn_error = warn_error
         if min_delta_elements is None:
             min_delta_elements = LC_MIN_DELTA_ELEMENTS if target is None \
                 else TARGET_MIN_DELTA_ELEMENTS
@@ -313,7 +324,8 @@ class DeltaCheckpointer:
                     or (self.keyframe_every is not None
                         and self._last["depth"] + 1 >= self.keyframe_every))
         session = _SaveSession(self._encoders, self._new_encoder, self._track, keyframe,
-                               None if self.target is None else self._small, self._exact_of)
+                               None if self.target is None else self._small, self._exact_of,
+                               self.warn_error)
         path = self.path(step)
         try:
             meta, sections = pack(obj, encode_leaf=session.encode_leaf)
@@ -339,6 +351,10 @@ class DeltaCheckpointer:
             raise
         self._last = {"step": step, "state_id": state_id, "depth": depth}
         self._force_keyframe = False
+        for key, err in session.drifted:
+            warnings.warn(f"step {step}: {key} restores with relative error {err:.3g}, past "
+                          f"warn_error={self.warn_error:g}; raise its bits or set a target",
+                          RuntimeWarning, stacklevel=2)
         self.last_save = {"step": step, "kind": meta["lcckpt_chain"]["kind"], "path": path,
                           "nbytes": nbytes}
         self._apply_retention()

@@ -240,3 +240,17 @@ def test_lc_faithful_mode_is_one_argument_away(tmp_path):
     # and so is any explicit LC setting
     ck2 = DeltaCheckpointer(tmp_path / "b", bits=3)
     assert ck2.target is None
+
+
+def test_lc_mode_warns_when_a_tensor_drifts_past_warn_error(tmp_path):
+    s = _cnn_state(4)
+    ck = DeltaCheckpointer(tmp_path, target=None, warn_error=0.01)
+    ck.save(0, s[0])
+    with pytest.warns(RuntimeWarning, match="exp_avg.*past warn_error=0.01"):
+        ck.save(1, s[5])
+    quiet = DeltaCheckpointer(tmp_path / "q", warn_error=0.5)     # the default targets hold
+    import warnings as w
+    with w.catch_warnings():
+        w.simplefilter("error")
+        for i, x in enumerate(s):
+            quiet.save(i, x)
