@@ -14,10 +14,10 @@ def main(argv=None) -> int:
     ap.add_argument("--plot", help="write the rate-distortion plot here (png)")
     args = ap.parse_args(argv)
     result = run(quick=args.quick, plot=args.plot)
-    print(table(result))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+    print(table(result))
     return 0
 
 

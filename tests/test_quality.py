@@ -254,3 +254,21 @@ def test_lc_mode_warns_when_a_tensor_drifts_past_warn_error(tmp_path):
         w.simplefilter("error")
         for i, x in enumerate(s):
             quiet.save(i, x)
+
+
+def test_uniform_encoder_output_is_unchanged():
+    """Today's encoder writes v2's uniform blobs byte for byte (their decoding is checked
+    with every golden file in test_compat)."""
+    import os
+    from fixtures.make_golden import UNIFORM_TARGETS, uniform_source
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "v2")
+    escapes = 0
+    for dtype in (np.float32, np.float64, np.float16):
+        for target in UNIFORM_TARGETS:
+            with open(os.path.join(here, f"uniform-{np.dtype(dtype).name}-t{target:g}.blob"), "rb") as f:
+                want = f.read()
+            got = lcckpt.encode(uniform_source(dtype), target=target)
+            assert got == want, (dtype, target)
+            if want[4] == 3:
+                escapes += parse(want)[1].esc_idx.size
+    assert escapes > 0

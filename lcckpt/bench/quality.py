@@ -160,7 +160,8 @@ def run(quick: bool = False, plot: str | None = None, settings: dict | None = No
         for name in [n for n in rows if n.startswith("lc b=") and "eb" not in n]:
             # the uniform quantizer held to the worst restored error LC reached
             t = min(rows[name]["worst_state_error"], 0.99)
-            rows[f"uniform at {name}'s error ({t:.3g})"] = chain_quality(traj, dict(target=t))
+            rows[f"uniform at {name}'s error"] = r = chain_quality(traj, dict(target=t))
+            r["target"] = t
         result["trajectories"][optimizer] = rows
         if not quick:
             result["resume"][optimizer] = resume(optimizer, resume_steps)
