@@ -118,12 +118,13 @@ def guarded_encode(u, ref, dt, shape, cfg: CodecConfig, exact, cache=None, advan
     return parts, st, False
 
 
+_FINITE_MAX = {"F16": 65504.0, "BF16": 3.3895313892515355e38}   # narrower than the work dtype
 ESCAPE_SHARE = 0.5      # past this share of an exact blob's bytes in escapes, store exactly
 
 
 def _uniform_encode(u, ref, dt, shape, cfg: CodecConfig, exact, cache, advance):
     """The uniform quantizer's half of :func:`guarded_encode`."""
-    uq = uniform_quantize(u, ref, cfg.target, 1 << cfg.log2)
+    uq = uniform_quantize(u, ref, cfg.target, 1 << cfg.log2, _FINITE_MAX.get(dt.name))
     why = None
     if uq is None:
         why = f"no step meets the target {cfg.target:g} (fp rounding): stored exactly"

@@ -199,11 +199,13 @@ def _entropy(counts: np.ndarray) -> float:
     return float(-(c * np.log2(c / t)).sum()) if t else 0.0
 
 
-def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE):
+def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE, limit=None):
     """Quantize ``d`` with ``step``: the symbol width of fewest estimated bytes, escapes
     for levels beyond it; returns (Uniform, estimated bytes).
 
-    ``deadzone``: a magnitude rounds up past ``deadzone`` of a step (0.5: to nearest)."""
+    ``deadzone``: a magnitude rounds up past ``deadzone`` of a step (0.5: to nearest).
+    ``limit``: the largest finite value of the stored dtype (fp16, bf16); an element the
+    step would carry past it becomes an escape, so no restored value overflows."""
     n = u.size
     if step > 0:
         a = d.astype(np.float64) / step
@@ -232,6 +234,12 @@ def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE):
     table = uniform_table(step, b, u.dtype)
     r = ref if ref is not None else np.zeros_like(u)
     recon = np.where(sym != 0, r + table[sym], r)    # symbol 0 adds nothing (as decoding)
+    if limit is not None:
+        over = np.abs(recon) > limit
+        if over.any():
+            esc_mask |= over
+            sym[over] = 0
+            recon = np.where(sym != 0, r + table[sym], r)
     esc_idx = np.flatnonzero(esc_mask)
     esc_val = u[esc_idx].copy()
     recon[esc_idx] = esc_val
@@ -246,7 +254,7 @@ def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE):
 
 
 def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
-                     chunk_size: int) -> Uniform:
+                     chunk_size: int, limit: float | None = None) -> Uniform:
     """Code ``u - ref`` so that the *restored* tensor meets ``||u - ũ||₂ <= target·||u||₂``.
 
     ``ũ = ref + level·step`` (levels are integers, magnitudes rounded with a small dead
@@ -282,7 +290,7 @@ def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
     lo_fail = None                      # the smallest step seen to miss the target
     s = steps[0]
     for _ in range(SEARCH_TRIES if s > 0 else 1):
-        uq, est = _try_step(u, ref, d, s, chunk_size, isz)
+        uq, est = _try_step(u, ref, d, s, chunk_size, isz, limit=limit)
         if uq.residual_sq <= tol_sq:
             if best is None or est < best[1]:
                 best = (uq, est)
@@ -301,7 +309,7 @@ def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
             break
         s = nxt
     if best is None and target > 0 and rms > 0:          # the guaranteed step
-        uq, est = _try_step(u, ref, d, 2 * target * rms, chunk_size, isz, deadzone=0.5)
+        uq, est = _try_step(u, ref, d, 2 * target * rms, chunk_size, isz, 0.5, limit)
         if uq.residual_sq <= tol_sq:
             best = (uq, est)
     if best is None:
