@@ -4,9 +4,12 @@ Every save writes one container file, ``step-<12-digit step>.lcc``, atomically (
 fsync, rename). Floating tensors with at least ``min_delta_elements`` elements are tracked
 by their own :class:`~lcckpt.delta.DeltaEncoder` keyed by their key path (the same path
 names their section); a *keyframe* stores them exactly, a *delta* stores each as a lossy
-delta against the reconstruction of the previous step. Everything else (small or integer
-tensors, step counters, Python values) is stored exactly in every file, so a file's object
-tree is always complete and only its tracked tensors depend on earlier files.
+delta against the reconstruction of the previous step: by default the uniform quantizer
+held to a restored-state target per tensor role (lcckpt/policy.py), with smaller floating
+tensors delta-coded exactly; with ``target=None`` LC-Checkpoint's buckets, smaller
+floating tensors stored whole. Everything else (integer tensors, step counters, Python
+values) is stored exactly in every file, so a file's object tree is always complete and
+only its tracked tensors depend on earlier files.
 
 Each file's header ``meta["lcckpt_chain"]`` names its base (the previous step) by step,
 file name and ``state_id``, a random id given to each reconstructed state when it is
