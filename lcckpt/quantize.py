@@ -17,6 +17,7 @@ from ._pool import run_tasks
 from .errors import NonFiniteError
 from .kernels import buckets as bk
 from .kernels import runs as rk
+from .kernels import uniform as uk
 
 _LAYOUT = {np.dtype(np.float32): (np.uint32, np.uint32(23), 512),
            np.dtype(np.float64): (np.uint64, np.uint64(52), 4096)}
@@ -183,7 +184,6 @@ class Uniform:
     recon: np.ndarray          # the decoder's reconstruction of u (flat, work dtype)
     residual_sq: float         # ||u - recon||^2, measured on the reconstruction itself
     target_sq: float           # ||u||^2
-    delta_sq: float            # ||u - ref||^2
 
     @property
     def rel_error(self) -> float:
@@ -200,22 +200,25 @@ def _entropy(counts: np.ndarray) -> float:
 
 
 def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE, limit=None):
-    """Quantize ``d`` with ``step``: the symbol width of fewest estimated bytes, escapes
-    for levels beyond it; returns (Uniform, estimated bytes).
+    """Quantize ``u - ref`` with ``step``: the symbol width of fewest estimated bytes,
+    escapes for levels beyond it; returns (Uniform, estimated bytes). Two chunk-parallel
+    passes: the level histogram, then symbols and reconstruction.
 
     ``deadzone``: a magnitude rounds up past ``deadzone`` of a step (0.5: to nearest).
     ``limit``: the largest finite value of the stored dtype (fp16, bf16); an element the
     step would carry past it becomes an escape, so no restored value overflows."""
     n = u.size
-    if step > 0:
-        a = d.astype(np.float64) / step
-        q = np.copysign(np.floor(np.abs(a) + (1.0 - deadzone)), a)
-        np.clip(q, -(1 << 40), 1 << 40, out=q)
-        q = q.astype(np.int64)
-        zz = np.where(q < 0, -2 * q - 1, 2 * q)
-    else:                                        # exact: every change is an escape
-        zz = np.where(d != 0, 1 << 62, 0).astype(np.int64)
-    hist = np.bincount(np.minimum(zz, 256), minlength=257)
+    nch = -(-n // chunk_size)
+    use_ref = ref is not None
+    r = ref if use_ref else u
+    up = 1.0 - deadzone
+    levels = np.zeros((nch, 257), np.int64)
+
+    def pass1(c):
+        uk.level_histogram(u, r, use_ref, c * chunk_size, min(n, (c + 1) * chunk_size),
+                           float(step), up, levels[c])
+    run_tasks(pass1, nch)
+    hist = levels.sum(axis=0)
     best = None
     for b in UNIFORM_BITS:
         S = 1 << b
@@ -229,27 +232,22 @@ def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE, limit=No
             break
     est, b, _ = best
     S = 1 << b
-    esc_mask = zz >= S
-    sym = np.where(esc_mask, 0, zz).astype(np.uint8)
     table = uniform_table(step, b, u.dtype)
-    r = ref if ref is not None else np.zeros_like(u)
-    recon = np.where(sym != 0, r + table[sym], r)    # symbol 0 adds nothing (as decoding)
-    if limit is not None:
-        over = np.abs(recon) > limit
-        if over.any():
-            esc_mask |= over
-            sym[over] = 0
-            recon = np.where(sym != 0, r + table[sym], r)
-    esc_idx = np.flatnonzero(esc_mask)
-    esc_val = u[esc_idx].copy()
-    recon[esc_idx] = esc_val
-    err = u.astype(np.float64) - recon.astype(np.float64)
-    nch = -(-n // chunk_size)
+    sym = np.empty(n, np.uint8)
+    escf = np.empty(n, np.uint8)
+    recon = np.empty_like(u)
     sym_hist = np.zeros((nch, S), np.int64)
-    for c in range(nch):
-        sym_hist[c] = np.bincount(sym[c * chunk_size:(c + 1) * chunk_size], minlength=S)
-    uq = Uniform(sym, sym_hist, b, float(step), table, esc_idx, esc_val, recon,
-                 float(err @ err), 0.0, 0.0)
+    errs = np.zeros(nch)
+    lim = float(limit) if limit is not None else 0.0
+
+    def pass2(c):
+        errs[c] = uk.quantize_range(u, r, use_ref, c * chunk_size,
+                                    min(n, (c + 1) * chunk_size), float(step), up, S, table,
+                                    lim, limit is not None, sym, escf, recon, sym_hist[c])
+    run_tasks(pass2, nch)
+    esc_idx = np.flatnonzero(escf)
+    uq = Uniform(sym, sym_hist, b, float(step), table, esc_idx, u[esc_idx].copy(), recon,
+                 float(errs.sum()), 0.0)
     return uq, est
 
 
@@ -275,9 +273,8 @@ def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
             "check the state for divergence, or store this step as an exact keyframe")
     u64 = u.astype(np.float64)
     norm_u = float(u64 @ u64)
-    d = u - ref if ref is not None else u.copy()
-    d64 = d.astype(np.float64)
-    delta_sq = float(d64 @ d64)
+    del u64
+    d = None                                     # the kernels compute u - ref as they go
     n = u.size
     tol_sq = target * target * norm_u
     rms = np.sqrt(norm_u / n) if n else 0.0
@@ -315,5 +312,5 @@ def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
     if best is None:
         return None
     uq = best[0]
-    uq.target_sq, uq.delta_sq = norm_u, delta_sq
+    uq.target_sq = norm_u
     return uq
