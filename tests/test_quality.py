@@ -272,3 +272,13 @@ def test_uniform_encoder_output_is_unchanged():
             if want[4] == 3:
                 escapes += parse(want)[1].esc_idx.size
     assert escapes > 0
+
+
+def test_quality_benchmark_measures_a_short_trajectory():
+    from lcckpt.bench.quality import chain_quality
+    from lcckpt.bench.trajectory import train_trajectory
+    traj = train_trajectory(model="cnn", optimizer="adam", steps=30, snapshot_every=10)
+    exact = chain_quality(traj, dict(keyframe_every=1))
+    assert exact["worst_state_error"] == 0 and exact["worst_drop_points"] == 0
+    lossy = chain_quality(traj, dict(target=0.05))
+    assert 0 < lossy["worst_state_error"] <= 0.05 and lossy["ratio"] > exact["ratio"]
