@@ -34,7 +34,7 @@ SETTINGS = {            # name -> DeltaCheckpointer keywords
     "lc b=2 eb=0.03": dict(bits=2, error_bound=0.03, target=None),
     "uniform 0.05": dict(target=0.05),
     "uniform 0.02": dict(target=0.02),
-    "default (uniform 0.01)": dict(),
+    "default (role targets 0.01/0.5/0.05)": dict(),
     "uniform 0.005": dict(target=0.005),
     "uniform 0.002": dict(target=0.002),
     "lossless (every save a keyframe)": dict(keyframe_every=1),
