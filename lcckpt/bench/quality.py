@@ -191,6 +191,7 @@ def table(result: dict) -> str:
 
 def _plot(result: dict, path: str) -> None:
     import matplotlib
+    import matplotlib.ticker
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -198,8 +199,8 @@ def _plot(result: dict, path: str) -> None:
     for col, opt in enumerate(("sgd", "adam")):
         rows = result["trajectories"][opt]
         for name, r in rows.items():
-            if r["ratio"] is None:
-                continue
+            if r["ratio"] is None or name.startswith("uniform at") or "huffman" in name:
+                continue                  # the table has them; they crowd the plot
             mk = "o" if name.startswith("lc") else ("s" if "lossless" in name else "^")
             for row, (key, label) in enumerate((("worst_drop_points", "worst accuracy drop (points)"),
                                                 ("worst_state_error", "worst restored-state error"))):
@@ -210,6 +211,7 @@ def _plot(result: dict, path: str) -> None:
                 ax.set_ylabel(label)
                 ax.set_title(f"CNN, {opt}")
                 ax.set_xscale("log")
+                ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
                 if row:
                     ax.set_yscale("log")
     fig.tight_layout()
