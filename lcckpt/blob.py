@@ -7,7 +7,16 @@ Blob layout (little-endian; ``uvar`` = unsigned LEB128):
     lossy:    bits:u8  flags:u8 (bit0 midpoint)  kept:u8  centroids[1..kept] (fp32; fp64 for F64)
               stream tables (see entropy.write_tables)
     lossless: nplanes:u8  rotate:u8  stream tables per plane
+    uniform:  bits:u8 (2-8)  step:f64  escapes:uvar  stream tables        (version 2 only)
     crc32(header):u32   payload   crc32(payload):u32
+
+A uniform blob's payload is its symbol stream, then the escapes: their element indices
+(u32, or u64 when the tensor has 2**32 elements or more; strictly increasing) and their
+exact values (fp32; fp64 for F64). Symbol ``s`` adds ``level(s)·step`` (levels 0, -1, 1,
+-2, 2, ...; :func:`lcckpt.quantize.uniform_table`); an escaped element is *set* to its
+value. Blobs of the first two kinds are written as version 1, exactly as before; a
+uniform blob is version 2, so a reader that predates it says "upgrade" instead of
+misreading it.
 
 A lossy blob holds a quantized *delta*: decoding adds it to a reference (zeros for a
 stand-alone ``encode``). A lossless blob holds exact values. See docs/algorithm.md §8.
@@ -25,10 +34,12 @@ import numpy as np
 from . import _crc, dtypes, entropy, lossless
 from ._wire import Reader, Writer
 from .errors import ChecksumError, CorruptDataError, TruncatedError, UnsupportedVersionError
+from .quantize import uniform_table
 
 MAGIC = b"LCC"
-VERSION = 1
-LOSSY, LOSSLESS = 1, 2
+VERSION = 1                 # lossy and lossless blobs
+UNIFORM_VERSION = 2         # uniform blobs (the only kind version 2 adds)
+LOSSY, LOSSLESS, UNIFORM = 1, 2, 3
 MAX_NDIM = 64
 
 
@@ -36,7 +47,7 @@ def header(kind: int, dt: dtypes.DType, shape, log2: int) -> Writer:
     """A writer holding the common header fields; the caller appends its kind's fields."""
     w = Writer()
     w.raw(MAGIC)
-    w.u8(VERSION)
+    w.u8(UNIFORM_VERSION if kind == UNIFORM else VERSION)
     w.u8(kind)
     w.u8(dt.code)
     w.uvar(len(shape))
@@ -84,6 +95,9 @@ class Parsed:
     centroids: np.ndarray | None = None
     layouts: list = field(default_factory=list)
     rotate: bool = False
+    step: float = 0.0
+    esc_idx: np.ndarray | None = None    # uniform: escaped elements (int64) ...
+    esc_val: np.ndarray | None = None    # ... and their exact values (work dtype)
 
 
 def parse(blob, check_payload: bool = True) -> tuple[np.ndarray, Parsed]:
@@ -100,12 +114,13 @@ def parse(blob, check_payload: bool = True) -> tuple[np.ndarray, Parsed]:
         raise CorruptDataError("not an lcckpt blob (bad magic); was it produced by lcckpt.encode?")
     r.pos = 3
     version = r.u8()
-    if version != VERSION:
+    if version not in (VERSION, UNIFORM_VERSION):
         raise UnsupportedVersionError(
-            f"blob format version {version}; this lcckpt reads version {VERSION}: upgrade lcckpt")
+            f"blob format version {version}; this lcckpt reads versions {VERSION} and "
+            f"{UNIFORM_VERSION}: upgrade lcckpt")
     kind = r.u8()
-    if kind not in (LOSSY, LOSSLESS):
-        raise CorruptDataError(f"lcckpt blob: unknown kind {kind}")
+    if kind not in (LOSSY, LOSSLESS, UNIFORM) or (kind == UNIFORM) != (version == UNIFORM_VERSION):
+        raise CorruptDataError(f"lcckpt blob: unknown kind {kind} in a version {version} blob")
     code = r.u8()
     if code not in dtypes.BY_CODE:
         raise CorruptDataError(f"lcckpt blob: unknown dtype code {code}")
@@ -140,6 +155,23 @@ def parse(blob, check_payload: bool = True) -> tuple[np.ndarray, Parsed]:
             raise CorruptDataError("lcckpt blob: non-finite centroid")
         allowed = entropy.modes_for("auto", p.bits)
         p.layouts = [entropy.read_tables(r, n, cs, p.bits, allowed)]
+    elif kind == UNIFORM:
+        if dt.kind != "float":
+            raise CorruptDataError(f"lcckpt blob: uniform kind with dtype {dt.name}")
+        p.bits = r.u8()
+        if not 2 <= p.bits <= 8:
+            raise CorruptDataError(f"lcckpt blob: uniform symbols of {p.bits} bits")
+        p.step = float(np.frombuffer(r.raw(8), "<f8")[0])
+        if not (np.isfinite(p.step) and p.step >= 0):
+            raise CorruptDataError(f"lcckpt blob: uniform step {p.step}")
+        nesc = r.uvar(n, "number of escapes")
+        work = np.float64 if dt.name == "F64" else np.float32
+        p.centroids = uniform_table(p.step, p.bits, work)
+        if not np.all(np.isfinite(p.centroids)):
+            raise CorruptDataError("lcckpt blob: uniform step overflows the table")
+        p.layouts = [entropy.read_tables(r, n, cs, p.bits, uniform_modes("auto", p.bits))]
+        p.esc_idx = np.zeros(nesc, np.int64)      # located after the header checksum
+        p.esc_val = np.zeros(nesc, work)
     else:
         nplanes = r.u8()
         words, rotate = lossless.words_of(np.empty((0,), dt.numpy), dt.kind)
@@ -158,7 +190,11 @@ def parse(blob, check_payload: bool = True) -> tuple[np.ndarray, Parsed]:
         raise ChecksumError("lcckpt blob: header checksum mismatch; the blob is damaged")
     p.payload_base = r.pos
     size = sum(int(lay.offsets[-1]) for lay in p.layouts)
-    expect = p.payload_base + size + 4
+    esc_bytes = 0
+    if kind == UNIFORM:
+        isz = _index_dtype(n).itemsize
+        esc_bytes = p.esc_idx.size * (isz + p.esc_val.dtype.itemsize)
+    expect = p.payload_base + size + esc_bytes + 4
     if len(buf) < expect:
         raise TruncatedError(f"lcckpt blob is truncated: {len(buf)} bytes, header promises {expect}")
     if len(buf) > expect:
@@ -166,7 +202,41 @@ def parse(blob, check_payload: bool = True) -> tuple[np.ndarray, Parsed]:
     crc = int.from_bytes(bytes(buf[expect - 4:expect]), "little")
     if check_payload and zlib.crc32(buf[p.payload_base:expect - 4]) != crc:
         raise ChecksumError("lcckpt blob: payload checksum mismatch; the blob is damaged")
+    if kind == UNIFORM and p.esc_idx.size:
+        _read_escapes(buf, p.payload_base + size, p)
     return buf, p
+
+
+def _index_dtype(n: int):
+    return np.dtype("<u4") if n < (1 << 32) else np.dtype("<u8")
+
+
+def escape_parts(n: int, idx: np.ndarray, val: np.ndarray) -> list:
+    """The payload pieces of a uniform blob's escapes (see the layout above)."""
+    if not idx.size:
+        return []
+    return [idx.astype(_index_dtype(n)), np.ascontiguousarray(val).astype(val.dtype.newbyteorder("<"))]
+
+
+def _read_escapes(buf, at: int, p: Parsed) -> None:
+    k = p.esc_idx.size
+    it = _index_dtype(p.n)
+    idx = np.frombuffer(buf, it, k, at).astype(np.int64)
+    val = np.frombuffer(buf, p.esc_val.dtype.newbyteorder("<"), k, at + k * it.itemsize)
+    if idx[-1] >= p.n or np.any(np.diff(idx) <= 0):
+        raise CorruptDataError("lcckpt blob: escape indices out of range or out of order")
+    if not np.all(np.isfinite(val)):
+        raise CorruptDataError("lcckpt blob: non-finite escape value")
+    p.esc_idx, p.esc_val = idx, val.astype(p.esc_val.dtype)
+
+
+def uniform_modes(coder: str, bits: int) -> tuple:
+    """Per-chunk modes of a uniform stream: ``coder``'s, less the grouped mode past 4-bit
+    symbols (its letters would be wider than a byte)."""
+    modes = entropy.modes_for(coder, min(bits, 4))
+    if bits > 4:
+        modes = tuple(m for m in modes if m != entropy.GROUPED) or (entropy.HUFFMAN,)
+    return modes
 
 
 def words_n(n: int, dt: dtypes.DType) -> int:

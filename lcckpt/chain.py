@@ -4,9 +4,12 @@ Every save writes one container file, ``step-<12-digit step>.lcc``, atomically (
 fsync, rename). Floating tensors with at least ``min_delta_elements`` elements are tracked
 by their own :class:`~lcckpt.delta.DeltaEncoder` keyed by their key path (the same path
 names their section); a *keyframe* stores them exactly, a *delta* stores each as a lossy
-delta against the reconstruction of the previous step. Everything else (small or integer
-tensors, step counters, Python values) is stored exactly in every file, so a file's object
-tree is always complete and only its tracked tensors depend on earlier files.
+delta against the reconstruction of the previous step: by default the uniform quantizer
+held to a restored-state target per tensor role (lcckpt/policy.py), with smaller floating
+tensors delta-coded exactly; with ``target=None`` LC-Checkpoint's buckets, smaller
+floating tensors stored whole. Everything else (integer tensors, step counters, Python
+values) is stored exactly in every file, so a file's object tree is always complete and
+only its tracked tensors depend on earlier files.
 
 Each file's header ``meta["lcckpt_chain"]`` names its base (the previous step) by step,
 file name and ``state_id``, a random id given to each reconstructed state when it is
@@ -64,12 +67,16 @@ from .errors import (
     StorageError,
     UnsupportedVersionError,
 )
+from .policy import DEFAULT_POLICY
 from .sections import DELTA, TRACKABLE, Encoded, section_key
 from .serialization import pack, unpack
 
 __all__ = ["DeltaCheckpointer", "file_name"]
 
 CHAIN_VERSION = 1
+DEFAULT_TARGET = DEFAULT_POLICY      # DeltaCheckpointer(directory)'s targets: see docs/chain.md
+LC_MIN_DELTA_ELEMENTS = 4096         # LC mode: smaller floating tensors are stored whole
+TARGET_MIN_DELTA_ELEMENTS = 128      # target mode: smaller ones are delta-coded exactly
 _NAME_RE = re.compile(r"step-(\d{12,})\.lcc")
 LOCK_NAME = ".lcckpt-writer.lock"
 
@@ -84,29 +91,57 @@ def file_name(step: int) -> str:
 
 class _SaveSession:
     """One save: decides per tensor whether it is tracked and codes it (the leaf encoder
-    this save passes to :func:`lcckpt.serialization.pack`)."""
+    this save passes to :func:`lcckpt.serialization.pack`).
 
-    def __init__(self, encoders: dict, make: Callable, track: Callable, keyframe: bool):
+    ``make(path, exact)`` builds a tensor's encoder: lossy for tracked tensors, an exact
+    delta coder (``exact=True``) for the small floating tensors ``small(path, t)`` picks
+    (None: those are stored as plain exact sections, LC-Checkpoint's way)."""
+
+    def __init__(self, encoders: dict, make: Callable, track: Callable, keyframe: bool,
+                 small: Callable | None = None, exact_of: dict | None = None,
+                 warn_error: float | None = None):
         self.encoders, self.make, self.track, self.keyframe = encoders, make, track, keyframe
+        self.small, self.warn_error = small, warn_error
+        self.drifted: list[tuple[str, float]] = []     # (path, restored error) past warn_error
+        self.exact_of = {} if exact_of is None else exact_of   # path -> its encoder is exact
         self.stats: dict[str, dict] = {}
 
     def encode_leaf(self, path: str, t: torch.Tensor) -> Encoded:
-        if t.dtype not in TRACKABLE or not self.track(path, t):
+        if t.dtype not in TRACKABLE:
+            return _sections.encode_with(_sections.LOSSLESS, path, t)
+        if self.track(path, t):
+            exact = False
+        elif self.small is not None and self.small(path, t):
+            exact = True
+        else:
             return _sections.encode_with(_sections.LOSSLESS, path, t)
         enc = self.encoders.get(path)
-        if enc is None:
-            enc = self.encoders[path] = self.make(path)
+        if isinstance(enc, Reconstruction):          # reopened chain: continue from disk
+            rec, enc = enc, self.make(path, exact)
+            enc.resume(rec)
+            self.encoders[path] = enc
+        elif enc is None or self.exact_of.get(path) != exact:
+            enc = self.encoders[path] = self.make(path, exact)
+        self.exact_of[path] = exact
         parts, st = enc.encode_parts(t, keyframe=self.keyframe)
         nbytes = _blob.nbytes(parts)
-        self.stats[path] = {
+        self.stats[path] = rec = {
             "kind": st.kind,
             "bits": st.bits,
             "bits_per_element": _finite(8 * nbytes / st.n if st.n else 0.0),
             "rel_error": _finite(st.rel_error),
             "nbytes": nbytes,
         }
-        if st.fallback:
-            self.stats[path]["fallback"] = st.fallback
+        if enc.config.target is not None:
+            rec["target"] = enc.config.target
+        if st.kind == "uniform":
+            rec["step"] = float(f"{st.step:.4g}")
+            if st.escapes:
+                rec["escapes"] = st.escapes
+        if st.fallback and not exact:          # exact deltas are stored exactly by intent
+            rec["fallback"] = st.fallback
+        if self.warn_error is not None and st.rel_error > self.warn_error:
+            self.drifted.append((path, float(st.rel_error)))
         return Encoded(DELTA, parts, {"key": path})
 
 
@@ -280,7 +315,16 @@ def _describe(holder: str) -> str:
 class DeltaCheckpointer:
     """Keyframes and LC-Checkpoint deltas of one training run, one file per step.
 
-    ``bits``/``coder``/``error_bound``: the delta quantizer (see :class:`DeltaEncoder`);
+    ``target`` (default :data:`DEFAULT_TARGET`): every restored tracked tensor ``ũ`` of
+    every step stays within ``||u - ũ||₂ <= target·||u||₂`` of the tensor ``u`` that was
+    saved (the uniform quantizer, per tensor and per checkpoint the coarsest step that
+    meets it), and floating tensors under ``min_delta_elements`` are delta-coded exactly
+    (an unchanged one costs a few bytes). ``target`` may be a ``key_path -> target``
+    policy. ``target=None``, or any LC setting (``bits``, ``error_bound``) without a
+    ``target``: LC-Checkpoint's exponent buckets, small tensors stored whole, as the paper.
+    ``warn_error``: warn (RuntimeWarning) when a tracked tensor's restored relative error
+    passes it, e.g. in LC mode, where nothing bounds it.
+    ``bits``/``coder``/``error_bound``: the LC delta quantizer (see :class:`DeltaEncoder`);
     ``bits`` may also be a ``key_path -> bits`` policy, e.g. more bits for Adam's first
     moment, which 2 bits track poorly (see docs/chain.md).
     ``keyframe_every``: every that many saves after a keyframe is a keyframe again (so a
@@ -297,28 +341,50 @@ class DeltaCheckpointer:
     two threads at the same time is refused the same way. ``load`` takes no lock.
     """
 
-    def __init__(self, directory: str | os.PathLike, bits: int | Callable[[str], int] = 2,
+    def __init__(self, directory: str | os.PathLike,
+                 bits: int | Callable[[str], int] | None = None,
                  keyframe_every: int | None = 20,
                  *, coder: str = "auto", error_bound: float | None = None,
-                 keep_last: int | None = None, min_delta_elements: int = 4096,
+                 keep_last: int | None = None, min_delta_elements: int | None = None,
                  track: Callable[[str, torch.Tensor], bool] | None = None,
-                 keyframe_coding: str = "lossless"):
+                 keyframe_coding: str = "lossless",
+                 target: float | Callable[[str], float | None] | None | str = "default",
+                 warn_error: float | None = None):
         if keyframe_every is not None and (type(keyframe_every) is not int or keyframe_every < 1):
             raise InvalidArgumentError(f"keyframe_every must be a positive int or None, got {keyframe_every!r}")
         if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
             raise InvalidArgumentError(f"keep_last must be a positive int or None, got {keep_last!r}")
-        if type(min_delta_elements) is not int or min_delta_elements < 1:
+        if min_delta_elements is not None and (type(min_delta_elements) is not int
+                                               or min_delta_elements < 1):
             raise InvalidArgumentError(f"min_delta_elements must be a positive int, got {min_delta_elements!r}")
+        if isinstance(target, str):
+            if target != "default":
+                raise InvalidArgumentError(
+                    f"target must be a number, a key_path -> target policy, None or 'default',"
+                    f" got {target!r}")
+            target = DEFAULT_TARGET if bits is None and error_bound is None else None
+        if bits is None:
+            bits = 2
         DeltaEncoder(2 if callable(bits) else bits, coder,      # validates the settings
-                     error_bound=error_bound, keyframe_coding=keyframe_coding)
+                     error_bound=error_bound, keyframe_coding=keyframe_coding,
+                     target=None if target is None or callable(target) else target)
         self.keyframe_coding = keyframe_coding
         self.directory = os.fspath(directory)     # created by the first save
         self.bits, self.coder, self.error_bound = bits, coder, error_bound
+        self.target = target
+        if warn_error is not None and (isinstance(warn_error, bool) or not isinstance(
+                warn_error, (int, float)) or not warn_error >= 0):
+            raise InvalidArgumentError(f"warn_error must be None or a number >= 0, got {warn_error!r}")
+        self.warn_error = warn_error
+        if min_delta_elements is None:
+            min_delta_elements = LC_MIN_DELTA_ELEMENTS if target is None \
+                else TARGET_MIN_DELTA_ELEMENTS
         self.keyframe_every, self.keep_last = keyframe_every, keep_last
         self.min_delta_elements = min_delta_elements
         self._track = track              # None: the size rule (no lambda: no cycle keeping
                                          # a dropped writer's lock alive until a GC pass)
         self._encoders: dict[str, DeltaEncoder] | None = None   # None: not in sync with disk
+        self._exact_of: dict[str, bool] = {}    # path -> its encoder codes exact deltas
         self._last: dict | None = None      # step, state_id, depth of the newest file
         self._force_keyframe = False
         self._headers: dict[str, tuple] = {}    # file name -> (stat key, _Link)
@@ -412,7 +478,9 @@ class DeltaCheckpointer:
                     or (self.keyframe_every is not None
                         and self._last["depth"] + 1 >= self.keyframe_every))
         session = _SaveSession(self._encoders, self._new_encoder,
-                               self._track or self._size_rule, keyframe)
+                               self._track or self._size_rule, keyframe,
+                               None if self.target is None else self._small, self._exact_of,
+                               self.warn_error)
         path = self.path(step)
         try:
             meta, sections = pack(obj, encode_leaf=session.encode_leaf)
@@ -438,18 +506,38 @@ class DeltaCheckpointer:
             raise
         self._last = {"step": step, "state_id": state_id, "depth": depth}
         self._force_keyframe = False
+        for key, err in session.drifted:
+            warnings.warn(f"step {step}: {key} restores with relative error {err:.3g}, past "
+                          f"warn_error={self.warn_error:g}; raise its bits or set a target",
+                          RuntimeWarning, stacklevel=2)
         self.last_save = {"step": step, "kind": meta["lcckpt_chain"]["kind"], "path": path,
                           "nbytes": nbytes}
         self._apply_retention()
         return path
 
     def _settings(self) -> dict:
-        return {"bits": "per tensor" if callable(self.bits) else self.bits, "coder": self.coder,
-                "error_bound": self.error_bound,
-                "keyframe_every": self.keyframe_every,
-                "min_delta_elements": self.min_delta_elements}
+        out = {"bits": "per tensor" if callable(self.bits) else self.bits, "coder": self.coder,
+               "error_bound": self.error_bound,
+               "keyframe_every": self.keyframe_every,
+               "min_delta_elements": self.min_delta_elements}
+        if self.target is not None:
+            t = self.target
+            out["target"] = t.describe() if hasattr(t, "describe") else \
+                ("per tensor" if callable(t) else t)
+            out["small_tensors"] = "exact delta"
+        return out
 
-    def _new_encoder(self, key: str) -> DeltaEncoder:
+    @staticmethod
+    def _small(path: str, t: torch.Tensor) -> bool:
+        return True                      # every floating tensor the size rule leaves out
+
+    def _new_encoder(self, key: str, exact: bool = False) -> DeltaEncoder:
+        if exact:
+            return DeltaEncoder(coder=self.coder, target=0.0, keyframe_coding=self.keyframe_coding)
+        target = self.target(key) if callable(self.target) else self.target
+        if target is not None:
+            return DeltaEncoder(coder=self.coder, target=target,
+                                keyframe_coding=self.keyframe_coding)
         bits = self.bits(key) if callable(self.bits) else self.bits
         return DeltaEncoder(bits, self.coder, error_bound=self.error_bound,
                             keyframe_coding=self.keyframe_coding)
@@ -480,10 +568,7 @@ class DeltaCheckpointer:
             self._last = {"step": latest, "state_id": "", "depth": 0}
             self._force_keyframe = True
             return
-        for key, t in tracks.items():
-            enc = self._new_encoder(key)
-            enc.resume(t)
-            self._encoders[key] = enc
+        self._encoders.update(tracks)   # Reconstructions: the first save makes the encoders
         top = links[-1][1]
         self._last = {"step": latest, "state_id": top.state_id, "depth": top.depth}
 

@@ -18,10 +18,10 @@ from . import _crc
 from . import blob as _blob
 from . import dtypes, entropy, lossless
 from ._pool import run_tasks
-from .blob import LOSSLESS, LOSSY, Parsed, parse
+from .blob import LOSSLESS, LOSSY, UNIFORM, Parsed, parse
 from .config import CodecConfig
 from .errors import ChecksumError, InvalidArgumentError, UnsupportedDtypeError
-from .quantize import Quantized, quantize
+from .quantize import Quantized, Uniform, quantize, uniform_quantize
 
 __all__ = ["EncodeStats", "decode", "encode", "warmup"]
 
@@ -47,6 +47,8 @@ class EncodeStats:
     symbol_counts: list = field(default_factory=list)  # elements per symbol (0 = zero)
     tried_bits: list = field(default_factory=list)
     fallback: str | None = None        # why a lossy request became lossless
+    step: float | None = None          # uniform: the quantization step chosen
+    escapes: int = 0                   # uniform: elements stored exactly
 
     @property
     def bits_per_element(self) -> float:
@@ -57,18 +59,21 @@ class EncodeStats:
 
 def encode(x, bits: int = 2, coder: str = "auto", *, lossless: bool = False,
            error_bound: float | None = None, midpoint: bool = False,
-           chunk_size: int | None = None, report: bool = False, config: CodecConfig | None = None):
+           chunk_size: int | None = None, report: bool = False, config: CodecConfig | None = None,
+           target: float | None = None):
     """Encode an array or tensor to a self-describing blob.
 
     Lossy (default): LC-Checkpoint's exponent-bucket quantizer with ``2**bits - 1``
     buckets, then ``coder``: ``"huffman"`` (the paper's per-element code), ``"grouped"``,
     ``"runs"``, or ``"auto"`` (fewest bytes per chunk). ``error_bound`` caps the relative
-    L2 error: more bits are tried (up to 4), then an exact blob. ``lossless=True`` codes
+    L2 error: more bits are tried (up to 4), then an exact blob. ``target``: the
+    error-bounded uniform quantizer instead, ``||x - decode(blob)||₂ <= target·||x||₂``
+    (see :class:`~lcckpt.config.CodecConfig`). ``lossless=True`` codes
     any dtype exactly. ``config``: a :class:`~lcckpt.config.CodecConfig` instead of the
     keywords. With ``report=True`` returns ``(blob, EncodeStats)``.
     """
     cfg = config if config is not None else CodecConfig(
-        bits, coder, error_bound, midpoint, chunk_size, lossless)
+        bits, coder, error_bound, midpoint, chunk_size, lossless, target)
     if not isinstance(cfg, CodecConfig):
         raise InvalidArgumentError(f"config must be a CodecConfig, got {type(cfg).__name__}")
     a, dt = dtypes.to_numpy(x)
@@ -95,6 +100,8 @@ def guarded_encode(u, ref, dt, shape, cfg: CodecConfig, exact, cache=None, advan
     decoder's reconstruction of ``u`` when a lossy blob is returned (the caller resets
     it otherwise).
     """
+    if cfg.target is not None:
+        return _uniform_encode(u, ref, dt, shape, cfg, exact, cache, advance)
     tried = []
     top = 4 if cfg.error_bound is not None else cfg.bits
     cs = 1 << cfg.log2
@@ -111,6 +118,54 @@ def guarded_encode(u, ref, dt, shape, cfg: CodecConfig, exact, cache=None, advan
                      fallback=f"relative error {q.rel_error:.3g} at {tried[-1]} bits "
                               f"exceeds the bound {cfg.error_bound:g}")
     return parts, st, False
+
+
+_FINITE_MAX = {"F16": 65504.0, "BF16": 3.3895313892515355e38}   # narrower than the work dtype
+ESCAPE_SHARE = 0.5      # past this share of an exact blob's bytes in escapes, store exactly
+
+
+def _uniform_encode(u, ref, dt, shape, cfg: CodecConfig, exact, cache, advance):
+    """The uniform quantizer's half of :func:`guarded_encode`."""
+    uq = uniform_quantize(u, ref, cfg.target, 1 << cfg.log2, _FINITE_MAX.get(dt.name))
+    why = None
+    if uq is None:
+        why = f"no step meets the target {cfg.target:g} (fp rounding): stored exactly"
+    elif uq.esc_idx.size * (4 + u.dtype.itemsize) > ESCAPE_SHARE * u.size * np.dtype(dt.numpy).itemsize:
+        why = f"{uq.esc_idx.size} of {u.size} elements need escapes: stored exactly"
+    if why is not None:
+        parts = exact()
+        return parts, EncodeStats(u.size, dt.name, "lossless", nbytes=_blob.nbytes(parts),
+                                  fallback=why), False
+    parts, st = encode_uniform(uq, dt, shape, cfg, cache)
+    if advance:
+        ref[:] = uq.recon
+    return parts, st, True
+
+
+def encode_uniform(uq: Uniform, dt: dtypes.DType, shape, cfg: CodecConfig, cache=None):
+    """Code a uniformly quantized delta; returns (blob pieces, EncodeStats)."""
+    cs = 1 << cfg.log2
+    n = uq.sym.size
+    modes = _blob.uniform_modes(cfg.coder, uq.bits)
+    an = entropy.analyze(uq.sym, uq.sym_hist, cs, uq.bits, modes)
+    enc = entropy.encode(uq.sym, an, modes, cache)
+    w = _blob.header(UNIFORM, dt, shape, cfg.log2)
+    w.u8(uq.bits)
+    w.raw(np.float64(uq.step).astype("<f8").tobytes())
+    w.uvar(int(uq.esc_idx.size))
+    entropy.write_tables(w, enc)
+    parts = _blob.finish(w, enc.parts + _blob.escape_parts(n, uq.esc_idx, uq.esc_val))
+    st = EncodeStats(n, dt.name, "uniform", uq.bits, cfg.coder, _blob.nbytes(parts),
+                     step=uq.step, escapes=int(uq.esc_idx.size))
+    counts = uq.sym_hist.sum(axis=0)
+    st.payload_bytes = enc.size
+    st.symbol_counts = counts.tolist()
+    st.nonzero_fraction = 1 - counts[0] / n if n else 0.0
+    st.symbol_entropy = entropy.entropy_bits(counts) / n if n else 0.0
+    names, cnt = np.unique(enc.modes, return_counts=True)
+    st.chunk_modes = {entropy.MODE_NAMES[m]: int(c) for m, c in zip(names, cnt)}
+    st.rel_error = uq.rel_error
+    return parts, st
 
 
 def encode_lossy(q: Quantized, dt: dtypes.DType, shape, bits: int, cfg: CodecConfig,
@@ -271,10 +326,22 @@ def _decode_into(buf, p: Parsed, out, crc=None):
 
 
 def decode_symbols_into(buf, p: Parsed, out: np.ndarray):
-    """Lossy blob: ``out += centroids[sym]`` (flat, work dtype), applied as the symbols are
-    decoded, never stored."""
+    """Lossy or uniform blob: ``out += centroids[sym]`` (flat, work dtype), applied as the
+    symbols are decoded, never stored; then a uniform blob's escapes are set."""
     entropy.decode(buf, p.payload_base, p.layouts[0], p.n, 1 << p.log2, p.bits, None,
                    "lcckpt blob", apply=(p.centroids, out))
+    if p.kind == UNIFORM and p.esc_idx.size:
+        out[p.esc_idx] = p.esc_val
+
+
+def apply_escapes(p: Parsed, out: np.ndarray, c: int) -> None:
+    """Set the escaped elements of chunk ``c`` (a uniform blob; nothing for others)."""
+    if p.esc_idx is None or not p.esc_idx.size:
+        return
+    cs = 1 << p.log2
+    a, b = np.searchsorted(p.esc_idx, (c * cs, (c + 1) * cs))
+    if b > a:
+        out[p.esc_idx[a:b]] = p.esc_val[a:b]
 
 
 def exact_chunk_decoder(buf, p: Parsed, a: np.ndarray):

@@ -32,6 +32,11 @@ class CodecConfig:
     ``chunk_size``: elements per independently coded chunk (a power of two in
     [2**10, 2**24]; None: 2**18). ``lossless``: code exactly (any dtype); the lossy
     settings are then unused.
+
+    ``target``: instead of the exponent buckets, the error-bounded uniform quantizer,
+    holding the *restored* tensor to ``||u - ũ||₂ <= target·||u||₂`` (per tensor, L2,
+    relative to the tensor's own norm; ``0`` stores every change exactly). ``bits``,
+    ``error_bound`` and ``midpoint`` are then unused; None (default): LC-Checkpoint.
     """
 
     bits: int = 2
@@ -40,6 +45,7 @@ class CodecConfig:
     midpoint: bool = False
     chunk_size: int | None = None
     lossless: bool = False
+    target: float | None = None
 
     def __post_init__(self):
         check_bits(self.bits)
@@ -52,6 +58,11 @@ class CodecConfig:
                                or not math.isfinite(eb) or eb < 0):
             raise InvalidArgumentError(
                 f"error_bound must be None or a finite number >= 0, got {eb!r}")
+        t = self.target
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))
+                              or not math.isfinite(t) or not 0 <= t < 1):
+            raise InvalidArgumentError(
+                f"target must be None or a relative error in [0, 1), got {t!r}")
         if not isinstance(self.midpoint, (bool, np.bool_)):
             raise InvalidArgumentError(f"midpoint must be a bool, got {self.midpoint!r}")
         if not isinstance(self.lossless, (bool, np.bool_)):
@@ -64,8 +75,12 @@ class CodecConfig:
         return chunk_log2(self.chunk_size)
 
     def to_dict(self) -> dict:
-        """Plain JSON: every field, by name."""
-        return asdict(self)
+        """Plain JSON: every field, by name (``target`` only when set, so the dicts of
+        LC-Checkpoint configs read as before)."""
+        d = asdict(self)
+        if d["target"] is None:
+            del d["target"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> CodecConfig:

@@ -23,8 +23,8 @@ from . import blob as _blob
 from . import dtypes
 from ._pool import run_tasks
 from .blob import LOSSLESS, Parsed, parse
-from .codec import (EncodeStats, decode_exact, decode_symbols_into, encode_exact,
-                    exact_chunk_decoder, guarded_encode)
+from .codec import (EncodeStats, apply_escapes, decode_exact, decode_symbols_into,
+                    encode_exact, exact_chunk_decoder, guarded_encode)
 from .config import CodecConfig
 from .entropy import CodeCache, StreamDecoder
 from .errors import (BrokenChainError, CorruptDataError, InvalidArgumentError, NonFiniteError,
@@ -44,15 +44,17 @@ class DeltaEncoder:
 
     def __init__(self, bits: int = 2, coder: str = "auto", *, error_bound: float | None = None,
                  midpoint: bool = False, chunk_size: int | None = None,
-                 keyframe_coding: str = "lossless", config: CodecConfig | None = None):
-        """``config`` replaces the coding keywords. ``keyframe_coding``: "lossless" (byte
+                 keyframe_coding: str = "lossless", config: CodecConfig | None = None,
+                 target: float | None = None):
+        """``config`` replaces the coding keywords. ``target``: the uniform quantizer,
+        bounding each restored state (see :class:`~lcckpt.config.CodecConfig`). ``keyframe_coding``: "lossless" (byte
         planes, ~1.2x smaller) or "raw" (exact bytes, fastest to restore) for the exact
         blobs: the first one and every keyframe."""
         if keyframe_coding not in KEYFRAME_CODINGS:
             raise InvalidArgumentError(
                 f"keyframe_coding must be 'lossless' or 'raw', got {keyframe_coding!r}")
         self.config = config if config is not None else CodecConfig(
-            bits, coder, error_bound, midpoint, chunk_size)
+            bits, coder, error_bound, midpoint, chunk_size, target=target)
         if not isinstance(self.config, CodecConfig) or self.config.lossless:
             raise InvalidArgumentError("config must be a lossy CodecConfig")
         self.raw_keyframes = keyframe_coding == "raw"
@@ -221,6 +223,13 @@ class DeltaDecoder:
         return self.rec.value()
 
 
+def _with_escapes(chunk, p: Parsed, ref: np.ndarray):
+    def step(c):
+        chunk(c)
+        apply_escapes(p, ref, c)
+    return step
+
+
 def replay(deltas: list, ref: np.ndarray, base=None) -> None:
     """Add several parsed lossy blobs to ``ref`` in order, chunk by chunk across them.
 
@@ -247,9 +256,12 @@ def replay(deltas: list, ref: np.ndarray, base=None) -> None:
     if not log2s:
         return
     steps = [] if base is None else [exact_chunk_decoder(base[0], base[1], ref)]
-    steps += [StreamDecoder(buf, p.payload_base, p.layouts[0], p.n, 1 << p.log2,
-                            p.bits, None, "lcckpt blob", apply=(p.centroids, ref)).chunk
-              for buf, p in deltas]
+    for buf, p in deltas:
+        chunk = StreamDecoder(buf, p.payload_base, p.layouts[0], p.n, 1 << p.log2,
+                              p.bits, None, "lcckpt blob", apply=(p.centroids, ref)).chunk
+        if p.esc_idx is not None and p.esc_idx.size:
+            chunk = _with_escapes(chunk, p, ref)
+        steps.append(chunk)
 
     def task(c):
         for step in steps:

@@ -17,6 +17,7 @@ from ._pool import run_tasks
 from .errors import NonFiniteError
 from .kernels import buckets as bk
 from .kernels import runs as rk
+from .kernels import uniform as uk
 
 _LAYOUT = {np.dtype(np.float32): (np.uint32, np.uint32(23), 512),
            np.dtype(np.float64): (np.uint64, np.uint64(52), 4096)}
@@ -143,3 +144,173 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     residual = delta_sq - float(np.sum(2 * c * s_tot - total * c * c))
     return Quantized(sym, sym_hist, centroids, int(kept), total, max(residual, 0.0),
                      float(norms[:, 0].sum()), delta_sq, rhist, rextra)
+
+
+# --- the error-bounded uniform quantizer ------------------------------------------------
+
+UNIFORM_BITS = (2, 3, 4, 5, 6, 7, 8)       # symbol widths it may choose; escapes beyond
+ESCAPE_COST = 12                           # bytes an escape costs, roughly (index, value)
+SQRT12 = float(np.sqrt(12.0))
+SEARCH_TRIES = 5                           # quantization passes spent looking for the step
+DEADZONE = 0.6     # round magnitudes up only past 0.6 of a step: more zeros, ~5% fewer bits
+                   # than rounding to nearest at equal error on real deltas
+
+
+def zigzag_levels(bits: int) -> np.ndarray:
+    """Symbol -> signed level: 0, -1, 1, -2, 2, ... (``2**bits`` symbols)."""
+    s = np.arange(1 << bits, dtype=np.int64)
+    return np.where(s & 1, -((s + 1) >> 1), s >> 1)
+
+
+def uniform_table(step: float, bits: int, dtype) -> np.ndarray:
+    """What each symbol adds to the reference: ``level * step`` rounded once to ``dtype``.
+
+    The encoder and the decoder both take the table from here, so they add the very same
+    floats and their references stay bit-identical.
+    """
+    return (zigzag_levels(bits).astype(np.float64) * float(step)).astype(dtype)
+
+
+@dataclass
+class Uniform:
+    """A delta coded by the uniform quantizer, with the reconstruction it leads to."""
+    sym: np.ndarray            # uint8 [n]
+    sym_hist: np.ndarray       # int64 [nchunks, 2**bits]
+    bits: int
+    step: float
+    table: np.ndarray          # [2**bits] in the work dtype (see uniform_table)
+    esc_idx: np.ndarray        # int64, sorted: elements stored exactly
+    esc_val: np.ndarray        # their values, in the work dtype
+    recon: np.ndarray          # the decoder's reconstruction of u (flat, work dtype)
+    residual_sq: float         # ||u - recon||^2, measured on the reconstruction itself
+    target_sq: float           # ||u||^2
+
+    @property
+    def rel_error(self) -> float:
+        """||u - ũ||₂ / ||u||₂ of the restored tensor, exactly (fp32 rounding included)."""
+        if self.target_sq == 0:
+            return 0.0 if self.residual_sq == 0 else float("inf")
+        return float(np.sqrt(self.residual_sq / self.target_sq))
+
+
+def _entropy(counts: np.ndarray) -> float:
+    c = counts[counts > 0].astype(np.float64)
+    t = c.sum()
+    return float(-(c * np.log2(c / t)).sum()) if t else 0.0
+
+
+def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE, limit=None):
+    """Quantize ``u - ref`` with ``step``: the symbol width of fewest estimated bytes,
+    escapes for levels beyond it; returns (Uniform, estimated bytes). Two chunk-parallel
+    passes: the level histogram, then symbols and reconstruction.
+
+    ``deadzone``: a magnitude rounds up past ``deadzone`` of a step (0.5: to nearest).
+    ``limit``: the largest finite value of the stored dtype (fp16, bf16); an element the
+    step would carry past it becomes an escape, so no restored value overflows."""
+    n = u.size
+    nch = -(-n // chunk_size)
+    use_ref = ref is not None
+    r = ref if use_ref else u
+    up = 1.0 - deadzone
+    levels = np.zeros((nch, 257), np.int64)
+
+    def pass1(c):
+        uk.level_histogram(u, r, use_ref, c * chunk_size, min(n, (c + 1) * chunk_size),
+                           float(step), up, levels[c])
+    run_tasks(pass1, nch)
+    hist = levels.sum(axis=0)
+    best = None
+    for b in UNIFORM_BITS:
+        S = 1 << b
+        h = hist[:S].copy()
+        esc = int(hist[S:].sum())
+        h[0] += esc
+        est = _entropy(h) / 8 + esc * (4 + itemsize) + (S if b > 4 else 0) / 2
+        if best is None or est < best[0]:
+            best = (est, b, esc)
+        if esc == 0:
+            break
+    est, b, _ = best
+    S = 1 << b
+    table = uniform_table(step, b, u.dtype)
+    sym = np.empty(n, np.uint8)
+    escf = np.empty(n, np.uint8)
+    recon = np.empty_like(u)
+    sym_hist = np.zeros((nch, S), np.int64)
+    errs = np.zeros(nch)
+    lim = float(limit) if limit is not None else 0.0
+
+    def pass2(c):
+        errs[c] = uk.quantize_range(u, r, use_ref, c * chunk_size,
+                                    min(n, (c + 1) * chunk_size), float(step), up, S, table,
+                                    lim, limit is not None, sym, escf, recon, sym_hist[c])
+    run_tasks(pass2, nch)
+    esc_idx = np.flatnonzero(escf)
+    uq = Uniform(sym, sym_hist, b, float(step), table, esc_idx, u[esc_idx].copy(), recon,
+                 float(errs.sum()), 0.0)
+    return uq, est
+
+
+def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
+                     chunk_size: int, limit: float | None = None) -> Uniform:
+    """Code ``u - ref`` so that the *restored* tensor meets ``||u - ũ||₂ <= target·||u||₂``.
+
+    ``ũ = ref + level·step`` (levels are integers, magnitudes rounded with a small dead
+    zone, :data:`DEADZONE`), so every element is off by at most ``0.6·step`` and, because ``ref`` is the decoder's own reconstruction, the error does not
+    build up along a chain: each step measures it afresh against the true ``u``. The step
+    is searched: first ``sqrt(12)·target·rms(u)`` (the uniform-noise estimate), then
+    rescaled by the error actually measured (a few tries, bisecting once a step has
+    failed), with ``2·target·rms(u)`` (for which the max-error bound alone guarantees the
+    target) as the last resort; the cheapest step whose measured error meets the target
+    wins. Levels beyond 8-bit symbols, and every change when
+    ``target == 0``, are escapes: elements stored exactly. The returned error is measured
+    on the reconstruction itself; if even the last resort misses (fp rounding under a tiny
+    target) the caller stores the tensor exactly.
+    """
+    if not np.all(np.isfinite(u)) or (ref is not None and not np.all(np.isfinite(ref))):
+        raise NonFiniteError(
+            "the state holds NaN/Inf values, which the uniform quantizer cannot bound; "
+            "check the state for divergence, or store this step as an exact keyframe")
+    u64 = u.astype(np.float64)
+    norm_u = float(u64 @ u64)
+    del u64
+    d = None                                     # the kernels compute u - ref as they go
+    n = u.size
+    tol_sq = target * target * norm_u
+    rms = np.sqrt(norm_u / n) if n else 0.0
+    isz = u.dtype.itemsize
+    if target == 0 or rms == 0:
+        steps = [0.0]
+    else:
+        steps = [SQRT12 * target * rms]
+    best = None
+    lo_fail = None                      # the smallest step seen to miss the target
+    s = steps[0]
+    for _ in range(SEARCH_TRIES if s > 0 else 1):
+        uq, est = _try_step(u, ref, d, s, chunk_size, isz, limit=limit)
+        if uq.residual_sq <= tol_sq:
+            if best is None or est < best[1]:
+                best = (uq, est)
+            if uq.residual_sq >= 0.97 * tol_sq:
+                break                   # close enough to the target
+            grow = np.sqrt(tol_sq / uq.residual_sq) if uq.residual_sq > 0 else 4.0
+            nxt = s * min(4.0, 0.995 * grow)
+            if lo_fail is not None:
+                nxt = min(nxt, 0.5 * (s + lo_fail))
+        else:
+            lo_fail = s if lo_fail is None else min(lo_fail, s)
+            nxt = s * max(0.5, 0.995 * np.sqrt(tol_sq / uq.residual_sq))
+            if best is not None:
+                nxt = 0.5 * (best[0].step + s)
+        if nxt == s:
+            break
+        s = nxt
+    if best is None and target > 0 and rms > 0:          # the guaranteed step
+        uq, est = _try_step(u, ref, d, 2 * target * rms, chunk_size, isz, 0.5, limit)
+        if uq.residual_sq <= tol_sq:
+            best = (uq, est)
+    if best is None:
+        return None
+    uq = best[0]
+    uq.target_sq = norm_u
+    return uq

@@ -228,3 +228,9 @@ def _is_float(t: Any) -> bool:
 
 def _f32(t: torch.Tensor) -> np.ndarray:
     return t.detach().to(device="cpu", dtype=torch.float32, copy=True).numpy()
+
+
+def digits_data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The standardized digits split every trajectory trains and evaluates on:
+    ``(x_train, y_train, x_test, y_test)``, x of shape (N, 1, 8, 8)."""
+    return _digits()

@@ -1,0 +1,70 @@
+"""Uniform quantizer kernels (docs/algorithm.md §7b): levels, histograms, reconstruction.
+
+Pure Numba functions over one element range ``[start, stop)`` each, so callers fan
+chunks out over the thread pool (the kernels release the GIL). The level of a delta
+``d`` is ``copysign(floor(|d / step| + 1 - deadzone), d)``, zigzag-mapped to a symbol
+(0, -1, 1, -2, 2, ... -> 0, 1, 2, 3, 4, ...); they know nothing of blobs or coders.
+"""
+
+import numpy as np
+from numba import njit
+
+BIG = 1 << 62          # the zigzag value of an escape forced by step 0 or by a huge level
+
+
+@njit(cache=True, nogil=True)
+def _zigzag(d, step, up):
+    if step == 0.0:
+        return 0 if d == 0 else BIG
+    a = np.float64(d) / step
+    m = np.floor(abs(a) + up)
+    if m > 1e15:
+        return BIG
+    q = np.int64(m)
+    if q == 0:
+        return 0
+    return 2 * q - 1 if a < 0 else 2 * q
+
+
+@njit(cache=True, nogil=True)
+def level_histogram(u, ref, use_ref, start, stop, step, up, hist):
+    """``hist[min(z, 256)] += 1`` for the zigzag level ``z`` of every element."""
+    for i in range(start, stop):
+        d = u[i] - ref[i] if use_ref else u[i]
+        z = _zigzag(d, step, up)
+        hist[z if z < 256 else 256] += 1
+
+
+@njit(cache=True, nogil=True)
+def quantize_range(u, ref, use_ref, start, stop, step, up, S, table, limit, use_limit,
+                   sym, esc, recon, hist):
+    """Symbols, escape flags and the reconstruction of ``[start, stop)``.
+
+    ``sym[i]`` is the level's symbol, or 0 for an escape (a level of ``S`` or more, or a
+    reconstruction past ``limit`` when ``use_limit``), flagged in ``esc[i]``; ``recon[i]``
+    is ``ref[i] + table[sym[i]]`` (symbol 0 adds nothing, as decoding) or ``u[i]`` for an
+    escape; ``hist`` counts the symbols. Returns ``||u - recon||^2`` in fp64.
+    """
+    err = 0.0
+    for i in range(start, stop):
+        r = ref[i] if use_ref else u[i] - u[i]      # +0.0 in the work dtype (u is finite)
+        d = u[i] - ref[i] if use_ref else u[i]
+        z = _zigzag(d, step, up)
+        e = z >= S
+        v = r
+        if not e and z != 0:
+            v = r + table[z]
+            if use_limit and abs(v) > limit:
+                e = True
+        if e:
+            v = u[i]
+            s = 0
+        else:
+            s = z
+        sym[i] = s
+        esc[i] = 1 if e else 0
+        recon[i] = v
+        hist[s] += 1
+        x = np.float64(u[i]) - np.float64(v)
+        err += x * x
+    return err

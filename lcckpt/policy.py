@@ -1,0 +1,58 @@
+"""Per-tensor error targets by role: what a checkpoint's tensors need to restore well.
+
+A model's weights decide the accuracy of a restored model; an optimizer's first moment
+(SGD's ``momentum_buffer``, Adam's ``exp_avg``) is renewed within a few dozen steps after
+a resume, so a coarse copy costs little; a second moment (``exp_avg_sq``) scales every
+step, changes slowly and is cheap to track closely. :class:`RolePolicy` maps a key path
+(``obj["model"]["fc1.weight"]``, ``obj["optim"]["state"][4]["exp_avg"]``) to the
+relative L2 target of its role; it is what ``DeltaCheckpointer(directory)`` uses by
+default. It knows nothing of coding: the chain hands the target to the quantizer.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from .errors import InvalidArgumentError
+
+__all__ = ["RolePolicy", "DEFAULT_POLICY", "role_of"]
+
+_FIRST = re.compile(r'\["(momentum_buffer|exp_avg|momentum|mu)"\]$')
+_SECOND = re.compile(r'\["(exp_avg_sq|max_exp_avg_sq|square_avg|sum|acc_delta|exp_inf)"\]$')
+
+
+def role_of(key_path: str) -> str:
+    """"first_moment", "second_moment" or "weight" (everything else) for a key path."""
+    if _FIRST.search(key_path):
+        return "first_moment"
+    if _SECOND.search(key_path):
+        return "second_moment"
+    return "weight"
+
+
+@dataclass(frozen=True)
+class RolePolicy:
+    """Relative L2 targets (``||u - ũ||₂ <= t·||u||₂``, per tensor) by role."""
+
+    weight: float = 0.01
+    first_moment: float = 0.5
+    second_moment: float = 0.05
+
+    def __post_init__(self):
+        for name in ("weight", "first_moment", "second_moment"):
+            t = getattr(self, name)
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) \
+                    or not 0 <= t < 1:
+                raise InvalidArgumentError(f"{name} target must be in [0, 1), got {t!r}")
+
+    def __call__(self, key_path: str) -> float:
+        return getattr(self, role_of(key_path))
+
+    def describe(self) -> dict:
+        return {"weight": self.weight, "first_moment": self.first_moment,
+                "second_moment": self.second_moment}
+
+
+DEFAULT_POLICY = RolePolicy()

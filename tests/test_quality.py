@@ -1,0 +1,284 @@
+"""The error-bounded uniform quantizer, restored-state targets and exact small deltas."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lcckpt
+from lcckpt import DeltaCheckpointer, DeltaDecoder, DeltaEncoder
+from lcckpt.blob import parse
+from lcckpt.errors import CorruptDataError, InvalidArgumentError, UnsupportedVersionError
+from lcckpt.policy import RolePolicy, role_of
+
+from helpers import same_bits
+
+
+def _rel(u, r):
+    u, r = np.asarray(u, np.float64), np.asarray(r, np.float64)
+    n = np.linalg.norm(u)
+    return np.linalg.norm(u - r) / n if n else np.linalg.norm(r)
+
+
+def _walk(n, steps, seed, scale=0.05, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    u = rng.standard_normal(n).astype(dtype)
+    for t in range(steps):
+        u = (u + rng.standard_normal(n) * scale / np.sqrt(t + 1)).astype(dtype)
+        yield u.copy()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 3000), st.sampled_from([0.0, 1e-4, 0.003, 0.05, 0.3]),
+       st.sampled_from([np.float32, np.float64, np.float16]), st.integers(0, 2**31),
+       st.floats(0.1, 1e4))
+def test_stand_alone_blob_meets_the_target(n, target, dtype, seed, outlier):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(n) * rng.choice([1e-3, 1, 50], n)
+    x[rng.random(n) < 0.2] = 0
+    x[: max(1, n // 100)] *= outlier          # far outliers need escapes
+    x = np.clip(x, -6e4, 6e4).astype(dtype)
+    blob, s = lcckpt.encode(x, target=target, report=True)
+    y = lcckpt.decode(blob)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    work = np.float64 if dtype == np.float64 else np.float32
+    err = _rel(x.astype(work), y.astype(work))
+    if dtype == np.float16:                    # the fp16 cast adds its own rounding
+        assert err <= target + 2 ** -10
+    else:
+        assert err <= target * (1 + 1e-9)
+        assert abs(err - s.rel_error) <= 1e-9 + 1e-6 * err   # the reported error is measured
+    if target == 0:
+        assert np.array_equal(x, y)
+
+
+def test_error_stays_bounded_at_every_step_of_a_long_chain():
+    """Error feedback: each restored state is held to the target, however long the chain,
+    and the encoder's reference is bit-identical to what the decoder restores."""
+    enc, dec = DeltaEncoder(target=0.02, chunk_size=1024), DeltaDecoder()
+    worst, blobs = 0.0, []
+    for u in _walk(5000, 300, 1):
+        b, s = enc.encode(u, report=True)
+        blobs.append(b)
+        y = dec.decode(b)
+        assert same_bits(y, enc.reference())
+        worst = max(worst, _rel(u, y))
+        assert s.kind in ("uniform", "lossless")
+    assert worst <= 0.02
+    assert worst > 0.015                       # the step is chosen near the target, not far under
+    # the chunked replay of all pending deltas gives the same bits
+    rec = lcckpt.delta.Reconstruction()
+    for b in blobs:
+        rec.apply(b)
+    assert same_bits(rec.value(), y)
+
+
+def test_without_feedback_the_same_quantizer_drifts():
+    """The control for the test above: coding each delta against the *true* previous state
+    (no error feedback) lets the restored error grow along the chain."""
+    states = list(_walk(5000, 100, 2, scale=0.2))
+    restored = states[0].astype(np.float64)
+    errs = []
+    for prev, u in zip(states, states[1:]):
+        d = (u - prev).astype(np.float32)
+        restored += lcckpt.decode(lcckpt.encode(d, target=0.05)).astype(np.float64)
+        errs.append(_rel(u, restored))
+    assert errs[-1] > 2 * errs[0]              # independent errors add up step after step
+
+
+def test_escapes_restore_outliers_exactly_and_survive_replay():
+    rng = np.random.default_rng(3)
+    u = rng.standard_normal(20000).astype(np.float32)
+    enc, dec = DeltaEncoder(target=0.01, chunk_size=1024), DeltaDecoder()
+    dec.decode(enc.encode(u))
+    u2 = u.copy()
+    u2 += 0.1 * rng.standard_normal(u.size).astype(np.float32)
+    u2[::997] += 20                             # far beyond 8-bit levels of the step
+    b, s = enc.encode(u2, report=True)
+    assert s.kind == "uniform" and s.escapes >= 20
+    y = dec.decode(b)
+    assert np.array_equal(y[::997], u2[::997])
+    assert _rel(u2, y) <= 0.01
+
+
+def test_unchanged_and_sparse_changes_are_nearly_free():
+    x = np.random.default_rng(4).standard_normal(100000).astype(np.float32)
+    enc = DeltaEncoder(target=0.0)
+    enc.encode(x)
+    b, s = enc.encode(x, report=True)
+    assert s.kind == "uniform" and len(b) < 64
+    x2 = x.copy()
+    x2[[5, 70000]] = 1.5
+    b, s = enc.encode(x2, report=True)
+    assert s.escapes == 2 and len(b) < 128
+    assert same_bits(enc.reference(), x2)
+
+
+def test_uniform_blobs_are_version_2_and_validated():
+    x = np.linspace(-1, 1, 5000, dtype=np.float32)
+    x[17] = 1e6
+    blob = bytearray(lcckpt.encode(x, target=0.01))
+    assert blob[3] == 2 and blob[4] == 3
+    _, p = parse(bytes(blob))
+    assert p.bits >= 2 and p.step > 0 and p.esc_idx.tolist() == [17]
+    bad = bytearray(blob)
+    bad[3] = 1                                 # kind 3 is only valid in version 2
+    with pytest.raises(CorruptDataError):
+        parse(bytes(bad))
+    bad[3] = 9
+    with pytest.raises(UnsupportedVersionError):
+        parse(bytes(bad))
+    bad = bytearray(blob)
+    bad[-5] ^= 0xFF                            # the escape values are covered by the checksum
+    with pytest.raises(lcckpt.errors.ChecksumError):
+        lcckpt.decode(bytes(bad))
+    assert bytes(lcckpt.encode(x, bits=2))[3] == 1   # LC blobs stay version 1
+
+
+def test_bad_targets_are_refused():
+    for t in (-0.1, 1.0, float("nan"), True, "x"):
+        with pytest.raises(InvalidArgumentError):
+            lcckpt.encode(np.ones(10, np.float32), target=t)
+    with pytest.raises(InvalidArgumentError):
+        RolePolicy(weight=2.0)
+    with pytest.raises(InvalidArgumentError):
+        DeltaCheckpointer("unused", target="tight")
+
+
+def test_roles():
+    assert role_of('obj["model"]["fc1.weight"]') == "weight"
+    assert role_of('obj["optim"]["state"][3]["momentum_buffer"]') == "first_moment"
+    assert role_of('obj["optim"]["state"][3]["exp_avg"]') == "first_moment"
+    assert role_of('obj["optim"]["state"][3]["exp_avg_sq"]') == "second_moment"
+
+
+def _cnn_state(seed):
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 10))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    x, y = torch.randn(256, 64), torch.randint(0, 10, (256,))
+    out = []
+    for step in range(60):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+        if step % 10 == 9:
+            out.append({"model": {k: v.clone() for k, v in net.state_dict().items()},
+                        "optim": __import__("copy").deepcopy(opt.state_dict())})
+    return out
+
+
+def _tensors(obj, prefix=""):
+    if isinstance(obj, torch.Tensor):
+        yield prefix, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _tensors(v, f"{prefix}/{k}")
+
+
+def test_default_chain_holds_every_tensor_to_its_role_target(tmp_path):
+    states = _cnn_state(0)
+    ck = DeltaCheckpointer(tmp_path, keyframe_every=None)
+    for i, s in enumerate(states):
+        ck.save(i, s)
+    info = ck.info(3)
+    assert info["settings"]["target"] == RolePolicy().describe()
+    stats = info["tensors"]
+    assert stats['obj["model"]["0.weight"]']["kind"] == "uniform"
+    assert stats['obj["model"]["0.weight"]']["target"] == RolePolicy().weight
+    assert stats['obj["model"]["0.bias"]']["target"] == 0.0            # small: exact delta
+    reader = DeltaCheckpointer(tmp_path)
+    for i, s in enumerate(states):
+        got = dict(_tensors(reader.load(i)))
+        for k, u in _tensors(s):
+            r = got[k]
+            if u.numel() < 128 or not u.is_floating_point():
+                assert same_bits(u, r), (i, k)
+            else:
+                path = k.replace("/", "")
+                role = "exp_avg_sq" if k.endswith("exp_avg_sq") else (
+                    "exp_avg" if k.endswith("exp_avg") else "w")
+                t = {"w": 0.01, "exp_avg": 0.5, "exp_avg_sq": 0.05}[role]
+                assert _rel(u.numpy(), r.numpy()) <= t, (i, path)
+
+
+def test_unchanged_state_costs_almost_nothing(tmp_path):
+    s = _cnn_state(1)[-1]
+    ck = DeltaCheckpointer(tmp_path, keyframe_every=None)
+    ck.save(0, s)
+    first = ck.last_save["nbytes"]
+    ck.save(1, s)
+    stats = ck.info(1)["tensors"]
+    assert all(v["kind"] == "uniform" and v["nbytes"] < 64 for v in stats.values()), stats
+    assert sum(v["nbytes"] for v in stats.values()) < 0.02 * first
+    assert all(same_bits(a, b) for (_, a), (_, b) in zip(_tensors(ck.load(1)), _tensors(s)))
+
+
+def test_reopened_target_chain_continues_like_one_writer(tmp_path):
+    states = _cnn_state(2)
+    a, b = tmp_path / "a", tmp_path / "b"
+    one = DeltaCheckpointer(a, keyframe_every=None)
+    for i, s in enumerate(states):
+        one.save(i, s)
+    for i, s in enumerate(states):
+        DeltaCheckpointer(b, keyframe_every=None).save(i, s)     # a new writer every save
+    ra, rb = DeltaCheckpointer(a), DeltaCheckpointer(b)
+    for i in range(len(states)):
+        for (_, x), (_, y) in zip(_tensors(ra.load(i)), _tensors(rb.load(i))):
+            assert same_bits(x, y), i
+
+
+def test_lc_faithful_mode_is_one_argument_away(tmp_path):
+    s = _cnn_state(3)
+    ck = DeltaCheckpointer(tmp_path, target=None)
+    ck.save(0, s[0])
+    ck.save(1, s[1])
+    stats = ck.info(1)["tensors"]
+    assert {v["kind"] for v in stats.values()} == {"lossy"}
+    assert "target" not in ck.info(1)["settings"]
+    # and so is any explicit LC setting
+    ck2 = DeltaCheckpointer(tmp_path / "b", bits=3)
+    assert ck2.target is None
+
+
+def test_lc_mode_warns_when_a_tensor_drifts_past_warn_error(tmp_path):
+    s = _cnn_state(4)
+    ck = DeltaCheckpointer(tmp_path, target=None, warn_error=0.01)
+    ck.save(0, s[0])
+    with pytest.warns(RuntimeWarning, match="exp_avg.*past warn_error=0.01"):
+        ck.save(1, s[5])
+    quiet = DeltaCheckpointer(tmp_path / "q", warn_error=0.5)     # the default targets hold
+    import warnings as w
+    with w.catch_warnings():
+        w.simplefilter("error")
+        for i, x in enumerate(s):
+            quiet.save(i, x)
+
+
+def test_uniform_encoder_output_is_unchanged():
+    """Today's encoder writes v2's uniform blobs byte for byte (their decoding is checked
+    with every golden file in test_compat)."""
+    import os
+    from fixtures.make_golden import UNIFORM_TARGETS, uniform_source
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "v2")
+    escapes = 0
+    for dtype in (np.float32, np.float64, np.float16):
+        for target in UNIFORM_TARGETS:
+            with open(os.path.join(here, f"uniform-{np.dtype(dtype).name}-t{target:g}.blob"), "rb") as f:
+                want = f.read()
+            got = lcckpt.encode(uniform_source(dtype), target=target)
+            assert got == want, (dtype, target)
+            if want[4] == 3:
+                escapes += parse(want)[1].esc_idx.size
+    assert escapes > 0
+
+
+def test_quality_benchmark_measures_a_short_trajectory():
+    from lcckpt.bench.quality import chain_quality
+    from lcckpt.bench.trajectory import train_trajectory
+    traj = train_trajectory(model="cnn", optimizer="adam", steps=30, snapshot_every=10)
+    exact = chain_quality(traj, dict(keyframe_every=1))
+    assert exact["worst_state_error"] == 0 and exact["worst_drop_points"] == 0
+    lossy = chain_quality(traj, dict(target=0.05))
+    assert 0 < lossy["worst_state_error"] <= 0.05 and lossy["ratio"] > exact["ratio"]
