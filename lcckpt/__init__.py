@@ -30,5 +30,6 @@ from .safetensors_io import load_safetensors, save_safetensors
 from .convert import convert
 from .reader import Reader, open  # noqa: A001  (lcckpt.open, like safetensors.safe_open)
 from .chain import DeltaCheckpointer
+from .policy import DEFAULT_POLICY, RolePolicy
 from .manager import CheckpointManager
 from . import schedule

@@ -31,12 +31,14 @@ def _progress(items, desc: str):
 
 
 def _blob_info(data) -> dict:
-    from .blob import LOSSY, parse
+    from .blob import LOSSY, UNIFORM, parse
     _, p = parse(data)
-    info = {"blob": "lossy delta" if p.kind == LOSSY else "lossless"}
     if p.kind == LOSSY:
-        info["bits"] = p.bits
-    return info
+        return {"blob": "lossy delta", "bits": p.bits}
+    if p.kind == UNIFORM:
+        return {"blob": "uniform delta", "bits": p.bits, "step": p.step,
+                "escapes": int(p.esc_idx.size)}
+    return {"blob": "lossless"}
 
 
 def inspect_file(path: str) -> dict:

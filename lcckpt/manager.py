@@ -84,8 +84,9 @@ class CheckpointManager:
     calls the handler that was installed before, or exits with status 143 (SystemExit).
 
     ``bits``, ``keyframe_every``, ``keep_last`` and ``checkpointer_options`` configure the
-    :class:`~lcckpt.DeltaCheckpointer` that writes the files; ``bits`` defaults to
-    :func:`default_bits`.
+    :class:`~lcckpt.DeltaCheckpointer` that writes the files; by default (``bits=None``)
+    it keeps the chain's restored-state targets (docs/chain.md); ``bits=default_bits``
+    gives LC-Checkpoint coding, 4 bits for optimizer state and 2 for the rest.
     """
 
     def __init__(self, directory: str | os.PathLike, model: torch.nn.Module,
@@ -96,7 +97,7 @@ class CheckpointManager:
                  objects: Mapping[str, Any] | None = None, extra: dict | None = None,
                  downtime: float = 0.0, restart_cost: float | None = None,
                  profile_at: int = 20, backpressure: str = "defer", sigterm: bool = False,
-                 bits: int | Callable[[str], int] = default_bits, keyframe_every: int | None = 20,
+                 bits: int | Callable[[str], int] | None = None, keyframe_every: int | None = 20,
                  keep_last: int | None = 3, checkpointer_options: Mapping[str, Any] | None = None):
         if policy not in POLICIES:
             raise InvalidArgumentError(f"policy must be one of {POLICIES}, got {policy!r}")

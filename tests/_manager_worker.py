@@ -1,7 +1,7 @@
 """A small training run under CheckpointManager, to be killed and resumed by test_manager.py.
 
 Usage: _manager_worker.py DIR OUT STEPS MODE KILL
-  MODE  "exact" (every checkpoint an exact keyframe) or "lossy" (the default 2/4-bit chain)
+  MODE  "exact" (every checkpoint an exact keyframe) or "lossy" (the default delta chain)
   KILL  "none"; "at:N" (SIGKILL itself right after iteration N); "save:N" (SIGKILL itself
         while the background save of a checkpoint at or after iteration N is writing its
         file; from N on it checkpoints every iteration until then); "sigterm" (installs

@@ -227,3 +227,14 @@ def test_bench_suites_are_reached_through_bench(capsys):
             main(["bench", name, "--help"])
         assert e.value.code == 0
         assert "usage" in capsys.readouterr().out
+
+
+def test_inspect_names_uniform_deltas(tmp_path, capsys):
+    import torch
+    ck = lcckpt.DeltaCheckpointer(tmp_path / "run", min_delta_elements=64)   # default targets
+    w = torch.randn(200, 50)
+    ck.save(0, {"w": w})
+    ck.save(1, {"w": w + 0.01 * torch.randn_like(w)})
+    ck.close()
+    assert main(["inspect", str(ck.path(1)), "--json"]) == 0
+    assert '"uniform delta"' in capsys.readouterr().out
