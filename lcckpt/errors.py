@@ -44,3 +44,15 @@ class NonFiniteError(LcckptError, ValueError):
 
 class InvalidArgumentError(LcckptError, ValueError):
     """An argument is out of its allowed range."""
+
+
+class DistributedCheckpointError(LcckptError):
+    """A distributed save or load failed on some rank; ``failures`` maps rank -> exception.
+
+    torch.distributed.checkpoint reports such failures as a ``CheckpointException``, which
+    derives from ``BaseException`` and so slips past ``except Exception``; this one does not.
+    """
+
+    def __init__(self, msg: str, failures: dict | None = None):
+        super().__init__(msg)
+        self.failures = dict(failures or {})
