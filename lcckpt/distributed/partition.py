@@ -114,7 +114,7 @@ def _expected(history: History | None, piece: Piece, raw: float, ratio: float | 
 
 
 def _split(item: Item, cost: float, cap: float, prev: list[Piece] | None,
-           slack: float) -> list[Piece]:
+           slack: float, overhead: float) -> list[Piece]:
     """Row ranges of ``item`` with costs under ``cap``; the previous split is kept while its
     pieces stay within ``slack`` of the cap (so the pieces, and their references, persist)."""
     whole = [Piece(item.key, 0, item.rows)]
@@ -123,12 +123,13 @@ def _split(item: Item, cost: float, cap: float, prev: list[Piece] | None,
     if prev:
         if prev[0].start == 0 and prev[-1].stop == item.rows and all(
                 a.stop == b.start for a, b in zip(prev, prev[1:])):
-            worst = max(p.stop - p.start for p in prev) / item.rows * cost
+            worst = overhead + max(p.stop - p.start for p in prev) / item.rows * (cost - overhead)
             if worst <= cap * (1 + slack) and (len(prev) == 1 or 2 * worst > cap * (1 - slack)):
                 return prev
-    if cost <= cap:
+    if cost <= cap or cap <= overhead:
         return whole
-    k = min(item.rows, math.ceil(cost / cap))
+    # k pieces of overhead + (cost - overhead) / k each, none above the cap
+    k = min(item.rows, math.ceil((cost - overhead) / (cap - overhead)))
     return [Piece(item.key, i * item.rows // k, (i + 1) * item.rows // k) for i in range(k)]
 
 
@@ -173,7 +174,8 @@ def partition(items, world_size: int, *, history: History | None = None,
     cost: dict[Piece, float] = {}
     pieces: list[Piece] = []
     for it in items:
-        for p in _split(it, whole_cost[it.key], cap, previous.get(it.key), stickiness):
+        for p in _split(it, whole_cost[it.key], cap, previous.get(it.key), stickiness,
+                        item_overhead):
             cost[p] = piece_cost(it, p)
             pieces.append(p)
 
