@@ -104,18 +104,20 @@ def _async(state, writer, planner, process_group, on_done=None) -> Future:
     return out
 
 
-def save(state, directory, *, process_group=None, granularity: int = 4,
+def save(state, directory, *, process_group=None, planner: BalancedSavePlanner | None = None,
          sync_files: bool = True) -> Metadata:
     """Save ``state`` (a state dict, tensors/DTensors/values) to ``directory``: every rank
-    compresses and writes its balanced share, exactly (lossless)."""
+    compresses and writes its balanced share, exactly (lossless). ``planner``: a
+    :class:`BalancedSavePlanner` with other settings (granularity, overhead, split size)."""
     return _save(state, CompressedWriter(directory, sync_files=sync_files),
-                 BalancedSavePlanner(granularity=granularity), process_group)
+                 planner or BalancedSavePlanner(), process_group)
 
 
-def async_save(state, directory, *, process_group=None, granularity: int = 4) -> Future:
+def async_save(state, directory, *, process_group=None,
+               planner: BalancedSavePlanner | None = None) -> Future:
     """:func:`save` in a background thread (DCP's ``async_save``; the state is staged to CPU
     first). The future gives the metadata, or raises DistributedCheckpointError."""
-    return _async(state, CompressedWriter(directory), BalancedSavePlanner(granularity=granularity),
+    return _async(state, CompressedWriter(directory), planner or BalancedSavePlanner(),
                   process_group)
 
 
@@ -123,6 +125,7 @@ def load(state, directory, *, process_group=None) -> None:
     """Load ``directory`` into ``state`` in place (its tensors/DTensors give the layout: any
     world size and sharding). Non-tensor values are unpickled with ``weights_only=True``."""
     no_dist = _no_dist(process_group)
+    CompressedReader(directory).read_metadata()     # its errors, unwrapped by DCP's
     try:
         with _quiet(no_dist):
             dcp.load(state, storage_reader=CompressedReader(directory), planner=SafeLoadPlanner(),
@@ -143,13 +146,13 @@ class DistributedCheckpointer:
     """
 
     def __init__(self, directory, *, bits: int = 2, keyframe_every: int = 20,
-                 process_group=None, granularity: int = 4, stickiness: float = 0.05,
+                 process_group=None, planner: BalancedSavePlanner | None = None,
                  sync_files: bool = True):
         self.directory = os.fspath(directory)
         self.process_group = process_group
         self.writer = CompressedWriter(self.directory, bits=bits, keyframe_every=keyframe_every,
                                        sync_files=sync_files)
-        self.planner = BalancedSavePlanner(granularity=granularity, stickiness=stickiness)
+        self.planner = planner or BalancedSavePlanner()
         self._busy = threading.Lock()
         self._inflight: Future | None = None
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
 import pickle
 from collections import ChainMap
 
@@ -44,6 +45,16 @@ def item_key(item: WriteItem) -> str:
 def whole_piece(item: WriteItem) -> Piece:
     rows = _rows(item)
     return Piece(item_key(item), 0, rows)
+
+
+def chunk_nbytes(item: WriteItem) -> int:
+    """Raw bytes of the chunk an item writes (``WriteItem.tensor_storage_size`` counts the
+    whole tensor, also for a shard)."""
+    td = item.tensor_data
+    if td is None:
+        return 0
+    itemsize = torch.empty((), dtype=td.properties.dtype).element_size()
+    return math.prod(td.chunk.sizes) * itemsize
 
 
 def _rows(item: WriteItem) -> int:
@@ -110,7 +121,7 @@ class BalancedSavePlanner(DefaultSavePlanner):
             ranks = tuple(sorted(set(holders[k])))
             if wi.type == WriteItemType.BYTE_IO:
                 ranks = (0,) if 0 in ranks else ranks[:1]     # non-tensors: the coordinator
-            nbytes = wi.tensor_storage_size() or 0
+            nbytes = chunk_nbytes(wi)
             items.append(Item(k, nbytes, ranks, _rows(wi),
                               splittable=wi.type == WriteItemType.TENSOR and len(ranks) > 1))
         asg = partition(items, len(all_plans), history=self.history,

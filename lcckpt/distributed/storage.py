@@ -272,6 +272,9 @@ class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module, name):
         if module == "torch.distributed.checkpoint.metadata":
             return getattr(__import__(module, fromlist=[name]), name)
+        if module == "torch.distributed.checkpoint.filesystem" and name == "_StorageInfo":
+            # plain DCP's per-item record: read so that we can say what wrote the checkpoint
+            return getattr(__import__(module, fromlist=[name]), name)
         if module == __name__ and name == "LcckptStorageInfo":
             return LcckptStorageInfo
         if module == "torch":
@@ -281,6 +284,10 @@ class _MetadataUnpickler(pickle.Unpickler):
                 return obj
         if module == "torch.serialization" and name == "_get_layout":
             return _layout_by_name
+        if module == "pathlib" and name in ("PosixPath", "PurePosixPath", "WindowsPath",
+                                            "PureWindowsPath"):    # a checkpoint_id
+            import pathlib  # noqa: PLC0415
+            return getattr(pathlib, name)
         if module == "collections" and name == "OrderedDict":
             import collections  # noqa: PLC0415
             return collections.OrderedDict
