@@ -237,10 +237,26 @@ def _port():
         return s.getsockname()[1]
 
 
-def test_two_ranks_save_fail_delta_load_and_reshard_to_one(tmp_path):
-    root = str(tmp_path / "chain")
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """Run every 2-process check in one spawn: a 1-process checkpoint to load resharded, then
+    the workers' chain (save, failed save, delta, load) and reshard steps."""
+    tmp = tmp_path_factory.mktemp("two_ranks")
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(16, 12), nn.Linear(12, 4))
+    state = {"model": model.state_dict(), "emb": torch.randn(4096, 64)}
+    src = str(tmp / "one")
+    ld.save(state, src)
+    torch.save({**{f"model.{k}": v for k, v in state["model"].items()}, "emb": state["emb"]},
+               f"{src}.expected.pt")
+    root = str(tmp / "chain")
     os.makedirs(root)
-    mp.spawn(W.chain_worker, args=(2, _port(), root), nprocs=2, join=True)
+    mp.spawn(W.two_rank_worker, args=(2, _port(), root, src), nprocs=2, join=True)
+    return root, src
+
+
+def test_two_ranks_save_fail_delta_load_and_reshard_to_one(two_ranks):
+    root, _ = two_ranks
     asg = torch.load(f"{root}/asg0.pt")
     assert asg["imbalance"] <= 1.15, asg
     # one process reads what two wrote: every piece equals the reference of the rank that wrote it
@@ -263,15 +279,9 @@ def test_two_ranks_save_fail_delta_load_and_reshard_to_one(tmp_path):
     assert torch.equal(target["state"]["ids"], torch.arange(100))
 
 
-def test_one_process_checkpoint_loads_resharded_on_two_ranks(tmp_path):
-    torch.manual_seed(1)
-    model = nn.Sequential(nn.Linear(16, 12), nn.Linear(12, 4))
-    state = {"model": model.state_dict(), "emb": torch.randn(4096, 64)}
-    src = str(tmp_path / "one")
-    ld.save(state, src)
-    torch.save({**{f"model.{k}": v for k, v in state["model"].items()}, "emb": state["emb"]},
-               f"{src}.expected.pt")
-    mp.spawn(W.reshard_worker, args=(2, _port(), src), nprocs=2, join=True)
+def test_one_process_checkpoint_loads_resharded_on_two_ranks(two_ranks):
+    _, src = two_ranks      # the workers compared their shards with the saved values
+    assert all(os.path.exists(f"{src}.loaded_on_{r}") for r in range(2))
 
 
 def test_errors_are_lcckpt_errors():
