@@ -24,6 +24,7 @@ import io
 import os
 import pickle
 import re
+import time
 import uuid
 import warnings
 from dataclasses import dataclass
@@ -131,6 +132,7 @@ class CompressedWriter(FileSystemWriter):
                 for i, p in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        t0 = time.perf_counter()
         name = f"{plan.storage_data.prefix}0{SUFFIX}"
         path = self.fs.concat_path(self.path, name)
         rank = self.rank or 0
@@ -157,7 +159,7 @@ class CompressedWriter(FileSystemWriter):
             written = f.tell()
         self._pending = pending if self.bits is not None else None
         self.last_write_stats = {"rank": rank, "items": len(results), "raw_bytes": raw_total,
-                                 "bytes": written}
+                                 "bytes": written, "seconds": time.perf_counter() - t0}
         fut: Future = Future()
         fut.set_result(results)
         return fut
