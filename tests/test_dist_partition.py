@@ -150,3 +150,18 @@ def test_non_tensors_stay_where_told_and_bad_input_is_named():
         partition([Item("w", 10, (0,)), Item("w", 5, (0,))], 1)
     with pytest.raises(InvalidArgumentError, match="world_size"):
         partition([], 0)
+
+
+def test_delta_sized_history_keeps_pieces_and_owners():
+    """After a keyframe, a delta save encodes everything ~30x smaller: the cap shrinks with it,
+    but re-cutting or moving pieces would turn every delta back into a keyframe."""
+    items = [Item("emb", 200 << 20, (0, 1), rows=50_000, splittable=True)]
+    items += [Item(f"w{i}", 256 << 10, (0, 1), rows=250, splittable=True) for i in range(200)]
+    kf = partition(items, 2, raw_weight=0.25)
+    assert len([p for p in kf.owner if p.key == "emb"]) > 1
+    hist = History(encoded={p: int((c - 300 * 1024) / 1.08 / 30) for p, c in kf.cost.items()},
+                   owner=dict(kf.owner),
+                   raw={p: int((c - 300 * 1024) / 1.08) for p, c in kf.cost.items()})
+    delta = partition(items, 2, history=hist, raw_weight=0.25)
+    assert delta.sticky and delta.owner == kf.owner
+    assert delta.imbalance() <= 1.15

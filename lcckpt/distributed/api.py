@@ -152,7 +152,10 @@ class DistributedCheckpointer:
         self.process_group = process_group
         self.writer = CompressedWriter(self.directory, bits=bits, keyframe_every=keyframe_every,
                                        sync_files=sync_files)
-        self.planner = planner or BalancedSavePlanner()
+        # a delta's encode time follows its raw bytes (~4x faster per byte than a lossless
+        # keyframe), not its tiny encoded size: weigh raw bytes in, so that the relative
+        # costs, and with them the plan and the references, stay put across keyframes and deltas
+        self.planner = planner or BalancedSavePlanner(raw_weight=0.25)
         self._busy = threading.Lock()
         self._inflight: Future | None = None
 

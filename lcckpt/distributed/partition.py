@@ -115,8 +115,9 @@ def _expected(history: History | None, piece: Piece, raw: float, ratio: float | 
 
 def _split(item: Item, cost: float, cap: float, prev: list[Piece] | None,
            slack: float, overhead: float) -> list[Piece]:
-    """Row ranges of ``item`` with costs under ``cap``; the previous split is kept while its
-    pieces stay within ``slack`` of the cap (so the pieces, and their references, persist)."""
+    """Row ranges of ``item`` with costs under ``cap``. The previous split is kept while no
+    piece exceeds the cap by more than ``slack``, however fine it is (a delta save shrinks
+    every encoded size and so the cap: re-cutting then would throw away every reference)."""
     whole = [Piece(item.key, 0, item.rows)]
     if not item.splittable or item.rows < 2:
         return whole
@@ -124,7 +125,7 @@ def _split(item: Item, cost: float, cap: float, prev: list[Piece] | None,
         if prev[0].start == 0 and prev[-1].stop == item.rows and all(
                 a.stop == b.start for a, b in zip(prev, prev[1:])):
             worst = overhead + max(p.stop - p.start for p in prev) / item.rows * (cost - overhead)
-            if worst <= cap * (1 + slack) and (len(prev) == 1 or 2 * worst > cap * (1 - slack)):
+            if worst <= cap * (1 + slack):
                 return prev
     if cost <= cap or cap <= overhead:
         return whole
