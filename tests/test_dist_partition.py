@@ -159,9 +159,9 @@ def test_delta_sized_history_keeps_pieces_and_owners():
     items += [Item(f"w{i}", 256 << 10, (0, 1), rows=250, splittable=True) for i in range(200)]
     kf = partition(items, 2, raw_weight=0.25)
     assert len([p for p in kf.owner if p.key == "emb"]) > 1
-    hist = History(encoded={p: int((c - 300 * 1024) / 1.08 / 30) for p, c in kf.cost.items()},
-                   owner=dict(kf.owner),
-                   raw={p: int((c - 300 * 1024) / 1.08) for p, c in kf.cost.items()})
+    raw = {p: int((c - 300 * 1024) / 1.25) for p, c in kf.cost.items()}   # no history: 1 + 0.25
+    hist = History(encoded={p: int(r * 0.83 / 30) for p, r in raw.items()},
+                   owner=dict(kf.owner), raw=raw)
     delta = partition(items, 2, history=hist, raw_weight=0.25)
     assert delta.sticky and delta.owner == kf.owner
     assert delta.imbalance() <= 1.15
