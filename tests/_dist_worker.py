@@ -141,6 +141,17 @@ def chain(rank, world, root):
         assert torch.equal(got, t), p
     assert torch.equal(flat["state.ids"], torch.arange(100))
     assert target["state"]["meta"] == {"epoch": 3, "tag": "run", "lr": [0.1, 0.01]}
+
+    # async_save on both ranks: a delta step committed in the background
+    step_update(state, model, 4)
+    fut = ck.async_save(4, full)
+    md = fut.result(timeout=60)
+    assert ck.steps() == [0, 1, 3, 4]
+    assert ck.load(target) == 4
+    flat = flatten(target["state"], "state.")
+    flat.update({f"model.{k}": v.full_tensor() for k, v in target["model"].items()})
+    for p, t in ck.references().items():
+        assert torch.equal(piece_slice(flat, p.key, p.start, p.stop), t), p
     dist.barrier()
 
 
