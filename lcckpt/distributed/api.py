@@ -125,10 +125,11 @@ def load(state, directory, *, process_group=None) -> None:
     """Load ``directory`` into ``state`` in place (its tensors/DTensors give the layout: any
     world size and sharding). Non-tensor values are unpickled with ``weights_only=True``."""
     no_dist = _no_dist(process_group)
-    CompressedReader(directory).read_metadata()     # its errors, unwrapped by DCP's
+    reader = CompressedReader(directory)
+    reader.read_metadata()          # its errors unwrapped by DCP's; DCP reuses the parsed copy
     try:
         with _quiet(no_dist):
-            dcp.load(state, storage_reader=CompressedReader(directory), planner=SafeLoadPlanner(),
+            dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(),
                      process_group=process_group, no_dist=no_dist)
     except BaseException as e:
         err = _unwrap(e, f"loading {directory}")

@@ -300,18 +300,27 @@ class _MetadataUnpickler(pickle.Unpickler):
 class CompressedReader(FileSystemReader):
     """DCP storage reader for checkpoints written by :class:`CompressedWriter`."""
 
+    def __init__(self, path):
+        super().__init__(path)
+        self._cached: tuple | None = None      # (raw .metadata, parsed): read once per load
+
     def read_metadata(self, *args, **kwargs) -> Metadata:
         path = self._get_metadata_path(kwargs.get("rank"))
         if not self.fs.exists(path):
             raise InvalidArgumentError(f"no committed checkpoint at {self.path} (no .metadata); "
                                        "pass the directory a save completed into")
         with self.fs.create_stream(path, "rb") as f:
+            raw = f.read()
+        if self._cached is not None and self._cached[0] == raw:
+            md = self._cached[1]
+        else:
             try:
-                md = _MetadataUnpickler(f).load()
+                md = _MetadataUnpickler(io.BytesIO(raw)).load()
             except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as e:
                 raise CorruptDataError(f"{path}: unreadable checkpoint metadata ({e})") from None
-        if not isinstance(md, Metadata):
-            raise CorruptDataError(f"{path}: not DCP checkpoint metadata")
+            if not isinstance(md, Metadata):
+                raise CorruptDataError(f"{path}: not DCP checkpoint metadata")
+            self._cached = (raw, md)
         if md.storage_meta is None:
             md.storage_meta = StorageMeta()
         md.storage_meta.load_id = self.load_id
