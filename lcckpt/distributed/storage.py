@@ -185,17 +185,13 @@ class CompressedWriter(FileSystemWriter):
         here = ((abs_path, offset, len(blob)),)
         if enc.last_stats.kind == "lossy":
             pending[piece] = _Ref(enc, prev.chain + here)
-            return {"codec": "delta", "chain": prev.chain, **meta}
+            base = os.path.dirname(abs_path)     # this rank's own view of the directory
+            chain = tuple((os.path.relpath(p, base), o, n) for p, o, n in prev.chain)
+            return {"codec": "delta", "chain": chain, **meta}
         pending[piece] = _Ref(enc, here)
         return {"codec": "exact", **meta}
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        for wr_list in results:
-            for wr in wr_list:
-                info = wr.storage_data
-                if info.chain:       # make the chain relative to this checkpoint
-                    base = os.path.abspath(str(self.path))
-                    info.chain = tuple((os.path.relpath(p, base), o, n) for p, o, n in info.chain)
         super().finish(metadata, results)
         self._remove_stale({info.relative_path for info in metadata.storage_data.values()})
 
