@@ -1,15 +1,17 @@
 """Distributed save benchmark: 1 rank against 2 ranks on the same replicated state.
 
 The state is one dominant embedding plus many small tensors (``bench_state``), the same on
-every rank, as in data-parallel training. Each configuration runs in freshly spawned gloo
-ranks on this machine, every rank with ``threads`` compression threads (``LCCKPT_THREADS``):
+every rank, as in data-parallel training. The configurations run in one set of spawned gloo
+ranks on this machine, taking turns round by round (a 1-rank configuration saves through a
+1-rank group while the other rank waits), every rank with ``threads`` compression threads
+(``LCCKPT_THREADS``):
 
 * ``1 rank``: lcckpt's compressed writer, one rank writes everything;
 * ``2 ranks, DCP default planner``: DCP's dedup of replicated items (first come to the
   least-loaded rank, never split) with the same compressed writer;
 * ``2 ranks, balanced planner``: lcckpt.distributed's partitioner (split + LPT by cost).
 
-Measured per configuration (medians over ``repeats`` saves after one untimed warm-up save):
+Measured per configuration (medians over ``repeats`` rounds after one untimed warm-up round):
 the save time from a barrier before to a barrier after (every rank done, metadata
 committed), each rank's encoded bytes and its time inside ``write_data`` (encode + write +
 fsync), max/avg of both over ranks, and the time to load the checkpoint back on every rank
@@ -56,57 +58,71 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world, port, cfg, out):
-    os.environ["LCCKPT_THREADS"] = str(cfg["threads"])
-    torch.set_num_threads(1)
+def _one_save(cfg, planner_name, group, members, rank, state, path, check):
+    """One timed save and load of ``state`` by the ranks in ``members`` (the rest wait)."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-    import lcckpt
     import lcckpt.distributed as ld
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
-    lcckpt.warmup()
-    state = bench_state(cfg["total_mb"], cfg["dominant"], cfg["n_small"])
-    rows = []
-    for rep in range(cfg["repeats"] + 1):
-        path = os.path.join(cfg["root"], f"{cfg['planner']}_{world}_{rep}")
-        planner = (ld.BalancedSavePlanner() if cfg["planner"] == "balanced"
-                   else DefaultSavePlanner())
+    dist.barrier()
+    if rank == 0:
+        os.sync()
+    dist.barrier()
+    stats, save_s, load_s = None, 0.0, 0.0
+    if rank in members:
+        planner = ld.BalancedSavePlanner() if planner_name == "balanced" else DefaultSavePlanner()
         writer = ld.CompressedWriter(path, sync_files=True)
-        dist.barrier()
-        if rank == 0:
-            os.sync()
-        dist.barrier()
+        dist.barrier(group)
         t0 = time.perf_counter()
-        dcp.save(state, storage_writer=writer, planner=planner)
+        dcp.save(state, storage_writer=writer, planner=planner, process_group=group)
         writer.commit()
-        dist.barrier()
+        dist.barrier(group)
         save_s = time.perf_counter() - t0
         stats = dict(writer.last_write_stats)
         target = {k: (torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0)
                   for k, v in state.items()}
-        dist.barrier()
+        dist.barrier(group)
         t0 = time.perf_counter()
-        ld.load(target, path)
-        dist.barrier()
+        ld.load(target, path, process_group=group)
+        dist.barrier(group)
         load_s = time.perf_counter() - t0
-        if rep == 0:
+        if check:
             assert all(torch.equal(target[k], v) if isinstance(v, torch.Tensor)
                        else target[k] == v for k, v in state.items()), "reload differs"
-        gathered = [None] * world
-        dist.all_gather_object(gathered, stats)
-        if rank == 0:
-            rows.append({"save_s": save_s, "load_s": load_s, "ranks": gathered})
-            if rep > 0:
-                shutil.rmtree(os.path.join(cfg["root"], f"{cfg['planner']}_{world}_{rep - 1}"),
-                              ignore_errors=True)
-        dist.barrier()
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, stats)
+    dist.barrier()
     if rank == 0:
         shutil.rmtree(path, ignore_errors=True)
+    return {"save_s": save_s, "load_s": load_s, "ranks": [g for g in gathered if g]}
+
+
+def _worker(rank, world, port, cfg, out):
+    """All configurations in one set of processes, taking turns round by round: a slow
+    spell of a shared machine then hits every configuration, not only the one it met."""
+    os.environ["LCCKPT_THREADS"] = str(cfg["threads"])
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    import lcckpt
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    groups = {n: (dist.new_group(list(range(n))), range(n)) for n in sorted(
+        {w for _, w in cfg["configs"]})}
+    lcckpt.warmup()
+    state = bench_state(cfg["total_mb"], cfg["dominant"], cfg["n_small"])
+    rows = {f"{p}:{w}": [] for p, w in cfg["configs"]}
+    for rep in range(cfg["repeats"] + 1):
+        for planner, w in cfg["configs"]:
+            group, members = groups[w]
+            path = os.path.join(cfg["root"], f"{planner}_{w}_{rep}")
+            row = _one_save(cfg, planner, group, members, rank, state, path, check=rep == 0)
+            if rep > 0:                    # the first round warms caches: not timed
+                rows[f"{planner}:{w}"].append(row)
+    if rank == 0:
         with open(out, "w") as f:
-            json.dump(rows[1:], f)              # the first save warms caches: not timed
+            json.dump(rows, f)
     dist.destroy_process_group()
 
 
@@ -148,14 +164,16 @@ def run(total_mb: float = 256, dominant: float = 0.8, n_small: int = 200, repeat
     del state, tensors
     results = []
     load_before = os.getloadavg()
+    world = max(w for _, w in configs)
     with tempfile.TemporaryDirectory(dir=directory) as root:
-        for planner, world in configs:
-            out = os.path.join(root, f"{planner}_{world}.json")
-            cfg = {"planner": planner, "threads": threads, "repeats": repeats, "root": root,
-                   "total_mb": total_mb, "dominant": dominant, "n_small": n_small}
-            mp.spawn(_worker, args=(world, _port(), cfg, out), nprocs=world, join=True)
-            with open(out) as f:
-                results.append(_summary(planner, world, json.load(f)))
+        out = os.path.join(root, "rows.json")
+        cfg = {"configs": [list(c) for c in configs], "threads": threads, "repeats": repeats,
+               "root": root, "total_mb": total_mb, "dominant": dominant, "n_small": n_small}
+        mp.spawn(_worker, args=(world, _port(), cfg, out), nprocs=world, join=True)
+        with open(out) as f:
+            rows = json.load(f)
+    for planner, w in configs:
+        results.append(_summary(planner, w, rows[f"{planner}:{w}"]))
     one = next((r for r in results if r["ranks"] == 1), None)
     for r in results:
         r["speedup_vs_1_rank"] = one["save_s"] / r["save_s"] if one else None
