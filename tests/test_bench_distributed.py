@@ -16,8 +16,8 @@ def test_bench_state_is_dominated_by_one_tensor():
 
 def test_summary_medians_and_imbalance():
     rows = [{"save_s": t, "load_s": 2 * t,
-             "ranks": [{"bytes": 300, "raw_bytes": 400, "seconds": t},
-                       {"bytes": 100, "raw_bytes": 130, "seconds": t / 2}]}
+             "ranks": [{"bytes": 300, "raw_bytes": 400, "seconds": t, "cpu_seconds": t},
+                       {"bytes": 100, "raw_bytes": 130, "seconds": t / 2, "cpu_seconds": t}]}
             for t in (1.0, 3.0, 2.0)]
     s = _summary("dcp-default", 2, rows)
     assert s["save_s"] == 2.0 and s["load_s"] == 4.0
