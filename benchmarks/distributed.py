@@ -2,7 +2,7 @@
 see lcckpt/bench/distributed.py.
 
 Usage: python benchmarks/distributed.py [--total-mb 256] [--repeats 3] [--threads 1]
-       [--json out.json]
+       [--no-fsync] [--json out.json]
 """
 
 import argparse
@@ -21,12 +21,15 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="compression threads per rank")
     ap.add_argument("--dir", default=None, help="where to write (default: a temp directory)")
+    ap.add_argument("--no-fsync", action="store_true",
+                    help="do not fsync the files (tells compression time from the disk's)")
     ap.add_argument("--json", default=None, help="write the result here too")
     a = ap.parse_args(argv)
-    res = run(a.total_mb, a.dominant, a.small, a.repeats, a.threads, a.dir)
+    res = run(a.total_mb, a.dominant, a.small, a.repeats, a.threads, a.dir, sync=not a.no_fsync)
     s = res["state"]
     print(f"state: {s['bytes'] / 1e6:.1f} MB in {s['tensors']} tensors, largest "
           f"{s['largest_bytes'] / 1e6:.1f} MB; {res['threads_per_rank']} thread(s) per rank; "
+          f"fsync {'on' if res['fsync'] else 'off'}; "
           f"load average before {res['loadavg_before'][0]:.2f}, after "
           f"{res['loadavg_after'][0]:.2f}")
     print(table(res))

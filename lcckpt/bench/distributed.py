@@ -72,7 +72,7 @@ def _one_save(cfg, planner_name, group, members, rank, state, path, check):
     stats, save_s, load_s = None, 0.0, 0.0
     if rank in members:
         planner = ld.BalancedSavePlanner() if planner_name == "balanced" else DefaultSavePlanner()
-        writer = ld.CompressedWriter(path, sync_files=True)
+        writer = ld.CompressedWriter(path, sync_files=cfg["sync"])
         dist.barrier(group)
         t0 = time.perf_counter()
         dcp.save(state, storage_writer=writer, planner=planner, process_group=group)
@@ -148,9 +148,11 @@ def _summary(planner: str, world: int, rows: list) -> dict:
 
 
 def run(total_mb: float = 256, dominant: float = 0.8, n_small: int = 200, repeats: int = 3,
-        threads: int = 1, directory: str | None = None, configs=CONFIGS) -> dict:
+        threads: int = 1, directory: str | None = None, configs=CONFIGS,
+        sync: bool = True) -> dict:
     """Run every configuration in ``configs`` ((planner, ranks) pairs) and return the
-    results as a JSON-able dict (see the module docstring)."""
+    results as a JSON-able dict (see the module docstring). ``sync=False`` skips the fsync
+    of each file, to tell compression from the disk."""
     if repeats < 1 or threads < 1 or not 0 < dominant < 1 or total_mb <= 0:
         raise InvalidArgumentError("need repeats >= 1, threads >= 1, 0 < dominant < 1, "
                                    f"total_mb > 0; got {repeats}, {threads}, {dominant}, "
@@ -170,6 +172,7 @@ def run(total_mb: float = 256, dominant: float = 0.8, n_small: int = 200, repeat
     with tempfile.TemporaryDirectory(dir=directory) as root:
         out = os.path.join(root, "rows.json")
         cfg = {"configs": [list(c) for c in configs], "threads": threads, "repeats": repeats,
+               "sync": sync,
                "root": root, "total_mb": total_mb, "dominant": dominant, "n_small": n_small}
         mp.spawn(_worker, args=(world, _port(), cfg, out), nprocs=world, join=True)
         with open(out) as f:
@@ -180,6 +183,7 @@ def run(total_mb: float = 256, dominant: float = 0.8, n_small: int = 200, repeat
     for r in results:
         r["speedup_vs_1_rank"] = one["save_s"] / r["save_s"] if one else None
     return {"environment": environment(), "state": info, "threads_per_rank": threads,
+            "fsync": sync,
             "repeats": repeats, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
             "results": results}
 
