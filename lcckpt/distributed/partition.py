@@ -172,24 +172,31 @@ def partition(items, world_size: int, *, history: History | None = None,
     whole_cost = {it.key: piece_cost(it, Piece(it.key, 0, it.rows)) for it in items}
     total = sum(whole_cost.values())
     cap = max(min_split_bytes, total / (world_size * granularity))
-    cost: dict[Piece, float] = {}
-    pieces: list[Piece] = []
-    for it in items:
-        for p in _split(it, whole_cost[it.key], cap, previous.get(it.key), stickiness,
-                        item_overhead):
-            cost[p] = piece_cost(it, p)
-            pieces.append(p)
 
+    def cut(prev_of) -> tuple[list[Piece], dict[Piece, float]]:
+        pieces, cost = [], {}
+        for it in items:
+            for p in _split(it, whole_cost[it.key], cap, prev_of.get(it.key), stickiness,
+                            item_overhead):
+                cost[p] = piece_cost(it, p)
+                pieces.append(p)
+        return pieces, cost
+
+    # a fresh plan: fresh cuts, plain LPT
+    pieces, cost = cut({})
     fresh_loads = [0.0] * world_size
     fresh = _lpt(pieces, cost, eligible, fresh_loads)
-    if history is not None and history.owner:
-        kept = {p: history.owner[p] for p in pieces
+    if previous:
+        # the sticky plan: last cuts where still fine, last owners, new pieces by LPT; kept
+        # while its most-loaded rank is within `stickiness` of the fresh plan's
+        s_pieces, s_cost = cut(previous)
+        kept = {p: history.owner[p] for p in s_pieces
                 if p in history.owner and history.owner[p] in eligible[p.key]}
         if kept:
             loads = [0.0] * world_size
             for p, r in kept.items():
-                loads[r] += cost[p]
-            sticky = _lpt(pieces, cost, eligible, loads, fixed=kept)
+                loads[r] += s_cost[p]
+            sticky = _lpt(s_pieces, s_cost, eligible, loads, fixed=kept)
             if max(loads) <= max(fresh_loads) * (1 + stickiness):
-                return Assignment(sticky, cost, loads, True)
+                return Assignment(sticky, s_cost, loads, True)
     return Assignment(fresh, cost, fresh_loads, False)
