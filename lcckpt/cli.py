@@ -313,7 +313,8 @@ _COMMANDS = {"bench": _bench, "inspect": _inspect, "verify": _verify, "convert":
 
 # ``lcckpt bench SUITE ...``: the other benchmark suites, each a module with main(argv)
 SUITES = {"schedule": "lcckpt.bench.schedule", "lazy": "lcckpt.bench.lazy",
-          "manager": "lcckpt.bench.manager", "exact": "lcckpt.bench.exact"}
+          "manager": "lcckpt.bench.manager", "exact": "lcckpt.bench.exact",
+          "distributed": "lcckpt.bench.distributed", "quality": "lcckpt.bench.quality"}
 
 
 def main(argv=None) -> int:

@@ -65,3 +65,15 @@ class ResourceLimitError(LcckptError):
 class ConcurrentWriteError(LcckptError):
     """Another writer (process, object or thread) is writing the same checkpoint
     directory; one writer at a time is allowed."""
+
+
+class DistributedCheckpointError(LcckptError):
+    """A distributed save or load failed on some rank; ``failures`` maps rank -> exception.
+
+    torch.distributed.checkpoint reports such failures as a ``CheckpointException``, which
+    derives from ``BaseException`` and so slips past ``except Exception``; this one does not.
+    """
+
+    def __init__(self, msg: str, failures: dict | None = None):
+        super().__init__(msg)
+        self.failures = dict(failures or {})

@@ -15,6 +15,8 @@ final accuracies. Timing is not measured here (see lcckpt/bench/codec.py).
 
 from __future__ import annotations
 
+import argparse
+import json
 import tempfile
 
 import numpy as np
@@ -216,3 +218,17 @@ def _plot(result: dict, path: str) -> None:
                     ax.set_yscale("log")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Restore quality of delta chains (rate vs accuracy, resume); see lcckpt/bench/quality.py.")
+    ap.add_argument("--quick", action="store_true", help="skip the resume experiment")
+    ap.add_argument("--json", help="write the result here")
+    ap.add_argument("--plot", help="write the rate-distortion plot here (png)")
+    args = ap.parse_args(argv)
+    result = run(quick=args.quick, plot=args.plot)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    print(table(result))
+    return 0

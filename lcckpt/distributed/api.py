@@ -1,0 +1,223 @@
+"""Save and load compressed, balanced DCP checkpoints, with or without a process group.
+
+``save``/``load``: one checkpoint directory, exact keyframes. :class:`DistributedCheckpointer`:
+a chain of step directories (keyframes + deltas), the distributed counterpart of
+``lcckpt.DeltaCheckpointer``. Every function runs DCP's SPMD protocol: call it on every rank
+of the group with the same arguments.
+
+The commit rule lives here: DCP returns from a save on a rank only after the coordinator
+renamed ``.metadata`` into place, so references and the planner's history advance right
+after that return, and a failed save (DCP's ``CheckpointException``, a ``BaseException``) aborts
+both and removes this rank's files before it is re-raised as
+:class:`~lcckpt.errors.DistributedCheckpointError`.
+
+Not here: the codec (``storage.py``) and the partitioning (``partition.py``, ``planner.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+import warnings
+from concurrent.futures import Future
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import Metadata
+
+from ..errors import DistributedCheckpointError, InvalidArgumentError, LcckptError
+from .planner import BalancedSavePlanner, SafeLoadPlanner
+from .storage import CompressedReader, CompressedWriter
+
+_STEP = re.compile(r"step_(\d{10})")
+
+
+def _no_dist(process_group) -> bool:
+    return process_group is None and not (dist.is_available() and dist.is_initialized())
+
+
+@contextlib.contextmanager
+def _quiet(no_dist: bool):
+    """No DCP warning that a process-group-less call means one process: that is intended."""
+    if not no_dist:
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _unwrap(exc: BaseException, what: str) -> BaseException:
+    """DCP's CheckpointException -> this rank's own LcckptError, else a DistributedCheckpointError."""
+    failures = getattr(exc, "failures", None)
+    if failures is None:
+        return exc
+    causes = {r: (f[0] if isinstance(f, tuple) else f) for r, f in failures.items()}
+    for c in causes.values():
+        if isinstance(c, LcckptError):
+            return c
+    detail = "; ".join(f"rank {r}: {type(c).__name__}: {c}" for r, c in sorted(causes.items()))
+    return DistributedCheckpointError(f"{what} failed on rank(s) {sorted(causes)}: {detail}",
+                                      causes)
+
+
+def _save(state, writer: CompressedWriter, planner: BalancedSavePlanner, process_group):
+    no_dist = _no_dist(process_group)
+    try:
+        with _quiet(no_dist):
+            md = dcp.save(state, storage_writer=writer, planner=planner,
+                          process_group=process_group, no_dist=no_dist)
+    except BaseException as e:       # CheckpointException is a BaseException
+        writer.abort()
+        err = _unwrap(e, f"saving {writer.path}")
+        if err is e:
+            raise
+        raise err from e
+    writer.commit()
+    planner.commit(md)
+    return md
+
+
+def _finish_async(fut: Future, writer, planner, out: Future, on_done=None):
+    try:
+        md = fut.result()
+    except BaseException as e:
+        writer.abort()
+        err = _unwrap(e, f"saving {writer.path}")
+        out.set_exception(err)
+    else:
+        writer.commit()
+        planner.commit(md)
+        out.set_result(md)
+    if on_done is not None:
+        on_done()
+
+
+def _async(state, writer, planner, process_group, on_done=None) -> Future:
+    inner = dcp.async_save(state, storage_writer=writer, planner=planner,
+                           process_group=process_group, no_dist=_no_dist(process_group))
+    inner = getattr(inner, "upload_completion", inner)
+    out: Future = Future()
+    inner.add_done_callback(lambda f: _finish_async(f, writer, planner, out, on_done))
+    return out
+
+
+def save(state, directory, *, process_group=None, planner: BalancedSavePlanner | None = None,
+         sync_files: bool = True) -> Metadata:
+    """Save ``state`` (a state dict, tensors/DTensors/values) to ``directory``: every rank
+    compresses and writes its balanced share, exactly (lossless). ``planner``: a
+    :class:`BalancedSavePlanner` with other settings (granularity, overhead, split size)."""
+    return _save(state, CompressedWriter(directory, sync_files=sync_files),
+                 planner or BalancedSavePlanner(), process_group)
+
+
+def async_save(state, directory, *, process_group=None,
+               planner: BalancedSavePlanner | None = None) -> Future:
+    """:func:`save` in a background thread (DCP's ``async_save``; the state is staged to CPU
+    first). The future gives the metadata, or raises DistributedCheckpointError."""
+    return _async(state, CompressedWriter(directory), planner or BalancedSavePlanner(),
+                  process_group)
+
+
+def load(state, directory, *, process_group=None) -> None:
+    """Load ``directory`` into ``state`` in place (its tensors/DTensors give the layout: any
+    world size and sharding). Non-tensor values are unpickled with ``weights_only=True``."""
+    no_dist = _no_dist(process_group)
+    reader = CompressedReader(directory)
+    reader.read_metadata()          # its errors unwrapped by DCP's; DCP reuses the parsed copy
+    try:
+        with _quiet(no_dist):
+            dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(),
+                     process_group=process_group, no_dist=no_dist)
+    except BaseException as e:
+        err = _unwrap(e, f"loading {directory}")
+        if err is e:
+            raise
+        raise err from e
+
+
+class DistributedCheckpointer:
+    """A chain of distributed checkpoints: ``directory/step_NNNNNNNNNN/``, each a DCP
+    checkpoint whose floating pieces are deltas against the same rank's previous save of
+    that piece (exact keyframes first, every ``keyframe_every`` saves, and whenever a piece
+    changed rank, shape or dtype). Delta steps need the earlier step directories of their
+    chains: delete a step only when no later step depends on it (after a new keyframe).
+    """
+
+    def __init__(self, directory, *, bits: int = 2, keyframe_every: int = 20,
+                 process_group=None, planner: BalancedSavePlanner | None = None,
+                 sync_files: bool = True):
+        self.directory = os.fspath(directory)
+        self.process_group = process_group
+        self.writer = CompressedWriter(self.directory, bits=bits, keyframe_every=keyframe_every,
+                                       sync_files=sync_files)
+        # a delta's encode time follows its raw bytes (~4x faster per byte than a lossless
+        # keyframe), not its tiny encoded size: weigh raw bytes in, so that the relative
+        # costs, and with them the plan and the references, stay put across keyframes and deltas
+        self.planner = planner or BalancedSavePlanner(raw_weight=0.25)
+        self._busy = threading.Lock()
+        self._inflight: Future | None = None
+
+    def path(self, step: int) -> str:
+        return os.path.join(self.directory, f"step_{int(step):010d}")
+
+    def _prepare(self, step: int, keyframe: bool) -> str:
+        if not isinstance(step, int) or step < 0:
+            raise InvalidArgumentError(f"step must be a non-negative int, got {step!r}")
+        self.wait()
+        path = self.path(step)
+        if os.path.exists(os.path.join(path, ".metadata")):
+            raise InvalidArgumentError(f"step {step} is already committed at {path}; later "
+                                       "steps may depend on it, so it is not overwritten")
+        self.writer.reset(path)
+        self.writer.force_keyframe = keyframe
+        return path
+
+    def save(self, step: int, state, *, keyframe: bool = False) -> Metadata:
+        """Save ``state`` as ``step`` on every rank; returns DCP's metadata."""
+        self._prepare(step, keyframe)
+        return _save(state, self.writer, self.planner, self.process_group)
+
+    def async_save(self, step: int, state, *, keyframe: bool = False) -> Future:
+        """:meth:`save` in a background thread; the next save or load waits for it."""
+        self._prepare(step, keyframe)
+        fut = _async(state, self.writer, self.planner, self.process_group)
+        self._inflight = fut
+        return fut
+
+    def wait(self) -> None:
+        """Wait for an in-flight :meth:`async_save` (its errors are the future's, not ours)."""
+        if self._inflight is not None:
+            fut, self._inflight = self._inflight, None
+            fut.exception()
+
+    def steps(self) -> list[int]:
+        """Committed steps, oldest first."""
+        if not os.path.isdir(self.directory):
+            return []
+        out = []
+        for name in os.listdir(self.directory):
+            m = _STEP.fullmatch(name)
+            if m and os.path.exists(os.path.join(self.directory, name, ".metadata")):
+                out.append(int(m.group(1)))
+        return sorted(out)
+
+    def load(self, state, step: int | None = None) -> int:
+        """Load ``step`` (default: the latest committed) into ``state``; returns the step."""
+        self.wait()
+        steps = self.steps()
+        if not steps:
+            raise InvalidArgumentError(f"no committed checkpoint in {self.directory}")
+        if step is None:
+            step = steps[-1]
+        elif step not in steps:
+            raise InvalidArgumentError(f"step {step} is not committed in {self.directory}; "
+                                       f"committed: {steps}")
+        load(state, self.path(step), process_group=self.process_group)
+        return step
+
+    def references(self):
+        """This rank's committed references ({piece: tensor}); what loading its pieces gives."""
+        return self.writer.references()

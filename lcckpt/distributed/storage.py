@@ -1,0 +1,386 @@
+"""DCP storage with lcckpt's codecs: each rank encodes the items it was given and writes one file.
+
+:class:`CompressedWriter` (a ``FileSystemWriter``) stores every tensor item as an lcckpt blob:
+an exact keyframe, or, with ``bits`` set, a lossy delta against this rank's reference of that
+piece (the decoder's reconstruction of the piece's last committed state). Each item's
+:class:`LcckptStorageInfo` records its codec, dtype, shape, raw size, owner rank and, for a
+delta, where the earlier blobs of its chain lie. References advance only in :meth:`commit`,
+which the caller runs after the save committed on every rank; :meth:`abort` drops them and
+removes this save's files. File names carry a per-save tag, so saving again into a
+directory never overwrites the files its committed ``.metadata`` points to.
+
+:class:`CompressedReader` (a ``FileSystemReader``) decodes each stored item once (following
+its delta chain) and lets DCP narrow and copy it into whatever layout the loader asks for, so
+resharding works as with plain DCP. It reads ``.metadata`` with an allow-list unpickler.
+
+Not here: which rank writes what (``planner.py``) and the save/commit protocol (``api.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import io
+import os
+import pickle
+import re
+import time
+import uuid
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.futures import Future
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPlanner,
+                                                  SavePlan, SavePlanner, WriteItem,
+                                                  WriteItemType)
+from torch.distributed.checkpoint.storage import WriteResult
+
+from .. import DeltaDecoder, DeltaEncoder, decode, encode
+from ..errors import (BrokenChainError, CorruptDataError, InvalidArgumentError,
+                      TruncatedError, UnsafeObjectError)
+from .partition import Piece
+
+SUFFIX = ".distcp"
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_OUR_FILE = re.compile(r"__\d+_[0-9a-f]{8}_\d+\.distcp")
+
+
+@dataclass
+class LcckptStorageInfo:
+    """Where one stored item lies and how to decode it (kept in DCP's ``.metadata``)."""
+    relative_path: str
+    offset: int
+    length: int
+    codec: str                 # "exact" (lcckpt lossless blob), "delta" (lossy), "bytes" (raw)
+    piece: tuple               # (key, start, stop): the partition piece it stores
+    rank: int                  # the rank that wrote it
+    raw_nbytes: int
+    dtype: str = ""
+    shape: tuple = ()
+    chain: tuple = ()          # earlier blobs of a delta, keyframe first: (path, offset, length),
+                               # paths relative to this checkpoint's directory
+
+
+@dataclass(frozen=True)
+class FilePrefix:
+    """Each rank's file name prefix for one save: ``__{rank}_{save tag}_``."""
+    prefix: str
+
+
+@dataclass
+class _Ref:
+    encoder: DeltaEncoder      # its reference = the decoder's reconstruction of the piece
+    chain: tuple               # (absolute file, offset, length) of every blob, keyframe first
+
+
+class CompressedWriter(FileSystemWriter):
+    """DCP storage writer that encodes each item with lcckpt's codecs.
+
+    ``bits=None``: every tensor is an exact keyframe and no reference is kept. ``bits=1..4``:
+    floating tensors become deltas against this rank's committed reference of the same piece
+    (a keyframe when there is none, when the layout changed, or every ``keyframe_every``
+    blobs). Reuse one writer across saves for deltas, and call :meth:`commit` /
+    :meth:`abort` after each (the ``lcckpt.distributed`` functions do).
+    """
+
+    def __init__(self, path, *, bits: int | None = None, keyframe_every: int = 20,
+                 sync_files: bool = True):
+        super().__init__(path, single_file_per_rank=True, sync_files=sync_files,
+                         thread_count=1, overwrite=True)
+        if bits is not None and bits not in (1, 2, 3, 4):
+            raise InvalidArgumentError(f"bits must be None or 1..4, got {bits!r}")
+        if keyframe_every < 1:
+            raise InvalidArgumentError(f"keyframe_every must be >= 1, got {keyframe_every}")
+        self.bits, self.keyframe_every = bits, keyframe_every
+        self.force_keyframe = False
+        self._refs: dict[Piece, _Ref] = {}
+        self._pending: dict[Piece, _Ref] | None = None
+        self._written: list = []
+        self.last_write_stats: dict = {}
+
+    def __getstate__(self):
+        # process-based async_save pickles the writer on every save: the references stay here
+        # (the pickled copy writes keyframes only, which is always correct)
+        state = dict(self.__dict__)
+        state["_refs"], state["_pending"] = {}, None
+        return state
+
+    # -- DCP hooks -------------------------------------------------------------------------
+    def set_up_storage_writer(self, is_coordinator: bool, *args, **kwargs) -> None:
+        super().set_up_storage_writer(is_coordinator, *args, **kwargs)
+        if not self.use_collectives:
+            raise InvalidArgumentError("CompressedWriter needs use_collectives=True: the "
+                                       "balanced plan is made by the coordinator")
+        if self._pending is not None:
+            warnings.warn("the previous save was neither committed nor aborted; its references "
+                          "are dropped (call commit() after a save returns on every rank)",
+                          RuntimeWarning, stacklevel=2)
+            self._pending = None
+        self._written = []
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        self.fs.mkdir(self.path)       # no overwrite warning: our files never collide
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        tag = uuid.uuid4().hex[:8]
+        return [dataclasses.replace(p, storage_data=FilePrefix(f"__{i}_{tag}_"))
+                for i, p in enumerate(plans)]
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        t0, c0 = time.perf_counter(), time.process_time()
+        name = f"{plan.storage_data.prefix}0{SUFFIX}"
+        path = self.fs.concat_path(self.path, name)
+        rank = self.rank or 0
+        pending: dict[Piece, _Ref] = {}
+        results = []
+        raw_total = 0
+        self._written.append(path)
+        order = sorted(plan.items, key=lambda wi: wi.type != WriteItemType.BYTE_IO)
+        with self.fs.create_stream(path, "wb") as f:
+            for wi in order:
+                piece = _piece(planner, wi)
+                data = planner.resolve_data(wi)
+                offset = f.tell()
+                info = self._encode_into(f, wi, piece, data, pending,
+                                         os.path.abspath(str(path)), offset)
+                info = LcckptStorageInfo(name, offset, f.tell() - offset, rank=rank,
+                                         piece=(piece.key, piece.start, piece.stop), **info)
+                raw_total += info.raw_nbytes
+                results.append(WriteResult(index=wi.index, size_in_bytes=info.length,
+                                           storage_data=info))
+            f.flush()
+            if self.sync_files:
+                os.fsync(f.fileno())
+            written = f.tell()
+        self._pending = pending if self.bits is not None else None
+        self.last_write_stats = {"rank": rank, "items": len(results), "raw_bytes": raw_total,
+                                 "bytes": written, "seconds": time.perf_counter() - t0,
+                                 "cpu_seconds": time.process_time() - c0}
+        fut: Future = Future()
+        fut.set_result(results)
+        return fut
+
+    def _encode_into(self, f, wi: WriteItem, piece: Piece, data, pending, abs_path, offset):
+        if wi.type == WriteItemType.BYTE_IO:
+            buf = data.getbuffer()
+            f.write(buf)
+            return {"codec": "bytes", "raw_nbytes": len(buf)}
+        t = data.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        meta = {"raw_nbytes": t.numel() * t.element_size(), "dtype": str(t.dtype),
+                "shape": tuple(t.shape)}
+        if self.bits is None or t.dtype not in _FLOATS or t.numel() == 0:
+            f.write(encode(t, lossless=True))
+            return {"codec": "exact", **meta}
+        prev = self._refs.get(piece)
+        fresh = prev is None or self.force_keyframe or len(prev.chain) >= self.keyframe_every
+        enc = DeltaEncoder(bits=self.bits) if fresh else copy.deepcopy(prev.encoder)
+        blob, st = enc.encode(t, keyframe=fresh, report=True)
+        f.write(blob)
+        here = ((abs_path, offset, len(blob)),)
+        if st.kind == "lossy":
+            pending[piece] = _Ref(enc, prev.chain + here)
+            base = os.path.dirname(abs_path)     # this rank's own view of the directory
+            chain = tuple((os.path.relpath(p, base), o, n) for p, o, n in prev.chain)
+            return {"codec": "delta", "chain": chain, **meta}
+        pending[piece] = _Ref(enc, here)
+        return {"codec": "exact", **meta}
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        super().finish(metadata, results)
+        self._remove_stale({info.relative_path for info in metadata.storage_data.values()})
+
+    def storage_meta(self) -> StorageMeta | None:
+        return StorageMeta(checkpoint_id=str(self.path), save_id=self.save_id)
+
+    # -- after the save --------------------------------------------------------------------
+    def commit(self) -> None:
+        """The save committed on every rank: its references become the ones deltas use."""
+        if self._pending is not None:
+            self._refs = self._pending
+        self._pending = None
+        self._written = []
+        self.force_keyframe = False
+
+    def abort(self) -> None:
+        """The save failed somewhere: keep the old references, remove this rank's files."""
+        self._pending = None
+        for p in self._written + [self.fs.concat_path(self.path, ".metadata.tmp")]:
+            try:
+                if self.fs.exists(p):
+                    self.fs.rm_file(p)
+            except OSError:
+                pass
+        self._written = []
+
+    def references(self) -> dict[Piece, torch.Tensor]:
+        """This rank's committed references: what a load of its pieces will return."""
+        return {p: _as_tensor(r.encoder.reference()) for p, r in self._refs.items()}
+
+    def _remove_stale(self, keep: set) -> None:
+        try:
+            names = os.listdir(self.path)
+        except OSError:
+            return
+        for name in names:
+            if _OUR_FILE.fullmatch(name) and name not in keep:
+                try:
+                    os.remove(os.path.join(self.path, name))
+                except OSError:
+                    pass
+
+
+def _piece(planner, wi: WriteItem) -> Piece:
+    if hasattr(planner, "piece_of"):
+        return planner.piece_of(wi)
+    from .planner import whole_piece  # noqa: PLC0415
+    return whole_piece(wi)
+
+
+def _as_tensor(x) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x
+    a = np.asarray(x)
+    if not a.flags.writeable:
+        a = a.copy()
+    return torch.from_numpy(a)
+
+
+def _narrow(t: torch.Tensor, offsets, lengths) -> torch.Tensor:
+    for d, (o, n) in enumerate(zip(offsets, lengths)):
+        t = t.narrow(d, int(o), int(n))
+    return t
+
+
+def _layout_by_name(name: str) -> torch.layout:
+    obj = getattr(torch, str(name).replace("torch.", ""), None)
+    if not isinstance(obj, torch.layout):
+        raise UnsafeObjectError(f"checkpoint metadata names an unknown layout {name!r}")
+    return obj
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP metadata only: its dataclasses, torch sizes/dtypes and ours."""
+
+    def find_class(self, module, name):
+        if module == "torch.distributed.checkpoint.metadata":
+            return getattr(__import__(module, fromlist=[name]), name)
+        if module == "torch.distributed.checkpoint.filesystem" and name == "_StorageInfo":
+            # plain DCP's per-item record: read so that we can say what wrote the checkpoint
+            return getattr(__import__(module, fromlist=[name]), name)
+        if module == __name__ and name == "LcckptStorageInfo":
+            return LcckptStorageInfo
+        if module == "torch":
+            obj = getattr(torch, name, None)
+            if name == "Size" or isinstance(obj, (torch.dtype, torch.layout,
+                                                  torch.memory_format)):
+                return obj
+        if module == "torch.serialization" and name == "_get_layout":
+            return _layout_by_name
+        if module == "pathlib" and name in ("PosixPath", "PurePosixPath", "WindowsPath",
+                                            "PureWindowsPath"):    # a checkpoint_id
+            import pathlib  # noqa: PLC0415
+            return getattr(pathlib, name)
+        if module == "collections" and name == "OrderedDict":
+            import collections  # noqa: PLC0415
+            return collections.OrderedDict
+        raise UnsafeObjectError(f"checkpoint metadata refers to {module}.{name}, which is not "
+                                "part of DCP metadata; refusing to load it")
+
+
+class CompressedReader(FileSystemReader):
+    """DCP storage reader for checkpoints written by :class:`CompressedWriter`."""
+
+    def __init__(self, path):
+        super().__init__(path)
+        self._cached: tuple | None = None      # (raw .metadata, parsed): read once per load
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        path = self._get_metadata_path(kwargs.get("rank"))
+        if not self.fs.exists(path):
+            raise InvalidArgumentError(f"no committed checkpoint at {self.path} (no .metadata); "
+                                       "pass the directory a save completed into")
+        with self.fs.create_stream(path, "rb") as f:
+            raw = f.read()
+        if self._cached is not None and self._cached[0] == raw:
+            md = self._cached[1]
+        else:
+            try:
+                md = _MetadataUnpickler(io.BytesIO(raw)).load()
+            except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as e:
+                raise CorruptDataError(f"{path}: unreadable checkpoint metadata ({e})") from None
+            if not isinstance(md, Metadata):
+                raise CorruptDataError(f"{path}: not DCP checkpoint metadata")
+            self._cached = (raw, md)
+        if md.storage_meta is None:
+            md.storage_meta = StorageMeta()
+        md.storage_meta.load_id = self.load_id
+        for info in (md.storage_data or {}).values():
+            if not isinstance(info, LcckptStorageInfo):
+                raise InvalidArgumentError(
+                    f"{self.path} was not written by lcckpt's CompressedWriter; read it with "
+                    "torch.distributed.checkpoint.FileSystemReader")
+        return md
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        groups: dict = {}
+        for req in plan.items:
+            groups.setdefault(req.storage_index, []).append(req)
+        order = sorted(groups, key=lambda i: (self.storage_data[i].relative_path,
+                                              self.storage_data[i].offset))
+        for idx in order:
+            info: LcckptStorageInfo = self.storage_data[idx]
+            reqs = groups[idx]
+            if info.codec == "bytes":
+                raw = self._read(info.relative_path, info.offset, info.length)
+                for req in reqs:
+                    planner.load_bytes(req, io.BytesIO(raw))
+                continue
+            whole = self._decode(info)
+            for req in reqs:
+                src = _narrow(whole, req.storage_offsets, req.lengths)
+                dst = planner.resolve_tensor(req).detach()
+                if dst.size() != src.size():
+                    raise CorruptDataError(f"{req.storage_index.fqn}: stored piece gives "
+                                           f"{tuple(src.size())}, target wants {tuple(dst.size())}")
+                dst.copy_(src)
+                planner.commit_tensor(req, dst)
+            del whole
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    def _read(self, rel: str, offset: int, length: int) -> bytes:
+        path = self.fs.concat_path(self.path, rel)
+        if not self.fs.exists(path):
+            raise BrokenChainError(f"{path} is missing: a checkpoint this one depends on "
+                                   "was deleted or moved")
+        with self.fs.create_stream(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(length)
+        if len(data) != length:
+            raise TruncatedError(f"{path}: {length} bytes expected at offset {offset}, "
+                                 f"got {len(data)}")
+        return data
+
+    def _decode(self, info: LcckptStorageInfo) -> torch.Tensor:
+        if info.codec == "exact":
+            out = _as_tensor(decode(self._read(info.relative_path, info.offset, info.length)))
+        elif info.codec == "delta":
+            dec = DeltaDecoder()
+            for rel, off, n in tuple(info.chain) + ((info.relative_path, info.offset,
+                                                     info.length),):
+                out = dec.decode(self._read(rel, off, n))
+            out = _as_tensor(out)
+        else:
+            raise CorruptDataError(f"unknown codec {info.codec!r} in checkpoint metadata")
+        if str(out.dtype) != info.dtype or tuple(out.shape) != tuple(info.shape):
+            raise CorruptDataError(f"decoded {out.dtype}{tuple(out.shape)}, metadata says "
+                                   f"{info.dtype}{tuple(info.shape)}")
+        return out

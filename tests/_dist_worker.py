@@ -1,0 +1,185 @@
+"""Worker functions for the 2-process gloo tests in test_distributed.py (spawned, so they live
+in an importable module). Each asserts what it can see on its own rank and leaves files for
+the parent to check the rest."""
+
+import ast
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def _init(rank, world, port):
+    os.environ["LCCKPT_THREADS"] = "1"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    torch.set_num_threads(1)
+
+
+def replicated_state():
+    """The same values on every rank: one dominant tensor, some small ones, non-tensors."""
+    g = torch.Generator().manual_seed(0)
+    return {
+        "emb": torch.randn(4096, 64, generator=g) * 0.02,            # 1 MiB
+        "small": {f"w{i}": torch.randn(32, 16, generator=g) for i in range(8)},
+        "half": (torch.randn(64, 8, generator=g)).to(torch.bfloat16),
+        "ids": torch.arange(100, dtype=torch.int64),
+        "meta": {"epoch": 3, "tag": "run", "lr": [0.1, 0.01]},
+    }
+
+
+def fsdp_model():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(16, 12), nn.Linear(12, 4))
+    fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+    return model
+
+
+def step_update(state, model, step):
+    g = torch.Generator().manual_seed(100 + step)
+    state["emb"].add_(torch.randn(state["emb"].shape, generator=g) * 1e-3)
+    for w in state["small"].values():
+        w.add_(torch.randn(w.shape, generator=g) * 1e-3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.to_local().add_(1e-3)
+
+
+def piece_slice(full: dict, key: str, start: int, stop: int):
+    """The part of a flattened full state that a piece stands for."""
+    if "@" in key:
+        fqn, off = key.split("@", 1)
+        off = ast.literal_eval(off)
+        t = full[fqn]
+        for d, o in enumerate(off):
+            n = t.shape[d] if d else stop - start
+            t = t.narrow(d, o, n)
+        return t
+    t = full[key]
+    return t[start:stop] if t.dim() else t
+
+
+def flatten(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, name + "."))
+        else:
+            out[name] = v
+    return out
+
+
+def chain(rank, world, root):
+    """Keyframe, delta, a save that fails on rank 1, another delta; load back on 2 ranks."""
+    import lcckpt.distributed as ld
+    from lcckpt.errors import DistributedCheckpointError
+    state = replicated_state()
+    model = fsdp_model()
+    full = {"state": state, "model": model.state_dict()}
+    ck = ld.DistributedCheckpointer(root, bits=2, planner=ld.BalancedSavePlanner(
+        min_split_bytes=64 << 10, item_overhead=4096, raw_weight=0.25))
+    ck.save(0, full)
+    asg = ck.planner.assignment if rank == 0 else None
+    if rank == 0:
+        torch.save({"imbalance": asg.imbalance(), "loads": asg.loads}, f"{root}/asg0.pt")
+    step_update(state, model, 1)
+    ck.save(1, full)
+    refs_before = {p: t.clone() for p, t in ck.references().items()}
+
+    # step 2 fails on rank 1 after writing part of its file
+    step_update(state, model, 2)
+    if rank == 1:
+        orig = ck.writer.write_data
+
+        def broken(plan, planner):
+            path = ck.writer.fs.concat_path(ck.writer.path, f"{plan.storage_data.prefix}0.distcp")
+            ck.writer._written.append(path)
+            with open(path, "wb") as f:
+                f.write(b"partial")
+            raise OSError("disk full (injected)")
+        ck.writer.write_data = broken
+    try:
+        ck.save(2, full)
+    except DistributedCheckpointError as e:
+        assert "disk full" in str(e), str(e)
+    else:
+        raise AssertionError("the failed save did not raise")
+    if rank == 1:
+        ck.writer.write_data = orig
+    dist.barrier()
+    assert ck.steps() == [0, 1], ck.steps()
+    leftovers = [n for n in os.listdir(ck.path(2))] if os.path.isdir(ck.path(2)) else []
+    assert not leftovers, leftovers
+    refs_after = ck.references()
+    assert refs_after.keys() == refs_before.keys()
+    assert all(torch.equal(refs_after[p], refs_before[p]) for p in refs_before)
+
+    step_update(state, model, 3)
+    md = ck.save(3, full)
+    # every floating piece stayed on its rank (sticky plan), so every one is a delta
+    codecs = {idx.fqn: info.codec for idx, info in md.storage_data.items()
+              if info.dtype in ("torch.float32", "torch.bfloat16")}
+    assert set(codecs.values()) == {"delta"}, codecs
+    refs = {f"{p.key}|{p.start}|{p.stop}": t for p, t in ck.references().items()}
+    torch.save(refs, f"{root}/refs_{rank}.pt")
+
+    # load on 2 ranks, into fresh tensors of the same layout
+    target = {"state": replicated_state(), "model": fsdp_model().state_dict()}
+    for t in flatten(target["state"]).values():
+        if isinstance(t, torch.Tensor):
+            t.zero_()
+    target["state"]["meta"] = {"epoch": 0, "tag": "", "lr": [0.0, 0.0]}
+    assert ck.load(target) == 3
+    flat = flatten(target["state"], "state.")
+    flat.update({f"model.{k}": v.full_tensor() for k, v in target["model"].items()})
+    for p, t in ck.references().items():
+        got = piece_slice(flat, p.key, p.start, p.stop)
+        assert torch.equal(got, t), p
+    assert torch.equal(flat["state.ids"], torch.arange(100))
+    assert target["state"]["meta"] == {"epoch": 3, "tag": "run", "lr": [0.1, 0.01]}
+
+    # async_save on both ranks: a delta step committed in the background
+    step_update(state, model, 4)
+    fut = ck.async_save(4, full)
+    md = fut.result(timeout=60)
+    assert ck.steps() == [0, 1, 3, 4]
+    assert ck.load(target) == 4
+    flat = flatten(target["state"], "state.")
+    flat.update({f"model.{k}": v.full_tensor() for k, v in target["model"].items()})
+    for p, t in ck.references().items():
+        assert torch.equal(piece_slice(flat, p.key, p.start, p.stop), t), p
+    dist.barrier()
+
+
+def reshard(rank, world, src):
+    """Load a checkpoint written by one process into an FSDP2 model and a DTensor."""
+    import lcckpt.distributed as ld
+    from torch.distributed.tensor import Shard, distribute_tensor
+    model = fsdp_model()
+    sd = model.state_dict()
+    for v in sd.values():
+        v.to_local().zero_()
+    mesh = next(iter(sd.values())).device_mesh
+    emb = distribute_tensor(torch.zeros(4096, 64), mesh, [Shard(0)])
+    target = {"model": sd, "emb": emb}
+    ld.load(target, src)
+    want = torch.load(f"{src}.expected.pt")
+    for k, v in sd.items():
+        assert torch.equal(v.full_tensor(), want[f"model.{k}"]), k
+    assert torch.equal(emb.full_tensor(), want["emb"])
+    assert emb.to_local().shape[0] == 4096 // world
+    with open(f"{src}.loaded_on_{rank}", "w") as f:
+        f.write("ok")
+    dist.barrier()
+
+
+def two_rank_worker(rank, world, port, root, src):
+    """One spawn for every 2-process check (process start-up dominates their time)."""
+    _init(rank, world, port)
+    chain(rank, world, root)
+    reshard(rank, world, src)
+    dist.destroy_process_group()

@@ -1,0 +1,289 @@
+"""lcckpt.distributed on DCP: round trips in one process, and two real 2-process gloo runs."""
+
+import os
+import pickle
+import socket
+import sys
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+from torch import nn
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+import lcckpt.distributed as ld
+from lcckpt.distributed.planner import chunk_nbytes
+from lcckpt.distributed.storage import CompressedReader
+from lcckpt.errors import (CorruptDataError, DistributedCheckpointError, InvalidArgumentError,
+                           LcckptError, UnsafeObjectError)
+
+sys.path.insert(0, os.path.dirname(__file__))
+import _dist_worker as W  # noqa: E402
+
+
+def zeros_like_state(state):
+    out = {}
+    for k, v in state.items():
+        if isinstance(v, dict):
+            out[k] = zeros_like_state(v)
+        elif isinstance(v, torch.Tensor):
+            out[k] = torch.zeros_like(v)
+        else:
+            out[k] = None
+    return out
+
+
+def assert_equal_state(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], dict):
+            assert_equal_state(a[k], b[k])
+        elif isinstance(a[k], torch.Tensor):
+            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+        else:
+            assert a[k] == b[k], k
+
+
+def various_state():
+    g = torch.Generator().manual_seed(3)
+    return {
+        "f32": torch.randn(300, 7, generator=g),
+        "bf16": torch.randn(50, 3, generator=g).to(torch.bfloat16),
+        "f16": torch.randn(9, generator=g).half(),
+        "f64": torch.randn(4, 4, generator=g).double(),
+        "i64": torch.arange(-5, 20),
+        "flags": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 3),
+        "nested": {"w": torch.randn(8, 8, generator=g), "step": 7, "name": "adam",
+                   "betas": [0.9, 0.999]},
+    }
+
+
+def test_exact_round_trip_one_process(tmp_path):
+    state = various_state()
+    ld.save(state, tmp_path / "c")
+    target = zeros_like_state(state)
+    ld.load(target, tmp_path / "c")
+    assert_equal_state(target, state)
+    # saving again into the same directory replaces it atomically and leaves no stale files
+    state["f32"] += 1
+    ld.save(state, tmp_path / "c")
+    names = sorted(n for n in os.listdir(tmp_path / "c") if n.endswith(".distcp"))
+    assert len(names) == 1
+    ld.load(target, tmp_path / "c")
+    assert_equal_state(target, state)
+
+
+def test_chain_deltas_reload_bit_identical_to_references(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    state = {"w": torch.randn(2000, 16, generator=g), "b": torch.randn(64, generator=g).bfloat16(),
+             "n": torch.arange(10)}
+    ck = ld.DistributedCheckpointer(tmp_path, bits=2, keyframe_every=3)
+    sizes, kinds = [], []
+    for step in range(5):
+        state["w"] += torch.randn(2000, 16, generator=g) * 1e-3
+        state["b"] += (torch.randn(64, generator=g) * 1e-2).bfloat16()
+        md = ck.save(step, state)
+        info = next(i for k, i in md.storage_data.items() if k.fqn == "w")
+        kinds.append(info.codec)
+        sizes.append(info.length)
+        target = zeros_like_state(state)
+        assert ck.load(target) == step
+        for piece, ref in ck.references().items():
+            assert torch.equal(target[piece.key], ref), (step, piece)
+        assert torch.equal(target["n"], state["n"])
+        assert (target["w"] - state["w"]).abs().max() < 0.05
+    assert kinds == ["exact", "delta", "delta", "exact", "delta"]
+    assert max(sizes[1], sizes[2]) * 10 < sizes[0]
+    assert ck.steps() == [0, 1, 2, 3, 4]
+    # an earlier step is still readable, through its own chain
+    target = zeros_like_state(state)
+    assert ck.load(target, step=2) == 2
+    with pytest.raises(InvalidArgumentError, match="already committed"):
+        ck.save(2, state)
+
+
+class _BrokenWriter(ld.CompressedWriter):
+    """Writes part of its file, then fails: a disk filling up half-way."""
+
+    def write_data(self, plan, planner):
+        path = self.fs.concat_path(self.path, f"{plan.storage_data.prefix}0.distcp")
+        self._written.append(path)
+        with open(path, "wb") as f:
+            f.write(b"half a file")
+        raise OSError("no space left on device (injected)")
+
+
+def test_failed_save_keeps_committed_checkpoint_and_references(tmp_path):
+    state = {"w": torch.randn(500, 8)}
+    ck = ld.DistributedCheckpointer(tmp_path, bits=2)
+    ck.save(0, state)
+    before = {p: t.clone() for p, t in ck.references().items()}
+    good = ck.writer
+    bad = _BrokenWriter(tmp_path, bits=2)
+    bad._refs = good._refs
+    ck.writer = bad
+    state["w"] += 0.01
+    with pytest.raises(DistributedCheckpointError, match="no space left"):
+        ck.save(1, state)
+    ck.writer = good
+    assert ck.steps() == [0]
+    assert os.listdir(ck.path(1)) == []                  # the partial file is gone
+    assert all(torch.equal(ck.references()[p], t) for p, t in before.items())
+    # a failed save into an existing checkpoint's directory leaves that checkpoint intact
+    keep = {"w": torch.randn(500, 8)}
+    ld.save(keep, tmp_path / "one")
+    with pytest.raises(DistributedCheckpointError):
+        _run_broken_save({"w": keep["w"] + 1}, tmp_path / "one")
+    target = {"w": torch.zeros(500, 8)}
+    ld.load(target, tmp_path / "one")
+    assert torch.equal(target["w"], keep["w"])
+    # the next save continues the chain from the committed references
+    state["w"] += 0.01
+    md = ck.save(1, state)
+    assert {i.codec for i in md.storage_data.values()} == {"delta"}
+    target = {"w": torch.zeros(500, 8)}
+    ck.load(target)
+    assert torch.equal(target["w"], next(iter(ck.references().values())))
+
+
+def _run_broken_save(state, directory):
+    from lcckpt.distributed.api import _save
+    _save(state, _BrokenWriter(directory), ld.BalancedSavePlanner(), None)
+
+
+def test_async_save(tmp_path):
+    state = various_state()
+    fut = ld.async_save(state, tmp_path / "a")
+    fut.result(timeout=60)
+    target = zeros_like_state(state)
+    ld.load(target, tmp_path / "a")
+    assert_equal_state(target, state)
+    ck = ld.DistributedCheckpointer(tmp_path / "chain", bits=2)
+    ck.async_save(0, {"w": state["f32"]}).result(timeout=60)
+    ck.async_save(1, {"w": state["f32"] + 0.01})
+    target = {"w": torch.zeros(300, 7)}
+    assert ck.load(target) == 1                          # waits for the save in flight
+    assert torch.equal(target["w"], next(iter(ck.references().values())))
+
+
+def test_pickled_writer_and_planner_carry_no_references(tmp_path):
+    ck = ld.DistributedCheckpointer(tmp_path, bits=2)
+    ck.save(0, {"w": torch.randn(100, 4)})
+    assert ck.references() and ck.planner.history is not None
+    w2 = pickle.loads(pickle.dumps(ck.writer))
+    p2 = pickle.loads(pickle.dumps(ck.planner))
+    assert w2.references() == {} and p2.history is None
+
+
+def test_planner_balances_where_dcp_default_does_not():
+    """The coordinator's view of two ranks holding the same state: one dominant tensor."""
+    state = {"emb": torch.zeros(20000, 64)}                          # 5 MiB
+    state.update({f"w{i}": torch.zeros(64, 64) for i in range(30)})  # 30 x 16 KiB
+
+    def per_rank_bytes(planner):
+        planner.set_up_planner(state, is_coordinator=True)
+        local = planner.create_local_plan()
+        plans, md = planner.create_global_plan([local, local])
+        return [sum(chunk_nbytes(wi) for wi in p.items) for p in plans], md
+
+    ours, md = per_rank_bytes(ld.BalancedSavePlanner(min_split_bytes=256 << 10))
+    theirs, _ = per_rank_bytes(DefaultSavePlanner())
+    assert sum(ours) == sum(theirs) == sum(t.numel() * 4 for t in state.values())
+    assert max(ours) / (sum(ours) / 2) <= 1.15
+    assert max(theirs) / (sum(theirs) / 2) > 1.5
+    chunks = md.state_dict_metadata["emb"].chunks
+    assert len(chunks) >= 4 and sum(c.sizes[0] for c in chunks) == 20000
+
+
+def test_unsafe_values_and_foreign_checkpoints_are_refused(tmp_path):
+    ld.save({"obj": _Custom()}, tmp_path / "u")
+    with pytest.raises(UnsafeObjectError, match="weights_only|unrestricted"):
+        ld.load({"obj": None}, tmp_path / "u")
+    dcp.save({"w": torch.ones(3)}, checkpoint_id=tmp_path / "plain", no_dist=True)
+    with pytest.raises(InvalidArgumentError, match="FileSystemReader"):
+        ld.load({"w": torch.zeros(3)}, tmp_path / "plain")
+    with open(tmp_path / "plain" / ".metadata", "wb") as f:
+        pickle.dump(os.getcwd, f)                       # a global no metadata has
+    with pytest.raises(UnsafeObjectError, match="refusing"):
+        CompressedReader(tmp_path / "plain").read_metadata()
+    with pytest.raises(InvalidArgumentError, match="no committed checkpoint"):
+        CompressedReader(tmp_path / "nothing").read_metadata()
+
+
+class _Custom:
+    pass
+
+
+def test_damaged_blob_is_reported(tmp_path):
+    ld.save({"w": torch.randn(1000)}, tmp_path / "d")
+    name = next(n for n in os.listdir(tmp_path / "d") if n.endswith(".distcp"))
+    with open(tmp_path / "d" / name, "r+b") as f:
+        f.seek(200)
+        b = f.read(1)
+        f.seek(200)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with pytest.raises(CorruptDataError):
+        ld.load({"w": torch.zeros(1000)}, tmp_path / "d")
+
+
+# -- real 2-process runs (gloo) --------------------------------------------------------------
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """Run every 2-process check in one spawn: a 1-process checkpoint to load resharded, then
+    the workers' chain (save, failed save, delta, load) and reshard steps."""
+    tmp = tmp_path_factory.mktemp("two_ranks")
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(16, 12), nn.Linear(12, 4))
+    state = {"model": model.state_dict(), "emb": torch.randn(4096, 64)}
+    src = str(tmp / "one")
+    ld.save(state, src)
+    torch.save({**{f"model.{k}": v for k, v in state["model"].items()}, "emb": state["emb"]},
+               f"{src}.expected.pt")
+    root = str(tmp / "chain")
+    os.makedirs(root)
+    mp.spawn(W.two_rank_worker, args=(2, _port(), root, src), nprocs=2, join=True)
+    return root, src
+
+
+def test_two_ranks_save_fail_delta_load_and_reshard_to_one(two_ranks):
+    root, _ = two_ranks
+    asg = torch.load(f"{root}/asg0.pt")
+    assert asg["imbalance"] <= 1.15, asg
+    # one process reads what two wrote: every piece equals the reference of the rank that wrote it
+    state = W.replicated_state()
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(16, 12), nn.Linear(12, 4))
+    target = {"state": zeros_like_state(state), "model": zeros_like_state(model.state_dict())}
+    target["state"]["meta"] = {"epoch": 0, "tag": "", "lr": [0.0, 0.0]}
+    ck = ld.DistributedCheckpointer(root)
+    assert ck.steps() == [0, 1, 3, 4]
+    ck.load(target, step=3)
+    flat = W.flatten(target)
+    n = 0
+    for rank in range(2):
+        for name, ref in torch.load(f"{root}/refs_{rank}.pt").items():
+            key, start, stop = name.rsplit("|", 2)
+            assert torch.equal(W.piece_slice(flat, key, int(start), int(stop)), ref), name
+            n += 1
+    assert n >= 4 + 8 + 1 + 4
+    assert torch.equal(target["state"]["ids"], torch.arange(100))
+
+
+def test_one_process_checkpoint_loads_resharded_on_two_ranks(two_ranks):
+    _, src = two_ranks      # the workers compared their shards with the saved values
+    assert all(os.path.exists(f"{src}.loaded_on_{r}") for r in range(2))
+
+
+def test_errors_are_lcckpt_errors():
+    assert issubclass(DistributedCheckpointError, LcckptError)
+    assert issubclass(DistributedCheckpointError, Exception)
