@@ -74,23 +74,20 @@ def crc32c_piece(view, value: int = 0) -> int:
 
 def crc32c(view, value: int = 0) -> int:
     """CRC-32C of ``view`` continuing from ``value``, in pieces on the pool when large."""
-    view = memoryview(view).cast("B")
-    if view.nbytes < 2 * PIECE:
-        return crc32c_piece(view, value)
-    parts = [(len(p), submit(crc32c_piece, p))
-             for p in (view[off:off + PIECE] for off in range(0, view.nbytes, PIECE))]
-    for n, fut in parts:
-        value = crc32_combine(value, fut.result(), n, _POLY_C)
-    return value
+    return _pieced(view, value, crc32c_piece, _POLY_C)
 
 
 def crc32(view, value: int = 0) -> int:
     """``zlib.crc32(view, value)``, computed in pieces on the thread pool when it is large."""
+    return _pieced(view, value, piece_crc32, _POLY)
+
+
+def _pieced(view, value: int, piece, poly: int) -> int:
     view = memoryview(view).cast("B")
     if view.nbytes < 2 * PIECE:
-        return piece_crc32(view, value)
-    parts = [(len(p), submit(piece_crc32, p))
+        return piece(view, value)
+    parts = [(len(p), submit(piece, p))
              for p in (view[off:off + PIECE] for off in range(0, view.nbytes, PIECE))]
     for n, fut in parts:
-        value = crc32_combine(value, fut.result(), n)
+        value = crc32_combine(value, fut.result(), n, poly)
     return value

@@ -169,12 +169,7 @@ def _cnn_state(seed):
     return out
 
 
-def _tensors(obj, prefix=""):
-    if isinstance(obj, torch.Tensor):
-        yield prefix, obj
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _tensors(v, f"{prefix}/{k}")
+from lcckpt.bench.quality import tensors_by_path as _tensors  # noqa: E402
 
 
 def test_default_chain_holds_every_tensor_to_its_role_target(tmp_path):

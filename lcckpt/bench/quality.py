@@ -43,23 +43,23 @@ SETTINGS = {            # name -> DeltaCheckpointer keywords
 }
 
 
-def _tensors(obj, prefix=""):
+def tensors_by_path(obj, prefix=""):
     """Every tensor of a nested state, by key path."""
     if isinstance(obj, torch.Tensor):
         yield prefix, obj
     elif isinstance(obj, dict):
         for k, v in obj.items():
-            yield from _tensors(v, f"{prefix}/{k}")
+            yield from tensors_by_path(v, f"{prefix}/{k}")
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
-            yield from _tensors(v, f"{prefix}/{i}")
+            yield from tensors_by_path(v, f"{prefix}/{i}")
 
 
 def _state_error(true, restored) -> float:
     """Max over floating tensors of ||u - ũ||₂ / ||u||₂."""
     worst = 0.0
-    got = dict(_tensors(restored))
-    for k, u in _tensors(true):
+    got = dict(tensors_by_path(restored))
+    for k, u in tensors_by_path(true):
         if not u.is_floating_point() or u.numel() == 0:
             continue
         u64, r64 = u.double(), got[k].double()
@@ -82,7 +82,7 @@ def chain_quality(traj, settings: dict, keyframe_every: int = 50) -> dict:
                 if step == traj.snapshots[0][0] and kw["keyframe_every"] == 1:
                     continue                          # the first save is a keyframe anyway
                 delta_bytes += ck.last_save["nbytes"]
-                fp32_bytes += sum(4 * t.numel() for _, t in _tensors(snap)
+                fp32_bytes += sum(4 * t.numel() for _, t in tensors_by_path(snap)
                                   if t.is_floating_point())
         drops, errors = [], []
         snaps = dict(traj.snapshots)
