@@ -4,11 +4,13 @@ import os
 import pickle
 import socket
 import sys
+import warnings
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessExitedException
 from torch import nn
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
@@ -249,9 +251,19 @@ def two_ranks(tmp_path_factory):
     ld.save(state, src)
     torch.save({**{f"model.{k}": v for k, v in state["model"].items()}, "emb": state["emb"]},
                f"{src}.expected.pt")
-    root = str(tmp / "chain")
-    os.makedirs(root)
-    mp.spawn(W.two_rank_worker, args=(2, _port(), root, src), nprocs=2, join=True)
+    # A worker killed by a signal (not one that raised: that fails at once) is retried once,
+    # in a fresh directory: once, in a fresh checkout's first run, a rank aborted inside the
+    # native layer ("terminate called without an active exception") and reruns passed.
+    for attempt in range(2):
+        root = str(tmp / f"chain{attempt}")
+        os.makedirs(root)
+        try:
+            mp.spawn(W.two_rank_worker, args=(2, _port(), root, src), nprocs=2, join=True)
+            break
+        except ProcessExitedException as e:
+            if attempt or e.signal_name is None:
+                raise
+            warnings.warn(f"2-process run died ({e}); retrying once", RuntimeWarning)
     return root, src
 
 
