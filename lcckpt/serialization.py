@@ -143,10 +143,8 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
         with open_file(path) as fh:
             head = fh.read(16)
         kind = _sniff(head)
-        if kind == "torch":
-            return _torch_load(f, map_location, weights_only, mmap, pickle_load_args)
-        if kind == "safetensors":
-            return _safetensors_load(f, map_location, mmap)
+        if kind != "lcckpt":
+            return _load_foreign(kind, f, map_location, weights_only, mmap, pickle_load_args)
         with read_container(path) as c:
             try:
                 decode = _mapped_decoder(path, c) if mmap else None
@@ -164,12 +162,17 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
     head = f.read(16)
     f.seek(pos)
     kind = _sniff(head)
-    if kind == "torch":
-        return _torch_load(f, map_location, weights_only, mmap, pickle_load_args)
-    if kind == "safetensors":
-        return _safetensors_load(f, map_location, mmap)
+    if kind != "lcckpt":
+        return _load_foreign(kind, f, map_location, weights_only, mmap, pickle_load_args)
     with read_container(f) as c:
         return _unpack_limited(c, map_location, max_bytes, "the file")
+
+
+def _load_foreign(kind: str, f, map_location, weights_only, mmap, pickle_load_args):
+    """A torch.save or safetensors file, by what :func:`_sniff` found."""
+    if kind == "torch":
+        return _torch_load(f, map_location, weights_only, mmap, pickle_load_args)
+    return _safetensors_load(f, map_location, mmap)
 
 
 def _unpack_limited(c: Container, map_location, max_bytes, what: str, decode_leaf=None):

@@ -123,6 +123,7 @@ def test_the_delta_codec_is_written_by_the_chain_only():
 
 
 def test_stale_temps_of_any_name_are_removed(tmp_path):
+    import os
     import subprocess
     import sys
     from lcckpt import _durable
@@ -130,7 +131,7 @@ def test_stale_temps_of_any_name_are_removed(tmp_path):
                               capture_output=True, text=True).stdout)
     host = _durable._host_tag()
     stale = [tmp_path / f".{n}.{host}-{dead}-0123abcd.lcckpt-tmp" for n in ("a.lcc", "b.x.lcc")]
-    keep = [tmp_path / f".a.lcc.{host}-{__import__('os').getpid()}-0123abcd.lcckpt-tmp",
+    keep = [tmp_path / f".a.lcc.{host}-{os.getpid()}-0123abcd.lcckpt-tmp",
             tmp_path / f".a.lcc.zzzzzzzz-{dead}-0123abcd.lcckpt-tmp",
             tmp_path / ".a.lcc.lcckpt-tmp", tmp_path / "user-file.lcckpt-tmp"]
     for p in stale + keep:
