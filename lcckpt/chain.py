@@ -68,7 +68,7 @@ from .errors import (
     UnsupportedVersionError,
 )
 from .policy import DEFAULT_POLICY
-from .sections import DELTA, TRACKABLE, Encoded, section_key
+from .sections import DELTA, TRACKABLE, Encoded, section_key, section_zero_base
 from .serialization import pack, unpack
 
 __all__ = ["DeltaCheckpointer", "file_name"]
@@ -76,7 +76,7 @@ __all__ = ["DeltaCheckpointer", "file_name"]
 CHAIN_VERSION = 1
 DEFAULT_TARGET = DEFAULT_POLICY      # DeltaCheckpointer(directory)'s targets: see docs/chain.md
 LC_MIN_DELTA_ELEMENTS = 4096         # LC mode: smaller floating tensors are stored whole
-TARGET_MIN_DELTA_ELEMENTS = 128      # target mode: smaller ones are delta-coded exactly
+TARGET_MIN_DELTA_ELEMENTS = 8        # target mode: smaller ones (scalars: step counts) are delta-coded exactly
 _NAME_RE = re.compile(r"step-(\d{12,})\.lcc")
 LOCK_NAME = ".lcckpt-writer.lock"
 
@@ -123,7 +123,10 @@ class _SaveSession:
         elif enc is None or self.exact_of.get(path) != exact:
             enc = self.encoders[path] = self.make(path, exact)
         self.exact_of[path] = exact
-        parts, st = enc.encode_parts(t, keyframe=self.keyframe)
+        # a tensor new since the keyframe: lossy against zeros where a target bounds it
+        from_zero = enc.ref is None and not self.keyframe and not exact \
+            and enc.config.target is not None
+        parts, st = enc.encode_parts(t, keyframe=self.keyframe, from_zero=from_zero)
         nbytes = _blob.nbytes(parts)
         self.stats[path] = rec = {
             "kind": st.kind,
@@ -142,7 +145,10 @@ class _SaveSession:
             rec["fallback"] = st.fallback
         if self.warn_error is not None and st.rel_error > self.warn_error:
             self.drifted.append((path, float(st.rel_error)))
-        return Encoded(DELTA, parts, {"key": path})
+        params = {"key": path}
+        if from_zero and st.kind != "lossless":
+            params["base"] = "zero"
+        return Encoded(DELTA, parts, params)
 
 
 class _FileReplay:
@@ -156,7 +162,7 @@ class _FileReplay:
         key = section_key(meta)
         rec = self.before.get(key) or Reconstruction()
         rec.apply(c.data(i), dtype=meta.get("dtype"), shape=tuple(meta.get("shape", ())),
-                  check_payload=False, what=key)
+                  check_payload=False, what=key, zero_base=section_zero_base(meta))
         self.after[key] = rec
         return rec
 

@@ -85,13 +85,22 @@ class DeltaEncoder:
         blob = b"".join(parts)
         return (blob, st) if report else blob
 
-    def encode_parts(self, x, *, keyframe: bool = False) -> tuple[list, EncodeStats]:
+    def encode_parts(self, x, *, keyframe: bool = False,
+                     from_zero: bool = False) -> tuple[list, EncodeStats]:
         """:meth:`encode` as ``(pieces, stats)``: a container writes the pieces one after
-        another, so an exact blob of a large tensor is never joined into one copy."""
+        another, so an exact blob of a large tensor is never joined into one copy.
+
+        ``from_zero``: when there is no reference yet, code ``x`` as a delta against zeros
+        instead of storing it exactly (a tensor that first appears between keyframes; the
+        decoder must then start it from zeros too: ``Reconstruction.apply(zero_base=True)``).
+        """
         a, dt = dtypes.to_numpy(x)
         if not _tracked(dt):
             raise UnsupportedDtypeError(f"delta tracking needs fp16/bf16/fp32/fp64, got {dt.name}")
         u = dtypes.to_float_work(a, dt).reshape(-1)
+        if from_zero and not keyframe:
+            self.ref = np.zeros_like(u)
+            self.dtype, self.shape = dt, a.shape
         if keyframe or self.ref is None or dt != self.dtype or a.shape != self.shape:
             return self._keyframe(a, dt, u, None)
         exact = lambda: encode_exact(a, dt, self.config.log2, self.raw_keyframes)  # noqa: E731
@@ -152,12 +161,14 @@ class Reconstruction:
         return self._ref
 
     def apply(self, blob, *, dtype: str | None = None, shape: tuple | None = None,
-              check_payload: bool = True, what: str = "blob") -> None:
+              check_payload: bool = True, what: str = "blob", zero_base: bool = False) -> None:
         """Advance by one blob exactly as the encoder advanced its reference.
 
         ``dtype``/``shape``: what the stored tensor is (a chain section's metadata); a
         keyframe may then hold it widened to the working precision (a merged keyframe).
         ``check_payload=False`` when a container checksum has just covered the bytes.
+        ``zero_base``: the blob is a delta against zeros, not against what came before
+        (``DeltaEncoder.encode_parts(from_zero=True)``).
         """
         buf, p = parse(blob, check_payload=check_payload)
         name = p.dt.name if dtype is None else dtype
@@ -168,6 +179,12 @@ class Reconstruction:
             return
         if p.dt.name != name:
             raise CorruptDataError(f"{what}: blob dtype {p.dt.name} for a {name} tensor")
+        if zero_base:
+            if not _tracked(p.dt):
+                raise CorruptDataError(f"{what}: a {p.dt.name} delta against zeros")
+            self._ref = np.zeros(p.n, np.float64 if p.dt.name == "F64" else np.float32)
+            self._key, self.pending = None, []
+            self.dt, self.shape = p.dt, p.shape
         if self._ref is None and self._key is None:
             raise BrokenChainError(f"{what}: a delta without a reference (its keyframe is "
                                    "missing); decode the chain from its keyframe")

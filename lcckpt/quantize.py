@@ -152,6 +152,7 @@ UNIFORM_BITS = (2, 3, 4, 5, 6, 7, 8)       # symbol widths it may choose; escape
 ESCAPE_COST = 12                           # bytes an escape costs, roughly (index, value)
 SQRT12 = float(np.sqrt(12.0))
 SEARCH_TRIES = 5                           # quantization passes spent looking for the step
+NONNEG_FLOOR = 0.25  # a tensor without negative values restores each element >= 1/4 of it
 DEADZONE = 0.6     # round magnitudes up only past 0.6 of a step: more zeros, ~5% fewer bits
                    # than rounding to nearest at equal error on real deltas
 
@@ -199,14 +200,16 @@ def _entropy(counts: np.ndarray) -> float:
     return float(-(c * np.log2(c / t)).sum()) if t else 0.0
 
 
-def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE, limit=None):
+def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE, limit=None, floor=0.0):
     """Quantize ``u - ref`` with ``step``: the symbol width of fewest estimated bytes,
     escapes for levels beyond it; returns (Uniform, estimated bytes). Two chunk-parallel
     passes: the level histogram, then symbols and reconstruction.
 
     ``deadzone``: a magnitude rounds up past ``deadzone`` of a step (0.5: to nearest).
     ``limit``: the largest finite value of the stored dtype (fp16, bf16); an element the
-    step would carry past it becomes an escape, so no restored value overflows."""
+    step would carry past it becomes an escape, so no restored value overflows.
+    ``floor``: for a tensor without negative values, no element restores below ``floor``
+    times its value (levels are raised; see :mod:`lcckpt.kernels.uniform`)."""
     n = u.size
     nch = -(-n // chunk_size)
     use_ref = ref is not None
@@ -216,7 +219,7 @@ def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE, limit=No
 
     def pass1(c):
         uk.level_histogram(u, r, use_ref, c * chunk_size, min(n, (c + 1) * chunk_size),
-                           float(step), up, levels[c])
+                           float(step), up, floor, levels[c])
     run_tasks(pass1, nch)
     hist = levels.sum(axis=0)
     best = None
@@ -242,7 +245,7 @@ def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE, limit=No
 
     def pass2(c):
         errs[c] = uk.quantize_range(u, r, use_ref, c * chunk_size,
-                                    min(n, (c + 1) * chunk_size), float(step), up, S, table,
+                                    min(n, (c + 1) * chunk_size), float(step), up, floor, S, table,
                                     lim, limit is not None, sym, escf, recon, sym_hist[c])
     run_tasks(pass2, nch)
     esc_idx = np.flatnonzero(escf)
@@ -266,6 +269,11 @@ def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
     ``target == 0``, are escapes: elements stored exactly. The returned error is measured
     on the reconstruction itself; if even the last resort misses (fp rounding under a tiny
     target) the caller stores the tensor exactly.
+
+    A tensor without negative values (a second moment, a running variance: something a
+    step divides by, often through a square root) never restores an element below
+    :data:`NONNEG_FLOOR` of its value, nor below zero: plain rounding would set its small
+    elements to 0 and a resumed Adam would divide by ``sqrt(0) + eps``.
     """
     if not np.all(np.isfinite(u)) or (ref is not None and not np.all(np.isfinite(ref))):
         raise NonFiniteError(
@@ -279,6 +287,7 @@ def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
     tol_sq = target * target * norm_u
     rms = np.sqrt(norm_u / n) if n else 0.0
     isz = u.dtype.itemsize
+    floor = NONNEG_FLOOR if n and float(u.min()) >= 0 else 0.0
     if target == 0 or rms == 0:
         steps = [0.0]
     else:
@@ -287,7 +296,7 @@ def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
     lo_fail = None                      # the smallest step seen to miss the target
     s = steps[0]
     for _ in range(SEARCH_TRIES if s > 0 else 1):
-        uq, est = _try_step(u, ref, d, s, chunk_size, isz, limit=limit)
+        uq, est = _try_step(u, ref, d, s, chunk_size, isz, limit=limit, floor=floor)
         if uq.residual_sq <= tol_sq:
             if best is None or est < best[1]:
                 best = (uq, est)
@@ -306,7 +315,7 @@ def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
             break
         s = nxt
     if best is None and target > 0 and rms > 0:          # the guaranteed step
-        uq, est = _try_step(u, ref, d, 2 * target * rms, chunk_size, isz, 0.5, limit)
+        uq, est = _try_step(u, ref, d, 2 * target * rms, chunk_size, isz, 0.5, limit, floor)
         if uq.residual_sq <= tol_sq:
             best = (uq, est)
     if best is None:

@@ -169,9 +169,9 @@ class Reader:
                 continue
             m = older.sections[j]["meta"]
             rec.apply(older.data(j), dtype=m.get("dtype"), shape=tuple(m.get("shape", ())),
-                      check_payload=False, what=key)
+                      check_payload=False, what=key, zero_base=_sections.section_zero_base(m))
         rec.apply(c.data(i), dtype=meta.get("dtype"), shape=tuple(meta.get("shape", ())),
-                  check_payload=False, what=key)
+                  check_payload=False, what=key, zero_base=_sections.section_zero_base(meta))
         return rec.value(copy=False)
 
     def _chain_links(self) -> list:

@@ -92,7 +92,8 @@ def _keyframe_decode(data, meta: dict):
     rec = Reconstruction()
     try:
         rec.apply(data, dtype=meta.get("dtype"), shape=tuple(meta.get("shape", ())),
-                  check_payload=False, what=section_key(meta))
+                  check_payload=False, what=section_key(meta),
+                  zero_base=section_zero_base(meta))
     except BrokenChainError:
         raise BrokenChainError(
             f"{section_key(meta)} is a delta against an earlier checkpoint; restore it with "
@@ -186,6 +187,17 @@ def decode_leaf(path: str, c, index: int, meta: dict):
             f"{path} was written with codec {name!r:.40}, which this build does not have; "
             "upgrade lcckpt or register that codec with lcckpt.register_codec")
     return codec.decode(c.data(index), meta)
+
+
+def section_zero_base(meta: dict) -> bool:
+    """Whether a ``"delta"`` section codes its tensor against zeros (a tensor that first
+    appeared in this file) rather than against the chain's previous step."""
+    base = meta.get("codec_params", {}).get("base") if type(meta.get("codec_params")) is dict else None
+    if base is None:
+        return False
+    if base != "zero":
+        raise CorruptDataError(f"a delta section has an unknown base {base!r}; upgrade lcckpt")
+    return True
 
 
 def section_key(meta: dict) -> str:

@@ -4,6 +4,12 @@ Pure Numba functions over one element range ``[start, stop)`` each, so callers f
 chunks out over the thread pool (the kernels release the GIL). The level of a delta
 ``d`` is ``copysign(floor(|d / step| + 1 - deadzone), d)``, zigzag-mapped to a symbol
 (0, -1, 1, -2, 2, ... -> 0, 1, 2, 3, 4, ...); they know nothing of blobs or coders.
+
+``floor > 0`` is the mode for tensors without negative values (Adam's second moment,
+a norm layer's running variance: states a step divides by): a level that would restore
+an element below ``floor`` times its true value (or below zero) is raised to the
+smallest level that does not, so a restored optimizer never divides by a collapsed
+second moment.
 """
 
 import numpy as np
@@ -27,21 +33,46 @@ def _zigzag(d, step, up):
 
 
 @njit(cache=True, nogil=True)
-def level_histogram(u, ref, use_ref, start, stop, step, up, hist):
+def _floored(z, r, ui, step, floor):
+    """Zigzag level ``z`` raised so that ``r + level·step >= floor·ui`` (``ui >= 0``)."""
+    if z >= BIG or step == 0.0:
+        return z
+    q = (z + 1) >> 1
+    level = -q if z & 1 else q
+    need = floor * np.float64(ui)
+    if np.float64(r) + level * step >= need:
+        return z
+    m = np.ceil((need - np.float64(r)) / step)
+    if m > 1e15:
+        return BIG
+    level = np.int64(m)
+    while np.float64(r) + level * step < need:     # the division may round down
+        level += 1
+    if level <= 0:
+        return -2 * level - 1 if level < 0 else 0
+    return 2 * level
+
+
+@njit(cache=True, nogil=True)
+def level_histogram(u, ref, use_ref, start, stop, step, up, floor, hist):
     """``hist[min(z, 256)] += 1`` for the zigzag level ``z`` of every element."""
     for i in range(start, stop):
+        r = ref[i] if use_ref else u[i] - u[i]
         d = u[i] - ref[i] if use_ref else u[i]
         z = _zigzag(d, step, up)
+        if floor > 0.0:
+            z = _floored(z, r, u[i], step, floor)
         hist[z if z < 256 else 256] += 1
 
 
 @njit(cache=True, nogil=True)
-def quantize_range(u, ref, use_ref, start, stop, step, up, S, table, limit, use_limit,
+def quantize_range(u, ref, use_ref, start, stop, step, up, floor, S, table, limit, use_limit,
                    sym, esc, recon, hist):
     """Symbols, escape flags and the reconstruction of ``[start, stop)``.
 
     ``sym[i]`` is the level's symbol, or 0 for an escape (a level of ``S`` or more, or a
-    reconstruction past ``limit`` when ``use_limit``), flagged in ``esc[i]``; ``recon[i]``
+    reconstruction past ``limit`` when ``use_limit``, or one below ``floor·u[i]`` after
+    the table's rounding), flagged in ``esc[i]``; ``recon[i]``
     is ``ref[i] + table[sym[i]]`` (symbol 0 adds nothing, as decoding) or ``u[i]`` for an
     escape; ``hist`` counts the symbols. Returns ``||u - recon||^2`` in fp64.
     """
@@ -50,12 +81,16 @@ def quantize_range(u, ref, use_ref, start, stop, step, up, S, table, limit, use_
         r = ref[i] if use_ref else u[i] - u[i]      # +0.0 in the work dtype (u is finite)
         d = u[i] - ref[i] if use_ref else u[i]
         z = _zigzag(d, step, up)
+        if floor > 0.0:
+            z = _floored(z, r, u[i], step, floor)
         e = z >= S
         v = r
         if not e and z != 0:
             v = r + table[z]
             if use_limit and abs(v) > limit:
                 e = True
+        if floor > 0.0 and not e and np.float64(v) < floor * np.float64(u[i]):
+            e = True
         if e:
             v = u[i]
             s = 0
