@@ -2,6 +2,7 @@
 zero-copy ``mmap`` views and lazy row reads of every dtype, and a small model's delta
 file is smaller than the same content laid out as version 2."""
 
+import json
 import os
 
 import pytest
@@ -77,3 +78,21 @@ def test_small_model_delta_files_shrink(tmp_path):
             assert c.header_compressed and c.header_bytes * 3 < c.header_json_bytes
             assert os.path.getsize(path) == c.size < _v2_size(c) - 2 * c.header_bytes
     ck.close()
+
+
+def test_header_benchmark_reports_both_layouts():
+    pytest.importorskip("sklearn")
+    from lcckpt.bench import header
+
+    res = header.run(steps=20, snapshot_every=10, tensors=300, reps=1)
+    json.dumps(res)
+    ch, big = res["chain"], res["big_header"]
+    assert ch["deltas"] == 2 and len(ch["files"]) == 2
+    for r in ch["files"]:
+        assert r["header_stored"] < r["header_json"] and r["padding"] < r["v2_padding"]
+        assert r["file_bytes"] == 24 + r["header_stored"] + r["section_bytes"] + r["padding"]
+        assert r["v2_bytes"] == 24 + r["v2_header"] + r["section_bytes"] + r["v2_padding"]
+    assert big["header_zlib_bytes"] < big["header_json_bytes"]
+    assert big["file_bytes"]["zlib"] < big["file_bytes"]["plain"]
+    assert {(r["op"], r["header"]) for r in big["rows"]} == {
+        (op, h) for op in ("write", "read") for h in ("zlib", "plain")}
