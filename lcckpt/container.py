@@ -6,11 +6,11 @@ the header, every offset, length, padding byte and checksum is validated before 
 is handed out, so a damaged or hostile file fails with a :class:`CorruptDataError`
 subclass instead of feeding garbage to a decoder. ``docs/format.md`` is the spec.
 
-Section checksums (since format version 2) are CRC-32C of the section's index and name followed
-by its bytes: they bind each section's content and identity, so no swap or substitution
-of equal-length sections passes (a tensor blob ends with the CRC-32 of its own payload,
-which makes a plain CRC-32 of it content-blind; version 1 files still load, with that
-weakness). Format version 3 stores the header zlib-compressed when that is smaller and
+Section checksums (since format version 2) are CRC-32C of the section's index and name
+followed by its bytes: they bind each section's content and identity, so no swap or
+substitution of equal-length sections passes (a tensor blob ends with the CRC-32 of its
+own payload, which makes a plain CRC-32 of it content-blind; version 1 files still load,
+with that weakness). Format version 3 stores the header zlib-compressed when that is smaller and
 aligns sections to 16 bytes instead of 64: a small model's delta file was mostly header
 and padding. The header's stored size, inflated size and shape are bounded before it is
 parsed; versions 1 and 2 (uncompressed, 64-byte aligned) still load.

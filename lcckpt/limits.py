@@ -30,8 +30,8 @@ import threading
 from .errors import InvalidArgumentError, ResourceLimitError
 
 __all__ = ["AUTO", "AUTO_EXPANSION", "AUTO_FLOOR", "DEFAULT", "MAX_HEADER_BYTES",
-           "MAX_HEADER_CONTAINERS", "MAX_HEADER_VALUES", "check", "declared_bytes", "get_max_bytes", "resolve",
-           "set_max_bytes"]
+           "MAX_HEADER_CONTAINERS", "MAX_HEADER_VALUES", "check", "declared_bytes",
+           "get_max_bytes", "resolve", "set_max_bytes"]
 
 AUTO = "auto"
 AUTO_FLOOR = 192 << 20          # decoded bytes any file may ask for

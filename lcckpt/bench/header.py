@@ -58,7 +58,8 @@ def chain_files(steps: int = 200, snapshot_every: int = 10, directory: str | Non
     """Sizes of the delta files of the digits CNN chain (default DeltaCheckpointer)."""
     from .trajectory import train_trajectory
 
-    traj = train_trajectory(model="cnn", optimizer="sgd", steps=steps, snapshot_every=snapshot_every)
+    traj = train_trajectory(model="cnn", optimizer="sgd", steps=steps,
+                            snapshot_every=snapshot_every)
     rows = []
     with tempfile.TemporaryDirectory(dir=directory) as d:
         ck = DeltaCheckpointer(d)
@@ -146,7 +147,8 @@ def main(argv=None) -> int:
         print(f"mean delta file: {m['file_bytes']:,.0f} bytes (as format v2: {m['v2_bytes']:,.0f}, "
               f"{m['file_bytes'] / m['v2_bytes']:.1%}); header {m['header_stored']:,.0f} stored "
               f"of {m['header_json']:,.0f} JSON bytes (v2: {m['v2_header']:,.0f}); padding "
-              f"{m['padding']:,.0f} (v2: {m['v2_padding']:,.0f}); sections {m['section_bytes']:,.0f}")
+              f"{m['padding']:,.0f} (v2: {m['v2_padding']:,.0f}); "
+              f"sections {m['section_bytes']:,.0f}")
     b = res["big_header"]
     print(f"\n{b['tensors']:,} tensors: header {b['header_json_bytes']:,} bytes of JSON, "
           f"{b['header_zlib_bytes']:,} compressed (zlib level {C.HEADER_ZLIB_LEVEL} alone: "
