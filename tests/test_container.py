@@ -296,6 +296,17 @@ def test_header_json_violations(raw_header):
         C.read_container(_craft(None, raw_header=raw_header))
 
 
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_verify_file_reports_the_version_and_the_header(tmp_path, version):
+    path = tmp_path / "f.lc"
+    path.write_bytes(_reference(SECTIONS, {"m": "abc" * 40}, version))
+    r = C.verify_file(path)
+    assert r["ok"] and r["version"] == version and r["file_bytes"] == path.stat().st_size
+    assert r["header_compressed"] == (version == 3)
+    assert (r["header_bytes"] < r["header_json_bytes"]) == (version == 3)
+    assert any("format version 1" in w for w in r["warnings"]) == (version == 1)
+
+
 @pytest.mark.parametrize("version, offset", [(3, 64), (3, 8), (2, 16), (1, 16)])
 def test_sections_must_be_at_their_versions_alignment(version, offset):
     key = "crc32" if version == 1 else "crc32c"
