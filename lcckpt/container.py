@@ -1,4 +1,4 @@
-"""The lcckpt file format: a checksummed JSON header, then 64-byte aligned data sections.
+"""The lcckpt file format: a checksummed JSON header, then 16-byte aligned data sections.
 
 This module moves bytes and per-section metadata; it knows nothing of torch, of tensors
 or of what a section holds (serialization.py and chain.py decide that). Every field of
@@ -6,11 +6,14 @@ the header, every offset, length, padding byte and checksum is validated before 
 is handed out, so a damaged or hostile file fails with a :class:`CorruptDataError`
 subclass instead of feeding garbage to a decoder. ``docs/format.md`` is the spec.
 
-Section checksums (format version 2) are CRC-32C of the section's index and name followed
-by its bytes: they bind each section's content and identity, so no swap or substitution
-of equal-length sections passes (a tensor blob ends with the CRC-32 of its own payload,
-which makes a plain CRC-32 of it content-blind; version 1 files still load, with that
-weakness). The header's size and shape are bounded before it is parsed.
+Section checksums (since format version 2) are CRC-32C of the section's index and name
+followed by its bytes: they bind each section's content and identity, so no swap or
+substitution of equal-length sections passes (a tensor blob ends with the CRC-32 of its
+own payload, which makes a plain CRC-32 of it content-blind; version 1 files still load,
+with that weakness). Format version 3 stores the header zlib-compressed when that is smaller and
+aligns sections to 16 bytes instead of 64: a small model's delta file was mostly header
+and padding. The header's stored size, inflated size and shape are bounded before it is
+parsed; versions 1 and 2 (uncompressed, 64-byte aligned) still load.
 
 Writes to a path are atomic: a temp file in the same directory is written, fsynced and
 renamed over the target, then the directory is fsynced. A crash leaves either the old
@@ -52,6 +55,8 @@ from .errors import (
 
 __all__ = [
     "ALIGNMENT",
+    "ALIGNMENTS",
+    "FLAG_HEADER_ZLIB",
     "FORMAT_VERSION",
     "MAGIC",
     "MAX_HEADER_SIZE",
@@ -65,19 +70,23 @@ __all__ = [
 ]
 
 MAGIC = b"LCCKPT"
-FORMAT_VERSION = 2              # written; every version from 1 up to it is read
-CHECK_KEY = {1: "crc32", 2: "crc32c"}   # a section entry's checksum field, per version
+FORMAT_VERSION = 3              # written; every version from 1 up to it is read
+CHECK_KEY = {1: "crc32", 2: "crc32c", 3: "crc32c"}   # a section entry's checksum field
 BLOB_CODECS = ("lossless", "delta")    # section codecs whose payload is a tensor blob
-ALIGNMENT = 64
-MAX_HEADER_SIZE = 64 << 20
+ALIGNMENTS = {1: 64, 2: 64, 3: 16}     # section and data-start alignment, per version
+ALIGNMENT = ALIGNMENTS[FORMAT_VERSION]  # what the writer uses: every dtype's item size divides it
+FLAG_HEADER_ZLIB = 1                   # prefix flag (v3): the header bytes are a zlib stream
+KNOWN_FLAGS = {1: 0, 2: 0, 3: FLAG_HEADER_ZLIB}   # v1/v2: the field is reserved, must be 0
+HEADER_ZLIB_LEVEL = 6                  # ~35 ms for the 8 MB header of 20,000 tensors
+MAX_HEADER_SIZE = limits.MAX_HEADER_BYTES   # bytes of the header, stored and inflated
 MAX_JSON_DEPTH = 512  # writers refuse deeper metadata; JSON parsers recurse
-# magic, format version, header length, header crc32, reserved (zero)
+# magic, format version, stored header length, CRC-32 of the stored header, flags
 _PREFIX = struct.Struct("<6sHQII")
 PREFIX_SIZE = _PREFIX.size  # 24
 
 
-def _align(n: int) -> int:
-    return -(-n // ALIGNMENT) * ALIGNMENT
+def _align(n: int, alignment: int = ALIGNMENT) -> int:
+    return -(-n // alignment) * alignment
 
 
 # --------------------------------------------------------------------------- writing
@@ -87,6 +96,8 @@ def write_container(
     dest: str | os.PathLike | BinaryIO,
     sections: Iterable[tuple[str, dict, Any]],
     meta: dict,
+    *,
+    compress_header: bool = True,
 ) -> int:
     """Write ``sections`` (``(name, section_meta, data)`` triples) and ``meta``.
 
@@ -95,14 +106,27 @@ def write_container(
 
     ``dest`` is a path (written atomically) or a writable binary file object (written
     from its current position, not closed). Metadata must be plain JSON: dicts with str
-    keys, lists, str, int, finite float, bool, None. Returns the number of bytes written.
+    keys, lists, str, int, finite float, bool, None. The header is stored zlib-compressed
+    when that is smaller, unless ``compress_header=False`` (a header readable as plain
+    text in the file). Returns the number of bytes written.
     """
     header, payloads = _build_header(sections, meta)
+    header, flags = _pack_header(header, compress_header)
     if isinstance(dest, (str, os.PathLike)):
-        _durable.atomic_write(os.fspath(dest), lambda f: _write_all_parts(f, header, payloads))
+        _durable.atomic_write(os.fspath(dest),
+                              lambda f: _write_all_parts(f, header, flags, payloads))
     else:
-        _write_all_parts(dest, header, payloads)
+        _write_all_parts(dest, header, flags, payloads)
     return _file_size(len(header), [sum(v.nbytes for v in p) for p in payloads])
+
+
+def _pack_header(header: bytes, compress: bool) -> tuple[bytes, int]:
+    """The header as stored, and the prefix flags saying how: compressed if smaller."""
+    if compress:
+        packed = zlib.compress(header, HEADER_ZLIB_LEVEL)
+        if len(packed) < len(header):
+            return packed, FLAG_HEADER_ZLIB
+    return header, 0
 
 
 def _build_header(sections, meta) -> tuple[bytes, list[list[memoryview]]]:
@@ -211,8 +235,9 @@ def _file_size(header_len: int, lengths: list[int]) -> int:
     return size
 
 
-def _write_all_parts(f: BinaryIO, header: bytes, payloads: list[list[memoryview]]) -> None:
-    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header), zlib.crc32(header), 0)
+def _write_all_parts(f: BinaryIO, header: bytes, flags: int,
+                     payloads: list[list[memoryview]]) -> None:
+    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header), zlib.crc32(header), flags)
     head_end = PREFIX_SIZE + len(header)
     _write_all(f, prefix + header + bytes(_align(head_end) - head_end))
     for i, views in enumerate(payloads):
@@ -297,18 +322,24 @@ class Container:
     """A validated container: ``meta``, ``sections`` and checked access to their bytes.
 
     ``sections`` is a list of dicts with ``name``, ``offset`` (from the data start),
-    ``length``, ``crc32`` and ``meta``. The header has been fully validated; section bytes
-    are checked (checksum and trailing padding) each time they are read. Use as a context
-    manager, or call :meth:`close`, when the container was opened from a path.
+    ``length``, the checksum (``crc32c``; ``crc32`` in version 1) and ``meta``. The header
+    has been fully validated; section bytes are checked (checksum and trailing padding)
+    each time they are read. ``header_bytes`` is the header's size in the file,
+    ``header_json_bytes`` its inflated size (equal unless ``header_compressed``). Use as a
+    context manager, or call :meth:`close`, when the container was opened from a path.
     """
 
-    def __init__(self, source, version: int, meta: dict, sections: list[dict], data_start: int):
+    def __init__(self, source, version: int, meta: dict, sections: list[dict], data_start: int,
+                 header_bytes: int = 0, header_json_bytes: int = 0, flags: int = 0):
         self._source = source
         self.version = version
         self.size = source.size                 # bytes of the whole container
         self.meta = meta
         self.sections = sections
         self.data_start = data_start
+        self.header_bytes = header_bytes
+        self.header_json_bytes = header_json_bytes
+        self.header_compressed = bool(flags & FLAG_HEADER_ZLIB)
         self._names = {s["name"]: i for i, s in enumerate(sections)}
         self._checked: set[int] = set()
 
@@ -508,7 +539,7 @@ def _open(src) -> Container:
         if prefix[: len(MAGIC)] == MAGIC[: len(prefix)] and prefix:
             raise TruncatedError(f"file ends after {len(prefix)} bytes, inside the fixed prefix")
         raise CorruptDataError(_not_ours(prefix))
-    magic, version, header_len, header_crc, reserved = _PREFIX.unpack(prefix)
+    magic, version, header_len, header_crc, flags = _PREFIX.unpack(prefix)
     if magic != MAGIC:
         raise CorruptDataError(_not_ours(prefix))
     if version > FORMAT_VERSION:
@@ -518,8 +549,13 @@ def _open(src) -> Container:
         )
     if version == 0:
         raise CorruptDataError("format version 0 does not exist: the file is damaged")
-    if reserved != 0:
-        raise CorruptDataError(f"reserved prefix field is {reserved:#x}, not 0: the file is damaged")
+    unknown = flags & ~KNOWN_FLAGS[version]
+    if unknown and version < 3:
+        raise CorruptDataError(f"reserved prefix field is {flags:#x}, not 0: the file is damaged")
+    if unknown:
+        raise CorruptDataError(
+            f"prefix flags {flags:#x} hold bits {unknown:#x} that format version {version} does "
+            "not define (a newer format would have a newer version number): the file is damaged")
     if header_len == 0 or header_len > MAX_HEADER_SIZE:
         raise CorruptDataError(
             f"header length {header_len} is outside 1..{MAX_HEADER_SIZE}: the file is damaged"
@@ -531,12 +567,12 @@ def _open(src) -> Container:
     raw = src.read(PREFIX_SIZE, header_len)
     if zlib.crc32(raw) != header_crc:
         raise ChecksumError("header checksum mismatch: the file is damaged; restore a good copy")
-    raw = bytes(raw)
+    raw = _inflate_header(raw) if flags & FLAG_HEADER_ZLIB else bytes(raw)
     _check_header_size(raw)
     header = _parse_json(raw)
     meta, sections = _validate_header(header, version)
 
-    data_start = _align(PREFIX_SIZE + header_len)
+    data_start = _align(PREFIX_SIZE + header_len, ALIGNMENTS[version])
     end = data_start + (sections[-1]["offset"] + sections[-1]["length"] if sections else 0)
     if end > src.size:
         raise TruncatedError(f"file has {src.size} bytes, its header promises {end}: truncated")
@@ -547,13 +583,38 @@ def _open(src) -> Container:
         )
     if any(src.read(PREFIX_SIZE + header_len, data_start - PREFIX_SIZE - header_len)):
         raise CorruptDataError("padding after the header is not zero: the file is damaged")
-    return Container(src, version, meta, sections, data_start)
+    return Container(src, version, meta, sections, data_start, header_len, len(raw), flags)
 
 
 def _not_ours(prefix: bytes) -> str:
     if not prefix:
         return "the file is empty"
     return f"not an lcckpt file: it starts with {prefix[:8]!r}, expected {MAGIC!r}"
+
+
+def _inflate_header(stored) -> bytes:
+    """The JSON of a compressed header (whose CRC-32 has been checked), inflating at most
+    ``MAX_HEADER_SIZE`` bytes: a small stored header cannot make the reader allocate more.
+    The stream must end (adler32 checked) exactly at the end of the stored bytes."""
+    d = zlib.decompressobj()                        # RFC 1950: zlib wrapper and adler32
+    try:
+        out = d.decompress(stored, MAX_HEADER_SIZE + 1)
+    except zlib.error as e:
+        raise CorruptDataError(f"the compressed header does not inflate ({e}): the file is "
+                               "damaged; restore a good copy") from None
+    if len(out) > MAX_HEADER_SIZE:
+        raise ResourceLimitError(
+            f"the compressed header of {len(stored):,} bytes inflates past the "
+            f"{MAX_HEADER_SIZE:,}-byte header limit: the file is damaged or hostile")
+    if not d.eof:
+        raise CorruptDataError(
+            f"the compressed header ends inside its zlib stream (after {len(stored):,} bytes, "
+            f"{len(out):,} inflated): the file is damaged")
+    if d.unused_data:
+        raise CorruptDataError(
+            f"{len(d.unused_data):,} bytes follow the end of the compressed header's zlib "
+            "stream inside its declared length: the file is damaged")
+    return out
 
 
 def _check_header_size(raw: bytes) -> None:
@@ -610,7 +671,7 @@ def _validate_header(header, version: int) -> tuple[dict, list[dict]]:
     sections = header["sections"]
     if type(sections) is not list:
         bad("'sections' is not an array")
-    names, expected = set(), 0
+    names, expected, alignment = set(), 0, ALIGNMENTS[version]
     for i, s in enumerate(sections):
         if type(s) is not dict:
             bad(f"section {i} is not an object")
@@ -633,9 +694,9 @@ def _validate_header(header, version: int) -> tuple[dict, list[dict]]:
         if s["offset"] != expected:
             bad(
                 f"section {name!r} starts at {s['offset']}, expected {expected}: sections must be "
-                f"stored in order, each at the next {ALIGNMENT}-byte boundary"
+                f"stored in order, each at the next {alignment}-byte boundary"
             )
-        expected = _align(s["offset"] + s["length"])
+        expected = _align(s["offset"] + s["length"], alignment)
     return header["meta"], sections
 
 
@@ -649,14 +710,17 @@ def verify_file(path: str | os.PathLike) -> dict:
     Checks the header, every section's checksum and padding, and inside every tensor
     blob (codecs ``lossless`` and ``delta``) its own two checksums, its structure, and
     that it holds the shape its section declares. Returns a JSON-able report: ``ok``,
-    ``error`` (the first failure, or None), ``version``, ``file_bytes``,
-    ``declared_bytes`` (what loading it decodes to), ``expansion`` (declared / file
-    bytes: what a load's ``max_bytes`` is compared with), ``sections`` and ``warnings``.
+    ``error`` (the first failure, or None), ``version`` (the file format version),
+    ``file_bytes``, ``header_bytes`` (the header as stored), ``header_json_bytes``
+    (inflated), ``header_compressed``, ``declared_bytes`` (what loading it decodes to),
+    ``expansion`` (declared / file bytes: what a load's ``max_bytes`` is compared with),
+    ``sections`` and ``warnings``.
     """
     from . import blob as _blob      # the codec's wire format: only verify looks inside
 
     path = os.fspath(path)
     report = {"path": path, "ok": False, "error": None, "version": None, "file_bytes": None,
+              "header_bytes": None, "header_json_bytes": None, "header_compressed": None,
               "declared_bytes": None, "expansion": None, "sections": None, "warnings": []}
     try:
         c = read_container(path)
@@ -668,6 +732,8 @@ def verify_file(path: str | os.PathLike) -> dict:
     with c:
         declared = limits.declared_bytes(c.sections)
         report.update(version=c.version, file_bytes=c.size, sections=len(c),
+                      header_bytes=c.header_bytes, header_json_bytes=c.header_json_bytes,
+                      header_compressed=c.header_compressed,
                       declared_bytes=declared, expansion=round(declared / max(c.size, 1), 3))
         if c.version == 1:
             report["warnings"].append(

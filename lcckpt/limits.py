@@ -15,6 +15,9 @@ The limit (``max_bytes``) of a call is one of:
   under 1 MB decodes to at most 224 MiB (peak memory of the whole process under 1 GB);
 - omitted: the global default, set with :func:`set_max_bytes`.
 
+The header itself is bounded by fixed limits, before it is parsed: its size, stored and
+inflated, and the number of arrays, objects and values it can hold.
+
 Deliberately not here: measuring memory while decoding (declared sizes are enforced
 exactly by the decoders instead), and limits of the tensor codec API (``lcckpt.decode``
 trusts its caller).
@@ -26,13 +29,16 @@ import threading
 
 from .errors import InvalidArgumentError, ResourceLimitError
 
-__all__ = ["AUTO", "AUTO_EXPANSION", "AUTO_FLOOR", "DEFAULT", "MAX_HEADER_CONTAINERS",
-           "MAX_HEADER_VALUES", "check", "declared_bytes", "get_max_bytes", "resolve",
-           "set_max_bytes"]
+__all__ = ["AUTO", "AUTO_EXPANSION", "AUTO_FLOOR", "DEFAULT", "MAX_HEADER_BYTES",
+           "MAX_HEADER_CONTAINERS", "MAX_HEADER_VALUES", "check", "declared_bytes",
+           "get_max_bytes", "resolve", "set_max_bytes"]
 
 AUTO = "auto"
 AUTO_FLOOR = 192 << 20          # decoded bytes any file may ask for
 AUTO_EXPANSION = 32             # ... plus this many times its stored size
+# A container header's bytes, as stored and as inflated from a compressed header (an
+# inflate stops after this many bytes, whatever the stored size).
+MAX_HEADER_BYTES = 64 << 20
 # Header parsing: the JSON header's arrays and objects ('[' and '{' bytes), and its values
 # (',' and ':' bytes), counted before parsing. A real header needs about 15 of each per
 # tensor, so these allow well over 100,000 tensors while keeping a parse under ~1 GB.

@@ -1,4 +1,9 @@
-"""The container format: layout, validation of every header field, atomic writes."""
+"""The container format: layout, validation of every header field, atomic writes.
+
+Version 3 files (what the writer writes) are checked against ``_reference``, a writer
+built from docs/format.md alone; versions 1 and 2 are crafted the same way, since they
+must still load.
+"""
 
 import io
 import json
@@ -20,6 +25,8 @@ from lcckpt.errors import (
     ChecksumError,
     CorruptDataError,
     InvalidArgumentError,
+    LcckptError,
+    ResourceLimitError,
     TruncatedError,
     UnsupportedVersionError,
 )
@@ -27,9 +34,10 @@ from lcckpt.errors import (
 SECTIONS = [("a", {"x": 1}, b"hello"), ("b", {}, bytes(range(100))), ("empty", {}, b""), ("c", {"k": [1.5]}, b"z" * 64)]
 
 
-def _bytes(sections=SECTIONS, meta=None):
+def _bytes(sections=SECTIONS, meta=None, compress_header=True):
     f = io.BytesIO()
-    C.write_container(f, sections, {"m": 1} if meta is None else meta)
+    C.write_container(f, sections, {"m": 1} if meta is None else meta,
+                      compress_header=compress_header)
     return f.getvalue()
 
 
@@ -49,12 +57,35 @@ def _section_check(index: int, name: str, data: bytes) -> int:
     return _crc32c(ident + data)
 
 
-def _craft(header, data=b"", version=1, reserved=0, raw_header=None):
+def _craft(header, data=b"", version=1, flags=0, raw_header=None):
     """A file with an arbitrary header and a valid header checksum (version 1 headers, which
-    every reader still accepts, unless ``version`` says otherwise)."""
+    every reader still accepts, unless ``version`` says otherwise), stored as given."""
     h = raw_header if raw_header is not None else json.dumps(header).encode()
-    head = struct.pack("<6sHQII", C.MAGIC, version, len(h), zlib.crc32(h), reserved) + h
-    return head + bytes(-len(head) % 64) + data
+    head = struct.pack("<6sHQII", C.MAGIC, version, len(h), zlib.crc32(h), flags) + h
+    return head + bytes(-len(head) % (16 if version >= 3 else 64)) + data
+
+
+def _reference(sections, meta, version=3, compress=True):
+    """A container of ``version`` built from docs/format.md alone: 64-byte alignment in
+    versions 1 and 2, 16 in version 3, whose header is zlib level 6 when that is smaller."""
+    align = 16 if version >= 3 else 64
+    key = "crc32" if version == 1 else "crc32c"
+    entries, data = [], b""
+    for i, (name, m, payload) in enumerate(sections):
+        if i:
+            data += bytes(-len(data) % align)
+        check = zlib.crc32(payload) if version == 1 else _section_check(i, name, payload)
+        entries.append({"name": name, "offset": len(data), "length": len(payload), key: check,
+                        "meta": m})
+        data += payload
+    header = json.dumps({"version": version, "meta": meta, "sections": entries},
+                        separators=(",", ":")).encode()
+    flags = 0
+    if version >= 3 and compress and len(zlib.compress(header, 6)) < len(header):
+        header, flags = zlib.compress(header, 6), 1
+    head = struct.pack("<6sHQII", b"LCCKPT", version, len(header), zlib.crc32(header), flags)
+    head += header
+    return head + bytes(-len(head) % align) + data
 
 
 def _section(name="a", offset=0, length=0, crc=0, meta=None):
@@ -82,21 +113,56 @@ def test_round_trip_from_every_source(tmp_path):
             c.verify()
 
 
-def test_byte_layout():
-    raw = _bytes()
-    magic, version, hlen, hcrc, reserved = struct.unpack_from("<6sHQII", raw)
-    assert (magic, version, reserved) == (b"LCCKPT", 2, 0)
-    header = raw[24 : 24 + hlen]
-    assert zlib.crc32(header) == hcrc
-    start = -(-(24 + hlen) // 64) * 64
+@pytest.mark.parametrize("compress", [True, False])
+def test_byte_layout(compress):
+    meta = {"m": 1, "pad": "abc" * 40}              # a header that compresses
+    raw = _bytes(meta=meta, compress_header=compress)
+    assert raw == _reference(SECTIONS, meta, compress=compress)
+    magic, version, hlen, hcrc, flags = struct.unpack_from("<6sHQII", raw)
+    assert (magic, version, flags) == (b"LCCKPT", 3, int(compress))
+    stored = raw[24 : 24 + hlen]
+    assert zlib.crc32(stored) == hcrc
+    header = zlib.decompress(stored) if compress else stored
+    assert len(stored) < len(header) if compress else stored == header
+    start = -(-(24 + hlen) // 16) * 16
     assert raw[24 + hlen : start] == bytes(start - 24 - hlen)
     sections = json.loads(header)["sections"]
+    assert [s["offset"] for s in sections] == [0, 16, 128, 128]     # 5 -> 16, 16 + 100 -> 128
     for i, (s, (name, _, data)) in enumerate(zip(sections, SECTIONS)):
-        assert s["offset"] % 64 == 0
         assert raw[start + s["offset"] : start + s["offset"] + s["length"]] == data
         assert s["crc32c"] == _section_check(i, name, data)
     last = sections[-1]
     assert len(raw) == start + last["offset"] + last["length"]
+    with C.read_container(raw) as c:
+        assert (c.version, c.header_compressed, c.header_bytes) == (3, compress, hlen)
+        assert (c.header_json_bytes, c.data_start) == (len(header), start)
+
+
+def test_header_is_compressed_only_when_smaller():
+    with C.read_container(_bytes([], {})) as c:     # 36 bytes of JSON: zlib is longer
+        assert not c.header_compressed and c.header_bytes == c.header_json_bytes
+    many = [(f"obj[\"model\"][\"layer{i}.weight\"]", {"kind": "tensor", "dtype": "F32"}, b"x")
+            for i in range(3000)]                   # a header of many deflate blocks
+    raw = _bytes(many, {"m": 1})
+    with C.read_container(raw) as c:
+        assert c.header_compressed and c.header_bytes * 10 < c.header_json_bytes
+        assert [bytes(c.data(i)) for i in range(len(c))] == [b"x"] * 3000
+        assert c.sections[1]["offset"] == 16
+        c.verify()
+    assert raw == _reference(many, {"m": 1})
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("compress", [True, False])
+def test_every_version_reads(version, compress):
+    """Files as each version's writer wrote them (64-byte aligned before version 3)."""
+    raw = _reference(SECTIONS, {"m": [1] * 50}, version, compress)
+    with C.read_container(raw) as c:
+        assert c.version == version and c.meta == {"m": [1] * 50}
+        assert c.header_compressed == (compress and version == 3)
+        assert [bytes(c.data(i)) for i in range(len(c))] == [d for _, _, d in SECTIONS]
+        assert c.sections[1]["offset"] == (16 if version == 3 else 64)
+        c.verify()
 
 
 def test_no_sections_and_buffer_objects():
@@ -158,11 +224,17 @@ def test_prefix_checks():
     with pytest.raises(TruncatedError):
         C.read_container(raw[:10])
     with pytest.raises(UnsupportedVersionError, match="upgrade"):
-        C.read_container(raw[:6] + struct.pack("<H", 3) + raw[8:])
+        C.read_container(raw[:6] + struct.pack("<H", 4) + raw[8:])
     with pytest.raises(CorruptDataError):
         C.read_container(raw[:6] + struct.pack("<H", 0) + raw[8:])
-    with pytest.raises(CorruptDataError, match="reserved"):
-        C.read_container(raw[:20] + b"\x01" + raw[21:])
+    for version in (1, 2):                          # the field is reserved: 0, not flags
+        old = _reference(SECTIONS, {"m": 1}, version)
+        with pytest.raises(CorruptDataError, match="reserved"):
+            C.read_container(old[:20] + b"\x01" + old[21:])
+    for bit in range(1, 32):                        # version 3 defines bit 0 only
+        flags = struct.unpack_from("<I", raw, 20)[0] | 1 << bit
+        with pytest.raises(CorruptDataError, match="flags"):
+            C.read_container(raw[:20] + struct.pack("<I", flags) + raw[24:])
     with pytest.raises(CorruptDataError, match="header length"):
         C.read_container(raw[:8] + struct.pack("<Q", C.MAX_HEADER_SIZE + 1) + raw[16:])
     with pytest.raises(CorruptDataError, match="header length"):
@@ -224,6 +296,157 @@ def test_header_json_violations(raw_header):
         C.read_container(_craft(None, raw_header=raw_header))
 
 
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_verify_file_reports_the_version_and_the_header(tmp_path, version):
+    path = tmp_path / "f.lc"
+    path.write_bytes(_reference(SECTIONS, {"m": "abc" * 40}, version))
+    r = C.verify_file(path)
+    assert r["ok"] and r["version"] == version and r["file_bytes"] == path.stat().st_size
+    assert r["header_compressed"] == (version == 3)
+    assert (r["header_bytes"] < r["header_json_bytes"]) == (version == 3)
+    assert any("format version 1" in w for w in r["warnings"]) == (version == 1)
+
+
+@pytest.mark.parametrize("version, offset", [(3, 64), (3, 8), (2, 16), (1, 16)])
+def test_sections_must_be_at_their_versions_alignment(version, offset):
+    key = "crc32" if version == 1 else "crc32c"
+    a, b = _section(length=10), _section("b", offset=offset, length=0)
+    if version > 1:
+        del a["crc32"], b["crc32"]
+        a["crc32c"], b["crc32c"] = _section_check(0, "a", bytes(10)), _section_check(1, "b", b"")
+    else:
+        a[key] = zlib.crc32(bytes(10))
+    header = {"version": version, "meta": {}, "sections": [a, b]}
+    with pytest.raises(CorruptDataError, match=f"next {16 if version == 3 else 64}-byte boundary"):
+        C.read_container(_craft(header, bytes(offset), version))
+    b["offset"] = 16 if version == 3 else 64
+    with C.read_container(_craft(header, bytes(b["offset"]), version)) as c:
+        c.verify()
+
+
+# ---- the compressed header (version 3): every way its zlib stream can be wrong
+
+
+def _with_stored_header(stored: bytes, flags=C.FLAG_HEADER_ZLIB, data=b"") -> bytes:
+    """A version 3 file whose stored header is ``stored``, under a valid prefix CRC."""
+    return _craft(None, data, version=3, flags=flags, raw_header=stored)
+
+
+_SMALL = json.dumps({"version": 3, "meta": {"m": "abc" * 30}, "sections": []},
+                    separators=(",", ":")).encode()
+
+
+def test_a_crafted_compressed_header_reads():
+    with C.read_container(_with_stored_header(zlib.compress(_SMALL, 9))) as c:
+        assert c.meta == {"m": "abc" * 30} and c.header_compressed
+    with C.read_container(_with_stored_header(_SMALL, flags=0)) as c:
+        assert not c.header_compressed
+
+
+def test_every_bit_flip_of_a_compressed_header():
+    """Under the prefix CRC a flip is a ChecksumError. With the CRC forged to match, the
+    zlib stream (its header check, its codes, its adler32) refuses every flip but those of
+    the unused bits after the final end-of-block code, which inflate to the same header."""
+    stored = zlib.compress(_SMALL)
+    raw, same = _with_stored_header(stored), []
+    for bit in range(len(stored) * 8):
+        bad = bytearray(stored)
+        bad[bit // 8] ^= 1 << (bit % 8)
+        flipped = raw[:24 + bit // 8] + bad[bit // 8:bit // 8 + 1] + raw[25 + bit // 8:]
+        with pytest.raises(ChecksumError):
+            C.read_container(flipped)
+        try:
+            with C.read_container(_with_stored_header(bytes(bad))) as c:
+                assert c.meta == {"m": "abc" * 30}
+                same.append(bit)
+        except CorruptDataError as e:
+            assert "compressed header" in str(e) or "not valid JSON" in str(e)
+    assert len(same) < 8 and all(b // 8 == len(stored) - 5 for b in same), same
+
+
+def test_truncated_and_padded_zlib_streams():
+    stored = zlib.compress(_SMALL)
+    for n in range(1, len(stored)):                 # every truncation, CRC and length fixed
+        with pytest.raises(CorruptDataError, match="compressed header"):
+            C.read_container(_with_stored_header(stored[:n]))
+    for tail in (b"\0", b"x", stored):             # bytes after the stream's end
+        with pytest.raises(CorruptDataError, match="follow the end"):
+            C.read_container(_with_stored_header(stored + tail))
+
+
+@pytest.mark.parametrize("stored, flags, match", [
+    (zlib.compress(b""), 1, "not valid JSON"),                      # inflates to nothing
+    (zlib.compress(_SMALL)[2:-4], 1, "does not inflate"),           # raw deflate, no wrapper
+    (zlib.compress(_SMALL, wbits=31), 1, "does not inflate"),       # gzip wrapper
+    (_SMALL, 1, "does not inflate"),                                # flag set, plain header
+    (zlib.compress(_SMALL), 0, "not valid JSON"),                   # flag clear, zlib header
+])
+def test_header_stored_the_wrong_way(stored, flags, match):
+    with pytest.raises(CorruptDataError, match=match):
+        C.read_container(_with_stored_header(stored, flags))
+
+
+def test_a_stream_needing_a_preset_dictionary():
+    z = zlib.compressobj(zdict=b'{"version":3,"meta":')
+    with pytest.raises(CorruptDataError, match="does not inflate"):
+        C.read_container(_with_stored_header(z.compress(_SMALL) + z.flush()))
+
+
+def test_zlib_bombs_are_refused_inflating_at_most_the_limit():
+    """65 KiB that inflate one byte past 64 MiB stop at the limit (a header of exactly
+    the limit loads); a bomb within the limit is refused by the JSON bounds before parsing."""
+    at_limit = _SMALL + b" " * (C.MAX_HEADER_SIZE - len(_SMALL))      # JSON allows the spaces
+    with C.read_container(_with_stored_header(zlib.compress(at_limit, 9))) as c:
+        assert c.meta == {"m": "abc" * 30} and c.header_json_bytes == C.MAX_HEADER_SIZE
+    bomb = zlib.compress(at_limit + b" ", 9)
+    assert len(bomb) < C.MAX_HEADER_SIZE // 500
+    with pytest.raises(ResourceLimitError, match="inflates past"):
+        C.read_container(_with_stored_header(bomb))
+    nested = zlib.compress(b"[" * 3_000_000, 9)
+    with pytest.raises(ResourceLimitError, match="arrays/objects"):
+        C.read_container(_with_stored_header(nested))
+
+
+# ---- properties of the format: any content round trips, equals the spec, detects damage
+
+_meta_json = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1),
+              st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8)),
+    lambda kids: st.one_of(st.lists(kids, max_size=3),
+                           st.dictionaries(st.text(max_size=5), kids, max_size=3)),
+    max_leaves=8,
+)
+_sections_st = st.lists(
+    st.tuples(st.text(min_size=1, max_size=6), st.dictionaries(st.text(max_size=4), _meta_json,
+                                                               max_size=2),
+              st.binary(max_size=40)),
+    max_size=5, unique_by=lambda t: t[0],
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_sections_st, st.dictionaries(st.text(max_size=5), _meta_json, max_size=3),
+       st.booleans(), st.data())
+def test_any_content_round_trips_as_the_spec_says(sections, meta, compress, data):
+    raw = _bytes(sections, meta, compress_header=compress)
+    assert raw == _reference(sections, meta, compress=compress)
+    with C.read_container(raw) as c:
+        assert c.meta == meta and c.version == 3
+        assert [(s["name"], s["meta"]) for s in c.sections] == [(n, m) for n, m, _ in sections]
+        assert [bytes(c.data(i)) for i in range(len(c))] == [d for _, _, d in sections]
+        assert all(s["offset"] % 16 == 0 for s in c.sections)
+    bit = data.draw(st.integers(0, len(raw) * 8 - 1), label="bit")
+    bad = bytearray(raw)
+    bad[bit // 8] ^= 1 << (bit % 8)
+    with pytest.raises(LcckptError):                # every byte is covered: found on read
+        with C.read_container(bytes(bad)) as c:
+            c.verify()
+    cut = data.draw(st.integers(0, len(raw) - 1), label="cut")
+    with pytest.raises(CorruptDataError):           # truncated anywhere
+        with C.read_container(raw[:cut]) as c:
+            c.verify()
+
+
 def test_section_bounds_and_padding():
     data = b"x" * 10
     header = {"version": 1, "meta": {}, "sections": [_section(length=10, crc=zlib.crc32(data))]}
@@ -236,10 +459,12 @@ def test_section_bounds_and_padding():
     huge = {"version": 1, "meta": {}, "sections": [_section(length=2**62)]}
     with pytest.raises(TruncatedError):
         C.read_container(_craft(huge, data))
-    raw = bytearray(_bytes())
-    hlen = struct.unpack_from("<Q", raw, 8)[0]
-    if (24 + hlen) % 64:  # nonzero padding after the header
-        raw[24 + hlen] = 1
+    for version, n in ((3, 40), (3, 41), (2, 40), (1, 40)):    # padding after the header
+        raw = bytearray(_reference(SECTIONS, {"m": "x" * n}, version, compress=False))
+        hlen = struct.unpack_from("<Q", raw, 8)[0]
+        with C.read_container(bytes(raw)) as c:
+            assert c.data_start > 24 + hlen
+        raw[c.data_start - 1] = 1
         with pytest.raises(CorruptDataError, match="padding"):
             C.read_container(bytes(raw))
 

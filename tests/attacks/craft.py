@@ -62,17 +62,23 @@ def container(sections, tree) -> bytes:
     return f.getvalue()
 
 
-def raw_header_file(header_bytes: bytes, version=2, data=b"") -> bytes:
-    """A container whose header is ``header_bytes`` verbatim, with a valid header CRC."""
+def raw_header_file(header_bytes: bytes, version=2, data=b"", flags=0) -> bytes:
+    """A container whose header is ``header_bytes`` verbatim (stored as is: pass compressed
+    bytes with ``flags=1``), with a valid header CRC and the version's padding."""
     head = struct.pack("<6sHQII", C.MAGIC, version, len(header_bytes),
-                       zlib.crc32(header_bytes), 0) + header_bytes
-    return head + bytes(-len(head) % 64) + data
+                       zlib.crc32(header_bytes), flags) + header_bytes
+    return head + bytes(-len(head) % C.ALIGNMENTS[version]) + data
+
+
+def _header(c) -> dict:
+    """The parsed header of an open container (whether it was stored compressed or not)."""
+    return {"version": c.version, "meta": c.meta, "sections": c.sections}
 
 
 def with_tree(raw: bytes, tree) -> bytes:
     """``raw`` with its object tree replaced (header CRC recomputed)."""
     c = C.read_container(raw)
-    header = json.loads(raw[24:24 + struct.unpack_from("<Q", raw, 8)[0]])
+    header = json.loads(json.dumps(_header(c)))
     header["meta"]["tree"] = tree
     data = raw[c.data_start:]
     return raw_header_file(json.dumps(header).encode(), c.version, data)
@@ -81,7 +87,7 @@ def with_tree(raw: bytes, tree) -> bytes:
 def with_section_meta(raw: bytes, index: int, **changes) -> bytes:
     """``raw`` with keys of one section's meta changed (header CRC recomputed)."""
     c = C.read_container(raw)
-    header = json.loads(raw[24:24 + struct.unpack_from("<Q", raw, 8)[0]])
+    header = json.loads(json.dumps(_header(c)))
     header["sections"][index]["meta"].update(changes)
     return raw_header_file(json.dumps(header).encode(), c.version, raw[c.data_start:])
 

@@ -1,0 +1,160 @@
+"""What the container's header costs: delta file sizes of a small model, header time of a big one.
+
+Two measurements:
+
+- **Small files.** The digits CNN trains with SGD (momentum) for ``steps`` steps; every
+  ``snapshot_every`` steps a snapshot goes into a ``DeltaCheckpointer`` with default
+  settings. For each delta file: its size, the header as stored and as JSON, and the size
+  the same header and sections would take laid out as format version 2 (header not
+  compressed, 64-byte alignment; computed exactly from the parsed header, whose JSON
+  differs from version 2's only in the version digit and the section offsets).
+- **Big headers.** A container of ``tensors`` small sections with chain-like metadata is
+  written to memory and read back, with the header compressed and plain, interleaved
+  (medians over ``reps``): what compressing and inflating a header of that size costs.
+
+Deliberately not here: codec or chain settings (the files are what the defaults write).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import tempfile
+import time
+import zlib
+
+import torch
+
+from .. import container as C
+from .. import serialization
+from ..chain import DeltaCheckpointer
+from .timing import environment, format_table
+
+
+def _align(n: int, a: int) -> int:
+    return -(-n // a) * a
+
+
+def layout(c: C.Container, version: int, compress: bool) -> tuple[int, int]:
+    """File size and stored header size of ``c``'s header and sections laid out as
+    ``version`` (2 or 3)."""
+    a = C.ALIGNMENTS[version]
+    sections, offset = [], 0
+    for s in c.sections:
+        sections.append({**s, "offset": offset})
+        offset = _align(offset + s["length"], a)
+    header = json.dumps({"version": version, "meta": c.meta, "sections": sections},
+                        ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
+    if compress and len(z := zlib.compress(header, C.HEADER_ZLIB_LEVEL)) < len(header):
+        header = z
+    end = sections[-1]["offset"] + sections[-1]["length"] if sections else 0
+    return _align(C.PREFIX_SIZE + len(header), a) + end, len(header)
+
+
+def chain_files(steps: int = 200, snapshot_every: int = 10, directory: str | None = None) -> dict:
+    """Sizes of the delta files of the digits CNN chain (default DeltaCheckpointer)."""
+    from .trajectory import train_trajectory
+
+    traj = train_trajectory(model="cnn", optimizer="sgd", steps=steps,
+                            snapshot_every=snapshot_every)
+    rows = []
+    with tempfile.TemporaryDirectory(dir=directory) as d:
+        ck = DeltaCheckpointer(d)
+        for step, snap in traj.snapshots:
+            ck.save(step, snap)
+        for step in ck.steps():
+            if ck.info(step)["kind"] != "delta":
+                continue
+            with C.read_container(ck.path(step)) as c:
+                data = sum(s["length"] for s in c.sections)
+                v2_bytes, v2_header = layout(c, 2, False)
+                rows.append({"step": step, "file_bytes": c.size, "v2_bytes": v2_bytes,
+                             "header_stored": c.header_bytes, "header_json": c.header_json_bytes,
+                             "v2_header": v2_header, "section_bytes": data, "sections": len(c),
+                             "padding": c.size - C.PREFIX_SIZE - c.header_bytes - data,
+                             "v2_padding": v2_bytes - C.PREFIX_SIZE - v2_header - data})
+                assert (c.size, c.header_bytes) == layout(c, 3, True)
+                assert c.size == os.path.getsize(ck.path(step))
+        ck.close()
+    mean = {k: statistics.fmean(r[k] for r in rows) for k in rows[0] if k != "step"} if rows else {}
+    return {"steps": steps, "snapshot_every": snapshot_every, "deltas": len(rows),
+            "files": rows, "mean": mean}
+
+
+def big_header(tensors: int = 20_000, reps: int = 5) -> dict:
+    """Write and read times of a container of ``tensors`` sections, header compressed vs
+    plain, interleaved; medians over ``reps`` and the header sizes."""
+    obj = {"model": {f"layers.{i // 10}.block{i % 10}.weight": torch.zeros(4)
+                     for i in range(tensors)}}
+    meta, sections = serialization.pack(obj)
+    meta["stats"] = {name: {"kind": "uniform", "bits": 5, "bits_per_element": 6.611111,
+                            "rel_error": 0.009806, "nbytes": 119, "target": 0.01}
+                     for name, _, _ in sections}
+    times = {(w, z): [] for w in ("write", "read") for z in (True, False)}
+    files, stored = {}, {}
+    for _ in range(reps):
+        for z in (True, False):
+            f = io.BytesIO()
+            t0 = time.perf_counter()
+            C.write_container(f, sections, meta, compress_header=z)
+            t1 = time.perf_counter()
+            files[z] = f.getvalue()
+            with C.read_container(files[z]) as c:
+                t2 = time.perf_counter()
+                stored[z], json_bytes = c.header_bytes, c.header_json_bytes
+            times["write", z].append(t1 - t0)
+            times["read", z].append(t2 - t1)
+    t_zlib = []
+    plain = files[False][C.PREFIX_SIZE:C.PREFIX_SIZE + json_bytes]
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        zlib.compress(plain, C.HEADER_ZLIB_LEVEL)
+        t_zlib.append(time.perf_counter() - t0)
+    rows = [{"op": op, "header": "zlib" if z else "plain", "header_bytes": stored[z],
+             "median_s": statistics.median(times[op, z]), "min_s": min(times[op, z])}
+            for op in ("write", "read") for z in (True, False)]
+    return {"tensors": tensors, "reps": reps, "header_json_bytes": json_bytes,
+            "header_zlib_bytes": stored[True], "zlib_compress_s": statistics.median(t_zlib),
+            "file_bytes": {"zlib": len(files[True]), "plain": len(files[False])}, "rows": rows}
+
+
+def run(steps: int = 200, snapshot_every: int = 10, tensors: int = 20_000, reps: int = 5,
+        directory: str | None = None) -> dict:
+    """Both measurements; a JSON-able dict."""
+    return {"environment": environment(), "chain": chain_files(steps, snapshot_every, directory),
+            "big_header": big_header(tensors, reps)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--snapshot-every", type=int, default=10)
+    ap.add_argument("--tensors", type=int, default=20_000, help="sections of the big header")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--json", default=None, help="also write the result here")
+    args = ap.parse_args(argv)
+    res = run(args.steps, args.snapshot_every, args.tensors, args.reps)
+    ch = res["chain"]
+    print(f"digits CNN, SGD momentum, {ch['steps']} steps, a snapshot every "
+          f"{ch['snapshot_every']}: {ch['deltas']} delta files")
+    print(format_table(ch["files"], ["step", "file_bytes", "v2_bytes", "header_stored",
+                                     "v2_header", "section_bytes", "padding", "v2_padding"]))
+    m = ch["mean"]
+    if m:
+        print(f"mean delta file: {m['file_bytes']:,.0f} bytes (as format v2: {m['v2_bytes']:,.0f}, "
+              f"{m['file_bytes'] / m['v2_bytes']:.1%}); header {m['header_stored']:,.0f} stored "
+              f"of {m['header_json']:,.0f} JSON bytes (v2: {m['v2_header']:,.0f}); padding "
+              f"{m['padding']:,.0f} (v2: {m['v2_padding']:,.0f}); "
+              f"sections {m['section_bytes']:,.0f}")
+    b = res["big_header"]
+    print(f"\n{b['tensors']:,} tensors: header {b['header_json_bytes']:,} bytes of JSON, "
+          f"{b['header_zlib_bytes']:,} compressed (zlib level {C.HEADER_ZLIB_LEVEL} alone: "
+          f"{b['zlib_compress_s'] * 1e3:.1f} ms)")
+    print(format_table(b["rows"], ["op", "header", "header_bytes", "median_s", "min_s"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0
