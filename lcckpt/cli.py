@@ -72,7 +72,8 @@ def inspect_file(path: str) -> dict:
             sections.append(row)
         raw = sum(r["raw_bytes"] or 0 for r in sections)
         return {"path": path, "format": "lcckpt", "version": c.version,
-                "file_bytes": size, "raw_bytes": raw,
+                "file_bytes": size, "raw_bytes": raw, "header_bytes": c.header_bytes,
+                "header_json_bytes": c.header_json_bytes,
                 "chain": c.meta.get("lcckpt_chain"), "sections": sections}
 
 
@@ -195,8 +196,10 @@ def _inspect(args) -> int:
     elif doc["format"] == "lcckpt":
         chain = doc["chain"] or {}
         print(f"{doc['path']}: lcckpt v{doc['version']}, {doc['file_bytes']:,} bytes "
-              f"({doc['raw_bytes']:,} raw)" + (f", chain step {chain.get('step')} "
-                                                f"({chain.get('kind')})" if chain else ""))
+              f"({doc['raw_bytes']:,} raw; header {doc['header_bytes']:,}"
+              + (f", {doc['header_json_bytes']:,} inflated" if doc["header_bytes"]
+                 != doc["header_json_bytes"] else "") + ")"
+              + (f", chain step {chain.get('step')} ({chain.get('kind')})" if chain else ""))
         print(_table(doc["sections"], ["name", "dtype", "shape", "codec", "blob", "bits",
                                        "raw_bytes", "stored_bytes"]))
     elif doc["format"] == "safetensors":
@@ -314,7 +317,8 @@ _COMMANDS = {"bench": _bench, "inspect": _inspect, "verify": _verify, "convert":
 # ``lcckpt bench SUITE ...``: the other benchmark suites, each a module with main(argv)
 SUITES = {"schedule": "lcckpt.bench.schedule", "lazy": "lcckpt.bench.lazy",
           "manager": "lcckpt.bench.manager", "exact": "lcckpt.bench.exact",
-          "distributed": "lcckpt.bench.distributed", "quality": "lcckpt.bench.quality"}
+          "distributed": "lcckpt.bench.distributed", "quality": "lcckpt.bench.quality",
+          "header": "lcckpt.bench.header"}
 
 
 def main(argv=None) -> int:
