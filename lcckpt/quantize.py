@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._pool import run_tasks
+from ._pool import run_tasks, threads
 from .errors import NonFiniteError
 from .kernels import buckets as bk
 from .kernels import runs as rk
@@ -152,6 +152,8 @@ UNIFORM_BITS = (2, 3, 4, 5, 6, 7, 8)       # symbol widths it may choose; escape
 ESCAPE_COST = 12                           # bytes an escape costs, roughly (index, value)
 SQRT12 = float(np.sqrt(12.0))
 SEARCH_TRIES = 5                           # quantization passes spent looking for the step
+MODEL_TRIES = 3       # quantizations at the step the error model predicts, before searching
+MODEL_AIM = 0.995     # the model aims this close under the target (its bins are approximate)
 NONNEG_FLOOR = 0.25  # a tensor without negative values restores each element >= 1/4 of it
 DEADZONE = 0.6     # round magnitudes up only past 0.6 of a step: more zeros, ~5% fewer bits
                    # than rounding to nearest at equal error on real deltas
@@ -200,7 +202,8 @@ def _entropy(counts: np.ndarray) -> float:
     return float(-(c * np.log2(c / t)).sum()) if t else 0.0
 
 
-def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE, limit=None, floor=0.0):
+def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE, limit=None, floor=0.0,
+              hist=None):
     """Quantize ``u - ref`` with ``step``: the symbol width of fewest estimated bytes,
     escapes for levels beyond it; returns (Uniform, estimated bytes). Two chunk-parallel
     passes: the level histogram, then symbols and reconstruction.
@@ -209,19 +212,22 @@ def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE, limit=No
     ``limit``: the largest finite value of the stored dtype (fp16, bf16); an element the
     step would carry past it becomes an escape, so no restored value overflows.
     ``floor``: for a tensor without negative values, no element restores below ``floor``
-    times its value (levels are raised; see :mod:`lcckpt.kernels.uniform`)."""
+    times its value (levels are raised; see :mod:`lcckpt.kernels.uniform`).
+    ``hist``: the symbol histogram (``[257]``, the last bin all beyond) when the caller
+    has it already (:class:`_ErrorModel`); then one pass."""
     n = u.size
     nch = -(-n // chunk_size)
     use_ref = ref is not None
     r = ref if use_ref else u
     up = 1.0 - deadzone
-    levels = np.zeros((nch, 257), np.int64)
+    if hist is None:
+        levels = np.zeros((nch, 257), np.int64)
 
-    def pass1(c):
-        uk.level_histogram(u, r, use_ref, c * chunk_size, min(n, (c + 1) * chunk_size),
-                           float(step), up, floor, levels[c])
-    run_tasks(pass1, nch)
-    hist = levels.sum(axis=0)
+        def pass1(c):
+            uk.level_histogram(u, r, use_ref, c * chunk_size, min(n, (c + 1) * chunk_size),
+                               float(step), up, floor, levels[c])
+        run_tasks(pass1, nch)
+        hist = levels.sum(axis=0)
     best = None
     for b in UNIFORM_BITS:
         S = 1 << b
@@ -252,6 +258,92 @@ def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE, limit=No
     uq = Uniform(sym, sym_hist, b, float(step), table, esc_idx, u[esc_idx].copy(), recon,
                  float(errs.sum()), 0.0)
     return uq, est
+
+
+class _ErrorModel:
+    """The restored error and level counts of any step, from one pass's magnitude
+    histogram (:func:`lcckpt.kernels.uniform.magnitude_histogram`).
+
+    Within a bin that one level covers, the error ``sum (|d| - q·step)²`` is exact from
+    the bin's count and sums; a bin that straddles a rounding boundary (a few per level
+    with 64 bins per octave) is taken at its mean. So the step search costs one pass to
+    build the model and one to quantize, instead of two passes per tried step."""
+
+    def __init__(self, u, ref, chunk_size: int):
+        n = u.size
+        tasks = max(1, min(threads(), -(-n // chunk_size)))
+        per = -(-n // tasks)
+        cnt = np.zeros((tasks, uk.MAG_BINS), np.int64)
+        s1 = np.zeros((tasks, uk.MAG_BINS))
+        s2 = np.zeros((tasks, uk.MAG_BINS))
+        use_ref = ref is not None
+        r = ref if use_ref else u
+
+        def task(t):
+            uk.magnitude_histogram(u, r, use_ref, t * per, min(n, (t + 1) * per),
+                                   cnt[t], s1[t], s2[t])
+        run_tasks(task, tasks)
+        c = cnt.sum(axis=0)
+        keep = np.flatnonzero(c)
+        self.n, self.cnt = n, c[keep].astype(np.float64)
+        self.s1, self.s2 = s1.sum(axis=0)[keep], s2.sum(axis=0)[keep]
+        edges = (np.arange(uk.MAG_BINS + 1, dtype=np.uint64) << np.uint64(17)).astype(np.uint32)
+        with np.errstate(invalid="ignore"):
+            bounds = edges.view(np.float32).astype(np.float64)
+        bounds[~np.isfinite(bounds)] = np.inf       # inf and NaN bit patterns: the top
+        self.lo, self.hi = bounds[keep], bounds[keep + 1]
+        self.mean = self.s1 / self.cnt
+
+    def levels(self, step: float, up: float) -> np.ndarray:
+        """Level magnitude per bin (straddling bins at their mean)."""
+        q_lo = np.floor(self.lo / step + up)
+        q_hi = np.floor(np.minimum(self.hi, 1e300) / step + up)
+        return np.where(q_lo == q_hi, q_lo, np.floor(self.mean / step + up))
+
+    def error_sq(self, step: float, up: float) -> float:
+        q = self.levels(step, up)
+        e = self.s2 - 2 * q * step * self.s1 + self.cnt * (q * step) ** 2
+        # a bin wider than a level holds every rounding offset: the mean error of a
+        # uniform offset under the dead zone, ∫ min(f, 1-f past 1-up)² = (1-up)³/3 + up³/3
+        wide = np.floor(np.minimum(self.hi, 1e300) / step + up) - np.floor(self.lo / step + up) >= 2
+        if np.any(wide):
+            f = ((1 - up) ** 3 + up ** 3) / 3
+            e = np.where(wide, self.cnt * f * step * step, e)
+        return float(np.sum(e))
+
+    def symbol_histogram(self, step: float, up: float) -> np.ndarray:
+        """Zigzag symbol counts (``[257]``, the last bin all beyond 255), each nonzero
+        level split evenly between its two signs: enough to choose the symbol width."""
+        q = self.levels(step, up)
+        big = q > 128
+        h = np.zeros(257)
+        h[256] = self.cnt[big].sum()
+        small = ~big
+        lv = np.bincount(q[small].astype(np.int64), weights=self.cnt[small], minlength=129)
+        h[0] = lv[0] + (self.n - self.cnt.sum())
+        h[1:257:2] += lv[1:129] / 2              # -1, -2, ...: symbols 1, 3, ...
+        h[2:257:2] += lv[1:129] / 2              # +1, +2, ...: symbols 2, 4, ...
+        return h
+
+    def step_for(self, tol_sq: float, up: float, start: float) -> float:
+        """About the largest step whose modelled error stays within ``tol_sq``."""
+        top = 2 * float(np.max(self.mean)) if self.cnt.size else start  # all levels 0 past it
+        if self.error_sq(top, up) <= tol_sq:
+            return min(start, top) if top > 0 else start
+        lo, hi = 0.0, min(start, top)
+        while self.error_sq(hi, up) <= tol_sq:
+            lo, hi = hi, min(hi * 4, top)
+        if lo == 0.0:
+            lo = hi / 4
+            while self.error_sq(lo, up) > tol_sq and lo > 1e-300:
+                hi, lo = lo, lo / 4
+        for _ in range(30):
+            mid = 0.5 * (lo + hi)
+            if self.error_sq(mid, up) <= tol_sq:
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
 
 def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
@@ -293,9 +385,21 @@ def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
     else:
         steps = [SQRT12 * target * rms]
     best = None
+    if steps[0] > 0:                    # the modelled step, corrected by what it measures
+        model = _ErrorModel(u, ref, chunk_size)
+        up = 1.0 - DEADZONE
+        s = model.step_for(MODEL_AIM * tol_sq, up, steps[0])
+        for _ in range(MODEL_TRIES):
+            uq, est = _try_step(u, ref, d, s, chunk_size, isz, limit=limit, floor=floor,
+                                hist=model.symbol_histogram(s, up))
+            if uq.residual_sq <= tol_sq:
+                best = (uq, est)
+                break
+            s *= max(0.5, 0.995 * np.sqrt(tol_sq / uq.residual_sq))
+        steps = [] if best is not None else steps
     lo_fail = None                      # the smallest step seen to miss the target
-    s = steps[0]
-    for _ in range(SEARCH_TRIES if s > 0 else 1):
+    s = steps[0] if steps else 0.0
+    for _ in range((SEARCH_TRIES if s > 0 else 1) if steps else 0):
         uq, est = _try_step(u, ref, d, s, chunk_size, isz, limit=limit, floor=floor)
         if uq.residual_sq <= tol_sq:
             if best is None or est < best[1]:

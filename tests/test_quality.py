@@ -248,7 +248,7 @@ def test_lc_mode_warns_when_a_tensor_drifts_past_warn_error(tmp_path):
     ck.save(0, s[0])
     with pytest.warns(RuntimeWarning, match="exp_avg.*past warn_error=0.01"):
         ck.save(1, s[5])
-    quiet = DeltaCheckpointer(tmp_path / "q", warn_error=0.5)     # the default targets hold
+    quiet = DeltaCheckpointer(tmp_path / "q", warn_error=RolePolicy().first_moment)  # targets hold
     import warnings as w
     with w.catch_warnings():
         w.simplefilter("error")
@@ -257,11 +257,12 @@ def test_lc_mode_warns_when_a_tensor_drifts_past_warn_error(tmp_path):
 
 
 def test_uniform_encoder_output_is_unchanged():
-    """Today's encoder writes v2's uniform blobs byte for byte (their decoding is checked
-    with every golden file in test_compat)."""
+    """Today's encoder writes the newest golden uniform blobs byte for byte (v2's came
+    from the step search before the error model; every version's decoding is checked in
+    test_compat)."""
     import os
     from fixtures.make_golden import UNIFORM_TARGETS, uniform_source
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "v2")
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "v3")
     escapes = 0
     for dtype in (np.float32, np.float64, np.float16):
         for target in UNIFORM_TARGETS:
@@ -350,3 +351,24 @@ def test_an_unknown_delta_base_is_refused():
     assert section_zero_base({"codec_params": {"key": "k", "base": "zero"}}) is True
     with pytest.raises(CorruptDataError, match="unknown base"):
         section_zero_base({"codec_params": {"key": "k", "base": "previous"}})
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(2000, 20000), st.integers(0, 2**31), st.sampled_from([0.01, 0.03, 0.3]))
+def test_the_error_model_predicts_the_measured_error(n, seed, rel_step):
+    """One histogram pass predicts the restored error of any step closely (exactly within
+    bins one level covers), so the step search needs one quantization, not five. (Levels
+    stay under 128 here: the model ignores escapes, which only lower the error. On a
+    few dozen elements it is rougher; the search then corrects by what it measures.)"""
+    from lcckpt.quantize import DEADZONE, _ErrorModel, _try_step
+    rng = np.random.default_rng(seed)
+    ref = rng.standard_normal(n).astype(np.float32)
+    u = (ref + rng.standard_normal(n) * rng.choice([0, 1e-3, 1e-2], n)).astype(np.float32)
+    d = (u - ref).astype(np.float64)
+    if not np.any(d):
+        return
+    step = rel_step * float(np.abs(d).max())
+    model = _ErrorModel(u, ref, 1024)
+    uq, _ = _try_step(u, ref, None, step, 1024, 4, hist=model.symbol_histogram(step, 1 - DEADZONE))
+    measured = uq.residual_sq
+    assert abs(model.error_sq(step, 1 - DEADZONE) - measured) <= 0.05 * measured + 1e-12

@@ -103,3 +103,25 @@ def quantize_range(u, ref, use_ref, start, stop, step, up, floor, S, table, limi
         x = np.float64(u[i]) - np.float64(v)
         err += x * x
     return err
+
+
+MAG_BINS = 1 << 14     # float32 exponent (8 bits) and the top 6 mantissa bits of |d|
+
+
+@njit(cache=True, nogil=True)
+def magnitude_histogram(u, ref, use_ref, start, stop, cnt, s1, s2):
+    """Per magnitude bin of ``|d|`` (64 bins per octave, by its float32 bits): count,
+    sum and sum of squares, in fp64. Exact zeros are not counted. From these the error
+    and the level counts of any step follow without another pass over the tensor."""
+    tmp = np.empty(1, np.float32)
+    bits = tmp.view(np.uint32)
+    for i in range(start, stop):
+        d = np.float64(u[i] - ref[i]) if use_ref else np.float64(u[i])
+        if d == 0.0:
+            continue
+        a = abs(d)
+        tmp[0] = a
+        b = bits[0] >> 17
+        cnt[b] += 1
+        s1[b] += a
+        s2[b] += a * a
