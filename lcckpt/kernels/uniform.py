@@ -34,7 +34,8 @@ def _zigzag(d, step, up):
 
 @njit(cache=True, nogil=True)
 def _floored(z, r, ui, step, floor):
-    """Zigzag level ``z`` raised so that ``r + level·step >= floor·ui`` (``ui >= 0``)."""
+    """Zigzag level ``z`` raised so that ``r + level·step >= floor·ui`` (``ui >= 0``;
+    ``step``: the reconstruction step)."""
     if z >= BIG or step == 0.0:
         return z
     q = (z + 1) >> 1
@@ -54,22 +55,24 @@ def _floored(z, r, ui, step, floor):
 
 
 @njit(cache=True, nogil=True)
-def level_histogram(u, ref, use_ref, start, stop, step, up, floor, hist):
-    """``hist[min(z, 256)] += 1`` for the zigzag level ``z`` of every element."""
+def level_histogram(u, ref, use_ref, start, stop, step, up, floor, rstep, hist):
+    """``hist[min(z, 256)] += 1`` for the zigzag level ``z`` of every element (levels
+    decided with ``step``, restored with ``rstep``)."""
     for i in range(start, stop):
         r = ref[i] if use_ref else u[i] - u[i]
         d = u[i] - ref[i] if use_ref else u[i]
         z = _zigzag(d, step, up)
         if floor > 0.0:
-            z = _floored(z, r, u[i], step, floor)
+            z = _floored(z, r, u[i], rstep, floor)
         hist[z if z < 256 else 256] += 1
 
 
 @njit(cache=True, nogil=True)
-def quantize_range(u, ref, use_ref, start, stop, step, up, floor, S, table, limit, use_limit,
-                   sym, esc, recon, hist):
+def quantize_range(u, ref, use_ref, start, stop, step, up, floor, rstep, S, table, limit,
+                   use_limit, sym, esc, recon, hist):
     """Symbols, escape flags and the reconstruction of ``[start, stop)``.
 
+    Levels are decided with ``step``; ``table`` (levels times ``rstep``) restores them.
     ``sym[i]`` is the level's symbol, or 0 for an escape (a level of ``S`` or more, or a
     reconstruction past ``limit`` when ``use_limit``, or one below ``floor·u[i]`` after
     the table's rounding), flagged in ``esc[i]``; ``recon[i]``
@@ -82,7 +85,7 @@ def quantize_range(u, ref, use_ref, start, stop, step, up, floor, S, table, limi
         d = u[i] - ref[i] if use_ref else u[i]
         z = _zigzag(d, step, up)
         if floor > 0.0:
-            z = _floored(z, r, u[i], step, floor)
+            z = _floored(z, r, u[i], rstep, floor)
         e = z >= S
         v = r
         if not e and z != 0:
