@@ -101,7 +101,7 @@ def inspect_dir(path: str) -> dict:
             rows.append({"step": step, "kind": "damaged"})
             problems.append(f"step {step}: {_describe(e)}")
             continue
-        lossy = [t for t in info.get("tensors", {}).values() if t.get("kind") == "lossy"]
+        lossy = [t for t in info.get("tensors", {}).values() if t.get("kind") in ("lossy", "uniform")]
         rows.append({"step": step, "kind": info.get("kind"),
                      "base": (info.get("base") or {}).get("step"),
                      "file_bytes": f["file_bytes"], "raw_bytes": f["raw_bytes"],

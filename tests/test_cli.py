@@ -238,3 +238,7 @@ def test_inspect_names_uniform_deltas(tmp_path, capsys):
     ck.close()
     assert main(["inspect", str(ck.path(1)), "--json"]) == 0
     assert '"uniform delta"' in capsys.readouterr().out
+    assert main(["inspect", str(tmp_path / "run"), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["steps"]
+    got = rows[1]["max_rel_error"]                   # the restored error the file reports
+    assert 0 < got <= 0.01 and got == ck.info(1)["tensors"]['obj["w"]']["rel_error"]
