@@ -72,13 +72,19 @@ def _scratch(dtype):
     return f, f.view(_LAYOUT[np.dtype(dtype)][0])
 
 
+SPLIT_SHARE = 0.08      # past this share of nonzero symbols, split=False is faster
+
+
 def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
-             midpoint: bool = False, runs_stats: bool = False) -> Quantized:
+             midpoint: bool = False, runs_stats: bool = False, split: bool = True) -> Quantized:
     """Quantize the delta ``u - ref`` (or ``u`` itself when ``ref`` is None).
 
     ``u`` and ``ref`` are flat, contiguous, of one float dtype (fp32 or fp64).
     ``runs_stats``: also collect the zero-run coder's letter counts while the symbols are
     written (what :func:`lcckpt.entropy.analyze` would otherwise read them back for).
+    ``split``: sum the kept buckets in pass 2 (a random access per nonzero symbol), not
+    every bucket in pass 1 (a little on every element): faster while at most about
+    :data:`SPLIT_SHARE` of the symbols are nonzero. The output is the same bit for bit.
     Raises :class:`NonFiniteError` if the delta holds NaN or Inf.
     """
     _, shift, nkeys = _LAYOUT[u.dtype]
@@ -93,13 +99,15 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     norms = np.zeros((nch, 2), np.float64)              # ||u||^2, ||delta||^2 per chunk
     use_ref = ref is not None
     r = ref if use_ref else u
+    full = midpoint or not split
 
     def pass1(c):
         sf, su = _scratch(u.dtype)
         lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
-        if midpoint:
+        if full:
+            mm = c if midpoint else 0
             norms[c] = bk.key_histogram(u, r, use_ref, lo, hi, sf, su, shift, keys, counts[c],
-                                        sums[c], mins[c], maxs[c], True)
+                                        sums[c], mins[mm], maxs[mm], midpoint)
         else:                            # the sums come in pass 2, for kept buckets only
             norms[c] = bk.key_counts(u, r, use_ref, lo, hi, sf, su, shift, keys, counts[c])
     run_tasks(pass1, nch)
@@ -120,7 +128,7 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     centroids = np.zeros(1 << bits, u.dtype)
     # which buckets are kept follows from the counts alone; without the midpoint the
     # centroids are computed again below, once pass 2 has summed the kept buckets
-    pre = sums.sum(axis=(0, 1))[:nkeys]          # zeros here unless midpoint
+    pre = sums.sum(axis=(0, 1))[:nkeys]          # zeros here unless full
     lut, kept = bk.promotion_table(total, pre, lo_t, hi_t, bits, midpoint, centroids)
 
     sym = _buffer("sym", n, np.uint8)
@@ -132,7 +140,7 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
 
     def pass2(c):
         lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
-        if not midpoint:
+        if not full:
             e = rk.map_symbols_sums(keys, u, r, use_ref, lo, hi, lut, kept_keys, sym, S,
                                     runs_stats, rhist[c] if runs_stats else no_hist, sums[c])
             if runs_stats:
@@ -143,7 +151,7 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
             bk.map_symbols(keys, lo, hi, lut, sym)
     run_tasks(pass2, nch)
     s_tot = sums.sum(axis=(0, 1))[:nkeys]
-    if not midpoint:                     # the same table again, now with the centroids
+    if not full:                         # the same table again, now with the centroids
         bk.promotion_table(total, s_tot, lo_t, hi_t, bits, False, centroids)
 
     onehot = np.zeros((nkeys, 1 << bits), np.int64)

@@ -15,11 +15,13 @@ import numpy as np
 from numba import njit
 
 from .bits import Z, flush, lookup, put, refill
+from .buckets import LANES
 from .huffman import additive, decode_table
 
 RUN_CLASSES = 26                  # runs up to 2**25 - 1: chunks are at most 2**24 long
 _BIT_LENGTH = np.array([int(r).bit_length() for r in range(512)], np.int64)
 _SCAN = 4096                      # block of the branch-free scans for nonzero symbols
+_LANE_MASK = LANES - 1            # LANES is a power of two: no division per element
 CMP_KEYS = 7                      # kept buckets up to which pass 2 compares instead of gathers
 
 
@@ -430,9 +432,8 @@ def map_symbols_sums(keys, u, ref, use_ref, start, stop, lut, kept_keys, sym, S,
     gather per element (5x faster at 2 bits). The nonzero positions are listed by
     :func:`_list_nonzero`, which skips all-zero groups of 8 symbols.
     """
-    lanes = sums.shape[0]
     cmp = kept_keys.size <= CMP_KEYS
-    tail = start + (stop - start) // lanes * lanes
+    tail = start + ((stop - start) & ~_LANE_MASK)
     extra = 0
     last = start - 1
     pos = np.empty(_SCAN, np.int64)
@@ -454,7 +455,7 @@ def map_symbols_sums(keys, u, ref, use_ref, start, stop, lut, kept_keys, sym, S,
         k = _list_nonzero(sb, i, pos)
         for t in range(k):
             p = pos[t]
-            lane = (p - start) % lanes if p < tail else 0
+            lane = (p - start) & _LANE_MASK if p < tail else 0
             if use_ref:
                 d = u[p] - ref[p]
             else:
