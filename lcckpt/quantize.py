@@ -82,9 +82,11 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     ``u`` and ``ref`` are flat, contiguous, of one float dtype (fp32 or fp64).
     ``runs_stats``: also collect the zero-run coder's letter counts while the symbols are
     written (what :func:`lcckpt.entropy.analyze` would otherwise read them back for).
-    ``split``: sum the kept buckets in pass 2 (a random access per nonzero symbol), not
-    every bucket in pass 1 (a little on every element): faster while at most about
-    :data:`SPLIT_SHARE` of the symbols are nonzero. The output is the same bit for bit.
+    ``split``: pass 1 only counts, and the sums come after, from the counts' verdict:
+    for the kept buckets alone at their nonzero symbols (a random access each) while at
+    most :data:`SPLIT_SHARE` of the symbols are nonzero, else for every bucket in a
+    streaming pass. ``split=False`` sums every bucket in pass 1, the fastest layout when
+    many symbols are known to be nonzero. The output is the same bit for bit.
     Raises :class:`NonFiniteError` if the delta holds NaN or Inf.
     """
     _, shift, nkeys = _LAYOUT[u.dtype]
@@ -137,10 +139,15 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     rextra = np.zeros(nch, np.int64) if runs_stats else None
     no_hist = np.zeros(1, np.int64)
     kept_keys = np.flatnonzero(lut).astype(keys.dtype)
+    # counted now: if many symbols will be nonzero, sum every bucket in a streaming pass
+    # (cheaper than a random access per nonzero symbol), then map as the full layout does
+    late = not full and float(total[kept_keys].sum()) > SPLIT_SHARE * n
 
     def pass2(c):
         lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
-        if not full:
+        if late:
+            bk.key_sums(u, r, use_ref, lo, hi, keys, sums[c])
+        if not (full or late):
             e = rk.map_symbols_sums(keys, u, r, use_ref, lo, hi, lut, kept_keys, sym, S,
                                     runs_stats, rhist[c] if runs_stats else no_hist, sums[c])
             if runs_stats:

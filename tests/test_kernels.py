@@ -361,9 +361,9 @@ def test_fused_pass2_runs_statistics(args, a, z):
        st.booleans(), st.sampled_from([np.float32, np.float64]), st.sampled_from([0, 0.3, 0.9]),
        st.integers(0, 2**32 - 1))
 def test_split_passes_match_key_histogram(bits, n, a, z, use_ref, dtype, zeros, seed):
-    """key_counts + map_symbols_sums (the quantizer's passes without the midpoint) give the
-    keys, counts, norms, symbols, runs statistics and, for every kept bucket, the per-lane
-    sums of key_histogram + map_symbols_runs bit for bit, on any sub-range (block edges,
+    """key_counts + map_symbols_sums (the quantizer's split passes) give the keys, counts,
+    norms, symbols, runs statistics and, for every kept bucket, the per-lane sums of
+    key_histogram + map_symbols_runs bit for bit; key_sums gives every bucket's sums, on any sub-range (block edges,
     incomplete last groups, both mapping paths: compares and the table gather)."""
     rng = np.random.default_rng(seed)
     lo, hi = sorted((min(a, n), min(z, n)))
@@ -388,6 +388,9 @@ def test_split_passes_match_key_histogram(bits, n, a, z, use_ref, dtype, zeros, 
     n1 = bk.key_histogram(u, r, use_ref, lo, hi, sf, su, shift, k1, c1, s1, nomm, nomm, False)
     n2 = bk.key_counts(u, r, use_ref, lo, hi, sf, su, shift, k2, c2)
     assert np.array_equal(k1, k2) and np.array_equal(c1, c2) and n1 == n2
+    s4 = np.zeros_like(s1)                           # the streaming sums: every bucket
+    bk.key_sums(u, r, use_ref, lo, hi, k2, s4)
+    assert s4.tobytes() == s1.tobytes()
     total = c1.sum(axis=0)[:nkeys]
     cent = np.zeros(1 << bits, dtype)
     lut, kept = bk.promotion_table(total, s1.sum(axis=0)[:nkeys], nomm, nomm, bits, False, cent)

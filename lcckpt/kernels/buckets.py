@@ -139,6 +139,36 @@ def key_counts(u, ref, use_ref, start, stop, scratch_f, scratch_u, shift, keys, 
 
 
 @njit(cache=True, nogil=True)
+def key_sums(u, ref, use_ref, start, stop, keys, sums):
+    """Per-lane fp64 sums of the deltas by bucket, from the keys of :func:`key_counts`.
+
+    The sums :func:`key_histogram` makes, bit for bit (the same lanes, the same order),
+    for a layout that learns only after counting that many symbols will be nonzero.
+    """
+    db = np.empty(BLOCK, u.dtype)
+    i = start
+    while i < stop:
+        m = min(BLOCK, stop - i)
+        ub, kb = u[i:i + m], keys[i:i + m]
+        if use_ref:
+            rb = ref[i:i + m]
+            for j in range(m):
+                db[j] = ub[j] - rb[j]
+        else:
+            for j in range(m):
+                db[j] = ub[j]
+        j = 0
+        while j + LANES <= m:
+            for lane in range(LANES):
+                sums[lane, kb[j + lane]] += np.float64(db[j + lane])
+            j += LANES
+        while j < m:
+            sums[0, kb[j]] += np.float64(db[j])
+            j += 1
+        i += m
+
+
+@njit(cache=True, nogil=True)
 def promotion_table(counts, sums, mins, maxs, nbits, midpoint, centroids):
     """Keep the 2**nbits - 1 highest-priority buckets; return the key -> symbol table.
 
