@@ -153,6 +153,7 @@ def decode_grouped_multi(buf, start, end, n, g, b, multi, table, table_bits, out
     p = start
     consumed = Z
     cz = additive(cent)
+    lt = _letter_adds(cz, g, b) if apply else np.empty(g, cz.dtype)
     nletters = (n + g - 1) // g
     li = 0
     while li < nletters:
@@ -174,11 +175,36 @@ def decode_grouped_multi(buf, start, end, n, g, b, multi, table, table_bits, out
         for k in range(cnt):
             letter = np.int64((e >> np.uint64(8 + 8 * k)) & np.uint64(0xFF))
             i = (li + k) * g
-            _emit_letter(letter, i, n, g, b, out, out_start, cz, fout, apply)
+            if apply and i + g <= n:          # whole letter: its g adds from one table row
+                base = letter * g
+                o = out_start + i
+                if g == 4:                    # 2-bit symbols: four adds LLVM can pair
+                    fout[o] += lt[base]
+                    fout[o + 1] += lt[base + 1]
+                    fout[o + 2] += lt[base + 2]
+                    fout[o + 3] += lt[base + 3]
+                else:
+                    for j in range(g):
+                        fout[o + j] += lt[base + j]
+            else:
+                _emit_letter(letter, i, n, g, b, out, out_start, cz, fout, apply)
         nb -= used
         consumed += used
         li += cnt
     return np.int64(consumed)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _letter_adds(cz, g, b):
+    """Row ``l`` (flat, ``g`` wide): what each of the ``g`` symbols packed in letter ``l`` adds (``cz`` of
+    :func:`~lcckpt.kernels.huffman.additive`, so zeros add -0.0); the decoder adds a row
+    per letter instead of unpacking it symbol by symbol. The very same adds, bit for bit."""
+    mask = (1 << b) - 1
+    lt = np.empty((1 << (b * g)) * g, cz.dtype)
+    for letter in range(1 << (b * g)):
+        for j in range(g):
+            lt[letter * g + j] = cz[(letter >> (b * (g - 1 - j))) & mask]
+    return lt
 
 
 # --- zero runs -------------------------------------------------------------------------
