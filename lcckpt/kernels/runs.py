@@ -72,11 +72,23 @@ def _letter(sym, i, stop, g, b):
     return letter
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _whole_letter(sym, i, g, b):
+    """:func:`_letter` of a group that lies wholly before the end: no test per symbol."""
+    letter = 0
+    for j in range(g):
+        letter = (letter << b) | sym[i + j]
+    return letter
+
+
 @njit(cache=True, nogil=True)
 def grouped_histogram(sym, start, stop, g, b, hist):
     """Count the letters of ``g`` packed ``b``-bit symbols over ``sym[start:stop]``."""
-    for i in range(start, stop, g):
-        hist[_letter(sym, i, stop, g, b)] += 1
+    whole = start + (stop - start) // g * g
+    for i in range(start, whole, g):
+        hist[_whole_letter(sym, i, g, b)] += 1
+    if whole < stop:
+        hist[_letter(sym, whole, stop, g, b)] += 1
 
 
 @njit(cache=True, nogil=True)
@@ -86,11 +98,18 @@ def encode_grouped(sym, start, stop, g, b, codes, lengths, out, pos, cent, fout,
     nb = Z
     p = pos
     cz = additive(cent)
+    whole = start + (stop - start) // g * g
     for i in range(start, stop, g):
-        letter = _letter(sym, i, stop, g, b)
-        if apply:
-            for j in range(min(g, stop - i)):
-                fout[i + j] += cz[sym[i + j]]
+        if i < whole:
+            letter = _whole_letter(sym, i, g, b)
+            if apply:
+                for j in range(g):
+                    fout[i + j] += cz[sym[i + j]]
+        else:
+            letter = _letter(sym, i, stop, g, b)
+            if apply:
+                for j in range(stop - i):
+                    fout[i + j] += cz[sym[i + j]]
         ln = np.uint64(lengths[letter])
         acc, nb, p = put(acc, nb, np.uint64(codes[letter]), ln, out, p)
     return flush(acc, nb, out, p)
