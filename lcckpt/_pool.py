@@ -6,6 +6,7 @@ release the GIL. The pool is created on first use and dropped in a forked child,
 copy of the parent's threads does not exist.
 """
 
+import itertools
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -81,3 +82,27 @@ def run_tasks(fn, n: int):
     for part in _get_pool().map(run_range, range(workers)):
         out.extend(part)
     return out
+
+
+def run_balanced(fn, n: int) -> None:
+    """Call ``fn(t)`` for ``t in range(n)`` on the pool, each worker taking the next ``t``
+    as it finishes one (results are dropped).
+
+    For tasks of uneven cost (chunks coded in different modes), where the contiguous
+    ranges of :func:`run_tasks` can leave one worker idle while the other still has
+    the expensive half; taking a task costs one atomic counter step.
+    """
+    workers = min(threads(), n)
+    if workers <= 1 or getattr(_local, "worker", False):     # inline on a pool thread
+        for t in range(n):
+            fn(t)
+        return
+    ticket = itertools.count()
+
+    def work(_):
+        for t in iter(ticket.__next__, None):
+            if t >= n:
+                return
+            fn(t)
+    for _ in _get_pool().map(work, range(workers)):
+        pass

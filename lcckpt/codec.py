@@ -21,7 +21,7 @@ from ._pool import run_tasks
 from .blob import LOSSLESS, LOSSY, UNIFORM, Parsed, parse
 from .config import CodecConfig
 from .errors import ChecksumError, InvalidArgumentError, UnsupportedDtypeError
-from .quantize import Quantized, Uniform, quantize, uniform_quantize
+from .quantize import SPLIT_SHARE, Quantized, Uniform, quantize, uniform_quantize
 
 __all__ = ["EncodeStats", "decode", "encode", "warmup"]
 
@@ -105,13 +105,16 @@ def guarded_encode(u, ref, dt, shape, cfg: CodecConfig, exact, cache=None, advan
     tried = []
     top = 4 if cfg.error_bound is not None else cfg.bits
     cs = 1 << cfg.log2
+    split = cache is None or cache.nonzero is None or cache.nonzero <= SPLIT_SHARE
     for b in range(cfg.bits, top + 1):
         q = quantize(u, ref, b, cs, cfg.midpoint,
-                     runs_stats=entropy.RUNS in entropy.modes_for(cfg.coder, b))
+                     runs_stats=entropy.RUNS in entropy.modes_for(cfg.coder, b), split=split)
         tried.append(b)
         if cfg.error_bound is None or q.rel_error <= cfg.error_bound:
             parts, st = encode_lossy(q, dt, shape, b, cfg, cache, ref if advance else None)
             st.tried_bits = tried
+            if cache is not None:
+                cache.nonzero = st.nonzero_fraction
             return parts, st, True
     parts = exact()
     st = EncodeStats(u.size, dt.name, "lossless", nbytes=_blob.nbytes(parts), tried_bits=tried,

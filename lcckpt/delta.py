@@ -21,7 +21,7 @@ import numpy as np
 
 from . import blob as _blob
 from . import dtypes
-from ._pool import run_tasks
+from ._pool import run_balanced, run_tasks
 from .blob import LOSSLESS, Parsed, parse
 from .codec import (EncodeStats, apply_escapes, decode_exact, decode_symbols_into,
                     encode_exact, exact_chunk_decoder, guarded_encode)
@@ -283,4 +283,4 @@ def replay(deltas: list, ref: np.ndarray, base=None) -> None:
     def task(c):
         for step in steps:
             step(c)
-    run_tasks(task, -(-ref.size // (1 << log2s.pop())))
+    run_balanced(task, -(-ref.size // (1 << log2s.pop())))   # chunks differ in cost

@@ -142,10 +142,13 @@ class CodeCache:
 
     Symbol statistics drift slowly between checkpoints of one tensor; reusing the code
     keeps decode tables hot in the decoder's cache. Every blob still stores its lengths.
+    The previous stream's share of nonzero symbols tells the quantizer which of its two
+    equivalent pass layouts will be faster on the next one.
     """
     lengths: dict = field(default_factory=dict)   # mode -> uint8 array
     hits: int = 0
     misses: int = 0
+    nonzero: float | None = None    # share of nonzero symbols of the previous stream
 
     def choose(self, mode: int, counts: np.ndarray, fresh: np.ndarray) -> np.ndarray:
         old = self.lengths.get(mode)

@@ -1,8 +1,10 @@
 """The LC-Checkpoint quantizer: delta -> bucket symbols and centroids, chunk-parallel.
 
 Pass 1 reads the floats once: each element's bucket key (``uint16``), per-chunk
-bucket statistics (count, sum) and the norms of the state and of the delta. Promotion
-then picks the kept buckets from the totals; pass 2 only maps keys to symbols. Symbol
+bucket counts and the norms of the state and of the delta. Promotion then picks the
+kept buckets from the counts; pass 2 maps keys to symbols and sums the deltas of the
+kept buckets only (for their centroids), reading the floats again just where a symbol
+is nonzero. With ``midpoint`` pass 1 collects every bucket's sum, min and max instead. Symbol
 histograms and the reconstruction error follow from the bucket statistics, with no
 further pass over the floats. Works in the array's own float width: fp32 (9-bit sign+exponent keys) or fp64
 (12-bit keys).
@@ -70,13 +72,21 @@ def _scratch(dtype):
     return f, f.view(_LAYOUT[np.dtype(dtype)][0])
 
 
+SPLIT_SHARE = 0.08      # past this share of nonzero symbols, split=False is faster
+
+
 def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
-             midpoint: bool = False, runs_stats: bool = False) -> Quantized:
+             midpoint: bool = False, runs_stats: bool = False, split: bool = True) -> Quantized:
     """Quantize the delta ``u - ref`` (or ``u`` itself when ``ref`` is None).
 
     ``u`` and ``ref`` are flat, contiguous, of one float dtype (fp32 or fp64).
     ``runs_stats``: also collect the zero-run coder's letter counts while the symbols are
     written (what :func:`lcckpt.entropy.analyze` would otherwise read them back for).
+    ``split``: pass 1 only counts, and the sums come after, from the counts' verdict:
+    for the kept buckets alone at their nonzero symbols (a random access each) while at
+    most :data:`SPLIT_SHARE` of the symbols are nonzero, else for every bucket in a
+    streaming pass. ``split=False`` sums every bucket in pass 1, the fastest layout when
+    many symbols are known to be nonzero. The output is the same bit for bit.
     Raises :class:`NonFiniteError` if the delta holds NaN or Inf.
     """
     _, shift, nkeys = _LAYOUT[u.dtype]
@@ -91,13 +101,17 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     norms = np.zeros((nch, 2), np.float64)              # ||u||^2, ||delta||^2 per chunk
     use_ref = ref is not None
     r = ref if use_ref else u
+    full = midpoint or not split
 
     def pass1(c):
         sf, su = _scratch(u.dtype)
         lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
-        mm = c if midpoint else 0
-        norms[c] = bk.key_histogram(u, r, use_ref, lo, hi, sf, su, shift, keys, counts[c],
-                                    sums[c], mins[mm], maxs[mm], midpoint)
+        if full:
+            mm = c if midpoint else 0
+            norms[c] = bk.key_histogram(u, r, use_ref, lo, hi, sf, su, shift, keys, counts[c],
+                                        sums[c], mins[mm], maxs[mm], midpoint)
+        else:                            # the sums come in pass 2, for kept buckets only
+            norms[c] = bk.key_counts(u, r, use_ref, lo, hi, sf, su, shift, keys, counts[c])
     run_tasks(pass1, nch)
 
     counts = counts.sum(axis=1)[:, :nkeys]
@@ -108,27 +122,44 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
         raise NonFiniteError(
             f"the delta holds {bad} NaN/Inf values, which no quantizer bucket can represent; "
             "check the state for divergence, or store this step as an exact keyframe")
-    s_tot = sums.sum(axis=(0, 1))[:nkeys]
     if midpoint:
         lo_t = np.min(mins[:, :nkeys], axis=0, initial=np.inf)
         hi_t = np.max(maxs[:, :nkeys], axis=0, initial=-np.inf)
     else:
         lo_t = hi_t = np.zeros(nkeys)
     centroids = np.zeros(1 << bits, u.dtype)
-    lut, kept = bk.promotion_table(total, s_tot, lo_t, hi_t, bits, midpoint, centroids)
+    # which buckets are kept follows from the counts alone; without the midpoint the
+    # centroids are computed again below, once pass 2 has summed the kept buckets
+    pre = sums.sum(axis=(0, 1))[:nkeys]          # zeros here unless full
+    lut, kept = bk.promotion_table(total, pre, lo_t, hi_t, bits, midpoint, centroids)
 
     sym = _buffer("sym", n, np.uint8)
     S = 1 << bits
     rhist = np.zeros((nch, rk.RUN_CLASSES * S), np.int64) if runs_stats else None
     rextra = np.zeros(nch, np.int64) if runs_stats else None
+    no_hist = np.zeros(1, np.int64)
+    kept_keys = np.flatnonzero(lut).astype(keys.dtype)
+    # counted now: if many symbols will be nonzero, sum every bucket in a streaming pass
+    # (cheaper than a random access per nonzero symbol), then map as the full layout does
+    late = not full and float(total[kept_keys].sum()) > SPLIT_SHARE * n
 
     def pass2(c):
         lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
-        if runs_stats:
+        if late:
+            bk.key_sums(u, r, use_ref, lo, hi, keys, sums[c])
+        if not (full or late):
+            e = rk.map_symbols_sums(keys, u, r, use_ref, lo, hi, lut, kept_keys, sym, S,
+                                    runs_stats, rhist[c] if runs_stats else no_hist, sums[c])
+            if runs_stats:
+                rextra[c] = e
+        elif runs_stats:
             rextra[c] = rk.map_symbols_runs(keys, lo, hi, lut, sym, S, rhist[c])
         else:
             bk.map_symbols(keys, lo, hi, lut, sym)
     run_tasks(pass2, nch)
+    s_tot = sums.sum(axis=(0, 1))[:nkeys]
+    if not full:                         # the same table again, now with the centroids
+        bk.promotion_table(total, s_tot, lo_t, hi_t, bits, False, centroids)
 
     onehot = np.zeros((nkeys, 1 << bits), np.int64)
     onehot[np.arange(nkeys), lut[:nkeys]] = 1

@@ -354,3 +354,77 @@ def test_fused_pass2_runs_statistics(args, a, z):
     e2 = rk.runs_histogram(sym, lo, hi, S, h2)
     assert np.array_equal(got[lo:hi], sym[lo:hi]) and np.all(got[:lo] == 99) and np.all(got[hi:] == 99)
     assert e1 == e2 and np.array_equal(h1, h2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4), st.integers(0, 9000), st.integers(0, 9000), st.integers(0, 9000),
+       st.booleans(), st.sampled_from([np.float32, np.float64]), st.sampled_from([0, 0.3, 0.9]),
+       st.integers(0, 2**32 - 1))
+def test_split_passes_match_key_histogram(bits, n, a, z, use_ref, dtype, zeros, seed):
+    """key_counts + map_symbols_sums (the quantizer's split passes) give the keys, counts,
+    norms, symbols, runs statistics and, for every kept bucket, the per-lane sums of
+    key_histogram + map_symbols_runs bit for bit; key_sums gives every bucket's sums, on any sub-range (block edges,
+    incomplete last groups, both mapping paths: compares and the table gather)."""
+    rng = np.random.default_rng(seed)
+    lo, hi = sorted((min(a, n), min(z, n)))
+    scale = rng.choice([1e-8, 1e-3, 1.0, 1e3], size=n)
+    u = (rng.standard_normal(n) * scale).astype(dtype)
+    ref = (u + rng.standard_normal(n).astype(dtype) * dtype(1e-3)).astype(dtype)
+    same = rng.random(n) < zeros
+    ref[same] = u[same]                              # exact zeros of the delta
+    if not use_ref:
+        u[same] = 0
+    utype, shift, nkeys = {np.float32: (np.uint32, np.uint32(23), 512),
+                           np.float64: (np.uint64, np.uint64(52), 4096)}[dtype]
+    sf = np.empty(bk.BLOCK, dtype)
+    su = sf.view(utype)
+    r = ref if use_ref else u
+    k1, k2 = np.zeros(n, np.uint16), np.zeros(n, np.uint16)
+    c1 = np.zeros((bk.LANES, nkeys + 1), np.int64)
+    c2 = np.zeros_like(c1)
+    s1 = np.zeros((bk.LANES, nkeys + 1))
+    s2 = np.zeros_like(s1)
+    nomm = np.zeros(1)
+    n1 = bk.key_histogram(u, r, use_ref, lo, hi, sf, su, shift, k1, c1, s1, nomm, nomm, False)
+    n2 = bk.key_counts(u, r, use_ref, lo, hi, sf, su, shift, k2, c2)
+    assert np.array_equal(k1, k2) and np.array_equal(c1, c2) and n1 == n2
+    s4 = np.zeros_like(s1)                           # the streaming sums: every bucket
+    bk.key_sums(u, r, use_ref, lo, hi, k2, s4)
+    assert s4.tobytes() == s1.tobytes()
+    total = c1.sum(axis=0)[:nkeys]
+    cent = np.zeros(1 << bits, dtype)
+    lut, kept = bk.promotion_table(total, s1.sum(axis=0)[:nkeys], nomm, nomm, bits, False, cent)
+    S = 1 << bits
+    sym1, sym2 = np.full(n, 99, np.uint8), np.full(n, 99, np.uint8)
+    h1, h2 = np.zeros(rk.RUN_CLASSES * S, np.int64), np.zeros(rk.RUN_CLASSES * S, np.int64)
+    e1 = rk.map_symbols_runs(k1, lo, hi, lut, sym1, S, h1)
+    kept_keys = np.flatnonzero(lut).astype(np.uint16)
+    e2 = rk.map_symbols_sums(k2, u, r, use_ref, lo, hi, lut, kept_keys, sym2, S, True, h2, s2)
+    assert np.array_equal(sym1, sym2) and e1 == e2 and np.array_equal(h1, h2)
+    for k in kept_keys:                              # the sums of kept buckets, bit for bit
+        assert s1[:, k].tobytes() == s2[:, k].tobytes()
+    sym3 = np.full(n, 99, np.uint8)
+    s3 = np.zeros_like(s1)
+    assert rk.map_symbols_sums(k2, u, r, use_ref, lo, hi, lut, kept_keys, sym3, S, False,
+                               np.zeros(1, np.int64), s3) == 0
+    assert np.array_equal(sym3, sym1) and s3.tobytes() == s2.tobytes()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 3000), st.booleans(),
+       st.sampled_from([np.float32, np.float64]), st.sampled_from([1e-3, 0.5, 3.0]),
+       st.integers(0, 2**32 - 1))
+def test_quantizer_layouts_agree(bits, n, use_ref, dtype, spread, seed):
+    """The three pass layouts (sums in pass 1; kept sums at the nonzero symbols; a
+    streaming sum after counting) give the same quantization bit for bit, on sparse and
+    on dense symbols, with chunks cut mid-array (chunk size 1,024)."""
+    rng = np.random.default_rng(seed)
+    u = (rng.standard_normal(n) * np.exp(spread * rng.standard_normal(n))).astype(dtype)
+    ref = (u - rng.standard_normal(n).astype(dtype) * dtype(0.1)) if use_ref else None
+    a = quantize(u, ref, bits, 1024, runs_stats=True, split=False)
+    a_sym = a.sym.copy()
+    b = quantize(u, ref, bits, 1024, runs_stats=True, split=True)
+    assert np.array_equal(a_sym, b.sym) and a.centroids.tobytes() == b.centroids.tobytes()
+    assert a.kept == b.kept and np.array_equal(a.sym_hist, b.sym_hist)
+    assert np.array_equal(a.runs_hist, b.runs_hist) and np.array_equal(a.runs_extra, b.runs_extra)
+    assert a.residual_sq == b.residual_sq and a.delta_sq == b.delta_sq

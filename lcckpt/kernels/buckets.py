@@ -90,6 +90,84 @@ def key_histogram(u, ref, use_ref, start, stop, scratch_f, scratch_u, shift, key
     return norm_u, (norm_d if use_ref else norm_u)
 
 
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def key_counts(u, ref, use_ref, start, stop, scratch_f, scratch_u, shift, keys, counts):
+    """:func:`key_histogram` without the sums: keys, per-lane counts and the norms.
+
+    Centroids need the sums of the kept buckets only, and which buckets are kept follows
+    from the counts alone; the quantizer's pass 2 adds those sums while it maps the
+    symbols (:func:`lcckpt.kernels.runs.map_symbols_sums`), in the same lanes and order
+    as this kernel's sibling would have, so the centroids are bit for bit the same. What
+    this pass saves is the fp64 read-modify-write per element, the slowest part of it.
+    """
+    zero_key = counts.shape[1] - 1
+    kb = np.empty(BLOCK, np.int32)
+    norm_u = 0.0
+    norm_d = 0.0
+    i = start
+    while i < stop:
+        m = min(BLOCK, stop - i)
+        ub, kout = u[i:i + m], keys[i:i + m]
+        if use_ref:
+            rb = ref[i:i + m]
+            for j in range(m):
+                a = ub[j]
+                d = a - rb[j]
+                scratch_f[j] = d
+                norm_u += np.float64(a) * np.float64(a)
+                norm_d += np.float64(d) * np.float64(d)
+        else:
+            for j in range(m):
+                a = ub[j]
+                scratch_f[j] = a
+                norm_u += np.float64(a) * np.float64(a)
+        for j in range(m):
+            k = np.int32(scratch_u[j] >> shift)
+            kb[j] = zero_key if scratch_f[j] == 0 else k
+        for j in range(m):
+            kout[j] = kb[j]
+        j = 0
+        while j + LANES <= m:
+            for lane in range(LANES):
+                counts[lane, kb[j + lane]] += 1
+            j += LANES
+        while j < m:
+            counts[0, kb[j]] += 1
+            j += 1
+        i += m
+    return norm_u, (norm_d if use_ref else norm_u)
+
+
+@njit(cache=True, nogil=True)
+def key_sums(u, ref, use_ref, start, stop, keys, sums):
+    """Per-lane fp64 sums of the deltas by bucket, from the keys of :func:`key_counts`.
+
+    The sums :func:`key_histogram` makes, bit for bit (the same lanes, the same order),
+    for a layout that learns only after counting that many symbols will be nonzero.
+    """
+    db = np.empty(BLOCK, u.dtype)
+    i = start
+    while i < stop:
+        m = min(BLOCK, stop - i)
+        ub, kb = u[i:i + m], keys[i:i + m]
+        if use_ref:
+            rb = ref[i:i + m]
+            for j in range(m):
+                db[j] = ub[j] - rb[j]
+        else:
+            for j in range(m):
+                db[j] = ub[j]
+        j = 0
+        while j + LANES <= m:
+            for lane in range(LANES):
+                sums[lane, kb[j + lane]] += np.float64(db[j + lane])
+            j += LANES
+        while j < m:
+            sums[0, kb[j]] += np.float64(db[j])
+            j += 1
+        i += m
+
+
 @njit(cache=True, nogil=True)
 def promotion_table(counts, sums, mins, maxs, nbits, midpoint, centroids):
     """Keep the 2**nbits - 1 highest-priority buckets; return the key -> symbol table.
