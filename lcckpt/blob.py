@@ -181,8 +181,7 @@ def parse(blob, check_payload: bool = True) -> tuple[np.ndarray, Parsed]:
         if rot != int(rotate):
             raise CorruptDataError("lcckpt blob: rotation flag does not match the dtype")
         p.rotate = rotate
-        allowed = entropy.modes_for("bytes", 8)
-        p.layouts = [entropy.read_tables(r, words_n(n, dt), cs, 8, allowed)
+        p.layouts = [entropy.read_tables(r, words_n(n, dt), cs, 8, entropy.BYTES_READ)
                      for _ in range(nplanes)]
     hdr_end = r.pos
     stored = r.u32()

@@ -12,12 +12,14 @@ path that writes the same layout in two passes and decodes four chunks at a time
 write headers or parse blobs: codec.py and blob.py do.
 """
 
+import itertools
+import sys
 import threading
 from functools import lru_cache
 
 import numpy as np
 
-from . import _crc, entropy
+from . import _crc, _pool, entropy
 from ._pool import run_tasks
 from .errors import ChecksumError, CorruptDataError
 from .kernels import floats as fk
@@ -183,16 +185,28 @@ FAST_MIN_WORDS = 1 << 16      # the multi-symbol decode table pays from here on
 
 
 def plan_floats(words: np.ndarray, chunk_size: int):
-    """Per-plane :class:`entropy.Encoded` descriptions (sizes and codes, no payload) for
-    the fast path, or None when it does not apply (a lower plane looks codeable)."""
+    """Per-plane :class:`entropy.Encoded` descriptions for the fast path (no payload but
+    the top plane's "pairs" chunks, coded here and kept in its ``parts``, one entry per
+    chunk), or None when it does not apply (a lower plane looks codeable).
+
+    Each chunk of exponents gets its own pair code (:func:`pk.pairs_encode`) unless its
+    exponents spread too wide for 15 ranks; then, and wherever it is smaller, the
+    chunk takes the plane's shared Huffman code, raw bytes, or a constant.
+    """
     n = words.size
     item = words.dtype.itemsize
     nch = -(-n // chunk_size)
     hist = np.zeros((nch, item, 256), np.int64)
+    pieces = [None] * nch
 
-    def count(c):
-        pk.top_histogram(words, c * chunk_size, min(n, (c + 1) * chunk_size), item, hist[c])
-    run_tasks(count, nch)
+    def code(c):
+        lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
+        exps, scratch = _scratch(hi - lo)
+        size = pk.pairs_encode(words, lo, hi, item, exps, scratch, hist[c],
+                               int(PAIRS_MAX_ESCAPES * (hi - lo)))
+        if size >= 0:
+            pieces[c] = scratch[:size].copy()
+    _run_dynamic(code, nch)
     for k in range(item - 1):
         sample = hist[:, k, :].sum(axis=0)
         total = int(sample.sum())
@@ -204,7 +218,11 @@ def plan_floats(words: np.ndarray, chunk_size: int):
     top = hist[:, item - 1, :]
     lengths = hk.code_lengths(top.sum(axis=0), hk.MAX_CODE_LEN)
     coded = (top @ lengths.astype(np.int64) + 7) // 8
-    modes = np.where(coded < entropy.RAW_MARGIN * sizes, entropy.HUFFMAN, entropy.RAW)
+    paired = np.array([np.iinfo(np.int64).max if x is None else x.size for x in pieces],
+                      np.int64)
+    modes = np.where(paired <= coded, entropy.PAIRS, entropy.HUFFMAN)
+    best = np.minimum(paired, coded)
+    modes = np.where(best < entropy.RAW_MARGIN * sizes, modes, entropy.RAW)
     is_const = (top == sizes[:, None]).any(axis=1)
     modes = np.where(is_const, entropy.CONST, modes).astype(np.uint8)
     consts = np.where(is_const, np.argmax(top, axis=1), 0).astype(np.uint8)
@@ -212,10 +230,81 @@ def plan_floats(words: np.ndarray, chunk_size: int):
     if huff.any() and (sizes - coded)[huff].sum() <= entropy.lengths_size(lengths):
         modes[huff] = entropy.RAW               # the table would cost more than it saves
         huff[:] = False
-    nbytes = np.where(huff, coded, np.where(is_const, 0, sizes)).astype(np.int64)
+    nbytes = np.where(huff, coded, np.where(is_const, 0, sizes))
+    nbytes = np.where(modes == entropy.PAIRS, paired, nbytes).astype(np.int64)
     used = {entropy.HUFFMAN: lengths} if huff.any() else {}
-    top_enc = entropy.Encoded(modes, consts, nbytes, used, [], {})
+    parts = [x if m == entropy.PAIRS else None for x, m in zip(pieces, modes)]
+    top_enc = entropy.Encoded(modes, consts, nbytes, used, parts, {})
     return [raw] * (item - 1) + [top_enc]
+
+
+PAIRS_MAX_ESCAPES = 1 / 32    # past this share of escaped exponents a chunk is not paired
+
+
+def _scratch(m: int):
+    """Per-thread buffers for coding one chunk of ``m`` exponents in pairs."""
+    bufs = getattr(_blocks, "pairs", None)
+    if bufs is None or bufs[0].size < m + 1:
+        bufs = _blocks.pairs = (np.empty(m + 1, np.uint8), np.empty(pk.pairs_bound(m), np.uint8))
+    return bufs
+
+
+def _run_dynamic(fn, n: int):
+    """``fn(c)`` for every ``c < n`` on the pool, each worker taking the next chunk when
+    it is free: on a machine shared with other work a fixed split leaves one thread
+    idle while the other, descheduled, still holds half the chunks."""
+    workers = min(_pool.threads(), n)
+    if workers <= 1:
+        for c in range(n):
+            fn(c)
+        return
+    counter = itertools.count()
+
+    def worker():
+        while True:
+            c = next(counter)           # atomic under the GIL
+            if c >= n:
+                return
+            fn(c)
+    futures = [_pool.submit(worker) for _ in range(workers)]
+    for f in futures:
+        f.result()
+
+
+def fill_blob(words: np.ndarray, encs, chunk_size: int, head: bytes):
+    """The whole blob: ``head``, the payload planned by :func:`plan_floats`, and the
+    payload's CRC-32, written into one new ``bytes`` object (a blob of hundreds of MB is
+    never assembled by copying pieces)."""
+    size = sum(e.size for e in encs)
+    blob, out = _new_bytes(len(head) + size + 4)
+    out[:len(head)] = np.frombuffer(head, np.uint8)
+    crc = fill_floats(words, encs, chunk_size, out, len(head))
+    out[len(head) + size:] = np.frombuffer(crc.to_bytes(4, "little"), np.uint8)
+    return blob if isinstance(blob, bytes) else bytes(blob)
+
+
+def _new_bytes(size: int):
+    """A new ``bytes`` object of ``size`` bytes and a writable array over its storage,
+    which the caller fills completely before the object is shared or hashed (CPython;
+    elsewhere a bytearray that :func:`fill_blob` copies into ``bytes``)."""
+    if _PyBytes is None:                       # pragma: no cover - not CPython
+        b = bytearray(size)
+        return b, np.frombuffer(b, np.uint8)
+    b = _PyBytes(None, size)
+    view = (ctypes.c_char * size).from_address(id(b) + _BYTES_DATA)
+    return b, np.frombuffer(view, np.uint8)
+
+
+try:                             # the storage of a bytes object starts at this offset
+    import ctypes
+    _BYTES_DATA = bytes.__basicsize__ - 1
+    _PyBytes = ctypes.pythonapi.PyBytes_FromStringAndSize
+    _PyBytes.restype = ctypes.py_object
+    _PyBytes.argtypes = (ctypes.c_char_p, ctypes.c_ssize_t)
+    if sys.implementation.name != "cpython":
+        _PyBytes = None
+except (ImportError, AttributeError):      # pragma: no cover - not CPython
+    _PyBytes = None
 
 
 def fill_floats(words: np.ndarray, encs, chunk_size: int, out: np.ndarray, base: int) -> int:
@@ -229,25 +318,32 @@ def fill_floats(words: np.ndarray, encs, chunk_size: int, out: np.ndarray, base:
     offs = starts[item - 1] + np.concatenate(([0], np.cumsum(top.nbytes)))
     lengths = top.lengths.get(entropy.HUFFMAN, np.zeros(256, np.uint8))
     codes = hk.canonical_codes(lengths)
-    pairs = pk.pair_codes(codes, lengths)
+    pairs = pk.pair_codes(codes, lengths) if entropy.HUFFMAN in top.lengths else _NO_PAIRS
     mode_map = {entropy.HUFFMAN: pk.TOP_HUFFMAN, entropy.RAW: pk.TOP_RAW,
-                entropy.CONST: pk.TOP_CONST}
+                entropy.CONST: pk.TOP_CONST, entropy.PAIRS: pk.TOP_CONST}
     crcs = np.zeros((item, nch), np.int64)
 
     def task(c):
         lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
         raw_pos = starts[:item - 1] + lo
-        end = pk.split_code(words, lo, hi, item, out, raw_pos, mode_map[int(top.modes[c])],
-                            int(offs[c]), int(offs[c + 1]), codes, lengths, pairs)
-        if end != offs[c + 1]:
-            raise AssertionError(f"chunk {c}: wrote {end - offs[c]} bytes, "
-                                 f"planned {offs[c + 1] - offs[c]}")
+        s, e = int(offs[c]), int(offs[c + 1])
+        mode = int(top.modes[c])
+        end = pk.split_code(words, lo, hi, item, out, raw_pos, mode_map[mode], s, e,
+                            codes, lengths, pairs)
+        if mode == entropy.PAIRS:
+            out[s:e] = top.parts[c]
+            end = e
+        if end != e:
+            raise AssertionError(f"chunk {c}: wrote {end - s} bytes, planned {e - s}")
         for k in range(item - 1):
             crcs[k, c] = _crc.piece_crc32(out[raw_pos[k]:raw_pos[k] + hi - lo])
-        crcs[item - 1, c] = _crc.piece_crc32(out[offs[c]:offs[c + 1]])
-    run_tasks(task, nch)
+        crcs[item - 1, c] = _crc.piece_crc32(out[s:e])
+    _run_dynamic(task, nch)
     sizes = [e.nbytes for e in encs]
     return combine_crcs(crcs, sizes)
+
+
+_NO_PAIRS = np.zeros(1 << 16, np.uint32)
 
 
 def combine_crcs(crcs: np.ndarray, sizes) -> int:
@@ -329,7 +425,14 @@ class FastDecoder:
 
     def chunk(self, c):
         block = _block(self.item - 1, self.cs)
-        if self.top.modes[c] == entropy.HUFFMAN:
+        if self.top.modes[c] == entropy.PAIRS:
+            lo, hi = self._span(c)
+            s, e = self._top_start(c)
+            err = pk.pairs_decode(self.buf, s, e, hi - lo, block, 0)
+            if err:
+                raise CorruptDataError(f"{self.what}: chunk {c} (pairs) "
+                                       f"{pk.PAIRS_ERRORS[err]}; the data is damaged")
+        elif self.top.modes[c] == entropy.HUFFMAN:
             lo, hi = self._span(c)
             s, e = self._top_start(c)
             multi, single, tb = self.tables
@@ -361,7 +464,10 @@ class FastDecoder:
 
     def run(self, stored_crc: int | None = None):
         """Decode every chunk on the pool; with ``stored_crc`` compare the payload's CRC."""
-        run_tasks(self.group, -(-self.nch // 4))
+        if np.any(self.top.modes == entropy.HUFFMAN):
+            _run_dynamic(self.group, -(-self.nch // 4))
+        else:                        # pairs: four streams inside every chunk already
+            _run_dynamic(self.chunk, self.nch)
         if stored_crc is not None:
             raw = np.minimum(self.cs, self.n - np.arange(self.nch) * self.cs)
             sizes = [raw] * (self.item - 1) + [np.diff(self.top.offsets)]
