@@ -348,11 +348,34 @@ _NO_PAIRS = np.zeros(1 << 16, np.uint32)
 
 def combine_crcs(crcs: np.ndarray, sizes) -> int:
     """CRC-32 of the pieces in plane-major order from their own CRCs and sizes."""
-    value = 0
-    for k in range(crcs.shape[0]):
-        for c in range(crcs.shape[1]):
-            value = _crc.crc32_combine(value, int(crcs[k, c]), int(sizes[k][c]))
-    return value
+    sizes = np.asarray(np.stack([np.asarray(x, np.int64) for x in sizes]), np.int64)
+    if sizes.max(initial=0) >= 1 << _OP_BITS:
+        raise AssertionError("a CRC piece of 2**40 bytes or more")
+    return int(pk.crc_combine_all(np.asarray(crcs, np.int64), sizes, _zero_ops()))
+
+
+_OP_BITS = 40
+
+
+@lru_cache(maxsize=1)
+def _zero_ops() -> np.ndarray:
+    """Byte-sliced operators appending ``2**k`` zero bytes to a CRC-32 register: the
+    first from the images of the 32 unit registers (it is linear over GF(2)), each next
+    one the previous applied twice."""
+    ops = np.zeros((_OP_BITS, 4, 256), np.uint32)
+    bits = np.arange(256)
+    units = np.array([_crc.crc32_combine(1 << i, 0, 1) for i in range(32)], np.uint32)
+    for k in range(_OP_BITS):
+        if k:
+            units = _apply(ops[k - 1], _apply(ops[k - 1], np.uint32(1) << np.arange(32, dtype=np.uint32)))
+        for j in range(4):
+            for i in range(8):
+                ops[k, j, (bits >> i) & 1 == 1] ^= units[8 * j + i]
+    return ops
+
+
+def _apply(op: np.ndarray, v: np.ndarray) -> np.ndarray:
+    return op[0, v & 0xFF] ^ op[1, (v >> 8) & 0xFF] ^ op[2, (v >> 16) & 0xFF] ^ op[3, v >> 24]
 
 
 @lru_cache(maxsize=64)

@@ -382,17 +382,28 @@ def pairs_encode(words, start, stop, width, exps, out, hist, max_escapes):
     if m % 2:
         exps[m] = order[0]
     letters = np.empty(npairs, np.uint8)
-    ph = np.zeros(256, np.int64)
+    escaped = np.empty(outside + 1, np.uint8)        # in element order
+    ph4 = np.zeros((4, 256), np.int64)
     nesc = 0
     for k in range(npairs):
-        a = digit[exps[2 * k]]
-        b = digit[exps[2 * k + 1]]
+        x = exps[2 * k]
+        y = exps[2 * k + 1]
+        a = digit[x]
+        b = digit[y]
         v = (a << 4) | b
         letters[k] = v
-        ph[v] += 1
-        nesc += (a == nr) + (b == nr)
+        ph4[k & 3, v] += 1
+        if a == nr or b == nr:
+            if a == nr:
+                escaped[nesc] = x
+                nesc += 1
+            if b == nr and 2 * k + 1 < m:
+                escaped[nesc] = y
+                nesc += 1
+    ph = ph4.sum(axis=0)
     lengths = code_lengths(ph, PAIR_BITS)
-    codes = canonical_codes(lengths)
+    codes = canonical_codes(lengths).astype(np.uint64)
+    lens = lengths.astype(np.uint64)
     p = 0
     out[p] = nr
     p += 1
@@ -412,17 +423,32 @@ def pairs_encode(words, start, stop, width, exps, out, hist, max_escapes):
         first = p
         acc = Z
         nb = Z
-        for k in range(a0, a1):
+        k = a0
+        while k + 3 < a1:                 # four letters (<= 48 bits) per 8-byte store
+            v0 = letters[k]
+            v1 = letters[k + 1]
+            v2 = letters[k + 2]
+            v3 = letters[k + 3]
+            l1 = lens[v1]
+            l2 = lens[v2]
+            l3 = lens[v3]
+            ln = lens[v0] + l1 + l2 + l3
+            acc = ((acc << ln) | (codes[v0] << (l1 + l2 + l3)) | (codes[v1] << (l2 + l3))
+                   | (codes[v2] << l3) | codes[v3])
+            nb += ln
+            _write64(out, p, acc << (np.uint64(64) - nb))
+            p += np.int64(nb >> np.uint64(3))
+            nb &= np.uint64(7)
+            k += 4
+        while k < a1:
             v = letters[k]
-            acc, nb, p = put(acc, nb, np.uint64(codes[v]), np.uint64(lengths[v]), out, p)
+            acc, nb, p = put(acc, nb, codes[v], lens[v], out, p)
+            k += 1
         p = flush(acc, nb, out, p)
         if j < PAIR_STREAMS - 1:
             _put32(out, sizes + 4 * j, p - first)
-    if nesc:
-        for i in range(m):
-            if digit[exps[i]] == nr:
-                out[p] = exps[i]
-                p += 1
+    out[p:p + nesc] = escaped[:nesc]
+    p += nesc
     return p
 
 
@@ -618,3 +644,26 @@ def _patch_escapes(buf, esc, nesc, hole, out, o, m):
             v[t] = buf[esc + k]
             k += 1
     return PAIRS_OK if k == nesc else PAIRS_BAD_ESCAPES
+
+
+# --- combining CRC-32 pieces -----------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def crc_combine_all(crcs, sizes, ops):
+    """CRC-32 of pieces in row-major order from their CRCs and byte sizes. ``ops[k]`` is
+    the operator that appends ``2**k`` zero bytes to a CRC register, byte-sliced:
+    ``ops[k, j, b]`` is its image of byte value ``b`` in byte ``j`` of the register."""
+    value = np.uint32(0)
+    for r in range(crcs.shape[0]):
+        for c in range(crcs.shape[1]):
+            n = sizes[r, c]
+            k = 0
+            while n:
+                if n & 1:
+                    v = value
+                    value = (ops[k, 0, v & 0xFF] ^ ops[k, 1, (v >> 8) & 0xFF]
+                             ^ ops[k, 2, (v >> 16) & 0xFF] ^ ops[k, 3, v >> 24])
+                n >>= 1
+                k += 1
+            value ^= np.uint32(crcs[r, c])
+    return value
