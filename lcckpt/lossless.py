@@ -201,11 +201,14 @@ def plan_floats(words: np.ndarray, chunk_size: int):
 
     def code(c):
         lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
-        exps, scratch = _scratch(hi - lo)
-        size = pk.pairs_encode(words, lo, hi, item, exps, scratch, hist[c],
+        escaped, scratch = _scratch(hi - lo)
+        size = pk.pairs_encode(words, lo, hi, item, escaped, scratch, hist[c],
                                int(PAIRS_MAX_ESCAPES * (hi - lo)))
         if size >= 0:
             pieces[c] = scratch[:size].copy()
+        else:                            # exact counts for the plane's shared code
+            hist[c] = 0
+            pk.top_histogram(words, lo, hi, item, hist[c])
     _run_dynamic(code, nch)
     for k in range(item - 1):
         sample = hist[:, k, :].sum(axis=0)
@@ -215,23 +218,30 @@ def plan_floats(words: np.ndarray, chunk_size: int):
     sizes = np.minimum(chunk_size, n - np.arange(nch, dtype=np.int64) * chunk_size)
     raw = entropy.Encoded(np.full(nch, entropy.RAW, np.uint8), np.zeros(nch, np.uint8),
                           sizes, {}, [], {entropy.RAW: 8 * n})
-    top = hist[:, item - 1, :]
+    paired = np.array([x is not None for x in pieces])
+    top = np.where(paired[:, None], 0, hist[:, item - 1, :])    # exact counts, unpaired
     lengths = hk.code_lengths(top.sum(axis=0), hk.MAX_CODE_LEN)
     coded = (top @ lengths.astype(np.int64) + 7) // 8
-    paired = np.array([np.iinfo(np.int64).max if x is None else x.size for x in pieces],
-                      np.int64)
-    modes = np.where(paired <= coded, entropy.PAIRS, entropy.HUFFMAN)
-    best = np.minimum(paired, coded)
-    modes = np.where(best < entropy.RAW_MARGIN * sizes, modes, entropy.RAW)
+    modes = np.where(coded < entropy.RAW_MARGIN * sizes, entropy.HUFFMAN, entropy.RAW)
     is_const = (top == sizes[:, None]).any(axis=1)
+    consts = np.argmax(top, axis=1)
+    nbytes = np.where(modes == entropy.HUFFMAN, coded, sizes)
+    for c in np.flatnonzero(paired):
+        piece = pieces[c]
+        if piece[0] == 1 and not piece[1 + 1 + 128:1 + 1 + 128 + 4].any():
+            is_const[c], consts[c] = True, piece[1]     # one exponent, no escapes
+        elif piece.size < entropy.RAW_MARGIN * sizes[c]:
+            modes[c], nbytes[c] = entropy.PAIRS, piece.size
+        else:
+            modes[c], nbytes[c] = entropy.RAW, sizes[c]
     modes = np.where(is_const, entropy.CONST, modes).astype(np.uint8)
-    consts = np.where(is_const, np.argmax(top, axis=1), 0).astype(np.uint8)
+    consts = np.where(is_const, consts, 0).astype(np.uint8)
     huff = modes == entropy.HUFFMAN
     if huff.any() and (sizes - coded)[huff].sum() <= entropy.lengths_size(lengths):
         modes[huff] = entropy.RAW               # the table would cost more than it saves
+        nbytes[huff] = sizes[huff]
         huff[:] = False
-    nbytes = np.where(huff, coded, np.where(is_const, 0, sizes))
-    nbytes = np.where(modes == entropy.PAIRS, paired, nbytes).astype(np.int64)
+    nbytes = np.where(is_const, 0, nbytes).astype(np.int64)
     used = {entropy.HUFFMAN: lengths} if huff.any() else {}
     parts = [x if m == entropy.PAIRS else None for x, m in zip(pieces, modes)]
     top_enc = entropy.Encoded(modes, consts, nbytes, used, parts, {})
@@ -244,8 +254,8 @@ PAIRS_MAX_ESCAPES = 1 / 32    # past this share of escaped exponents a chunk is 
 def _scratch(m: int):
     """Per-thread buffers for coding one chunk of ``m`` exponents in pairs."""
     bufs = getattr(_blocks, "pairs", None)
-    if bufs is None or bufs[0].size < m + 1:
-        bufs = _blocks.pairs = (np.empty(m + 1, np.uint8), np.empty(pk.pairs_bound(m), np.uint8))
+    if bufs is None or bufs[0].size < m:
+        bufs = _blocks.pairs = (np.empty(m, np.uint8), np.empty(pk.pairs_bound(m), np.uint8))
     return bufs
 
 

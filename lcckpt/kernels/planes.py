@@ -337,57 +337,54 @@ def _get32(buf, p):
             | (np.int64(buf[p + 3]) << 24))
 
 
+RANK_SAMPLE = 8                # ranks come from every 8th exponent of the chunk
+
+
 @njit(cache=True, nogil=True)
-def pairs_encode(words, start, stop, width, exps, out, hist, max_escapes):
+def pairs_encode(words, start, stop, width, escaped, out, hist, max_escapes):
     """Code the exponents (top bytes of the rotated words) of ``words[start:stop]`` into
-    ``out`` (at least :func:`pairs_bound` bytes); ``exps`` is scratch of ``m + 1`` bytes.
-    ``hist`` gets what :func:`top_histogram` counts. Returns the bytes written, or -1
-    without coding when more than ``max_escapes`` exponents fall outside the 15 ranks
-    (spread-out top bytes, as fp16's: one code for the whole plane does better)."""
+    ``out`` (at least :func:`pairs_bound` bytes); ``escaped`` is scratch of ``m`` bytes.
+    The ranks come from every RANK_SAMPLE-th exponent, counted into ``hist`` with the
+    lower planes' bytes (what :func:`top_histogram` samples). Returns the bytes written,
+    or -1 without coding when more than ``max_escapes`` of the sampled exponents fall
+    outside the 15 ranks (top bytes spread wide, as fp16's: one code for the whole
+    plane does better)."""
     m = stop - start
     w = words[start:stop]
     sh = _shift(width)
-    h = np.zeros((4, 256), np.int64)
-    q = m - m % 4
-    for i in range(0, q, 4):
-        for j in range(4):
-            x = _top(w[i + j], sh)
-            exps[i + j] = np.uint8(x)
-            h[j, x] += 1
-    for i in range(q, m):
-        x = _top(w[i], sh)
-        exps[i] = np.uint8(x)
-        h[0, x] += 1
-    counts = h.sum(axis=0)
-    for x in range(256):
-        hist[width - 1, x] += counts[x]
-    first = (-start) % SAMPLE
-    for i in range(first, m, SAMPLE):
+    counts = np.zeros(256, np.int64)
+    first = (-start) % RANK_SAMPLE
+    sampled = 0
+    for i in range(first, m, RANK_SAMPLE):
         y = _rot(w[i], width)
+        counts[(y >> np.uint32(8 * width - 8)) & np.uint32(0xFF)] += 1
         for k in range(width - 1):
             hist[k, (y >> np.uint32(8 * k)) & np.uint32(0xFF)] += 1
+        sampled += 1
+    if sampled == 0:
+        counts[_top(w[0], sh)] += 1
+        sampled = 1
+    for x in range(256):
+        hist[width - 1, x] += counts[x]
     order = np.argsort(-counts, kind="mergesort")    # most frequent first, ties by value
     nr = 0
     while nr < PAIR_RANKS and counts[order[nr]] > 0:
         nr += 1
-    outside = m
+    outside = sampled
     for r in range(nr):
         outside -= counts[order[r]]
-    if outside > max_escapes:
+    if outside > max_escapes * sampled / m:
         return -1
     digit = np.full(256, nr, np.uint8)                # rank, or nr: escaped
     for r in range(nr):
         digit[order[r]] = r
     npairs = (m + 1) // 2
-    if m % 2:
-        exps[m] = order[0]
     letters = np.empty(npairs, np.uint8)
-    escaped = np.empty(outside + 1, np.uint8)        # in element order
     ph4 = np.zeros((4, 256), np.int64)
     nesc = 0
-    for k in range(npairs):
-        x = exps[2 * k]
-        y = exps[2 * k + 1]
+    for k in range(m // 2):
+        x = _top(w[2 * k], sh)
+        y = _top(w[2 * k + 1], sh)
         a = digit[x]
         b = digit[y]
         v = (a << 4) | b
@@ -397,9 +394,17 @@ def pairs_encode(words, start, stop, width, exps, out, hist, max_escapes):
             if a == nr:
                 escaped[nesc] = x
                 nesc += 1
-            if b == nr and 2 * k + 1 < m:
+            if b == nr:
                 escaped[nesc] = y
                 nesc += 1
+    if m % 2:                                         # the last pair: padded with rank 0
+        x = _top(w[m - 1], sh)
+        a = digit[x]
+        letters[npairs - 1] = a << 4
+        ph4[0, a << 4] += 1
+        if a == nr:
+            escaped[nesc] = x
+            nesc += 1
     ph = ph4.sum(axis=0)
     lengths = code_lengths(ph, PAIR_BITS)
     codes = canonical_codes(lengths).astype(np.uint64)
