@@ -388,6 +388,11 @@ def _apply(op: np.ndarray, v: np.ndarray) -> np.ndarray:
     return op[0, v & 0xFF] ^ op[1, (v >> 8) & 0xFF] ^ op[2, (v >> 16) & 0xFF] ^ op[3, v >> 24]
 
 
+_NO_TABLES = (np.zeros(1 << hk.MULTI_BITS, np.uint64), np.zeros(2, np.uint32), 1)
+assert (pk.CHUNK_HUFFMAN, pk.CHUNK_RAW, pk.CHUNK_CONST, pk.CHUNK_PAIRS) == \
+    (entropy.HUFFMAN, entropy.RAW, entropy.CONST, entropy.PAIRS)
+
+
 @lru_cache(maxsize=64)
 def _tables(lengths_bytes: bytes):
     lengths = np.frombuffer(lengths_bytes, np.uint8)
@@ -396,113 +401,82 @@ def _tables(lengths_bytes: bytes):
 
 
 class FastDecoder:
-    """Decodes a float blob whose lower planes are raw throughout: per chunk the exponent
-    code into a small per-thread buffer (four chunks at a time with :meth:`group`), then
-    the merge, and, with ``crc``, the CRC of every piece of the chunk while it is hot."""
+    """Decodes a float blob whose lower planes are raw throughout: a run of chunks per
+    compiled call (:func:`pk.decode_float_chunks`: the exponents into a small per-thread
+    buffer, merged while in cache), and with ``crc`` the CRC of each run's pieces."""
+
+    GROUP = 4                    # chunks per task: four Huffman chunks decode side by side
 
     def __init__(self, buf, base, layouts, n, chunk_size, words, what, crc=False):
         self.buf, self.n, self.cs, self.words, self.what = buf, n, chunk_size, words, what
         self.item = item = words.dtype.itemsize
-        self.raw = []
-        for layout in layouts[:-1]:
-            self.raw.append(_readonly(buf[base:base + n]))
+        self.pbase = base
+        self.raw_base = np.zeros(item - 1, np.int64)
+        for k, layout in enumerate(layouts[:-1]):
+            self.raw_base[k] = base
             base += int(layout.offsets[-1])
         self.top = layouts[-1]
         self.tbase = base
         if base + int(self.top.offsets[-1]) > buf.size:
             raise CorruptDataError(f"{what}: chunk table points past the end of the data")
         lengths = self.top.lengths.get(entropy.HUFFMAN)
-        self.tables = _tables(lengths.tobytes()) if lengths is not None else None
-        self.merge = fk.MERGE[item]
+        self.tables = _tables(lengths.tobytes()) if lengths is not None else _NO_TABLES
         self.nch = -(-n // chunk_size)
-        self.crcs = np.zeros((item, self.nch), np.int64) if crc else None
+        self.ntasks = -(-self.nch // self.GROUP)
+        self.crcs = np.zeros((item, self.ntasks), np.int64) if crc else None
 
     @staticmethod
     def applies(layouts, n: int, rotate: bool, item: int) -> bool:
         return (rotate and item in FAST_WIDTHS and n >= FAST_MIN_WORDS
                 and all(np.all(lay.modes == entropy.RAW) for lay in layouts[:-1]))
 
-    def _span(self, c):
-        return c * self.cs, min(self.n, (c + 1) * self.cs)
-
-    def _top_start(self, c):
-        off = self.top.offsets
-        return self.tbase + int(off[c]), self.tbase + int(off[c + 1])
-
-    def _fail(self, c):
-        raise CorruptDataError(f"{self.what}: chunk {c} (huffman) does not decode to its "
-                               "recorded size; the data is damaged")
-
-    def _finish(self, c, block):
-        lo, hi = self._span(c)
-        m = self.top.modes[c]
-        s, e = self._top_start(c)
-        if m == entropy.RAW:
-            top = self.buf[s:e]
-        elif m == entropy.CONST:
-            block[:hi - lo] = self.top.consts[c]
-            top = block
-        else:
-            top = block
-        planes = tuple(r[lo:hi] for r in self.raw) + (_readonly(top[:hi - lo]),)
-        self.merge(planes, 0, hi - lo, True, self.words[lo:hi])
-        if self.crcs is not None:
-            for k, r in enumerate(self.raw):
-                self.crcs[k, c] = _crc.piece_crc32(r[lo:hi])
-            self.crcs[self.item - 1, c] = _crc.piece_crc32(self.buf[s:e])
-
-    def _check(self, c, used):
-        s, e = self._top_start(c)
-        if used < 0 or (used + 7) // 8 != e - s:
-            self._fail(c)
+    def _decode(self, c0, c1):
+        multi, single, tb = self.tables
+        block = _block(self.item - 1, self.GROUP * self.cs)
+        r = pk.decode_float_chunks(self.buf, self.raw_base, self.tbase, self.top.offsets,
+                                   self.top.modes, self.top.consts, c0, c1, self.cs, self.n,
+                                   self.item, self.words, block, multi, single, tb)
+        if r >= 0:
+            c, err = divmod(int(r), 8)
+            why = ("does not decode to its recorded size" if err == 1
+                   else pk.PAIRS_ERRORS[err - 1])
+            raise CorruptDataError(f"{self.what}: chunk {c} "
+                                   f"({entropy.MODE_NAMES[self.top.modes[c]]}) {why}; "
+                                   "the data is damaged")
 
     def chunk(self, c):
-        block = _block(self.item - 1, self.cs)
-        if self.top.modes[c] == entropy.PAIRS:
-            lo, hi = self._span(c)
-            s, e = self._top_start(c)
-            err = pk.pairs_decode(self.buf, s, e, hi - lo, block, 0)
-            if err:
-                raise CorruptDataError(f"{self.what}: chunk {c} (pairs) "
-                                       f"{pk.PAIRS_ERRORS[err]}; the data is damaged")
-        elif self.top.modes[c] == entropy.HUFFMAN:
-            lo, hi = self._span(c)
-            s, e = self._top_start(c)
-            multi, single, tb = self.tables
-            self._check(c, pk.decode_top(self.buf, s, e, hi - lo, multi, single, tb, block, 0))
-        self._finish(c, block)
+        """Decode chunk ``c`` alone (a step of a larger per-chunk task)."""
+        self._decode(c, c + 1)
 
-    def group(self, j):
-        """Chunks ``4j`` to ``4j + 3``, their exponent codes decoded side by side."""
-        cs = [c for c in range(4 * j, min(self.nch, 4 * j + 4))]
-        if len(cs) < 4 or any(self.top.modes[c] != entropy.HUFFMAN for c in cs):
-            for c in cs:
-                self.chunk(c)
-            return
-        block = _block(self.item - 1, 4 * self.cs)
-        s = np.empty(4, np.int64)
-        e = np.empty(4, np.int64)
-        n = np.empty(4, np.int64)
-        for k, c in enumerate(cs):
-            s[k], e[k] = self._top_start(c)
-            lo, hi = self._span(c)
-            n[k] = hi - lo
-        o = np.arange(4, dtype=np.int64) * self.cs
-        used = np.empty(4, np.int64)
-        multi, single, tb = self.tables
-        pk.decode_top4(self.buf, s, e, n, multi, single, tb, block, o, used)
-        for k, c in enumerate(cs):
-            self._check(c, int(used[k]))
-            self._finish(c, block[k * self.cs:])
+    def task(self, j):
+        """Chunks ``GROUP * j`` on, and their pieces' CRCs when asked."""
+        c0 = j * self.GROUP
+        c1 = min(self.nch, c0 + self.GROUP)
+        self._decode(c0, c1)
+        if self.crcs is not None:
+            lo, hi = c0 * self.cs, min(self.n, c1 * self.cs)
+            for k, b in enumerate(self.raw_base):
+                self.crcs[k, j] = _crc.piece_crc32(self.buf[b + lo:b + hi])
+            off = self.top.offsets
+            self.crcs[-1, j] = _crc.piece_crc32(
+                self.buf[self.tbase + off[c0]:self.tbase + off[c1]])
 
     def run(self, stored_crc: int | None = None):
-        """Decode every chunk on the pool; with ``stored_crc`` compare the payload's CRC."""
-        if np.any(self.top.modes == entropy.HUFFMAN):
-            _run_dynamic(self.group, -(-self.nch // 4))
-        else:                        # pairs: four streams inside every chunk already
-            _run_dynamic(self.chunk, self.nch)
+        """Decode every chunk on the pool; with ``stored_crc`` compare the payload's CRC
+        (damage that stops the decoding is reported as a checksum mismatch too)."""
+        try:
+            _run_dynamic(self.task, self.ntasks)
+        except CorruptDataError:
+            end = self.tbase + int(self.top.offsets[-1])
+            if stored_crc is not None and _crc.crc32(self.buf[self.pbase:end]) != stored_crc:
+                raise ChecksumError(f"{self.what}: payload checksum mismatch; the blob is "
+                                    "damaged") from None
+            raise
         if stored_crc is not None:
-            raw = np.minimum(self.cs, self.n - np.arange(self.nch) * self.cs)
-            sizes = [raw] * (self.item - 1) + [np.diff(self.top.offsets)]
+            g = self.GROUP * self.cs
+            raw = np.minimum(g, self.n - np.arange(self.ntasks) * g)
+            edges = np.minimum(self.nch, np.arange(self.ntasks + 1) * self.GROUP)
+            top = np.diff(self.top.offsets[edges])
+            sizes = [raw] * (self.item - 1) + [top]
             if combine_crcs(self.crcs, sizes) != stored_crc:
                 raise ChecksumError(f"{self.what}: payload checksum mismatch; the blob is damaged")

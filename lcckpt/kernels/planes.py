@@ -672,3 +672,82 @@ def crc_combine_all(crcs, sizes, ops):
                 k += 1
             value ^= np.uint32(crcs[r, c])
     return value
+
+
+# --- one call decodes a run of chunks --------------------------------------------------
+# Chunk modes, as entropy.py numbers them (lossless.py checks they agree).
+CHUNK_HUFFMAN, CHUNK_RAW, CHUNK_CONST, CHUNK_PAIRS = 0, 3, 4, 5
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _merge_chunk(buf, raw_base, lo, hi, top, words, width):
+    """Words ``lo:hi`` from the raw lower planes in ``buf`` and the exponents ``top``,
+    rotated back (loops over views from 0: they vectorize)."""
+    m = hi - lo
+    w = words[lo:hi]
+    if width == 4:
+        p0 = buf[raw_base[0] + lo:raw_base[0] + hi]
+        p1 = buf[raw_base[1] + lo:raw_base[1] + hi]
+        p2 = buf[raw_base[2] + lo:raw_base[2] + hi]
+        for i in range(m):
+            x = (np.uint32(p0[i]) | (np.uint32(p1[i]) << np.uint32(8))
+                 | (np.uint32(p2[i]) << np.uint32(16)) | (np.uint32(top[i]) << np.uint32(24)))
+            w[i] = (x >> np.uint32(1)) | (x << np.uint32(31))
+    else:
+        p0 = buf[raw_base[0] + lo:raw_base[0] + hi]
+        for i in range(m):
+            x = np.uint16(p0[i]) | (np.uint16(top[i]) << np.uint16(8))
+            w[i] = np.uint16((x >> np.uint16(1)) | (x << np.uint16(15)))
+
+
+@njit(cache=True, nogil=True)
+def decode_float_chunks(buf, raw_base, tbase, offsets, modes, consts, c0, c1, cs, n,
+                        width, words, block, multi, single, tb):
+    """Chunks ``c0:c1`` of a float blob whose lower planes are raw (at ``raw_base[k]``
+    in ``buf``) and whose exponents are coded per chunk (``tbase + offsets[c]``): the
+    exponents into ``block`` (4 chunks long), merged into ``words`` while in cache;
+    four Huffman chunks in a row are decoded side by side. Returns -1, or
+    ``8 * chunk + error`` (1: a Huffman chunk, 1 + PAIRS_ERRORS key: a pairs chunk)."""
+    s4 = np.empty(4, np.int64)
+    e4 = np.empty(4, np.int64)
+    n4 = np.empty(4, np.int64)
+    o4 = np.empty(4, np.int64)
+    used = np.empty(4, np.int64)
+    c = c0
+    while c < c1:
+        if (c + 4 <= c1 and modes[c] == CHUNK_HUFFMAN and modes[c + 1] == CHUNK_HUFFMAN
+                and modes[c + 2] == CHUNK_HUFFMAN and modes[c + 3] == CHUNK_HUFFMAN):
+            for k in range(4):
+                s4[k] = tbase + offsets[c + k]
+                e4[k] = tbase + offsets[c + k + 1]
+                n4[k] = min(n, (c + k + 1) * cs) - (c + k) * cs
+                o4[k] = k * cs
+            decode_top4(buf, s4, e4, n4, multi, single, tb, block, o4, used)
+            for k in range(4):
+                if used[k] < 0 or (used[k] + 7) // 8 != e4[k] - s4[k]:
+                    return 8 * (c + k) + 1
+                lo = (c + k) * cs
+                _merge_chunk(buf, raw_base, lo, lo + n4[k], block[k * cs:], words, width)
+            c += 4
+            continue
+        lo = c * cs
+        hi = min(n, lo + cs)
+        m = hi - lo
+        s = tbase + offsets[c]
+        e = tbase + offsets[c + 1]
+        mode = modes[c]
+        if mode == CHUNK_PAIRS:
+            err = pairs_decode(buf, s, e, m, block, 0)
+            if err:
+                return 8 * c + 1 + err
+        elif mode == CHUNK_HUFFMAN:
+            u = decode_top(buf, s, e, m, multi, single, tb, block, 0)
+            if u < 0 or (u + 7) // 8 != e - s:
+                return 8 * c + 1
+        elif mode == CHUNK_CONST:
+            block[:m] = consts[c]
+        else:                                   # raw: its size was checked with the table
+            block[:m] = buf[s:e]
+        _merge_chunk(buf, raw_base, lo, hi, block, words, width)
+        c += 1
+    return -1
