@@ -337,7 +337,7 @@ def _get32(buf, p):
             | (np.int64(buf[p + 3]) << 24))
 
 
-RANK_SAMPLE = 8                # ranks come from every 8th exponent of the chunk
+RANK_SAMPLE = 32               # ranks come from every 32nd exponent of the chunk
 
 
 @njit(cache=True, nogil=True)
