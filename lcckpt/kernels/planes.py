@@ -560,22 +560,31 @@ def pairs_decode(buf, s, e, m, out, o):
         # scalars, not array reads: the stores to ``out`` could alias the arrays
         o0, o1, o2, o3 = oo[0], oo[1], oo[2], oo[3]
         e0, e1, e2, e3 = o0 + lim[0] - 6, o1 + lim[1] - 6, o2 + lim[2] - 6, o3 + lim[3] - 6
-        while (o0 <= e0 and o1 <= e1 and o2 <= e2 and o3 <= e3
-               and b0 <= last and b1 <= last and b2 <= last and b3 <= last):
-            u0, c0 = _pair_step(buf, b0, multi, out, o0)
-            u1, c1 = _pair_step(buf, b1, multi, out, o1)
-            u2, c2 = _pair_step(buf, b2, multi, out, o2)
-            u3, c3 = _pair_step(buf, b3, multi, out, o3)
-            if c0 == 0 or c1 == 0 or c2 == 0 or c3 == 0:
+        while True:
+            # steps that are safe whatever they decode (at most 6 bytes and 12 bits
+            # each), run without a test; an invalid code stalls its stream
+            steps = min(min(e0 - o0, e1 - o1), min(e2 - o2, e3 - o3)) // 6 + 1
+            room = np.int64(last) - np.int64(max(max(b0, b1), max(b2, b3)))
+            steps = min(steps, room // PAIR_BITS + 1)
+            if steps <= 0:
+                break
+            stalled = 0
+            for _ in range(steps):
+                u0, c0 = _pair_step(buf, b0, multi, out, o0)
+                u1, c1 = _pair_step(buf, b1, multi, out, o1)
+                u2, c2 = _pair_step(buf, b2, multi, out, o2)
+                u3, c3 = _pair_step(buf, b3, multi, out, o3)
+                stalled |= (c0 == 0) | (c1 == 0) | (c2 == 0) | (c3 == 0)
+                b0 += u0
+                b1 += u1
+                b2 += u2
+                b3 += u3
+                o0 += c0
+                o1 += c1
+                o2 += c2
+                o3 += c3
+            if stalled:
                 return PAIRS_BAD_CODE
-            b0 += u0
-            b1 += u1
-            b2 += u2
-            b3 += u3
-            o0 += c0
-            o1 += c1
-            o2 += c2
-            o3 += c3
         bp[0], bp[1], bp[2], bp[3] = b0, b1, b2, b3
         got[0], got[1], got[2], got[3] = o0 - oo[0], o1 - oo[1], o2 - oo[2], o3 - oo[3]
         for j in range(PAIR_STREAMS):               # each stream alone, then the tail
