@@ -251,7 +251,7 @@ def _fast_plan(a, dt, log2, words, rotate):
 
 
 def _exact_header(a, dt, log2, rotate, encs):
-    w = _blob.header(LOSSLESS, dt, a.shape, log2)
+    w = _blob.header(LOSSLESS, dt, a.shape, log2, lossless.blob_version(encs))
     w.u8(len(encs))
     w.u8(1 if rotate else 0)
     for e in encs:

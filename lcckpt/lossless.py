@@ -248,6 +248,12 @@ def plan_floats(words: np.ndarray, chunk_size: int):
     return [raw] * (item - 1) + [top_enc]
 
 
+def blob_version(encs) -> int | None:
+    """The blob format version planes ``encs`` need: 3 with "pairs" chunks (a reader
+    that predates them then asks for an upgrade), else the kind's default (None)."""
+    return 3 if any(np.any(e.modes == entropy.PAIRS) for e in encs) else None
+
+
 PAIRS_MAX_ESCAPES = 1 / 32    # past this share of escaped exponents a chunk is not paired
 
 
