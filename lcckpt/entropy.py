@@ -8,7 +8,9 @@ decode in parallel. Per chunk one mode:
 * ``grouped`` - one code word per ``g`` symbols (sub-bit);
 * ``runs``    - one code word per (zero run, symbol) pair plus raw extra bits (sub-bit);
 * ``raw``     - the symbol bytes as they are;
-* ``const``   - every symbol equal: no payload at all.
+* ``const``   - every symbol equal: no payload at all;
+* ``pairs``   - byte planes only (blob version 3): a code of the chunk's own over pairs
+  of ranked letters, written by lossless.py (layout in kernels/planes.py).
 
 Each mode that any chunk uses has one code per stream, described by its code lengths.
 Sizes are computed exactly from histograms before anything is written, so the choice

@@ -13,8 +13,17 @@ These kernels make that in as few passes over memory as possible:
   one waits on its table lookup: four ran 1.9x faster than one, two 1.6x),
   into a small buffer the merge consumes while in cache.
 
-They do not choose codes or parse anything: lossless.py plans, entropy.py owns the
-stream layout, and bits.py's careful reader decodes the last bytes of each chunk.
+* ``pairs_encode``/``pairs_decode`` code one chunk of exponents with a code of its own
+  over pairs of exponent ranks (chunk mode "pairs", layout below), four streams per
+  chunk decoded side by side;
+* ``decode_float_chunks`` decodes a run of chunks in any of the top plane's modes and
+  merges each into the output words while its exponents are in cache (one call per
+  run: no Python between chunks);
+* ``crc_combine_all`` combines the payload's CRC-32 from the CRCs of its pieces.
+
+They do not choose modes or parse blob headers: lossless.py plans, entropy.py owns the
+stream layout, and bits.py's careful reader decodes the last bytes of each chunk. Every
+size read from a "pairs" chunk is checked against the chunk's end before it is used.
 """
 
 import numpy as np
@@ -298,7 +307,7 @@ def decode_top4(buf, s, e, n, multi, single, tb, out, o, used):
 # its own code over pairs of exponent ranks: its 15 most frequent exponents get ranks
 # 0-14, rank 15 escapes (the exponent itself follows the bit streams), and each pair of
 # ranks ``a * 16 + b`` is one 8-bit letter. Half the letters, so half the rounding loss,
-# and a table that fits the chunk: 1.8% smaller exponent planes than ZipNN's per-chunk
+# and a table that fits the chunk: 1.6% smaller exponent planes than ZipNN's per-chunk
 # Huffman on the benchmark's weights. The pairs are cut into four streams of equal
 # letter counts, decoded side by side (independent chains hide the table latency).
 #
