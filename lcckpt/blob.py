@@ -184,7 +184,8 @@ def parse(blob, check_payload: bool = True) -> tuple[np.ndarray, Parsed]:
         if rot != int(rotate):
             raise CorruptDataError("lcckpt blob: rotation flag does not match the dtype")
         p.rotate = rotate
-        allowed = entropy.BYTES_READ if version == PAIRS_VERSION else entropy.modes_for("bytes", 8)
+        allowed = (entropy.BYTES_READ if version == PAIRS_VERSION
+                   else entropy.modes_for("bytes", 8))
         p.layouts = [entropy.read_tables(r, words_n(n, dt), cs, 8, allowed)
                      for _ in range(nplanes)]
     hdr_end = r.pos
