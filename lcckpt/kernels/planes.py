@@ -196,12 +196,9 @@ def _step(buf, bp, multi, out, o):
     win = _load64(buf, bp >> np.uint64(3)) << (bp & np.uint64(7))
     e = multi[win >> WIN]
     x = e >> np.uint64(8)
-    out[o] = np.uint8(x & np.uint64(0xFF))
-    out[o + 1] = np.uint8((x >> np.uint64(8)) & np.uint64(0xFF))
-    out[o + 2] = np.uint8((x >> np.uint64(16)) & np.uint64(0xFF))
-    out[o + 3] = np.uint8((x >> np.uint64(24)) & np.uint64(0xFF))
-    out[o + 4] = np.uint8((x >> np.uint64(32)) & np.uint64(0xFF))
-    out[o + 5] = np.uint8((x >> np.uint64(40)) & np.uint64(0xFF))
+    u = np.uint64(o)                    # unsigned: no negative-index fix-up per store
+    for k in range(6):
+        out[u + np.uint64(k)] = np.uint8((x >> np.uint64(8 * k)) & np.uint64(0xFF))
     return e & np.uint64(15), np.int64((e >> np.uint64(4)) & np.uint64(15))
 
 
@@ -498,8 +495,9 @@ def _pair_step(buf, bp, multi, out, o):
     win = _load64(buf, bp >> np.uint64(3)) << (bp & np.uint64(7))
     e = multi[win >> WIN]
     x = e >> np.uint64(8)
+    u = np.uint64(o)                    # unsigned: no negative-index fix-up per store
     for k in range(6):
-        out[o + k] = np.uint8((x >> np.uint64(8 * k)) & np.uint64(0xFF))
+        out[u + np.uint64(k)] = np.uint8((x >> np.uint64(8 * k)) & np.uint64(0xFF))
     return e & np.uint64(15), np.int64((e >> np.uint64(3)) & np.uint64(0x1E))
 
 
