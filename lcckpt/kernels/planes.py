@@ -91,8 +91,9 @@ TOP_HUFFMAN, TOP_RAW, TOP_CONST = 0, 1, 2
 @njit(cache=True, nogil=True, inline="always")
 def _write64(out, p, v):
     """``v`` big-endian at ``out[p:p + 8]`` (LLVM fuses the stores into one)."""
+    u = np.uint64(p)                    # unsigned: no negative-index fix-up per store
     for k in range(8):
-        out[p + k] = np.uint8((v >> np.uint64(56 - 8 * k)) & np.uint64(0xFF))
+        out[u + np.uint64(k)] = np.uint8((v >> np.uint64(56 - 8 * k)) & np.uint64(0xFF))
 
 
 @njit(cache=True, nogil=True)
