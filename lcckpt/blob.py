@@ -15,8 +15,9 @@ A uniform blob's payload is its symbol stream, then the escapes: their element i
 exact values (fp32; fp64 for F64). Symbol ``s`` adds ``level(s)·step`` (levels 0, -1, 1,
 -2, 2, ...; :func:`lcckpt.quantize.uniform_table`); an escaped element is *set* to its
 value. Blobs of the first two kinds are written as version 1, exactly as before; a
-uniform blob is version 2, so a reader that predates it says "upgrade" instead of
-misreading it.
+uniform blob is version 2, and a lossless blob with "pairs" chunks (a code per chunk of
+exponents, kernels/planes.py) version 3, so a reader that predates them says "upgrade"
+instead of misreading them.
 
 A lossy blob holds a quantized *delta*: decoding adds it to a reference (zeros for a
 stand-alone ``encode``). A lossless blob holds exact values. See docs/algorithm.md §8.
@@ -39,15 +40,16 @@ from .quantize import uniform_table
 MAGIC = b"LCC"
 VERSION = 1                 # lossy and lossless blobs
 UNIFORM_VERSION = 2         # uniform blobs (the only kind version 2 adds)
+PAIRS_VERSION = 3           # lossless blobs whose planes hold "pairs" chunks
 LOSSY, LOSSLESS, UNIFORM = 1, 2, 3
 MAX_NDIM = 64
 
 
-def header(kind: int, dt: dtypes.DType, shape, log2: int) -> Writer:
+def header(kind: int, dt: dtypes.DType, shape, log2: int, version: int | None = None) -> Writer:
     """A writer holding the common header fields; the caller appends its kind's fields."""
     w = Writer()
     w.raw(MAGIC)
-    w.u8(UNIFORM_VERSION if kind == UNIFORM else VERSION)
+    w.u8(version or (UNIFORM_VERSION if kind == UNIFORM else VERSION))
     w.u8(kind)
     w.u8(dt.code)
     w.uvar(len(shape))
@@ -114,12 +116,13 @@ def parse(blob, check_payload: bool = True) -> tuple[np.ndarray, Parsed]:
         raise CorruptDataError("not an lcckpt blob (bad magic); was it produced by lcckpt.encode?")
     r.pos = 3
     version = r.u8()
-    if version not in (VERSION, UNIFORM_VERSION):
+    if version not in (VERSION, UNIFORM_VERSION, PAIRS_VERSION):
         raise UnsupportedVersionError(
-            f"blob format version {version}; this lcckpt reads versions {VERSION} and "
-            f"{UNIFORM_VERSION}: upgrade lcckpt")
+            f"blob format version {version}; this lcckpt reads versions {VERSION} to "
+            f"{PAIRS_VERSION}: upgrade lcckpt")
     kind = r.u8()
-    if kind not in (LOSSY, LOSSLESS, UNIFORM) or (kind == UNIFORM) != (version == UNIFORM_VERSION):
+    if (kind not in (LOSSY, LOSSLESS, UNIFORM) or (kind == UNIFORM) != (version == UNIFORM_VERSION)
+            or (version == PAIRS_VERSION and kind != LOSSLESS)):
         raise CorruptDataError(f"lcckpt blob: unknown kind {kind} in a version {version} blob")
     code = r.u8()
     if code not in dtypes.BY_CODE:
@@ -181,7 +184,8 @@ def parse(blob, check_payload: bool = True) -> tuple[np.ndarray, Parsed]:
         if rot != int(rotate):
             raise CorruptDataError("lcckpt blob: rotation flag does not match the dtype")
         p.rotate = rotate
-        allowed = entropy.modes_for("bytes", 8)
+        allowed = (entropy.BYTES_READ if version == PAIRS_VERSION
+                   else entropy.modes_for("bytes", 8))
         p.layouts = [entropy.read_tables(r, words_n(n, dt), cs, 8, allowed)
                      for _ in range(nplanes)]
     hdr_end = r.pos

@@ -233,9 +233,7 @@ def encode_exact(a: np.ndarray, dt: dtypes.DType, log2: int, raw: bool = False) 
     fast = _fast_plan(a, dt, log2, words, rotate)
     if fast is not None:
         head, encs = fast
-        payload = np.empty(sum(e.size for e in encs), np.uint8)
-        crc = lossless.fill_floats(words, encs, cs, payload, 0)
-        return [head, payload, crc.to_bytes(4, "little")]
+        return [lossless.fill_blob(words, encs, cs, head)]
     parts = _exact_blob(a, dt, log2, rotate, lossless.encode_planes(words, rotate, cs))
     if _blob.nbytes(parts) > a.nbytes + RAW_SLACK:
         parts = _exact_blob(a, dt, log2, rotate, lossless.raw_planes(words, rotate, cs))
@@ -256,7 +254,7 @@ def _fast_plan(a, dt, log2, words, rotate):
 
 
 def _exact_header(a, dt, log2, rotate, encs):
-    w = _blob.header(LOSSLESS, dt, a.shape, log2)
+    w = _blob.header(LOSSLESS, dt, a.shape, log2, lossless.blob_version(encs))
     w.u8(len(encs))
     w.u8(1 if rotate else 0)
     for e in encs:

@@ -8,7 +8,9 @@ decode in parallel. Per chunk one mode:
 * ``grouped`` - one code word per ``g`` symbols (sub-bit);
 * ``runs``    - one code word per (zero run, symbol) pair plus raw extra bits (sub-bit);
 * ``raw``     - the symbol bytes as they are;
-* ``const``   - every symbol equal: no payload at all.
+* ``const``   - every symbol equal: no payload at all;
+* ``pairs``   - byte planes only (blob version 3): a code of the chunk's own over pairs
+  of ranked letters, written by lossless.py (layout in kernels/planes.py).
 
 Each mode that any chunk uses has one code per stream, described by its code lengths.
 Sizes are computed exactly from histograms before anything is written, so the choice
@@ -26,11 +28,14 @@ from ._wire import Reader, Writer
 from .errors import CorruptDataError, InvalidArgumentError, TruncatedError
 from .kernels import buckets as bk
 from .kernels import huffman as hk
+from .kernels import planes as pk
 from .kernels import runs as rk
 from .kernels import tables as tk
 
-HUFFMAN, GROUPED, RUNS, RAW, CONST = range(5)
-MODE_NAMES = ("huffman", "grouped", "runs", "raw", "const")
+HUFFMAN, GROUPED, RUNS, RAW, CONST, PAIRS = range(6)
+MODE_NAMES = ("huffman", "grouped", "runs", "raw", "const", "pairs")
+BYTES_READ = (HUFFMAN, RAW, CONST, PAIRS)   # what a byte plane may hold (pairs: see
+                                            # kernels/planes.py; written by lossless.py)
 CODED_MODES = (HUFFMAN, GROUPED, RUNS)
 CACHE_SLACK = 1.01          # reuse a cached code while it costs at most 1% more
 RAW_MARGIN = 0.97           # code a byte chunk only if that saves at least 3% over raw
@@ -540,6 +545,12 @@ class StreamDecoder:
                 bk.apply_symbols(raw, 0, hi - lo, cent, fout[lo:hi])
             else:
                 sym[o:o + hi - lo] = raw
+            used = 8 * (end - start)
+        elif m == PAIRS:
+            err = pk.pairs_decode(buf, start, end, hi - lo, sym, o)
+            if err:
+                raise CorruptDataError(f"{self.what}: chunk {c} (pairs) {pk.PAIRS_ERRORS[err]}; "
+                                       "the data is damaged")
             used = 8 * (end - start)
         else:
             table, tb = self.tables[m]

@@ -7,17 +7,23 @@ per chunk the cheapest of Huffman, raw, or constant. Integers and bools use the 
 path without rotation, so step counters and masks shrink too.
 
 fp16, bf16 and fp32 arrays whose lower planes stay raw (trained weights) take a fused
-path that writes the same layout in two passes and decodes four chunks at a time
-(:func:`plan_floats`, :func:`fill_floats`, :class:`FastDecoder`). This module does not
-write headers or parse blobs: codec.py and blob.py do.
+path (:func:`plan_floats`, :func:`fill_blob`, :class:`FastDecoder`): each chunk of
+exponents gets a code of its own over pairs of exponent ranks (chunk mode "pairs",
+kernels/planes.py; on trained weights 1.6% smaller exponent planes than ZipNN's), or,
+when its exponents spread too wide for that (fp16), the plane's shared Huffman code.
+The blob is written straight into one ``bytes`` object, and a run of chunks decodes and
+merges in one compiled call; chunks go to whichever pool thread is free. This module
+does not write headers or parse blobs: codec.py and blob.py do.
 """
 
+import itertools
+import sys
 import threading
 from functools import lru_cache
 
 import numpy as np
 
-from . import _crc, entropy
+from . import _crc, _pool, entropy
 from ._pool import run_tasks
 from .errors import ChecksumError, CorruptDataError
 from .kernels import floats as fk
@@ -183,16 +189,31 @@ FAST_MIN_WORDS = 1 << 16      # the multi-symbol decode table pays from here on
 
 
 def plan_floats(words: np.ndarray, chunk_size: int):
-    """Per-plane :class:`entropy.Encoded` descriptions (sizes and codes, no payload) for
-    the fast path, or None when it does not apply (a lower plane looks codeable)."""
+    """Per-plane :class:`entropy.Encoded` descriptions for the fast path (no payload but
+    the top plane's "pairs" chunks, coded here and kept in its ``parts``, one entry per
+    chunk), or None when it does not apply (a lower plane looks codeable).
+
+    Each chunk of exponents gets its own pair code (:func:`pk.pairs_encode`) unless its
+    exponents spread too wide for 15 ranks; then, and wherever it is smaller, the
+    chunk takes the plane's shared Huffman code, raw bytes, or a constant.
+    """
     n = words.size
     item = words.dtype.itemsize
     nch = -(-n // chunk_size)
     hist = np.zeros((nch, item, 256), np.int64)
+    pieces = [None] * nch
 
-    def count(c):
-        pk.top_histogram(words, c * chunk_size, min(n, (c + 1) * chunk_size), item, hist[c])
-    run_tasks(count, nch)
+    def code(c):
+        lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
+        escaped, scratch = _scratch(hi - lo)
+        size = pk.pairs_encode(words, lo, hi, item, escaped, scratch, hist[c],
+                               int(PAIRS_MAX_ESCAPES * (hi - lo)))
+        if size >= 0:
+            pieces[c] = scratch[:size].copy()
+        else:                            # exact counts for the plane's shared code
+            hist[c] = 0
+            pk.top_histogram(words, lo, hi, item, hist[c])
+    _run_dynamic(code, nch)
     for k in range(item - 1):
         sample = hist[:, k, :].sum(axis=0)
         total = int(sample.sum())
@@ -201,21 +222,109 @@ def plan_floats(words: np.ndarray, chunk_size: int):
     sizes = np.minimum(chunk_size, n - np.arange(nch, dtype=np.int64) * chunk_size)
     raw = entropy.Encoded(np.full(nch, entropy.RAW, np.uint8), np.zeros(nch, np.uint8),
                           sizes, {}, [], {entropy.RAW: 8 * n})
-    top = hist[:, item - 1, :]
+    paired = np.array([x is not None for x in pieces])
+    top = np.where(paired[:, None], 0, hist[:, item - 1, :])    # exact counts, unpaired
     lengths = hk.code_lengths(top.sum(axis=0), hk.MAX_CODE_LEN)
     coded = (top @ lengths.astype(np.int64) + 7) // 8
     modes = np.where(coded < entropy.RAW_MARGIN * sizes, entropy.HUFFMAN, entropy.RAW)
     is_const = (top == sizes[:, None]).any(axis=1)
+    consts = np.argmax(top, axis=1)
+    nbytes = np.where(modes == entropy.HUFFMAN, coded, sizes)
+    for c in np.flatnonzero(paired):
+        piece = pieces[c]
+        if piece[0] == 1 and not piece[1 + 1 + 128:1 + 1 + 128 + 4].any():
+            is_const[c], consts[c] = True, piece[1]     # one exponent, no escapes
+        elif piece.size < entropy.RAW_MARGIN * sizes[c]:
+            modes[c], nbytes[c] = entropy.PAIRS, piece.size
+        else:
+            modes[c], nbytes[c] = entropy.RAW, sizes[c]
     modes = np.where(is_const, entropy.CONST, modes).astype(np.uint8)
-    consts = np.where(is_const, np.argmax(top, axis=1), 0).astype(np.uint8)
+    consts = np.where(is_const, consts, 0).astype(np.uint8)
     huff = modes == entropy.HUFFMAN
     if huff.any() and (sizes - coded)[huff].sum() <= entropy.lengths_size(lengths):
         modes[huff] = entropy.RAW               # the table would cost more than it saves
+        nbytes[huff] = sizes[huff]
         huff[:] = False
-    nbytes = np.where(huff, coded, np.where(is_const, 0, sizes)).astype(np.int64)
+    nbytes = np.where(is_const, 0, nbytes).astype(np.int64)
     used = {entropy.HUFFMAN: lengths} if huff.any() else {}
-    top_enc = entropy.Encoded(modes, consts, nbytes, used, [], {})
+    parts = [x if m == entropy.PAIRS else None for x, m in zip(pieces, modes)]
+    top_enc = entropy.Encoded(modes, consts, nbytes, used, parts, {})
     return [raw] * (item - 1) + [top_enc]
+
+
+def blob_version(encs) -> int | None:
+    """The blob format version planes ``encs`` need: 3 with "pairs" chunks (a reader
+    that predates them then asks for an upgrade), else the kind's default (None)."""
+    return 3 if any(np.any(e.modes == entropy.PAIRS) for e in encs) else None
+
+
+PAIRS_MAX_ESCAPES = 1 / 32    # past this share of escaped exponents a chunk is not paired
+
+
+def _scratch(m: int):
+    """Per-thread buffers for coding one chunk of ``m`` exponents in pairs."""
+    bufs = getattr(_blocks, "pairs", None)
+    if bufs is None or bufs[0].size < m:
+        bufs = _blocks.pairs = (np.empty(m, np.uint8), np.empty(pk.pairs_bound(m), np.uint8))
+    return bufs
+
+
+def _run_dynamic(fn, n: int):
+    """``fn(c)`` for every ``c < n`` on the pool, each worker taking the next chunk when
+    it is free: on a machine shared with other work a fixed split leaves one thread
+    idle while the other, descheduled, still holds half the chunks."""
+    workers = min(_pool.threads(), n)
+    if workers <= 1:
+        for c in range(n):
+            fn(c)
+        return
+    counter = itertools.count()
+
+    def worker():
+        while True:
+            c = next(counter)           # atomic under the GIL
+            if c >= n:
+                return
+            fn(c)
+    futures = [_pool.submit(worker) for _ in range(workers)]
+    for f in futures:
+        f.result()
+
+
+def fill_blob(words: np.ndarray, encs, chunk_size: int, head: bytes):
+    """The whole blob: ``head``, the payload planned by :func:`plan_floats`, and the
+    payload's CRC-32, written into one new ``bytes`` object (a blob of hundreds of MB is
+    never assembled by copying pieces)."""
+    size = sum(e.size for e in encs)
+    blob, out = _new_bytes(len(head) + size + 4)
+    out[:len(head)] = np.frombuffer(head, np.uint8)
+    crc = fill_floats(words, encs, chunk_size, out, len(head))
+    out[len(head) + size:] = np.frombuffer(crc.to_bytes(4, "little"), np.uint8)
+    return blob if isinstance(blob, bytes) else bytes(blob)
+
+
+def _new_bytes(size: int):
+    """A new ``bytes`` object of ``size`` bytes and a writable array over its storage,
+    which the caller fills completely before the object is shared or hashed (CPython;
+    elsewhere a bytearray that :func:`fill_blob` copies into ``bytes``)."""
+    if _PyBytes is None:                       # pragma: no cover - not CPython
+        b = bytearray(size)
+        return b, np.frombuffer(b, np.uint8)
+    b = _PyBytes(None, size)
+    view = (ctypes.c_char * size).from_address(id(b) + _BYTES_DATA)
+    return b, np.frombuffer(view, np.uint8)
+
+
+try:                             # the storage of a bytes object starts at this offset
+    import ctypes
+    _BYTES_DATA = bytes.__basicsize__ - 1
+    _PyBytes = ctypes.pythonapi.PyBytes_FromStringAndSize
+    _PyBytes.restype = ctypes.py_object
+    _PyBytes.argtypes = (ctypes.c_char_p, ctypes.c_ssize_t)
+    if sys.implementation.name != "cpython":
+        _PyBytes = None
+except (ImportError, AttributeError):      # pragma: no cover - not CPython
+    _PyBytes = None
 
 
 def fill_floats(words: np.ndarray, encs, chunk_size: int, out: np.ndarray, base: int) -> int:
@@ -229,34 +338,70 @@ def fill_floats(words: np.ndarray, encs, chunk_size: int, out: np.ndarray, base:
     offs = starts[item - 1] + np.concatenate(([0], np.cumsum(top.nbytes)))
     lengths = top.lengths.get(entropy.HUFFMAN, np.zeros(256, np.uint8))
     codes = hk.canonical_codes(lengths)
-    pairs = pk.pair_codes(codes, lengths)
+    pairs = pk.pair_codes(codes, lengths) if entropy.HUFFMAN in top.lengths else _NO_PAIRS
     mode_map = {entropy.HUFFMAN: pk.TOP_HUFFMAN, entropy.RAW: pk.TOP_RAW,
-                entropy.CONST: pk.TOP_CONST}
+                entropy.CONST: pk.TOP_CONST, entropy.PAIRS: pk.TOP_CONST}
     crcs = np.zeros((item, nch), np.int64)
 
     def task(c):
         lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
         raw_pos = starts[:item - 1] + lo
-        end = pk.split_code(words, lo, hi, item, out, raw_pos, mode_map[int(top.modes[c])],
-                            int(offs[c]), int(offs[c + 1]), codes, lengths, pairs)
-        if end != offs[c + 1]:
-            raise AssertionError(f"chunk {c}: wrote {end - offs[c]} bytes, "
-                                 f"planned {offs[c + 1] - offs[c]}")
+        s, e = int(offs[c]), int(offs[c + 1])
+        mode = int(top.modes[c])
+        end = pk.split_code(words, lo, hi, item, out, raw_pos, mode_map[mode], s, e,
+                            codes, lengths, pairs)
+        if mode == entropy.PAIRS:
+            out[s:e] = top.parts[c]
+            end = e
+        if end != e:
+            raise AssertionError(f"chunk {c}: wrote {end - s} bytes, planned {e - s}")
         for k in range(item - 1):
             crcs[k, c] = _crc.piece_crc32(out[raw_pos[k]:raw_pos[k] + hi - lo])
-        crcs[item - 1, c] = _crc.piece_crc32(out[offs[c]:offs[c + 1]])
-    run_tasks(task, nch)
+        crcs[item - 1, c] = _crc.piece_crc32(out[s:e])
+    _run_dynamic(task, nch)
     sizes = [e.nbytes for e in encs]
     return combine_crcs(crcs, sizes)
 
 
+_NO_PAIRS = np.zeros(1 << 16, np.uint32)
+
+
 def combine_crcs(crcs: np.ndarray, sizes) -> int:
     """CRC-32 of the pieces in plane-major order from their own CRCs and sizes."""
-    value = 0
-    for k in range(crcs.shape[0]):
-        for c in range(crcs.shape[1]):
-            value = _crc.crc32_combine(value, int(crcs[k, c]), int(sizes[k][c]))
-    return value
+    sizes = np.asarray(np.stack([np.asarray(x, np.int64) for x in sizes]), np.int64)
+    if sizes.max(initial=0) >= 1 << _OP_BITS:
+        raise AssertionError("a CRC piece of 2**40 bytes or more")
+    return int(pk.crc_combine_all(np.asarray(crcs, np.int64), sizes, _zero_ops()))
+
+
+_OP_BITS = 40
+
+
+@lru_cache(maxsize=1)
+def _zero_ops() -> np.ndarray:
+    """Byte-sliced operators appending ``2**k`` zero bytes to a CRC-32 register: the
+    first from the images of the 32 unit registers (it is linear over GF(2)), each next
+    one the previous applied twice."""
+    ops = np.zeros((_OP_BITS, 4, 256), np.uint32)
+    bits = np.arange(256)
+    units = np.array([_crc.crc32_combine(1 << i, 0, 1) for i in range(32)], np.uint32)
+    basis = np.uint32(1) << np.arange(32, dtype=np.uint32)
+    for k in range(_OP_BITS):
+        if k:
+            units = _apply(ops[k - 1], _apply(ops[k - 1], basis))
+        for j in range(4):
+            for i in range(8):
+                ops[k, j, (bits >> i) & 1 == 1] ^= units[8 * j + i]
+    return ops
+
+
+def _apply(op: np.ndarray, v: np.ndarray) -> np.ndarray:
+    return op[0, v & 0xFF] ^ op[1, (v >> 8) & 0xFF] ^ op[2, (v >> 16) & 0xFF] ^ op[3, v >> 24]
+
+
+_NO_TABLES = (np.zeros(1 << hk.MULTI_BITS, np.uint64), np.zeros(2, np.uint32), 1)
+assert (pk.CHUNK_HUFFMAN, pk.CHUNK_RAW, pk.CHUNK_CONST, pk.CHUNK_PAIRS) == \
+    (entropy.HUFFMAN, entropy.RAW, entropy.CONST, entropy.PAIRS)
 
 
 @lru_cache(maxsize=64)
@@ -267,103 +412,82 @@ def _tables(lengths_bytes: bytes):
 
 
 class FastDecoder:
-    """Decodes a float blob whose lower planes are raw throughout: per chunk the exponent
-    code into a small per-thread buffer (four chunks at a time with :meth:`group`), then
-    the merge, and, with ``crc``, the CRC of every piece of the chunk while it is hot."""
+    """Decodes a float blob whose lower planes are raw throughout: a run of chunks per
+    compiled call (:func:`pk.decode_float_chunks`: the exponents into a small per-thread
+    buffer, merged while in cache), and with ``crc`` the CRC of each run's pieces."""
+
+    GROUP = 4                    # chunks per task: four Huffman chunks decode side by side
 
     def __init__(self, buf, base, layouts, n, chunk_size, words, what, crc=False):
         self.buf, self.n, self.cs, self.words, self.what = buf, n, chunk_size, words, what
         self.item = item = words.dtype.itemsize
-        self.raw = []
-        for layout in layouts[:-1]:
-            self.raw.append(_readonly(buf[base:base + n]))
+        self.pbase = base
+        self.raw_base = np.zeros(item - 1, np.int64)
+        for k, layout in enumerate(layouts[:-1]):
+            self.raw_base[k] = base
             base += int(layout.offsets[-1])
         self.top = layouts[-1]
         self.tbase = base
         if base + int(self.top.offsets[-1]) > buf.size:
             raise CorruptDataError(f"{what}: chunk table points past the end of the data")
         lengths = self.top.lengths.get(entropy.HUFFMAN)
-        self.tables = _tables(lengths.tobytes()) if lengths is not None else None
-        self.merge = fk.MERGE[item]
+        self.tables = _tables(lengths.tobytes()) if lengths is not None else _NO_TABLES
         self.nch = -(-n // chunk_size)
-        self.crcs = np.zeros((item, self.nch), np.int64) if crc else None
+        self.ntasks = -(-self.nch // self.GROUP)
+        self.crcs = np.zeros((item, self.ntasks), np.int64) if crc else None
 
     @staticmethod
     def applies(layouts, n: int, rotate: bool, item: int) -> bool:
         return (rotate and item in FAST_WIDTHS and n >= FAST_MIN_WORDS
                 and all(np.all(lay.modes == entropy.RAW) for lay in layouts[:-1]))
 
-    def _span(self, c):
-        return c * self.cs, min(self.n, (c + 1) * self.cs)
-
-    def _top_start(self, c):
-        off = self.top.offsets
-        return self.tbase + int(off[c]), self.tbase + int(off[c + 1])
-
-    def _fail(self, c):
-        raise CorruptDataError(f"{self.what}: chunk {c} (huffman) does not decode to its "
-                               "recorded size; the data is damaged")
-
-    def _finish(self, c, block):
-        lo, hi = self._span(c)
-        m = self.top.modes[c]
-        s, e = self._top_start(c)
-        if m == entropy.RAW:
-            top = self.buf[s:e]
-        elif m == entropy.CONST:
-            block[:hi - lo] = self.top.consts[c]
-            top = block
-        else:
-            top = block
-        planes = tuple(r[lo:hi] for r in self.raw) + (_readonly(top[:hi - lo]),)
-        self.merge(planes, 0, hi - lo, True, self.words[lo:hi])
-        if self.crcs is not None:
-            for k, r in enumerate(self.raw):
-                self.crcs[k, c] = _crc.piece_crc32(r[lo:hi])
-            self.crcs[self.item - 1, c] = _crc.piece_crc32(self.buf[s:e])
-
-    def _check(self, c, used):
-        s, e = self._top_start(c)
-        if used < 0 or (used + 7) // 8 != e - s:
-            self._fail(c)
+    def _decode(self, c0, c1):
+        multi, single, tb = self.tables
+        block = _block(self.item - 1, self.GROUP * self.cs)
+        r = pk.decode_float_chunks(self.buf, self.raw_base, self.tbase, self.top.offsets,
+                                   self.top.modes, self.top.consts, c0, c1, self.cs, self.n,
+                                   self.item, self.words, block, multi, single, tb)
+        if r >= 0:
+            c, err = divmod(int(r), 8)
+            why = ("does not decode to its recorded size" if err == 1
+                   else pk.PAIRS_ERRORS[err - 1])
+            raise CorruptDataError(f"{self.what}: chunk {c} "
+                                   f"({entropy.MODE_NAMES[self.top.modes[c]]}) {why}; "
+                                   "the data is damaged")
 
     def chunk(self, c):
-        block = _block(self.item - 1, self.cs)
-        if self.top.modes[c] == entropy.HUFFMAN:
-            lo, hi = self._span(c)
-            s, e = self._top_start(c)
-            multi, single, tb = self.tables
-            self._check(c, pk.decode_top(self.buf, s, e, hi - lo, multi, single, tb, block, 0))
-        self._finish(c, block)
+        """Decode chunk ``c`` alone (a step of a larger per-chunk task)."""
+        self._decode(c, c + 1)
 
-    def group(self, j):
-        """Chunks ``4j`` to ``4j + 3``, their exponent codes decoded side by side."""
-        cs = [c for c in range(4 * j, min(self.nch, 4 * j + 4))]
-        if len(cs) < 4 or any(self.top.modes[c] != entropy.HUFFMAN for c in cs):
-            for c in cs:
-                self.chunk(c)
-            return
-        block = _block(self.item - 1, 4 * self.cs)
-        s = np.empty(4, np.int64)
-        e = np.empty(4, np.int64)
-        n = np.empty(4, np.int64)
-        for k, c in enumerate(cs):
-            s[k], e[k] = self._top_start(c)
-            lo, hi = self._span(c)
-            n[k] = hi - lo
-        o = np.arange(4, dtype=np.int64) * self.cs
-        used = np.empty(4, np.int64)
-        multi, single, tb = self.tables
-        pk.decode_top4(self.buf, s, e, n, multi, single, tb, block, o, used)
-        for k, c in enumerate(cs):
-            self._check(c, int(used[k]))
-            self._finish(c, block[k * self.cs:])
+    def task(self, j):
+        """Chunks ``GROUP * j`` on, and their pieces' CRCs when asked."""
+        c0 = j * self.GROUP
+        c1 = min(self.nch, c0 + self.GROUP)
+        self._decode(c0, c1)
+        if self.crcs is not None:
+            lo, hi = c0 * self.cs, min(self.n, c1 * self.cs)
+            for k, b in enumerate(self.raw_base):
+                self.crcs[k, j] = _crc.piece_crc32(self.buf[b + lo:b + hi])
+            off = self.top.offsets
+            self.crcs[-1, j] = _crc.piece_crc32(
+                self.buf[self.tbase + off[c0]:self.tbase + off[c1]])
 
     def run(self, stored_crc: int | None = None):
-        """Decode every chunk on the pool; with ``stored_crc`` compare the payload's CRC."""
-        run_tasks(self.group, -(-self.nch // 4))
+        """Decode every chunk on the pool; with ``stored_crc`` compare the payload's CRC
+        (damage that stops the decoding is reported as a checksum mismatch too)."""
+        try:
+            _run_dynamic(self.task, self.ntasks)
+        except CorruptDataError:
+            end = self.tbase + int(self.top.offsets[-1])
+            if stored_crc is not None and _crc.crc32(self.buf[self.pbase:end]) != stored_crc:
+                raise ChecksumError(f"{self.what}: payload checksum mismatch; the blob is "
+                                    "damaged") from None
+            raise
         if stored_crc is not None:
-            raw = np.minimum(self.cs, self.n - np.arange(self.nch) * self.cs)
-            sizes = [raw] * (self.item - 1) + [np.diff(self.top.offsets)]
+            g = self.GROUP * self.cs
+            raw = np.minimum(g, self.n - np.arange(self.ntasks) * g)
+            edges = np.minimum(self.nch, np.arange(self.ntasks + 1) * self.GROUP)
+            top = np.diff(self.top.offsets[edges])
+            sizes = [raw] * (self.item - 1) + [top]
             if combine_crcs(self.crcs, sizes) != stored_crc:
                 raise ChecksumError(f"{self.what}: payload checksum mismatch; the blob is damaged")

@@ -127,3 +127,194 @@ def test_benchmark_reports_every_codec():
     assert names[0] == "lcckpt" and all(r["roundtrip_ok"] for r in res["rows"])
     lc = res["rows"][0]
     assert lc["encode_bytes_per_element"] == pytest.approx(4 + 2 / lc["ratio"])
+
+
+# --- per-chunk pair codes ------------------------------------------------------------
+
+from lcckpt import blob as _blob, entropy                            # noqa: E402
+from lcckpt.kernels import planes as pk                              # noqa: E402
+
+_WORD = {"fp32": np.uint32, "bf16": np.uint16, "fp16": np.uint16, "fp64": np.uint64}
+_FLOAT = {"fp32": np.float32, "fp16": np.float16, "fp64": np.float64}
+
+
+def _tensor_from_bits(bits, name):
+    """A tensor of dtype ``name`` holding exactly ``bits`` (NaN payloads included)."""
+    if name == "bf16":
+        return torch.from_numpy(bits.astype(np.uint16).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(bits.view(_FLOAT[name]))
+
+
+def _weight_bits(n, seed, name, specials):
+    """Weight-like element bits (std 0.02), with a share of awkward patterns: NaNs with
+    payloads and either sign, infinities, subnormals, zeros of both signs, huge values."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(n) * 0.02).astype(np.float32)
+    if name == "bf16":
+        bits = (x.view(np.uint32) >> 16).astype(np.uint16)
+        nan, inf, sub, top = 0x7F81, 0x7F80, 0x0003, 0x7F7F
+    elif name == "fp16":
+        bits = x.astype(np.float16).view(np.uint16)
+        nan, inf, sub, top = 0x7C01, 0x7C00, 0x0003, 0x7BFF
+    elif name == "fp32":
+        bits = x.view(np.uint32).copy()
+        nan, inf, sub, top = 0x7F800001, 0x7F800000, 0x00000003, 0x7F7FFFFF
+    else:
+        bits = x.astype(np.float64).view(np.uint64).copy()
+        nan, inf, sub, top = 0x7FF0000000000001, 0x7FF0000000000000, 3, 0x7FEFFFFFFFFFFFFF
+    w = bits.dtype.type
+    if specials and n:
+        sign = w(1) << w(8 * bits.itemsize - 1)
+        pats = np.array([nan, nan | 0x5A, inf, sub, 0, top], dtype=bits.dtype)
+        pats = np.concatenate([pats, pats | sign])
+        idx = rng.integers(0, n, max(1, int(n * specials)))
+        bits[idx] = rng.choice(pats, idx.size)
+    return bits
+
+
+@settings(max_examples=25, deadline=None)
+@given(name=st.sampled_from(["fp32", "bf16", "fp16", "fp64"]),
+       n=st.sampled_from([1, 7, 1000, N - 1, N + 1, 2 * N + 333]),
+       log2=st.sampled_from([10, 13, 16]), specials=st.sampled_from([0.0, 0.001, 0.05]),
+       seed=st.integers(0, 2**16))
+def test_exact_round_trip_is_bit_exact(name, n, log2, specials, seed):
+    bits = _weight_bits(n, seed, name, specials)
+    t = _tensor_from_bits(bits, name)
+    blob = lcckpt.encode(t, lossless=True, chunk_size=1 << log2)
+    back = lcckpt.decode(blob)
+    back = torch.from_numpy(back) if isinstance(back, np.ndarray) else back
+    assert same_bits(back, t)
+
+
+def _pairs_blob(name="bf16", n=3 * N + 5, log2=14, seed=0):
+    t = _tensor_from_bits(_weight_bits(n, seed, name, 0.001), name)
+    blob = lcckpt.encode(t, lossless=True, chunk_size=1 << log2)
+    return t, blob
+
+
+@pytest.mark.parametrize("name", ["fp32", "bf16"])
+def test_weights_take_pairs_chunks_in_a_version_3_blob(name):
+    t, blob = _pairs_blob(name)
+    _, p = parse(blob)
+    assert blob[3] == _blob.PAIRS_VERSION == lossless.blob_version(p.layouts)
+    modes = p.layouts[-1].modes
+    assert np.all(modes[:-1] == entropy.PAIRS)
+    assert modes[-1] == entropy.RAW              # 5 exponents: a code table would not pay
+    assert all(np.all(lay.modes == entropy.RAW) for lay in p.layouts[:-1])
+    assert same_bits(lcckpt.decode(blob), t)
+
+
+def test_spread_top_bytes_keep_the_shared_code_and_version_1():
+    # fp16's top byte holds 3 mantissa bits: too many distinct values for 15 ranks
+    t = torch.from_numpy(np.random.default_rng(1).standard_normal(2 * N).astype(np.float16))
+    blob = lcckpt.encode(t, lossless=True)
+    _, p = parse(blob)
+    assert blob[3] == _blob.VERSION
+    assert not np.any(p.layouts[-1].modes == entropy.PAIRS)
+    assert same_bits(lcckpt.decode(blob), t)
+
+
+def test_pairs_beat_one_shared_code_where_tensors_differ():
+    # two halves with different exponent ranges: a code per chunk fits each
+    rng = np.random.default_rng(2)
+    x = np.concatenate([rng.standard_normal(2 * N) * 1e-3, rng.standard_normal(2 * N) * 10])
+    t = torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)
+    a, dt = dtypes.to_numpy(t)
+    words, rotate = lossless.words_of(a, dt.kind)
+    paired = len(lcckpt.encode(t, lossless=True, chunk_size=1 << 14))
+    general = sum(len(bytes(memoryview(x).cast("B"))) for x in codec._exact_blob(
+        a, dt, 14, rotate, lossless.encode_planes(words, rotate, 1 << 14)))
+    assert paired < 0.99 * general
+
+
+def test_a_constant_chunk_costs_nothing():
+    x = (np.random.default_rng(3).standard_normal(2 * N) * 0.02).astype(np.float32)
+    x[:1 << 13] = 0.25                       # one chunk of 16 (more would make the
+    blob = lcckpt.encode(x, lossless=True, chunk_size=1 << 13)   # mantissas codeable)
+    _, p = parse(blob)
+    modes = p.layouts[-1].modes
+    assert modes[0] == entropy.CONST and np.all(modes[1:] == entropy.PAIRS)
+    assert np.array_equal(lcckpt.decode(blob).view(np.uint32), x.view(np.uint32))
+
+
+def _chunk_bytes(m=5000, width=2, seed=4, specials=0.01):
+    bits = _weight_bits(m, seed, "bf16" if width == 2 else "fp32", specials)
+    esc = np.empty(m, np.uint8)
+    out = np.empty(pk.pairs_bound(m), np.uint8)
+    hist = np.zeros((width, 256), np.int64)
+    size = pk.pairs_encode(bits, 0, m, width, esc, out, hist, m)
+    rot = (bits.astype(np.uint64) << np.uint64(1)) >> np.uint64(8 * width - 8)
+    return out[:size].copy(), (rot & np.uint64(0xFF)).astype(np.uint8)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 25, 4097])
+def test_pairs_kernel_round_trips_odd_lengths_in_place(m):
+    data, top = _chunk_bytes(m)
+    out = np.full(m + 20, 0xA5, np.uint8)
+    assert pk.pairs_decode(data, 0, data.size, m, out, 10) == pk.PAIRS_OK
+    assert np.array_equal(out[10:10 + m], top)
+    assert np.all(out[:10] == 0xA5) and np.all(out[10 + m:] == 0xA5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(pos=st.integers(0, 10**6), bit=st.integers(0, 7), cut=st.integers(0, 10**6),
+       truncate=st.booleans())
+def test_pairs_kernel_survives_damage(pos, bit, cut, truncate):
+    """A damaged chunk decodes to garbage or reports an error; it never reads or
+    writes outside its bytes and its output range."""
+    data, top = _chunk_bytes(3001)
+    bad = data.copy()
+    bad[pos % bad.size] ^= np.uint8(1 << bit)
+    if truncate:
+        bad = bad[:cut % bad.size]
+    m = top.size
+    out = np.full(m + 64, 0x5A, np.uint8)
+    err = pk.pairs_decode(bad, 0, bad.size, m, out, 32)
+    assert err in (pk.PAIRS_OK, *pk.PAIRS_ERRORS)
+    assert np.all(out[:32] == 0x5A) and np.all(out[32 + m:] == 0x5A)
+
+
+def test_damaged_pairs_blobs_raise_lcckpt_errors():
+    t, blob = _pairs_blob("bf16", n=N + 3, log2=12)
+    _, p = parse(blob)
+    rng = np.random.default_rng(6)
+    for pos in rng.integers(0, len(blob), 60):
+        bad = bytearray(blob)
+        bad[pos] ^= 1 << int(rng.integers(8))
+        for check in (True, False):
+            try:
+                lcckpt.decode(bytes(bad), check_payload=check)
+            except LcckptError:
+                pass
+    for cut in rng.integers(0, len(blob), 20):
+        with pytest.raises(LcckptError):
+            lcckpt.decode(blob[:cut])
+
+
+def test_pairs_chunks_are_refused_outside_version_3():
+    """A version-1 lossless blob (what older writers made) may not hold pairs chunks,
+    and version 3 is only for lossless blobs."""
+    import zlib
+    t, blob = _pairs_blob("bf16", n=N, log2=14)
+    _, p = parse(blob)
+    hdr_end = p.payload_base - 4
+    for version, kind in ((1, 2), (3, 1)):
+        bad = bytearray(blob)
+        bad[3], bad[4] = version, kind
+        bad[hdr_end:hdr_end + 4] = zlib.crc32(bytes(bad[:hdr_end])).to_bytes(4, "little")
+        with pytest.raises(CorruptDataError):
+            lcckpt.decode(bytes(bad))
+    bad = bytearray(blob)
+    bad[3] = 4
+    with pytest.raises(LcckptError, match="upgrade"):
+        lcckpt.decode(bytes(bad))
+
+
+def test_delta_replay_reads_pairs_keyframes_chunk_by_chunk():
+    t, blob = _pairs_blob("fp32", n=2 * N + 9, log2=13)
+    buf, p = parse(blob)
+    a = np.empty(t.numel(), np.float32)
+    task = codec.exact_chunk_decoder(buf, p, a)
+    for c in range(-(-a.size // (1 << 13))):
+        task(c)
+    assert np.array_equal(a.view(np.uint32), t.numpy().view(np.uint32))

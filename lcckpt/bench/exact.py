@@ -12,8 +12,9 @@ lcckpt relative to ZipNN measured back to back (the median of those ratios). On 
 machine shared with other work that ratio is far steadier than absolute MB/s.
 
 The traffic model counts the bytes per element that lcckpt's fast path moves through
-memory: encode reads the words twice (a counting pass and the pass that writes the
-blob) and writes the blob once; decode reads the blob and writes the words.
+memory: encode reads the words twice (the pass that codes each chunk's exponents and
+the pass that writes the blob) and writes the blob once; decode reads the blob and
+writes the words.
 This module measures; it changes nothing in the codec.
 """
 
