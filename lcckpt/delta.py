@@ -111,15 +111,28 @@ class DeltaEncoder:
             warnings.warn(f"{e}; writing an exact keyframe instead", RuntimeWarning, stacklevel=3)
             return self._keyframe(a, dt, u, "non-finite delta")
         if not lossy:
-            self.ref = u.copy()
+            self._set_ref(u)
         return parts, st
 
     def _keyframe(self, a, dt, u, why):
         parts = encode_exact(a, dt, self.config.log2, self.raw_keyframes)
-        self.ref = np.array(u, copy=True)
+        self._set_ref(u)
         self.dtype, self.shape = dt, a.shape
         return parts, EncodeStats(u.size, dt.name, "lossless", nbytes=_blob.nbytes(parts),
                                   fallback=why)
+
+    def _set_ref(self, u: np.ndarray) -> None:
+        """The reference becomes a copy of ``u``: into the old reference's memory when it
+        fits (a keyframe of a tracked tensor: no fresh pages to fault in), in chunks on
+        the thread pool, since the copy of a large state is a visible part of a keyframe."""
+        ref = self.ref
+        if ref is None or ref.shape != u.shape or ref.dtype != u.dtype or ref is u:
+            ref = np.empty_like(u)
+        n = u.size
+        per = 1 << 22
+        run_tasks(lambda c: np.copyto(ref[c * per:(c + 1) * per], u[c * per:(c + 1) * per]),
+                  -(-n // per))
+        self.ref = ref
 
     def reference(self):
         """The decoder's reconstruction of the last state, in the state's dtype."""
