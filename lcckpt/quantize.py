@@ -328,8 +328,9 @@ class _ErrorModel:
         self.lo, self.hi = bounds[keep], bounds[keep + 1]
         self.mean = self.s1 / self.cnt
 
-    def levels(self, step: float, up: float) -> np.ndarray:
-        """Level magnitude per bin (straddling bins at their mean)."""
+    def levels(self, step, up: float) -> np.ndarray:
+        """Level magnitude per bin (straddling bins at their mean); ``step`` may be a
+        column of steps, giving one row per step."""
         q_lo = np.floor(self.lo / step + up)
         q_hi = np.floor(np.minimum(self.hi, 1e300) / step + up)
         return np.where(q_lo == q_hi, q_lo, np.floor(self.mean / step + up))
@@ -340,27 +341,30 @@ class _ErrorModel:
         mostly point the way training moves, so plain ``q·step`` leaves the restored
         model behind; the fitted step makes the error orthogonal to what was sent,
         lowering both the error (a coarser decision step meets the target: fewer bits)
-        and the loss of the restored model (a third of it early in training, on the
-        digits CNN)."""
+        and the loss of the restored model (docs/algorithm.md §7b)."""
         q = self.levels(step, up)
         qq = float(np.sum(self.cnt * q * q))
         return float(np.sum(q * self.s1)) / qq if qq > 0 else step
 
-    def error_sq(self, step: float, up: float, rstep: float | None = None) -> float:
-        """Modelled ``||u - ũ||²`` of levels decided with ``step``, restored with
-        ``rstep`` (default: :meth:`recon_step`)."""
-        q = self.levels(step, up)
-        if rstep is None:
-            qq = float(np.sum(self.cnt * q * q))
-            rstep = float(np.sum(q * self.s1)) / qq if qq > 0 else step
-        e = self.s2 - 2 * q * rstep * self.s1 + self.cnt * (q * rstep) ** 2
+    def errors_sq(self, steps: np.ndarray, up: float) -> np.ndarray:
+        """Modelled ``||u - ũ||²`` for each decision step of ``steps``, its levels
+        restored with their least-squares step (:meth:`recon_step`)."""
+        st = np.asarray(steps, np.float64).reshape(-1, 1)
+        q = self.levels(st, up)
+        qs1 = (q * self.s1).sum(axis=1, keepdims=True)
+        qq = (self.cnt * q * q).sum(axis=1, keepdims=True)
+        r = np.where(qq > 0, qs1 / np.where(qq > 0, qq, 1), st)
+        e = self.s2 - 2 * q * r * self.s1 + self.cnt * (q * r) ** 2
         # a bin wider than a level holds every rounding offset: the mean error of a
         # uniform offset under the dead zone, ∫ min(f, 1-f past 1-up)² = (1-up)³/3 + up³/3
-        wide = np.floor(np.minimum(self.hi, 1e300) / step + up) - np.floor(self.lo / step + up) >= 2
-        if np.any(wide):
-            f = ((1 - up) ** 3 + up ** 3) / 3
-            e = np.where(wide, self.cnt * f * step * step, e)
-        return float(np.sum(e))
+        wide = np.floor(np.minimum(self.hi, 1e300) / st + up) - np.floor(self.lo / st + up) >= 2
+        f = ((1 - up) ** 3 + up ** 3) / 3
+        e = np.where(wide, self.cnt * f * st * st, e)
+        return e.sum(axis=1)
+
+    def error_sq(self, step: float, up: float) -> float:
+        """:meth:`errors_sq` of one step."""
+        return float(self.errors_sq(np.array([step]), up)[0])
 
     def symbol_histogram(self, step: float, up: float) -> np.ndarray:
         """Zigzag symbol counts (``[257]``, the last bin all beyond 255), each nonzero
@@ -377,24 +381,22 @@ class _ErrorModel:
         return h
 
     def step_for(self, tol_sq: float, up: float, start: float) -> float:
-        """About the largest step whose modelled error stays within ``tol_sq``."""
+        """About the largest step whose modelled error stays within ``tol_sq``: a grid
+        of steps around ``start`` (factors of √2), then two finer grids inside the
+        bracket found, each evaluated in one vectorized call (within 0.1%)."""
         top = 2 * float(np.max(self.mean)) if self.cnt.size else start  # all levels 0 past it
-        if self.error_sq(top, up) <= tol_sq:
+        if top <= 0 or self.error_sq(top, up) <= tol_sq:
             return min(start, top) if top > 0 else start
-        lo, hi = 0.0, min(start, top)
-        while self.error_sq(hi, up) <= tol_sq:
-            lo, hi = hi, min(hi * 4, top)
-        if lo == 0.0:
-            lo = hi / 4
-            while self.error_sq(lo, up) > tol_sq and lo > 1e-300:
-                hi, lo = lo, lo / 4
-        for _ in range(30):
-            mid = 0.5 * (lo + hi)
-            if self.error_sq(mid, up) <= tol_sq:
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        grid = np.minimum(start * 2.0 ** (np.arange(-40, 17) / 2), top)  # 2^-20..2^8 × start
+        for _ in range(3):
+            ok = self.errors_sq(grid, up) <= tol_sq
+            if not ok.any():
+                return float(grid[0])
+            i = int(np.flatnonzero(ok)[-1])
+            if i == grid.size - 1:
+                return float(grid[i])
+            grid = np.linspace(grid[i], grid[i + 1], 17)
+        return float(grid[0])
 
 
 def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,

@@ -369,9 +369,11 @@ def test_the_error_model_predicts_the_measured_error(n, seed, rel_step):
         return
     step = rel_step * float(np.abs(d).max())
     model = _ErrorModel(u, ref, 1024)
-    uq, _ = _try_step(u, ref, None, step, 1024, 4, hist=model.symbol_histogram(step, 1 - DEADZONE))
+    up = 1 - DEADZONE
+    uq, _ = _try_step(u, ref, None, step, 1024, 4, hist=model.symbol_histogram(step, up),
+                      rstep=model.recon_step(step, up))
     measured = uq.residual_sq
-    assert abs(model.error_sq(step, 1 - DEADZONE) - measured) <= 0.05 * measured + 1e-12
+    assert abs(model.error_sq(step, up) - measured) <= 0.05 * measured + 1e-12
 
 
 @settings(max_examples=20, deadline=None)
