@@ -324,8 +324,10 @@ class DeltaCheckpointer:
     ``target`` (default :data:`DEFAULT_TARGET`): every restored tracked tensor ``ũ`` of
     every step stays within ``||u - ũ||₂ <= target·||u||₂`` of the tensor ``u`` that was
     saved (the uniform quantizer, per tensor and per checkpoint the coarsest step that
-    meets it), and floating tensors under ``min_delta_elements`` are delta-coded exactly
-    (an unchanged one costs a few bytes). ``target`` may be a ``key_path -> target``
+    meets it), and floating tensors under ``min_delta_elements`` (default 8: scalars such
+    as step counts) are delta-coded exactly (an unchanged one costs a few bytes). A tensor
+    first saved after the keyframe is coded against zeros at its target.
+    ``target`` may be a ``key_path -> target``
     policy. ``target=None``, or any LC setting (``bits``, ``error_bound``) without a
     ``target``: LC-Checkpoint's exponent buckets, small tensors stored whole, as the paper.
     ``warn_error``: warn (RuntimeWarning) when a tracked tensor's restored relative error
