@@ -98,7 +98,7 @@ class DeltaEncoder:
         if not _tracked(dt):
             raise UnsupportedDtypeError(f"delta tracking needs fp16/bf16/fp32/fp64, got {dt.name}")
         u = dtypes.to_float_work(a, dt).reshape(-1)
-        if from_zero and not keyframe:
+        if from_zero and not keyframe and self.ref is None:
             self.ref = np.zeros_like(u)
             self.dtype, self.shape = dt, a.shape
         if keyframe or self.ref is None or dt != self.dtype or a.shape != self.shape:

@@ -5,9 +5,9 @@ A model's weights decide the accuracy of a restored model; an optimizer's first 
 a resume, so a coarse copy costs little (runs resumed ten times from copies at 0.8 end
 where uninterrupted ones do: docs/chain.md); a second moment (``exp_avg_sq``) scales every
 step and changes slowly; the quantizer never restores it below a quarter of its value.
-:class:`RolePolicy` maps a key path (``obj["model"]["fc1.weight"]``, ``obj["optim"]["state"][4]["exp_avg"]``) to the
-relative L2 target of its role; it is what ``DeltaCheckpointer(directory)`` uses by
-default. It knows nothing of coding: the chain hands the target to the quantizer.
+:class:`RolePolicy` maps a key path (``obj["model"]["fc1.weight"]``,
+``obj["optim"]["state"][4]["exp_avg"]``) to the relative L2 target of its role; it is
+what ``DeltaCheckpointer(directory)`` uses by default. It knows nothing of coding: the chain hands the target to the quantizer.
 """
 
 from __future__ import annotations

@@ -192,7 +192,8 @@ def decode_leaf(path: str, c, index: int, meta: dict):
 def section_zero_base(meta: dict) -> bool:
     """Whether a ``"delta"`` section codes its tensor against zeros (a tensor that first
     appeared in this file) rather than against the chain's previous step."""
-    base = meta.get("codec_params", {}).get("base") if type(meta.get("codec_params")) is dict else None
+    params = meta.get("codec_params")
+    base = params.get("base") if type(params) is dict else None
     if base is None:
         return False
     if base != "zero":
