@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,7 @@ from hypothesis import given, settings, strategies as st
 import lcckpt
 from lcckpt._hostcopy import HostBuffers
 from lcckpt._losscurve import LossCurve
-from lcckpt.errors import InvalidArgumentError, LcckptError, UnsafeObjectError
+from lcckpt.errors import InvalidArgumentError, UnsafeObjectError
 from lcckpt.manager import CheckpointManager
 
 WORKER = Path(__file__).with_name("_manager_worker.py")

@@ -282,7 +282,6 @@ def dense(steps, every, runs, log):
     faithful = lcckpt.encode(delta, bits=2, coder="huffman")
     q = quantize.quantize(delta, None, 2, cs, runs_stats=True)
     nonzero = 1 - float(q.sym_hist[:, 0].sum()) / n
-    an = entropy.analyze(q.sym, q.sym_hist, cs, 2, modes, (q.runs_hist, q.runs_extra))
 
     def code():                                        # the coder alone, on q's symbols
         entropy.encode(q.sym, entropy.analyze(q.sym, q.sym_hist, cs, 2, modes,
