@@ -350,14 +350,16 @@ class _ErrorModel:
         """Modelled ``||u - ũ||²`` for each decision step of ``steps``, its levels
         restored with their least-squares step (:meth:`recon_step`)."""
         st = np.asarray(steps, np.float64).reshape(-1, 1)
-        q = self.levels(st, up)
+        q_lo = np.floor(self.lo / st + up)
+        q_hi = np.floor(np.minimum(self.hi, 1e300) / st + up)
+        q = np.where(q_lo == q_hi, q_lo, np.floor(self.mean / st + up))
         qs1 = (q * self.s1).sum(axis=1, keepdims=True)
         qq = (self.cnt * q * q).sum(axis=1, keepdims=True)
         r = np.where(qq > 0, qs1 / np.where(qq > 0, qq, 1), st)
         e = self.s2 - 2 * q * r * self.s1 + self.cnt * (q * r) ** 2
         # a bin wider than a level holds every rounding offset: the mean error of a
         # uniform offset under the dead zone, ∫ min(f, 1-f past 1-up)² = (1-up)³/3 + up³/3
-        wide = np.floor(np.minimum(self.hi, 1e300) / st + up) - np.floor(self.lo / st + up) >= 2
+        wide = q_hi - q_lo >= 2
         f = ((1 - up) ** 3 + up ** 3) / 3
         e = np.where(wide, self.cnt * f * st * st, e)
         return e.sum(axis=1)
@@ -382,21 +384,31 @@ class _ErrorModel:
 
     def step_for(self, tol_sq: float, up: float, start: float) -> float:
         """About the largest step whose modelled error stays within ``tol_sq``: a grid
-        of steps around ``start`` (factors of √2), then two finer grids inside the
-        bracket found, each evaluated in one vectorized call (within 0.1%)."""
+        of steps around ``start`` (factors of √2, widened while the answer is at its
+        edge), then two finer grids inside the bracket found, each evaluated in one
+        vectorized call (within about 0.5%)."""
         top = 2 * float(np.max(self.mean)) if self.cnt.size else start  # all levels 0 past it
         if top <= 0 or self.error_sq(top, up) <= tol_sq:
             return min(start, top) if top > 0 else start
-        grid = np.minimum(start * 2.0 ** (np.arange(-40, 17) / 2), top)  # 2^-20..2^8 × start
-        for _ in range(3):
+        lo_exp = -16                                     # in half-octaves from ``start``
+        for _ in range(20):
+            grid = np.minimum(start * 2.0 ** (np.arange(lo_exp, lo_exp + 25) / 2), top)
             ok = self.errors_sq(grid, up) <= tol_sq
-            if not ok.any():
-                return float(grid[0])
+            if not ok[0]:
+                lo_exp -= 24                             # even the finest misses: go finer
+            elif ok[-1] and grid[-1] < top:
+                lo_exp += 24                             # even the coarsest meets it: coarser
+            else:
+                break
+        else:
+            return float(grid[0])
+        for _ in range(2):
             i = int(np.flatnonzero(ok)[-1])
             if i == grid.size - 1:
                 return float(grid[i])
-            grid = np.linspace(grid[i], grid[i + 1], 17)
-        return float(grid[0])
+            grid = np.linspace(grid[i], grid[i + 1], 9)
+            ok = self.errors_sq(grid, up) <= tol_sq
+        return float(grid[int(np.flatnonzero(ok)[-1])])
 
 
 def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
