@@ -328,12 +328,16 @@ class _ErrorModel:
         self.lo, self.hi = bounds[keep], bounds[keep + 1]
         self.mean = self.s1 / self.cnt
 
+    def _bounds_levels(self, step, up: float):
+        """``(level of each bin's lower edge, of its upper edge, of the bin)``."""
+        q_lo = np.floor(self.lo / step + up)
+        q_hi = np.floor(np.minimum(self.hi, 1e300) / step + up)
+        return q_lo, q_hi, np.where(q_lo == q_hi, q_lo, np.floor(self.mean / step + up))
+
     def levels(self, step, up: float) -> np.ndarray:
         """Level magnitude per bin (straddling bins at their mean); ``step`` may be a
         column of steps, giving one row per step."""
-        q_lo = np.floor(self.lo / step + up)
-        q_hi = np.floor(np.minimum(self.hi, 1e300) / step + up)
-        return np.where(q_lo == q_hi, q_lo, np.floor(self.mean / step + up))
+        return self._bounds_levels(step, up)[2]
 
     def recon_step(self, step: float, up: float) -> float:
         """The least-squares step to restore levels decided with ``step``:
@@ -350,9 +354,7 @@ class _ErrorModel:
         """Modelled ``||u - ũ||²`` for each decision step of ``steps``, its levels
         restored with their least-squares step (:meth:`recon_step`)."""
         st = np.asarray(steps, np.float64).reshape(-1, 1)
-        q_lo = np.floor(self.lo / st + up)
-        q_hi = np.floor(np.minimum(self.hi, 1e300) / st + up)
-        q = np.where(q_lo == q_hi, q_lo, np.floor(self.mean / st + up))
+        q_lo, q_hi, q = self._bounds_levels(st, up)
         qs1 = (q * self.s1).sum(axis=1, keepdims=True)
         qq = (self.cnt * q * q).sum(axis=1, keepdims=True)
         r = np.where(qq > 0, qs1 / np.where(qq > 0, qq, 1), st)

@@ -190,16 +190,24 @@ def _load64(buf, p):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _step(buf, bp, multi, out, o):
-    """One multi-table lookup at bit ``bp``: stores up to six letters at ``out[o:]``
-    (always six: the caller leaves room), returns ``(bits used, letters)``; 0 letters
-    marks an invalid code."""
+def _lookup(buf, bp, multi, out, o):
+    """One multi-table lookup at bit ``bp``: stores the entry's six bytes at ``out[o:]``
+    (the caller leaves room) and returns the entry, whose low byte says how many bits
+    were used and how much was decoded."""
     win = _load64(buf, bp >> np.uint64(3)) << (bp & np.uint64(7))
     e = multi[win >> WIN]
     x = e >> np.uint64(8)
     u = np.uint64(o)                    # unsigned: no negative-index fix-up per store
     for k in range(6):
         out[u + np.uint64(k)] = np.uint8((x >> np.uint64(8 * k)) & np.uint64(0xFF))
+    return e
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _step(buf, bp, multi, out, o):
+    """:func:`_lookup` of letters: returns ``(bits used, letters)``; 0 letters marks an
+    invalid code."""
+    e = _lookup(buf, bp, multi, out, o)
     return e & np.uint64(15), np.int64((e >> np.uint64(4)) & np.uint64(15))
 
 
@@ -491,14 +499,9 @@ def _pair_tables(lengths, lut):
 
 @njit(cache=True, nogil=True, inline="always")
 def _pair_step(buf, bp, multi, out, o):
-    """One multi-table lookup at bit ``bp``: six bytes stored at ``out[o:]``; returns
-    ``(bits used, bytes decoded)``, 0 bytes for an invalid code."""
-    win = _load64(buf, bp >> np.uint64(3)) << (bp & np.uint64(7))
-    e = multi[win >> WIN]
-    x = e >> np.uint64(8)
-    u = np.uint64(o)                    # unsigned: no negative-index fix-up per store
-    for k in range(6):
-        out[u + np.uint64(k)] = np.uint8((x >> np.uint64(8 * k)) & np.uint64(0xFF))
+    """:func:`_lookup` of pair letters: returns ``(bits used, bytes decoded)``, 0 bytes
+    for an invalid code."""
+    e = _lookup(buf, bp, multi, out, o)
     return e & np.uint64(15), np.int64((e >> np.uint64(3)) & np.uint64(0x1E))
 
 
