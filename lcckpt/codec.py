@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import _crc
+from . import _crc, _memory
 from . import blob as _blob
 from . import dtypes, entropy, lossless
 from ._pool import run_tasks
@@ -284,7 +284,7 @@ def decode(blob, *, out=None, check_payload: bool = True):
         return _decode_into(buf, p, out, crc)
     if p.kind == LOSSLESS:
         return dtypes.from_carrier(decode_exact(buf, p, crc), p.dt)
-    work = np.zeros(p.n, p.centroids.dtype)          # fresh zero pages: nothing to clear
+    work = _memory.zeros(p.n, p.centroids.dtype)     # fresh zero pages: nothing to clear
     decode_symbols_into(buf, p, work)
     return dtypes.from_float_work(work.reshape(p.shape), p.dt)
 
@@ -317,20 +317,20 @@ def _decode_into(buf, p: Parsed, out, crc=None):
     if p.kind == LOSSLESS:
         _run_exact(buf, p, flat, crc)
     elif flat.dtype == p.centroids.dtype:
-        flat[:] = 0
-        decode_symbols_into(buf, p, flat)
+        decode_symbols_into(buf, p, flat, clear=True)
     else:                                             # fp16/bf16: decoded in fp32
-        work = np.zeros(p.n, p.centroids.dtype)
+        work = _memory.zeros(p.n, p.centroids.dtype)
         decode_symbols_into(buf, p, work)
         flat[:] = dtypes.to_numpy(dtypes.from_float_work(work, p.dt))[0]
     return out
 
 
-def decode_symbols_into(buf, p: Parsed, out: np.ndarray):
+def decode_symbols_into(buf, p: Parsed, out: np.ndarray, clear: bool = False):
     """Lossy or uniform blob: ``out += centroids[sym]`` (flat, work dtype), applied as the
-    symbols are decoded, never stored; then a uniform blob's escapes are set."""
+    symbols are decoded, never stored; then a uniform blob's escapes are set. ``clear``:
+    ``out = centroids[sym]`` instead (each chunk set to 0 by the task that decodes it)."""
     entropy.decode(buf, p.payload_base, p.layouts[0], p.n, 1 << p.log2, p.bits, None,
-                   "lcckpt blob", apply=(p.centroids, out))
+                   "lcckpt blob", apply=(p.centroids, out), clear=clear)
     if p.kind == UNIFORM and p.esc_idx.size:
         out[p.esc_idx] = p.esc_val
 
@@ -372,7 +372,7 @@ def _run_exact(buf, p: Parsed, a: np.ndarray, crc: int | None = None):
 
 def decode_exact(buf, p: Parsed, crc: int | None = None) -> np.ndarray:
     """Lossless blob -> carrier array of the blob's shape (``crc``: see :func:`_run_exact`)."""
-    a = np.empty(p.shape, p.dt.numpy)
+    a = _memory.empty(p.shape, p.dt.numpy)
     _run_exact(buf, p, a, crc)
     return a
 

@@ -34,7 +34,7 @@ import os
 import struct
 import threading
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -98,6 +98,7 @@ def write_container(
     meta: dict,
     *,
     compress_header: bool = True,
+    before_write: Callable[[], None] | None = None,
 ) -> int:
     """Write ``sections`` (``(name, section_meta, data)`` triples) and ``meta``.
 
@@ -108,10 +109,14 @@ def write_container(
     from its current position, not closed). Metadata must be plain JSON: dicts with str
     keys, lists, str, int, finite float, bool, None. The header is stored zlib-compressed
     when that is smaller, unless ``compress_header=False`` (a header readable as plain
-    text in the file). Returns the number of bytes written.
+    text in the file). ``before_write`` is called once the header and checksums are
+    computed, just before the first byte goes out: work started there runs while the file
+    is written and synced. Returns the number of bytes written.
     """
     header, payloads = _build_header(sections, meta)
     header, flags = _pack_header(header, compress_header)
+    if before_write is not None:
+        before_write()
     if isinstance(dest, (str, os.PathLike)):
         _durable.atomic_write(os.fspath(dest),
                               lambda f: _write_all_parts(f, header, flags, payloads))

@@ -20,8 +20,8 @@ import warnings
 import numpy as np
 
 from . import blob as _blob
-from . import dtypes
-from ._pool import run_balanced, run_tasks
+from . import _memory, dtypes
+from ._pool import run_balanced, run_tasks, submit
 from .blob import LOSSLESS, Parsed, parse
 from .codec import (EncodeStats, apply_escapes, decode_exact, decode_symbols_into,
                     encode_exact, exact_chunk_decoder, guarded_encode)
@@ -33,6 +33,7 @@ from .errors import (BrokenChainError, CorruptDataError, InvalidArgumentError, N
 __all__ = ["DeltaDecoder", "DeltaEncoder", "Reconstruction", "replay"]
 
 KEYFRAME_CODINGS = ("lossless", "raw")
+_COPY_CHUNK = 1 << 22          # elements per task of a reference copy
 
 
 def _tracked(dt: dtypes.DType) -> bool:
@@ -59,9 +60,23 @@ class DeltaEncoder:
             raise InvalidArgumentError("config must be a lossy CodecConfig")
         self.raw_keyframes = keyframe_coding == "raw"
         self.cache = CodeCache()
-        self.ref: np.ndarray | None = None     # flat working-precision reconstruction
+        self._ref: np.ndarray | None = None    # flat working-precision reconstruction
+        self._copy = None                      # a deferred copy into it: (ref, u, futures)
         self.dtype: dtypes.DType | None = None
         self.shape: tuple | None = None
+
+    @property
+    def ref(self) -> np.ndarray | None:
+        """The reference (a deferred copy into it is finished first)."""
+        if self._copy is not None:
+            self.settle()
+        return self._ref
+
+    @ref.setter
+    def ref(self, value: np.ndarray | None) -> None:
+        if self._copy is not None:
+            self.settle()
+        self._ref = value
 
     def reset(self):
         """Forget the reference: the next :meth:`encode` writes a keyframe."""
@@ -85,54 +100,81 @@ class DeltaEncoder:
         blob = b"".join(parts)
         return (blob, st) if report else blob
 
-    def encode_parts(self, x, *, keyframe: bool = False,
-                     from_zero: bool = False) -> tuple[list, EncodeStats]:
+    def encode_parts(self, x, *, keyframe: bool = False, from_zero: bool = False,
+                     defer_copy: bool = False) -> tuple[list, EncodeStats]:
         """:meth:`encode` as ``(pieces, stats)``: a container writes the pieces one after
         another, so an exact blob of a large tensor is never joined into one copy.
 
         ``from_zero``: when there is no reference yet, code ``x`` as a delta against zeros
         instead of storing it exactly (a tensor that first appears between keyframes; the
         decoder must then start it from zeros too: ``Reconstruction.apply(zero_base=True)``).
+        ``defer_copy``: an exact blob's copy of ``x`` into the reference waits for
+        :meth:`start_copy` (a save starts it before writing the file, so the copy runs
+        while the file is written and synced); ``x`` must not change until
+        :meth:`settle` returns, which the caller must call before giving ``x`` back.
         """
         a, dt = dtypes.to_numpy(x)
         if not _tracked(dt):
             raise UnsupportedDtypeError(f"delta tracking needs fp16/bf16/fp32/fp64, got {dt.name}")
         u = dtypes.to_float_work(a, dt).reshape(-1)
         if from_zero and not keyframe and self.ref is None:
-            self.ref = np.zeros_like(u)
+            self.ref = _memory.zeros(u.shape, u.dtype)
             self.dtype, self.shape = dt, a.shape
         if keyframe or self.ref is None or dt != self.dtype or a.shape != self.shape:
-            return self._keyframe(a, dt, u, None)
+            return self._keyframe(a, dt, u, None, defer_copy)
         exact = lambda: encode_exact(a, dt, self.config.log2, self.raw_keyframes)  # noqa: E731
         try:
             parts, st, lossy = guarded_encode(u, self.ref, dt, a.shape, self.config, exact,
                                               cache=self.cache, advance=True)
         except NonFiniteError as e:
             warnings.warn(f"{e}; writing an exact keyframe instead", RuntimeWarning, stacklevel=3)
-            return self._keyframe(a, dt, u, "non-finite delta")
+            return self._keyframe(a, dt, u, "non-finite delta", defer_copy)
         if not lossy:
-            self._set_ref(u)
+            self._set_ref(u, defer_copy)
         return parts, st
 
-    def _keyframe(self, a, dt, u, why):
+    def _keyframe(self, a, dt, u, why, defer_copy=False):
         parts = encode_exact(a, dt, self.config.log2, self.raw_keyframes)
-        self._set_ref(u)
+        self._set_ref(u, defer_copy)
         self.dtype, self.shape = dt, a.shape
         return parts, EncodeStats(u.size, dt.name, "lossless", nbytes=_blob.nbytes(parts),
                                   fallback=why)
 
-    def _set_ref(self, u: np.ndarray) -> None:
+    def _set_ref(self, u: np.ndarray, defer: bool = False) -> None:
         """The reference becomes a copy of ``u``: into the old reference's memory when it
         fits (a keyframe of a tracked tensor: no fresh pages to fault in), in chunks on
-        the thread pool, since the copy of a large state is a visible part of a keyframe."""
+        the thread pool, since the copy of a large state is a visible part of a keyframe.
+        ``defer``: only noted here; :meth:`start_copy` or :meth:`settle` makes it."""
         ref = self.ref
         if ref is None or ref.shape != u.shape or ref.dtype != u.dtype or ref is u:
-            ref = np.empty_like(u)
-        n = u.size
-        per = 1 << 22
-        run_tasks(lambda c: np.copyto(ref[c * per:(c + 1) * per], u[c * per:(c + 1) * per]),
-                  -(-n // per))
-        self.ref = ref
+            ref = _memory.empty(u.shape, u.dtype)
+        self._ref, self._copy = None, (ref, u, None)
+        if not defer:
+            self.settle()
+
+    def start_copy(self) -> None:
+        """Start a deferred reference copy on the thread pool (nothing if none waits)."""
+        if self._copy is None or self._copy[2] is not None:
+            return
+        ref, u, _ = self._copy
+        per = _COPY_CHUNK
+        self._copy = (ref, u, [submit(np.copyto, ref[c * per:(c + 1) * per],
+                                      u[c * per:(c + 1) * per])
+                               for c in range(-(-u.size // per))])
+
+    def settle(self) -> None:
+        """Finish a deferred reference copy: wait for it, or make it now if not started."""
+        if self._copy is None:
+            return
+        ref, u, futures = self._copy
+        if futures is None:
+            per = _COPY_CHUNK
+            run_tasks(lambda c: np.copyto(ref[c * per:(c + 1) * per], u[c * per:(c + 1) * per]),
+                      -(-u.size // per))
+        else:
+            for f in futures:
+                f.result()
+        self._copy, self._ref = None, ref
 
     def reference(self):
         """The decoder's reconstruction of the last state, in the state's dtype."""
@@ -165,7 +207,7 @@ class Reconstruction:
         """The flat reference with every pending blob applied (None before a keyframe)."""
         if self._key is not None:
             p = self._key[1]
-            ref = np.empty(p.n, p.dt.numpy)
+            ref = _memory.empty(p.n, p.dt.numpy)
             replay(self.pending, ref, base=self._key)
             self._ref, self._key, self.pending = ref, None, []
         elif self.pending:
@@ -195,7 +237,7 @@ class Reconstruction:
         if zero_base:
             if not _tracked(p.dt):
                 raise CorruptDataError(f"{what}: a {p.dt.name} delta against zeros")
-            self._ref = np.zeros(p.n, np.float64 if p.dt.name == "F64" else np.float32)
+            self._ref = _memory.zeros(p.n, np.float64 if p.dt.name == "F64" else np.float32)
             self._key, self.pending = None, []
             self.dt, self.shape = p.dt, p.shape
         if self._ref is None and self._key is None:

@@ -494,10 +494,13 @@ class StreamDecoder:
     Symbols go into ``out`` (uint8), or, with ``apply=(centroids, fout)``, straight into
     the floats: ``fout[i] += centroids[s]`` for every nonzero symbol, in the same fp32 add
     the encoder's reference update makes; zero runs and all-zero chunks cost nothing.
+    ``clear``: each chunk's floats are set to 0 first, by the task that then decodes into
+    them (a decode into a caller's buffer: cleared on every thread, while in cache).
     """
 
     def __init__(self, buf: np.ndarray, base: int, layout: StreamLayout, n: int,
-                 chunk_size: int, b: int, out: np.ndarray | None, what: str = "blob", apply=None):
+                 chunk_size: int, b: int, out: np.ndarray | None, what: str = "blob", apply=None,
+                 clear: bool = False):
         if base + int(layout.offsets[-1]) > buf.size:
             raise CorruptDataError(f"{what}: chunk table points past the end of the data")
         self.buf, self.base, self.layout, self.n, self.cs, self.b = buf, base, layout, n, chunk_size, b
@@ -515,6 +518,7 @@ class StreamDecoder:
         self.applying = apply is not None
         self.cent, self.fout = apply if self.applying else (_NO_FLOATS, _NO_FLOATS)
         self.sym = _NO_SYMBOLS if self.applying else out
+        self.clear = clear and self.applying
 
     @property
     def nchunks(self) -> int:
@@ -527,6 +531,8 @@ class StreamDecoder:
         sym = self.sym if out is None else out
         lo, hi = c * self.cs, min(self.n, (c + 1) * self.cs)
         o = lo - shift
+        if self.clear:
+            fout[lo:hi] = 0
         start = self.base + int(self.layout.offsets[c])
         end = self.base + int(self.layout.offsets[c + 1])
         m = self.layout.modes[c]
@@ -577,7 +583,7 @@ class StreamDecoder:
 
 
 def decode(buf: np.ndarray, base: int, layout: StreamLayout, n: int, chunk_size: int, b: int,
-           out: np.ndarray | None, what: str = "blob", apply=None):
+           out: np.ndarray | None, what: str = "blob", apply=None, clear: bool = False):
     """Decode a stream of ``n`` symbols (``buf[base:]`` is its payload); see StreamDecoder."""
-    d = StreamDecoder(buf, base, layout, n, chunk_size, b, out, what, apply)
+    d = StreamDecoder(buf, base, layout, n, chunk_size, b, out, what, apply, clear)
     run_tasks(d.chunk, d.nchunks)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import _memory
 from ._pool import run_tasks, threads
 from .errors import NonFiniteError
 from .kernels import buckets as bk
@@ -275,9 +276,9 @@ def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE, limit=No
     est, b, _ = best
     S = 1 << b
     table = uniform_table(rstep, b, u.dtype)
-    sym = np.empty(n, np.uint8)
-    escf = np.empty(n, np.uint8)
-    recon = np.empty_like(u)
+    sym = _memory.empty(n, np.uint8)
+    escf = _memory.empty(n, np.uint8)
+    recon = _memory.empty(u.shape, u.dtype)
     sym_hist = np.zeros((nch, S), np.int64)
     errs = np.zeros(nch)
     lim = float(limit) if limit is not None else 0.0
