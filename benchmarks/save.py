@@ -27,6 +27,7 @@ Usage: python benchmarks/save.py [--quick] [--bits 2] [--error-bound E]
 
 import argparse
 import json
+import itertools
 import os
 import shutil
 import statistics
@@ -37,7 +38,7 @@ import time
 import torch
 
 import lcckpt
-from lcckpt.bench.timing import environment, format_table, measure
+from lcckpt.bench.timing import environment, format_table
 from lcckpt.bench.trajectory import train_trajectory
 from lcckpt.container import read_container
 
@@ -91,9 +92,10 @@ def part_elements(state: dict) -> dict:
     }
 
 
-def measure_interleaved(fns: dict, rounds: int, before) -> dict:
+def measure_interleaved(fns: dict, rounds: int, before, per_round=None) -> dict:
     """Median seconds of each call, the calls taking turns round by round: on a noisy
-    machine a slow spell then hits every contender, not only the one measured during it."""
+    machine a slow spell then hits every contender, not only the one measured during it.
+    ``per_round``: the seconds of every round are appended to it, one dict per round."""
     times = {k: [] for k in fns}
     for _ in range(rounds):
         for k, fn in fns.items():
@@ -101,7 +103,15 @@ def measure_interleaved(fns: dict, rounds: int, before) -> dict:
             t = time.perf_counter()
             fn()
             times[k].append(time.perf_counter() - t)
+        if per_round is not None:
+            per_round.append({k: v[-1] for k, v in times.items()})
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def round_ratios(per_round: list, a: str, b: str) -> dict:
+    """``a``'s time over ``b``'s in each round: median, lowest and highest."""
+    r = [x[a] / x[b] for x in per_round]
+    return {"median": statistics.median(r), "min": min(r), "max": max(r)}
 
 
 def _fsync_save(obj, path):
@@ -163,29 +173,44 @@ def run(quick: bool, bits: int, deltas: int = 10, error_bound: float | None = No
             b = torch.cat([t.reshape(-1).double() for t in get(state)])
             rel[part] = float((a - b).norm() / b.norm())
 
-        # keyframe save time: a fresh directory each time (removed untimed), so each save
-        # is a keyframe
-        kf_dir = os.path.join(root, "kf")
+        # every save below takes turns round by round with the others (a slow spell of the
+        # machine then hits each of them), starting with no dirty pages. A keyframe is
+        # timed twice: as the first save of a new DeltaCheckpointer (its references are
+        # fresh memory) and as a later keyframe of a running one (keyframe_every=1: every
+        # save a keyframe, into references that already exist, as in a long run)
+        kf_dir, run_dir = os.path.join(root, "kf"), os.path.join(root, "running")
+        running = lcckpt.DeltaCheckpointer(run_dir, bits=bits, keyframe_every=1,
+                                           error_bound=error_bound,
+                                           keyframe_coding=keyframe_coding)
+        running.save(0, snaps[0][1])
+        later_step = itertools.count(1)
+        paths = {n: os.path.join(root, n) for n in ("raw.lcc", "z.lcc", "t.pt", "tf.pt")}
 
-        def clear_kf():
+        def tidy():
             shutil.rmtree(kf_dir, ignore_errors=True)
+            for st in running.steps()[:-1]:          # keep the disk use to one state
+                os.remove(running.path(st))
             os.sync()
 
-        def keyframe_save():
-            lcckpt.DeltaCheckpointer(kf_dir, bits=bits, error_bound=error_bound,
-                                     keyframe_coding=keyframe_coding).save(k_step, snaps[0][1])
-        key_save = measure(keyframe_save, **dict(runs, before=clear_kf))
-        shutil.rmtree(os.path.join(root, "kf"), ignore_errors=True)
+        save_rounds, load_rounds = [], []
+        saves = measure_interleaved({
+            "keyframe": lambda: lcckpt.DeltaCheckpointer(
+                kf_dir, bits=bits, error_bound=error_bound,
+                keyframe_coding=keyframe_coding).save(k_step, snaps[0][1]),
+            "later keyframe": lambda: running.save(next(later_step), snaps[0][1]),
+            "torch+fsync": lambda: _fsync_save(state, paths["tf.pt"]),
+            "torch": lambda: torch.save(state, paths["t.pt"]),
+            "raw": lambda: lcckpt.save(state, paths["raw.lcc"]),
+            "z": lambda: lcckpt.save(state, paths["z.lcc"], compress=True),
+        }, rounds=runs["max_runs"], before=tidy, per_round=save_rounds)
+        assert all(running.info(st)["kind"] == "keyframe" for st in running.steps())
+        running.close()
+        shutil.rmtree(kf_dir, ignore_errors=True)
+        shutil.rmtree(run_dir, ignore_errors=True)
 
         mean_delta = {p: statistics.mean(d[p] for d in delta_parts) for p in PARTS}
         rows.append(_row("DeltaCheckpointer delta (mean of %d)" % deltas,
                          statistics.median(delta_times), None, mean_delta))
-        # ---- single files of the last state
-        paths = {n: os.path.join(root, n) for n in ("raw.lcc", "z.lcc", "t.pt", "tf.pt")}
-        s_raw = measure(lambda: lcckpt.save(state, paths["raw.lcc"]), **runs)
-        s_z = measure(lambda: lcckpt.save(state, paths["z.lcc"], compress=True), **runs)
-        s_t = measure(lambda: torch.save(state, paths["t.pt"]), **runs)
-        s_tf = measure(lambda: _fsync_save(state, paths["tf.pt"]), **runs)
         torch_total = os.path.getsize(paths["t.pt"])
         t_parts = torch_parts(state, torch_total)
 
@@ -195,16 +220,18 @@ def run(quick: bool, bits: int, deltas: int = 10, error_bound: float | None = No
             "raw": lambda: lcckpt.load(paths["raw.lcc"]),
             "z": lambda: lcckpt.load(paths["z.lcc"]),
             "torch": lambda: torch.load(paths["t.pt"], weights_only=True),
-        }, rounds=runs["max_runs"], before=os.sync)
-        rows.append(_row("DeltaCheckpointer keyframe", key_save.median_s, None, key_parts))
+        }, rounds=runs["max_runs"], before=os.sync, per_round=load_rounds)
+        rows.append(_row("DeltaCheckpointer keyframe", saves["keyframe"], None, key_parts))
+        rows.append(_row("DeltaCheckpointer later keyframe", saves["later keyframe"], None,
+                         None))
         rows.append(_row("DeltaCheckpointer restore K+%d" % deltas, None, loads["restore"],
                          None))
-        rows.append(_row("lcckpt.save raw", s_raw.median_s, loads["raw"],
+        rows.append(_row("lcckpt.save raw", saves["raw"], loads["raw"],
                          lcckpt_parts(paths["raw.lcc"])))
-        rows.append(_row("lcckpt.save compress=True", s_z.median_s, loads["z"],
+        rows.append(_row("lcckpt.save compress=True", saves["z"], loads["z"],
                          lcckpt_parts(paths["z.lcc"])))
-        rows.append(_row("torch.save", s_t.median_s, loads["torch"], t_parts))
-        rows.append(_row("torch.save + fsync", s_tf.median_s, None, None))
+        rows.append(_row("torch.save", saves["torch"], loads["torch"], t_parts))
+        rows.append(_row("torch.save + fsync", saves["torch+fsync"], None, None))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -222,6 +249,11 @@ def run(quick: bool, bits: int, deltas: int = 10, error_bound: float | None = No
         delta_errors=delta_errors,
         restored_rel_error=rel,
         torch_parts=t_parts,
+        rounds={"saves": save_rounds, "loads": load_rounds},
+        versus=[{"what": what, "against": b, **round_ratios(rs, a, b)} for what, rs, a, b in (
+            ("keyframe save", save_rounds, "keyframe", "torch+fsync"),
+            ("later keyframe save", save_rounds, "later keyframe", "torch+fsync"),
+            ("restore K+%d" % deltas, load_rounds, "restore", "torch"))],
     )
     return {"environment": environment(), "rows": rows, **details}
 
@@ -251,6 +283,11 @@ def report(res: dict) -> str:
         "",
         "per delta: relative L2 error of each part's worst tensor (from the file headers)",
         format_table(res["delta_errors"], list(res["delta_errors"][0])),
+        "",
+        "time over the baseline's, round by round (the issue's bar: <= 1.0)",
+        format_table([{**v, "against": {"torch+fsync": "torch.save + fsync",
+                                        "torch": "torch.load"}[v["against"]]}
+                      for v in res["versus"]], ["what", "against", "median", "min", "max"]),
         "",
         "delta save times (s): " + ", ".join(f"{t:.3f}" for t in res["delta_save_s"]),
         "restored last step vs true state, relative L2 error: "
