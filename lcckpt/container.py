@@ -39,7 +39,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from . import _crc, _durable, limits
+from . import _crc, _durable, _memory, limits
 from ._pool import submit
 from .errors import (
     ChecksumError,
@@ -374,7 +374,7 @@ class Container:
                 self._check_gap(i)
                 self._checked.add(i)
             return view
-        buf = np.empty(s["length"], np.uint8)      # no zero fill: every byte is read into
+        buf = _memory.empty(s["length"], np.uint8)  # pool threads read pieces into it
         self.read_into(i, buf)
         return memoryview(buf)
 

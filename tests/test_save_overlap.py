@@ -71,10 +71,16 @@ def test_a_failing_writeback_call_is_dropped_and_the_write_completes(tmp_path, m
         assert bytes(c.data(0)) == data.tobytes()
 
 
-def test_prefaulted_arrays_keep_their_meaning():
-    z = _memory.zeros(3 << 20, np.float32)        # past the prefault threshold
-    assert z.shape == (3 << 20,) and not z.any()
+def test_large_fresh_arrays_are_zeroed_writable_and_shaped():
+    z = _memory.zeros(3 << 20, np.float32)        # past the threshold: an anonymous mapping
+    assert z.shape == (3 << 20,) and z.dtype == np.float32 and not z.any()
     e = _memory.empty((1 << 20, 3), np.float64)
-    assert e.shape == (1 << 20, 3) and e.dtype == np.float64
-    small = _memory.zeros(7, np.int16)
-    assert small.dtype == np.int16 and not small.any()
+    assert e.shape == (1 << 20, 3) and e.flags.c_contiguous and e.flags.writeable
+    e[:] = 7.0
+    assert float(e.sum()) == 7.0 * e.size
+    t = torch.from_numpy(e)                       # torch shares the memory
+    t[0, 0] = 1.0
+    assert e[0, 0] == 1.0
+    small = _memory.zeros((7, 2), np.int16)
+    assert small.dtype == np.int16 and small.shape == (7, 2) and not small.any()
+    assert _memory.empty(0, np.uint8).size == 0
