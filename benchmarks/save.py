@@ -21,7 +21,7 @@ Measured (medians of several runs, page cache warm for loads):
   counters, param_groups, header), from the per-section sizes in the container header
   (torch.save stores tensor bytes as they are: its parts are the tensors' sizes).
 
-Usage: python benchmarks/save.py [--quick] [--bits 2] [--error-bound E]
+Usage: python benchmarks/save.py [--quick] [--bits B] [--error-bound E]
        [--keyframe-coding lossless|raw] [--json out.json]
 """
 
@@ -121,7 +121,7 @@ def _fsync_save(obj, path):
         os.fsync(f.fileno())
 
 
-def run(quick: bool, bits: int, deltas: int = 10, error_bound: float | None = None,
+def run(quick: bool, bits: int | None = None, deltas: int = 10, error_bound: float | None = None,
         keyframe_coding: str = "lossless") -> dict:
     # Adam's state is empty before the first step, so the chain starts at the snapshot
     # after step 2 (keyframe) and the deltas are the next `deltas` snapshots: every file
@@ -270,7 +270,8 @@ def report(res: dict) -> str:
     cfg = res["config"]
     lines = [
         f"{cfg['model']} + {cfg['optimizer']}: {sum(cfg['elements'].values()) / 1e6:.1f}M "
-        f"floats tracked, state {cfg['state_bytes'] / MB:.1f} MB; bits={cfg['bits']}, "
+        f"floats tracked, state {cfg['state_bytes'] / MB:.1f} MB; "
+        f"{'default targets' if cfg['bits'] is None else 'LC bits=%d' % cfg['bits']}, "
         f"error_bound={cfg['error_bound']}; "
         f"chain: keyframe at step {cfg['steps'][0]}, deltas at {cfg['steps'][1:]}",
         "",
@@ -301,7 +302,9 @@ def report(res: dict) -> str:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the small CNN instead of the 20M MLP")
-    ap.add_argument("--bits", type=int, default=2)
+    ap.add_argument("--bits", type=int, default=None,
+                    help="LC-Checkpoint deltas at this many bits (default: the library's "
+                         "default, error targets per tensor role)")
     ap.add_argument("--error-bound", type=float, default=None,
                     help="cap on each tensor's relative error (more bits, then exact)")
     ap.add_argument("--keyframe-coding", choices=("lossless", "raw"), default="lossless",

@@ -127,6 +127,33 @@ def test_grouped_round_trip_and_exact_size(args):
         assert used == nbits and np.array_equal(back, sym)
 
 
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(5, 8), st.integers(800, 6000), st.floats(0.01, 0.6), st.integers(0, 2**32 - 1))
+def test_runs_of_wide_symbols_decode_with_the_multi_table(b, n, density, seed):
+    """The uniform quantizer writes runs streams of up to 8-bit symbols; the multi table's
+    items hold 4-bit symbols, so wider ones must take the one-letter path (they once
+    spilled into the next item and a default chain of a large model failed to load)."""
+    sym = _symbols(b, n, density, seed)
+    S = 1 << b
+    hist = np.zeros(rk.RUN_CLASSES * S, np.int64)
+    extra = rk.runs_histogram(sym, 0, n, S, hist)
+    lengths = hk.code_lengths(hist, hk.MAX_CODE_LEN)
+    nbits = int(hist @ lengths.astype(np.int64)) + extra
+    out = np.zeros((nbits + 7) // 8, np.uint8)
+    rk.encode_runs(sym, 0, n, S, hk.canonical_codes(lengths), lengths, out, 0, NOF, NOF, False)
+    tb = int(lengths.max())
+    multi = rk.runs_decode_table(lengths, S)
+    back = np.full(n, 99, np.uint8)
+    used = rk.decode_runs(out, 0, out.size, n, S, hk.decode_table(lengths, tb), tb, back, 0,
+                          NOF, NOF, False, multi)
+    assert used == nbits and np.array_equal(back, sym)
+    cent = np.arange(S, dtype=np.float32) * np.float32(0.5)
+    fout = np.zeros(n, np.float32)
+    used = rk.decode_runs(out, 0, out.size, n, S, hk.decode_table(lengths, tb), tb, back, 0,
+                          cent, fout, True, multi)
+    assert used == nbits and np.array_equal(fout, cent[sym])
+
 @settings(max_examples=150, deadline=None)
 @given(sym_st)
 def test_runs_round_trip_and_exact_size(args):

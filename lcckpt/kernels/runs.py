@@ -307,7 +307,8 @@ def runs_decode_table(lengths, S):
     (code word, extra bits) items with runs below 256 and nonzero symbols.
 
     Entry: ``consumed | count << 4 | (run_k | sym_k << 8) << (7 + 12 k)``; count 0 sends
-    the decoder to its one-letter path (long runs, the closing letter, invalid codes).
+    the decoder to its one-letter path (long runs, symbols above 15, which a 12-bit item
+    cannot hold, the closing letter, invalid codes).
     """
     single = decode_table(lengths, RUNS_WINDOW)
     mask = (1 << RUNS_WINDOW) - 1
@@ -326,7 +327,7 @@ def runs_decode_table(lengths, S):
             c = letter >> sbits
             s = letter & (S - 1)
             xb = c - 1 if c > 1 else 0
-            if s == 0 or c > 8 or pos + ln + xb > RUNS_WINDOW:
+            if s == 0 or s > 15 or c > 8 or pos + ln + xb > RUNS_WINDOW:
                 break
             run = c                                   # 0 or 1
             if c > 1:
