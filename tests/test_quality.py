@@ -430,3 +430,27 @@ def test_fitted_restore_step_lowers_the_error_of_the_same_levels(n, seed, rel_st
     sent = fitted.recon.astype(np.float64) - ref
     err = u.astype(np.float64) - fitted.recon
     assert abs(sent @ err) <= 0.05 * np.linalg.norm(sent) * np.linalg.norm(err)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 37), st.sampled_from(["none", "u_nan", "u_inf", "ref_nan", "ref_inf"]),
+       st.booleans(), st.integers(0, 2**32 - 1))
+def test_state_stats_kernel_against_numpy(n, bad, fp64, seed):
+    """The quantizer's one-pass statistics: finiteness of u and ref, the fp64 sum of u²
+    and the minimum of u, against numpy on every tail length."""
+    from lcckpt.kernels import uniform as uk
+    rng = np.random.default_rng(seed)
+    dt = np.float64 if fp64 else np.float32
+    u = (rng.standard_normal(n) * 10).astype(dt)
+    ref = rng.standard_normal(n).astype(dt)
+    if n and bad != "none":
+        target = u if bad.startswith("u") else ref
+        target[rng.integers(n)] = np.nan if bad.endswith("nan") else -np.inf
+    out = np.zeros(3)
+    uk.state_stats(u, ref, True, 0, n, out)
+    finite = bool(np.all(np.isfinite(u)) and np.all(np.isfinite(ref)))
+    assert out[0] == (1.0 if finite else 0.0)
+    if finite:
+        u64 = u.astype(np.float64)
+        assert out[1] == pytest.approx(float(u64 @ u64), rel=1e-12, abs=1e-300)
+        assert out[2] == (float(u.min()) if n else np.inf)
