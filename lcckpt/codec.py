@@ -183,7 +183,7 @@ def encode_lossy(q: Quantized, dt: dtypes.DType, shape, bits: int, cfg: CodecCon
     modes = entropy.modes_for(cfg.coder, bits)
     an = entropy.analyze(q.sym, q.sym_hist, cs, bits, modes, (q.runs_hist, q.runs_extra))
     enc = entropy.encode(q.sym, an, modes, cache,
-                         apply=None if ref is None else (q.centroids, ref))
+                         apply=None if ref is None else (q.centroids, ref), nonzero=q.nonzero)
     w = _blob.header(LOSSY, dt, shape, cfg.log2)
     w.u8(bits)
     w.u8(1 if cfg.midpoint else 0)

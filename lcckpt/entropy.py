@@ -207,11 +207,14 @@ def _chunk_bits(an: Analysis, mode: int, lengths) -> np.ndarray:
 
 
 def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None,
-           apply=None) -> Encoded:
+           apply=None, nonzero=None) -> Encoded:
     """Choose a mode per chunk (fewest bytes among ``modes``) and code the stream.
 
     ``apply=(centroids, fout)``: while coding, add each nonzero symbol's centroid into
     ``fout`` (the delta encoder's reference update, exactly as the decoder makes it).
+    ``nonzero=(offsets, starts)``: the positions of the nonzero symbols, chunk ``c``'s
+    (ascending offsets from the chunk's start) at ``offsets[starts[c]:starts[c + 1]]``,
+    as the quantizer lists them; runs chunks are then coded from the list alone.
     """
     b = an.b
     modes = [m for m in modes if m not in CODED_MODES or m in an.hist]   # analyzed ones
@@ -263,6 +266,10 @@ def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None,
         elif m == GROUPED:
             end = rk.encode_grouped(sym, lo, hi, g, b, codes[m], used[m], coded, pos, cent, fout,
                                     applying)
+        elif m == RUNS and nonzero is not None:
+            nz = nonzero[0][nonzero[1][c]:nonzero[1][c + 1]]
+            end = rk.encode_runs_listed(sym, lo, hi, nz, S, codes[m], used[m], coded, pos, cent,
+                                        fout, applying)
         elif m == RUNS:
             end = rk.encode_runs(sym, lo, hi, S, codes[m], used[m], coded, pos, cent, fout,
                                  applying)

@@ -37,6 +37,8 @@ class Quantized:
     delta_sq: float            # ||delta||^2
     runs_hist: np.ndarray | None = None    # per-chunk runs-coder letter counts, if asked
     runs_extra: np.ndarray | None = None   # per-chunk raw extra bits of the runs coder
+    nonzero: tuple | None = None   # (offsets in their chunk int32, int64 [nchunks + 1] starts):
+                                   # the nonzero symbols' positions, if listed (see quantize)
 
     @property
     def rel_error(self) -> float:
@@ -73,6 +75,7 @@ def _scratch(dtype):
 
 
 SPLIT_SHARE = 0.08      # past this share of nonzero symbols, split=False is faster
+LIST_SHARE = 0.125      # up to this share of nonzero symbols, pass 2 keeps their positions
 
 
 def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
@@ -81,7 +84,10 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
 
     ``u`` and ``ref`` are flat, contiguous, of one float dtype (fp32 or fp64).
     ``runs_stats``: also collect the zero-run coder's letter counts while the symbols are
-    written (what :func:`lcckpt.entropy.analyze` would otherwise read them back for).
+    written (what :func:`lcckpt.entropy.analyze` would otherwise read them back for),
+    and, while at most :data:`LIST_SHARE` of the symbols are nonzero, keep the nonzero
+    positions pass 2 lists anyway (``Quantized.nonzero``): the runs coder then visits
+    them instead of scanning every symbol again.
     ``split``: pass 1 only counts, and the sums come after, from the counts' verdict:
     for the kept buckets alone at their nonzero symbols (a random access each) while at
     most :data:`SPLIT_SHARE` of the symbols are nonzero, else for every bucket in a
@@ -141,19 +147,28 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     kept_keys = np.flatnonzero(lut).astype(keys.dtype)
     # counted now: if many symbols will be nonzero, sum every bucket in a streaming pass
     # (cheaper than a random access per nonzero symbol), then map as the full layout does
-    late = not full and float(total[kept_keys].sum()) > SPLIT_SHARE * n
+    nonzero = float(total[kept_keys].sum())
+    late = not full and nonzero > SPLIT_SHARE * n
+    listed = None
+    no_pos = np.zeros(0, np.int32)
+    if runs_stats and nonzero <= LIST_SHARE * n:
+        nz_off = np.zeros(nch + 1, np.int64)
+        np.cumsum(counts[:, kept_keys].sum(axis=1), out=nz_off[1:])
+        listed = (_buffer("nonzero", int(nz_off[-1]), np.int32), nz_off)
 
     def pass2(c):
         lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
+        nz = listed[0][listed[1][c]:listed[1][c + 1]] if listed is not None else no_pos
         if late:
             bk.key_sums(u, r, use_ref, lo, hi, keys, sums[c])
         if not (full or late):
             e = rk.map_symbols_sums(keys, u, r, use_ref, lo, hi, lut, kept_keys, sym, S,
-                                    runs_stats, rhist[c] if runs_stats else no_hist, sums[c])
+                                    runs_stats, rhist[c] if runs_stats else no_hist, sums[c],
+                                    nz)
             if runs_stats:
                 rextra[c] = e
         elif runs_stats:
-            rextra[c] = rk.map_symbols_runs(keys, lo, hi, lut, sym, S, rhist[c])
+            rextra[c] = rk.map_symbols_runs(keys, lo, hi, lut, sym, S, rhist[c], nz)
         else:
             bk.map_symbols(keys, lo, hi, lut, sym)
     run_tasks(pass2, nch)
@@ -174,7 +189,7 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     delta_sq = float(norms[:, 1].sum())
     residual = delta_sq - float(np.sum(2 * c * s_tot - total * c * c))
     return Quantized(sym, sym_hist, centroids, int(kept), total, max(residual, 0.0),
-                     float(norms[:, 0].sum()), delta_sq, rhist, rextra)
+                     float(norms[:, 0].sum()), delta_sq, rhist, rextra, listed)
 
 
 # --- the error-bounded uniform quantizer ------------------------------------------------

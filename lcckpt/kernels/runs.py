@@ -297,6 +297,42 @@ def encode_runs(sym, start, stop, S, codes, lengths, out, pos, cent, fout, apply
     return flush(acc, nb, out, p)
 
 
+@njit(cache=True, nogil=True)
+def encode_runs_listed(sym, start, stop, nz, S, codes, lengths, out, pos, cent, fout, apply):
+    """:func:`encode_runs` from the list of nonzero positions the quantizer made while it
+    wrote the symbols (``nz``: every ``i`` in ``[start, stop)`` with ``sym[i] != 0``,
+    ascending, as offsets from ``start``; see :func:`map_symbols_sums`).
+
+    The same bits: the zeros between listed positions are the runs. Sparse symbols
+    then cost one visit per nonzero, not a scan of the whole chunk.
+    """
+    acc = Z
+    nb = Z
+    p = pos
+    last = start - 1                  # the previous nonzero's position
+    for t in range(nz.size + 1):
+        if t < nz.size:
+            q = start + np.int64(nz[t])
+            s = sym[q]
+            if apply:
+                fout[q] += cent[s]
+        else:                         # the end: the trailing zeros, if any
+            q = stop
+            s = 0
+            if stop - last - 1 == 0:
+                break
+        run = q - last - 1
+        last = q
+        c = _BIT_LENGTH[run] if run < 512 else _bit_length(run)
+        letter = c * S + s
+        ln = np.uint64(lengths[letter])
+        acc, nb, p = put(acc, nb, np.uint64(codes[letter]), ln, out, p)
+        if c > 1:
+            xb = np.uint64(c - 1)
+            acc, nb, p = put(acc, nb, np.uint64(run - (1 << (c - 1))), xb, out, p)
+    return flush(acc, nb, out, p)
+
+
 RUNS_WINDOW = 12
 RUNS_ITEMS = 3
 
@@ -422,17 +458,22 @@ def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start, cent, 
 
 
 @njit(cache=True, nogil=True)
-def map_symbols_runs(keys, start, stop, lut, sym, S, hist):
+def map_symbols_runs(keys, start, stop, lut, sym, S, hist, nz):
     """The quantizer's pass 2 (``sym = lut[keys]``) fused with :func:`runs_histogram`.
 
     Per block: map the keys, list the nonzero positions branch-free (store every
     position, advance only past nonzeros), then count one letter per listed position
     from the gap to the previous one. About 1.3x faster than the branch per element of
-    :func:`runs_histogram` on dense symbols, where that branch is unpredictable.
+    :func:`runs_histogram` on dense symbols, where that branch is unpredictable. The
+    positions go to ``nz`` too (offsets from ``start``; it must have room for every
+    nonzero symbol of the range, or be empty to keep none), for
+    :func:`encode_runs_listed`.
     """
     extra = 0
     last = start - 1                  # the previous nonzero's position
     pos = np.empty(_SCAN, np.int64)
+    keep = nz.size > 0
+    nk = 0
     i = start
     while i < stop:
         m = min(_SCAN, stop - i)
@@ -443,6 +484,10 @@ def map_symbols_runs(keys, start, stop, lut, sym, S, hist):
         for j in range(m):
             pos[k] = i + j
             k += sb[j] != 0
+        if keep:
+            for t in range(k):
+                nz[nk + t] = pos[t] - start
+            nk += k
         for t in range(k):
             p = pos[t]
             run = p - last - 1
@@ -463,7 +508,7 @@ def map_symbols_runs(keys, start, stop, lut, sym, S, hist):
 
 @njit(cache=True, nogil=True)
 def map_symbols_sums(keys, u, ref, use_ref, start, stop, lut, kept_keys, sym, S, runs, hist,
-                     sums):
+                     sums, nz):
     """The quantizer's pass 2 after :func:`lcckpt.kernels.buckets.key_counts`.
 
     ``sym = lut[keys]``; for every nonzero symbol (a kept bucket) its delta (``u - ref``
@@ -477,9 +522,12 @@ def map_symbols_sums(keys, u, ref, use_ref, start, stop, lut, kept_keys, sym, S,
     ``kept_keys``: the keys ``lut`` maps to a nonzero symbol. Up to ``CMP_KEYS`` of them
     the symbols are built by one vectorized compare pass per kept key instead of a table
     gather per element (5x faster at 2 bits). The nonzero positions are listed by
-    :func:`_list_nonzero`, which skips all-zero groups of 8 symbols.
+    :func:`_list_nonzero`, which skips all-zero groups of 8 symbols, and kept in ``nz``
+    as in :func:`map_symbols_runs`.
     """
     cmp = kept_keys.size <= CMP_KEYS
+    keep = nz.size > 0
+    nk = 0
     tail = start + ((stop - start) & ~_LANE_MASK)
     extra = 0
     last = start - 1
@@ -501,6 +549,10 @@ def map_symbols_sums(keys, u, ref, use_ref, start, stop, lut, kept_keys, sym, S,
             for j in range(m):
                 sb[j] = lut[kb[j]]
         k = _list_nonzero(sb, i, pos, k > m >> 3)
+        if keep:
+            for t in range(k):
+                nz[nk + t] = pos[t] - start
+            nk += k
         for t in range(k):
             p = pos[t]
             lane = (p - start) & _LANE_MASK if p < tail else 0
