@@ -212,9 +212,10 @@ def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None,
 
     ``apply=(centroids, fout)``: while coding, add each nonzero symbol's centroid into
     ``fout`` (the delta encoder's reference update, exactly as the decoder makes it).
-    ``nonzero=(offsets, starts)``: the positions of the nonzero symbols, chunk ``c``'s
-    (ascending offsets from the chunk's start) at ``offsets[starts[c]:starts[c + 1]]``,
-    as the quantizer lists them; runs chunks are then coded from the list alone.
+    ``nonzero=(listed, starts)``: the nonzero symbols as the quantizer lists them, chunk
+    ``c``'s at ``listed[starts[c]:starts[c + 1]]`` (see
+    :func:`lcckpt.kernels.runs.encode_runs_listed`); runs chunks are then coded from
+    the list alone.
     """
     b = an.b
     modes = [m for m in modes if m not in CODED_MODES or m in an.hist]   # analyzed ones

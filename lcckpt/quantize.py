@@ -37,8 +37,8 @@ class Quantized:
     delta_sq: float            # ||delta||^2
     runs_hist: np.ndarray | None = None    # per-chunk runs-coder letter counts, if asked
     runs_extra: np.ndarray | None = None   # per-chunk raw extra bits of the runs coder
-    nonzero: tuple | None = None   # (offsets in their chunk int32, int64 [nchunks + 1] starts):
-                                   # the nonzero symbols' positions, if listed (see quantize)
+    nonzero: tuple | None = None   # (uint32 offset in the chunk | symbol << 24, int64 starts
+                                   # [nchunks + 1]): the nonzero symbols, if listed (quantize)
 
     @property
     def rel_error(self) -> float:
@@ -86,8 +86,8 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     ``runs_stats``: also collect the zero-run coder's letter counts while the symbols are
     written (what :func:`lcckpt.entropy.analyze` would otherwise read them back for),
     and, while at most :data:`LIST_SHARE` of the symbols are nonzero, keep the nonzero
-    positions pass 2 lists anyway (``Quantized.nonzero``): the runs coder then visits
-    them instead of scanning every symbol again.
+    symbols pass 2 lists anyway, with their positions (``Quantized.nonzero``): the runs
+    coder then visits them instead of scanning every symbol again.
     ``split``: pass 1 only counts, and the sums come after, from the counts' verdict:
     for the kept buckets alone at their nonzero symbols (a random access each) while at
     most :data:`SPLIT_SHARE` of the symbols are nonzero, else for every bucket in a
@@ -150,11 +150,11 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     nonzero = float(total[kept_keys].sum())
     late = not full and nonzero > SPLIT_SHARE * n
     listed = None
-    no_pos = np.zeros(0, np.int32)
+    no_pos = np.zeros(0, np.uint32)
     if runs_stats and nonzero <= LIST_SHARE * n:
         nz_off = np.zeros(nch + 1, np.int64)
         np.cumsum(counts[:, kept_keys].sum(axis=1), out=nz_off[1:])
-        listed = (_buffer("nonzero", int(nz_off[-1]), np.int32), nz_off)
+        listed = (_buffer("nonzero", int(nz_off[-1]), np.uint32), nz_off)
 
     def pass2(c):
         lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)

@@ -127,6 +127,12 @@ def test_grouped_round_trip_and_exact_size(args):
         assert used == nbits and np.array_equal(back, sym)
 
 
+def _listed(sym, lo, hi):
+    """The nonzero symbols of ``sym[lo:hi]`` as pass 2 lists them: offset | symbol << 24."""
+    i = np.flatnonzero(sym[lo:hi]).astype(np.uint32)
+    return i | sym[lo:hi][i].astype(np.uint32) << np.uint32(24)
+
+
 @settings(max_examples=150, deadline=None)
 @given(sym_st)
 def test_runs_round_trip_and_exact_size(args):
@@ -142,7 +148,7 @@ def test_runs_round_trip_and_exact_size(args):
     assert rk.encode_runs(sym, 0, n, S, hk.canonical_codes(lengths), lengths, out, 0, NOF, NOF,
                           False) == out.size
     listed = np.zeros_like(out)                      # from the nonzero positions: same bits
-    nz = np.flatnonzero(sym).astype(np.int32)
+    nz = _listed(sym, 0, n)
     assert rk.encode_runs_listed(sym, 0, n, nz, S, hk.canonical_codes(lengths), lengths, listed,
                                  0, NOF, NOF, False) == out.size
     assert np.array_equal(listed, out)
@@ -315,7 +321,7 @@ def test_fused_apply_equals_symbols_then_apply(mode, b, n, density, seed):
         rk.encode_runs(sym, 0, n, S, codes, lengths, out2, 0, cent, enc_ref, True)
         listed_ref, out3 = base.copy(), np.zeros_like(out)    # from the nonzero positions
         lo = n // 3                                           # of a sub-range
-        nz = np.flatnonzero(sym[lo:]).astype(np.int32)
+        nz = _listed(sym, lo, n)
         full = np.zeros_like(out)
         rk.encode_runs(sym, lo, n, S, codes, lengths, full, 0, cent, listed_ref, True)
         listed_ref[:] = base
@@ -364,12 +370,12 @@ def test_fused_pass2_runs_statistics(args, a, z):
     lut[np.arange(S) * 7] = np.arange(S)
     got = np.full(n, 99, np.uint8)
     h1, h2 = np.zeros(rk.RUN_CLASSES * S, np.int64), np.zeros(rk.RUN_CLASSES * S, np.int64)
-    nz = np.full(np.count_nonzero(sym[lo:hi]), -1, np.int32)
+    nz = np.zeros(np.count_nonzero(sym[lo:hi]), np.uint32)
     e1 = rk.map_symbols_runs(keys, lo, hi, lut, got, S, h1, nz)
     e2 = rk.runs_histogram(sym, lo, hi, S, h2)
     assert np.array_equal(got[lo:hi], sym[lo:hi]) and np.all(got[:lo] == 99) and np.all(got[hi:] == 99)
     assert e1 == e2 and np.array_equal(h1, h2)
-    assert np.array_equal(nz, np.flatnonzero(sym[lo:hi]))     # the positions it lists
+    assert np.array_equal(nz, _listed(sym, lo, hi))           # what it lists
 
 
 @settings(max_examples=60, deadline=None)
@@ -413,20 +419,20 @@ def test_split_passes_match_key_histogram(bits, n, a, z, use_ref, dtype, zeros, 
     S = 1 << bits
     sym1, sym2 = np.full(n, 99, np.uint8), np.full(n, 99, np.uint8)
     h1, h2 = np.zeros(rk.RUN_CLASSES * S, np.int64), np.zeros(rk.RUN_CLASSES * S, np.int64)
-    nz1 = np.zeros(0, np.int32)                      # empty: no positions kept
+    nz1 = np.zeros(0, np.uint32)                     # empty: no list kept
     e1 = rk.map_symbols_runs(k1, lo, hi, lut, sym1, S, h1, nz1)
     kept_keys = np.flatnonzero(lut).astype(np.uint16)
-    nz2 = np.full(int(total[kept_keys].sum()), -1, np.int32)    # sized as the quantizer does
+    nz2 = np.zeros(int(total[kept_keys].sum()), np.uint32)     # sized as the quantizer does
     e2 = rk.map_symbols_sums(k2, u, r, use_ref, lo, hi, lut, kept_keys, sym2, S, True, h2, s2,
                              nz2)
     assert np.array_equal(sym1, sym2) and e1 == e2 and np.array_equal(h1, h2)
-    assert np.array_equal(nz2, np.flatnonzero(sym2[lo:hi]))
+    assert np.array_equal(nz2, _listed(sym2, lo, hi))
     for k in kept_keys:                              # the sums of kept buckets, bit for bit
         assert s1[:, k].tobytes() == s2[:, k].tobytes()
     sym3 = np.full(n, 99, np.uint8)
     s3 = np.zeros_like(s1)
     assert rk.map_symbols_sums(k2, u, r, use_ref, lo, hi, lut, kept_keys, sym3, S, False,
-                               np.zeros(1, np.int64), s3, np.zeros(0, np.int32)) == 0
+                               np.zeros(1, np.int64), s3, np.zeros(0, np.uint32)) == 0
     assert np.array_equal(sym3, sym1) and s3.tobytes() == s2.tobytes()
 
 

@@ -23,6 +23,7 @@ _BIT_LENGTH = np.array([int(r).bit_length() for r in range(512)], np.int64)
 _SCAN = 4096                      # block of the branch-free scans for nonzero symbols
 _LANE_MASK = LANES - 1            # LANES is a power of two: no division per element
 CMP_KEYS = 7                      # kept buckets up to which pass 2 compares instead of gathers
+_OFFSET_MASK = np.uint32((1 << 24) - 1)  # a listed nonzero: offset in its chunk | symbol << 24
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -299,12 +300,13 @@ def encode_runs(sym, start, stop, S, codes, lengths, out, pos, cent, fout, apply
 
 @njit(cache=True, nogil=True)
 def encode_runs_listed(sym, start, stop, nz, S, codes, lengths, out, pos, cent, fout, apply):
-    """:func:`encode_runs` from the list of nonzero positions the quantizer made while it
-    wrote the symbols (``nz``: every ``i`` in ``[start, stop)`` with ``sym[i] != 0``,
-    ascending, as offsets from ``start``; see :func:`map_symbols_sums`).
+    """:func:`encode_runs` from the list of nonzero symbols the quantizer made while it
+    wrote them (``nz``: for every ``i`` in ``[start, stop)`` with ``sym[i] != 0``,
+    ascending, ``(i - start) | sym[i] << 24``; see :func:`map_symbols_sums`).
 
     The same bits: the zeros between listed positions are the runs. Sparse symbols
-    then cost one visit per nonzero, not a scan of the whole chunk.
+    then cost one visit per nonzero, not a scan of the whole chunk, and the list
+    carries the symbols, so ``sym`` (long out of cache by now) is not read at all.
     """
     acc = Z
     nb = Z
@@ -312,8 +314,9 @@ def encode_runs_listed(sym, start, stop, nz, S, codes, lengths, out, pos, cent, 
     last = start - 1                  # the previous nonzero's position
     for t in range(nz.size + 1):
         if t < nz.size:
-            q = start + np.int64(nz[t])
-            s = sym[q]
+            e = nz[t]
+            q = start + np.int64(e & _OFFSET_MASK)
+            s = np.int64(e >> np.uint32(24))
             if apply:
                 fout[q] += cent[s]
         else:                         # the end: the trailing zeros, if any
@@ -465,9 +468,9 @@ def map_symbols_runs(keys, start, stop, lut, sym, S, hist, nz):
     position, advance only past nonzeros), then count one letter per listed position
     from the gap to the previous one. About 1.3x faster than the branch per element of
     :func:`runs_histogram` on dense symbols, where that branch is unpredictable. The
-    positions go to ``nz`` too (offsets from ``start``; it must have room for every
-    nonzero symbol of the range, or be empty to keep none), for
-    :func:`encode_runs_listed`.
+    nonzero symbols are listed in ``nz`` too, as ``(i - start) | sym[i] << 24`` (chunks
+    are at most ``2**24`` long; ``nz`` must have room for every nonzero symbol of the
+    range, or be empty to list none), for :func:`encode_runs_listed`.
     """
     extra = 0
     last = start - 1                  # the previous nonzero's position
@@ -486,7 +489,7 @@ def map_symbols_runs(keys, start, stop, lut, sym, S, hist, nz):
             k += sb[j] != 0
         if keep:
             for t in range(k):
-                nz[nk + t] = pos[t] - start
+                nz[nk + t] = np.uint32(pos[t] - start) | np.uint32(sym[pos[t]]) << np.uint32(24)
             nk += k
         for t in range(k):
             p = pos[t]
@@ -551,7 +554,7 @@ def map_symbols_sums(keys, u, ref, use_ref, start, stop, lut, kept_keys, sym, S,
         k = _list_nonzero(sb, i, pos, k > m >> 3)
         if keep:
             for t in range(k):
-                nz[nk + t] = pos[t] - start
+                nz[nk + t] = np.uint32(pos[t] - start) | np.uint32(sym[pos[t]]) << np.uint32(24)
             nk += k
         for t in range(k):
             p = pos[t]
