@@ -107,6 +107,7 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     norms = np.zeros((nch, 2), np.float64)              # ||u||^2, ||delta||^2 per chunk
     use_ref = ref is not None
     r = ref if use_ref else u
+    ub = u.view(_LAYOUT[u.dtype][0])
     full = midpoint or not split
 
     def pass1(c):
@@ -114,10 +115,10 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
         lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
         if full:
             mm = c if midpoint else 0
-            norms[c] = bk.key_histogram(u, r, use_ref, lo, hi, sf, su, shift, keys, counts[c],
-                                        sums[c], mins[mm], maxs[mm], midpoint)
+            norms[c] = bk.key_histogram(u, ub, r, use_ref, lo, hi, sf, su, shift, keys,
+                                        counts[c], sums[c], mins[mm], maxs[mm], midpoint)
         else:                            # the sums come in pass 2, for kept buckets only
-            norms[c] = bk.key_counts(u, r, use_ref, lo, hi, sf, su, shift, keys, counts[c])
+            norms[c] = bk.key_counts(u, ub, r, use_ref, lo, hi, sf, su, shift, keys, counts[c])
     run_tasks(pass1, nch)
 
     counts = counts.sum(axis=1)[:, :nkeys]

@@ -407,8 +407,10 @@ def test_split_passes_match_key_histogram(bits, n, a, z, use_ref, dtype, zeros, 
     s1 = np.zeros((bk.LANES, nkeys + 1))
     s2 = np.zeros_like(s1)
     nomm = np.zeros(1)
-    n1 = bk.key_histogram(u, r, use_ref, lo, hi, sf, su, shift, k1, c1, s1, nomm, nomm, False)
-    n2 = bk.key_counts(u, r, use_ref, lo, hi, sf, su, shift, k2, c2)
+    ub = u.view(utype)
+    n1 = bk.key_histogram(u, ub, r, use_ref, lo, hi, sf, su, shift, k1, c1, s1, nomm, nomm,
+                          False)
+    n2 = bk.key_counts(u, ub, r, use_ref, lo, hi, sf, su, shift, k2, c2)
     assert np.array_equal(k1, k2) and np.array_equal(c1, c2) and n1 == n2
     s4 = np.zeros_like(s1)                           # the streaming sums: every bucket
     bk.key_sums(u, r, use_ref, lo, hi, k2, s4)
