@@ -175,6 +175,11 @@ def test_longest_runs_round_trip():
     out = np.zeros(1 << 16, np.uint8)
     end = rk.encode_runs(sym, 0, sym.size, S, hk.canonical_codes(lengths), lengths, out, 0,
                          NOF, NOF, False)
+    listed = np.zeros_like(out)           # long code words and 24 extra bits: two puts
+    assert rk.encode_runs_listed(sym, 0, sym.size, _listed(sym, 0, sym.size), S,
+                                 hk.canonical_codes(lengths), lengths, listed, 0, NOF, NOF,
+                                 False) == end
+    assert np.array_equal(listed, out)
     tb = int(lengths.max())
     back = np.full(sym.size, 99, np.uint8)
     used = rk.decode_runs(out, 0, end, sym.size, S, hk.decode_table(lengths, tb), tb, back, 0,
