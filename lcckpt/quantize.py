@@ -100,7 +100,9 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     nch = -(-n // chunk_size)
     keys = _buffer("keys", n, np.uint16)
     slots = nkeys + 1                                   # the last one counts zeros
-    counts = np.zeros((nch, bk.LANES, slots), np.int64)
+    full = midpoint or not split
+    counts = (np.zeros((nch, bk.LANES, slots), np.int64) if full else
+              np.zeros((nch, bk.COUNT_LANES, slots), np.uint32))   # chunks < 2**32 elements
     sums = np.zeros((nch, bk.LANES, slots), np.float64)
     mins = np.full((nch, slots), np.inf) if midpoint else np.zeros((1, 1))
     maxs = np.full((nch, slots), -np.inf) if midpoint else np.zeros((1, 1))
@@ -108,7 +110,6 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     use_ref = ref is not None
     r = ref if use_ref else u
     ub = u.view(_LAYOUT[u.dtype][0])
-    full = midpoint or not split
 
     def pass1(c):
         sf, su = _scratch(u.dtype)
@@ -121,7 +122,7 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
             norms[c] = bk.key_counts(u, ub, r, use_ref, lo, hi, sf, su, shift, keys, counts[c])
     run_tasks(pass1, nch)
 
-    counts = counts.sum(axis=1)[:, :nkeys]
+    counts = counts.sum(axis=1, dtype=np.int64)[:, :nkeys]
     total = counts.sum(axis=0)
     half = nkeys // 2
     bad = int(total[half - 1] + total[nkeys - 1])

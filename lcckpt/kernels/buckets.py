@@ -21,6 +21,8 @@ BLOCK = 2048
 
 LANES = 4      # interleaved histogram copies: consecutive elements of one bucket update
                # different memory, so the adds do not wait on each other
+COUNT_LANES = 8    # the same for counts alone (key_counts): integer counts come out the
+                   # same in any lanes; 8 of uint32 measured ~10% faster than 4 of int64
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
@@ -96,6 +98,9 @@ def key_counts(u, u_bits, ref, use_ref, start, stop, scratch_f, scratch_u, shift
                counts):
     """:func:`key_histogram` without the sums: keys, per-lane counts and the norms.
 
+    ``counts`` is ``[COUNT_LANES, nkeys + 1]``, of any integer type wide enough for the
+    range (the quantizer's is uint32).
+
     Centroids need the sums of the kept buckets only, and which buckets are kept follows
     from the counts alone; the quantizer's pass 2 adds those sums while it maps the
     symbols (:func:`lcckpt.kernels.runs.map_symbols_sums`), in the same lanes and order
@@ -126,10 +131,10 @@ def key_counts(u, u_bits, ref, use_ref, start, stop, scratch_f, scratch_u, shift
         for j in range(m):
             kb[j] = zero_key if fb[j] == 0 else np.uint16(bb[j] >> shift)
         j = 0
-        while j + LANES <= m:
-            for lane in range(LANES):
+        while j + COUNT_LANES <= m:
+            for lane in range(COUNT_LANES):
                 counts[lane, kb[j + lane]] += 1
-            j += LANES
+            j += COUNT_LANES
         while j < m:
             counts[0, kb[j]] += 1
             j += 1
