@@ -27,7 +27,7 @@ _LAYOUT = {np.dtype(np.float32): (np.uint32, np.uint32(23), 512),
 
 @dataclass
 class Quantized:
-    sym: np.ndarray            # uint8 [n]; a per-thread buffer, reused by the next call
+    sym_buf: np.ndarray        # uint8 [n]; a per-thread buffer, reused by the next call
     sym_hist: np.ndarray       # int64 [nchunks, 2**bits]
     centroids: np.ndarray      # [2**bits], zero-padded past ``kept``
     kept: int                  # buckets kept (K <= 2**bits - 1)
@@ -39,6 +39,26 @@ class Quantized:
     runs_extra: np.ndarray | None = None   # per-chunk raw extra bits of the runs coder
     nonzero: tuple | None = None   # (uint32 offset in the chunk | symbol << 24, int64 starts
                                    # [nchunks + 1]): the nonzero symbols, if listed (quantize)
+    chunk_size: int = 0
+    written: bool = True       # False: only ``nonzero`` holds the symbols so far
+
+    @property
+    def sym(self) -> np.ndarray:
+        """The symbols (``uint8 [n]``), written out from the nonzero list on first use
+        where pass 2 left them there (:meth:`symbols`)."""
+        if not self.written:
+            nz, starts = self.nonzero
+            cs, n = self.chunk_size, self.sym_buf.size
+            run_tasks(lambda c: rk.fill_listed(self.sym_buf, c * cs, min(n, (c + 1) * cs),
+                                               nz[starts[c]:starts[c + 1]]), starts.size - 1)
+            self.written = True
+        return self.sym_buf
+
+    def symbols(self):
+        """``sym``, or while only the nonzero list holds them a callable that writes
+        them out (what :func:`lcckpt.entropy.analyze` and :func:`~lcckpt.entropy.encode`
+        take, calling it only if a chunk's mode needs every symbol)."""
+        return self.sym_buf if self.written else (lambda: self.sym)
 
     @property
     def rel_error(self) -> float:
@@ -87,7 +107,8 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     written (what :func:`lcckpt.entropy.analyze` would otherwise read them back for),
     and, while at most :data:`LIST_SHARE` of the symbols are nonzero, keep the nonzero
     symbols pass 2 lists anyway, with their positions (``Quantized.nonzero``): the runs
-    coder then visits them instead of scanning every symbol again.
+    coder then visits them instead of scanning every symbol again, and the symbol array
+    itself is only written out if something reads ``Quantized.sym``.
     ``split``: pass 1 only counts, and the sums come after, from the counts' verdict:
     for the kept buckets alone at their nonzero symbols (a random access each) while at
     most :data:`SPLIT_SHARE` of the symbols are nonzero, else for every bucket in a
@@ -157,6 +178,8 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
         nz_off = np.zeros(nch + 1, np.int64)
         np.cumsum(counts[:, kept_keys].sum(axis=1), out=nz_off[1:])
         listed = (_buffer("nonzero", int(nz_off[-1]), np.uint32), nz_off)
+    # the sparse layout leaves the symbols in the list alone until someone reads them
+    write = listed is None or full or late
 
     def pass2(c):
         lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
@@ -166,7 +189,7 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
         if not (full or late):
             e = rk.map_symbols_sums(keys, u, r, use_ref, lo, hi, lut, kept_keys, sym, S,
                                     runs_stats, rhist[c] if runs_stats else no_hist, sums[c],
-                                    nz)
+                                    nz, write)
             if runs_stats:
                 rextra[c] = e
         elif runs_stats:
@@ -191,7 +214,8 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     delta_sq = float(norms[:, 1].sum())
     residual = delta_sq - float(np.sum(2 * c * s_tot - total * c * c))
     return Quantized(sym, sym_hist, centroids, int(kept), total, max(residual, 0.0),
-                     float(norms[:, 0].sum()), delta_sq, rhist, rextra, listed)
+                     float(norms[:, 0].sum()), delta_sq, rhist, rextra, listed, chunk_size,
+                     write)
 
 
 # --- the error-bounded uniform quantizer ------------------------------------------------

@@ -432,15 +432,24 @@ def test_split_passes_match_key_histogram(bits, n, a, z, use_ref, dtype, zeros, 
     kept_keys = np.flatnonzero(lut).astype(np.uint16)
     nz2 = np.zeros(int(total[kept_keys].sum()), np.uint32)     # sized as the quantizer does
     e2 = rk.map_symbols_sums(k2, u, r, use_ref, lo, hi, lut, kept_keys, sym2, S, True, h2, s2,
-                             nz2)
+                             nz2, True)
     assert np.array_equal(sym1, sym2) and e1 == e2 and np.array_equal(h1, h2)
     assert np.array_equal(nz2, _listed(sym2, lo, hi))
+    sym4, nz4 = np.full(n, 99, np.uint8), np.zeros_like(nz2)   # symbols left in the list
+    h4, s4 = np.zeros_like(h2), np.zeros_like(s2)
+    assert rk.map_symbols_sums(k2, u, r, use_ref, lo, hi, lut, kept_keys, sym4, S, True, h4, s4,
+                               nz4, False) == e2
+    assert np.all(sym4 == 99) and np.array_equal(nz4, nz2) and np.array_equal(h4, h2)
+    assert s4.tobytes() == s2.tobytes()
+    rk.fill_listed(sym4, lo, hi, nz4)                # and written out from it
+    assert np.array_equal(sym4[lo:hi], sym1[lo:hi]) and np.all(sym4[:lo] == 99)
+    assert np.all(sym4[hi:] == 99)
     for k in kept_keys:                              # the sums of kept buckets, bit for bit
         assert s1[:, k].tobytes() == s2[:, k].tobytes()
     sym3 = np.full(n, 99, np.uint8)
     s3 = np.zeros_like(s1)
     assert rk.map_symbols_sums(k2, u, r, use_ref, lo, hi, lut, kept_keys, sym3, S, False,
-                               np.zeros(1, np.int64), s3, np.zeros(0, np.uint32)) == 0
+                               np.zeros(1, np.int64), s3, np.zeros(0, np.uint32), True) == 0
     assert np.array_equal(sym3, sym1) and s3.tobytes() == s2.tobytes()
 
 
@@ -457,6 +466,7 @@ def test_quantizer_layouts_agree(bits, n, use_ref, dtype, spread, seed):
     ref = (u - rng.standard_normal(n).astype(dtype) * dtype(0.1)) if use_ref else None
     a = quantize(u, ref, bits, 1024, runs_stats=True, split=False)
     a_sym = a.sym.copy()
+    a.sym_buf[:] = 99                    # what the sparse layout leaves unwritten: garbage
     b = quantize(u, ref, bits, 1024, runs_stats=True, split=True)
     assert np.array_equal(a_sym, b.sym) and a.centroids.tobytes() == b.centroids.tobytes()
     assert a.kept == b.kept and np.array_equal(a.sym_hist, b.sym_hist)

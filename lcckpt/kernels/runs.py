@@ -517,7 +517,7 @@ def map_symbols_runs(keys, start, stop, lut, sym, S, hist, nz):
 
 @njit(cache=True, nogil=True)
 def map_symbols_sums(keys, u, ref, use_ref, start, stop, lut, kept_keys, sym, S, runs, hist,
-                     sums, nz):
+                     sums, nz, write):
     """The quantizer's pass 2 after :func:`lcckpt.kernels.buckets.key_counts`.
 
     ``sym = lut[keys]``; for every nonzero symbol (a kept bucket) its delta (``u - ref``
@@ -532,7 +532,10 @@ def map_symbols_sums(keys, u, ref, use_ref, start, stop, lut, kept_keys, sym, S,
     the symbols are built by one vectorized compare pass per kept key instead of a table
     gather per element (5x faster at 2 bits). The nonzero positions are listed by
     :func:`_list_nonzero`, which skips all-zero groups of 8 symbols, and kept in ``nz``
-    as in :func:`map_symbols_runs`.
+    as in :func:`map_symbols_runs`. Unless ``write``, the symbols go to a block of the
+    kernel's own and ``sym`` is not touched: the list in ``nz`` is then all that holds
+    them (:func:`fill_listed` writes them out), which saves writing a byte per element
+    that a sparse stream's runs coder never reads.
     """
     cmp = kept_keys.size <= CMP_KEYS
     keep = nz.size > 0
@@ -541,11 +544,13 @@ def map_symbols_sums(keys, u, ref, use_ref, start, stop, lut, kept_keys, sym, S,
     extra = 0
     last = start - 1
     pos = np.empty(_SCAN, np.int64)
+    own = np.empty(_SCAN, np.uint8)
     k = 0
     i = start
     while i < stop:
         m = min(_SCAN, stop - i)
-        kb, sb = keys[i:i + m], sym[i:i + m]
+        kb = keys[i:i + m]
+        sb = sym[i:i + m] if write else own[:m]
         if cmp and kept_keys.size:        # the first compare pass also clears
             kk = kept_keys[0]
             sv = lut[kk]
@@ -562,24 +567,25 @@ def map_symbols_sums(keys, u, ref, use_ref, start, stop, lut, kept_keys, sym, S,
         else:
             for j in range(m):
                 sb[j] = lut[kb[j]]
-        k = _list_nonzero(sb, i, pos, k > m >> 3)
+        k = _list_nonzero(sb, 0, pos, k > m >> 3)
         if keep:
             for t in range(k):
-                nz[nk + t] = np.uint32(pos[t] - start) | np.uint32(sym[pos[t]]) << np.uint32(24)
+                nz[nk + t] = np.uint32(i + pos[t] - start) | np.uint32(sb[pos[t]]) << np.uint32(24)
             nk += k
         for t in range(k):
-            p = pos[t]
+            j = pos[t]
+            p = i + j
             lane = (p - start) & _LANE_MASK if p < tail else 0
             if use_ref:
                 d = u[p] - ref[p]
             else:
                 d = u[p]
-            sums[lane, keys[p]] += np.float64(d)
+            sums[lane, kb[j]] += np.float64(d)
             if runs:
                 run = p - last - 1
                 last = p
                 c = _BIT_LENGTH[run] if run < 512 else _bit_length(run)
-                hist[c * S + sym[p]] += 1
+                hist[c * S + sb[j]] += 1
                 if c > 1:
                     extra += c - 1
         i += m
@@ -591,3 +597,15 @@ def map_symbols_sums(keys, u, ref, use_ref, start, stop, lut, kept_keys, sym, S,
             if c > 1:
                 extra += c - 1
     return extra
+
+
+@njit(cache=True, nogil=True)
+def fill_listed(sym, start, stop, nz):
+    """Write ``sym[start:stop]`` from its list of nonzero symbols ``nz`` (as
+    :func:`map_symbols_sums` makes it): zeros, then each listed symbol in its place."""
+    sb = sym[start:stop]
+    for j in range(sb.size):
+        sb[j] = 0
+    for t in range(nz.size):
+        e = nz[t]
+        sb[np.int64(e & _OFFSET_MASK)] = np.uint8(e >> np.uint32(24))
