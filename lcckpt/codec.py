@@ -179,11 +179,12 @@ def encode_lossy(q: Quantized, dt: dtypes.DType, shape, bits: int, cfg: CodecCon
     decoder makes), so the delta encoder needs no further pass over the symbols.
     """
     cs = 1 << cfg.log2
-    n = q.sym.size
+    n = q.sym_buf.size
     modes = entropy.modes_for(cfg.coder, bits)
-    an = entropy.analyze(q.sym, q.sym_hist, cs, bits, modes, (q.runs_hist, q.runs_extra))
-    enc = entropy.encode(q.sym, an, modes, cache,
-                         apply=None if ref is None else (q.centroids, ref))
+    sym = q.symbols()                # written out only if a chunk's mode reads them all
+    an = entropy.analyze(sym, q.sym_hist, cs, bits, modes, (q.runs_hist, q.runs_extra))
+    enc = entropy.encode(sym, an, modes, cache,
+                         apply=None if ref is None else (q.centroids, ref), nonzero=q.nonzero)
     w = _blob.header(LOSSY, dt, shape, cfg.log2)
     w.u8(bits)
     w.u8(1 if cfg.midpoint else 0)

@@ -95,9 +95,11 @@ def analyze(sym: np.ndarray, sym_hist: np.ndarray, chunk_size: int, b: int, mode
 
     Grouped letters cost at least one bit each, so when the runs code is sure to take
     fewer than ``n / g`` bits (sparse streams) the grouped histogram is not collected
-    and that mode drops out of the choice.
+    and that mode drops out of the choice. ``sym`` may be a callable returning the
+    symbols, called only if a histogram needs them.
     """
-    n = sym.size
+    n = int(sym_hist.sum()) if callable(sym) else sym.size
+    get = sym if callable(sym) else (lambda: sym)
     nchunks = -(-n // chunk_size)
     hist = {HUFFMAN: sym_hist}
     extra = None
@@ -107,6 +109,7 @@ def analyze(sym: np.ndarray, sym_hist: np.ndarray, chunk_size: int, b: int, mode
     elif RUNS in modes:
         hist[RUNS] = np.zeros((nchunks, alphabet(RUNS, b)), np.int64)
         extra = np.zeros(nchunks, np.int64)
+        sym = get()
 
         def runs(c):
             lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
@@ -119,6 +122,7 @@ def analyze(sym: np.ndarray, sym_hist: np.ndarray, chunk_size: int, b: int, mode
             if len(modes) > 1 and runs_most <= n / g:
                 return Analysis(n, chunk_size, b, hist, extra)
         hist[GROUPED] = np.zeros((nchunks, alphabet(GROUPED, b)), np.int64)
+        sym = get()
 
         def grouped(c):
             lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
@@ -207,11 +211,16 @@ def _chunk_bits(an: Analysis, mode: int, lengths) -> np.ndarray:
 
 
 def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None,
-           apply=None) -> Encoded:
+           apply=None, nonzero=None) -> Encoded:
     """Choose a mode per chunk (fewest bytes among ``modes``) and code the stream.
 
     ``apply=(centroids, fout)``: while coding, add each nonzero symbol's centroid into
     ``fout`` (the delta encoder's reference update, exactly as the decoder makes it).
+    ``nonzero=(listed, starts)``: the nonzero symbols as the quantizer lists them, chunk
+    ``c``'s at ``listed[starts[c]:starts[c + 1]]`` (see
+    :func:`lcckpt.kernels.runs.encode_runs_listed`); runs chunks are then coded from
+    the list alone. ``sym`` may be a callable returning the symbols (see
+    :func:`analyze`), called only if some chunk's mode reads them.
     """
     b = an.b
     modes = [m for m in modes if m not in CODED_MODES or m in an.hist]   # analyzed ones
@@ -234,6 +243,10 @@ def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None,
         score[list(modes).index(RAW)] *= RAW_MARGIN
     choice = _choose(score, modes, lengths)
     chunk_modes = np.asarray(modes, np.uint8)[choice]
+    if callable(sym):
+        listed = RUNS if nonzero is not None else -1
+        reads = ~np.isin(chunk_modes, (CONST, listed))   # modes that read every symbol
+        sym = sym() if reads.any() else _NO_SYMBOLS
     nbytes = stacked[choice, np.arange(an.nchunks)].astype(np.int64)
     consts = np.zeros(an.nchunks, np.uint8)
     if CONST in modes:
@@ -263,6 +276,10 @@ def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None,
         elif m == GROUPED:
             end = rk.encode_grouped(sym, lo, hi, g, b, codes[m], used[m], coded, pos, cent, fout,
                                     applying)
+        elif m == RUNS and nonzero is not None:
+            nz = nonzero[0][nonzero[1][c]:nonzero[1][c + 1]]
+            end = rk.encode_runs_listed(sym, lo, hi, nz, S, codes[m], used[m], coded, pos, cent,
+                                        fout, applying)
         elif m == RUNS:
             end = rk.encode_runs(sym, lo, hi, S, codes[m], used[m], coded, pos, cent, fout,
                                  applying)

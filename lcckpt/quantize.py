@@ -28,7 +28,7 @@ _LAYOUT = {np.dtype(np.float32): (np.uint32, np.uint32(23), 512),
 
 @dataclass
 class Quantized:
-    sym: np.ndarray            # uint8 [n]; a per-thread buffer, reused by the next call
+    sym_buf: np.ndarray        # uint8 [n]; a per-thread buffer, reused by the next call
     sym_hist: np.ndarray       # int64 [nchunks, 2**bits]
     centroids: np.ndarray      # [2**bits], zero-padded past ``kept``
     kept: int                  # buckets kept (K <= 2**bits - 1)
@@ -38,6 +38,28 @@ class Quantized:
     delta_sq: float            # ||delta||^2
     runs_hist: np.ndarray | None = None    # per-chunk runs-coder letter counts, if asked
     runs_extra: np.ndarray | None = None   # per-chunk raw extra bits of the runs coder
+    nonzero: tuple | None = None   # (uint32 offset in the chunk | symbol << 24, int64 starts
+                                   # [nchunks + 1]): the nonzero symbols, if listed (quantize)
+    chunk_size: int = 0
+    written: bool = True       # False: only ``nonzero`` holds the symbols so far
+
+    @property
+    def sym(self) -> np.ndarray:
+        """The symbols (``uint8 [n]``), written out from the nonzero list on first use
+        where pass 2 left them there (:meth:`symbols`)."""
+        if not self.written:
+            nz, starts = self.nonzero
+            cs, n = self.chunk_size, self.sym_buf.size
+            run_tasks(lambda c: rk.fill_listed(self.sym_buf, c * cs, min(n, (c + 1) * cs),
+                                               nz[starts[c]:starts[c + 1]]), starts.size - 1)
+            self.written = True
+        return self.sym_buf
+
+    def symbols(self):
+        """``sym``, or while only the nonzero list holds them a callable that writes
+        them out (what :func:`lcckpt.entropy.analyze` and :func:`~lcckpt.entropy.encode`
+        take, calling it only if a chunk's mode needs every symbol)."""
+        return self.sym_buf if self.written else (lambda: self.sym)
 
     @property
     def rel_error(self) -> float:
@@ -74,6 +96,7 @@ def _scratch(dtype):
 
 
 SPLIT_SHARE = 0.08      # past this share of nonzero symbols, split=False is faster
+LIST_SHARE = 0.125      # up to this share of nonzero symbols, pass 2 keeps their positions
 
 
 def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
@@ -82,7 +105,11 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
 
     ``u`` and ``ref`` are flat, contiguous, of one float dtype (fp32 or fp64).
     ``runs_stats``: also collect the zero-run coder's letter counts while the symbols are
-    written (what :func:`lcckpt.entropy.analyze` would otherwise read them back for).
+    written (what :func:`lcckpt.entropy.analyze` would otherwise read them back for),
+    and, while at most :data:`LIST_SHARE` of the symbols are nonzero, keep the nonzero
+    symbols pass 2 lists anyway, with their positions (``Quantized.nonzero``): the runs
+    coder then visits them instead of scanning every symbol again, and the symbol array
+    itself is only written out if something reads ``Quantized.sym``.
     ``split``: pass 1 only counts, and the sums come after, from the counts' verdict:
     for the kept buckets alone at their nonzero symbols (a random access each) while at
     most :data:`SPLIT_SHARE` of the symbols are nonzero, else for every bucket in a
@@ -95,27 +122,29 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     nch = -(-n // chunk_size)
     keys = _buffer("keys", n, np.uint16)
     slots = nkeys + 1                                   # the last one counts zeros
-    counts = np.zeros((nch, bk.LANES, slots), np.int64)
+    full = midpoint or not split
+    counts = (np.zeros((nch, bk.LANES, slots), np.int64) if full else
+              np.zeros((nch, bk.COUNT_LANES, slots), np.uint32))   # chunks < 2**32 elements
     sums = np.zeros((nch, bk.LANES, slots), np.float64)
     mins = np.full((nch, slots), np.inf) if midpoint else np.zeros((1, 1))
     maxs = np.full((nch, slots), -np.inf) if midpoint else np.zeros((1, 1))
     norms = np.zeros((nch, 2), np.float64)              # ||u||^2, ||delta||^2 per chunk
     use_ref = ref is not None
     r = ref if use_ref else u
-    full = midpoint or not split
+    ub = u.view(_LAYOUT[u.dtype][0])
 
     def pass1(c):
         sf, su = _scratch(u.dtype)
         lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
         if full:
             mm = c if midpoint else 0
-            norms[c] = bk.key_histogram(u, r, use_ref, lo, hi, sf, su, shift, keys, counts[c],
-                                        sums[c], mins[mm], maxs[mm], midpoint)
+            norms[c] = bk.key_histogram(u, ub, r, use_ref, lo, hi, sf, su, shift, keys,
+                                        counts[c], sums[c], mins[mm], maxs[mm], midpoint)
         else:                            # the sums come in pass 2, for kept buckets only
-            norms[c] = bk.key_counts(u, r, use_ref, lo, hi, sf, su, shift, keys, counts[c])
+            norms[c] = bk.key_counts(u, ub, r, use_ref, lo, hi, sf, su, shift, keys, counts[c])
     run_tasks(pass1, nch)
 
-    counts = counts.sum(axis=1)[:, :nkeys]
+    counts = counts.sum(axis=1, dtype=np.int64)[:, :nkeys]
     total = counts.sum(axis=0)
     half = nkeys // 2
     bad = int(total[half - 1] + total[nkeys - 1])
@@ -142,19 +171,30 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     kept_keys = np.flatnonzero(lut).astype(keys.dtype)
     # counted now: if many symbols will be nonzero, sum every bucket in a streaming pass
     # (cheaper than a random access per nonzero symbol), then map as the full layout does
-    late = not full and float(total[kept_keys].sum()) > SPLIT_SHARE * n
+    nonzero = float(total[kept_keys].sum())
+    late = not full and nonzero > SPLIT_SHARE * n
+    listed = None
+    no_pos = np.zeros(0, np.uint32)
+    if runs_stats and nonzero <= LIST_SHARE * n:
+        nz_off = np.zeros(nch + 1, np.int64)
+        np.cumsum(counts[:, kept_keys].sum(axis=1), out=nz_off[1:])
+        listed = (_buffer("nonzero", int(nz_off[-1]), np.uint32), nz_off)
+    # the sparse layout leaves the symbols in the list alone until someone reads them
+    write = listed is None or full or late
 
     def pass2(c):
         lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
+        nz = listed[0][listed[1][c]:listed[1][c + 1]] if listed is not None else no_pos
         if late:
             bk.key_sums(u, r, use_ref, lo, hi, keys, sums[c])
         if not (full or late):
             e = rk.map_symbols_sums(keys, u, r, use_ref, lo, hi, lut, kept_keys, sym, S,
-                                    runs_stats, rhist[c] if runs_stats else no_hist, sums[c])
+                                    runs_stats, rhist[c] if runs_stats else no_hist, sums[c],
+                                    nz, write)
             if runs_stats:
                 rextra[c] = e
         elif runs_stats:
-            rextra[c] = rk.map_symbols_runs(keys, lo, hi, lut, sym, S, rhist[c])
+            rextra[c] = rk.map_symbols_runs(keys, lo, hi, lut, sym, S, rhist[c], nz)
         else:
             bk.map_symbols(keys, lo, hi, lut, sym)
     run_tasks(pass2, nch)
@@ -175,7 +215,8 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     delta_sq = float(norms[:, 1].sum())
     residual = delta_sq - float(np.sum(2 * c * s_tot - total * c * c))
     return Quantized(sym, sym_hist, centroids, int(kept), total, max(residual, 0.0),
-                     float(norms[:, 0].sum()), delta_sq, rhist, rextra)
+                     float(norms[:, 0].sum()), delta_sq, rhist, rextra, listed, chunk_size,
+                     write)
 
 
 # --- the error-bounded uniform quantizer ------------------------------------------------

@@ -127,7 +127,6 @@ def test_grouped_round_trip_and_exact_size(args):
         assert used == nbits and np.array_equal(back, sym)
 
 
-
 @settings(max_examples=60, deadline=None)
 @given(st.integers(5, 8), st.integers(800, 6000), st.floats(0.01, 0.6), st.integers(0, 2**32 - 1))
 def test_runs_of_wide_symbols_decode_with_the_multi_table(b, n, density, seed):
@@ -154,6 +153,13 @@ def test_runs_of_wide_symbols_decode_with_the_multi_table(b, n, density, seed):
                           cent, fout, True, multi)
     assert used == nbits and np.array_equal(fout, cent[sym])
 
+
+def _listed(sym, lo, hi):
+    """The nonzero symbols of ``sym[lo:hi]`` as pass 2 lists them: offset | symbol << 24."""
+    i = np.flatnonzero(sym[lo:hi]).astype(np.uint32)
+    return i | sym[lo:hi][i].astype(np.uint32) << np.uint32(24)
+
+
 @settings(max_examples=150, deadline=None)
 @given(sym_st)
 def test_runs_round_trip_and_exact_size(args):
@@ -168,6 +174,11 @@ def test_runs_round_trip_and_exact_size(args):
     out = np.zeros((nbits + 7) // 8, np.uint8)
     assert rk.encode_runs(sym, 0, n, S, hk.canonical_codes(lengths), lengths, out, 0, NOF, NOF,
                           False) == out.size
+    listed = np.zeros_like(out)                      # from the nonzero positions: same bits
+    nz = _listed(sym, 0, n)
+    assert rk.encode_runs_listed(sym, 0, n, nz, S, hk.canonical_codes(lengths), lengths, listed,
+                                 0, NOF, NOF, False) == out.size
+    assert np.array_equal(listed, out)
     if n:
         tb = int(lengths.max())
         for multi in (NOT, rk.runs_decode_table(lengths, S)):
@@ -191,6 +202,11 @@ def test_longest_runs_round_trip():
     out = np.zeros(1 << 16, np.uint8)
     end = rk.encode_runs(sym, 0, sym.size, S, hk.canonical_codes(lengths), lengths, out, 0,
                          NOF, NOF, False)
+    listed = np.zeros_like(out)           # long code words and 24 extra bits: two puts
+    assert rk.encode_runs_listed(sym, 0, sym.size, _listed(sym, 0, sym.size), S,
+                                 hk.canonical_codes(lengths), lengths, listed, 0, NOF, NOF,
+                                 False) == end
+    assert np.array_equal(listed, out)
     tb = int(lengths.max())
     back = np.full(sym.size, 99, np.uint8)
     used = rk.decode_runs(out, 0, end, sym.size, S, hk.decode_table(lengths, tb), tb, back, 0,
@@ -335,6 +351,15 @@ def test_fused_apply_equals_symbols_then_apply(mode, b, n, density, seed):
         rk.encode_grouped(sym, 0, n, g, b, codes, lengths, out2, 0, cent, enc_ref, True)
     elif mode == "runs":
         rk.encode_runs(sym, 0, n, S, codes, lengths, out2, 0, cent, enc_ref, True)
+        listed_ref, out3 = base.copy(), np.zeros_like(out)    # from the nonzero positions
+        lo = n // 3                                           # of a sub-range
+        nz = _listed(sym, lo, n)
+        full = np.zeros_like(out)
+        rk.encode_runs(sym, lo, n, S, codes, lengths, full, 0, cent, listed_ref, True)
+        listed_ref[:] = base
+        rk.encode_runs_listed(sym, lo, n, nz, S, codes, lengths, out3, 0, cent, listed_ref, True)
+        bk.apply_symbols(sym, 0, lo, cent, listed_ref)
+        assert listed_ref.tobytes() == want.tobytes() and np.array_equal(out3, full)
     else:
         hk.encode_symbols(sym, 0, n, codes, lengths, out2, 0, cent, enc_ref, True)
     assert enc_ref.tobytes() == want.tobytes() and np.array_equal(out2, out)
@@ -377,10 +402,12 @@ def test_fused_pass2_runs_statistics(args, a, z):
     lut[np.arange(S) * 7] = np.arange(S)
     got = np.full(n, 99, np.uint8)
     h1, h2 = np.zeros(rk.RUN_CLASSES * S, np.int64), np.zeros(rk.RUN_CLASSES * S, np.int64)
-    e1 = rk.map_symbols_runs(keys, lo, hi, lut, got, S, h1)
+    nz = np.zeros(np.count_nonzero(sym[lo:hi]), np.uint32)
+    e1 = rk.map_symbols_runs(keys, lo, hi, lut, got, S, h1, nz)
     e2 = rk.runs_histogram(sym, lo, hi, S, h2)
     assert np.array_equal(got[lo:hi], sym[lo:hi]) and np.all(got[:lo] == 99) and np.all(got[hi:] == 99)
     assert e1 == e2 and np.array_equal(h1, h2)
+    assert np.array_equal(nz, _listed(sym, lo, hi))           # what it lists
 
 
 @settings(max_examples=60, deadline=None)
@@ -408,13 +435,16 @@ def test_split_passes_match_key_histogram(bits, n, a, z, use_ref, dtype, zeros, 
     r = ref if use_ref else u
     k1, k2 = np.zeros(n, np.uint16), np.zeros(n, np.uint16)
     c1 = np.zeros((bk.LANES, nkeys + 1), np.int64)
-    c2 = np.zeros_like(c1)
     s1 = np.zeros((bk.LANES, nkeys + 1))
     s2 = np.zeros_like(s1)
     nomm = np.zeros(1)
-    n1 = bk.key_histogram(u, r, use_ref, lo, hi, sf, su, shift, k1, c1, s1, nomm, nomm, False)
-    n2 = bk.key_counts(u, r, use_ref, lo, hi, sf, su, shift, k2, c2)
-    assert np.array_equal(k1, k2) and np.array_equal(c1, c2) and n1 == n2
+    ub = u.view(utype)
+    n1 = bk.key_histogram(u, ub, r, use_ref, lo, hi, sf, su, shift, k1, c1, s1, nomm, nomm,
+                          False)
+    c2 = np.zeros((bk.COUNT_LANES, nkeys + 1), np.uint32)    # the quantizer's layout
+    n2 = bk.key_counts(u, ub, r, use_ref, lo, hi, sf, su, shift, k2, c2)
+    assert np.array_equal(k1, k2) and n1 == n2
+    assert np.array_equal(c1.sum(axis=0), c2.sum(axis=0, dtype=np.int64))
     s4 = np.zeros_like(s1)                           # the streaming sums: every bucket
     bk.key_sums(u, r, use_ref, lo, hi, k2, s4)
     assert s4.tobytes() == s1.tobytes()
@@ -424,16 +454,29 @@ def test_split_passes_match_key_histogram(bits, n, a, z, use_ref, dtype, zeros, 
     S = 1 << bits
     sym1, sym2 = np.full(n, 99, np.uint8), np.full(n, 99, np.uint8)
     h1, h2 = np.zeros(rk.RUN_CLASSES * S, np.int64), np.zeros(rk.RUN_CLASSES * S, np.int64)
-    e1 = rk.map_symbols_runs(k1, lo, hi, lut, sym1, S, h1)
+    nz1 = np.zeros(0, np.uint32)                     # empty: no list kept
+    e1 = rk.map_symbols_runs(k1, lo, hi, lut, sym1, S, h1, nz1)
     kept_keys = np.flatnonzero(lut).astype(np.uint16)
-    e2 = rk.map_symbols_sums(k2, u, r, use_ref, lo, hi, lut, kept_keys, sym2, S, True, h2, s2)
+    nz2 = np.zeros(int(total[kept_keys].sum()), np.uint32)     # sized as the quantizer does
+    e2 = rk.map_symbols_sums(k2, u, r, use_ref, lo, hi, lut, kept_keys, sym2, S, True, h2, s2,
+                             nz2, True)
     assert np.array_equal(sym1, sym2) and e1 == e2 and np.array_equal(h1, h2)
+    assert np.array_equal(nz2, _listed(sym2, lo, hi))
+    sym4, nz4 = np.full(n, 99, np.uint8), np.zeros_like(nz2)   # symbols left in the list
+    h4, s4 = np.zeros_like(h2), np.zeros_like(s2)
+    assert rk.map_symbols_sums(k2, u, r, use_ref, lo, hi, lut, kept_keys, sym4, S, True, h4, s4,
+                               nz4, False) == e2
+    assert np.all(sym4 == 99) and np.array_equal(nz4, nz2) and np.array_equal(h4, h2)
+    assert s4.tobytes() == s2.tobytes()
+    rk.fill_listed(sym4, lo, hi, nz4)                # and written out from it
+    assert np.array_equal(sym4[lo:hi], sym1[lo:hi]) and np.all(sym4[:lo] == 99)
+    assert np.all(sym4[hi:] == 99)
     for k in kept_keys:                              # the sums of kept buckets, bit for bit
         assert s1[:, k].tobytes() == s2[:, k].tobytes()
     sym3 = np.full(n, 99, np.uint8)
     s3 = np.zeros_like(s1)
     assert rk.map_symbols_sums(k2, u, r, use_ref, lo, hi, lut, kept_keys, sym3, S, False,
-                               np.zeros(1, np.int64), s3) == 0
+                               np.zeros(1, np.int64), s3, np.zeros(0, np.uint32), True) == 0
     assert np.array_equal(sym3, sym1) and s3.tobytes() == s2.tobytes()
 
 
@@ -450,6 +493,7 @@ def test_quantizer_layouts_agree(bits, n, use_ref, dtype, spread, seed):
     ref = (u - rng.standard_normal(n).astype(dtype) * dtype(0.1)) if use_ref else None
     a = quantize(u, ref, bits, 1024, runs_stats=True, split=False)
     a_sym = a.sym.copy()
+    a.sym_buf[:] = 99                    # what the sparse layout leaves unwritten: garbage
     b = quantize(u, ref, bits, 1024, runs_stats=True, split=True)
     assert np.array_equal(a_sym, b.sym) and a.centroids.tobytes() == b.centroids.tobytes()
     assert a.kept == b.kept and np.array_equal(a.sym_hist, b.sym_hist)

@@ -301,7 +301,8 @@ def dense(steps, every, runs, log):
 
     def code():                                        # the coder alone, on q's symbols
         entropy.encode(q.sym, entropy.analyze(q.sym, q.sym_hist, cs, 2, modes,
-                                              (q.runs_hist, q.runs_extra)), modes)
+                                              (q.runs_hist, q.runs_extra)), modes,
+                       nonzero=q.nonzero)
     code()
     src = np.ascontiguousarray(delta)
     dst = np.empty_like(src)
@@ -378,12 +379,12 @@ def dense(steps, every, runs, log):
     lines = min(1.0, 1 - (1 - nonzero) ** 16)          # cache lines of floats pass 2 reads
     model = [
         ("quantize pass 1", "read floats 4, write keys 2", 6.0, None),
-        ("quantize pass 2", "read keys 2, write symbols 1, floats of nonzero symbols "
-         f"4 x {lines:.2f}", 3 + 4 * lines, None),
-        ("quantize (passes 1+2)", "", 9 + 4 * lines, t["quantize"][0]),
-        ("entropy coding", f"read symbols 1, write payload {payload:.3f}", 1 + payload,
-         t["code"][0]),
-        ("whole encode", "", 10 + 4 * lines + payload, t["lc_enc"][0]),
+        ("quantize pass 2", f"read keys 2, write listed nonzeros 4 x {nonzero:.4f}, floats "
+         f"of nonzero symbols 4 x {lines:.2f}", 2 + 4 * nonzero + 4 * lines, None),
+        ("quantize (passes 1+2)", "", 8 + 4 * nonzero + 4 * lines, t["quantize"][0]),
+        ("entropy coding", f"read listed nonzeros 4 x {nonzero:.4f}, write payload "
+         f"{payload:.3f}", 4 * nonzero + payload, t["code"][0]),
+        ("whole encode", "", 8 + 4 * lines + 8 * nonzero + payload, t["lc_enc"][0]),
         ("decode", f"write floats 4, read payload {payload:.3f}", 4 + payload, t["lc_dec"][0]),
     ]
     mrows = [{"pass": p, "traffic": what, "B_per_el": b, "model_ms": 1e3 * b * n / bw,

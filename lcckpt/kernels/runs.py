@@ -14,7 +14,7 @@ Both stay canonical Huffman; only the letters change.
 import numpy as np
 from numba import njit
 
-from .bits import Z, flush, lookup, put, refill
+from .bits import W, Z, flush, lookup, put, refill
 from .buckets import LANES
 from .huffman import additive, decode_table
 
@@ -23,6 +23,7 @@ _BIT_LENGTH = np.array([int(r).bit_length() for r in range(512)], np.int64)
 _SCAN = 4096                      # block of the branch-free scans for nonzero symbols
 _LANE_MASK = LANES - 1            # LANES is a power of two: no division per element
 CMP_KEYS = 7                      # kept buckets up to which pass 2 compares instead of gathers
+_OFFSET_MASK = np.uint32((1 << 24) - 1)  # a listed nonzero: offset in its chunk | symbol << 24
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -42,6 +43,8 @@ def _list_nonzero(sb, base, pos, dense):
     ``dense``, groups of 8 symbols that read as one zero 64-bit word are skipped: 1.3x
     faster where few symbols are nonzero, 1.6x slower where most words hold one, so
     callers pass ``dense`` when the previous block had more than one nonzero in 8.
+    (Testing the OR of 8 words first to skip 64 symbols at once was 1.5x slower on a
+    real delta with 1.7% nonzero symbols: a quarter of those blocks hold one.)
     """
     m = sb.size
     ng = m >> 3 if sb.itemsize == 1 and not dense else 0   # words need byte symbols
@@ -297,6 +300,48 @@ def encode_runs(sym, start, stop, S, codes, lengths, out, pos, cent, fout, apply
     return flush(acc, nb, out, p)
 
 
+@njit(cache=True, nogil=True)
+def encode_runs_listed(sym, start, stop, nz, S, codes, lengths, out, pos, cent, fout, apply):
+    """:func:`encode_runs` from the list of nonzero symbols the quantizer made while it
+    wrote them (``nz``: for every ``i`` in ``[start, stop)`` with ``sym[i] != 0``,
+    ascending, ``(i - start) | sym[i] << 24``; see :func:`map_symbols_sums`).
+
+    The same bits: the zeros between listed positions are the runs. Sparse symbols
+    then cost one visit per nonzero, not a scan of the whole chunk, and the list
+    carries the symbols, so ``sym`` (long out of cache by now) is not read at all.
+    """
+    acc = Z
+    nb = Z
+    p = pos
+    last = start - 1                  # the previous nonzero's position
+    for t in range(nz.size + 1):
+        if t < nz.size:
+            e = nz[t]
+            q = start + np.int64(e & _OFFSET_MASK)
+            s = np.int64(e >> np.uint32(24))
+            if apply:
+                fout[q] += cent[s]
+        else:                         # the end: the trailing zeros, if any
+            q = stop
+            s = 0
+            if stop - last - 1 == 0:
+                break
+        run = q - last - 1
+        last = q
+        c = _BIT_LENGTH[run] if run < 512 else _bit_length(run)
+        letter = c * S + s
+        ln = np.uint64(lengths[letter])
+        code = np.uint64(codes[letter])
+        xb = np.uint64(c - 1) if c > 1 else Z
+        if ln + xb <= W:              # the code word and its extra bits in one put
+            x = np.uint64(run - (1 << (c - 1))) if c > 1 else Z
+            acc, nb, p = put(acc, nb, (code << xb) | x, ln + xb, out, p)
+        else:
+            acc, nb, p = put(acc, nb, code, ln, out, p)
+            acc, nb, p = put(acc, nb, np.uint64(run - (1 << (c - 1))), xb, out, p)
+    return flush(acc, nb, out, p)
+
+
 RUNS_WINDOW = 12
 RUNS_ITEMS = 3
 
@@ -423,17 +468,22 @@ def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start, cent, 
 
 
 @njit(cache=True, nogil=True)
-def map_symbols_runs(keys, start, stop, lut, sym, S, hist):
+def map_symbols_runs(keys, start, stop, lut, sym, S, hist, nz):
     """The quantizer's pass 2 (``sym = lut[keys]``) fused with :func:`runs_histogram`.
 
     Per block: map the keys, list the nonzero positions branch-free (store every
     position, advance only past nonzeros), then count one letter per listed position
     from the gap to the previous one. About 1.3x faster than the branch per element of
-    :func:`runs_histogram` on dense symbols, where that branch is unpredictable.
+    :func:`runs_histogram` on dense symbols, where that branch is unpredictable. The
+    nonzero symbols are listed in ``nz`` too, as ``(i - start) | sym[i] << 24`` (chunks
+    are at most ``2**24`` long; ``nz`` must have room for every nonzero symbol of the
+    range, or be empty to list none), for :func:`encode_runs_listed`.
     """
     extra = 0
     last = start - 1                  # the previous nonzero's position
     pos = np.empty(_SCAN, np.int64)
+    keep = nz.size > 0
+    nk = 0
     i = start
     while i < stop:
         m = min(_SCAN, stop - i)
@@ -444,6 +494,10 @@ def map_symbols_runs(keys, start, stop, lut, sym, S, hist):
         for j in range(m):
             pos[k] = i + j
             k += sb[j] != 0
+        if keep:
+            for t in range(k):
+                nz[nk + t] = np.uint32(pos[t] - start) | np.uint32(sym[pos[t]]) << np.uint32(24)
+            nk += k
         for t in range(k):
             p = pos[t]
             run = p - last - 1
@@ -464,7 +518,7 @@ def map_symbols_runs(keys, start, stop, lut, sym, S, hist):
 
 @njit(cache=True, nogil=True)
 def map_symbols_sums(keys, u, ref, use_ref, start, stop, lut, kept_keys, sym, S, runs, hist,
-                     sums):
+                     sums, nz, write):
     """The quantizer's pass 2 after :func:`lcckpt.kernels.buckets.key_counts`.
 
     ``sym = lut[keys]``; for every nonzero symbol (a kept bucket) its delta (``u - ref``
@@ -478,43 +532,61 @@ def map_symbols_sums(keys, u, ref, use_ref, start, stop, lut, kept_keys, sym, S,
     ``kept_keys``: the keys ``lut`` maps to a nonzero symbol. Up to ``CMP_KEYS`` of them
     the symbols are built by one vectorized compare pass per kept key instead of a table
     gather per element (5x faster at 2 bits). The nonzero positions are listed by
-    :func:`_list_nonzero`, which skips all-zero groups of 8 symbols.
+    :func:`_list_nonzero`, which skips all-zero groups of 8 symbols, and kept in ``nz``
+    as in :func:`map_symbols_runs`. Unless ``write``, the symbols go to a block of the
+    kernel's own and ``sym`` is not touched: the list in ``nz`` is then all that holds
+    them (:func:`fill_listed` writes them out), which saves writing a byte per element
+    that a sparse stream's runs coder never reads.
     """
     cmp = kept_keys.size <= CMP_KEYS
+    keep = nz.size > 0
+    nk = 0
     tail = start + ((stop - start) & ~_LANE_MASK)
     extra = 0
     last = start - 1
     pos = np.empty(_SCAN, np.int64)
+    own = np.empty(_SCAN, np.uint8)
     k = 0
     i = start
     while i < stop:
         m = min(_SCAN, stop - i)
-        kb, sb = keys[i:i + m], sym[i:i + m]
-        if cmp:
+        kb = keys[i:i + m]
+        sb = sym[i:i + m] if write else own[:m]
+        if cmp and kept_keys.size:        # the first compare pass also clears
+            kk = kept_keys[0]
+            sv = lut[kk]
             for j in range(m):
-                sb[j] = 0
-            for t in range(kept_keys.size):
+                sb[j] = sv if kb[j] == kk else np.uint8(0)
+            for t in range(1, kept_keys.size):
                 kk = kept_keys[t]
                 sv = lut[kk]
                 for j in range(m):
                     sb[j] |= sv if kb[j] == kk else np.uint8(0)
+        elif cmp:
+            for j in range(m):
+                sb[j] = 0
         else:
             for j in range(m):
                 sb[j] = lut[kb[j]]
-        k = _list_nonzero(sb, i, pos, k > m >> 3)
+        k = _list_nonzero(sb, 0, pos, k > m >> 3)
+        if keep:
+            for t in range(k):
+                nz[nk + t] = np.uint32(i + pos[t] - start) | np.uint32(sb[pos[t]]) << np.uint32(24)
+            nk += k
         for t in range(k):
-            p = pos[t]
+            j = pos[t]
+            p = i + j
             lane = (p - start) & _LANE_MASK if p < tail else 0
             if use_ref:
                 d = u[p] - ref[p]
             else:
                 d = u[p]
-            sums[lane, keys[p]] += np.float64(d)
+            sums[lane, kb[j]] += np.float64(d)
             if runs:
                 run = p - last - 1
                 last = p
                 c = _BIT_LENGTH[run] if run < 512 else _bit_length(run)
-                hist[c * S + sym[p]] += 1
+                hist[c * S + sb[j]] += 1
                 if c > 1:
                     extra += c - 1
         i += m
@@ -526,3 +598,15 @@ def map_symbols_sums(keys, u, ref, use_ref, start, stop, lut, kept_keys, sym, S,
             if c > 1:
                 extra += c - 1
     return extra
+
+
+@njit(cache=True, nogil=True)
+def fill_listed(sym, start, stop, nz):
+    """Write ``sym[start:stop]`` from its list of nonzero symbols ``nz`` (as
+    :func:`map_symbols_sums` makes it): zeros, then each listed symbol in its place."""
+    sb = sym[start:stop]
+    for j in range(sb.size):
+        sb[j] = 0
+    for t in range(nz.size):
+        e = nz[t]
+        sb[np.int64(e & _OFFSET_MASK)] = np.uint8(e >> np.uint32(24))
