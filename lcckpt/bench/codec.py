@@ -594,8 +594,38 @@ def story(s: dict) -> str:
     return "\n".join(lines)
 
 
+def _plot_story(s: dict, a, b) -> None:
+    """Each chain setting of the summary, checkpoint by checkpoint: kB on disk (``a``) and
+    restored accuracy beside the true model's (``b``)."""
+    true = s.get("accuracy_true_per_file")
+    if true is not None:                       # under the chains, which mostly sit on it
+        b.plot(range(1, len(true) + 1), [100 * t for t in true], color="lightgrey", lw=4,
+               label="true model")
+    for r in s["rows"]:
+        if "per_file" not in r:
+            if r["method"] == "torch.save":
+                a.axhline(r["bytes"] / s["deltas"] / 1e3, color="grey", ls="--",
+                          label="torch.save (mean)")
+            continue
+        x = list(range(2, len(r["per_file"]) + 2))
+        line, = a.plot(x, [f["bytes"] / 1e3 for f in r["per_file"]], marker="o", ms=3,
+                       label=r["method"])
+        if true is not None:
+            b.plot(x, [100 * f["accuracy"] for f in r["per_file"]], marker="o", ms=3,
+                   color=line.get_color(), label=r["method"])
+    a.set_yscale("log")
+    a.set_ylabel("kB on disk per checkpoint")
+    a.set_title(f"{s.get('model', '')} / {s.get('optimizer', '')}: every chain setting")
+    b.set_ylabel("held-out accuracy (%)")
+    b.set_title("restored checkpoints against the true model")
+    for ax in (a, b):
+        ax.set_xlabel("checkpoint")
+        ax.legend(fontsize=7)
+
+
 def plot(doc: dict, path: str):
-    """Bits per element and restored accuracy along each chain, drawn from the JSON."""
+    """The summary's chains checkpoint by checkpoint (the default first among them), then
+    bits per element and restored accuracy along each LC chain, drawn from the JSON."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -603,11 +633,18 @@ def plot(doc: dict, path: str):
     except ImportError as e:
         raise ImportError("plots need matplotlib: pip install 'lcckpt[plot]'") from e
     chains = doc["chains"]
-    fig, axes = plt.subplots(2, len(chains), figsize=(6 * len(chains), 7), squeeze=False)
+    top = 1 if "story" in doc else 0
+    cols = max(2, len(chains)) if top else len(chains)
+    fig, axes = plt.subplots(2 + top, cols, figsize=(6 * cols, 3.5 * (2 + top)),
+                             squeeze=False)
+    if top:
+        _plot_story(doc["story"], axes[0][0], axes[0][1])
+        for ax in axes[0][2:]:
+            ax.axis("off")
     for col, ch in enumerate(chains):
         rows = ch["rows"]
         steps = [r["step"] for r in rows]
-        ax = axes[0][col]
+        ax = axes[top][col]
         for key, label in (("huffman_bpe", "LC faithful (Huffman)"), ("grouped_bpe", "grouped"),
                            ("runs_bpe", "zero runs"), ("auto_bpe", "auto (whole blob)"),
                            ("entropy_bpe", "order-0 entropy")):
@@ -615,10 +652,10 @@ def plot(doc: dict, path: str):
         ax.set_title(f"{ch['model']} / {ch['optimizer']}, b={ch['bits']}")
         ax.set_ylabel("bits per element")
         ax.legend(fontsize=8)
-        ax = axes[1][col]
+        ax = axes[top + 1][col]
         ax.plot(steps, [100 * r["acc_true"] for r in rows], marker="o", ms=3, label="true model")
         ax.plot(steps, [100 * r["acc_restored"] for r in rows], marker="o", ms=3,
-                label="restored from chain")
+                label=f"restored from the LC b={ch['bits']} chain")
         ax.set_xlabel("training step")
         ax.set_ylabel("held-out accuracy (%)")
         ax.legend(fontsize=8)
