@@ -324,6 +324,30 @@ def test_pairs_kernel_round_trips_and_stays_in_its_range(m, width, seed, special
     assert np.all(out[:at] == 0xA5) and np.all(out[at + m:] == 0xA5)
 
 
+@pytest.mark.parametrize("bad", [(), (1,), (0, 1, 2, 3), (0, 3)])
+def test_four_chunk_huffman_kernel_reports_stalled_chunks(bad):
+    """Four Huffman chunks decoded side by side: a chunk of invalid codes (it stalls in
+    the unchecked loop) gets -1, all four at once end the loop, the others decode, and
+    nothing is written outside the four chunks' outputs."""
+    from lcckpt.kernels import huffman as hk
+    lengths = np.zeros(256, np.uint8)
+    lengths[0x7E] = 2                        # code ``00``; 0xFF bytes hold invalid codes
+    multi, single = hk.multi_decode_table(lengths, 8), hk.decode_table(lengths, 2)
+    n, size = 4000, 1000                     # 4000 two-bit codes per chunk
+    buf = np.concatenate([np.full(size, 0xFF if j in bad else 0, np.uint8) for j in range(4)])
+    s = np.arange(4, dtype=np.int64) * size
+    o = 32 + np.arange(4, dtype=np.int64) * n
+    out = np.full(4 * n + 64, 0x5A, np.uint8)
+    used = np.zeros(4, np.int64)
+    pk.decode_top4(buf, s, s + size, np.full(4, n, np.int64), multi, single, 2, out, o, used)
+    for j in range(4):
+        if j in bad:
+            assert used[j] == -1
+        else:
+            assert used[j] == 2 * n and np.all(out[o[j]:o[j] + n] == 0x7E)
+    assert np.all(out[:32] == 0x5A) and np.all(out[32 + 4 * n:] == 0x5A)
+
+
 def test_damaged_pairs_blobs_raise_lcckpt_errors():
     t, blob = _pairs_blob("bf16", n=N + 3, log2=12)
     _, p = parse(blob)

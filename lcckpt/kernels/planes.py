@@ -11,7 +11,8 @@ These kernels make that in as few passes over memory as possible:
 * ``decode_top``/``decode_top4`` read the exponent code with a branch-free 64-bit
   window, one or four chunks at a time (independent bit streams keep the core busy while
   one waits on its table lookup: four ran 1.9x faster than one, two 1.6x),
-  into a small buffer the merge consumes while in cache.
+  into a small buffer the merge consumes while in cache; ``decode_top4`` makes four
+  lookups per 8-byte load, as ``pairs_decode`` does.
 
 * ``pairs_encode``/``pairs_decode`` code one chunk of exponents with a code of its own
   over pairs of exponent ranks (chunk mode "pairs", layout below), four streams per
@@ -191,17 +192,22 @@ def _load64(buf, p):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _lookup(buf, bp, multi, out, o):
-    """One multi-table lookup at bit ``bp``: stores the entry's six bytes at ``out[o:]``
-    and two bytes of no meaning after them (the caller leaves ROOM bytes) and returns
-    the entry, whose low byte says how many bits were used and how much was decoded."""
-    win = _load64(buf, bp >> np.uint64(3)) << (bp & np.uint64(7))
+def _put_entry(win, multi, out, o):
+    """The multi-table entry for the top 12 bits of ``win``; stores its six bytes at
+    ``out[o:]`` and two bytes of no meaning after them (the caller leaves ROOM bytes)."""
     e = multi[win >> WIN]
     x = (e >> np.uint64(8)) | (e << np.uint64(56))     # every byte of x depends on e:
     u = np.uint64(o)                    # LLVM merges the eight stores into one (six
     for k in range(8):                  # byte stores were 1.8x slower in the pairs loop)
         out[u + np.uint64(k)] = np.uint8((x >> np.uint64(8 * k)) & np.uint64(0xFF))
     return e
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _lookup(buf, bp, multi, out, o):
+    """One multi-table lookup at bit ``bp`` (see :func:`_put_entry`); the entry's low
+    byte says how many bits were used and how much was decoded."""
+    return _put_entry(_load64(buf, bp >> np.uint64(3)) << (bp & np.uint64(7)), multi, out, o)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -260,7 +266,8 @@ def decode_top(buf, start, end, n, multi, single, tb, out, o):
 def decode_top4(buf, s, e, n, multi, single, tb, out, o, used):
     """Four chunks at once (``s``, ``e``, ``n``, ``o``: int64[4] of starts, ends, letter
     counts and output offsets); ``used[j]`` gets the bits chunk ``j`` consumed, -1 if
-    invalid. Four chains hide the table lookup's latency better than two."""
+    invalid. Four chains hide the table lookup's latency better than two. ``o`` keeps
+    ``n[j]`` bytes of ``out`` apart per chunk."""
     b0 = np.uint64(8 * s[0])
     b1 = np.uint64(8 * s[1])
     b2 = np.uint64(8 * s[2])
@@ -277,24 +284,44 @@ def decode_top4(buf, s, e, n, multi, single, tb, out, o, used):
     i1 = 0
     i2 = 0
     i3 = 0
+    o0, o1, o2, o3 = o[0], o[1], o[2], o[3]      # scalars: ``out`` could alias ``o``
+    f4 = np.uint64(15)
     bad = False
-    while (ok and i0 + ROOM <= n[0] and i1 + ROOM <= n[1] and i2 + ROOM <= n[2]
-           and i3 + ROOM <= n[3] and b0 <= l0 and b1 <= l1 and b2 <= l2 and b3 <= l3):
-        u0, c0 = _step(buf, b0, multi, out, o[0] + i0)
-        u1, c1 = _step(buf, b1, multi, out, o[1] + i1)
-        u2, c2 = _step(buf, b2, multi, out, o[2] + i2)
-        u3, c3 = _step(buf, b3, multi, out, o[3] + i3)
-        if c0 == 0 or c1 == 0 or c2 == 0 or c3 == 0:
+    while ok:
+        # as in pairs_decode: four lookups per 8-byte load (<= 48 bits, <= 24 letters,
+        # stores reaching 26 bytes on), the safe number of steps without a test; an
+        # invalid code stalls its chunk, which _fast then reports
+        room = min(min(n[0] - i0, n[1] - i1), min(n[2] - i2, n[3] - i3)) - 26
+        bits = min(min(np.int64(l0) - np.int64(b0), np.int64(l1) - np.int64(b1)),
+                   min(np.int64(l2) - np.int64(b2), np.int64(l3) - np.int64(b3)))
+        if room < 0 or bits < 0:
+            break
+        before = i0 + i1 + i2 + i3
+        for _ in range(min(room // 24, bits // 48) + 1):
+            w0 = _load64(buf, b0 >> np.uint64(3)) << (b0 & np.uint64(7))
+            w1 = _load64(buf, b1 >> np.uint64(3)) << (b1 & np.uint64(7))
+            w2 = _load64(buf, b2 >> np.uint64(3)) << (b2 & np.uint64(7))
+            w3 = _load64(buf, b3 >> np.uint64(3)) << (b3 & np.uint64(7))
+            for _k in range(4):
+                x0 = _put_entry(w0, multi, out, o0 + i0)
+                x1 = _put_entry(w1, multi, out, o1 + i1)
+                x2 = _put_entry(w2, multi, out, o2 + i2)
+                x3 = _put_entry(w3, multi, out, o3 + i3)
+                w0 <<= x0 & f4
+                w1 <<= x1 & f4
+                w2 <<= x2 & f4
+                w3 <<= x3 & f4
+                b0 += x0 & f4
+                b1 += x1 & f4
+                b2 += x2 & f4
+                b3 += x3 & f4
+                i0 += np.int64((x0 >> np.uint64(4)) & f4)
+                i1 += np.int64((x1 >> np.uint64(4)) & f4)
+                i2 += np.int64((x2 >> np.uint64(4)) & f4)
+                i3 += np.int64((x3 >> np.uint64(4)) & f4)
+        if i0 + i1 + i2 + i3 == before:              # every chunk stalled
             bad = True
             break
-        b0 += u0
-        b1 += u1
-        b2 += u2
-        b3 += u3
-        i0 += c0
-        i1 += c1
-        i2 += c2
-        i3 += c3
     bps = (b0, b1, b2, b3)
     iss = (i0, i1, i2, i3)
     for j in range(4):
