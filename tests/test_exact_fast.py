@@ -274,6 +274,80 @@ def test_pairs_kernel_survives_damage(pos, bit, cut, truncate):
     assert np.all(out[:32] == 0x5A) and np.all(out[32 + m:] == 0x5A)
 
 
+def _one_code_chunk(streams, nesc=0):
+    """A hand-made "pairs" chunk whose one letter (ranks 0, 0: exponent 0x7E twice)
+    has the code ``00``; the other three quarters of the code space are invalid, so a
+    stream of 0xFF bytes holds only invalid codes."""
+    head = [1, 0x7E, 0x20] + [0] * 127
+    sizes = [nesc] + [len(b) for b in streams[:3]]
+    for v in sizes:
+        head += list(int(v).to_bytes(4, "little"))
+    return np.frombuffer(bytes(head) + b"".join(streams), np.uint8).copy()
+
+
+M_HAND = 8000                        # 1000 pairs per stream: 250 bytes of ``00`` codes
+
+
+@pytest.mark.parametrize("bad", [(), (2,), (0, 1, 2, 3), (3,)])
+def test_pairs_kernel_reports_streams_of_invalid_codes(bad):
+    """Invalid codes stall the stream that meets them in the unchecked loop; a stream
+    stalled alone, or all four at once (no stream left to bound the loop), must end in
+    PAIRS_BAD_CODE, and a valid chunk built the same way must decode."""
+    streams = [(b"\xff" if j in bad else b"\x00") * 250 for j in range(4)]
+    data = _one_code_chunk(streams)
+    out = np.full(M_HAND + 64, 0x5A, np.uint8)
+    err = pk.pairs_decode(data, 0, data.size, M_HAND, out, 32)
+    assert err == (pk.PAIRS_BAD_CODE if bad else pk.PAIRS_OK)
+    if not bad:
+        assert np.all(out[32:32 + M_HAND] == 0x7E)
+    assert np.all(out[:32] == 0x5A) and np.all(out[32 + M_HAND:] == 0x5A)
+
+
+def test_pairs_kernel_reports_a_stream_of_the_wrong_size():
+    streams = [b"\x00" * 250, b"\x00" * 251, b"\x00" * 250, b"\x00" * 250]
+    data = _one_code_chunk(streams)
+    out = np.empty(M_HAND, np.uint8)
+    assert pk.pairs_decode(data, 0, data.size, M_HAND, out, 0) == pk.PAIRS_BAD_SIZE
+
+
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(1, 40000), width=st.sampled_from([2, 4]), seed=st.integers(0, 2**16),
+       specials=st.sampled_from([0.0, 0.01, 0.2]), at=st.integers(0, 9))
+def test_pairs_kernel_round_trips_and_stays_in_its_range(m, width, seed, specials, at):
+    """Every length (the fast loop, each stream's loop and the careful tail share the
+    work differently) decodes exactly, and the 8-byte stores never touch a byte
+    outside ``out[at:at + m]``."""
+    data, top = _chunk_bytes(m, width, seed, specials)
+    out = np.full(m + at + 16, 0xA5, np.uint8)
+    assert pk.pairs_decode(data, 0, data.size, m, out, at) == pk.PAIRS_OK
+    assert np.array_equal(out[at:at + m], top)
+    assert np.all(out[:at] == 0xA5) and np.all(out[at + m:] == 0xA5)
+
+
+@pytest.mark.parametrize("bad", [(), (1,), (0, 1, 2, 3), (0, 3)])
+def test_four_chunk_huffman_kernel_reports_stalled_chunks(bad):
+    """Four Huffman chunks decoded side by side: a chunk of invalid codes (it stalls in
+    the unchecked loop) gets -1, all four at once end the loop, the others decode, and
+    nothing is written outside the four chunks' outputs."""
+    from lcckpt.kernels import huffman as hk
+    lengths = np.zeros(256, np.uint8)
+    lengths[0x7E] = 2                        # code ``00``; 0xFF bytes hold invalid codes
+    multi, single = hk.multi_decode_table(lengths, 8), hk.decode_table(lengths, 2)
+    n, size = 4000, 1000                     # 4000 two-bit codes per chunk
+    buf = np.concatenate([np.full(size, 0xFF if j in bad else 0, np.uint8) for j in range(4)])
+    s = np.arange(4, dtype=np.int64) * size
+    o = 32 + np.arange(4, dtype=np.int64) * n
+    out = np.full(4 * n + 64, 0x5A, np.uint8)
+    used = np.zeros(4, np.int64)
+    pk.decode_top4(buf, s, s + size, np.full(4, n, np.int64), multi, single, 2, out, o, used)
+    for j in range(4):
+        if j in bad:
+            assert used[j] == -1
+        else:
+            assert used[j] == 2 * n and np.all(out[o[j]:o[j] + n] == 0x7E)
+    assert np.all(out[:32] == 0x5A) and np.all(out[32 + 4 * n:] == 0x5A)
+
+
 def test_damaged_pairs_blobs_raise_lcckpt_errors():
     t, blob = _pairs_blob("bf16", n=N + 3, log2=12)
     _, p = parse(blob)

@@ -11,11 +11,13 @@ These kernels make that in as few passes over memory as possible:
 * ``decode_top``/``decode_top4`` read the exponent code with a branch-free 64-bit
   window, one or four chunks at a time (independent bit streams keep the core busy while
   one waits on its table lookup: four ran 1.9x faster than one, two 1.6x),
-  into a small buffer the merge consumes while in cache.
+  into a small buffer the merge consumes while in cache; ``decode_top4`` makes four
+  lookups per 8-byte load, as ``pairs_decode`` does.
 
 * ``pairs_encode``/``pairs_decode`` code one chunk of exponents with a code of its own
   over pairs of exponent ranks (chunk mode "pairs", layout below), four streams per
-  chunk decoded side by side;
+  chunk decoded side by side, four table lookups per 8-byte load and one 8-byte store
+  per lookup (byte stores and a load per lookup made that loop 1.8x slower);
 * ``decode_float_chunks`` decodes a run of chunks in any of the top plane's modes and
   merges each into the output words while its exponents are in cache (one call per
   run: no Python between chunks);
@@ -34,7 +36,7 @@ from .huffman import _decode_from, canonical_codes, code_lengths, decode_table
 
 SAMPLE = 32                    # every 32nd word: 2048+ samples on the fast path
 WIN = np.uint64(52)            # 64 - MULTI_BITS: the multi table's window is 12 bits
-MOST = 6                       # symbols per multi-table entry for 8-bit letters
+ROOM = 8                       # bytes of output a multi-table lookup stores
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -190,17 +192,22 @@ def _load64(buf, p):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _lookup(buf, bp, multi, out, o):
-    """One multi-table lookup at bit ``bp``: stores the entry's six bytes at ``out[o:]``
-    (the caller leaves room) and returns the entry, whose low byte says how many bits
-    were used and how much was decoded."""
-    win = _load64(buf, bp >> np.uint64(3)) << (bp & np.uint64(7))
+def _put_entry(win, multi, out, o):
+    """The multi-table entry for the top 12 bits of ``win``; stores its six bytes at
+    ``out[o:]`` and two bytes of no meaning after them (the caller leaves ROOM bytes)."""
     e = multi[win >> WIN]
-    x = e >> np.uint64(8)
-    u = np.uint64(o)                    # unsigned: no negative-index fix-up per store
-    for k in range(6):
+    x = (e >> np.uint64(8)) | (e << np.uint64(56))     # every byte of x depends on e:
+    u = np.uint64(o)                    # LLVM merges the eight stores into one (six
+    for k in range(8):                  # byte stores were 1.8x slower in the pairs loop)
         out[u + np.uint64(k)] = np.uint8((x >> np.uint64(8 * k)) & np.uint64(0xFF))
     return e
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _lookup(buf, bp, multi, out, o):
+    """One multi-table lookup at bit ``bp`` (see :func:`_put_entry`); the entry's low
+    byte says how many bits were used and how much was decoded."""
+    return _put_entry(_load64(buf, bp >> np.uint64(3)) << (bp & np.uint64(7)), multi, out, o)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -213,12 +220,12 @@ def _step(buf, bp, multi, out, o):
 
 @njit(cache=True, nogil=True, inline="always")
 def _fast(buf, bp, end, i, n, multi, out, o):
-    """Lookups while eight bytes can be loaded and six letters stored; returns the
+    """Lookups while eight bytes can be loaded and stored; returns the
     reader's bit position and letter count, or letter count -1 on an invalid code."""
     if end < 8:
         return bp, i
     last = np.uint64(end - 8) << np.uint64(3)
-    while i + MOST <= n and bp <= last:
+    while i + ROOM <= n and bp <= last:
         used, cnt = _step(buf, bp, multi, out, o + i)
         if cnt == 0:
             return bp, -1
@@ -259,7 +266,8 @@ def decode_top(buf, start, end, n, multi, single, tb, out, o):
 def decode_top4(buf, s, e, n, multi, single, tb, out, o, used):
     """Four chunks at once (``s``, ``e``, ``n``, ``o``: int64[4] of starts, ends, letter
     counts and output offsets); ``used[j]`` gets the bits chunk ``j`` consumed, -1 if
-    invalid. Four chains hide the table lookup's latency better than two."""
+    invalid. Four chains hide the table lookup's latency better than two. ``o`` keeps
+    ``n[j]`` bytes of ``out`` apart per chunk."""
     b0 = np.uint64(8 * s[0])
     b1 = np.uint64(8 * s[1])
     b2 = np.uint64(8 * s[2])
@@ -276,24 +284,44 @@ def decode_top4(buf, s, e, n, multi, single, tb, out, o, used):
     i1 = 0
     i2 = 0
     i3 = 0
+    o0, o1, o2, o3 = o[0], o[1], o[2], o[3]      # scalars: ``out`` could alias ``o``
+    f4 = np.uint64(15)
     bad = False
-    while (ok and i0 + MOST <= n[0] and i1 + MOST <= n[1] and i2 + MOST <= n[2]
-           and i3 + MOST <= n[3] and b0 <= l0 and b1 <= l1 and b2 <= l2 and b3 <= l3):
-        u0, c0 = _step(buf, b0, multi, out, o[0] + i0)
-        u1, c1 = _step(buf, b1, multi, out, o[1] + i1)
-        u2, c2 = _step(buf, b2, multi, out, o[2] + i2)
-        u3, c3 = _step(buf, b3, multi, out, o[3] + i3)
-        if c0 == 0 or c1 == 0 or c2 == 0 or c3 == 0:
+    while ok:
+        # as in pairs_decode: four lookups per 8-byte load (<= 48 bits, <= 24 letters,
+        # stores reaching 26 bytes on), the safe number of steps without a test; an
+        # invalid code stalls its chunk, which _fast then reports
+        room = min(min(n[0] - i0, n[1] - i1), min(n[2] - i2, n[3] - i3)) - 26
+        bits = min(min(np.int64(l0) - np.int64(b0), np.int64(l1) - np.int64(b1)),
+                   min(np.int64(l2) - np.int64(b2), np.int64(l3) - np.int64(b3)))
+        if room < 0 or bits < 0:
+            break
+        before = i0 + i1 + i2 + i3
+        for _ in range(min(room // 24, bits // 48) + 1):
+            w0 = _load64(buf, b0 >> np.uint64(3)) << (b0 & np.uint64(7))
+            w1 = _load64(buf, b1 >> np.uint64(3)) << (b1 & np.uint64(7))
+            w2 = _load64(buf, b2 >> np.uint64(3)) << (b2 & np.uint64(7))
+            w3 = _load64(buf, b3 >> np.uint64(3)) << (b3 & np.uint64(7))
+            for _k in range(4):
+                x0 = _put_entry(w0, multi, out, o0 + i0)
+                x1 = _put_entry(w1, multi, out, o1 + i1)
+                x2 = _put_entry(w2, multi, out, o2 + i2)
+                x3 = _put_entry(w3, multi, out, o3 + i3)
+                w0 <<= x0 & f4
+                w1 <<= x1 & f4
+                w2 <<= x2 & f4
+                w3 <<= x3 & f4
+                b0 += x0 & f4
+                b1 += x1 & f4
+                b2 += x2 & f4
+                b3 += x3 & f4
+                i0 += np.int64((x0 >> np.uint64(4)) & f4)
+                i1 += np.int64((x1 >> np.uint64(4)) & f4)
+                i2 += np.int64((x2 >> np.uint64(4)) & f4)
+                i3 += np.int64((x3 >> np.uint64(4)) & f4)
+        if i0 + i1 + i2 + i3 == before:              # every chunk stalled
             bad = True
             break
-        b0 += u0
-        b1 += u1
-        b2 += u2
-        b3 += u3
-        i0 += c0
-        i1 += c1
-        i2 += c2
-        i3 += c3
     bps = (b0, b1, b2, b3)
     iss = (i0, i1, i2, i3)
     for j in range(4):
@@ -472,10 +500,17 @@ def pairs_encode(words, start, stop, width, escaped, out, hist, max_escapes):
     return p
 
 
+PAIR_USED = np.uint64(58)      # pair-table entry: bits used << 58 | bytes decoded << 48
+PAIR_GOT = np.uint64(48)       # | the six exponent bytes (three pairs) in the low 48 bits
+
+
 @njit(cache=True, nogil=True)
 def _pair_tables(lengths, lut):
-    """The one-letter table ``(letter << 4) | length`` and the multi table: per 12-bit
-    window up to three whole pairs, ``bits | pairs << 4 | their six bytes << 8``."""
+    """The one-letter table ``(letter << 4) | length`` and the pair table: per 12-bit
+    window up to three whole pairs, ``bits used << 58 | bytes << 48 | the six bytes``.
+    The bytes sit in the low 48 bits so that one 8-byte store writes them (its two top
+    bytes land past what was decoded and are overwritten next); the bits used in the
+    top six, so one shift reads them. 32 KB: the table stays in L1."""
     single = decode_table(lengths, PAIR_BITS)
     mask = (1 << PAIR_BITS) - 1
     multi = np.zeros(1 << PAIR_BITS, np.uint64)
@@ -490,19 +525,28 @@ def _pair_tables(lengths, lut):
                 break
             v = t >> 4
             two = np.uint64(lut[v >> 4]) | (np.uint64(lut[v & 15]) << np.uint64(8))
-            ent |= two << np.uint64(8 + 16 * cnt)
+            ent |= two << np.uint64(16 * cnt)
             pos += ln
             cnt += 1
-        multi[win] = ent | np.uint64(pos) | np.uint64(cnt << 4)
+        multi[win] = ent | (np.uint64(2 * cnt) << PAIR_GOT) | (np.uint64(pos) << PAIR_USED)
     return single, multi
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _pair_step(buf, bp, multi, out, o):
-    """:func:`_lookup` of pair letters: returns ``(bits used, bytes decoded)``, 0 bytes
-    for an invalid code."""
-    e = _lookup(buf, bp, multi, out, o)
-    return e & np.uint64(15), np.int64((e >> np.uint64(3)) & np.uint64(0x1E))
+def _pair_lookup(win, multi, out, o):
+    """The pair-table entry for the top 12 bits of ``win``; its six bytes are stored at
+    ``out[o:o + 8]`` (the caller leaves eight bytes of room) with one 8-byte store."""
+    x = multi[win >> WIN]
+    u = np.uint64(o)                    # unsigned: no negative-index fix-up per store
+    for k in range(8):                  # all eight bytes of x: LLVM merges the stores
+        out[u + np.uint64(k)] = np.uint8((x >> np.uint64(8 * k)) & np.uint64(0xFF))
+    return x
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _pair_got(x):
+    """Bytes decoded by pair-table entry ``x`` (0: an invalid code)."""
+    return np.int64((x >> PAIR_GOT) & np.uint64(7))
 
 
 @njit(cache=True, nogil=True)
@@ -570,42 +614,53 @@ def pairs_decode(buf, s, e, m, out, o):
         b0, b1, b2, b3 = bp[0], bp[1], bp[2], bp[3]
         # scalars, not array reads: the stores to ``out`` could alias the arrays
         o0, o1, o2, o3 = oo[0], oo[1], oo[2], oo[3]
-        e0, e1, e2, e3 = o0 + lim[0] - 6, o1 + lim[1] - 6, o2 + lim[2] - 6, o3 + lim[3] - 6
+        e0, e1, e2, e3 = o0 + lim[0], o1 + lim[1], o2 + lim[2], o3 + lim[3]
         while True:
-            # steps that are safe whatever they decode (at most 6 bytes and 12 bits
-            # each), run without a test; an invalid code stalls its stream
-            steps = min(min(e0 - o0, e1 - o1), min(e2 - o2, e3 - o3)) // 6 + 1
-            room = np.int64(last) - np.int64(max(max(b0, b1), max(b2, b3)))
-            steps = min(steps, room // PAIR_BITS + 1)
-            if steps <= 0:
+            # a step loads 8 bytes per stream and makes four lookups in them (at most
+            # 48 bits, 24 bytes out, stores reaching 26 bytes on): the steps that are
+            # safe whatever they decode run without a test. An invalid code stalls its
+            # stream (it decodes nothing); the stream's own loop below reports it.
+            room = min(min(e0 - o0, e1 - o1), min(e2 - o2, e3 - o3)) - 26
+            bits = np.int64(last) - np.int64(max(max(b0, b1), max(b2, b3)))
+            if room < 0 or bits < 0:
                 break
-            stalled = 0
-            for _ in range(steps):
-                u0, c0 = _pair_step(buf, b0, multi, out, o0)
-                u1, c1 = _pair_step(buf, b1, multi, out, o1)
-                u2, c2 = _pair_step(buf, b2, multi, out, o2)
-                u3, c3 = _pair_step(buf, b3, multi, out, o3)
-                stalled |= (c0 == 0) | (c1 == 0) | (c2 == 0) | (c3 == 0)
-                b0 += u0
-                b1 += u1
-                b2 += u2
-                b3 += u3
-                o0 += c0
-                o1 += c1
-                o2 += c2
-                o3 += c3
-            if stalled:
+            before = o0 + o1 + o2 + o3
+            for _ in range(min(room // 24, bits // 48) + 1):
+                w0 = _load64(buf, b0 >> np.uint64(3)) << (b0 & np.uint64(7))
+                w1 = _load64(buf, b1 >> np.uint64(3)) << (b1 & np.uint64(7))
+                w2 = _load64(buf, b2 >> np.uint64(3)) << (b2 & np.uint64(7))
+                w3 = _load64(buf, b3 >> np.uint64(3)) << (b3 & np.uint64(7))
+                for _k in range(4):              # 57+ bits in each window: four lookups
+                    x0 = _pair_lookup(w0, multi, out, o0)
+                    x1 = _pair_lookup(w1, multi, out, o1)
+                    x2 = _pair_lookup(w2, multi, out, o2)
+                    x3 = _pair_lookup(w3, multi, out, o3)
+                    w0 <<= x0 >> PAIR_USED
+                    w1 <<= x1 >> PAIR_USED
+                    w2 <<= x2 >> PAIR_USED
+                    w3 <<= x3 >> PAIR_USED
+                    b0 += x0 >> PAIR_USED
+                    b1 += x1 >> PAIR_USED
+                    b2 += x2 >> PAIR_USED
+                    b3 += x3 >> PAIR_USED
+                    o0 += _pair_got(x0)
+                    o1 += _pair_got(x1)
+                    o2 += _pair_got(x2)
+                    o3 += _pair_got(x3)
+            if o0 + o1 + o2 + o3 == before:          # every stream stalled
                 return PAIRS_BAD_CODE
         bp[0], bp[1], bp[2], bp[3] = b0, b1, b2, b3
         got[0], got[1], got[2], got[3] = o0 - oo[0], o1 - oo[1], o2 - oo[2], o3 - oo[3]
         for j in range(PAIR_STREAMS):               # each stream alone, then the tail
             b = bp[j]
             i = got[j]
-            while i + 6 <= lim[j] and b <= last:
-                u, c = _pair_step(buf, b, multi, out, oo[j] + i)
+            while i + 8 <= lim[j] and b <= last:
+                w = _load64(buf, b >> np.uint64(3)) << (b & np.uint64(7))
+                x = _pair_lookup(w, multi, out, oo[j] + i)
+                c = _pair_got(x)
                 if c == 0:
                     return PAIRS_BAD_CODE
-                b += u
+                b += x >> PAIR_USED
                 i += c
             bp[j] = b
             got[j] = i
