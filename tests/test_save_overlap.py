@@ -72,7 +72,7 @@ def test_a_failing_writeback_call_is_dropped_and_the_write_completes(tmp_path, m
 
 
 def test_large_fresh_arrays_are_zeroed_writable_and_shaped():
-    z = _memory.zeros(3 << 20, np.float32)        # past the threshold: an anonymous mapping
+    z = _memory.zeros(3 << 20, np.float32)        # past the threshold: faulted in ahead
     assert z.shape == (3 << 20,) and z.dtype == np.float32 and not z.any()
     e = _memory.empty((1 << 20, 3), np.float64)
     assert e.shape == (1 << 20, 3) and e.flags.c_contiguous and e.flags.writeable
