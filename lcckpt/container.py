@@ -374,7 +374,7 @@ class Container:
                 self._check_gap(i)
                 self._checked.add(i)
             return view
-        buf = _memory.empty(s["length"], np.uint8)  # pool threads read pieces into it
+        buf = _memory.bulk_empty(s["length"], np.uint8)  # pool threads read pieces into it
         self.read_into(i, buf)
         return memoryview(buf)
 

@@ -118,7 +118,7 @@ class DeltaEncoder:
             raise UnsupportedDtypeError(f"delta tracking needs fp16/bf16/fp32/fp64, got {dt.name}")
         u = dtypes.to_float_work(a, dt).reshape(-1)
         if from_zero and not keyframe and self.ref is None:
-            self.ref = _memory.zeros(u.shape, u.dtype)
+            self.ref = _memory.bulk_zeros(u.shape, u.dtype)
             self.dtype, self.shape = dt, a.shape
         if keyframe or self.ref is None or dt != self.dtype or a.shape != self.shape:
             return self._keyframe(a, dt, u, None, defer_copy)
@@ -147,7 +147,7 @@ class DeltaEncoder:
         ``defer``: only noted here; :meth:`start_copy` or :meth:`settle` makes it."""
         ref = self.ref
         if ref is None or ref.shape != u.shape or ref.dtype != u.dtype or ref is u:
-            ref = _memory.empty(u.shape, u.dtype)
+            ref = _memory.bulk_empty(u.shape, u.dtype)
         self._ref, self._copy = None, (ref, u, None)
         if not defer:
             self.settle()
@@ -207,7 +207,7 @@ class Reconstruction:
         """The flat reference with every pending blob applied (None before a keyframe)."""
         if self._key is not None:
             p = self._key[1]
-            ref = _memory.empty(p.n, p.dt.numpy)
+            ref = _memory.bulk_empty(p.n, p.dt.numpy)
             replay(self.pending, ref, base=self._key)
             self._ref, self._key, self.pending = ref, None, []
         elif self.pending:
@@ -237,7 +237,7 @@ class Reconstruction:
         if zero_base:
             if not _tracked(p.dt):
                 raise CorruptDataError(f"{what}: a {p.dt.name} delta against zeros")
-            self._ref = _memory.zeros(p.n, np.float64 if p.dt.name == "F64" else np.float32)
+            self._ref = _memory.bulk_zeros(p.n, np.float64 if p.dt.name == "F64" else np.float32)
             self._key, self.pending = None, []
             self.dt, self.shape = p.dt, p.shape
         if self._ref is None and self._key is None:

@@ -320,9 +320,9 @@ def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE, limit=No
     est, b, _ = best
     S = 1 << b
     table = uniform_table(rstep, b, u.dtype)
-    sym = _memory.empty(n, np.uint8)
-    escf = _memory.empty(n, np.uint8)
-    recon = _memory.empty(u.shape, u.dtype)
+    sym = _memory.bulk_empty(n, np.uint8)
+    escf = _memory.bulk_empty(n, np.uint8)
+    recon = _memory.bulk_empty(u.shape, u.dtype)
     sym_hist = np.zeros((nch, S), np.int64)
     errs = np.zeros(nch)
     lim = float(limit) if limit is not None else 0.0

@@ -81,6 +81,12 @@ def test_large_fresh_arrays_are_zeroed_writable_and_shaped():
     t = torch.from_numpy(e)                       # torch shares the memory
     t[0, 0] = 1.0
     assert e[0, 0] == 1.0
+    for make in (_memory.bulk_zeros, _memory.bulk_empty):   # 4 KiB pages when large
+        b = make((1 << 19, 3), np.float32)
+        assert b.shape == (1 << 19, 3) and b.flags.writeable and not b.any()
+        b[-1, -1] = 2.0
+        assert torch.from_numpy(b)[-1, -1] == 2.0
+    assert _memory.bulk_zeros(5, np.int64).tolist() == [0] * 5
     small = _memory.zeros((7, 2), np.int16)
     assert small.dtype == np.int16 and small.shape == (7, 2) and not small.any()
     assert _memory.empty(0, np.uint8).size == 0
