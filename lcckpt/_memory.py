@@ -11,8 +11,9 @@ state is such an array, so they are allocated here.
 The chain's bulk memory is the exception (:func:`bulk_empty`, :func:`bulk_zeros`): the
 references a save copies the state into and the buffers a restore reads sections into,
 hundreds of MB at once. On that machine huge pages for those were often slow to come by
-(a first keyframe save took 0.9 s instead of 0.35 s, a keyframe restore's buffers 0.2-0.8 s
-to fault in instead of 0.06 s), while 4 KiB pages cost the same every time. A single
+(in the save benchmark a first keyframe took 0.89 s on huge pages and 0.43 s on 4 KiB
+pages, medians of 5; a keyframe restore's buffers took 0.2-0.8 s to fault in instead of
+0.06 s in 3 of 5 loads), while 4 KiB pages cost the same every time. A single
 decode output keeps huge pages: on 4 KiB pages the exact codec's fresh decode took 1.5x
 as long (0.78x ZipNN's speed instead of 1.20x, fp32).
 
