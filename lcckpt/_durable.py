@@ -5,6 +5,8 @@ target, then the directory is fsynced: a crash leaves the old file or the new on
 never a mix. Temp names carry a host tag and the writer's pid, so temp files of killed
 writers on this host are recognised and removed by later writes into the directory
 (of any name: a killed save's temp file is not kept until that name is written again).
+While the temp file is written, writeback of every 8 MiB is requested at once (Linux), so
+the closing fsync has little left to wait for.
 Failures are reported as :class:`~lcckpt.errors.NotFoundError` or
 :class:`~lcckpt.errors.StorageError` naming the target path, never the temp file.
 
@@ -107,7 +109,7 @@ class _Writeback:
         for at in range(0, view.nbytes, WRITEBACK_EVERY):
             n = self._f.write(view[at:at + WRITEBACK_EVERY])
             if n is None:              # a raw non-blocking stream; the caller retries
-                return at
+                return at or None
             self._written += n
             if self._written - self._started >= WRITEBACK_EVERY:
                 self._start_writeback()

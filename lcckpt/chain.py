@@ -511,6 +511,7 @@ class DeltaCheckpointer:
                 "tensors": session.stats,
             }
             copying = [e for e in self._encoders.values() if isinstance(e, DeltaEncoder)]
+
             def start_copies():        # references copied while the file is written, synced
                 for e in copying:
                     e.start_copy()
