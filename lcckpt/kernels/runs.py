@@ -36,6 +36,15 @@ def _bit_length(r):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _count_letter(hist, run, S, s):
+    """Count the letter of ``run`` zeros then symbol ``s`` (0: the run that closes a
+    chunk); returns its raw extra bits."""
+    c = _BIT_LENGTH[run] if run < 512 else _bit_length(run)
+    hist[c * S + s] += 1
+    return c - 1 if c > 1 else 0
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _list_nonzero(sb, base, pos, dense):
     """Write ``base + j`` for every nonzero ``sb[j]`` into ``pos``; return how many.
 
@@ -242,16 +251,10 @@ def runs_histogram(sym, start, stop, S, hist):
         if s == 0:
             run += 1
         else:
-            c = _bit_length(run)
-            hist[c * S + s] += 1
-            if c > 1:
-                extra += c - 1
+            extra += _count_letter(hist, run, S, s)
             run = 0
     if run > 0:
-        c = _bit_length(run)
-        hist[c * S] += 1
-        if c > 1:
-            extra += c - 1
+        extra += _count_letter(hist, run, S, 0)
     return extra
 
 
@@ -502,17 +505,11 @@ def map_symbols_runs(keys, start, stop, lut, sym, S, hist, nz):
             p = pos[t]
             run = p - last - 1
             last = p
-            c = _BIT_LENGTH[run] if run < 512 else _bit_length(run)
-            hist[c * S + sym[p]] += 1
-            if c > 1:
-                extra += c - 1
+            extra += _count_letter(hist, run, S, sym[p])
         i += m
     run = stop - last - 1
     if run > 0:
-        c = _bit_length(run)
-        hist[c * S] += 1
-        if c > 1:
-            extra += c - 1
+        extra += _count_letter(hist, run, S, 0)
     return extra
 
 
@@ -585,18 +582,12 @@ def map_symbols_sums(keys, u, ref, use_ref, start, stop, lut, kept_keys, sym, S,
             if runs:
                 run = p - last - 1
                 last = p
-                c = _BIT_LENGTH[run] if run < 512 else _bit_length(run)
-                hist[c * S + sb[j]] += 1
-                if c > 1:
-                    extra += c - 1
+                extra += _count_letter(hist, run, S, sb[j])
         i += m
     if runs:
         run = stop - last - 1
         if run > 0:
-            c = _bit_length(run)
-            hist[c * S] += 1
-            if c > 1:
-                extra += c - 1
+            extra += _count_letter(hist, run, S, 0)
     return extra
 
 
