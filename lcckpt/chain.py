@@ -343,7 +343,8 @@ class DeltaCheckpointer:
     ``keep_last`` steps needs. ``min_delta_elements``: smaller floating tensors are stored
     exactly. ``track``: optional ``(key_path, tensor) -> bool`` policy replacing the size
     rule for floating tensors. ``keyframe_coding``: "lossless" (default, ~1.2x smaller
-    keyframes) or "raw" (keyframes restore about as fast as ``torch.load``).
+    keyframes) or "raw" (byte planes stored uncoded; with today's decoder no faster to
+    restore: 0.22 s against 0.21 s for a 245 MB keyframe).
 
     One writer per directory: the first save or merge locks the directory until
     :meth:`close` (or ``with DeltaCheckpointer(d) as ck:``); a second writer gets

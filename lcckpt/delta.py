@@ -48,9 +48,9 @@ class DeltaEncoder:
                  keyframe_coding: str = "lossless", config: CodecConfig | None = None,
                  target: float | None = None):
         """``config`` replaces the coding keywords. ``target``: the uniform quantizer,
-        bounding each restored state (see :class:`~lcckpt.config.CodecConfig`). ``keyframe_coding``: "lossless" (byte
-        planes, ~1.2x smaller) or "raw" (exact bytes, fastest to restore) for the exact
-        blobs: the first one and every keyframe."""
+        bounding each restored state (see :class:`~lcckpt.config.CodecConfig`).
+        ``keyframe_coding``: "lossless" (coded byte planes, ~1.2x smaller) or "raw" (the
+        planes uncoded) for the exact blobs: the first one and every keyframe."""
         if keyframe_coding not in KEYFRAME_CODINGS:
             raise InvalidArgumentError(
                 f"keyframe_coding must be 'lossless' or 'raw', got {keyframe_coding!r}")
