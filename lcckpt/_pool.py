@@ -11,6 +11,8 @@ import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import numpy as np
+
 _lock = threading.Lock()
 _pool = None
 _local = threading.local()       # .worker is True on the pool's own threads
@@ -106,3 +108,15 @@ def run_balanced(fn, n: int) -> None:
             fn(t)
     for _ in _get_pool().map(work, range(workers)):
         pass
+
+
+COPY_CHUNK = 1 << 22             # elements per task of :func:`copy`
+
+
+def copy(dst, src) -> None:
+    """``dst[:] = src`` for flat arrays of one shape, in chunks on the pool: one thread
+    copies well below what memory allows, and the copy of a large state into its
+    reference is a visible part of a save."""
+    per = COPY_CHUNK
+    run_tasks(lambda c: np.copyto(dst[c * per:(c + 1) * per], src[c * per:(c + 1) * per]),
+              -(-src.size // per))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import _crc, _memory
+from . import _crc, _memory, _pool
 from . import blob as _blob
 from . import dtypes, entropy, lossless
 from ._pool import run_tasks
@@ -141,7 +141,7 @@ def _uniform_encode(u, ref, dt, shape, cfg: CodecConfig, exact, cache, advance):
                                   fallback=why), False
     parts, st = encode_uniform(uq, dt, shape, cfg, cache)
     if advance:
-        ref[:] = uq.recon
+        _pool.copy(ref, uq.recon)
     return parts, st, True
 
 

@@ -20,7 +20,7 @@ import warnings
 import numpy as np
 
 from . import blob as _blob
-from . import _memory, dtypes
+from . import _memory, _pool, dtypes
 from ._pool import run_balanced, run_tasks, submit
 from .blob import LOSSLESS, Parsed, parse
 from .codec import (EncodeStats, apply_escapes, decode_exact, decode_symbols_into,
@@ -33,7 +33,6 @@ from .errors import (BrokenChainError, CorruptDataError, InvalidArgumentError, N
 __all__ = ["DeltaDecoder", "DeltaEncoder", "Reconstruction", "replay"]
 
 KEYFRAME_CODINGS = ("lossless", "raw")
-_COPY_CHUNK = 1 << 22          # elements per task of a reference copy
 
 
 def _tracked(dt: dtypes.DType) -> bool:
@@ -157,7 +156,7 @@ class DeltaEncoder:
         if self._copy is None or self._copy[2] is not None:
             return
         ref, u, _ = self._copy
-        per = _COPY_CHUNK
+        per = _pool.COPY_CHUNK
         self._copy = (ref, u, [submit(np.copyto, ref[c * per:(c + 1) * per],
                                       u[c * per:(c + 1) * per])
                                for c in range(-(-u.size // per))])
@@ -168,9 +167,7 @@ class DeltaEncoder:
             return
         ref, u, futures = self._copy
         if futures is None:
-            per = _COPY_CHUNK
-            run_tasks(lambda c: np.copyto(ref[c * per:(c + 1) * per], u[c * per:(c + 1) * per]),
-                      -(-u.size // per))
+            _pool.copy(ref, u)
         else:
             for f in futures:
                 f.result()
