@@ -304,6 +304,52 @@ def test_multi_symbol_decode_matches_single(alpha, n, conc, seed):
     assert np.all(back[n:] == 99)                    # never writes past its chunk
 
 
+@pytest.mark.parametrize("b", [1, 2, 4])
+def test_grouped_multi_decode_with_codes_as_long_as_its_window(b):
+    """Rare letters get the longest codes, which fill the whole 12-bit window; stored and
+    applied, against the symbols and apply_symbols."""
+    rng = np.random.default_rng(b)
+    g = max(2, 8 // b)
+    # letters 0, 1, 2, ... with probabilities 1/2, 1/4, 1/8, ...: codes of 1, 2, 3, ... bits
+    letters = np.minimum(rng.geometric(0.5, size=1 << 16) - 1, (1 << (b * g)) - 1)
+    shifts = b * np.arange(g - 1, -1, -1)
+    sym = ((letters[:, None] >> shifts) & ((1 << b) - 1)).astype(np.uint8).reshape(-1)
+    n = sym.size - 1                                 # a partial last letter
+    sym = sym[:n]
+    hist = np.zeros(1 << (b * g), np.int64)
+    rk.grouped_histogram(sym, 0, n, g, b, hist)
+    lengths = hk.code_lengths(hist, hk.MAX_CODE_LEN)
+    assert lengths.max() == hk.MAX_CODE_LEN == hk.MULTI_BITS
+    out = np.zeros(4 * n, np.uint8)
+    end = rk.encode_grouped(sym, 0, n, g, b, hk.canonical_codes(lengths), lengths, out, 0,
+                            NOF, NOF, False)
+    tb = int(lengths.max())
+    table, multi = hk.decode_table(lengths, tb), hk.multi_decode_table(lengths, 8)
+    back = np.full(n + 8, 99, np.uint8)
+    used = rk.decode_grouped_multi(out, 0, end, n, g, b, multi, table, tb, back, 0, NOF, NOF,
+                                   False)
+    assert (used + 7) // 8 == end and np.array_equal(back[:n], sym) and np.all(back[n:] == 99)
+    cent = rng.standard_normal(1 << b).astype(np.float32)
+    want, got = rng.standard_normal((2, n)).astype(np.float32)
+    got[:] = want
+    bk.apply_symbols(sym, 0, n, cent, want)
+    assert rk.decode_grouped_multi(out, 0, end, n, g, b, multi, table, tb, back, 0, cent, got,
+                                   True) == used
+    assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("at", [0, 200])            # in the fast loop, in the careful tail
+def test_grouped_multi_decode_rejects_invalid_code(at):
+    lengths = np.zeros(256, np.uint8)
+    lengths[0] = 1                                   # one code word, '0': a '1' is invalid
+    table, multi = hk.decode_table(lengths, 1), hk.multi_decode_table(lengths, 8)
+    buf = np.zeros(208, np.uint8)
+    buf[at] = 0x80
+    out = np.empty(2 * 8 * 208 + 8, np.uint8)
+    assert rk.decode_grouped_multi(buf, 0, buf.size, 2 * 8 * 208, 2, 4, multi, table, 1, out,
+                                   0, NOF, NOF, False) == -1
+
+
 def test_multi_symbol_decode_rejects_invalid_code():
     lengths = np.array([1, 0, 0], np.uint8)
     multi = hk.multi_decode_table(lengths, 4)

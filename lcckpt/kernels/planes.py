@@ -31,7 +31,7 @@ size read from a "pairs" chunk is checked against the chunk's end before it is u
 import numpy as np
 from numba import njit
 
-from .bits import U8, Z, flush, lookup, put, refill
+from .bits import U8, Z, flush, load64, lookup, put, reader_at, refill
 from .huffman import _decode_from, canonical_codes, code_lengths, decode_table
 
 SAMPLE = 32                    # every 32nd word: 2048+ samples on the fast path
@@ -183,15 +183,6 @@ def split_code(words, start, stop, width, out, raw_pos, top_mode, top_pos, limit
 # --- decoding --------------------------------------------------------------------------
 
 @njit(cache=True, nogil=True, inline="always")
-def _load64(buf, p):
-    """Eight bytes big-endian from ``buf[p]`` (LLVM fuses the loads into one)."""
-    return ((np.uint64(buf[p]) << np.uint64(56)) | (np.uint64(buf[p + 1]) << np.uint64(48))
-            | (np.uint64(buf[p + 2]) << np.uint64(40)) | (np.uint64(buf[p + 3]) << np.uint64(32))
-            | (np.uint64(buf[p + 4]) << np.uint64(24)) | (np.uint64(buf[p + 5]) << np.uint64(16))
-            | (np.uint64(buf[p + 6]) << np.uint64(8)) | np.uint64(buf[p + 7]))
-
-
-@njit(cache=True, nogil=True, inline="always")
 def _put_entry(win, multi, out, o):
     """The multi-table entry for the top 12 bits of ``win``; stores its six bytes at
     ``out[o:]`` and two bytes of no meaning after them (the caller leaves ROOM bytes)."""
@@ -207,7 +198,7 @@ def _put_entry(win, multi, out, o):
 def _lookup(buf, bp, multi, out, o):
     """One multi-table lookup at bit ``bp`` (see :func:`_put_entry`); the entry's low
     byte says how many bits were used and how much was decoded."""
-    return _put_entry(_load64(buf, bp >> np.uint64(3)) << (bp & np.uint64(7)), multi, out, o)
+    return _put_entry(load64(buf, bp >> np.uint64(3)) << (bp & np.uint64(7)), multi, out, o)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -237,14 +228,7 @@ def _fast(buf, bp, end, i, n, multi, out, o):
 @njit(cache=True, nogil=True, inline="always")
 def _tail(buf, start, bp, end, i, n, single, tb, out, o):
     """The rest of a chunk with the careful reader; returns the bits consumed in all."""
-    p = np.int64(bp >> np.uint64(3))
-    skip = bp & np.uint64(7)
-    acc = Z
-    nb = Z
-    if p < end:
-        acc = np.uint64(buf[p]) & (np.uint64(0xFF) >> skip)
-        nb = np.uint64(8) - skip
-        p += 1
+    acc, nb, p = reader_at(buf, bp, end)
     dummy = np.zeros(1, np.float32)
     t = _decode_from(buf, p, end, acc, nb, i, n, single, tb, out, o, dummy, dummy, False)
     if t < 0:
@@ -298,10 +282,10 @@ def decode_top4(buf, s, e, n, multi, single, tb, out, o, used):
             break
         before = i0 + i1 + i2 + i3
         for _ in range(min(room // 24, bits // 48) + 1):
-            w0 = _load64(buf, b0 >> np.uint64(3)) << (b0 & np.uint64(7))
-            w1 = _load64(buf, b1 >> np.uint64(3)) << (b1 & np.uint64(7))
-            w2 = _load64(buf, b2 >> np.uint64(3)) << (b2 & np.uint64(7))
-            w3 = _load64(buf, b3 >> np.uint64(3)) << (b3 & np.uint64(7))
+            w0 = load64(buf, b0 >> np.uint64(3)) << (b0 & np.uint64(7))
+            w1 = load64(buf, b1 >> np.uint64(3)) << (b1 & np.uint64(7))
+            w2 = load64(buf, b2 >> np.uint64(3)) << (b2 & np.uint64(7))
+            w3 = load64(buf, b3 >> np.uint64(3)) << (b3 & np.uint64(7))
             for _k in range(4):
                 x0 = _put_entry(w0, multi, out, o0 + i0)
                 x1 = _put_entry(w1, multi, out, o1 + i1)
@@ -626,10 +610,10 @@ def pairs_decode(buf, s, e, m, out, o):
                 break
             before = o0 + o1 + o2 + o3
             for _ in range(min(room // 24, bits // 48) + 1):
-                w0 = _load64(buf, b0 >> np.uint64(3)) << (b0 & np.uint64(7))
-                w1 = _load64(buf, b1 >> np.uint64(3)) << (b1 & np.uint64(7))
-                w2 = _load64(buf, b2 >> np.uint64(3)) << (b2 & np.uint64(7))
-                w3 = _load64(buf, b3 >> np.uint64(3)) << (b3 & np.uint64(7))
+                w0 = load64(buf, b0 >> np.uint64(3)) << (b0 & np.uint64(7))
+                w1 = load64(buf, b1 >> np.uint64(3)) << (b1 & np.uint64(7))
+                w2 = load64(buf, b2 >> np.uint64(3)) << (b2 & np.uint64(7))
+                w3 = load64(buf, b3 >> np.uint64(3)) << (b3 & np.uint64(7))
                 for _k in range(4):              # 57+ bits in each window: four lookups
                     x0 = _pair_lookup(w0, multi, out, o0)
                     x1 = _pair_lookup(w1, multi, out, o1)
@@ -655,7 +639,7 @@ def pairs_decode(buf, s, e, m, out, o):
             b = bp[j]
             i = got[j]
             while i + 8 <= lim[j] and b <= last:
-                w = _load64(buf, b >> np.uint64(3)) << (b & np.uint64(7))
+                w = load64(buf, b >> np.uint64(3)) << (b & np.uint64(7))
                 x = _pair_lookup(w, multi, out, oo[j] + i)
                 c = _pair_got(x)
                 if c == 0:
