@@ -224,12 +224,10 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
 UNIFORM_BITS = (2, 3, 4, 5, 6, 7, 8)       # symbol widths it may choose; escapes beyond
 ESCAPE_COST = 12                           # bytes an escape costs, roughly (index, value)
 SQRT12 = float(np.sqrt(12.0))
-SEARCH_TRIES = 5                           # quantization passes spent looking for the step
-MODEL_TRIES = 3       # quantizations at the step the error model predicts, before searching
+STEP_TRIES = 6        # quantization passes spent looking for the step, at most
 MODEL_AIM = 0.995     # the model aims this close under the target (its bins are approximate)
-MODEL_RETRY = 0.98    # after a miss, the step scaled by the measured error, and this: the
-                      # error does not scale with the step squared exactly (dead zone, floor),
-                      # and 0.995 missed again by 0.4% on Adam's second moment (a third pass)
+RETRY_AIM = 0.96      # a step solved from measured errors aims this far under the target
+CLOSE_ENOUGH = 0.5    # a step whose error² is under this share of the target² is widened
 NONNEG_FLOOR = 0.25  # a tensor without negative values restores each element >= 1/4 of it
 DEADZONE = 0.6     # round magnitudes up only past 0.6 of a step: more zeros, ~5% fewer bits
                    # than rounding to nearest at equal error on real deltas
@@ -458,17 +456,56 @@ class _ErrorModel:
         return float(grid[int(np.flatnonzero(ok)[-1])])
 
 
+def _next_step(oks: list, misses: list, aim_sq: float, model: _ErrorModel, up: float):
+    """The step to try next, from the tries so far (``(step, measured error²)`` that met
+    the target, and that missed it), or None when they leave nothing to try.
+
+    The error is taken as ``c·step^k`` locally and solved for ``aim_sq``: between the
+    two tries that bracket the target (kept strictly inside the bracket), else from the
+    last two tries on the same side, else with the error model's own slope (at least 1:
+    the model does not see the floor of a tensor without negative values, and a step cut
+    too far costs bits in every file). ``k`` is not 2: with the dead zone and the floor,
+    Adam's second moment measured ``k`` near 1; rescaling by the square root took three
+    passes to get under the target there and a fresh search of four to come back near it.
+    """
+    if oks and misses:
+        s0, e0 = max(oks)
+        s1, e1 = min(misses)
+        if s1 <= s0 or e1 <= e0:
+            return None
+        t = 0.5                                         # where aim_sq falls, 0..1 of the way
+        if e0 > 0:
+            t = np.log(aim_sq / e0) / np.log(e1 / e0)
+        return float(s0 * (s1 / s0) ** min(0.9, max(0.1, t)))
+    side = misses if misses else oks
+    s, e = side[-1]
+    if e <= 0:
+        return float(s * 4.0)
+    k = 0.0
+    if len(side) > 1 and side[-2][0] != s and side[-2][1] != e and side[-2][1] > 0:
+        k = np.log(side[-2][1] / e) / np.log(side[-2][0] / s)
+    if not 0.5 <= k <= 4.0:
+        near = model.errors_sq(np.array([s, 0.9 * s]), up)
+        k = 2.0
+        if near[1] > 0 and near[0] > near[1]:
+            k = min(4.0, max(1.0, np.log(near[0] / near[1]) / np.log(1 / 0.9)))
+    f = (aim_sq / e) ** (1 / k)
+    return float(s * (min(0.98, max(1 / 64, f)) if misses else min(4.0, max(1.02, f))))
+
+
 def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
                      chunk_size: int, limit: float | None = None) -> Uniform:
     """Code ``u - ref`` so that the *restored* tensor meets ``||u - ũ||₂ <= target·||u||₂``.
 
     ``ũ = ref + level·step`` (levels are integers, magnitudes rounded with a small dead
-    zone, :data:`DEADZONE`), so every element is off by at most ``0.6·step`` and, because ``ref`` is the decoder's own reconstruction, the error does not
-    build up along a chain: each step measures it afresh against the true ``u``. The step
-    is searched: first ``sqrt(12)·target·rms(u)`` (the uniform-noise estimate), then
-    rescaled by the error actually measured (a few tries, bisecting once a step has
-    failed), with ``2·target·rms(u)`` (for which the max-error bound alone guarantees the
-    target) as the last resort; the cheapest step whose measured error meets the target
+    zone, :data:`DEADZONE`), so every element is off by at most ``0.6·step`` and,
+    because ``ref`` is the decoder's own reconstruction, the error does not build up
+    along a chain: each step measures it afresh against the true ``u``. The step is
+    searched: first the one the error model predicts (:class:`_ErrorModel`), then steps
+    solved from the errors the tries measure (:func:`_next_step`), at most
+    :data:`STEP_TRIES` quantizations, until one lands within :data:`CLOSE_ENOUGH` of the
+    target; ``2·target·rms(u)`` (for which the max-error bound alone guarantees the
+    target) is the last resort. The cheapest step whose measured error meets the target
     wins. Levels beyond 8-bit symbols, and every change when
     ``target == 0``, are escapes: elements stored exactly. The returned error is measured
     on the reconstruction itself; if even the last resort misses (fp rounding under a tiny
@@ -495,45 +532,32 @@ def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
     rms = np.sqrt(norm_u / n) if n else 0.0
     isz = u.dtype.itemsize
     floor = NONNEG_FLOOR if n and float(stats[:, 2].min()) >= 0 else 0.0
-    if target == 0 or rms == 0:
-        steps = [0.0]
-    else:
-        steps = [SQRT12 * target * rms]
     best = None
-    if steps[0] > 0:                    # the modelled step, corrected by what it measures
-        model = _ErrorModel(u, ref, chunk_size)
+    if target == 0 or rms == 0:                  # every change an escape
+        uq, est = _try_step(u, ref, d, 0.0, chunk_size, isz, limit=limit, floor=floor)
+        if uq.residual_sq <= tol_sq:
+            best = (uq, est)
+    else:                               # the modelled step, then steps solved from what
+        model = _ErrorModel(u, ref, chunk_size)         # the tries measure
         up = 1.0 - DEADZONE
-        s = model.step_for(MODEL_AIM * tol_sq, up, steps[0])
-        for _ in range(MODEL_TRIES):
+        s = model.step_for(MODEL_AIM * tol_sq, up, SQRT12 * target * rms)
+        oks, misses = [], []
+        for _ in range(STEP_TRIES):
             uq, est = _try_step(u, ref, d, s, chunk_size, isz, limit=limit, floor=floor,
                                 hist=model.symbol_histogram(s, up),
                                 rstep=model.recon_step(s, up))
-            if uq.residual_sq <= tol_sq:
-                best = (uq, est)
+            e = uq.residual_sq
+            if e <= tol_sq:
+                if best is None or est < best[1]:
+                    best = (uq, est)
+                if e >= CLOSE_ENOUGH * tol_sq:
+                    break
+                oks.append((s, e))
+            else:
+                misses.append((s, e))
+            s = _next_step(oks, misses, RETRY_AIM * tol_sq, model, up)
+            if s is None:
                 break
-            s *= max(0.5, MODEL_RETRY * np.sqrt(tol_sq / uq.residual_sq))
-        steps = [] if best is not None else steps
-    lo_fail = None                      # the smallest step seen to miss the target
-    s = steps[0] if steps else 0.0
-    for _ in range((SEARCH_TRIES if s > 0 else 1) if steps else 0):
-        uq, est = _try_step(u, ref, d, s, chunk_size, isz, limit=limit, floor=floor)
-        if uq.residual_sq <= tol_sq:
-            if best is None or est < best[1]:
-                best = (uq, est)
-            if uq.residual_sq >= 0.97 * tol_sq:
-                break                   # close enough to the target
-            grow = np.sqrt(tol_sq / uq.residual_sq) if uq.residual_sq > 0 else 4.0
-            nxt = s * min(4.0, 0.995 * grow)
-            if lo_fail is not None:
-                nxt = min(nxt, 0.5 * (s + lo_fail))
-        else:
-            lo_fail = s if lo_fail is None else min(lo_fail, s)
-            nxt = s * max(0.5, 0.995 * np.sqrt(tol_sq / uq.residual_sq))
-            if best is not None:
-                nxt = 0.5 * (best[0].step + s)
-        if nxt == s:
-            break
-        s = nxt
     if best is None and target > 0 and rms > 0:          # the guaranteed step
         uq, est = _try_step(u, ref, d, 2 * target * rms, chunk_size, isz, 0.5, limit, floor)
         if uq.residual_sq <= tol_sq:

@@ -312,6 +312,40 @@ def test_a_tensor_without_negative_values_never_restores_below_a_quarter_of_it(
         assert np.any((q2.recon == 0) & (v != 0))
 
 
+@pytest.mark.parametrize("k", [0.8, 1.0, 2.0, 3.0])
+@pytest.mark.parametrize("tried", [(1.5, 1.3), (0.5, 0.7), (0.8, 1.2)])
+def test_the_next_step_solves_the_error_law_of_two_tries(k, tried):
+    """error = c * step**k: from two misses, two steps under the target, or one of each
+    (a bracket), the next step lands on the aim."""
+    from lcckpt.quantize import _next_step
+    c, aim = 1.0, 1.0                                # the aim is at step 1
+    tries = [(s, c * s ** k) for s in tried]
+    oks = [t for t in tries if t[1] <= aim / 0.96]
+    misses = [t for t in tries if t[1] > aim / 0.96]
+    s = _next_step(oks, misses, aim, None, 0.4)
+    assert c * s ** k == pytest.approx(aim, rel=1e-9)
+
+
+def test_adam_second_moment_meets_its_target_in_few_passes(monkeypatch):
+    """A second moment (no negative values: floored, which the error model does not see)
+    against the reference of its previous step: at most three quantization passes, and
+    the restored error lands close under the target, not far below it (bits wasted)."""
+    import lcckpt.quantize as q
+    rng = np.random.default_rng(5)
+    n, target = 400_000, 0.1
+    g = rng.standard_normal(n) * rng.lognormal(0, 2, n)
+    old = 1e-3 * g ** 2
+    new = 0.999 * old + 1e-3 * (g + 0.3 * rng.standard_normal(n)) ** 2
+    ref, u = old.astype(np.float32), new.astype(np.float32)
+    ref[rng.random(n) < 0.01] *= 3                   # the decoder's reference is off a bit
+    tries = []
+    real = q._try_step
+    monkeypatch.setattr(q, "_try_step", lambda *a, **kw: tries.append(a[3]) or real(*a, **kw))
+    uq = q.uniform_quantize(u, ref, target, 1 << 16)
+    assert uq is not None and len(tries) <= 3
+    assert 0.9 * target <= uq.rel_error <= target
+
+
 def test_a_tensor_new_since_the_keyframe_is_coded_against_zeros(tmp_path):
     """Optimizer state appears after the first save: its first delta is lossy against
     zeros (not an exact copy), restores within its target, and every reader agrees."""
