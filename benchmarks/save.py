@@ -15,8 +15,11 @@ Measured (medians of several runs, page cache warm for loads):
   keyframe; of ``lcckpt.save`` raw and with ``compress=True``; of ``torch.save`` (plain,
   and followed by an fsync, since every lcckpt write is fsynced and atomic);
 * restore time of the keyframe plus 10 deltas (``DeltaCheckpointer.load`` of the last
-  step) against ``torch.load`` and ``lcckpt.load``, the four loads taking turns round by
-  round (a slow spell of the machine then hits all of them);
+  step) against ``torch.load`` and ``lcckpt.load``, and the time to read those 11 files
+  (checksums checked, nothing decoded), the loads taking turns round by round (a slow
+  spell of the machine then hits all of them);
+* quantization passes of each delta save: the elements the uniform quantizer's step
+  search quantized, over the floats tracked (0 with ``--bits``);
 * bytes on disk of each, split into parameters, exp_avg, exp_avg_sq and the rest (step
   counters, param_groups, header), from the per-section sizes in the container header
   (torch.save stores tensor bytes as they are: its parts are the tensors' sizes).
@@ -38,6 +41,7 @@ import time
 import torch
 
 import lcckpt
+from lcckpt import quantize as _quantize
 from lcckpt.bench.timing import environment, format_table
 from lcckpt.bench.trajectory import train_trajectory
 from lcckpt.container import read_container
@@ -114,6 +118,29 @@ def round_ratios(per_round: list, a: str, b: str) -> dict:
     return {"median": statistics.median(r), "min": min(r), "max": max(r)}
 
 
+def _count_quantized() -> list:
+    """Count the elements the uniform quantizer quantizes (its step search's tries) into
+    the returned one-element list, for the rest of the process: per save, over the
+    floats tracked, the number of quantization passes the search needed."""
+    count = [0]
+    real = _quantize._try_step
+
+    def counting(u, *args, **kwargs):
+        count[0] += u.size
+        return real(u, *args, **kwargs)
+    _quantize._try_step = counting
+    return count
+
+
+def _read_files(paths):
+    """Read every section of every file, checksums checked, decoding nothing: the floor
+    of a restore's time that the format sets."""
+    for path in paths:
+        with read_container(path) as c:
+            for i in range(len(c.sections)):
+                c.data(i)
+
+
 def _fsync_save(obj, path):
     with open(path, "wb") as f:
         torch.save(obj, f)
@@ -149,12 +176,15 @@ def run(quick: bool, bits: int | None = None, deltas: int = 10, error_bound: flo
         k_step = snaps[0][0]
         ck.save(k_step, snaps[0][1])
         key_parts = lcckpt_parts(ck.path(k_step))
-        delta_times, delta_parts, delta_errors = [], [], []
+        delta_times, delta_parts, delta_errors, delta_passes = [], [], [], []
+        quantized = _count_quantized()
         for step, snap in snaps[1:]:
             os.sync()
+            quantized[0] = 0
             t = time.perf_counter()
             ck.save(step, snap)
             delta_times.append(time.perf_counter() - t)
+            delta_passes.append(quantized[0] / sum(elements.values()))
             delta_parts.append(lcckpt_parts(ck.path(step)))
             errs = {}
             for key, st in ck.info(step)["tensors"].items():   # the writer's own report
@@ -217,6 +247,7 @@ def run(quick: bool, bits: int | None = None, deltas: int = 10, error_bound: flo
         # ---- loads, interleaved round by round so that each sees the same machine state
         loads = measure_interleaved({
             "restore": lambda: ck.load(last),
+            "read": lambda: _read_files([ck.path(st) for st, _ in snaps]),
             "raw": lambda: lcckpt.load(paths["raw.lcc"]),
             "z": lambda: lcckpt.load(paths["z.lcc"]),
             "torch": lambda: torch.load(paths["t.pt"], weights_only=True),
@@ -226,6 +257,8 @@ def run(quick: bool, bits: int | None = None, deltas: int = 10, error_bound: flo
                          None))
         rows.append(_row("DeltaCheckpointer restore K+%d" % deltas, None, loads["restore"],
                          None))
+        rows.append(_row("  of which: reading its %d files (checked)" % (deltas + 1), None,
+                         loads["read"], None))
         rows.append(_row("lcckpt.save raw", saves["raw"], loads["raw"],
                          lcckpt_parts(paths["raw.lcc"])))
         rows.append(_row("lcckpt.save compress=True", saves["z"], loads["z"],
@@ -246,6 +279,7 @@ def run(quick: bool, bits: int | None = None, deltas: int = 10, error_bound: flo
                 "deltas": deltas, "steps": [s for s, _ in snaps], "state_bytes": raw_bytes,
                 "elements": elements, "train_s": train_s},
         delta_save_s=delta_times,
+        delta_passes=delta_passes,
         delta_errors=delta_errors,
         restored_rel_error=rel,
         torch_parts=t_parts,
@@ -291,6 +325,8 @@ def report(res: dict) -> str:
                       for v in res["versus"]], ["what", "against", "median", "min", "max"]),
         "",
         "delta save times (s): " + ", ".join(f"{t:.3f}" for t in res["delta_save_s"]),
+        "quantization passes per delta save (elements quantized / floats tracked): "
+        + ", ".join(f"{p:.2f}" for p in res["delta_passes"]),
         "restored last step vs true state, relative L2 error: "
         + ", ".join(f"{k} {v:.2e}" for k, v in res["restored_rel_error"].items()),
         f"cpu: {res['environment']['cpu']} ({res['environment']['cpu_count']} cores), "
