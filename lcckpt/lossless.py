@@ -16,7 +16,6 @@ merges in one compiled call; chunks go to whichever pool thread is free. This mo
 does not write headers or parse blobs: codec.py and blob.py do.
 """
 
-import itertools
 import sys
 import threading
 from functools import lru_cache
@@ -213,7 +212,7 @@ def plan_floats(words: np.ndarray, chunk_size: int):
         else:                            # exact counts for the plane's shared code
             hist[c] = 0
             pk.top_histogram(words, lo, hi, item, hist[c])
-    _run_dynamic(code, nch)
+    _pool.run_balanced(code, nch)
     for k in range(item - 1):
         sample = hist[:, k, :].sum(axis=0)
         total = int(sample.sum())
@@ -267,28 +266,6 @@ def _scratch(m: int):
     if bufs is None or bufs[0].size < m:
         bufs = _blocks.pairs = (np.empty(m, np.uint8), np.empty(pk.pairs_bound(m), np.uint8))
     return bufs
-
-
-def _run_dynamic(fn, n: int):
-    """``fn(c)`` for every ``c < n`` on the pool, each worker taking the next chunk when
-    it is free: on a machine shared with other work a fixed split leaves one thread
-    idle while the other, descheduled, still holds half the chunks."""
-    workers = min(_pool.threads(), n)
-    if workers <= 1:
-        for c in range(n):
-            fn(c)
-        return
-    counter = itertools.count()
-
-    def worker():
-        while True:
-            c = next(counter)           # atomic under the GIL
-            if c >= n:
-                return
-            fn(c)
-    futures = [_pool.submit(worker) for _ in range(workers)]
-    for f in futures:
-        f.result()
 
 
 def fill_blob(words: np.ndarray, encs, chunk_size: int, head: bytes):
@@ -358,7 +335,7 @@ def fill_floats(words: np.ndarray, encs, chunk_size: int, out: np.ndarray, base:
         for k in range(item - 1):
             crcs[k, c] = _crc.piece_crc32(out[raw_pos[k]:raw_pos[k] + hi - lo])
         crcs[item - 1, c] = _crc.piece_crc32(out[s:e])
-    _run_dynamic(task, nch)
+    _pool.run_balanced(task, nch)
     sizes = [e.nbytes for e in encs]
     return combine_crcs(crcs, sizes)
 
@@ -476,7 +453,7 @@ class FastDecoder:
         """Decode every chunk on the pool; with ``stored_crc`` compare the payload's CRC
         (damage that stops the decoding is reported as a checksum mismatch too)."""
         try:
-            _run_dynamic(self.task, self.ntasks)
+            _pool.run_balanced(self.task, self.ntasks)
         except CorruptDataError:
             end = self.tbase + int(self.top.offsets[-1])
             if stored_crc is not None and _crc.crc32(self.buf[self.pbase:end]) != stored_crc:
