@@ -503,8 +503,8 @@ def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
     along a chain: each step measures it afresh against the true ``u``. The step is
     searched: first the one the error model predicts (:class:`_ErrorModel`), then steps
     solved from the errors the tries measure (:func:`_next_step`), at most
-    :data:`STEP_TRIES` quantizations, until one lands within :data:`CLOSE_ENOUGH` of the
-    target; ``2·target·rms(u)`` (for which the max-error bound alone guarantees the
+    :data:`STEP_TRIES` quantizations, until one meets the target with an error² of at
+    least :data:`CLOSE_ENOUGH` of the target's; ``2·target·rms(u)`` (for which the max-error bound alone guarantees the
     target) is the last resort. The cheapest step whose measured error meets the target
     wins. Levels beyond 8-bit symbols, and every change when
     ``target == 0``, are escapes: elements stored exactly. The returned error is measured
