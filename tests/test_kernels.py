@@ -350,6 +350,29 @@ def test_grouped_multi_decode_rejects_invalid_code(at):
                                    0, NOF, NOF, False) == -1
 
 
+@pytest.mark.parametrize("b", [2, 4])
+@pytest.mark.parametrize("density", [0.01, 0.5])       # one pass below SPARSE_BITS, two above
+def test_multi_symbol_decode_applies_like_apply_symbols(b, density):
+    rng = np.random.default_rng(b)
+    n = 20_000 + 5                                   # + 5: a tail the one-by-one loop decodes
+    sym = _symbols(b, n, density, b)
+    lengths = hk.code_lengths(np.bincount(sym, minlength=1 << b), hk.MAX_CODE_LEN)
+    out = np.zeros(2 * n, np.uint8)
+    end = hk.encode_symbols(sym, 0, n, hk.canonical_codes(lengths), lengths, out, 0, NOF, NOF,
+                            False)
+    assert (8 * end <= hk.SPARSE_BITS * n) == (density < 0.1)
+    cent = rng.standard_normal(1 << b).astype(np.float32)
+    want = rng.standard_normal(n).astype(np.float32)
+    want[::3] = -0.0                                 # zero symbols keep either sign
+    got = want.copy()
+    bk.apply_symbols(sym, 0, n, cent, want)
+    tb = int(lengths.max())
+    used = hk.decode_symbols_multi(out, 0, end, n, hk.multi_decode_table(lengths, 4), 4,
+                                   hk.decode_table(lengths, tb), tb, NOF.view(np.uint8), 0,
+                                   cent, got, True)
+    assert (used + 7) // 8 == end and got.tobytes() == want.tobytes()
+
+
 def test_multi_symbol_decode_rejects_invalid_code():
     lengths = np.array([1, 0, 0], np.uint8)
     multi = hk.multi_decode_table(lengths, 4)

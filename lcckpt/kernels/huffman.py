@@ -246,21 +246,28 @@ def multi_decode_table(lengths, sym_bits):
     return table
 
 
+SPARSE_BITS = 1.1         # coded bits per symbol under which a chunk is mostly zeros
+
+
 @njit(cache=True, nogil=True)
 def decode_symbols_multi(buf, start, end, n, multi, sym_bits, single, table_bits, out, out_start,
                          cent, fout, apply):
     """As :func:`decode_symbols`, several symbols per lookup; the tail goes one by one.
 
-    ``apply`` runs in two passes: the chunk's symbols into a byte buffer, then one add
-    per symbol (zeros add -0.0, see :func:`additive`). Adding between lookups, with a
-    branch on zero symbols, was 3x slower on a dense 4-bit delta: the lookups are a
-    chain of dependent loads, and the adds and mispredicted branches stalled it.
+    ``apply`` on a chunk of more than :data:`SPARSE_BITS` bits per symbol runs in two
+    passes: the symbols into a byte buffer, then one add per symbol (zeros add -0.0, see
+    :func:`additive`). Adding between lookups, with a branch on zero symbols, was 1.5-3x
+    slower there: the lookups are a chain of dependent loads, and the adds and
+    mispredicted branches stalled it. A sparser chunk (the faithful LC stream, ~1 bit
+    per symbol) adds only its nonzero symbols between lookups: every element's add
+    would read and write all of the output, which the zeros leave untouched.
     """
-    if not apply:
+    if not apply or (end - start) * 8 <= SPARSE_BITS * n:
         return _multi_into(buf, start, end, n, multi, sym_bits, single, table_bits, out,
-                           out_start)
+                           out_start, cent, fout, apply)
     sym = np.empty(n, np.uint8)
-    used = _multi_into(buf, start, end, n, multi, sym_bits, single, table_bits, sym, 0)
+    used = _multi_into(buf, start, end, n, multi, sym_bits, single, table_bits, sym, 0,
+                       cent, fout, False)
     if used >= 0:
         cz = additive(cent)
         for k in range(n):
@@ -269,8 +276,10 @@ def decode_symbols_multi(buf, start, end, n, multi, sym_bits, single, table_bits
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _multi_into(buf, start, end, n, multi, sym_bits, single, table_bits, out, out_start):
-    """The symbols of :func:`decode_symbols_multi` stored into ``out[out_start:]``."""
+def _multi_into(buf, start, end, n, multi, sym_bits, single, table_bits, out, out_start,
+                cent, fout, apply):
+    """:func:`decode_symbols_multi` in one pass: symbols stored into ``out[out_start:]``,
+    or with ``apply`` the nonzero ones added into ``fout``."""
     acc = Z
     nb = Z
     p = start
@@ -288,13 +297,18 @@ def _multi_into(buf, start, end, n, multi, sym_bits, single, table_bits, out, ou
         cnt = np.int64((e >> np.uint64(4)) & np.uint64(15))
         if cnt == 0:
             return -1
-        for k in range(most):                  # a fixed count: no branch per symbol
-            out[out_start + i + k] = np.uint8((e >> (np.uint64(8) + sb * np.uint64(k))) & smask)
+        if apply:             # zeros skipped: these streams are mostly zeros, and adds
+            for k in range(cnt):           # past cnt would chain through memory
+                sy = (e >> (np.uint64(8) + sb * np.uint64(k))) & smask
+                if sy != 0:
+                    fout[out_start + i + k] += cent[sy]
+        else:
+            for k in range(most):                  # a fixed count: no branch per symbol
+                out[out_start + i + k] = np.uint8((e >> (np.uint64(8) + sb * np.uint64(k))) & smask)
         used = e & np.uint64(15)
         nb -= used
         consumed += used
         i += cnt
-    dummy = np.zeros(1, np.float32)
     tail = _decode_from(buf, p, end, acc, nb, i, n, single, table_bits, out, out_start,
-                        dummy, dummy, False)
+                        cent, fout, apply)
     return -1 if tail < 0 else np.int64(consumed) + tail
