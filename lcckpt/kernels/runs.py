@@ -143,31 +143,20 @@ def _emit_letter(letter, i, n, g, b, out, out_start, cz, fout, apply):
                 out[out_start + i + j] = (letter >> (b * (g - 1 - j))) & mask
 
 
+_NO_MULTI = np.zeros(0, np.uint64)
+
+
 @njit(cache=True, nogil=True)
 def decode_grouped(buf, start, end, n, g, b, table, table_bits, out, out_start, cent, fout,
                    apply):
     """Decode ``n`` symbols; returns bits consumed or -1 on an invalid code.
 
     ``apply``: add centroids into ``fout`` instead of storing symbols (see
-    :func:`lcckpt.kernels.huffman.decode_symbols`).
+    :func:`lcckpt.kernels.huffman.decode_symbols`). One table lookup per letter: for
+    chunks too short to pay for a multi-letter table (:func:`decode_grouped_multi`).
     """
-    acc = Z
-    nb = Z
-    tb = np.uint64(table_bits)
-    tmask = (np.uint64(1) << tb) - np.uint64(1)
-    p = start
-    consumed = Z
-    cz = additive(cent)
-    for i in range(0, n, g):
-        if nb < tb:
-            acc, nb, p = refill(acc, nb, buf, p, end)
-        letter, ln = lookup(table, acc, nb, tb, tmask)
-        if ln == Z:
-            return -1
-        nb -= ln
-        consumed += ln
-        _emit_letter(letter, i, n, g, b, out, out_start, cz, fout, apply)
-    return np.int64(consumed)
+    return decode_grouped_multi(buf, start, end, n, g, b, _NO_MULTI, table, table_bits, out,
+                                out_start, cent, fout, apply)
 
 
 @njit(cache=True, nogil=True)
@@ -175,10 +164,10 @@ def decode_grouped_multi(buf, start, end, n, g, b, multi, table, table_bits, out
                          cent, fout, apply):
     """:func:`decode_grouped` in two passes: the chunk's letters into a byte buffer with
     a multi-letter table (up to six 8-bit letters a lookup, see
-    :func:`lcckpt.kernels.huffman.multi_decode_table`), then their symbols stored or
-    added. The one-pass form, which added each letter's floats between lookups, was
-    1.4-1.9x slower on a dense 4-bit delta: the lookups are a chain of dependent loads,
-    and the adds no longer wait on it.
+    :func:`lcckpt.kernels.huffman.multi_decode_table`; an empty ``multi``: one letter a
+    lookup), then their symbols stored or added. The one-pass form, which added each
+    letter's floats between lookups, was 1.4-1.9x slower on a dense 4-bit delta: the
+    lookups are a chain of dependent loads, and the adds no longer wait on it.
     """
     nletters = (n + g - 1) // g
     letters = np.empty(nletters + 8, np.uint8)          # 8-byte stores: room for the last
@@ -222,12 +211,13 @@ def decode_grouped_multi(buf, start, end, n, g, b, multi, table, table_bits, out
 @njit(cache=True, nogil=True, inline="always")
 def _grouped_letters(buf, start, end, nletters, multi, table, table_bits, letters):
     """Decode ``nletters`` 8-bit letters into ``letters`` (which has 8 bytes of room
-    past them); returns the bits consumed, -1 on an invalid code. Away from the end
-    every lookup loads its window straight from the bit position (no reader state) and
-    stores all six letter bytes of the entry at once."""
+    past them); returns the bits consumed, -1 on an invalid code. With a ``multi`` table,
+    away from the end, every lookup loads its window straight from the bit position (no
+    reader state) and stores all six letter bytes of the entry at once; the rest goes
+    letter by letter."""
     li = 0
     bp = np.uint64(8 * start)
-    if end - start >= 8:
+    if multi.size and end - start >= 8:
         last = np.uint64(end - 8) << np.uint64(3)
         while li + 8 <= nletters and bp <= last:
             win = load64(buf, bp >> np.uint64(3)) << (bp & np.uint64(7))
