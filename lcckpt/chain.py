@@ -57,6 +57,7 @@ from . import blob as _blob
 from . import sections as _sections
 from .container import read_container, write_container
 from .delta import DeltaEncoder, Reconstruction
+from .movement import Movement
 from .errors import (
     BrokenChainError,
     ConcurrentWriteError,
@@ -77,6 +78,7 @@ CHAIN_VERSION = 1
 DEFAULT_TARGET = DEFAULT_POLICY      # DeltaCheckpointer(directory)'s targets: see docs/chain.md
 LC_MIN_DELTA_ELEMENTS = 4096         # LC mode: smaller floating tensors are stored whole
 TARGET_MIN_DELTA_ELEMENTS = 8        # target mode: smaller ones (scalars: step counts) are delta-coded exactly
+MISSED = 0.5            # a restored error past this share of a step's movement is warned of
 _NAME_RE = re.compile(r"step-(\d{12,})\.lcc")
 LOCK_NAME = ".lcckpt-writer.lock"
 
@@ -103,6 +105,7 @@ class _SaveSession:
         self.encoders, self.make, self.track, self.keyframe = encoders, make, track, keyframe
         self.small, self.warn_error = small, warn_error
         self.drifted: list[tuple[str, float]] = []     # (path, restored error) past warn_error
+        self.missed: list[tuple[str, float, float]] = []   # (path, error/movement, target)
         self.exact_of = {} if exact_of is None else exact_of   # path -> its encoder is exact
         self.stats: dict[str, dict] = {}
 
@@ -139,6 +142,8 @@ class _SaveSession:
         }
         if enc.config.target is not None:
             rec["target"] = enc.config.target
+        if enc.last_movement is not None and st.kind == "uniform":
+            self._note_movement(path, rec, enc, st)
         if st.kind == "uniform":
             rec["step"] = float(f"{st.step:.4g}")
             if st.escapes:
@@ -152,19 +157,39 @@ class _SaveSession:
             params["base"] = "zero"
         return Encoded(DELTA, parts, params)
 
+    def _note_movement(self, path: str, rec: dict, enc: DeltaEncoder, st) -> None:
+        """Report a movement target's terms, relative to ``||u||``. The dtype's precision
+        floor may let the error pass ``target x movement``; past :data:`MISSED` of the
+        movement too, the update is reported as missed."""
+        moved, norm, allowed = enc.last_movement
+        rec["relative_to"] = "movement"
+        rec["movement"] = _finite(moved / norm if norm else 0.0)
+        rec["allowed_error"] = _finite(allowed / norm if norm else 0.0)
+        err = st.rel_error * norm
+        if moved > 0:
+            rec["error_vs_movement"] = _finite(err / moved)
+        if err > max(enc.config.target, MISSED) * moved * (1 + 1e-6) and err > 0:
+            self.missed.append((path, err / moved if moved else float("inf"),
+                                enc.config.target))
+
 
 class _FileReplay:
     """Loading one file of a chain: ``"delta"`` sections advance the reconstructions of
     the previous step (``before``) into ``after``; other sections decode as anywhere."""
 
-    def __init__(self, before: dict, copy: bool = True):
-        self.before, self.after, self.copy = before, {}, copy
+    def __init__(self, before: dict, copy: bool = True, movement: bool = False):
+        self.before, self.after, self.copy, self.movement = before, {}, copy, movement
 
     def advance(self, c, i: int, meta: dict) -> Reconstruction:
         key = section_key(meta)
         rec = self.before.get(key) or Reconstruction()
+        # movement counts from the keyframe, or from where the tensor (re)started: an
+        # exact fallback inside a chain does not move the base, as for the writer
+        base = self.movement and (rec.movement is None or _is_keyframe(c)
+                                  or rec.movement.n != _elements(meta))
         rec.apply(c.data(i), dtype=meta.get("dtype"), shape=tuple(meta.get("shape", ())),
-                  check_payload=False, what=key, zero_base=section_zero_base(meta))
+                  check_payload=False, what=key, zero_base=section_zero_base(meta),
+                  movement=base)
         self.after[key] = rec
         return rec
 
@@ -181,9 +206,21 @@ class _FileReplay:
         return self.after
 
 
+def _is_keyframe(c) -> bool:
+    info = c.meta.get("lcckpt_chain")
+    return isinstance(info, dict) and info.get("kind") == "keyframe"
+
+
+def _elements(meta: dict) -> int:
+    n = 1
+    for d in meta.get("shape", ()):
+        n *= int(d)
+    return n
+
+
 def _finite(x):
     x = float(x)
-    return round(x, 6) if np.isfinite(x) else None
+    return float(f"{x:.6g}") if np.isfinite(x) else None
 
 
 # --------------------------------------------------------------------------- chain info
@@ -526,6 +563,11 @@ class DeltaCheckpointer:
             raise
         self._last = {"step": step, "state_id": state_id, "depth": depth}
         self._force_keyframe = False
+        for key, ratio, t in session.missed:
+            warnings.warn(f"step {step}: {key} restores with an error of {ratio:.3g}x its "
+                          f"movement since the keyframe (target {t:g}): most of the update is "
+                          "under the dtype's precision and was not kept; merge() this step "
+                          "into a keyframe if it matters", RuntimeWarning, stacklevel=2)
         for key, err in session.drifted:
             warnings.warn(f"step {step}: {key} restores with relative error {err:.3g}, past "
                           f"warn_error={self.warn_error:g}; raise its bits or set a target",
@@ -551,13 +593,17 @@ class DeltaCheckpointer:
     def _small(path: str, t: torch.Tensor) -> bool:
         return True                      # every floating tensor the size rule leaves out
 
+    def _movement_targets(self) -> bool:
+        return getattr(self.target, "relative_to", "norm") == "movement"
+
     def _new_encoder(self, key: str, exact: bool = False) -> DeltaEncoder:
         if exact:
             return DeltaEncoder(coder=self.coder, target=0.0, keyframe_coding=self.keyframe_coding)
         target = self.target(key) if callable(self.target) else self.target
         if target is not None:
             return DeltaEncoder(coder=self.coder, target=target,
-                                keyframe_coding=self.keyframe_coding)
+                                keyframe_coding=self.keyframe_coding,
+                                relative_to="movement" if self._movement_targets() else "norm")
         bits = self.bits(key) if callable(self.bits) else self.bits
         return DeltaEncoder(bits, self.coder, error_bound=self.error_bound,
                             keyframe_coding=self.keyframe_coding)
@@ -581,7 +627,8 @@ class DeltaCheckpointer:
             return
         latest = steps[-1]
         try:
-            _, links, tracks = self._restore(latest, build=False, max_bytes=None)
+            _, links, tracks = self._restore(latest, build=False, max_bytes=None,
+                                             movement=self._movement_targets())
         except (LcckptError, OSError) as e:
             warnings.warn(f"cannot continue the delta chain from step {latest} ({e}); the next "
                           "save is written as a keyframe", RuntimeWarning, stacklevel=3)
@@ -647,7 +694,7 @@ class DeltaCheckpointer:
             yield step, obj
 
     def _restore(self, step: int, *, build: bool, map_location=None, known=None,
-                 keep_tracks: bool = True, max_bytes=limits.DEFAULT):
+                 keep_tracks: bool = True, max_bytes=limits.DEFAULT, movement: bool = False):
         """Walk back to the keyframe (or to ``known``), then apply each file in order.
 
         ``known``: ``(step, state_id, tracks)`` of an already restored step to start from.
@@ -655,6 +702,8 @@ class DeltaCheckpointer:
         tensors may take over the references instead of copying them.
         ``max_bytes``: checked for every file before anything is decoded; deltas decode
         into references of the keyframe's shapes, so the files' total size is the base.
+        ``movement``: the tracks also keep their keyframes' :class:`Movement` (a writer
+        resuming with "movement" targets).
         Returns ``(obj or None, [(container, link)], tracks of step)``.
         """
         if not os.path.exists(self.path(step)):
@@ -698,7 +747,7 @@ class DeltaCheckpointer:
                         obj = unpack(c, map_location, decode_leaf=replay.decode_leaf)
                         tracks = replay.after
                     else:
-                        tracks = _FileReplay(tracks).advance_all(c)
+                        tracks = _FileReplay(tracks, movement=movement).advance_all(c)
                 except (LcckptError, OSError) as e:
                     raise self._fault(step, link.step, path, e) from e
             return obj, [(c, link) for c, link, _ in links], tracks
@@ -784,6 +833,12 @@ class DeltaCheckpointer:
             write_container(path, sections, meta)
             if self._last is not None and self._last["step"] == upto:
                 self._last["depth"] = 0     # the cadence counts from this new keyframe
+                for enc in (self._encoders or {}).values():   # and movement from it
+                    if isinstance(enc, DeltaEncoder) and enc.relative_to == "movement" \
+                            and enc.ref is not None:
+                        enc.movement = Movement(enc.ref)
+                    elif isinstance(enc, Reconstruction) and enc.movement is not None:
+                        enc.movement = Movement(enc.ref)
         self._apply_retention()
         return path
 

@@ -15,6 +15,7 @@ checkpoint chain both use it. It applies deltas lazily, all pending ones in one 
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import numpy as np
@@ -29,10 +30,16 @@ from .config import CodecConfig
 from .entropy import CodeCache, StreamDecoder
 from .errors import (BrokenChainError, CorruptDataError, InvalidArgumentError, NonFiniteError,
                      UnsupportedDtypeError)
+from .movement import Movement
 
 __all__ = ["DeltaDecoder", "DeltaEncoder", "Reconstruction", "replay"]
 
 KEYFRAME_CODINGS = ("lossless", "raw")
+RELATIVE_TO = ("norm", "movement")
+# below this share of ||u|| a restored error is under the dtype's own rounding (a quarter
+# of the last mantissa bit's weight in L2): no movement target goes finer
+PRECISION = {"F16": 2.0 ** -13, "BF16": 2.0 ** -10, "F32": 2.0 ** -26, "F64": 2.0 ** -55}
+MAX_TARGET = 0.99       # a movement target is capped below the quantizer's limit of 1
 
 
 def _tracked(dt: dtypes.DType) -> bool:
@@ -45,18 +52,30 @@ class DeltaEncoder:
     def __init__(self, bits: int = 2, coder: str = "auto", *, error_bound: float | None = None,
                  midpoint: bool = False, chunk_size: int | None = None,
                  keyframe_coding: str = "lossless", config: CodecConfig | None = None,
-                 target: float | None = None):
+                 target: float | None = None, relative_to: str = "norm"):
         """``config`` replaces the coding keywords. ``target``: the uniform quantizer,
         bounding each restored state (see :class:`~lcckpt.config.CodecConfig`).
-        ``keyframe_coding``: "lossless" (coded byte planes, ~1.2x smaller) or "raw" (the
-        planes uncoded) for the exact blobs: the first one and every keyframe."""
+        ``relative_to``: "norm" bounds ``||u - ũ||₂`` by ``target·||u||₂``; "movement"
+        by ``target·||u - k||₂``, ``k`` the last keyframe (zeros for a tensor coded
+        from zero), never finer than the dtype's :data:`PRECISION` (see
+        :mod:`lcckpt.movement`). ``keyframe_coding``: "lossless" (coded byte planes,
+        ~1.2x smaller) or "raw" (the planes uncoded) for the exact blobs: the first one
+        and every keyframe."""
         if keyframe_coding not in KEYFRAME_CODINGS:
             raise InvalidArgumentError(
                 f"keyframe_coding must be 'lossless' or 'raw', got {keyframe_coding!r}")
+        if relative_to not in RELATIVE_TO:
+            raise InvalidArgumentError(
+                f"relative_to must be 'norm' or 'movement', got {relative_to!r}")
         self.config = config if config is not None else CodecConfig(
             bits, coder, error_bound, midpoint, chunk_size, target=target)
         if not isinstance(self.config, CodecConfig) or self.config.lossless:
             raise InvalidArgumentError("config must be a lossy CodecConfig")
+        if relative_to == "movement" and self.config.target is None:
+            raise InvalidArgumentError("relative_to='movement' needs a target")
+        self.relative_to = relative_to
+        self.movement: Movement | None = None   # the keyframe, for "movement" targets
+        self.last_movement: tuple | None = None  # (movement, ||u||, allowed error) of the last delta
         self.raw_keyframes = keyframe_coding == "raw"
         self.cache = CodeCache()
         self._ref: np.ndarray | None = None    # flat working-precision reconstruction
@@ -89,6 +108,7 @@ class DeltaEncoder:
         if rec.ref is None:
             raise InvalidArgumentError("cannot resume from an empty reconstruction")
         self.ref, self.dtype, self.shape = rec.ref, rec.dt, rec.shape
+        self.movement = rec.movement
 
     def encode(self, x, *, keyframe: bool = False, report: bool = False):
         """Blob for state ``x``: exact when ``keyframe`` or no compatible reference exists.
@@ -119,21 +139,42 @@ class DeltaEncoder:
         if from_zero and not keyframe and self.ref is None:
             self.ref = _memory.bulk_zeros(u.shape, u.dtype)
             self.dtype, self.shape = dt, a.shape
+            self.movement = Movement(None, u.size)
         if keyframe or self.ref is None or dt != self.dtype or a.shape != self.shape:
-            return self._keyframe(a, dt, u, None, defer_copy)
+            return self._keyframe(a, dt, u, None, defer_copy, new_base=keyframe)
         exact = lambda: encode_exact(a, dt, self.config.log2, self.raw_keyframes)  # noqa: E731
+        cfg = self._config_for(u, dt)
         try:
-            parts, st, lossy = guarded_encode(u, self.ref, dt, a.shape, self.config, exact,
+            parts, st, lossy = guarded_encode(u, self.ref, dt, a.shape, cfg, exact,
                                               cache=self.cache, advance=True)
         except NonFiniteError as e:
             warnings.warn(f"{e}; writing an exact keyframe instead", RuntimeWarning, stacklevel=3)
-            return self._keyframe(a, dt, u, "non-finite delta", defer_copy)
+            return self._keyframe(a, dt, u, "non-finite delta", defer_copy, new_base=False)
         if not lossy:
             self._set_ref(u, defer_copy)
         return parts, st
 
-    def _keyframe(self, a, dt, u, why, defer_copy=False):
+    def _config_for(self, u: np.ndarray, dt: dtypes.DType) -> CodecConfig:
+        """The config of this delta: a "movement" target becomes the equivalent share of
+        ``||u||`` (noted in :attr:`last_movement`)."""
+        self.last_movement = None
+        if self.relative_to != "movement":
+            return self.config
+        if self.movement is None or self.movement.n != u.size:
+            self.movement = Movement(None, u.size)       # no keyframe known: from zero
+        moved, norm = self.movement.measure(u)
+        allowed = max(self.config.target * moved, PRECISION[dt.name] * norm)
+        self.last_movement = (moved, norm, allowed)
+        share = min(allowed / norm, MAX_TARGET) if norm > 0 else 0.0
+        return dataclasses.replace(self.config, target=share)
+
+    def _keyframe(self, a, dt, u, why, defer_copy=False, new_base=True):
+        """An exact blob; ``new_base``: movement counts from it (a keyframe, not an exact
+        fallback inside a chain, unless the tensor has no base of its size)."""
         parts = encode_exact(a, dt, self.config.log2, self.raw_keyframes)
+        if self.relative_to == "movement" and (new_base or self.movement is None
+                                               or self.movement.n != u.size):
+            self.movement = Movement(u)
         self._set_ref(u, defer_copy)
         self.dtype, self.shape = dt, a.shape
         return parts, EncodeStats(u.size, dt.name, "lossless", nbytes=_blob.nbytes(parts),
@@ -190,7 +231,7 @@ class Reconstruction:
     chunk by chunk in that same pass.
     """
 
-    __slots__ = ("_ref", "_key", "pending", "dt", "shape")
+    __slots__ = ("_ref", "_key", "pending", "dt", "shape", "movement")
 
     def __init__(self):
         self._ref: np.ndarray | None = None
@@ -198,6 +239,7 @@ class Reconstruction:
         self.pending: list = []
         self.dt: dtypes.DType | None = None
         self.shape: tuple | None = None
+        self.movement: Movement | None = None   # the keyframe's, if asked (a writer resuming)
 
     @property
     def ref(self) -> np.ndarray | None:
@@ -213,14 +255,17 @@ class Reconstruction:
         return self._ref
 
     def apply(self, blob, *, dtype: str | None = None, shape: tuple | None = None,
-              check_payload: bool = True, what: str = "blob", zero_base: bool = False) -> None:
+              check_payload: bool = True, what: str = "blob", zero_base: bool = False,
+              movement: bool = False) -> None:
         """Advance by one blob exactly as the encoder advanced its reference.
 
         ``dtype``/``shape``: what the stored tensor is (a chain section's metadata); a
         keyframe may then hold it widened to the working precision (a merged keyframe).
         ``check_payload=False`` when a container checksum has just covered the bytes.
         ``zero_base``: the blob is a delta against zeros, not against what came before
-        (``DeltaEncoder.encode_parts(from_zero=True)``).
+        (``DeltaEncoder.encode_parts(from_zero=True)``). ``movement``: also keep what a
+        writer's "movement" target measures from (:attr:`movement`): a keyframe is then
+        decoded at once instead of in the pass of its deltas.
         """
         buf, p = parse(blob, check_payload=check_payload)
         name = p.dt.name if dtype is None else dtype
@@ -228,6 +273,8 @@ class Reconstruction:
             raise CorruptDataError(f"{what}: blob shape {list(p.shape)} != section shape {list(shape)}")
         if p.kind == LOSSLESS:
             self._keyframe(buf, p, name, what)
+            if movement:
+                self.movement = Movement(self.ref)
             return
         if p.dt.name != name:
             raise CorruptDataError(f"{what}: blob dtype {p.dt.name} for a {name} tensor")
@@ -237,6 +284,7 @@ class Reconstruction:
             self._ref = _memory.bulk_zeros(p.n, np.float64 if p.dt.name == "F64" else np.float32)
             self._key, self.pending = None, []
             self.dt, self.shape = p.dt, p.shape
+            self.movement = Movement(None, p.n)
         if self._ref is None and self._key is None:
             raise BrokenChainError(f"{what}: a delta without a reference (its keyframe is "
                                    "missing); decode the chain from its keyframe")

@@ -1,5 +1,12 @@
 """Per-tensor error targets by role: what a checkpoint's tensors need to restore well.
 
+A target bounds ``||u - ũ||₂``, the L2 error of a restored tensor, by a share of its
+*movement* since the chain's keyframe (``relative_to="movement"``, the default:
+lcckpt/movement.py) or of its own norm (``"norm"``). Movement is what training changed:
+a fine-tune moves a pretrained encoder by about 1% of its norm, so a share of the norm
+would let the error swallow the fine-tune, while a share of the movement keeps it, and
+for a model trained from scratch, which moves by its own size, the two agree.
+
 A model's weights decide the accuracy of a restored model; an optimizer's first moment
 (SGD's ``momentum_buffer``, Adam's ``exp_avg``) is renewed within a few dozen steps after
 a resume, so a coarse copy costs little (runs resumed ten times from copies at 0.8 end
@@ -35,11 +42,14 @@ def role_of(key_path: str) -> str:
 
 @dataclass(frozen=True)
 class RolePolicy:
-    """Relative L2 targets (``||u - ũ||₂ <= t·||u||₂``, per tensor) by role."""
+    """L2 targets by role, per tensor: ``||u - ũ||₂ <= t·||u - k||₂`` with ``k`` the
+    tensor at the chain's keyframe (``relative_to="movement"``), or ``<= t·||u||₂``
+    (``relative_to="norm"``)."""
 
     weight: float = 0.01
     first_moment: float = 0.8
     second_moment: float = 0.1
+    relative_to: str = "movement"
 
     def __post_init__(self):
         for name in ("weight", "first_moment", "second_moment"):
@@ -47,13 +57,16 @@ class RolePolicy:
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) \
                     or not 0 <= t < 1:
                 raise InvalidArgumentError(f"{name} target must be in [0, 1), got {t!r}")
+        if self.relative_to not in ("movement", "norm"):
+            raise InvalidArgumentError(
+                f"relative_to must be 'movement' or 'norm', got {self.relative_to!r}")
 
     def __call__(self, key_path: str) -> float:
         return getattr(self, role_of(key_path))
 
     def describe(self) -> dict:
         return {"weight": self.weight, "first_moment": self.first_moment,
-                "second_moment": self.second_moment}
+                "second_moment": self.second_moment, "relative_to": self.relative_to}
 
 
 DEFAULT_POLICY = RolePolicy()

@@ -1,0 +1,39 @@
+"""A linear sketch of a float array: the norm of a difference without keeping the array.
+
+Element ``i`` adds ``±x[i]`` to bucket ``h(i) mod m``, with bucket and sign from one
+64-bit mix of ``i`` (splitmix64's finalizer). The sketch is linear, so
+``sketch(u) - sketch(k) = sketch(u - k)``, and the squared norm of a sketch estimates the
+squared norm of what it sketches without bias, with relative standard deviation at most
+``sqrt(2 / m)`` whatever the values (the AMS / CountSketch second-moment estimate). Pure
+Numba over one element range, so callers fan chunks out over the thread pool.
+"""
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def _mix(i):
+    z = np.uint64(i) * np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(cache=True, nogil=True)
+def add_sketch(x, start, stop, out, log2m):
+    """``out[h(i) % m] += s(i) * x[i]`` for ``i`` in ``[start, stop)``, ``m = out.size =
+    2**log2m`` with ``1 <= log2m <= 32`` (the bucket is the mix's top bits, the sign its lowest); returns
+    the sum of ``x[i]²`` over the range (fp64), read in the same pass."""
+    shift = np.uint64(64 - log2m)
+    ss = 0.0
+    for i in range(start, stop):
+        v = np.float64(x[i])
+        ss += v * v
+        h = _mix(i)
+        b = np.int64(h >> shift)
+        if h & np.uint64(1):
+            out[b] += v
+        else:
+            out[b] -= v
+    return ss

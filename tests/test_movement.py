@@ -1,0 +1,175 @@
+"""Targets relative to what training changed: the movement sketch and the chain's bound."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lcckpt import DeltaCheckpointer
+from lcckpt.movement import BUCKETS, SAFETY, Movement, sketch
+from lcckpt.policy import RolePolicy
+
+KEY = 'obj["w"]'
+
+
+def _norm(x):
+    return float(np.linalg.norm(np.asarray(x, np.float64)))
+
+
+def test_sketch_is_linear_and_its_norm_is_exact_in_the_square_sum():
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal(50_000), rng.standard_normal(50_000)
+    sa, ssa = sketch(a)
+    sb, _ = sketch(b)
+    np.testing.assert_allclose(sa - sb, sketch(a - b)[0], rtol=0, atol=1e-9)
+    assert ssa == pytest.approx(float(np.sum(a ** 2)), rel=1e-12)
+    a32 = a.astype(np.float32)
+    assert sketch(a32)[1] == pytest.approx(float(np.sum(a32.astype(np.float64) ** 2)), rel=1e-12)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(BUCKETS + 1, 200_000), st.integers(0, 2**31),
+       st.sampled_from(["dense", "sparse rows", "one element", "constant"]))
+def test_movement_estimate_is_a_slight_underestimate_whatever_the_change(n, seed, shape):
+    """Three standard deviations of the AMS estimate: never above the truth by more than
+    a hair, never below it by more than ~7%, for dense, row-sparse (an embedding's few
+    seen tokens), single-element and constant changes."""
+    rng = np.random.default_rng(seed)
+    k = rng.standard_normal(n).astype(np.float32)
+    d = np.zeros(n, np.float32)
+    if shape == "dense":
+        d[:] = rng.standard_normal(n) * 1e-3
+    elif shape == "sparse rows":
+        for r in rng.integers(0, max(1, n // 384), 5):
+            d[r * 384:(r + 1) * 384] = rng.standard_normal(d[r * 384:(r + 1) * 384].size)
+    elif shape == "one element":
+        d[rng.integers(0, n)] = 1.0
+    else:
+        d[:] = 1e-3
+    u = k + d
+    m = Movement(k)
+    moved, norm = m.measure(u)
+    true = _norm(u.astype(np.float64) - k.astype(np.float64))
+    assert norm == pytest.approx(_norm(u), rel=1e-9)
+    assert 0.93 * true <= moved <= 1.001 * true, (moved, true)
+
+
+def test_small_tensors_and_zero_bases_are_measured_exactly():
+    rng = np.random.default_rng(1)
+    k = rng.standard_normal(BUCKETS).astype(np.float32)
+    u = k + np.float32(1e-6) * rng.standard_normal(BUCKETS).astype(np.float32)
+    moved, _ = Movement(k).measure(u)
+    assert moved == pytest.approx(_norm(u.astype(np.float64) - k), rel=1e-12)
+    big = rng.standard_normal(3 * BUCKETS).astype(np.float32)
+    assert Movement(None, big.size).measure(big) == pytest.approx((_norm(big),) * 2, rel=1e-9)
+    assert SAFETY < 1
+
+
+def _steps(n, rel, count, seed, kind):
+    """States of one tensor moving by ``rel`` of its norm per step: a drift, a random
+    walk, or a few rows (an embedding)."""
+    rng = np.random.default_rng(seed)
+    k = rng.standard_normal(n).astype(np.float32)
+    scale = rel * _norm(k) / np.sqrt(n)
+    u = k.copy()
+    drift = rng.standard_normal(n)
+    out = []
+    for _ in range(count):
+        if kind == "drift":
+            step = drift
+        elif kind == "walk":
+            step = rng.standard_normal(n)
+        else:
+            step = np.zeros(n)
+            r = rng.integers(0, n // 64)
+            step[r * 64:(r + 1) * 64] = rng.standard_normal(64) * np.sqrt(n / 64)
+        u = (u + scale * step).astype(np.float32)
+        out.append(u.copy())
+    return k, out
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.sampled_from([100, 5000, 40_000]), st.sampled_from([1e-4, 1e-3, 1e-2, 0.3]),
+       st.integers(0, 2**31), st.sampled_from(["drift", "walk", "rows"]),
+       st.sampled_from([0.01, 0.05, 0.3]))
+def test_no_update_is_dropped_silently(tmp_path_factory, n, rel, seed, kind, t):
+    """Every restored step's movement (restored - keyframe) is within the target of the
+    true movement, for updates down to 1e-4 of the tensor's norm."""
+    d = tmp_path_factory.mktemp("c")
+    k, states = _steps(n, rel, 6, seed, kind)
+    ck = DeltaCheckpointer(d, keyframe_every=None, target=RolePolicy(weight=t))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # nothing is missed, so nothing warns
+        ck.save(0, {"w": torch.from_numpy(k)})
+        for s, u in enumerate(states, 1):
+            ck.save(s, {"w": torch.from_numpy(u)})
+    k64 = k.astype(np.float64)
+    for s, u in enumerate(states, 1):
+        r = ck.load(s)["w"].numpy().astype(np.float64)
+        true = u.astype(np.float64) - k64
+        err = _norm((r - k64) - true)
+        assert err <= t * _norm(true) * (1 + 1e-6), (s, err / _norm(true))
+        info = ck.info(s)["tensors"][KEY]
+        assert info["relative_to"] == "movement"
+        assert info["error_vs_movement"] <= t * (1 + 1e-4)
+
+
+def test_a_reopened_writer_measures_movement_from_the_same_keyframe(tmp_path):
+    k, states = _steps(20_000, 1e-3, 6, 3, "walk")
+    one, many = tmp_path / "one", tmp_path / "many"
+    a = DeltaCheckpointer(one, keyframe_every=None)
+    a.save(0, {"w": torch.from_numpy(k)})
+    DeltaCheckpointer(many, keyframe_every=None).save(0, {"w": torch.from_numpy(k)})
+    for s, u in enumerate(states, 1):
+        a.save(s, {"w": torch.from_numpy(u)})
+        DeltaCheckpointer(many, keyframe_every=None).save(s, {"w": torch.from_numpy(u)})
+    ra, rb = DeltaCheckpointer(one), DeltaCheckpointer(many)
+    for s in range(1, len(states) + 1):
+        assert torch.equal(ra.load(s)["w"], rb.load(s)["w"]), s
+        assert ra.info(s)["tensors"][KEY]["movement"] == rb.info(s)["tensors"][KEY]["movement"]
+
+
+def test_after_a_merge_movement_counts_from_the_merged_step(tmp_path):
+    k, states = _steps(20_000, 1e-2, 4, 4, "drift")
+    ck = DeltaCheckpointer(tmp_path, keyframe_every=None)
+    ck.save(0, {"w": torch.from_numpy(k)})
+    ck.save(1, {"w": torch.from_numpy(states[0])})
+    ck.save(2, {"w": torch.from_numpy(states[1])})
+    ck.merge()
+    ck.save(3, {"w": torch.from_numpy(states[2])})
+    merged = ck.load(2)["w"].numpy().astype(np.float64)
+    true = _norm(states[2].astype(np.float64) - merged) / _norm(states[2])
+    assert ck.info(3)["tensors"][KEY]["movement"] == pytest.approx(true, rel=0.07)
+
+
+def test_a_fine_tune_is_kept_where_a_norm_target_drops_it(tmp_path):
+    """The reported case: updates of 1e-3 of the tensor's norm. A 1% norm target lets the
+    whole update go; the default keeps it."""
+    k, states = _steps(30_000, 1e-3, 5, 5, "drift")
+    norm_t = DeltaCheckpointer(tmp_path / "n", keyframe_every=None,
+                               target=RolePolicy(weight=0.01, relative_to="norm"))
+    default = DeltaCheckpointer(tmp_path / "d", keyframe_every=None)
+    for ck in (norm_t, default):
+        ck.save(0, {"w": torch.from_numpy(k)})
+        for s, u in enumerate(states, 1):
+            ck.save(s, {"w": torch.from_numpy(u)})
+    true = states[-1].astype(np.float64) - k
+    kept = {}
+    for name, ck in (("norm", norm_t), ("default", default)):
+        moved = ck.load(5)["w"].numpy().astype(np.float64) - k
+        kept[name] = float(np.dot(moved, true) / np.dot(true, true))
+    assert kept["norm"] < 0.5                       # most of the fine-tune lost
+    assert kept["default"] == pytest.approx(1.0, abs=RolePolicy().weight * 1.01)
+
+
+def test_an_update_under_the_dtypes_precision_warns_naming_step_and_tensor(tmp_path):
+    k = torch.randn(10_000).to(torch.bfloat16)
+    u = k.clone()
+    u[:3] = (u[:3].float() * (1 + 2.0 ** -7)).to(torch.bfloat16)    # one ulp on 3 of 10,000
+    ck = DeltaCheckpointer(tmp_path, keyframe_every=None)
+    ck.save(0, {"w": k})
+    with pytest.warns(RuntimeWarning, match=r'step 1: obj\["w"\].*movement since the keyframe'):
+        ck.save(1, {"w": u})
