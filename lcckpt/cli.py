@@ -106,7 +106,8 @@ def inspect_dir(path: str) -> dict:
                      "base": (info.get("base") or {}).get("step"),
                      "file_bytes": f["file_bytes"], "raw_bytes": f["raw_bytes"],
                      "ratio": f["raw_bytes"] / f["file_bytes"] if f["file_bytes"] else None,
-                     "max_rel_error": max((t.get("rel_error") or 0 for t in lossy), default=0.0)})
+                     "max_rel_error": max((t.get("rel_error") or 0 for t in lossy), default=0.0),
+                     **_movement_columns(info.get("tensors", {}))})
     ok: dict[int, bool] = {}
     for row in rows:                    # oldest first: a base is judged before its deltas
         step, info = row["step"], infos.get(row["step"])
@@ -184,6 +185,34 @@ def _table(rows, cols):
     return format_table(rows, cols)
 
 
+_ROLE_COLUMNS = {"weight": "w_err/move", "first_moment": "m1_err/move",
+                 "second_moment": "m2_err/move"}
+MOVEMENT_LEGEND = (
+    "w_err/move, m1_err/move, m2_err/move: the worst restored error of the weights, first "
+    "and second moments, as a share of their movement since the keyframe (each is held "
+    "to its target: see settings.target in --json); max_rel_error: the worst error as a "
+    "share of the tensor's norm; missed: tensors whose update was mostly not kept")
+
+
+def _movement_columns(tensors: dict) -> dict:
+    """Per role, the worst ``error_vs_movement`` of a step's tensors, and how many
+    tensors missed their update (an error past half the movement and the target)."""
+    from .chain import MISSED
+    from .policy import role_of
+    out, missed, seen = {}, 0, False
+    for key, t in tensors.items():
+        r = t.get("error_vs_movement")
+        if r is None:
+            continue
+        seen = True
+        col = _ROLE_COLUMNS[role_of(key)]
+        out[col] = max(out.get(col, 0.0), r)
+        missed += r > max(t.get("target") or 0.0, MISSED)
+    if seen:
+        out["missed"] = missed
+    return out
+
+
 def _inspect(args) -> int:
     doc = inspect_dir(args.path) if os.path.isdir(args.path) else inspect_file(args.path)
     problems = doc.get("problems", [])
@@ -191,8 +220,13 @@ def _inspect(args) -> int:
         print(json.dumps(doc, indent=1, default=str))
     elif "steps" in doc:
         print(f"{doc['path']}: {len(doc['steps'])} checkpoints")
-        print(_table(doc["steps"], ["step", "kind", "base", "restorable", "file_bytes",
-                                    "raw_bytes", "ratio", "max_rel_error"]))
+        cols = ["step", "kind", "base", "restorable", "file_bytes", "raw_bytes", "ratio",
+                "max_rel_error"]
+        moved = [c for c in (*_ROLE_COLUMNS.values(), "missed")
+                 if any(c in r for r in doc["steps"])]
+        print(_table(doc["steps"], cols + moved))
+        if moved:
+            print(MOVEMENT_LEGEND)
     elif doc["format"] == "lcckpt":
         chain = doc["chain"] or {}
         print(f"{doc['path']}: lcckpt v{doc['version']}, {doc['file_bytes']:,} bytes "

@@ -284,9 +284,14 @@ def test_quality_benchmark_measures_a_short_trajectory():
     from lcckpt.bench.trajectory import train_trajectory
     traj = train_trajectory(model="cnn", optimizer="adam", steps=30, snapshot_every=10)
     exact = chain_quality(traj, dict(keyframe_every=1))
-    assert exact["worst_state_error"] == 0 and exact["worst_drop_points"] == 0
+    assert exact["worst_drop_points"] == 0 and exact["worst_abs_loss_change_pct"] == 0
+    assert all(e == {"norm": 0.0, "movement": 0.0} for e in exact["worst_error"].values())
     lossy = chain_quality(traj, dict(target=0.05))
-    assert 0 < lossy["worst_state_error"] <= 0.05 and lossy["ratio"] > exact["ratio"]
+    worst = max(e["norm"] for e in lossy["worst_error"].values())
+    assert 0 < worst <= 0.05 and lossy["ratio"] > exact["ratio"]
+    assert lossy["whole_run_ratio"] > exact["whole_run_ratio"]
+    moved = chain_quality(traj, dict())                 # the default: a share of movement
+    assert 0 < moved["worst_error"]["weight"]["movement"] <= RolePolicy().weight * 1.001
 
 
 @settings(max_examples=30, deadline=None)

@@ -14,13 +14,14 @@ every number measured on it, depends on the interpreter's minor version.
 
 from __future__ import annotations
 
+import collections
 import copy
 import functools
 import importlib
 import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 import torch
 from torch import nn
@@ -40,13 +41,6 @@ _DEFAULT_LR = {True: 3e-5, False: 3e-4}
 _IGNORED_KEYS = ("embeddings.position_ids", "pooler.")
 
 
-def _finetune_import_error(exc: ImportError) -> ImportError:
-    return ImportError(
-        f"{exc.name or exc} is needed to fine-tune MiniLM; install it with "
-        "pip install -e '.[finetune]'"
-    )
-
-
 @functools.lru_cache(maxsize=1)
 def _pretrained() -> tuple[Any, dict[str, torch.Tensor], Path]:
     """(BertConfig with dropout off, weights, model folder), read once."""
@@ -55,7 +49,8 @@ def _pretrained() -> tuple[Any, dict[str, torch.Tensor], Path]:
         from safetensors.torch import load_file
         from transformers import BertConfig
     except ImportError as exc:
-        raise _finetune_import_error(exc) from exc
+        raise ImportError(f"{exc.name or exc} is needed to fine-tune MiniLM; install it "
+                          "with pip install -e '.[finetune]'") from exc
     folder = Path(get_model_path())
     config = BertConfig.from_json_file(str(folder / "config.json"))
     # No dropout: two runs with one seed must give bit-identical snapshots.
@@ -109,9 +104,8 @@ def _docstrings(module: str) -> list[str]:
     return sorted({" ".join(d.split()) for d in docs if d})
 
 
-@dataclass(frozen=True)
-class DocstringTask:
-    """Tokenized docstrings; label i is the docstring's module ``MODULES[i]``."""
+class DocstringTask(NamedTuple):
+    """Token ids, attention masks and labels (index into ``MODULES``) per split."""
 
     ids_train: torch.Tensor
     mask_train: torch.Tensor
@@ -129,10 +123,7 @@ def docstring_task(split_seed: int = 0) -> DocstringTask:
     subset chosen by a fixed seed, so every split draws from the same pool.
     """
     per_module = [_docstrings(m) for m in MODULES]
-    counts: dict[str, int] = {}
-    for docs in per_module:
-        for d in docs:
-            counts[d] = counts.get(d, 0) + 1
+    counts = collections.Counter(d for docs in per_module for d in docs)
     cap_gen = torch.Generator().manual_seed(0)
     split_gen = torch.Generator().manual_seed(split_seed)
     train: list[tuple[str, int]] = []
@@ -174,7 +165,7 @@ class FinetuneTrajectory:
     snapshots: list[tuple[int, dict[str, Any]]]
     pretrained: bool
     task: DocstringTask = field(repr=False)
-    _model: Classifier | None = field(default=None, repr=False)
+    _model: Classifier | None = field(default=None, init=False, repr=False)
 
     def evaluate(self, model_state_dict: Mapping[str, torch.Tensor]) -> tuple[float, float]:
         """(accuracy, mean cross-entropy) on the held-out docstrings, one forward pass."""
@@ -206,13 +197,23 @@ def _snapshot(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
     }
 
 
-def _setup(steps: int, batch_size: int, lr: float | None, seed: int, pretrained: bool,
-           split_seed: int) -> tuple[DocstringTask, list[torch.Tensor], float]:
-    """Task, the minibatch index of every step (fixed up front, so a resume
-    replays the same batches), and the learning rate."""
-    if steps < 0 or batch_size < 1:
-        raise InvalidArgumentError(f"need steps >= 0 and batch_size >= 1; got {steps}, {batch_size}")
+def _adamw(net: nn.Module, lr: float) -> torch.optim.AdamW:
+    # The fused kernel steps 22.6M parameters in ~0.03 s on CPU; foreach takes 0.3-3 s.
+    return torch.optim.AdamW(net.parameters(), lr=lr, fused=True)
+
+
+def _run(steps: int, seed: int, lr: float | None, batch_size: int, pretrained: bool,
+         split_seed: int, save: Callable[[int, dict[str, Any]], None] | None, save_every: int,
+         interrupt_at: Iterable[int], restore: Callable[[], Any] | None) -> tuple[Classifier, DocstringTask]:
+    if steps < 0 or batch_size < 1 or save_every < 1:
+        raise InvalidArgumentError(
+            f"need steps >= 0, batch_size >= 1, save_every >= 1; got {steps}, {batch_size}, {save_every}")
+    pending = set(interrupt_at)
+    if pending and restore is None:
+        raise InvalidArgumentError("interrupt_at needs a restore callable")
     task = docstring_task(split_seed)
+    lr = _DEFAULT_LR[pretrained] if lr is None else lr
+    # Every step's minibatch is drawn up front, so a resume replays the same ones.
     gen = torch.Generator().manual_seed(seed)
     batches, order = [], torch.empty(0, dtype=torch.long)
     for _ in range(steps):
@@ -221,19 +222,30 @@ def _setup(steps: int, batch_size: int, lr: float | None, seed: int, pretrained:
         batches.append(order[:batch_size])
         order = order[batch_size:]
     torch.manual_seed(seed)  # head (and, from scratch, encoder) initialization
-    return task, batches, _DEFAULT_LR[pretrained] if lr is None else lr
-
-
-def _adamw(net: nn.Module, lr: float) -> torch.optim.AdamW:
-    # The fused kernel steps 22.6M parameters in ~0.03 s on CPU; foreach takes 0.3-3 s.
-    return torch.optim.AdamW(net.parameters(), lr=lr, fused=True)
-
-
-def _step(net: Classifier, opt: torch.optim.Optimizer, task: DocstringTask, idx: torch.Tensor) -> None:
-    net.train()
-    opt.zero_grad(set_to_none=True)
-    F.cross_entropy(net(task.ids_train[idx], task.mask_train[idx]), task.y_train[idx]).backward()
-    opt.step()
+    net = Classifier(pretrained)
+    opt = _adamw(net, lr)
+    if save is not None:
+        save(0, _snapshot(net, opt))
+    step = 0
+    while step < steps:
+        idx = batches[step]
+        step += 1
+        net.train()
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(net(task.ids_train[idx], task.mask_train[idx]), task.y_train[idx]).backward()
+        opt.step()
+        if save is not None and step % save_every == 0:
+            save(step, _snapshot(net, opt))
+        if step in pending:
+            pending.discard(step)
+            state = restore()
+            if isinstance(state, tuple):
+                step, state = state
+            net = Classifier(pretrained=False)  # every tensor is overwritten next
+            net.load_state_dict(state["model"])
+            opt = _adamw(net, lr)
+            opt.load_state_dict(state["optim"])
+    return net, task
 
 
 def finetune_trajectory(
@@ -246,16 +258,9 @@ def finetune_trajectory(
     same architecture, random init). Snapshots are about 272 MB each (weights
     plus two AdamW moments), so 41 of them take about 11 GB.
     """
-    if snapshot_every < 1:
-        raise InvalidArgumentError(f"snapshot_every must be >= 1, got {snapshot_every}")
-    task, batches, lr = _setup(steps, batch_size, lr, seed, pretrained, split_seed)
-    net = Classifier(pretrained)
-    opt = _adamw(net, lr)
-    snapshots = [(0, _snapshot(net, opt))]
-    for step, idx in enumerate(batches, start=1):
-        _step(net, opt, task, idx)
-        if step % snapshot_every == 0:
-            snapshots.append((step, _snapshot(net, opt)))
+    snapshots: list[tuple[int, dict[str, Any]]] = []
+    _, task = _run(steps, seed, lr, batch_size, pretrained, split_seed,
+                   lambda step, state: snapshots.append((step, state)), snapshot_every, (), None)
     return FinetuneTrajectory(snapshots, pretrained, task)
 
 
@@ -272,31 +277,9 @@ def train(
     ``save_every`` steps. After each step in ``interrupt_at`` (each fires once),
     the model and AdamW are rebuilt from ``restore()``, which returns a state or
     ``(step, state)``; with a step, training resumes after it, replaying the
-    same minibatches as an uninterrupted run.
+    same minibatches as an uninterrupted run. Same seed, same snapshots as
+    ``finetune_trajectory``.
     """
-    if save_every < 1:
-        raise InvalidArgumentError(f"save_every must be >= 1, got {save_every}")
-    pending = set(interrupt_at)
-    if pending and restore is None:
-        raise InvalidArgumentError("interrupt_at needs a restore callable")
-    task, batches, lr = _setup(steps, batch_size, lr, seed, pretrained, split_seed)
-    net = Classifier(pretrained)
-    opt = _adamw(net, lr)
-    if save is not None:
-        save(0, _snapshot(net, opt))
-    step = 0
-    while step < steps:
-        step += 1
-        _step(net, opt, task, batches[step - 1])
-        if save is not None and step % save_every == 0:
-            save(step, _snapshot(net, opt))
-        if step in pending:
-            pending.discard(step)
-            state = restore()
-            if isinstance(state, tuple):
-                step, state = state
-            net = Classifier(pretrained=False)  # every tensor is overwritten next
-            net.load_state_dict(state["model"])
-            opt = _adamw(net, lr)
-            opt.load_state_dict(state["optim"])
+    net, task = _run(steps, seed, lr, batch_size, pretrained, split_seed,
+                     save, save_every, interrupt_at, restore)
     return _evaluate(net, None, task)

@@ -1,48 +1,60 @@
-"""Restore quality of delta chains: rate against the accuracy of every restored model.
+"""Restore quality of delta chains: bytes against the accuracy and loss of every restore.
 
-On the digits CNN trajectories (SGD with momentum and Adam; model and optimizer state
-saved together, a checkpoint every 10 steps, one keyframe then deltas) every setting is
-written as a real :class:`~lcckpt.DeltaCheckpointer` chain, every step is restored, and
-the restored model's held-out accuracy is compared with the true model's. Reported per
-setting: compression of the delta files against the fp32 bytes of the state they hold,
-the worst accuracy drop over all restores, and the worst restored-state error (relative
-L2, per tensor, max over tensors and steps).
+Four training runs, model and optimizer state checkpointed together, 41 checkpoints each:
 
-The resume experiment trains once without interruption and then again restoring model
-and optimizer from the lossy chain 1, 5 and 10 times (same minibatches), and reports the
-final accuracies. Timing is not measured here (see lcckpt/bench/codec.py).
+- ``cnn-sgd`` / ``cnn-adam``: the digits CNN from scratch (SGD with momentum, Adam), a
+  checkpoint every 5 of 200 steps;
+- ``minilm-finetune``: all-MiniLM-L6-v2 (22.7M parameters, real pretrained weights) plus a
+  linear head, fine-tuned with AdamW on a docstring-classification task
+  (lcckpt/bench/finetune.py), a checkpoint every 3 of 120 steps;
+- ``minilm-scratch``: the same network from random weights with a 10x learning rate.
+
+Every setting is written as a real :class:`~lcckpt.DeltaCheckpointer` chain (or the
+ExCP-style baseline, lcckpt/bench/excp.py, on the AdamW/Adam runs), every step is
+restored, and the restored model's held-out accuracy and loss are compared with the true
+model's. Reported per setting: the delta files against the fp32 bytes of the state they
+hold, the whole run (keyframes included) against ``torch.save`` of every checkpoint, the
+worst accuracy drop, the worst loss change, and the worst restored error against the
+movement since the keyframe (the default's bound), per role.
+
+The resume experiment trains once without interruption and again restoring model and
+optimizer from the default chain 10 times, for 5 seeds, and reports the final held-out
+accuracies. Sizes and accuracies are deterministic on one machine; no timing here.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import sys
 import tempfile
 
 import numpy as np
 import torch
-from torch.nn import functional as F
 
 from ..chain import DeltaCheckpointer
-from ..policy import RolePolicy
+from ..policy import RolePolicy, role_of
 from .timing import format_table
-from .trajectory import SmallCNN, digits_data, train_trajectory
 
-SETTINGS = {            # name -> DeltaCheckpointer keywords
-    "lc b=1": dict(bits=1, target=None),
-    "lc b=2 (LC default)": dict(bits=2, target=None),
+SETTINGS = {            # name -> DeltaCheckpointer keywords (keyframe_every=50 unless given)
+    "default": dict(),
+    "default, keyframe_every=20": dict(keyframe_every=20),
+    "default, keyframe_every=10": dict(keyframe_every=10),
+    "weights 0.005 of movement": dict(target=RolePolicy(weight=0.005)),
+    "weights 0.02 of movement": dict(target=RolePolicy(weight=0.02)),
+    "weights 0.05 of movement": dict(target=RolePolicy(weight=0.05)),
+    "previous default (0.01 of the norm)": dict(target=RolePolicy(relative_to="norm")),
+    "lc b=2": dict(bits=2, target=None),
     "lc b=3": dict(bits=3, target=None),
     "lc b=4": dict(bits=4, target=None),
-    "lc b=2 huffman": dict(bits=2, coder="huffman", target=None),
-    "lc b=2 eb=0.03": dict(bits=2, error_bound=0.03, target=None),
-    "uniform 0.05": dict(target=0.05),
-    "uniform 0.02": dict(target=0.02),
-    "default (role targets 0.01/0.8/0.1)": dict(),
-    "role targets 0.01/0.5/0.05": dict(target=RolePolicy(0.01, 0.5, 0.05)),
-    "uniform 0.005": dict(target=0.005),
-    "uniform 0.002": dict(target=0.002),
     "lossless (every save a keyframe)": dict(keyframe_every=1),
 }
+QUICK_SETTINGS = ("default", "previous default (0.01 of the norm)", "lc b=2", "lc b=4",
+                  "lossless (every save a keyframe)")
+EXCP = {"excp a=5e-5 b=2 (paper)": (5e-5, 2.0), "excp a=5e-4 b=1": (5e-4, 1.0),
+        "excp a=5e-3 b=1": (5e-3, 1.0), "excp a=5e-6 b=0.5": (5e-6, 0.5)}
+WORKLOADS = ("cnn-sgd", "cnn-adam", "minilm-finetune", "minilm-scratch")
 
 
 def tensors_by_path(obj, prefix=""):
@@ -57,191 +69,284 @@ def tensors_by_path(obj, prefix=""):
             yield from tensors_by_path(v, f"{prefix}/{i}")
 
 
-def _state_error(true, restored) -> float:
-    """Max over floating tensors of ||u - ũ||₂ / ||u||₂."""
-    worst = 0.0
-    got = dict(tensors_by_path(restored))
+def _role(path: str) -> str:
+    last = path.rsplit("/", 1)[-1]
+    return role_of(f'["{last}"]')
+
+
+def _errors(true, restored, key) -> dict:
+    """Per role: the worst ``||u - ũ|| / ||u||`` and ``||u - ũ|| / ||u - k||`` (``k``
+    the keyframe's tensor, zeros for one absent there)."""
+    got, base = dict(tensors_by_path(restored)), dict(tensors_by_path(key))
+    out = {}
     for k, u in tensors_by_path(true):
         if not u.is_floating_point() or u.numel() == 0:
             continue
         u64, r64 = u.double(), got[k].double()
-        nu = float(torch.linalg.vector_norm(u64))
         e = float(torch.linalg.vector_norm(u64 - r64))
-        worst = max(worst, e / nu if nu else (0.0 if e == 0 else float("inf")))
-    return worst
-
-
-def chain_quality(traj, settings: dict, keyframe_every: int = 50) -> dict:
-    """Write ``traj`` as one chain with ``settings``; restore every step and measure."""
-    kw = dict(keyframe_every=keyframe_every)
-    kw.update(settings)
-    with tempfile.TemporaryDirectory() as d:
-        ck = DeltaCheckpointer(d, **kw)
-        delta_bytes = fp32_bytes = 0
-        for step, snap in traj.snapshots:
-            ck.save(step, snap)
-            if ck.last_save["kind"] == "delta" or kw["keyframe_every"] == 1:
-                if step == traj.snapshots[0][0] and kw["keyframe_every"] == 1:
-                    continue                          # the first save is a keyframe anyway
-                delta_bytes += ck.last_save["nbytes"]
-                fp32_bytes += sum(4 * t.numel() for _, t in tensors_by_path(snap)
-                                  if t.is_floating_point())
-        drops, errors = [], []
-        snaps = dict(traj.snapshots)
-        for step, obj in ck.replay():
-            true = snaps[step]
-            drops.append(100 * (traj.accuracy(true["model"]) - traj.accuracy(obj["model"])))
-            errors.append(_state_error(true, obj))
-    return {"ratio": fp32_bytes / delta_bytes if delta_bytes else None,
-            "delta_bytes": delta_bytes,
-            "worst_drop_points": float(max(drops)),
-            "mean_abs_drop_points": float(np.mean(np.abs(drops))),
-            "worst_state_error": float(max(errors))}
-
-
-def _train(steps, seed, optimizer, lr, interrupt_at=(), ck_kw=None, save_every=10):
-    """Train the CNN; at each step in ``interrupt_at`` replace model and optimizer by
-    what the chain restores of the newest save. Returns the final test accuracy."""
-    x_tr, y_tr, x_te, y_te = digits_data()
-    torch.manual_seed(seed)
-    net = SmallCNN()
-
-    def make_opt(params):
-        if optimizer == "sgd":
-            return torch.optim.SGD(params, lr=lr, momentum=0.9)
-        return torch.optim.Adam(params, lr=lr)
-
-    opt = make_opt(net.parameters())
-    gen = torch.Generator().manual_seed(seed)
-    order = torch.empty(0, dtype=torch.long)
-    with tempfile.TemporaryDirectory() as d:
-        ck = DeltaCheckpointer(d, keyframe_every=50, **(ck_kw or {}))
-        for step in range(1, steps + 1):
-            if len(order) < 64:
-                order = torch.randperm(len(x_tr), generator=gen)
-            idx, order = order[:64], order[64:]
-            net.train()
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(net(x_tr[idx]), y_tr[idx]).backward()
-            opt.step()
-            if step % save_every == 0:
-                ck.save(step, {"model": net.state_dict(), "optim": opt.state_dict()})
-            if step in interrupt_at:
-                state = ck.load()
-                net = SmallCNN()
-                net.load_state_dict(state["model"])
-                opt = make_opt(net.parameters())
-                opt.load_state_dict(state["optim"])
-    net.eval()
-    with torch.no_grad():
-        return float((net(x_te).argmax(1) == y_te).float().mean())
-
-
-def resume(optimizer: str, steps: int = 400, restarts=(1, 5, 10), ck_kw=None,
-           seeds=(0, 1, 2, 3, 4)) -> dict:
-    """Final accuracy after resuming from lossy restores ``k`` times, against none.
-
-    One seed's difference is mostly chance: any perturbation of the state, however
-    small, sends training down another path, and on 450 test images one image is 0.22
-    points. ``mean_diff_points`` therefore averages over ``seeds`` (each seed its own
-    initialisation and minibatch order, the same in the interrupted runs)."""
-    lr = 0.05 if optimizer == "sgd" else 1e-3
-    out = {"steps": steps, "runs": {}, "mean_diff_points": {}, "diff_range_points": {}}
-    for seed in seeds:
-        base = _train(steps, seed, optimizer, lr, ck_kw=ck_kw)
-        row = {"uninterrupted": base}
-        for k in restarts:
-            at = {int(round(steps * (i + 1) / (k + 1) / 10)) * 10 for i in range(k)}
-            acc = _train(steps, seed, optimizer, lr, interrupt_at=at, ck_kw=ck_kw)
-            row[f"{k} restores"] = acc
-        out["runs"][str(seed)] = row
-    for k in restarts:
-        d = [100 * (r[f"{k} restores"] - r["uninterrupted"]) for r in out["runs"].values()]
-        out["mean_diff_points"][f"{k} restores"] = float(np.mean(d))
-        out["diff_range_points"][f"{k} restores"] = [float(min(d)), float(max(d))]
+        nu = float(torch.linalg.vector_norm(u64))
+        kk = base.get(k)
+        moved = float(torch.linalg.vector_norm(u64 - kk.double())) if kk is not None \
+            and kk.shape == u.shape else nu
+        r = out.setdefault(_role(k), {"norm": 0.0, "movement": 0.0})
+        r["norm"] = max(r["norm"], e / nu if nu else (0.0 if e == 0 else float("inf")))
+        r["movement"] = max(r["movement"], e / moved if moved else (0.0 if e == 0 else float("inf")))
     return out
 
 
-def run(quick: bool = False, plot: str | None = None, settings: dict | None = None,
-        resume_steps: int = 400) -> dict:
-    """Every setting on both trajectories, then the resume experiment."""
-    settings = SETTINGS if settings is None else settings
-    result = {"trajectories": {}, "resume": {}}
-    for optimizer in ("sgd", "adam"):
-        traj = train_trajectory(model="cnn", optimizer=optimizer, steps=200, snapshot_every=10)
-        rows = {name: chain_quality(traj, kw) for name, kw in settings.items()}
-        for name in [n for n in rows if n.startswith("lc b=") and "eb" not in n]:
-            # the uniform quantizer held to the worst restored error LC reached
-            t = min(rows[name]["worst_state_error"], 0.99)
-            rows[f"uniform at {name}'s error"] = r = chain_quality(traj, dict(target=t))
-            r["target"] = t
-        result["trajectories"][optimizer] = rows
-        if not quick:
-            result["resume"][optimizer] = resume(optimizer, resume_steps)
+def _fp32_bytes(state) -> int:
+    return sum(4 * t.numel() for _, t in tensors_by_path(state) if t.is_floating_point())
+
+
+def torch_bytes(traj) -> list[int]:
+    """``torch.save`` size of every checkpoint of ``traj``."""
+    out = []
+    for _, snap in traj.snapshots:
+        buf = io.BytesIO()
+        torch.save(snap, buf)
+        out.append(buf.tell())
+    return out
+
+
+class _Scores:
+    """What the restores of one setting measured, folded into the reported numbers."""
+
+    def __init__(self, traj):
+        self.traj, self.truth = traj, {}
+        self.drops, self.loss_changes, self.errors = [], [], {}
+
+    def add(self, step, restored, key):
+        true = dict(self.traj.snapshots)[step]
+        if step not in self.truth:
+            self.truth[step] = _evaluate(self.traj, true["model"])
+        acc, loss = self.truth[step]
+        racc, rloss = _evaluate(self.traj, restored["model"])
+        self.drops.append(100 * (acc - racc))
+        self.loss_changes.append(100 * (rloss - loss) / loss if loss else 0.0)
+        for role, e in _errors(true, restored, key).items():
+            r = self.errors.setdefault(role, {"norm": 0.0, "movement": 0.0})
+            for k in r:
+                r[k] = max(r[k], e[k])
+
+    def result(self, delta_bytes, fp32_bytes, total_bytes, torch_total) -> dict:
+        return {"ratio": fp32_bytes / delta_bytes if delta_bytes else None,
+                "whole_run_ratio": torch_total / total_bytes,
+                "delta_bytes": delta_bytes, "total_bytes": total_bytes,
+                "worst_drop_points": float(max(self.drops)),
+                "worst_loss_rise_pct": float(max(self.loss_changes)),
+                "worst_abs_loss_change_pct": float(max(np.abs(self.loss_changes))),
+                "worst_error": self.errors}
+
+
+def _evaluate(traj, model_state) -> tuple[float, float]:
+    if hasattr(traj, "evaluate"):
+        return traj.evaluate(model_state)
+    return traj.accuracy(model_state), traj.loss(model_state)
+
+
+def chain_quality(traj, settings: dict, torch_sizes: list[int] | None = None,
+                  keyframe_every: int = 50) -> dict:
+    """Write ``traj`` as one chain with ``settings``; restore every step and measure."""
+    kw = dict(keyframe_every=keyframe_every)
+    kw.update(settings)
+    torch_sizes = torch_sizes or torch_bytes(traj)
+    scores = _Scores(traj)
+    with tempfile.TemporaryDirectory() as d:
+        ck = DeltaCheckpointer(d, **kw)
+        delta_bytes = fp32_bytes = total = 0
+        for step, snap in traj.snapshots:
+            ck.save(step, snap)
+            total += ck.last_save["nbytes"]
+            if ck.last_save["kind"] == "delta" or (kw["keyframe_every"] == 1 and step):
+                delta_bytes += ck.last_save["nbytes"]
+                fp32_bytes += _fp32_bytes(snap)
+        key = None
+        for step, obj in ck.replay():
+            if ck.info(step)["kind"] == "keyframe":
+                key = dict(traj.snapshots)[step]
+            scores.add(step, obj, key)
+    return scores.result(delta_bytes, fp32_bytes, total, sum(torch_sizes))
+
+
+def excp_quality(traj, alpha: float, beta: float, names: list[str],
+                 torch_sizes: list[int] | None = None) -> dict:
+    """The ExCP-style baseline on ``traj`` (its first checkpoint stored exactly)."""
+    from .excp import ExcpChain
+    torch_sizes = torch_sizes or torch_bytes(traj)
+    chain = ExcpChain(names, alpha, beta)
+    scores = _Scores(traj)
+    delta_bytes = fp32_bytes = total = 0
+    key = traj.snapshots[0][1]
+    for i, (step, snap) in enumerate(traj.snapshots):
+        restored, nbytes = chain.save(snap)
+        total += nbytes
+        if i:
+            delta_bytes += nbytes
+            fp32_bytes += _fp32_bytes(snap)
+        scores.add(step, restored, key)
+    return scores.result(delta_bytes, fp32_bytes, total, sum(torch_sizes))
+
+
+def make_trajectory(workload: str):
+    """The run behind ``workload`` (one of :data:`WORKLOADS`), with 41 checkpoints."""
+    if workload.startswith("cnn-"):
+        from .trajectory import train_trajectory
+        return train_trajectory(model="cnn", optimizer=workload[4:], steps=200,
+                                snapshot_every=5)
+    from .finetune import finetune_trajectory
+    return finetune_trajectory(steps=120, snapshot_every=3,
+                               pretrained=workload == "minilm-finetune")
+
+
+def _param_names(workload: str) -> list[str]:
+    if workload.startswith("cnn-"):
+        from .trajectory import SmallCNN
+        return [n for n, _ in SmallCNN().named_parameters()]
+    from .finetune import Classifier
+    return [n for n, _ in Classifier(pretrained=False).named_parameters()]
+
+
+def workload_quality(workload: str, settings: dict, excp: dict, log=None) -> dict:
+    traj = make_trajectory(workload)
+    sizes = torch_bytes(traj)
+    rows = {}
+    for name, kw in settings.items():
+        rows[name] = chain_quality(traj, kw, sizes)
+        if log:
+            log(workload, name, rows[name])
+    if "sgd" not in workload:
+        names = _param_names(workload)
+        for name, (a, b) in excp.items():
+            rows[name] = excp_quality(traj, a, b, names, sizes)
+            if log:
+                log(workload, name, rows[name])
+    return rows
+
+
+def resume(workload: str, restarts: int = 10, seeds=(0, 1, 2, 3, 4), ck_kw=None) -> dict:
+    """Final held-out accuracy after resuming from the chain ``restarts`` times, against
+    an uninterrupted run, per seed (each seed its own initialisation and minibatches, the
+    same in both runs): any perturbation sends training down another path, so the mean
+    over seeds is what says whether restores cost accuracy."""
+    runs = {}
+    for seed in seeds:
+        base = _train(workload, seed, (), ck_kw)
+        steps, every = _schedule(workload)
+        at = sorted({int(round(steps * (i + 1) / (restarts + 1) / every)) * every
+                     for i in range(restarts)})
+        runs[str(seed)] = {"uninterrupted": base, f"{restarts} restores": _train(
+            workload, seed, at, ck_kw)}
+    d = [100 * (r[f"{restarts} restores"] - r["uninterrupted"]) for r in runs.values()]
+    return {"runs": runs, "mean_diff_points": float(np.mean(d)),
+            "diff_range_points": [float(min(d)), float(max(d))]}
+
+
+def _schedule(workload: str) -> tuple[int, int]:
+    return (400, 10) if workload.startswith("cnn-") else (120, 3)
+
+
+def _train(workload: str, seed: int, interrupt_at, ck_kw) -> float:
+    """Train ``workload``, checkpointing into a default chain and restoring from it after
+    each step in ``interrupt_at``; the final held-out accuracy."""
+    steps, every = _schedule(workload)
+    with tempfile.TemporaryDirectory() as d:
+        ck = DeltaCheckpointer(d, **(ck_kw or {}))
+        if workload.startswith("cnn-"):
+            from .trajectory import train_with_restores
+            return train_with_restores(steps, seed, workload[4:], interrupt_at,
+                                       save=ck.save, restore=ck.load, save_every=every)
+        from .finetune import train
+        return train(steps, seed, interrupt_at=interrupt_at, restore=ck.load, save=ck.save,
+                     save_every=every, pretrained=workload == "minilm-finetune")[0]
+
+
+def run(workloads=WORKLOADS, quick: bool = False, plot: str | None = None,
+        settings: dict | None = None, resume_workloads=None, log=None) -> dict:
+    """Every setting on every workload, then the resume experiment."""
+    if settings is None:
+        settings = {k: SETTINGS[k] for k in QUICK_SETTINGS} if quick else SETTINGS
+    excp = {} if quick else EXCP
+    result = {"workloads": {}, "resume": {}}
+    for w in workloads:
+        result["workloads"][w] = workload_quality(w, settings, excp, log)
+    for w in (resume_workloads if resume_workloads is not None else
+              ([] if quick else [w for w in workloads if w != "minilm-scratch"])):
+        result["resume"][w] = resume(w)
     if plot:
         _plot(result, plot)
     return result
 
 
 def table(result: dict) -> str:
-    rows = []
-    names = list(next(iter(result["trajectories"].values())))
-    for name in names:
-        s, a = result["trajectories"]["sgd"][name], result["trajectories"]["adam"][name]
-        rows.append({"setting": name,
-                     "deltas vs fp32 (SGD / Adam)": f"{s['ratio']:.1f} / {a['ratio']:.1f}",
-                     "worst acc. drop, points": f"{s['worst_drop_points']:.2f} / "
-                                                f"{a['worst_drop_points']:.2f}",
-                     "worst state error": f"{s['worst_state_error']:.4f} / "
-                                          f"{a['worst_state_error']:.4f}"})
-    out = format_table(rows, list(rows[0]))
-    for opt, r in result["resume"].items():
+    out = []
+    for w, rows in result["workloads"].items():
+        lines = []
+        for name, r in rows.items():
+            err = r["worst_error"]
+            lines.append({
+                "setting": name,
+                "deltas vs fp32": "-" if r["ratio"] is None else f"{r['ratio']:.1f}",
+                "whole run vs torch.save": f"{r['whole_run_ratio']:.1f}",
+                "worst acc. drop": f"{r['worst_drop_points']:.2f}",
+                "worst loss rise %": f"{r['worst_loss_rise_pct']:+.2f}",
+                "worst |loss change| %": f"{r['worst_abs_loss_change_pct']:.2f}",
+                "weights err/movement": f"{err.get('weight', {}).get('movement', 0):.4f}"})
+        out.append(f"{w}\n" + format_table(lines, list(lines[0])))
+    for w, r in result["resume"].items():
         for seed, row in r["runs"].items():
-            out += f"\nresume {opt} seed {seed}: " + ", ".join(
-                f"{k} {100 * v:.2f}%" for k, v in row.items())
-        out += f"\nresume {opt}, final accuracy minus the uninterrupted run's, mean over " \
-               f"{len(r['runs'])} seeds (range): " + ", ".join(
-                   f"{k} {v:+.2f} ({r['diff_range_points'][k][0]:+.2f}..{r['diff_range_points'][k][1]:+.2f})"
-                   for k, v in r["mean_diff_points"].items())
-    return out
+            out.append(f"resume {w} seed {seed}: " + ", ".join(
+                f"{k} {100 * v:.2f}%" for k, v in row.items()))
+        lo, hi = r["diff_range_points"]
+        out.append(f"resume {w}: final accuracy minus the uninterrupted run's, mean over "
+                   f"{len(r['runs'])} seeds {r['mean_diff_points']:+.2f} points "
+                   f"(range {lo:+.2f}..{hi:+.2f})")
+    return "\n".join(out)
 
 
 def _plot(result: dict, path: str) -> None:
     import matplotlib
-    import matplotlib.ticker
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
-    for col, opt in enumerate(("sgd", "adam")):
-        rows = result["trajectories"][opt]
-        for name, r in rows.items():
-            if r["ratio"] is None or name.startswith("uniform at") or "huffman" in name:
-                continue                  # the table has them; they crowd the plot
-            mk = "o" if name.startswith("lc") else ("s" if "lossless" in name else "^")
-            for row, (key, label) in enumerate((("worst_drop_points", "worst accuracy drop (points)"),
-                                                ("worst_state_error", "worst restored-state error"))):
-                ax = axes[row][col]
-                ax.scatter(r["ratio"], max(r[key], 1e-4 if row else -1), marker=mk)
-                ax.annotate(name, (r["ratio"], max(r[key], 1e-4 if row else -1)), fontsize=7)
-                ax.set_xlabel("deltas vs fp32 (x)")
-                ax.set_ylabel(label)
-                ax.set_title(f"CNN, {opt}")
-                ax.set_xscale("log")
-                ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-                if row:
-                    ax.set_yscale("log")
+    ws = list(result["workloads"])
+    fig, axes = plt.subplots(1, len(ws), figsize=(4.6 * len(ws), 4.2), squeeze=False)
+    for ax, w in zip(axes[0], ws):
+        for name, r in result["workloads"][w].items():
+            if "keyframe_every" in name or "previous" in name:
+                continue
+            mk = "o" if name.startswith("lc") else "s" if "lossless" in name else \
+                "D" if name.startswith("excp") else "^"
+            x, y = r["whole_run_ratio"], max(r["worst_drop_points"], 0.0)
+            ax.scatter(x, y, marker=mk)
+            ax.annotate(name.replace(" of movement", "").replace(" (every save a keyframe)", ""),
+                        (x, y), fontsize=6)
+        ax.axhline(0.5, color="grey", lw=0.6, ls="--")
+        ax.set_xscale("log")
+        ax.set_xlabel("whole run vs torch.save (x)")
+        ax.set_ylabel("worst accuracy drop (points)")
+        ax.set_title(w)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="Restore quality of delta chains (rate vs accuracy, resume); see lcckpt/bench/quality.py.")
-    ap.add_argument("--quick", action="store_true", help="skip the resume experiment")
+    ap = argparse.ArgumentParser(description="Restore quality of delta chains (bytes vs "
+                                 "accuracy and loss, resume); see lcckpt/bench/quality.py.")
+    ap.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    ap.add_argument("--quick", action="store_true",
+                    help="five settings, no ExCP baseline, no resume experiment")
+    ap.add_argument("--resume", nargs="*", choices=WORKLOADS, default=None,
+                    help="the workloads of the resume experiment (default: all but "
+                         "minilm-scratch; none with --quick)")
     ap.add_argument("--json", help="write the result here")
-    ap.add_argument("--plot", help="write the rate-distortion plot here (png)")
+    ap.add_argument("--plot", help="write the bytes-vs-drop plot here (png)")
     args = ap.parse_args(argv)
-    result = run(quick=args.quick, plot=args.plot)
+
+    def log(w, name, r):
+        print(f"{w:16s} {name:38s} deltas {r['ratio'] or 0:6.1f}x  whole "
+              f"{r['whole_run_ratio']:5.1f}x  drop {r['worst_drop_points']:5.2f}  loss "
+              f"{r['worst_loss_rise_pct']:+6.2f}%", file=sys.stderr, flush=True)
+    result = run(args.workloads, args.quick, args.plot, resume_workloads=args.resume, log=log)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

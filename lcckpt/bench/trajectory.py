@@ -234,3 +234,43 @@ def digits_data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tenso
     """The standardized digits split every trajectory trains and evaluates on:
     ``(x_train, y_train, x_test, y_test)``, x of shape (N, 1, 8, 8)."""
     return _digits()
+
+
+def train_with_restores(steps: int, seed: int, optimizer: str, interrupt_at=(), *,
+                        save, restore, save_every: int = 10, batch_size: int = 64) -> float:
+    """Train the digits CNN, calling ``save(step, {"model", "optim"})`` every
+    ``save_every`` steps; after each step in ``interrupt_at`` model and optimizer are
+    rebuilt from ``restore()`` and training goes on with the same minibatches. Returns
+    the final held-out accuracy (the resume experiment of lcckpt/bench/quality.py)."""
+    x_tr, y_tr, x_te, y_te = _digits()
+    lr = _DEFAULT_LR[("cnn", optimizer)]
+    torch.manual_seed(seed)
+    net = SmallCNN()
+
+    def make_opt(params):
+        if optimizer == "sgd":
+            return torch.optim.SGD(params, lr=lr, momentum=0.9)
+        return torch.optim.Adam(params, lr=lr)
+
+    opt = make_opt(net.parameters())
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.empty(0, dtype=torch.long)
+    for step in range(1, steps + 1):
+        if len(order) < batch_size:
+            order = torch.randperm(len(x_tr), generator=gen)
+        idx, order = order[:batch_size], order[batch_size:]
+        net.train()
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(net(x_tr[idx]), y_tr[idx]).backward()
+        opt.step()
+        if step % save_every == 0:
+            save(step, {"model": net.state_dict(), "optim": opt.state_dict()})
+        if step in interrupt_at:
+            state = restore()
+            net = SmallCNN()
+            net.load_state_dict(state["model"])
+            opt = make_opt(net.parameters())
+            opt.load_state_dict(state["optim"])
+    net.eval()
+    with torch.no_grad():
+        return float((net(x_te).argmax(1) == y_te).float().mean())
