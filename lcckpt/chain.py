@@ -42,6 +42,7 @@ import os
 import re
 import secrets
 import socket
+import stat
 import threading
 import time
 import warnings
@@ -306,11 +307,25 @@ class _WriterLock:
         self.fd = fd
 
     def _lock_once(self, fcntl, directory: str) -> int:
+        # never through a link: a symlink planted in a shared directory would make the
+        # writer truncate and overwrite its target
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, flags, 0o644)
         except OSError as e:
+            if e.errno == errno.ELOOP or os.path.islink(self.path):
+                raise StorageError(e.errno, "the writer lock is a symbolic link; remove it "
+                                   "(lcckpt never creates one)", self.path) from None
             raise StorageError(e.errno, f"cannot create the writer lock: {e.strerror}",
                                self.path) from None
+        try:
+            regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        except OSError:
+            regular = False
+        if not regular:
+            os.close(fd)
+            raise StorageError(errno.EINVAL, "the writer lock is not a regular file; remove "
+                               "it", self.path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:

@@ -222,14 +222,18 @@ class CheckpointManager:
         self._raise_error()
 
     def close(self) -> None:
-        """Wait for the save in flight and uninstall the SIGTERM handler. Idempotent."""
+        """Wait for the save in flight, release the directory's writer lock and uninstall
+        the SIGTERM handler. Idempotent."""
         if self._closed:
             return
         self._closed = True
         if self._prev_handler is not None:
             signal.signal(signal.SIGTERM, self._prev_handler)
             self._prev_handler = None
-        self._join()
+        try:
+            self._join()
+        finally:
+            self._ck.close()
         self._raise_error()
 
     def __enter__(self) -> "CheckpointManager":

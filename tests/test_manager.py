@@ -450,3 +450,19 @@ def test_sigterm_checkpoints_then_calls_the_previous_handler(tmp_path):
         assert signal.getsignal(signal.SIGTERM) is handler       # handed back
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def test_close_releases_the_writer_lock(tmp_path):
+    """A closed manager (or the end of its with-block) lets the next writer in at once."""
+    model, opt = _setup()
+    first = CheckpointManager(tmp_path, model, opt, every=2)
+    with first:                                 # still referenced after its with-block
+        for _ in range(4):
+            first.step(_train(model, opt))
+    before = lcckpt.DeltaCheckpointer(tmp_path).steps()
+    with CheckpointManager(tmp_path, model, opt, every=2) as mgr:
+        assert mgr.restore() == before[-1]
+        for _ in range(4):
+            mgr.step(_train(model, opt))
+        mgr.wait()                              # a refused writer would raise here
+    assert lcckpt.DeltaCheckpointer(tmp_path).steps()[-1] > before[-1]

@@ -396,3 +396,26 @@ def test_temp_files_of_killed_saves_are_removed_by_any_later_save(tmp_path):
     (tmp_path / dead).write_bytes(b"x" * 1000)
     lcckpt.save({"a": 1}, tmp_path / "other.lcc")
     assert sorted(os.listdir(tmp_path)) == ["other.lcc"]
+
+
+def test_a_symlinked_writer_lock_is_refused_and_its_target_untouched(tmp_path):
+    """A link planted as the lock file in a shared directory must not make the writer
+    truncate and overwrite the file it points to."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    d = tmp_path / "ck"
+    d.mkdir()
+    os.symlink(victim, d / ".lcckpt-writer.lock")
+    with pytest.raises(lcckpt.StorageError, match="symbolic link"):
+        with lcckpt.DeltaCheckpointer(d) as ck:
+            ck.save(0, {"w": torch.randn(100)})
+    assert victim.read_text() == "precious\n"
+    assert not list(d.glob("step-*"))
+
+
+def test_a_writer_lock_that_is_not_a_regular_file_is_refused(tmp_path):
+    d = tmp_path / "ck"
+    d.mkdir()
+    os.mkfifo(d / ".lcckpt-writer.lock")
+    with pytest.raises(lcckpt.StorageError, match="not a regular file"):
+        lcckpt.DeltaCheckpointer(d).save(0, {"w": torch.randn(100)})
