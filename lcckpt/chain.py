@@ -77,6 +77,10 @@ __all__ = ["DeltaCheckpointer", "file_name"]
 
 CHAIN_VERSION = 1
 DEFAULT_TARGET = DEFAULT_POLICY      # DeltaCheckpointer(directory)'s targets: see docs/chain.md
+# Saves per keyframe. Movement targets make later deltas of a chain cheaper and a new
+# keyframe costs ~0.8 of the state: 50 keeps a 41-checkpoint run above 20x whole
+# (docs/chain.md, "Keyframes"); merge() bounds a restore's chain where that matters.
+DEFAULT_KEYFRAME_EVERY = 50
 LC_MIN_DELTA_ELEMENTS = 4096         # LC mode: smaller floating tensors are stored whole
 TARGET_MIN_DELTA_ELEMENTS = 8        # target mode: smaller ones (scalars: step counts) are delta-coded exactly
 MISSED = 0.5            # a restored error past this share of a step's movement is warned of
@@ -406,7 +410,7 @@ class DeltaCheckpointer:
 
     def __init__(self, directory: str | os.PathLike,
                  bits: int | Callable[[str], int] | None = None,
-                 keyframe_every: int | None = 20,
+                 keyframe_every: int | None = DEFAULT_KEYFRAME_EVERY,
                  *, coder: str = "auto", error_bound: float | None = None,
                  keep_last: int | None = None, min_delta_elements: int | None = None,
                  track: Callable[[str, torch.Tensor], bool] | None = None,

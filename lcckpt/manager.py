@@ -39,7 +39,7 @@ import torch
 from . import _replan, _rng
 from ._hostcopy import HostBuffers
 from ._losscurve import LossCurve
-from .chain import DeltaCheckpointer
+from .chain import DEFAULT_KEYFRAME_EVERY, DeltaCheckpointer
 from .errors import InvalidArgumentError, LcckptError
 
 POLICIES = ("young_daly", "convergence", "exploratory")
@@ -97,7 +97,8 @@ class CheckpointManager:
                  objects: Mapping[str, Any] | None = None, extra: dict | None = None,
                  downtime: float = 0.0, restart_cost: float | None = None,
                  profile_at: int = 20, backpressure: str = "defer", sigterm: bool = False,
-                 bits: int | Callable[[str], int] | None = None, keyframe_every: int | None = 20,
+                 bits: int | Callable[[str], int] | None = None,
+                 keyframe_every: int | None = DEFAULT_KEYFRAME_EVERY,
                  keep_last: int | None = 3, checkpointer_options: Mapping[str, Any] | None = None):
         if policy not in POLICIES:
             raise InvalidArgumentError(f"policy must be one of {POLICIES}, got {policy!r}")

@@ -265,11 +265,13 @@ def _train(workload: str, seed: int, interrupt_at, ck_kw) -> float:
 
 
 def run(workloads=WORKLOADS, quick: bool = False, plot: str | None = None,
-        settings: dict | None = None, resume_workloads=None, log=None) -> dict:
+        settings: dict | None = None, resume_workloads=None, log=None,
+        excp: dict | None = None) -> dict:
     """Every setting on every workload, then the resume experiment."""
     if settings is None:
         settings = {k: SETTINGS[k] for k in QUICK_SETTINGS} if quick else SETTINGS
-    excp = {} if quick else EXCP
+    if excp is None:
+        excp = {} if quick else EXCP
     result = {"workloads": {}, "resume": {}}
     for w in workloads:
         result["workloads"][w] = workload_quality(w, settings, excp, log)
@@ -279,6 +281,18 @@ def run(workloads=WORKLOADS, quick: bool = False, plot: str | None = None,
     if plot:
         _plot(result, plot)
     return result
+
+
+def merge(paths) -> dict:
+    """The results of several runs in one: later files add settings and resumes."""
+    out = {"workloads": {}, "resume": {}}
+    for p in paths:
+        with open(p) as f:
+            r = json.load(f)
+        for w, rows in r["workloads"].items():
+            out["workloads"].setdefault(w, {}).update(rows)
+        out["resume"].update(r["resume"])
+    return out
 
 
 def table(result: dict) -> str:
@@ -342,6 +356,13 @@ def main(argv=None) -> int:
     ap.add_argument("--resume", nargs="*", choices=WORKLOADS, default=None,
                     help="the workloads of the resume experiment (default: all but "
                          "minilm-scratch; none with --quick)")
+    ap.add_argument("--settings", nargs="+", choices=list(SETTINGS), metavar="NAME",
+                    help="only these chain settings (names as in the table)")
+    ap.add_argument("--excp", nargs="*", choices=list(EXCP), metavar="NAME",
+                    help="only these ExCP-style settings (none: skip the baseline)")
+    ap.add_argument("--merge", nargs="+", metavar="JSON",
+                    help="measure nothing: print (and --plot) the results of earlier runs "
+                         "(their --json files) together")
     ap.add_argument("--json", help="write the result here")
     ap.add_argument("--plot", help="write the bytes-vs-drop plot here (png)")
     args = ap.parse_args(argv)
@@ -350,7 +371,15 @@ def main(argv=None) -> int:
         print(f"{w:16s} {name:38s} deltas {r['ratio'] or 0:6.1f}x  whole "
               f"{r['whole_run_ratio']:5.1f}x  drop {r['worst_drop_points']:5.2f}  loss "
               f"{r['worst_loss_rise_pct']:+6.2f}%", file=sys.stderr, flush=True)
-    result = run(args.workloads, args.quick, args.plot, resume_workloads=args.resume, log=log)
+    if args.merge:
+        result = merge(args.merge)
+        if args.plot:
+            _plot(result, args.plot)
+        print(table(result))
+        return 0
+    settings = None if args.settings is None else {k: SETTINGS[k] for k in args.settings}
+    excp = None if args.excp is None else {k: EXCP[k] for k in args.excp}
+    result = run(args.workloads, args.quick, args.plot, settings, args.resume, log, excp)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
