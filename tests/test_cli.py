@@ -24,7 +24,18 @@ def test_inspect_chain_json(chain_dir, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert [r["step"] for r in doc["steps"]] == [0, 1, 2, 3, 4]
     assert [r["kind"] for r in doc["steps"]] == ["keyframe", "delta", "delta", "keyframe", "delta"]
-    assert all(r["ratio"] > 5 for r in doc["steps"] if r["kind"] == "delta")
+    key = doc["steps"][0]["ratio"]
+    # a random walk's first deltas after a keyframe are held to 1% of a step or two
+    # of movement: several times smaller than the keyframe, not more
+    assert all(r["ratio"] > 2.5 * key for r in doc["steps"] if r["kind"] == "delta")
+    assert all(0 < r["w_err/move"] <= 0.01 and r["missed"] == 0
+               for r in doc["steps"] if r["kind"] == "delta")
+
+
+def test_inspect_chain_table_has_a_legend(chain_dir, capsys):
+    assert main(["inspect", str(chain_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "w_err/move" in out and "as a share of their movement since the keyframe" in out
 
 
 def test_inspect_file_table(tmp_path, capsys):
