@@ -218,9 +218,19 @@ def _is_keyframe(c) -> bool:
 
 def _elements(meta: dict) -> int:
     n = 1
-    for d in meta.get("shape", ()):
-        n *= int(d)
+    shape = meta.get("shape", ())
+    for d in shape if isinstance(shape, (list, tuple)) else ():
+        n *= int(d) if type(d) is int else 0
     return n
+
+
+def _delta_key(meta: dict) -> str | None:
+    """The tracking key of a tracked tensor section (None for any other section)."""
+    if meta.get("kind") != "tensor" or meta.get("codec") != DELTA:
+        return None
+    params = meta.get("codec_params")
+    key = params.get("key") if type(params) is dict else None
+    return key if type(key) is str else None
 
 
 def _finite(x):
@@ -668,7 +678,9 @@ class DeltaCheckpointer:
         """The object stored as ``step`` (default: the newest), rebuilt through its chain.
 
         ``max_bytes`` as in :func:`lcckpt.load`, for the files of the chain together:
-        each must declare at most the limit, "auto" being computed from their total size.
+        each must declare at most the limit, "auto" being computed from their total size;
+        under "auto" a delta's tensors that the chain already holds at their size do not
+        count (they decode in place), so a delta 1000x smaller than its state loads.
         """
         if step is None:
             steps = self.steps()
@@ -751,13 +763,7 @@ class DeltaCheckpointer:
                     break
                 s, expect = link.base_step, link.base_state_id
             links.reverse()
-            stored = sum(c.size for c, _, _ in links)
-            for c, link, path in links:
-                try:
-                    limits.check(limits.declared_bytes(c.sections), stored, max_bytes,
-                                 f"step {link.step} with its chain ({len(links)} files)")
-                except LcckptError as e:
-                    raise type(e)(f"{path}: {e}") from None
+            self._check_limits(links, tracks, max_bytes)
             obj = None
             for i, (c, link, path) in enumerate(links):
                 try:
@@ -770,6 +776,38 @@ class DeltaCheckpointer:
                 except (LcckptError, OSError) as e:
                     raise self._fault(step, link.step, path, e) from e
             return obj, [(c, link) for c, link, _ in links], tracks
+
+    @staticmethod
+    def _check_limits(links: list, tracks: dict, max_bytes) -> None:
+        """Every file of a chain against ``max_bytes``, before anything is decoded.
+
+        Under the default ("auto") a delta's tracked tensor that the chain already holds
+        at the same size (its keyframe, an earlier delta, or ``tracks`` from a step
+        restored before) is not counted: it decodes into that reference, whose size the
+        file that brought it was checked for. So a 1000x delta of a large state loads,
+        while everything a file brings anew counts against its chain's stored size.
+        """
+        stored = sum(c.size for c, _, _ in links)
+        vouch = limits.is_auto(max_bytes)
+        held = {k: int(np.prod(r.shape)) for k, r in tracks.items()
+                if isinstance(r, Reconstruction) and r.shape is not None}
+        for c, link, path in links:
+            declared, new = 0, {}
+            for sec in c.sections:
+                meta = sec["meta"]
+                key = _delta_key(meta)
+                if key is not None:
+                    n = _elements(meta)
+                    if vouch and link.kind == "delta" and held.get(key) == n:
+                        continue
+                    new[key] = n
+                declared += limits.declared_bytes([sec])
+            try:
+                limits.check(declared, stored, max_bytes,
+                             f"step {link.step} with its chain ({len(links)} files)")
+            except LcckptError as e:
+                raise type(e)(f"{path}: {e}") from None
+            held.update(new)
 
     @staticmethod
     def _fault(step: int, at: int, path: str, e: Exception) -> LcckptError:

@@ -31,7 +31,7 @@ from .errors import InvalidArgumentError, ResourceLimitError
 
 __all__ = ["AUTO", "AUTO_EXPANSION", "AUTO_FLOOR", "DEFAULT", "MAX_HEADER_BYTES",
            "MAX_HEADER_CONTAINERS", "MAX_HEADER_VALUES", "check", "declared_bytes",
-           "get_max_bytes", "resolve", "set_max_bytes"]
+           "get_max_bytes", "is_auto", "resolve", "set_max_bytes"]
 
 AUTO = "auto"
 AUTO_FLOOR = 192 << 20          # decoded bytes any file may ask for
@@ -85,6 +85,11 @@ def resolve(max_bytes, stored_bytes: int) -> int | None:
     if value == AUTO:
         return AUTO_FLOOR + AUTO_EXPANSION * stored_bytes
     return value
+
+
+def is_auto(max_bytes) -> bool:
+    """Whether ``max_bytes`` (or the global default it stands for) is "auto"."""
+    return (_global if max_bytes is DEFAULT else max_bytes) == AUTO
 
 
 def declared_bytes(sections) -> int:

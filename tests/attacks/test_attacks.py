@@ -176,6 +176,41 @@ def test_chain_load_counts_the_chain_as_a_whole(tmp_path):
         ck.load(2, max_bytes=1 << 20)
 
 
+def test_a_delta_far_smaller_than_its_state_loads_at_the_default(tmp_path, monkeypatch):
+    """A delta of a large state is 100-1000x smaller than the state: once its keyframe is
+    in the chain, the tensors it updates in place do not count against the delta's own
+    size, also when replay continues from an earlier step (one file at a time). Scaled
+    down: a 2 MiB floor stands for the 192 MiB one."""
+    monkeypatch.setattr(limits, "AUTO_FLOOR", 2 << 20)
+    ck = lcckpt.DeltaCheckpointer(tmp_path, keyframe_every=None)
+    w = torch.randn(1 << 20)                  # 4 MiB: over the floor, a keyframe fits
+    key = w.clone()
+    for step in range(4):
+        w[step * 64:(step + 1) * 64] += 1.0   # a few rows move: a tiny delta
+        ck.save(step, {"w": w.clone(), "step": step})
+        if step == 0:
+            key = w.clone()
+    ck.close()
+    assert os.path.getsize(ck.path(3)) * limits.AUTO_EXPANSION < (2 << 20)
+    restored = ck.load(3)["w"]
+    assert float((restored - w).norm()) <= 0.0101 * float((w - key).norm())
+    assert sorted(s for s, _ in ck.replay()) == [0, 1, 2, 3]
+    with pytest.raises(ResourceLimitError):   # an explicit limit still counts everything
+        ck.load(3, max_bytes=3 << 20)
+
+
+def test_a_delta_cannot_bring_a_large_new_tensor_past_the_limit(tmp_path, monkeypatch):
+    """What a delta brings anew (a tensor absent from the keyframe, coded against zeros)
+    is not vouched for by the chain: it counts against the files' stored size."""
+    monkeypatch.setattr(limits, "AUTO_FLOOR", 1 << 20)
+    ck = lcckpt.DeltaCheckpointer(tmp_path, keyframe_every=None)
+    ck.save(0, {"w": torch.randn(1000)})
+    ck.save(1, {"w": torch.randn(1000), "new": torch.zeros(1 << 21)})   # 8 MiB of zeros
+    ck.close()
+    with pytest.raises(ResourceLimitError):
+        ck.load(1)
+
+
 _RSS_CHILD = """
 import io, resource, sys
 sys.path[:0] = sys.argv[1:3]
