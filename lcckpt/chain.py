@@ -166,10 +166,8 @@ class _SaveSession:
         """Report a movement target's terms, relative to ``||u||``. The dtype's precision
         floor may let the error pass ``target x movement``; past :data:`MISSED` of the
         movement too, the update is reported as missed."""
-        moved, norm, allowed = enc.last_movement
-        rec["relative_to"] = "movement"
+        moved, norm, _ = enc.last_movement
         rec["movement"] = _finite(moved / norm if norm else 0.0)
-        rec["allowed_error"] = _finite(allowed / norm if norm else 0.0)
         err = st.rel_error * norm
         if moved > 0:
             rec["error_vs_movement"] = _finite(err / moved)
@@ -234,8 +232,10 @@ def _delta_key(meta: dict) -> str | None:
 
 
 def _finite(x):
+    """A stat for the header: 4 significant digits (every digit is header bytes in
+    every delta file), None for NaN/Inf."""
     x = float(x)
-    return float(f"{x:.6g}") if np.isfinite(x) else None
+    return float(f"{x:.4g}") if np.isfinite(x) else None
 
 
 # --------------------------------------------------------------------------- chain info

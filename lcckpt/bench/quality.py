@@ -273,7 +273,7 @@ def run(workloads=WORKLOADS, quick: bool = False, plot: str | None = None,
     if excp is None:
         excp = {} if quick else EXCP
     result = {"workloads": {}, "resume": {}}
-    for w in workloads:
+    for w in workloads if settings or excp else ():     # none: the resume experiment only
         result["workloads"][w] = workload_quality(w, settings, excp, log)
     for w in (resume_workloads if resume_workloads is not None else
               ([] if quick else [w for w in workloads if w != "minilm-scratch"])):
@@ -297,6 +297,8 @@ def merge(paths) -> dict:
 
 def table(result: dict) -> str:
     out = []
+    if not result["workloads"] and not result["resume"]:
+        return "nothing measured"
     for w, rows in result["workloads"].items():
         lines = []
         for name, r in rows.items():
@@ -356,8 +358,9 @@ def main(argv=None) -> int:
     ap.add_argument("--resume", nargs="*", choices=WORKLOADS, default=None,
                     help="the workloads of the resume experiment (default: all but "
                          "minilm-scratch; none with --quick)")
-    ap.add_argument("--settings", nargs="+", choices=list(SETTINGS), metavar="NAME",
-                    help="only these chain settings (names as in the table)")
+    ap.add_argument("--settings", nargs="*", choices=list(SETTINGS), metavar="NAME",
+                    help="only these chain settings (names as in the table; none: only "
+                         "the resume experiment)")
     ap.add_argument("--excp", nargs="*", choices=list(EXCP), metavar="NAME",
                     help="only these ExCP-style settings (none: skip the baseline)")
     ap.add_argument("--merge", nargs="+", metavar="JSON",
