@@ -811,6 +811,10 @@ class DeltaCheckpointer:
 
     @staticmethod
     def _fault(step: int, at: int, path: str, e: Exception) -> LcckptError:
+        if isinstance(e, OSError) and not isinstance(e, (LcckptError, FileNotFoundError)):
+            # unreadable is not damaged: the file may be intact
+            what = "" if at == step else f" (a chain link of step {step})"
+            return StorageError(e.errno, f"cannot read step {at}{what}: {e.strerror}", path)
         if at == step and not isinstance(e, BrokenChainError):
             cls = type(e) if isinstance(e, LcckptError) else CorruptDataError
             msg = str(e) if path in str(e) else f"{path}: {e}"

@@ -36,11 +36,12 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from . import _replan, _rng
+from . import _replan, _rng, limits
 from ._hostcopy import HostBuffers
 from ._losscurve import LossCurve
 from .chain import DEFAULT_KEYFRAME_EVERY, DeltaCheckpointer
-from .errors import InvalidArgumentError, LcckptError
+from .errors import (BrokenChainError, CorruptDataError, InvalidArgumentError, LcckptError,
+                     ResourceLimitError, UnsupportedVersionError)
 
 POLICIES = ("young_daly", "convergence", "exploratory")
 BACKPRESSURE = ("defer", "wait")
@@ -251,14 +252,17 @@ class CheckpointManager:
 
     # ---------------------------------------------------------------- restore
 
-    def restore(self) -> int | None:
+    def restore(self, *, max_bytes=limits.DEFAULT) -> int | None:
         """Load the newest restorable checkpoint into every registered object.
 
         Returns its step (the number of iterations it holds; continue the loop from there),
-        or None when the directory holds no checkpoint. If the newest file cannot be
-        restored (damaged), earlier steps are tried, with a warning, and the newer
-        unrestorable files are renamed to ``*.damaged`` so that the run can continue its
-        chain after the step it resumed from.
+        or None when the directory holds no checkpoint. If the newest file is proven
+        damaged (a checksum, its structure or its chain link fails), earlier steps are
+        tried, with a warning naming the file and why, and the newer damaged files are
+        renamed to ``*.damaged`` so that the run can continue its chain after the step it
+        resumed from. Anything else (an unreadable file, a limit, a newer format) is
+        raised as it is and nothing is renamed: the file may be intact. ``max_bytes`` as
+        in :meth:`DeltaCheckpointer.load`.
         """
         self._check_usable()
         self._join()
@@ -271,13 +275,16 @@ class CheckpointManager:
         state, step, failed = None, None, []
         for s in reversed(steps):
             try:
-                state = reader.load(s, map_location="cpu")
+                state = reader.load(s, map_location="cpu", max_bytes=max_bytes)
                 step = s
                 break
             except (LcckptError, OSError) as e:
+                if not _proves_damage(e):
+                    raise
                 failed.append((s, e))
-                warnings.warn(f"cannot restore checkpoint step {s} in {self.directory} ({e}); "
-                              "trying the previous one", RuntimeWarning, stacklevel=2)
+                warnings.warn(f"cannot restore checkpoint step {s} in {self.directory}: "
+                              f"{reader.path(s)} is damaged ({e}); trying the previous one",
+                              RuntimeWarning, stacklevel=2)
         if state is None:
             raise failed[0][1]
         self._apply(state, step)
@@ -643,3 +650,18 @@ def _fmt(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "(not measured)"
     return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
+
+def _proves_damage(e: BaseException) -> bool:
+    """Whether a failed restore proves its file damaged (so setting it aside is right):
+    corrupt data or a broken chain link, with no unreadable file, limit or newer
+    format anywhere in its causes."""
+    seen, x = [], e
+    while x is not None and len(seen) < 16:
+        seen.append(x)
+        x = x.__cause__
+    if any(isinstance(x, (ResourceLimitError, UnsupportedVersionError)) or
+           (isinstance(x, OSError) and not isinstance(x, FileNotFoundError))
+           for x in seen):
+        return False
+    return isinstance(e, (CorruptDataError, BrokenChainError))

@@ -466,3 +466,40 @@ def test_close_releases_the_writer_lock(tmp_path):
             mgr.step(_train(model, opt))
         mgr.wait()                              # a refused writer would raise here
     assert lcckpt.DeltaCheckpointer(tmp_path).steps()[-1] > before[-1]
+
+
+def _six_steps(tmp_path):
+    model, opt = _setup()
+    with CheckpointManager(tmp_path, model, opt, every=2, backpressure="wait") as mgr:
+        for _ in range(6):
+            mgr.step(_train(model, opt))
+    return model, opt, lcckpt.DeltaCheckpointer(tmp_path).path(6)
+
+
+def test_an_unreadable_newest_file_is_raised_not_set_aside(tmp_path, monkeypatch):
+    """EACCES on an intact file says nothing of its data: restore raises it, renames
+    nothing and does not roll the run back."""
+    model, opt, path = _six_steps(tmp_path)
+    import lcckpt.chain as chain_mod
+    real = chain_mod.read_container
+
+    def unreadable(p, *a, **kw):
+        if str(p) == path:
+            raise PermissionError(13, "Permission denied", str(p))
+        return real(p, *a, **kw)
+    monkeypatch.setattr(chain_mod, "read_container", unreadable)
+    mgr = CheckpointManager(tmp_path, model, opt, every=2, backpressure="wait")
+    with pytest.raises(OSError):
+        mgr.restore()
+    mgr.close()
+    assert Path(path).exists() and not Path(path + ".damaged").exists()
+
+
+def test_a_file_over_the_limit_is_raised_not_set_aside_and_max_bytes_lets_it_in(tmp_path):
+    model, opt, path = _six_steps(tmp_path)
+    mgr = CheckpointManager(tmp_path, model, opt, every=2, backpressure="wait")
+    with pytest.raises(lcckpt.ResourceLimitError):
+        mgr.restore(max_bytes=1000)
+    assert Path(path).exists() and not Path(path + ".damaged").exists()
+    assert mgr.restore(max_bytes=None) == 6
+    mgr.close()
