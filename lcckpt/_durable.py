@@ -69,7 +69,12 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
             raise StorageError(e.errno, f"cannot write the checkpoint: {e.strerror}",
                                path) from e
         raise
-    fsync_dir(directory)
+    try:
+        fsync_dir(directory)
+    except OSError as e:     # the file is in place; its rename may not survive a crash
+        raise StorageError(e.errno, "the checkpoint was written, but syncing its directory "
+                           f"failed ({e.strerror}): it may not survive a crash; check the "
+                           "disk", path) from e
     remove_stale_temps(directory)
 
 

@@ -521,6 +521,9 @@ class DeltaCheckpointer:
             names = os.listdir(self.directory)
         except FileNotFoundError:
             return []
+        except OSError as e:
+            raise StorageError(e.errno, f"cannot list the checkpoint directory: {e.strerror}",
+                               self.directory) from None
         for name in names:
             m = _NAME_RE.fullmatch(name)
             if m and name == file_name(int(m.group(1))):
@@ -906,7 +909,12 @@ class DeltaCheckpointer:
     def _apply_retention(self) -> None:
         if self.keep_last is None:
             return
-        steps = self.steps()
+        try:
+            steps = self.steps()
+        except StorageError as e:       # the step is committed: retried at the next save
+            warnings.warn(f"retention (keep_last={self.keep_last}) skipped: {e}",
+                          RuntimeWarning, stacklevel=3)
+            return
         if len(steps) <= self.keep_last:
             return
         needed: set[int] = set()
@@ -921,7 +929,7 @@ class DeltaCheckpointer:
                 if link.kind == "keyframe":
                     break
                 s = link.base_step
-        removed = False
+        removed, failed = False, []
         for s in steps:
             if s not in needed:
                 try:
@@ -929,9 +937,19 @@ class DeltaCheckpointer:
                     removed = True
                 except FileNotFoundError:
                     pass
+                except OSError as e:     # the step is committed: retried at the next save
+                    failed.append(f"{self.path(s)} ({e.strerror})")
                 self._headers.pop(self.path(s), None)
-        if removed:
-            _durable.fsync_dir(self.directory)
+        try:
+            if removed:
+                _durable.fsync_dir(self.directory)
+        except OSError as e:
+            failed.append(f"{self.directory} (directory sync: {e.strerror})")
+        if failed:
+            warnings.warn(f"retention (keep_last={self.keep_last}) could not remove "
+                          f"{', '.join(failed[:3])}{' ...' if len(failed) > 3 else ''}; the "
+                          "new step is saved, and the next save tries again",
+                          RuntimeWarning, stacklevel=3)
 
 
 def _brief(steps: list[int]) -> str:

@@ -1,7 +1,9 @@
 """DeltaCheckpointer: keyframes, delta chains, reopen, merge, retention, broken links, crashes."""
 
 import collections
+import contextlib
 import copy
+import errno
 import json
 import os
 import shutil
@@ -468,3 +470,38 @@ def test_bits_policy_per_tensor(tmp_path):
                                      min_delta_elements=1)
     again.save(3, {"w": w.clone(), "exp_avg": m.clone()})        # resumed encoders keep it
     assert again.info(3)["tensors"]['obj["exp_avg"]']["bits"] == 4
+
+
+def test_a_failing_retention_unlink_warns_and_the_next_save_retries(tmp_path, monkeypatch):
+    """A step is committed once its file is in place: a retention unlink that fails (an
+    immutable file, a directory named like a step) is a warning, never an error of the
+    save, and the next save tries again."""
+    real_unlink = os.unlink
+    broken = {"on": True}
+
+    def unlink(p, *a, **kw):
+        if broken["on"] and os.path.basename(str(p)).startswith("step-"):
+            raise PermissionError(1, "Operation not permitted", str(p))
+        return real_unlink(p, *a, **kw)
+    monkeypatch.setattr(os, "unlink", unlink)
+    ck = DeltaCheckpointer(tmp_path, keyframe_every=2, keep_last=1)
+    for step in range(4):
+        with pytest.warns(RuntimeWarning, match="could not remove") if step >= 2 else \
+                contextlib.nullcontext():
+            ck.save(step, _state(step))
+    assert ck.steps() == [0, 1, 2, 3]
+    assert_exact(ck.load(3), DeltaCheckpointer(tmp_path).load(3))
+    broken["on"] = False
+    ck.save(4, _state(4))
+    assert ck.steps() == [4]
+    ck.load(4)
+
+
+def test_a_failing_directory_sync_after_the_rename_is_a_storage_error(tmp_path, monkeypatch):
+    from lcckpt import _durable
+
+    def eio(directory):
+        raise OSError(errno.EIO, "Input/output error")
+    monkeypatch.setattr(_durable, "fsync_dir", eio)
+    with pytest.raises(lcckpt.StorageError, match="was written, but syncing"):
+        lcckpt.save({"w": torch.ones(3)}, tmp_path / "x.lcc")
