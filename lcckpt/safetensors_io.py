@@ -79,6 +79,10 @@ def _no_duplicates(pairs):
     return d
 
 
+MAX_DIMS = 64
+MAX_DIM = 1 << 48
+
+
 def _is_uint(v) -> bool:
     return type(v) is int and v >= 0
 
@@ -110,7 +114,12 @@ def _parse_header(raw: bytes, buffer_len: int
             raise UnsupportedDtypeError(
                 f"{where}: dtype {dt!r} is not supported; supported: {', '.join(TORCH_DTYPE)}")
         if not isinstance(shape, list) or not all(map(_is_uint, shape)):
-            raise CorruptDataError(f"{where}: shape must be a list of non-negative ints, got {shape!r}")
+            raise CorruptDataError(f"{where}: shape must be a list of non-negative ints, got {shape!r:.200}")
+        if len(shape) > MAX_DIMS or any(d > MAX_DIM for d in shape):
+            # checked before any size arithmetic: no real tensor comes near, and a
+            # dimension past torch's int64 (or one hidden behind a zero) is a forgery
+            raise CorruptDataError(f"{where}: implausible shape {shape!r:.200} (at most "
+                                   f"{MAX_DIMS} dimensions of at most 2**48 each)")
         if (not isinstance(offs, list) or len(offs) != 2 or not all(map(_is_uint, offs))
                 or offs[0] > offs[1]):
             raise CorruptDataError(f"{where}: data_offsets must be [begin, end] with "

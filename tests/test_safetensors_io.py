@@ -153,6 +153,10 @@ F32 = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
     (_file({"__metadata__": {"k": 1}}), CorruptDataError),
     (_file({"__metadata__": ["k"]}), CorruptDataError),
     (struct.pack("<Q", 13) + b'{"a":1,"a":2}', CorruptDataError),      # duplicate key
+    # zero elements behind a dimension past torch's int64, or an absurd one
+    (_file({"a": dict(F32, shape=[0, 2**64], data_offsets=[0, 0])}), CorruptDataError),
+    (_file({"a": dict(F32, shape=[2**62, 0], data_offsets=[0, 0])}), CorruptDataError),
+    (_file({"a": dict(F32, shape=[1] * 65, data_offsets=[0, 4])}, bytes(4)), CorruptDataError),
 ])
 def test_read_refuses_lying_headers(blob, err):
     with pytest.raises(err):
