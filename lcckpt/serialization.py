@@ -144,7 +144,8 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
             head = fh.read(16)
         kind = _sniff(head)
         if kind != "lcckpt":
-            return _load_foreign(kind, f, map_location, weights_only, mmap, pickle_load_args)
+            return _load_foreign(kind, f, map_location, weights_only, mmap, pickle_load_args,
+                                 max_bytes)
         with read_container(path) as c:
             try:
                 decode = _mapped_decoder(path, c) if mmap else None
@@ -163,14 +164,17 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
     f.seek(pos)
     kind = _sniff(head)
     if kind != "lcckpt":
-        return _load_foreign(kind, f, map_location, weights_only, mmap, pickle_load_args)
+        return _load_foreign(kind, f, map_location, weights_only, mmap, pickle_load_args,
+                             max_bytes)
     with read_container(f) as c:
         return _unpack_limited(c, map_location, max_bytes, "the file")
 
 
-def _load_foreign(kind: str, f, map_location, weights_only, mmap, pickle_load_args):
+def _load_foreign(kind: str, f, map_location, weights_only, mmap, pickle_load_args,
+                  max_bytes=limits.DEFAULT):
     """A torch.save or safetensors file, by what :func:`_sniff` found."""
     if kind == "torch":
+        _check_torch_zip(f, max_bytes)
         return _torch_load(f, map_location, weights_only, mmap, pickle_load_args)
     return _safetensors_load(f, map_location, mmap)
 
@@ -218,6 +222,31 @@ def _sniff(head: bytes) -> str:
     if is_safetensors(head):
         return "safetensors"
     return "lcckpt"  # let the container reader name the problem (empty, truncated, bad magic)
+
+
+def _check_torch_zip(f, max_bytes) -> None:
+    """A torch.save zip's members against ``max_bytes`` before torch reads them: what
+    they inflate to, as the zip's directory declares it, against the file's size (a
+    deflated member of zeros is a zip bomb; torch.save itself stores them uncompressed,
+    so its files always fit). A file that is no zip (the legacy format) is left to torch."""
+    import zipfile
+    own = isinstance(f, (str, os.PathLike))
+    fh = open_file(os.fspath(f)) if own else f
+    try:
+        pos = fh.tell()
+        size = fh.seek(0, os.SEEK_END)
+        fh.seek(pos)
+        try:
+            with zipfile.ZipFile(fh) as z:
+                declared = sum(i.file_size for i in z.infolist())
+        except (zipfile.BadZipFile, ValueError, OSError, EOFError):
+            return
+        finally:
+            fh.seek(pos)
+        limits.check(declared, size, max_bytes, "the torch.save file")
+    finally:
+        if own:
+            fh.close()
 
 
 def _torch_load(f, map_location, weights_only, mmap, pickle_load_args):

@@ -454,3 +454,31 @@ def test_a_writer_lock_that_is_not_a_regular_file_is_refused(tmp_path):
     os.mkfifo(d / ".lcckpt-writer.lock")
     with pytest.raises(lcckpt.StorageError, match="not a regular file"):
         lcckpt.DeltaCheckpointer(d).save(0, {"w": torch.randn(100)})
+
+
+def _deflated_torch_file(path, n_bytes):
+    """torch.save of zeros, its members then deflated: a small file that inflates to
+    ``n_bytes`` (torch reads compressed members as readily as stored ones)."""
+    import zipfile
+    plain = io.BytesIO()
+    torch.save({"w": torch.zeros(n_bytes // 4)}, plain)
+    plain.seek(0)
+    with zipfile.ZipFile(plain) as src, zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info.filename))
+    return path
+
+
+def test_a_torch_zip_bomb_is_held_to_max_bytes(tmp_path, monkeypatch):
+    bomb = _deflated_torch_file(tmp_path / "bomb.pt", 16 << 20)
+    assert os.path.getsize(bomb) < 100_000
+    for src in (str(bomb), io.BytesIO(bomb.read_bytes())):
+        with pytest.raises(ResourceLimitError, match="torch.save"):
+            lcckpt.load(src, max_bytes=10**6)
+    monkeypatch.setattr(limits, "AUTO_FLOOR", 1 << 20)     # the default, scaled down
+    with pytest.raises(ResourceLimitError):
+        lcckpt.load(str(bomb))
+    assert lcckpt.load(str(bomb), max_bytes=None)["w"].numel() == 4 << 20
+    plain = tmp_path / "plain.pt"                 # torch.save's own files always fit
+    torch.save({"w": torch.zeros(4 << 20)}, plain)
+    assert lcckpt.load(str(plain))["w"].numel() == 4 << 20
