@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _crc, _memory, _pool
 from . import blob as _blob
-from . import dtypes, entropy, lossless
+from . import dtypes, entropy, limits, lossless
 from ._pool import run_tasks
 from .blob import LOSSLESS, LOSSY, UNIFORM, Parsed, parse
 from .config import CodecConfig
@@ -270,14 +270,23 @@ def _exact_blob(a, dt, log2, rotate, encs) -> list:
 
 # --- decoding --------------------------------------------------------------------------
 
-def decode(blob, *, out=None, check_payload: bool = True):
+def decode(blob, *, out=None, check_payload: bool = True, max_bytes=None):
     """Decode a blob from :func:`encode`: same shape and dtype (numpy; torch for bf16/fp8).
 
     ``out``: a C-contiguous numpy array or CPU tensor of the blob's dtype and size to
     decode into (returned, reshaped views aside); no other memory is allocated for the
     values when its dtype is the one decoding works in.
+    ``max_bytes``: the most bytes decoding may allocate, checked against what the blob's
+    header declares before anything is allocated (as :func:`lcckpt.load`'s: an int,
+    "auto" or ``lcckpt.limits.DEFAULT`` for the process default). None (the default):
+    no limit, for blobs this program made; pass one for bytes from elsewhere (a blob
+    of a constant can describe gigabytes in a few hundred bytes). The numcodecs codecs
+    pass the process default.
     """
     buf, p = parse(blob, False)            # the payload CRC: below, or while decoding
+    if out is None and max_bytes is not None:
+        work = 0 if p.kind == LOSSLESS else (8 if p.dt.name == "F64" else 4)
+        limits.check(p.n * (p.dt.itemsize + work), buf.size, max_bytes, "the blob")
     crc = _stored_crc(buf) if check_payload else None
     if crc is not None and p.kind != LOSSLESS:
         _check_payload(buf, p, crc)

@@ -20,10 +20,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from .codec import decode as _decode
+from . import limits
+from .codec import decode as _raw_decode
 from .codec import encode as _encode
 from .config import CodecConfig
 from .errors import InvalidArgumentError
+
+def _decode(data, out=None):
+    """``lcckpt.decode`` under the process's ``max_bytes`` (zarr feeds codecs bytes from
+    anywhere; ``lcckpt.limits.set_max_bytes`` changes it)."""
+    return _raw_decode(data, out=out, max_bytes=None if out is not None else limits.DEFAULT)
+
 
 try:                                    # the optional extra
     from numcodecs.abc import Codec as _Base

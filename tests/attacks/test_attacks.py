@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -482,3 +483,26 @@ def test_a_torch_zip_bomb_is_held_to_max_bytes(tmp_path, monkeypatch):
     plain = tmp_path / "plain.pt"                 # torch.save's own files always fit
     torch.save({"w": torch.zeros(4 << 20)}, plain)
     assert lcckpt.load(str(plain))["w"].numel() == 4 << 20
+
+
+def test_a_tiny_blob_of_a_huge_constant_is_held_to_max_bytes(monkeypatch):
+    """``lcckpt.decode`` trusts its caller by default; with ``max_bytes``, and always in
+    the numcodecs codecs (zarr hands them bytes from anywhere), the header's declared size
+    is checked before anything is allocated."""
+    from lcckpt.numcodecs import LcckptLossless, LcckptLossy
+    monkeypatch.setattr(limits, "AUTO_FLOOR", 1 << 20)      # the default, scaled down
+    big = np.zeros(1 << 22, np.float32)                        # 16 MiB
+    exact = lcckpt.encode(big, lossless=True)
+    lossy = lcckpt.encode(big, bits=2)
+    assert len(exact) < 10_000 and len(lossy) < 10_000
+    for blob in (exact, lossy):
+        with pytest.raises(ResourceLimitError):
+            lcckpt.decode(blob, max_bytes=limits.DEFAULT)
+        with pytest.raises(ResourceLimitError):
+            lcckpt.decode(blob, max_bytes=10**6)
+        assert lcckpt.decode(blob).size == big.size            # the trusting default
+    for codec, blob in ((LcckptLossless(), exact), (LcckptLossy(), lossy)):
+        with pytest.raises(ResourceLimitError):
+            codec.decode(blob)
+        out = np.empty_like(big)                               # a caller's buffer: no check
+        codec.decode(blob, out=out)
