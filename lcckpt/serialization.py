@@ -25,6 +25,7 @@ from . import sections as _sections
 from . import tree as _tree
 from .container import MAGIC, Container, at_path, open_file, read_container, write_container
 from .errors import (
+    BrokenChainError,
     CorruptDataError,
     InvalidArgumentError,
     LcckptError,
@@ -180,6 +181,12 @@ def _load_foreign(kind: str, f, map_location, weights_only, mmap, pickle_load_ar
 
 
 def _unpack_limited(c: Container, map_location, max_bytes, what: str, decode_leaf=None):
+    info = c.meta.get("lcckpt_chain")
+    if isinstance(info, dict) and info.get("kind") == "delta":     # before the limit: a
+        raise BrokenChainError(                                    # delta is tiny by design
+            f"{what} is step {info.get('step')!r} of a DeltaCheckpointer chain, stored as a "
+            "delta against the step before it; open its directory: "
+            "lcckpt.DeltaCheckpointer(directory).load(step)")
     limits.check(limits.declared_bytes(c.sections), c.size, max_bytes, what)
     return unpack(c, map_location, decode_leaf=decode_leaf)
 

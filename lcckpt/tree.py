@@ -141,6 +141,9 @@ class _Saver:
 
     def refuse(self, value, path: str, hint: str = ""):
         t = type(value)
+        if not hint and callable(getattr(value, "state_dict", None)):
+            hint = (f"It has a state_dict(): save {path}.state_dict() instead (a module or "
+                    "optimizer saves and loads through its state dict).")
         raise UnsafeObjectError(
             f"cannot save {path}: a {t.__module__}.{t.__qualname__} is not storable without "
             f"pickle. lcckpt stores {_SUPPORTED}. "

@@ -584,3 +584,17 @@ def test_save_never_writes_a_partial_file_on_refusal(tmp_path):
     with pytest.raises(UnsafeObjectError):
         S.save({"w": torch.ones(2), "bad": object()}, path)
     assert path.read_bytes() == before and os.listdir(tmp_path) == ["ck.lc"]
+
+
+def test_saving_a_module_suggests_its_state_dict(tmp_path):
+    with pytest.raises(lcckpt.UnsafeObjectError, match=r"obj.state_dict\(\) instead"):
+        lcckpt.save(torch.nn.Linear(2, 2), tmp_path / "m.lcc")
+
+
+def test_loading_a_delta_file_alone_points_to_its_chain(tmp_path):
+    ck = lcckpt.DeltaCheckpointer(tmp_path / "c")
+    ck.save(0, {"w": torch.randn(10_000)})
+    ck.save(1, {"w": torch.randn(10_000)})
+    with pytest.raises(lcckpt.BrokenChainError, match="DeltaCheckpointer chain"):
+        lcckpt.load(ck.path(1))
+    assert lcckpt.load(ck.path(0))["w"].numel() == 10_000     # a keyframe loads alone
