@@ -299,3 +299,21 @@ def test_one_process_checkpoint_loads_resharded_on_two_ranks(two_ranks):
 def test_errors_are_lcckpt_errors():
     assert issubclass(DistributedCheckpointError, LcckptError)
     assert issubclass(DistributedCheckpointError, Exception)
+
+
+def test_a_process_group_failure_is_a_distributed_checkpoint_error(tmp_path, monkeypatch):
+    """A peer that dies surfaces on a surviving rank as the process group's own
+    RuntimeError (gloo's "Connection closed by peer"), not as DCP's CheckpointException:
+    it is reported as a DistributedCheckpointError too, and nothing is committed."""
+    keep = {"w": torch.randn(50, 8)}
+    ld.save(keep, tmp_path / "one")
+
+    def dead_peer(*a, **kw):
+        raise RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:29500")
+    monkeypatch.setattr(dcp, "save", dead_peer)
+    with pytest.raises(DistributedCheckpointError, match="Connection closed by peer"):
+        ld.save({"w": keep["w"] + 1}, tmp_path / "one")
+    monkeypatch.undo()
+    target = {"w": torch.zeros(50, 8)}
+    ld.load(target, tmp_path / "one")
+    assert torch.equal(target["w"], keep["w"])

@@ -50,10 +50,16 @@ def _quiet(no_dist: bool):
 
 
 def _unwrap(exc: BaseException, what: str) -> BaseException:
-    """DCP's CheckpointException -> this rank's own LcckptError, else a DistributedCheckpointError."""
+    """DCP's CheckpointException -> this rank's own LcckptError, else a
+    DistributedCheckpointError; so is any other failure a surviving rank sees (a peer that
+    died surfaces as the process group's RuntimeError). Interrupts pass through."""
     failures = getattr(exc, "failures", None)
     if failures is None:
-        return exc
+        if isinstance(exc, LcckptError) or not isinstance(exc, Exception):
+            return exc
+        return DistributedCheckpointError(
+            f"{what} failed on this rank: {type(exc).__name__}: {exc} (a peer that died or "
+            "a broken process group surfaces this way; nothing was committed)", {})
     causes = {r: (f[0] if isinstance(f, tuple) else f) for r, f in failures.items()}
     for c in causes.values():
         if isinstance(c, LcckptError):
