@@ -26,10 +26,10 @@ from .codec import encode as _encode
 from .config import CodecConfig
 from .errors import InvalidArgumentError
 
-def _decode(data, out=None):
+def _decode(data, out=None, max_bytes=limits.DEFAULT):
     """``lcckpt.decode`` under the process's ``max_bytes`` (zarr feeds codecs bytes from
     anywhere; ``lcckpt.limits.set_max_bytes`` changes it)."""
-    return _raw_decode(data, out=out, max_bytes=None if out is not None else limits.DEFAULT)
+    return _raw_decode(data, out=out, max_bytes=None if out is not None else max_bytes)
 
 
 try:                                    # the optional extra
@@ -53,61 +53,94 @@ __all__ = ["LcckptLossless", "LcckptLossy", "register"]
 
 
 def _as_array(buf) -> np.ndarray:
-    """The array numcodecs hands over: an ndarray (any layout) or a typed buffer."""
+    """The values numcodecs hands over, in their memory order: a C-ordered array keeps
+    its shape; any other contiguous one (Fortran order) is flattened in memory order, as
+    numcodecs' own codecs read buffers; a typed buffer as it is."""
     if isinstance(buf, np.ndarray):
-        return np.ascontiguousarray(buf)
-    try:
-        a = np.asarray(memoryview(buf))
-    except TypeError:
-        raise InvalidArgumentError(
-            f"cannot encode a {type(buf).__name__}: pass a numpy array or a typed buffer") from None
+        a = buf
+    else:
+        try:
+            a = np.asarray(memoryview(buf))
+        except TypeError:
+            raise InvalidArgumentError(
+                f"cannot encode a {type(buf).__name__}: pass a numpy array or a typed "
+                "buffer") from None
+    if a.dtype.hasobject:
+        raise TypeError("cannot encode an object array: lcckpt codecs take numbers")
+    if a.flags.c_contiguous:
+        return a
+    if a.flags.f_contiguous:
+        return a.reshape(-1, order="A")
     return np.ascontiguousarray(a)
+
+
+def _out_bytes(out) -> np.ndarray:
+    """A writeable flat byte view of ``out``'s memory (any contiguous buffer)."""
+    target = out if isinstance(out, np.ndarray) else np.asarray(memoryview(out))
+    if target.dtype.hasobject:
+        raise TypeError("cannot decode into an object array")
+    if not target.flags.writeable:
+        raise InvalidArgumentError("out is read-only")
+    return target.reshape(-1, order="A").view(np.uint8)
+
+
+def _room(nbytes: int) -> int:
+    """What decoding for an ``out`` of ``nbytes`` may allocate: the values and a working
+    copy up to three times their size (fp16 through fp32), never more than ``out`` could
+    take."""
+    return 3 * nbytes + 4096
 
 
 class _LcckptCodec(_Base):
     _lossless = False
 
-    def __init__(self, **settings):
-        self._config = CodecConfig(lossless=self._lossless, **settings)   # validates
-        for k, v in settings.items():
-            setattr(self, k, v)
-
     def encode(self, buf) -> bytes:
         """One self-describing blob of ``buf`` (its dtype and shape included)."""
-        return _encode(_as_array(buf), config=self._config)
+        return _encode(_as_array(buf), config=self._config_for(_as_array(buf)))
+
+    def _config_for(self, a: np.ndarray) -> CodecConfig:
+        return self._config
 
     def decode(self, buf, out=None):
-        """The array ``buf`` holds (its saved shape), or ``out`` filled with it. ``out``
-        may be any writeable array of the blob's dtype and size; a C-contiguous one is
-        decoded into directly."""
+        """The array ``buf`` holds (its saved shape), or ``out`` filled with it: any
+        writeable contiguous buffer of the same number of bytes (numcodecs' contract:
+        zarr passes byte buffers, and Fortran-ordered arrays get their values in memory
+        order). Without ``out`` the blob's declared size is held to the process's
+        ``max_bytes`` first (see docs/interop.md)."""
         data = buf if isinstance(buf, (bytes, bytearray, memoryview)) else \
             memoryview(np.ascontiguousarray(_as_array(buf)).view(np.uint8).reshape(-1))
         if out is None:
             return _decode(data)
-        target = out if isinstance(out, np.ndarray) else np.asarray(memoryview(out))
-        if target.flags.c_contiguous and target.flags.writeable:
-            try:
-                _decode(data, out=target.reshape(-1))
+        if isinstance(out, np.ndarray) and not (out.flags.c_contiguous or out.flags.f_contiguous):
+            dec = _decode(data, out=None, max_bytes=_room(out.nbytes))   # a strided view
+            if dec.size != out.size or dec.dtype != out.dtype:
+                raise InvalidArgumentError(
+                    f"out holds {out.size} {out.dtype} values in strided memory; the blob "
+                    f"decodes to {dec.size} {dec.dtype}")
+            out[...] = dec.reshape(out.shape)
+            return out
+        raw = _out_bytes(out)
+        if isinstance(out, np.ndarray) and out.flags.c_contiguous:
+            try:                       # the blob's own dtype and size: straight into it
+                _decode(data, out=out.reshape(-1))
                 return out
             except InvalidArgumentError:
-                if target.dtype == np.uint8:      # a byte buffer: fill it with the raw values
-                    dec = np.ascontiguousarray(_decode(data))
-                    raw = dec.reshape(-1).view(np.uint8)
-                    if raw.size != target.size:
-                        raise
-                    target.reshape(-1)[:] = raw
-                    return out
-                raise
-        dec = _decode(data)
-        if dec.size != target.size or dec.dtype != target.dtype:
+                pass
+        dec = np.ascontiguousarray(_decode(data, out=None, max_bytes=_room(raw.nbytes)))
+        got = dec.reshape(-1).view(np.uint8)
+        if got.size != raw.size:
             raise InvalidArgumentError(
-                f"out holds {target.size} {target.dtype} values; the blob holds {dec.size} {dec.dtype}")
-        target[...] = dec.reshape(target.shape)
+                f"out holds {raw.size} bytes; the blob decodes to {got.size} "
+                f"({dec.size} {dec.dtype})")
+        raw[:] = got
         return out
 
     def get_config(self) -> dict:
-        """``{"id": ..., setting: value}``: the settings given, as JSON."""
-        return {"id": self.codec_id, **{k: getattr(self, k) for k in self._keys if hasattr(self, k)}}
+        """``{"id": ..., setting: value}``: the settings that apply, as JSON."""
+        return {"id": self.codec_id, **{k: getattr(self, k) for k in self._config_keys()}}
+
+    def _config_keys(self) -> tuple:
+        return self._keys
 
     @classmethod
     def from_config(cls, config: dict):
@@ -123,17 +156,47 @@ class _LcckptCodec(_Base):
         return cls(**config)
 
 
-class LcckptLossy(_LcckptCodec):
-    """LC-Checkpoint's lossy coding of a floating array (``bits``, ``coder``,
-    ``error_bound``, ``midpoint``, ``chunk_size`` as in :class:`~lcckpt.config.CodecConfig`).
-    Meant for deltas and other mostly-small values: every element becomes a bucket mean."""
-    codec_id = "lcckpt_lossy"
-    _keys = ("bits", "coder", "error_bound", "midpoint", "chunk_size")
+DEFAULT_TARGET = 1e-4     # LcckptLossy(): ||x - x̃||₂ <= 1e-4·||x||₂, for ordinary arrays
+_LC_KEYS = ("bits", "coder", "error_bound", "midpoint", "chunk_size")
 
-    def __init__(self, bits: int = 2, coder: str = "auto", error_bound: float | None = None,
+
+class LcckptLossy(_LcckptCodec):
+    """Lossy coding of a floating array, error-bounded by default.
+
+    ``LcckptLossy()`` holds each chunk to ``||x - x̃||₂ <= target·||x||₂`` (``target``,
+    default :data:`DEFAULT_TARGET`; the uniform quantizer, or the chunk stored exactly
+    where that is smaller), which suits ordinary arrays. Any
+    LC-Checkpoint setting (``bits``, ``error_bound``, ``midpoint``) without a ``target``
+    selects LC-Checkpoint's exponent buckets instead, meant for deltas and other
+    mostly-small values (every element becomes a bucket mean). Arrays that are not
+    floating (a byte buffer, integers) are stored exactly.
+    """
+    codec_id = "lcckpt_lossy"
+    _keys = ("target",) + _LC_KEYS
+
+    def __init__(self, target: float | None | str = "default", bits: int | None = None,
+                 coder: str = "auto", error_bound: float | None = None,
                  midpoint: bool = False, chunk_size: int | None = None):
-        super().__init__(bits=bits, coder=coder, error_bound=error_bound, midpoint=midpoint,
-                         chunk_size=chunk_size)
+        lc = bits is not None or error_bound is not None or midpoint
+        if target == "default":
+            target = None if lc else DEFAULT_TARGET
+        elif target is not None and lc:
+            raise InvalidArgumentError(
+                "target bounds the uniform quantizer; bits, error_bound and midpoint set "
+                "LC-Checkpoint's buckets: give one or the other")
+        if target is None and not lc:
+            bits = 2                          # LC-Checkpoint's own default
+        self._config = CodecConfig(2 if bits is None else bits, coder, error_bound, midpoint,
+                                   chunk_size, target=target)            # validates
+        self._exact = CodecConfig(chunk_size=chunk_size, lossless=True)
+        self.target, self.coder, self.chunk_size = target, coder, chunk_size
+        self.bits, self.error_bound, self.midpoint = bits, error_bound, midpoint
+
+    def _config_keys(self) -> tuple:
+        return ("target", "coder", "chunk_size") if self.target is not None else _LC_KEYS
+
+    def _config_for(self, a: np.ndarray) -> CodecConfig:
+        return self._config if a.dtype.kind == "f" and a.size else self._exact
 
 
 class LcckptLossless(_LcckptCodec):
@@ -143,7 +206,8 @@ class LcckptLossless(_LcckptCodec):
     _lossless = True
 
     def __init__(self, chunk_size: int | None = None):
-        super().__init__(chunk_size=chunk_size)
+        self._config = CodecConfig(chunk_size=chunk_size, lossless=True)   # validates
+        self.chunk_size = chunk_size
 
 
 def register() -> None:

@@ -40,7 +40,10 @@ def check_encode_decode(arr, codec, lossy: bool):
         assert np.array_equal(dec, lcckpt.decode(lcckpt.encode(arr, config=CodecConfig(**settings))))
     else:
         assert dec.tobytes() == arr.tobytes()
-    assert codec.encode(np.asfortranarray(arr)) == enc      # any memory layout, same blob
+    f = np.asfortranarray(arr)                 # Fortran order: values in memory order
+    back = codec.decode(codec.encode(f))
+    if not lossy:
+        assert back.tobytes() == f.tobytes(order="A")
     for buf in (bytearray(enc), memoryview(enc), np.frombuffer(enc, np.uint8)):
         assert np.array_equal(codec.decode(buf), dec)
     out = np.empty_like(arr)
@@ -99,10 +102,16 @@ def test_bad_settings_and_inputs_are_named():
         LcckptLossy.from_config({"id": "lcckpt_lossy", "level": 3})
     with pytest.raises(InvalidArgumentError, match="given to 'lcckpt_lossless'"):
         LcckptLossless.from_config({"id": "lcckpt_lossy"})
-    with pytest.raises(UnsupportedDtypeError, match="floating"):
-        LcckptLossy().encode(np.arange(5))
+    with pytest.raises(InvalidArgumentError, match="one or the other"):
+        LcckptLossy(target=0.01, bits=3)
+    ints = np.arange(5)                         # not floating: stored exactly
+    assert np.array_equal(LcckptLossy().decode(LcckptLossy().encode(ints)), ints)
     with pytest.raises(InvalidArgumentError, match="out holds"):
         LcckptLossless().decode(LcckptLossless().encode(np.arange(5.0)), out=np.empty(7)[::2])
+    with pytest.raises(InvalidArgumentError, match="out holds"):
+        LcckptLossless().decode(LcckptLossless().encode(np.arange(5.0)), out=bytearray(41))
+    with pytest.raises(TypeError):
+        LcckptLossless().encode(np.array(["a"], dtype=object))
     with pytest.raises(InvalidArgumentError, match="typed buffer"):
         LcckptLossless().encode(object())
 
@@ -160,3 +169,65 @@ def test_inside_a_zarr_array(codec, tmp_path):
         for r in range(0, 300, 128):
             assert np.array_equal(y[r:r + 128], codec.decode(codec.encode(x[r:r + 128])))
     assert np.array_equal(back[5:9, 3], y[5:9, 3])
+
+
+# --------------------------------------------------------------------------- numcodecs' own helpers
+
+def _usual_arrays():
+    """The kinds of arrays numcodecs' own codec tests use: integers, floats of every
+    width around an offset and around zero, C and Fortran order, empty."""
+    rng = np.random.default_rng(42)
+    return [
+        np.arange(1000, dtype="i4"),
+        np.linspace(1000, 1001, 1000, dtype="f8"),
+        rng.normal(loc=1000, scale=1, size=(100, 10)).astype("f4"),
+        rng.normal(loc=0, scale=1, size=(100, 10)).astype("f2"),
+        rng.normal(loc=0, scale=1, size=(10, 10, 10)),
+        np.asfortranarray(rng.normal(loc=0, scale=1, size=(10, 10, 10)).astype("f4")),
+        np.asfortranarray(rng.integers(0, 2**31, size=(100, 10), dtype="i8")),
+        np.zeros(0, "f4"),
+    ]
+
+
+def _bound_decimals(arr, target):
+    """Decimals that the lossy codec's bound guarantees for every element: no element's
+    error exceeds the error's L2 norm, at most target·||x||₂."""
+    if arr.dtype.kind != "f" or not arr.size:
+        return None
+    worst = target * float(np.linalg.norm(arr.astype(np.float64)))
+    return int(np.floor(-np.log10(worst / 1.5))) if worst > 0 else None
+
+
+@pytest.mark.parametrize("i", range(len(_usual_arrays())))
+def test_numcodecs_own_helpers_pass(i):
+    common = pytest.importorskip("numcodecs.tests.common")
+    from lcckpt.numcodecs import DEFAULT_TARGET, register
+    register()
+    arr = _usual_arrays()[i]
+    common.check_encode_decode(arr, LcckptLossless())
+    common.check_encode_decode_array(arr, LcckptLossless())
+    lossy = LcckptLossy()
+    common.check_encode_decode(arr, lossy, precision=_bound_decimals(arr, DEFAULT_TARGET))
+    if arr.dtype.kind != "f":                   # stored exactly by the lossy codec too
+        common.check_encode_decode_array(arr, lossy)
+    for codec in (LcckptLossless(), LcckptLossless(chunk_size=1024), lossy,
+                  LcckptLossy(target=0.01, coder="runs"), LcckptLossy(bits=3)):
+        common.check_config(codec)
+        common.check_err_decode_object_buffer(codec)
+
+
+def test_numcodecs_backwards_compatibility(monkeypatch):
+    """numcodecs' own check against committed fixtures (tests/fixtures/numcodecs_compat):
+    today's decoder reads the bytes an earlier version wrote, to the same values."""
+    common = pytest.importorskip("numcodecs.tests.common")
+    from lcckpt.numcodecs import DEFAULT_TARGET, register
+    register()
+    monkeypatch.chdir(os.path.join(os.path.dirname(GOLDEN), "numcodecs_compat"))
+    arrays = _usual_arrays()
+    common.check_backwards_compatibility("lcckpt_lossless", arrays,
+                                         [LcckptLossless(), LcckptLossless(chunk_size=1024)])
+    floats = [a for a in arrays if a.dtype.kind == "f" and a.size]
+    worst = min(_bound_decimals(a, DEFAULT_TARGET) for a in floats)
+    common.check_backwards_compatibility("lcckpt_lossy", floats,
+                                         [LcckptLossy(), LcckptLossy(bits=4)],
+                                         precision=[worst, -1])   # LC: octave-wide buckets
