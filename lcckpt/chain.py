@@ -5,7 +5,8 @@ fsync, rename). Floating tensors with at least ``min_delta_elements`` elements a
 by their own :class:`~lcckpt.delta.DeltaEncoder` keyed by their key path (the same path
 names their section); a *keyframe* stores them exactly, a *delta* stores each as a lossy
 delta against the reconstruction of the previous step: by default the uniform quantizer
-held to a restored-state target per tensor role (lcckpt/policy.py), with smaller floating
+held to a restored-state target per tensor role, a share of the tensor's movement since
+the keyframe (lcckpt/policy.py, lcckpt/movement.py), with smaller floating
 tensors delta-coded exactly; with ``target=None`` LC-Checkpoint's buckets, smaller
 floating tensors stored whole. Everything else (integer tensors, step counters, Python
 values) is stored exactly in every file, so a file's object tree is always complete and
@@ -389,14 +390,19 @@ def _describe(holder: str) -> str:
 class DeltaCheckpointer:
     """Keyframes and LC-Checkpoint deltas of one training run, one file per step.
 
-    ``target`` (default :data:`DEFAULT_TARGET`): every restored tracked tensor ``ũ`` of
-    every step stays within ``||u - ũ||₂ <= target·||u||₂`` of the tensor ``u`` that was
-    saved (the uniform quantizer, per tensor and per checkpoint the coarsest step that
-    meets it), and floating tensors under ``min_delta_elements`` (default 8: scalars such
-    as step counts) are delta-coded exactly (an unchanged one costs a few bytes). A tensor
-    first saved after the keyframe is coded against zeros at its target.
-    ``target`` may be a ``key_path -> target``
-    policy. ``target=None``, or any LC setting (``bits``, ``error_bound``) without a
+    ``target`` (default :data:`DEFAULT_TARGET`, a :class:`~lcckpt.policy.RolePolicy`):
+    every restored tracked tensor ``ũ`` of every step stays within
+    ``||u - ũ||₂ <= t·||u - k||₂`` of the tensor ``u`` that was saved, ``k`` being the
+    tensor at the chain's keyframe (zeros for one first saved after it) and ``t`` its
+    role's share (weights 0.005, first moments 0.8, second moments 0.1): a share of what
+    training changed, never finer than the dtype's precision, with a warning naming step
+    and tensor when an update goes unkept (lcckpt/movement.py). The uniform quantizer
+    picks per tensor and per checkpoint the coarsest step that meets it; floating tensors
+    under ``min_delta_elements`` (default 8: scalars such as step counts) are
+    delta-coded exactly (an unchanged one costs a few bytes). ``target`` may also be a
+    number (a share of each tensor's *norm*, ``||u - ũ||₂ <= target·||u||₂``) or a
+    ``key_path -> target`` policy (norm-relative unless it has
+    ``relative_to="movement"``, as a ``RolePolicy`` does by default). ``target=None``, or any LC setting (``bits``, ``error_bound``) without a
     ``target``: LC-Checkpoint's exponent buckets, small tensors stored whole, as the paper.
     ``warn_error``: warn (RuntimeWarning) when a tracked tensor's restored relative error
     passes it, e.g. in LC mode, where nothing bounds it.
