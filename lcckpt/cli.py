@@ -323,12 +323,14 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                     "(--checkpoint). Other suites: lcckpt bench {" + ",".join(SUITES)
                     + "} [--help].")
     add_bench_arguments(p)
+    _add_max_bytes(p)
     for name, helptext in (("inspect", "show what a checkpoint file or directory holds"),
                            ("verify", "check every checksum and chain link (exit 0 if all hold)")):
         p = subs[name] = sub.add_parser(name, help=helptext, description=helptext)
         p.add_argument("path", help="a checkpoint file (lcckpt, torch.save, safetensors) or a "
                                     "DeltaCheckpointer directory")
         p.add_argument("--json", action="store_true", help="print JSON")
+        _add_max_bytes(p)
     p = subs["convert"] = sub.add_parser(
         "convert", help="convert between torch.save, safetensors and lcckpt files (exact)",
         description="Convert a checkpoint between torch.save (.pt), safetensors and lcckpt "
@@ -342,7 +344,32 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                    help="lcckpt output: lossless compression of every tensor")
     p.add_argument("--step", type=int, help="which step of a directory input (default: newest)")
     p.add_argument("--json", action="store_true", help="print what was done as JSON")
+    _add_max_bytes(p)
     return ap, subs
+
+
+def _max_bytes(text: str):
+    """``--max-bytes``: a number of bytes (suffixes K, M, G, T: powers of 1024), "auto"
+    or "none"."""
+    t = text.strip().lower()
+    if t in ("auto", "none"):
+        return None if t == "none" else "auto"
+    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}.get(t[-1:], 1)
+    try:
+        n = int(t[:-1] if scale > 1 else t) * scale
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give a number of bytes (e.g. 8G), 'auto' or 'none'")
+    return n
+
+
+def _add_max_bytes(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-bytes", type=_max_bytes, metavar="N",
+                   help="the most bytes any one load may decode: a number (8G), 'auto' "
+                        "(default: 192 MiB + 32x the file's size, a chain's deltas counted "
+                        "against what its keyframe holds) or 'none' (files you trust)")
 
 
 _COMMANDS = {"bench": _bench, "inspect": _inspect, "verify": _verify, "convert": _convert}
@@ -370,6 +397,13 @@ def main(argv=None) -> int:
         if path is not None and not os.path.exists(path):
             _fail(args.command, f"{path}: no such file or directory")
             return 2
+    if getattr(args, "max_bytes", None) is not None or "--max-bytes" in argv:
+        from . import limits           # every load of this command, chains included
+        old = limits.set_max_bytes(args.max_bytes)
+        try:
+            return _guarded(args.command, lambda: _COMMANDS[args.command](args))
+        finally:
+            limits.set_max_bytes(old)
     return _guarded(args.command, lambda: _COMMANDS[args.command](args))
 
 

@@ -253,3 +253,21 @@ def test_inspect_names_uniform_deltas(tmp_path, capsys):
     rows = json.loads(capsys.readouterr().out)["steps"]
     got = rows[1]["max_rel_error"]                   # the restored error the file reports
     assert 0 < got <= 0.01 and got == ck.info(1)["tensors"]['obj["w"]']["rel_error"]
+
+
+def test_max_bytes_on_every_reading_command(tmp_path, capsys):
+    """--max-bytes sets the limit of every load a command makes: a small one refuses, a
+    large one or 'none' lets the same files through."""
+    torch.save({"w": torch.zeros(50_000)}, tmp_path / "a.pt")
+    ck = lcckpt.DeltaCheckpointer(tmp_path / "ck")
+    ck.save(0, {"w": torch.randn(50_000)})
+    ck.save(1, {"w": torch.randn(50_000)})
+    for cmd in (["verify", str(tmp_path / "ck")], ["verify", str(tmp_path / "a.pt")],
+                ["convert", str(tmp_path / "a.pt"), str(tmp_path / "b.lcc")]):
+        assert main(cmd + ["--max-bytes", "1000"]) == 1, cmd
+        assert "max_bytes" in capsys.readouterr().err
+        assert main(cmd + ["--max-bytes", "1G"]) == 0, cmd
+        assert main(cmd + ["--max-bytes", "none"]) == 0, cmd
+    with pytest.raises(SystemExit):
+        main(["verify", str(tmp_path / "ck"), "--max-bytes", "lots"])
+    assert lcckpt.limits.get_max_bytes() == "auto"          # restored after the command
