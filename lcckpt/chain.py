@@ -167,7 +167,7 @@ class _SaveSession:
         """Report a movement target's terms, relative to ``||u||``. The dtype's precision
         floor may let the error pass ``target x movement``; past :data:`MISSED` of the
         movement too, the update is reported as missed."""
-        moved, norm, _ = enc.last_movement
+        moved, norm = enc.last_movement
         rec["movement"] = _finite(moved / norm if norm else 0.0)
         err = st.rel_error * norm
         if moved > 0:
@@ -227,9 +227,10 @@ def _delta_key(meta: dict) -> str | None:
     """The tracking key of a tracked tensor section (None for any other section)."""
     if meta.get("kind") != "tensor" or meta.get("codec") != DELTA:
         return None
-    params = meta.get("codec_params")
-    key = params.get("key") if type(params) is dict else None
-    return key if type(key) is str else None
+    try:
+        return section_key(meta)
+    except CorruptDataError:             # refused with its reason when it is decoded
+        return None
 
 
 def _finite(x):
@@ -402,7 +403,8 @@ class DeltaCheckpointer:
     delta-coded exactly (an unchanged one costs a few bytes). ``target`` may also be a
     number (a share of each tensor's *norm*, ``||u - ũ||₂ <= target·||u||₂``) or a
     ``key_path -> target`` policy (norm-relative unless it has
-    ``relative_to="movement"``, as a ``RolePolicy`` does by default). ``target=None``, or any LC setting (``bits``, ``error_bound``) without a
+    ``relative_to="movement"``, as a ``RolePolicy`` does by default).
+    ``target=None``, or any LC setting (``bits``, ``error_bound``) without a
     ``target``: LC-Checkpoint's exponent buckets, small tensors stored whole, as the paper.
     ``warn_error``: warn (RuntimeWarning) when a tracked tensor's restored relative error
     passes it, e.g. in LC mode, where nothing bounds it.

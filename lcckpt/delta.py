@@ -75,7 +75,7 @@ class DeltaEncoder:
             raise InvalidArgumentError("relative_to='movement' needs a target")
         self.relative_to = relative_to
         self.movement: Movement | None = None   # the keyframe, for "movement" targets
-        self.last_movement: tuple | None = None  # (movement, ||u||, allowed error) of the last delta
+        self.last_movement: tuple | None = None  # (movement, ||u||) of the last delta
         self.raw_keyframes = keyframe_coding == "raw"
         self.cache = CodeCache()
         self._ref: np.ndarray | None = None    # flat working-precision reconstruction
@@ -164,7 +164,7 @@ class DeltaEncoder:
             self.movement = Movement(None, u.size)       # no keyframe known: from zero
         moved, norm = self.movement.measure(u)
         allowed = max(self.config.target * moved, PRECISION[dt.name] * norm)
-        self.last_movement = (moved, norm, allowed)
+        self.last_movement = (moved, norm)
         share = min(allowed / norm, MAX_TARGET) if norm > 0 else 0.0
         return dataclasses.replace(self.config, target=share)
 
