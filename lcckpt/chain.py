@@ -523,20 +523,35 @@ class DeltaCheckpointer:
         return os.path.join(self.directory, file_name(step))
 
     def steps(self) -> list[int]:
-        """Sorted list of the stored steps."""
-        out = []
+        """Sorted list of the stored steps: regular files named like steps. A symbolic
+        link (or anything else) under a step's name is not a step (:meth:`strays` lists
+        them): a link could bring in another run's file, and retention would then delete
+        this run's steps below it."""
+        return sorted(s for s, regular in self._entries() if regular)
+
+    def strays(self) -> list[str]:
+        """Paths named like steps that are not regular files (links, directories)."""
+        return [self.path(s) for s, regular in self._entries() if not regular]
+
+    def _entries(self) -> list[tuple[int, bool]]:
+        """``(step, is a regular file)`` of every name in the directory that names a step."""
         try:
-            names = os.listdir(self.directory)
+            entries = list(os.scandir(self.directory))
         except FileNotFoundError:
             return []
         except OSError as e:
             raise StorageError(e.errno, f"cannot list the checkpoint directory: {e.strerror}",
                                self.directory) from None
-        for name in names:
-            m = _NAME_RE.fullmatch(name)
-            if m and name == file_name(int(m.group(1))):
-                out.append(int(m.group(1)))
-        return sorted(out)
+        out = []
+        for e in entries:
+            m = _NAME_RE.fullmatch(e.name)
+            if m and e.name == file_name(int(m.group(1))):
+                try:
+                    regular = e.is_file(follow_symlinks=False)
+                except OSError:
+                    regular = False
+                out.append((int(m.group(1)), regular))
+        return out
 
     def info(self, step: int) -> dict:
         """The chain metadata of ``step``'s file (kind, base, settings, per-tensor stats)."""

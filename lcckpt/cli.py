@@ -165,7 +165,9 @@ def verify_dir(path: str) -> list[dict]:
     ck = DeltaCheckpointer(path)
     if not ck.steps():
         raise _no_checkpoints(path)
-    report = []
+    report = [{"path": p, "ok": False, "error": "named like a step but not a regular file "
+               "(a link or a directory): not part of the chain; remove it"}
+              for p in ck.strays()]
     for step in _progress(ck.steps(), "checksums"):
         try:
             report.append({"step": step, **verify_file(ck.path(step))})

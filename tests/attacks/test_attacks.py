@@ -506,3 +506,25 @@ def test_a_tiny_blob_of_a_huge_constant_is_held_to_max_bytes(monkeypatch):
             codec.decode(blob)
         out = np.empty_like(big)                               # a caller's buffer: no check
         codec.decode(blob, out=out)
+
+
+def test_a_symlinked_foreign_step_is_not_a_step(tmp_path, capsys):
+    """A link named like the newest step, pointing at another run's file, must not be
+    taken for a step: retention would otherwise delete the run's own steps below it.
+    verify names it."""
+    from lcckpt.cli import main
+    other = lcckpt.DeltaCheckpointer(tmp_path / "other")
+    other.save(99, {"w": torch.randn(100)})
+    other.close()
+    ck = lcckpt.DeltaCheckpointer(tmp_path / "run", keep_last=2)
+    ck.save(0, {"w": torch.randn(100)})
+    ck.save(1, {"w": torch.randn(100)})
+    os.symlink(other.path(99), ck.path(50))
+    assert ck.steps() == [0, 1] and ck.strays() == [ck.path(50)]
+    ck.save(2, {"w": torch.randn(100)})
+    assert ck.steps() == [0, 1, 2]                 # keep_last=2 needs the whole chain
+    ck.close()
+    assert main(["verify", str(tmp_path / "run")]) == 1
+    assert "not a regular file" in capsys.readouterr().err
+    os.unlink(ck.path(50))
+    assert main(["verify", str(tmp_path / "run")]) == 0
