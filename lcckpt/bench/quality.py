@@ -44,7 +44,7 @@ SETTINGS = {            # name -> DeltaCheckpointer keywords (keyframe_every=50 
     "weights 0.01 of movement": dict(target=RolePolicy(weight=0.01)),
     "weights 0.02 of movement": dict(target=RolePolicy(weight=0.02)),
     "weights 0.05 of movement": dict(target=RolePolicy(weight=0.05)),
-    "previous default (0.01 of the norm)": dict(target=RolePolicy(relative_to="norm")),
+    "previous default (0.01 of the norm)": dict(target=RolePolicy(0.01, relative_to="norm")),
     "lc b=2": dict(bits=2, target=None),
     "lc b=3": dict(bits=3, target=None),
     "lc b=4": dict(bits=4, target=None),
