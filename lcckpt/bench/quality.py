@@ -327,26 +327,36 @@ def _plot(result: dict, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     ws = list(result["workloads"])
-    fig, axes = plt.subplots(1, len(ws), figsize=(4.6 * len(ws), 4.2), squeeze=False)
-    for ax, w in zip(axes[0], ws):
+    cols = min(2, len(ws))
+    rows_n = -(-len(ws) // cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(6.2 * cols, 4.6 * rows_n), squeeze=False)
+    for ax, w in zip(axes.flat, ws):
         for name, r in result["workloads"][w].items():
-            if "keyframe_every" in name or "previous" in name:
+            if "keyframe_every" in name:
                 continue
             mk = "o" if name.startswith("lc") else "s" if "lossless" in name else \
-                "D" if name.startswith("excp") else "^"
+                "D" if name.startswith("excp") else "*" if name == "default" else "^"
             x, y = r["whole_run_ratio"], max(r["worst_drop_points"], 0.0)
-            ax.scatter(x, y, marker=mk)
-            ax.annotate(name.replace(" of movement", "").replace(" (every save a keyframe)", ""),
-                        (x, y), fontsize=6)
+            ax.scatter(x, y, marker=mk, s=90 if name == "default" else 30)
+            ax.annotate(name.replace(" of movement", "").replace(" (every save a keyframe)", "")
+                        .replace(" (0.01 of the norm)", ": 1% of norm"), (x, y), fontsize=7,
+                        xytext=(3, 3), textcoords="offset points")
         ax.axhline(0.5, color="grey", lw=0.6, ls="--")
         ax.set_xscale("log")
-        ax.set_xlabel("whole run vs torch.save (x)")
+        ax.set_yscale("symlog", linthresh=1.0)
+        ax.set_ylim(bottom=-0.05)
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("whole run vs torch.save (x, log)")
         ax.set_ylabel("worst accuracy drop (points)")
         ax.set_title(w)
+    for ax in list(axes.flat)[len(ws):]:
+        ax.axis("off")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
 
 
 def main(argv=None) -> int:
