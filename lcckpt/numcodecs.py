@@ -96,7 +96,8 @@ class _LcckptCodec(_Base):
 
     def encode(self, buf) -> bytes:
         """One self-describing blob of ``buf`` (its dtype and shape included)."""
-        return _encode(_as_array(buf), config=self._config_for(_as_array(buf)))
+        a = _as_array(buf)
+        return _encode(a, config=self._config_for(a))
 
     def _config_for(self, a: np.ndarray) -> CodecConfig:
         return self._config
