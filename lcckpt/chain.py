@@ -107,18 +107,32 @@ class _SaveSession:
 
     def __init__(self, encoders: dict, make: Callable, track: Callable, keyframe: bool,
                  small: Callable | None = None, exact_of: dict | None = None,
-                 warn_error: float | None = None):
+                 warn_error: float | None = None, pack_below: int = 0):
         self.encoders, self.make, self.track, self.keyframe = encoders, make, track, keyframe
+        self.pack_below = pack_below
         self.small, self.warn_error = small, warn_error
         self.drifted: list[tuple[str, float]] = []     # (path, restored error) past warn_error
         self.missed: list[tuple[str, float, float]] = []   # (path, error/movement, target)
         self.exact_of = {} if exact_of is None else exact_of   # path -> its encoder is exact
         self.stats: dict[str, dict] = {}
 
-    def encode_leaf(self, path: str, t: torch.Tensor) -> Encoded:
+    def packs(self, path: str, t: torch.Tensor) -> bool:
+        """Whether ``t`` joins its dtype's pack: a small tensor no rule tracks (one
+        section and one codec call per scalar made 100,000-tensor saves take minutes)."""
+        return t.numel() < self.pack_below and not (t.dtype in TRACKABLE and self.track(path, t))
+
+    def encode_pack(self, path: str, t: torch.Tensor) -> Encoded:
+        """A pack of small tensors: coded as one small tensor (never lossy)."""
+        return self.encode_leaf(path, t, small=True)
+
+    def encode_leaf(self, path: str, t: torch.Tensor, small: bool = False) -> Encoded:
         if t.dtype not in TRACKABLE:
             return _sections.encode_with(_sections.LOSSLESS, path, t)
-        if self.track(path, t):
+        if small:
+            if self.small is None:
+                return _sections.encode_with(_sections.LOSSLESS, path, t)
+            exact = True
+        elif self.track(path, t):
             exact = False
         elif self.small is not None and self.small(path, t):
             exact = True
@@ -583,10 +597,11 @@ class DeltaCheckpointer:
         session = _SaveSession(self._encoders, self._new_encoder,
                                self._track or self._size_rule, keyframe,
                                None if self.target is None else self._small, self._exact_of,
-                               self.warn_error)
+                               self.warn_error, self.min_delta_elements)
         path = self.path(step)
         try:
-            meta, sections = pack(obj, encode_leaf=session.encode_leaf)
+            meta, sections = pack(obj, encode_leaf=session.encode_leaf, pack_small=session.packs,
+                                  encode_pack=session.encode_pack)
             for key in set(self._encoders) - set(session.stats):   # no longer present
                 del self._encoders[key]
             state_id = secrets.token_hex(8)

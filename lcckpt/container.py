@@ -137,7 +137,6 @@ def _pack_header(header: bytes, compress: bool) -> tuple[bytes, int]:
 def _build_header(sections, meta) -> tuple[bytes, list[list[memoryview]]]:
     if not isinstance(meta, dict):
         raise InvalidArgumentError(f"meta must be a dict, got {type(meta).__name__}")
-    _check_json(meta, "meta")
     entries, payloads, names = [], [], set()
     offset = 0
     for item in sections:
@@ -152,7 +151,6 @@ def _build_header(sections, meta) -> tuple[bytes, list[list[memoryview]]]:
         if name in names:
             raise InvalidArgumentError(f"duplicate section name {name!r}")
         names.add(name)
-        _check_json(section_meta, f"meta of section {name!r}")
         if not isinstance(section_meta, dict):
             raise InvalidArgumentError(f"meta of section {name!r} must be a dict")
         parts = data if isinstance(data, list) else [data]
@@ -179,7 +177,16 @@ def _build_header(sections, meta) -> tuple[bytes, list[list[memoryview]]]:
         payloads.append(views)
         offset = _align(offset + length)
     header_obj = {"version": FORMAT_VERSION, "meta": meta, "sections": entries}
-    header = json.dumps(header_obj, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    try:       # what JSON would change (int keys, tuples, NaN) fails the round trip, in C
+        header = json.dumps(header_obj, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+        same = json.loads(header) == header_obj
+    except (TypeError, ValueError, RecursionError):
+        same = False
+    if not same:                         # find and name what does not survive
+        _check_json(meta, "meta")
+        for entry in entries:
+            _check_json(entry["meta"], f"meta of section {entry['name']!r}")
+        raise InvalidArgumentError("the header's metadata does not survive a JSON round trip")
     header = header.encode("ascii")
     if len(header) > MAX_HEADER_SIZE:
         raise InvalidArgumentError(

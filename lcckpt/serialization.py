@@ -38,7 +38,7 @@ from .sections import register_codec
 
 __all__ = ["load", "pack", "read_metadata", "register_codec", "save", "tree_of", "unpack"]
 
-TREE_VERSION = 2  # the newest tree version read; files are written with the lowest that fits
+TREE_VERSION = 3  # the newest tree version read; files are written with the lowest that fits
 
 
 def save(obj: Any, f: str | os.PathLike | BinaryIO, *, codec: str | Callable = "raw",
@@ -82,14 +82,18 @@ def _check_metadata(value, what: str) -> dict[str, str]:
     return dict(value)
 
 
-def pack(obj: Any, *, encode_leaf: _tree.LeafEncoder | None = None
-         ) -> tuple[dict, list[tuple[str, dict, Any]]]:
+def pack(obj: Any, *, encode_leaf: _tree.LeafEncoder | None = None,
+         pack_small: _tree.PackRule | None = None,
+         encode_pack: _tree.LeafEncoder | None = None) -> tuple[dict, list[tuple[str, dict, Any]]]:
     """``obj`` as ``(meta, sections)`` for :func:`write_container` (what ``save`` writes).
 
     ``encode_leaf(key_path, tensor) -> sections.Encoded`` codes each tensor (default:
-    raw). Callers may add their own keys to ``meta`` before writing; ``load`` ignores them.
+    raw). ``pack_small(key_path, tensor)``: tensors stored together, one section per
+    dtype and device, coded by ``encode_pack`` (see :func:`lcckpt.tree.flatten`).
+    Callers may add their own keys to ``meta`` before writing; ``load`` ignores them.
     """
-    tree, sections, version = _tree.flatten(obj, encode_leaf or _sections.leaf_encoder("raw"))
+    tree, sections, version = _tree.flatten(obj, encode_leaf or _sections.leaf_encoder("raw"),
+                                            pack_small, encode_pack)
     return {"lcckpt_tree": version, "tree": tree}, sections
 
 

@@ -18,6 +18,7 @@ stored span) is stored as in tree version 1, which is what :func:`flatten` then 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -35,20 +36,35 @@ from .errors import (CorruptDataError, InvalidArgumentError, LcckptError, Unsafe
                      UnsupportedDtypeError)
 from .sections import Encoded
 
-__all__ = ["MAX_DEPTH", "flatten", "leaves", "load_leaf", "unflatten", "view_of"]
+__all__ = ["MAX_DEPTH", "flatten", "leaves", "load_leaf", "pack_name", "unflatten", "view_of"]
 
 MAX_DEPTH = 64  # levels of containers; a few JSON levels each in the header
 DTYPE_CODES: dict[torch.dtype, str] = dtypes.TORCH_NAME   # dtype -> header name
 
 LeafEncoder = Callable[[str, torch.Tensor], Encoded]
 LeafDecoder = Callable[[str, Container, int, dict], Any]
+PackRule = Callable[[str, torch.Tensor], bool]
 
 
-def flatten(obj: Any, encode_leaf: LeafEncoder) -> tuple[Any, list[tuple[str, dict, Any]], int]:
+def pack_name(dtype_name: str, device: str) -> str:
+    """The section name of the pack of small ``dtype_name`` tensors on ``device`` (never a
+    key path: those start with ``obj``); a chain tracks the pack under this name."""
+    return f"pack[{dtype_name}@{device}]"
+
+
+def flatten(obj: Any, encode_leaf: LeafEncoder, pack: PackRule | None = None,
+            encode_pack: LeafEncoder | None = None
+            ) -> tuple[Any, list[tuple[str, dict, Any]], int]:
     """``obj`` as ``(json_tree, sections, tree_version)``; ``encode_leaf`` codes each
     tensor leaf. ``tree_version`` is the lowest tree version that holds ``obj`` (1 unless
-    it has Parameters, tensors requiring grad, or views that are not the plain tensor)."""
-    saver = _Saver(encode_leaf)
+    it has Parameters, tensors requiring grad, or views that are not the plain tensor).
+
+    ``pack(key_path, tensor)``: tensors it picks (small ones), when each is alone on its
+    storage, are stored in one section per dtype and device (coded by ``encode_pack``,
+    default ``encode_leaf``, under the section name :func:`pack_name` gives) instead of
+    one section each, and load as separate tensors again (tree version 3). One section
+    per tensor costs a header entry and a codec call: 100,000 of them take minutes."""
+    saver = _Saver(encode_leaf, pack, encode_pack)
     tree = saver.node(obj, "obj", 0)
     return tree, saver.sections, saver.finish()
 
@@ -112,8 +128,15 @@ def view_of(node: dict, section_meta: dict) -> tuple[int, list, list]:
 # --------------------------------------------------------------------------- save
 
 
+_PLAIN_KEY = re.compile(r'[^"\\\x00-\x1f\x7f-\x9f\u2028\u2029]*')
+
+
 def _key_repr(k) -> str:
-    return json.dumps(k, ensure_ascii=False) if type(k) is str else repr(k)
+    if type(k) is not str:
+        return repr(k)
+    if _PLAIN_KEY.fullmatch(k):          # what json.dumps would leave as it is, quoted
+        return f'"{k}"'
+    return json.dumps(k, ensure_ascii=False)
 
 
 _SUPPORTED = (
@@ -124,14 +147,22 @@ _SUPPORTED = (
 
 def _dense_strides(shape) -> tuple:
     """The strides of a fresh C-contiguous tensor of ``shape`` (what a loaded one gets)."""
-    return torch.empty(tuple(shape), device="meta").stride()
+    return _strides_of(tuple(shape))
+
+
+@functools.lru_cache(maxsize=4096)
+def _strides_of(shape: tuple) -> tuple:
+    return torch.empty(shape, device="meta").stride()
 
 
 class _Saver:
     """Walks an object tree, returning its JSON tree and collecting data sections."""
 
-    def __init__(self, encode_leaf: LeafEncoder):
+    def __init__(self, encode_leaf: LeafEncoder, pack: PackRule | None = None,
+                 encode_pack: LeafEncoder | None = None):
         self.encode_leaf = encode_leaf
+        self.pack, self.encode_pack = pack, encode_pack or encode_leaf
+        self.indexed: list[dict] = []  # every node holding a section index ("s")
         self.sections: list[tuple[str, dict, Any]] = []
         self.by_id: dict[int, Any] = {}  # id(obj) -> node, for tensors, arrays, bytes
         self.storages: dict[tuple, list] = {}  # (device, dtype, storage) -> [(tensor, node, path)]
@@ -228,8 +259,10 @@ class _Saver:
             )
         return node
 
-    def add_section(self, path: str, meta: dict, payload) -> int:
+    def add_section(self, path: str, meta: dict, payload, node: dict | None = None) -> int:
         self.sections.append((path, meta, payload))
+        if node is not None:
+            self.indexed.append(node)
         return len(self.sections) - 1
 
     def tensor(self, v: torch.Tensor, path: str):
@@ -263,8 +296,9 @@ class _Saver:
             if key not in self.storage_sections:     # coded after the walk (finish)
                 self.storage_sections[key] = self.add_section(path, None, None)
             node["s"] = self.storage_sections[key]
+            self.indexed.append(node)
         else:                                    # no storage to share: stored as it is
-            node["s"] = self.add_section(path, *self.encode_tensor(v, path))
+            node["s"] = self.add_section(path, *self.encode_tensor(v, path), node=node)
         self.by_id[id(v)] = node
         return node
 
@@ -272,12 +306,18 @@ class _Saver:
         """Encode the storages met during the walk; returns the tree version needed (1:
         every tensor is stored as it is; 2: some are views of a stored storage span)."""
         version = self.version
+        packs: dict[tuple, list] = {}        # (dtype, device) -> [(tensor, node)]
         for key, users in self.storages.items():
             s = self.storage_sections[key]
             path = self.sections[s][0]
             v0 = users[0][0]
+            dense = v0.stride() == _dense_strides(v0.shape)
+            if len(users) == 1 and dense and self.pack is not None and self.pack(path, v0):
+                packs.setdefault((v0.dtype, str(v0.device)), []).append((v0, users[0][1]))
+                self.sections[s] = None
+                continue
             views = {(v.storage_offset(), tuple(v.shape), tuple(v.stride())) for v, _, _ in users}
-            if len(views) == 1 and v0.stride() == _dense_strides(v0.shape):  # as in format v1
+            if len(views) == 1 and dense:    # as in format v1
                 self.sections[s] = (path, *self.encode_tensor(v0, path))
                 for k, (_, node, _) in enumerate(users):
                     if k:
@@ -292,14 +332,37 @@ class _Saver:
                     node.update(obj=k, offset=v.storage_offset() - lo, shape=list(v.shape),
                                 stride=list(v.stride()))
                 version = 2
+        if packs:
+            self._pack(packs)
+            version = 3
         return version
 
-    def encode_tensor(self, v: torch.Tensor, path: str, device=None) -> tuple[dict, Any]:
+    def _pack(self, packs: dict) -> None:
+        """Store each group of ``packs`` as one section (their places in ``sections`` are
+        None) and renumber every node's section index."""
+        keep = [i for i, sec in enumerate(self.sections) if sec is not None]
+        new = {old: i for i, old in enumerate(keep)}
+        self.sections[:] = [self.sections[i] for i in keep]     # the list flatten returns
+        for node in self.indexed:
+            node["s"] = new.get(node["s"], node["s"])
+        for (dtype, device), members in packs.items():
+            flat = torch.cat([v.detach().reshape(-1) for v, _ in members])
+            name = pack_name(DTYPE_CODES[dtype], device)
+            s = len(self.sections)
+            self.sections.append((name, *self.encode_tensor(flat, name, encode=self.encode_pack)))
+            at = 0
+            for k, (v, node) in enumerate(members):
+                node.update(s=s, obj=k, offset=at, shape=list(v.shape),
+                            stride=list(_dense_strides(v.shape)), packed=True)
+                at += v.numel()
+
+    def encode_tensor(self, v: torch.Tensor, path: str, device=None,
+                      encode: LeafEncoder | None = None) -> tuple[dict, Any]:
         t = v.detach()
         if t.device.type != "cpu":
             t = t.cpu()
         t = t.resolve_conj().resolve_neg().contiguous()
-        enc = self.encode_leaf(path, t)
+        enc = (encode or self.encode_leaf)(path, t)
         meta = {
             "kind": "tensor",
             "dtype": DTYPE_CODES[t.dtype],
@@ -325,14 +388,16 @@ class _Saver:
         data = np.ascontiguousarray(v).reshape(-1).view(np.uint8)
         meta = {"kind": "ndarray", "dtype": code, "shape": list(v.shape), "nbytes": v.nbytes,
                 "codec": "raw"}  # fmt: skip
-        node = {"$": "ndarray", "s": self.add_section(path, meta, data)}
+        node = {"$": "ndarray"}
+        node["s"] = self.add_section(path, meta, data, node=node)
         self.by_id[id(v)] = node
         return node
 
     def bytes(self, v: bytes, path: str):
         if id(v) not in self.by_id:
             self.alive.append(v)
-            self.by_id[id(v)] = {"$": "bytes", "s": self.add_section(path, {"kind": "bytes"}, v)}
+            node = self.by_id[id(v)] = {"$": "bytes"}
+            node["s"] = self.add_section(path, {"kind": "bytes"}, v, node=node)
         return self.by_id[id(v)]
 
 
@@ -513,7 +578,7 @@ class _Loader:
         return s, meta
 
     def tensor(self, j, path, depth):
-        _fields(j, path, ("s",), ("obj", "offset", "shape", "stride", "param", "grad"))
+        _fields(j, path, ("s",), ("obj", "offset", "shape", "stride", "param", "grad", "packed"))
         s, meta = self.section(j, path, "tensor")
         obj = j.get("obj", 0)
         if not _is_uint(obj):
@@ -521,12 +586,17 @@ class _Loader:
         if (s, obj) in self.objects:
             return self.objects[(s, obj)]
         view = _view(j, path)
+        packed = j.get("packed", False)
+        if type(packed) is not bool or (packed and view is None):
+            _bad(path, "packed must be a boolean, on a node with offset, shape and stride")
         if s not in self.sections:
             base = self.sections[s] = self.place(self.decode_tensor(s, meta, path), meta, path)
             t = base if view is None else _as_view(base, view, path)
         else:  # another tensor object viewing the same storage
             base = self.sections[s]
             t = base.view(base.shape) if view is None else _as_view(base, view, path)
+        if packed:                           # a small tensor of a pack: its own storage
+            t = t.clone()
         param, grad = j.get("param", False), j.get("grad", False)
         if type(param) is not bool or type(grad) is not bool:
             _bad(path, "tensor param and grad must be booleans")
