@@ -750,17 +750,19 @@ class DeltaCheckpointer:
                              f"{_brief(self.steps())}", self.path(step))
 
     def replay(self, start: int | None = None, stop: int | None = None, map_location=None,
-               *, max_bytes=limits.DEFAULT):
+               *, max_bytes=limits.DEFAULT, build: bool = True):
         """Yield ``(step, obj)`` for every stored step in ``[start, stop]``, oldest first.
 
         Each file is decoded once: a step continues from the previous one's references
         (what :meth:`load` of each step would give, without walking every chain again).
+        ``build=False`` yields ``(step, None)``: every delta is decoded but no object is
+        built (a check of the whole chain in the memory of one state).
         """
         known = None
         for step in self.steps():
             if (start is not None and step < start) or (stop is not None and step > stop):
                 continue
-            obj, links, tracks = self._restore(step, build=True, map_location=map_location,
+            obj, links, tracks = self._restore(step, build=build, map_location=map_location,
                                                known=known, max_bytes=max_bytes)
             known = (step, links[-1][1].state_id, tracks)
             yield step, obj
@@ -968,7 +970,9 @@ class DeltaCheckpointer:
                     break
                 s = link.base_step
         removed, failed = False, []
-        for s in steps:
+        # newest first, stopping at the first failure: a step left behind (by a failure or
+        # a crash) still has every older file its chain walks back through
+        for s in reversed(steps):
             if s not in needed:
                 try:
                     os.unlink(self.path(s))
@@ -977,6 +981,7 @@ class DeltaCheckpointer:
                     pass
                 except OSError as e:     # the step is committed: retried at the next save
                     failed.append(f"{self.path(s)} ({e.strerror})")
+                    break
                 self._headers.pop(self.path(s), None)
         try:
             if removed:

@@ -150,7 +150,8 @@ def verify_file(path: str) -> dict:
         read_safetensors(path)
         return {"path": path, "ok": True}
     if fmt == "torch":
-        from .convert import load_torch
+        from .convert import check_torch_crcs, load_torch
+        check_torch_crcs(path)           # torch.load itself does not check them
         load_torch(path)
         return {"path": path, "ok": True}
     from .container import verify_file as verify_container
@@ -175,7 +176,8 @@ def verify_dir(path: str) -> list[dict]:
             report.append({"step": step, "ok": False, "error": _describe(e)})
     if all(r["ok"] for r in report):
         try:
-            for _ in _progress(ck.replay(), "chain"):
+            # every delta decoded along its chain; other sections were checked file by file
+            for _ in _progress(ck.replay(build=False), "chain"):
                 pass
         except (LcckptError, OSError) as e:
             report.append({"step": None, "ok": False, "error": _describe(e)})
@@ -370,8 +372,8 @@ def _max_bytes(text: str):
 def _add_max_bytes(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-bytes", type=_max_bytes, metavar="N",
                    help="the most bytes any one load may decode: a number (8G), 'auto' "
-                        "(default: 192 MiB + 32x the file's size, a chain's deltas counted "
-                        "against what its keyframe holds) or 'none' (files you trust)")
+                        "(default: 192 MiB + 32x the file's size, at most the memory left; "
+                        "a chain's deltas counted against what its keyframe holds) or 'none' (files you trust)")
 
 
 _COMMANDS = {"bench": _bench, "inspect": _inspect, "verify": _verify, "convert": _convert}

@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 
-from . import serialization
-from .errors import CorruptDataError, InvalidArgumentError, UnsafeObjectError
+from . import limits, serialization
+from .container import open_file
+from .errors import ChecksumError, CorruptDataError, InvalidArgumentError, UnsafeObjectError
 from .safetensors_io import is_safetensors, read_safetensors, save_safetensors
 
 __all__ = ["FORMATS", "convert", "detect_format", "flat_tensors", "format_for_path",
@@ -79,6 +80,41 @@ def load_torch(path: str | os.PathLike, map_location="cpu"):
             f"refused {os.fspath(path)}: unpickling this torch.save file would run arbitrary "
             f"code{what}; lcckpt never does that. If you trust its source, load it with "
             "torch.load(path, weights_only=False) and re-save it with lcckpt.save") from None
+
+
+def check_torch_crcs(path: str | os.PathLike) -> None:
+    """Check the CRC-32 of every member of a torch.save zip (``torch.load`` does not, so a
+    flipped bit in tensor data loads silently). Files written with
+    ``torch.serialization.set_crc32_options(False)`` carry no CRCs and are not checked;
+    a legacy (non-zip) file has none. Raises :class:`ChecksumError` naming the member."""
+    import zipfile
+    import zlib
+    with open_file(os.fspath(path)) as fh:
+        try:
+            z = zipfile.ZipFile(fh)
+        except (zipfile.BadZipFile, ValueError, EOFError):
+            return                        # the legacy format: nothing to check
+        with z:
+            infos = z.infolist()
+            if infos and all(i.CRC == 0 for i in infos if i.file_size):
+                return                    # written without CRCs
+            limit = limits.resolve(limits.DEFAULT, os.fstat(fh.fileno()).st_size)
+            for info in infos:
+                if limit is not None and info.file_size > limit:
+                    continue              # the load refuses it, with the limit's message
+                crc = 0
+                try:
+                    with z.open(info) as m:
+                        while piece := m.read(1 << 24):
+                            crc = zlib.crc32(piece, crc)
+                except zipfile.BadZipFile as e:     # the zip module checks as it reads
+                    raise ChecksumError(f"{os.fspath(path)}: member {info.filename!r}: {e}") from None
+                except (zlib.error, EOFError, OSError, ValueError) as e:
+                    raise CorruptDataError(
+                        f"{os.fspath(path)}: member {info.filename!r} cannot be read: {e}") from None
+                if crc != info.CRC:
+                    raise ChecksumError(f"{os.fspath(path)}: member {info.filename!r} fails its "
+                                        "CRC-32: the file is damaged")
 
 
 def read_checkpoint(path: str | os.PathLike, *, step: int | None = None,

@@ -10,9 +10,13 @@ The limit (``max_bytes``) of a call is one of:
 
 - an ``int``: at most that many decoded bytes;
 - ``None``: no limit (input you trust);
-- ``"auto"`` (the global default): ``AUTO_FLOOR + AUTO_EXPANSION * file size``, so an
-  uncompressed file always loads and a compressed one may expand 32-fold, while a file
-  under 1 MB decodes to at most 224 MiB (peak memory of the whole process under 1 GB);
+- ``"auto"`` (the global default): what fits in the memory this process can still use
+  (:func:`usable_memory`: available RAM, the cgroup's limit, ``RLIMIT_AS``), and at most
+  ``AUTO_FLOOR + AUTO_EXPANSION * file size``, so a file under 1 MB decodes to at most
+  224 MiB (peak memory of the whole process under 1 GB), while an uncompressed or
+  losslessly coded file (at most ~1.5x) always loads when it fits. A chain's delta
+  counts only what it brings anew (see ``DeltaCheckpointer.load``), so the 1000x deltas
+  of a large state load too;
 - omitted: the global default, set with :func:`set_max_bytes`.
 
 The header itself is bounded by fixed limits, before it is parsed: its size, stored and
@@ -25,13 +29,19 @@ trusts its caller).
 
 from __future__ import annotations
 
+import os
 import threading
+
+try:
+    import resource
+except ImportError:                      # not on Windows: no RLIMIT_AS to read
+    resource = None
 
 from .errors import InvalidArgumentError, ResourceLimitError
 
 __all__ = ["AUTO", "AUTO_EXPANSION", "AUTO_FLOOR", "DEFAULT", "MAX_HEADER_BYTES",
            "MAX_HEADER_CONTAINERS", "MAX_HEADER_VALUES", "check", "declared_bytes",
-           "get_max_bytes", "is_auto", "resolve", "set_max_bytes"]
+           "get_max_bytes", "is_auto", "resolve", "set_max_bytes", "usable_memory"]
 
 AUTO = "auto"
 AUTO_FLOOR = 192 << 20          # decoded bytes any file may ask for
@@ -81,10 +91,101 @@ def get_max_bytes() -> int | str | None:
 
 def resolve(max_bytes, stored_bytes: int) -> int | None:
     """The decoded-byte limit for a load of ``stored_bytes`` (None: unlimited)."""
+    return _resolve(max_bytes, stored_bytes)[0]
+
+
+def _resolve(max_bytes, stored_bytes: int) -> tuple[int | None, str]:
+    """The limit and how it was set, for the message of a refusal."""
     value = _global if max_bytes is DEFAULT else _validate(max_bytes)
-    if value == AUTO:
-        return AUTO_FLOOR + AUTO_EXPANSION * stored_bytes
-    return value
+    if value != AUTO:
+        return value, f"max_bytes={value}"
+    limit = AUTO_FLOOR + AUTO_EXPANSION * stored_bytes
+    how = f"the default limit, 'auto': 192 MiB + {AUTO_EXPANSION} x the stored size"
+    mem = usable_memory()
+    if mem is not None and mem[0] < limit:
+        limit, how = mem[0], f"the default limit, 'auto': what {mem[1]} leaves this process"
+    return limit, how
+
+
+def usable_memory() -> tuple[int, str] | None:
+    """About how many more bytes this process can allocate, and what bounds it: the least
+    of available RAM, what the cgroup's memory limit leaves and what ``RLIMIT_AS``
+    leaves; None where none of them can be read."""
+    found = [m for m in (_available_ram(), _cgroup_left(), _rlimit_left()) if m is not None]
+    return min(found) if found else None
+
+
+def _kib_field(path: str, field: str) -> int | None:
+    """A ``Field:  123 kB`` line of a /proc file, in bytes."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(field):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _available_ram() -> tuple[int, str] | None:
+    avail = _kib_field("/proc/meminfo", "MemAvailable:")
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, ValueError, OSError):
+            return None
+    return avail, "available RAM"
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):   # "max", missing, unreadable
+        return None
+
+
+def _cgroup_left() -> tuple[int, str] | None:
+    """The cgroup's limit less its use, counting reclaimable page cache as free (cgroup
+    v2, then v1)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            rel = next((line.strip().split(":", 2)[2] for line in f
+                        if line.startswith("0::")), None)
+    except (OSError, IndexError):
+        rel = None
+    for base, limit_f, used_f, cache_key in (
+            (f"/sys/fs/cgroup{rel}" if rel is not None else None,
+             "memory.max", "memory.current", "inactive_file"),
+            ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes",
+             "total_inactive_file")):
+        if base is None:
+            continue
+        limit = _read_int(os.path.join(base, limit_f))
+        used = _read_int(os.path.join(base, used_f))
+        if limit is None or used is None or limit >= 1 << 60:     # v1 says "none" so
+            continue
+        cache = 0
+        try:
+            with open(os.path.join(base, "memory.stat")) as f:
+                for line in f:
+                    k, _, v = line.partition(" ")
+                    if k == cache_key:
+                        cache = int(v)
+        except (OSError, ValueError):
+            pass
+        return max(limit - used + cache, 0), "the cgroup's memory limit"
+    return None
+
+
+def _rlimit_left() -> tuple[int, str] | None:
+    if resource is None:
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY or soft < 0:
+        return None
+    size = _kib_field("/proc/self/status", "VmSize:") or 0
+    return max(soft - size, 0), "RLIMIT_AS"
 
 
 def is_auto(max_bytes) -> bool:
@@ -113,14 +214,13 @@ def declared_bytes(sections) -> int:
 
 def check(declared: int, stored_bytes: int, max_bytes, what: str) -> None:
     """Raise :class:`ResourceLimitError` when ``declared`` exceeds the resolved limit."""
-    limit = resolve(max_bytes, stored_bytes)
+    limit, how = _resolve(max_bytes, stored_bytes)
     if limit is None or declared <= limit:
         return
-    how = (f"the default limit, 'auto': 192 MiB + {AUTO_EXPANSION} x the stored size"
-           if (max_bytes is DEFAULT and _global == AUTO) or max_bytes == AUTO
-           else f"max_bytes={limit}")
+    advice = ("It would not fit: free memory or load it on a larger machine; "
+              if "leaves this process" in how else "")
     raise ResourceLimitError(
         f"{what} declares {declared:,} bytes of data in {stored_bytes:,} stored bytes "
         f"(expansion {declared / max(stored_bytes, 1):,.0f}x), over {limit:,} bytes ({how}). "
-        "If you trust this file, pass max_bytes=None (or a larger number), or set "
+        f"{advice}If you trust this file, pass max_bytes=None (or a larger number), or set "
         "lcckpt.limits.set_max_bytes(...) for the whole process")

@@ -125,8 +125,8 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
     ``max_bytes``: the most bytes of tensors, arrays and bytes an lcckpt file may decode
     to, checked before anything is decoded (:class:`ResourceLimitError`): an int, None
     (no limit: input you trust) or "auto"; the default is
-    :func:`lcckpt.limits.set_max_bytes`'s setting, "auto" (192 MiB + 32 x the file size;
-    see lcckpt/limits.py).
+    :func:`lcckpt.limits.set_max_bytes`'s setting, "auto" (192 MiB + 32 x the file size, at most
+    what the process can still allocate; see lcckpt/limits.py).
     """
     if pickle_module is not None:
         raise InvalidArgumentError(

@@ -498,6 +498,38 @@ def test_a_failing_retention_unlink_warns_and_the_next_save_retries(tmp_path, mo
     ck.load(4)
 
 
+@pytest.mark.parametrize("fail_at", [0, 1, 2])
+def test_a_retention_unlink_failing_midway_leaves_every_kept_step_loadable(
+        tmp_path, monkeypatch, fail_at):
+    """Retention removes the newest unneeded step first and stops at a failure, so a step
+    it leaves behind still has its chain (oldest first, a failure on step 1 left step 1
+    on disk without its base, step 0: found by tests/attacks/fuzz_large.py)."""
+    ck = DeltaCheckpointer(tmp_path, keyframe_every=4, keep_last=1)
+    states = [_state(step) for step in range(6)]
+    for step in range(4):
+        ck.save(step, states[step])
+    truth = {s: ck.load(s) for s in ck.steps()}
+    real_unlink, calls = os.unlink, []
+
+    def unlink(p, *a, **kw):
+        if os.path.basename(str(p)).startswith("step-"):
+            calls.append(os.path.basename(str(p)))
+            if len(calls) - 1 == fail_at:
+                raise OSError(errno.EIO, "Input/output error", str(p))
+        return real_unlink(p, *a, **kw)
+    monkeypatch.setattr(os, "unlink", unlink)
+    with pytest.warns(RuntimeWarning, match="could not remove"):
+        ck.save(4, states[4])                   # a keyframe: steps 0-3 are no longer needed
+    assert calls[0] == "step-000000000003.lcc"    # newest first
+    reader = DeltaCheckpointer(tmp_path)
+    for s in reader.steps():
+        if s in truth:
+            assert_exact(reader.load(s), truth[s])
+    monkeypatch.setattr(os, "unlink", real_unlink)
+    ck.save(5, states[5])
+    assert ck.steps() == [4, 5]
+
+
 def test_a_failing_directory_sync_after_the_rename_is_a_storage_error(tmp_path, monkeypatch):
     from lcckpt import _durable
 

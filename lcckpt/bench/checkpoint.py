@@ -83,9 +83,14 @@ def progress(total: int, desc: str):
     return _Quiet()
 
 
-def _floats(obj) -> dict[str, np.ndarray]:
-    return {k: t.detach().to("cpu", torch.float64).reshape(-1).numpy()
-            for k, t in flat_tensors(obj).items() if t.dtype in FLOATS}
+def _floats(obj) -> dict[str, torch.Tensor]:
+    """The floating tensors of ``obj`` by name, as they are (widened one at a time when
+    compared, so a large state is never held twice in float64)."""
+    return {k: t.detach() for k, t in flat_tensors(obj).items() if t.dtype in FLOATS}
+
+
+def _f64(t: torch.Tensor) -> np.ndarray:
+    return t.to("cpu", torch.float64).reshape(-1).numpy()
 
 
 def _raw_bytes(obj) -> int:
@@ -150,10 +155,11 @@ def _errors(restored, truth, previous) -> tuple[float, float, tuple[float, str]]
     when other tensors (an optimizer's moments) move much more."""
     res = tgt = moved = 0.0
     worst = (0.0, "")
-    for k, u in truth.items():
-        r = float(np.sum((restored[k] - u) ** 2))
+    for k, t in truth.items():
+        u = _f64(t)
+        r = float(np.sum((_f64(restored[k]) - u) ** 2))
         p = previous.get(k)
-        m = float(np.sum((u - p) ** 2)) if p is not None and p.shape == u.shape \
+        m = float(np.sum((u - _f64(p)) ** 2)) if p is not None and p.shape == t.shape \
             else float(np.sum(u ** 2))       # new since the previous file: all of it moved
         res, tgt, moved = res + r, tgt + float(np.sum(u ** 2)), moved + m
         if r > 0:
@@ -259,11 +265,16 @@ def stream(objs: list, torch_files: list[bytes], *, settings=None, error_bounds=
     sizes, te = [], []
     for prev, cur in zip(objs, objs[1:]):
         fp, fc = flat_tensors(prev), flat_tensors(cur)
-        data = b"".join(_bytes(fc[k] - fp[k]) if fc[k].dtype in FLOATS and k in fp
-                        and fp[k].shape == fc[k].shape else _bytes(fc[k]) for k in fc)
-        z, t = _timed(lambda: c.compress(data))
-        te.append(len(data) / t / MB)
-        sizes.append(len(z))
+        co, nz, nbytes, t = c.compressobj(), 0, 0, 0.0    # tensor by tensor: no joined copy
+        for k in fc:
+            piece = _bytes(fc[k] - fp[k]) if fc[k].dtype in FLOATS and k in fp \
+                and fp[k].shape == fc[k].shape else _bytes(fc[k])
+            z, dt = _timed(lambda: co.compress(piece))
+            nz, nbytes, t = nz + len(z), nbytes + len(piece), t + dt
+            del piece
+        z, dt = _timed(co.flush)
+        te.append(nbytes / (t + dt) / MB)
+        sizes.append(nz + len(z))
     rows.append({"method": "zstd-3 of the exact delta", "bytes": sum(sizes),
                  "enc_MBps": _median(te), "exact": True})
     true_acc = [accuracy(o) for o in objs] if accuracy is not None else None
@@ -279,7 +290,7 @@ def stream(objs: list, torch_files: list[bytes], *, settings=None, error_bounds=
         r["ratio"] = base / r["bytes"] if r["bytes"] else math.inf
     doc = {"files": len(objs), "deltas": n, "tensor_bytes": raw[0],
            "tensors": len(flat_tensors(objs[0])), "float_elements":
-           int(sum(v.size for v in truths[-1].values())), "rows": rows}
+           int(sum(v.numel() for v in truths[-1].values())), "rows": rows}
     if true_acc is not None:
         doc["accuracy_true"] = true_acc[-1]
         doc["accuracy_true_per_file"] = true_acc

@@ -1,14 +1,19 @@
-"""The large fuzz run (not part of the default suite): thousands of damaged and forged
-files, each loaded in a worker process under a 4 GB address-space limit.
+"""The large fuzz run (not part of the default suite): thousands of damaged, forged,
+linked and faulted cases, each loaded in a worker process under a 4 GB address-space limit.
 
     python tests/attacks/fuzz_large.py [--seed 0] [--scale 1]
 
 Builds plain, compressed and chain checkpoints of a small model and of states made to
 have many equal-length sections, then runs tests/_fuzz_worker.py on each: bit flips,
 truncations, every swap of equal-length sections, every same-length splice from a
-neighbouring file, decompression bombs and forged headers. Prints one row per file and
-the totals; exits 1 if any case loaded wrong data silently, passed ``verify``, or
-escaped the LcckptError hierarchy.
+neighbouring file, decompression bombs and forged headers. Then
+tests/attacks/_fuzz_foreign.py (torch.save and safetensors files: flips, truncations,
+zip bombs, crafted safetensors headers) and tests/attacks/_fuzz_storage.py (injected
+EIO/EPERM/ENOSPC/EROFS on every fsync, rename, unlink and create of a run of saves; a
+tmpfs that fills up or turns read-only, where it can be mounted; symlinks and hard links
+in and out of a chain directory). Prints one row per worker and the totals; exits 1 if
+any case loaded wrong data silently, passed ``verify``, escaped the LcckptError
+hierarchy, lost a committed step or touched a file outside its directory.
 """
 
 import argparse
@@ -94,6 +99,20 @@ def run(seed: int = 0, scale: int = 1) -> dict:
             failures += [{"file": job["name"], **f} for f in rep["failures"]]
             for outcome, n in rep["outcomes"].items():
                 rows[-1].setdefault("outcomes", {})[outcome] = n
+        for name, script, extra in (
+                ("torch+safetensors", "_fuzz_foreign.py",
+                 [str(seed), str(300 * scale), str(100 * scale), str(300 * scale)]),
+                ("storage+links", "_fuzz_storage.py", [str(seed), "--scale", str(scale)])):
+            proc = subprocess.run([sys.executable, os.path.join(HERE, script), *extra],
+                                  capture_output=True, text=True, env=env)
+            if proc.returncode != 0:
+                failures.append({"file": name, "crash": proc.stderr[-2000:]})
+                continue
+            rep = json.loads(proc.stdout)
+            rows.append({"file": name, "bytes": 0, "cases": rep["cases"], **rep["kinds"],
+                         "failures": len(rep["failures"]), "outcomes": rep["outcomes"],
+                         "notes": rep.get("notes", [])})
+            failures += [{"file": name, **f} for f in rep["failures"]]
     return {"rows": rows, "cases": sum(r["cases"] for r in rows), "failures": failures}
 
 
@@ -115,7 +134,14 @@ def main() -> int:
             print(f"{r['file']:18} {r['bytes']:7d} {r['cases']:6d} "
                   + " ".join(f"{r.get(k, 0):12d}" for k in kinds) + f" {r['failures']:8d}")
         for r in res["rows"]:
+            extra = {k: v for k, v in r.items() if k not in kinds and k not in (
+                "file", "bytes", "cases", "failures", "outcomes", "notes")}
+            if extra:
+                print(f"  {r['file']} cases: {json.dumps(extra)}")
+        for r in res["rows"]:
             print(f"  {r['file']}: {json.dumps(r['outcomes'], sort_keys=True)}")
+            for note in r.get("notes", []):
+                print(f"  {r['file']}: {note}")
         print(f"total: {res['cases']} cases, {len(res['failures'])} failures")
         for f in res["failures"][:20]:
             print("FAIL", json.dumps(f)[:300])

@@ -528,3 +528,73 @@ def test_a_symlinked_foreign_step_is_not_a_step(tmp_path, capsys):
     assert "not a regular file" in capsys.readouterr().err
     os.unlink(ck.path(50))
     assert main(["verify", str(tmp_path / "run")]) == 0
+
+
+_MEMORY_CHILD = """
+import io, resource, sys
+sys.path[:0] = sys.argv[1:3]
+import torch, lcckpt
+from lcckpt import limits
+buf = io.BytesIO()
+lcckpt.save({"w": torch.randn(64 << 20)}, buf)          # 256 MiB, stored as it is
+vm = int([x for x in open("/proc/self/status") if x.startswith("VmSize:")][0].split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + (128 << 20), resource.getrlimit(resource.RLIMIT_AS)[1]))
+mem = limits.usable_memory()
+try:
+    lcckpt.load(io.BytesIO(buf.getvalue()))
+    print("loaded", mem[1])
+except lcckpt.ResourceLimitError as e:
+    print("ResourceLimitError", mem[1], "would not fit" in str(e))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc (Linux)")
+def test_auto_refuses_what_would_not_fit_under_rlimit_as():
+    """An uncompressed 256 MiB file is within the ratio rule; with 128 MiB of address
+    space left, "auto" refuses it up front, naming the bound, instead of failing inside
+    the decoder."""
+    out = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, HERE, ROOT],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": ROOT})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["ResourceLimitError", "RLIMIT_AS", "True"]
+
+
+def test_usable_memory_is_the_least_bound(monkeypatch):
+    monkeypatch.setattr(limits, "_available_ram", lambda: (8 << 30, "available RAM"))
+    monkeypatch.setattr(limits, "_cgroup_left", lambda: (3 << 30, "the cgroup's memory limit"))
+    monkeypatch.setattr(limits, "_rlimit_left", lambda: None)
+    assert limits.usable_memory() == (3 << 30, "the cgroup's memory limit")
+    assert limits.resolve("auto", 1 << 30) == 3 << 30           # memory binds
+    assert limits.resolve("auto", 1 << 20) == (192 << 20) + 32 * (1 << 20)   # the ratio does
+    assert limits.resolve(5, 1 << 30) == 5                       # an explicit limit is kept
+    for f in ("_available_ram", "_cgroup_left"):
+        monkeypatch.setattr(limits, f, lambda: None)
+    assert limits.usable_memory() is None
+    assert limits.resolve("auto", 1 << 30) == (192 << 20) + 32 * (1 << 30)
+
+
+def test_a_flipped_bit_in_torch_data_fails_verify(tmp_path):
+    """torch.load does not check a zip member's CRC-32, so a flipped bit in tensor data
+    loads as other numbers; ``lcckpt verify`` checks every CRC (found by fuzz_large.py)."""
+    from lcckpt.cli import main
+    from lcckpt.errors import ChecksumError
+    path = tmp_path / "a.pt"
+    w = torch.arange(1000.0)
+    torch.save({"w": w}, path)
+    assert main(["verify", str(path)]) == 0
+    raw = bytearray(path.read_bytes())
+    raw[raw.find(w.numpy().tobytes()[400:408])] ^= 1
+    path.write_bytes(bytes(raw))
+    assert not torch.equal(lcckpt.load(str(path))["w"], w)     # what torch itself gives
+    assert main(["verify", str(path)]) == 1
+    from lcckpt.convert import check_torch_crcs
+    with pytest.raises(ChecksumError, match="CRC-32"):
+        check_torch_crcs(path)
+    old = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)                # a file without CRCs
+    try:
+        torch.save({"w": w}, path)
+    finally:
+        torch.serialization.set_crc32_options(old)
+    assert main(["verify", str(path)]) == 0
