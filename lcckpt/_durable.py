@@ -28,9 +28,14 @@ from typing import BinaryIO
 
 from .errors import LcckptError, NotFoundError, StorageError
 
-__all__ = ["atomic_write", "fsync_dir", "remove_stale_temps", "TEMP_SUFFIX"]
+__all__ = ["UnsyncedError", "atomic_write", "fsync_dir", "remove_stale_temps", "TEMP_SUFFIX"]
 
 TEMP_SUFFIX = ".lcckpt-tmp"
+
+
+class UnsyncedError(StorageError):
+    """The file is in place, but syncing its directory failed: the rename may not survive
+    a power loss. A chain takes the step as saved (and syncs again at the next save)."""
 
 
 def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
@@ -72,7 +77,7 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
     try:
         fsync_dir(directory)
     except OSError as e:     # the file is in place; its rename may not survive a crash
-        raise StorageError(e.errno, "the checkpoint was written, but syncing its directory "
+        raise UnsyncedError(e.errno, "the checkpoint was written, but syncing its directory "
                            f"failed ({e.strerror}): it may not survive a crash; check the "
                            "disk", path) from e
     remove_stale_temps(directory)

@@ -247,6 +247,13 @@ def _delta_key(meta: dict) -> str | None:
         return None
 
 
+def _file_bytes(path: str) -> int | None:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return None
+
+
 def _finite(x):
     """A stat for the header: 4 significant digits (every digit is header bytes in
     every delta file), None for NaN/Inf."""
@@ -623,14 +630,21 @@ class DeltaCheckpointer:
             def start_copies():        # references copied while the file is written, synced
                 for e in copying:
                     e.start_copy()
+            unsynced = None
             try:
                 nbytes = write_container(path, sections, meta, before_write=start_copies)
+            except _durable.UnsyncedError as e:    # in place: the step is saved
+                unsynced, nbytes = e, _file_bytes(path)
             finally:
                 for e in copying:
                     e.settle()         # before the caller may change its tensors again
         except BaseException:
             self._encoders = None      # references may have advanced: resync from disk
             raise
+        if unsynced is not None:
+            warnings.warn(f"step {step} is saved, but syncing {self.directory} failed "
+                          f"({unsynced.strerror}): the step may not survive a power loss; the "
+                          "next save syncs the directory again (as every save does)", RuntimeWarning, stacklevel=2)
         self._last = {"step": step, "state_id": state_id, "depth": depth}
         self._force_keyframe = False
         for key, ratio, t in session.missed:
@@ -934,7 +948,12 @@ class DeltaCheckpointer:
             info.update(kind="keyframe", base=None, depth=0, tensors=stats,
                         merged={"from_base": info["base"], "from_depth": info["depth"]})
             meta["lcckpt_chain"] = info
-            write_container(path, sections, meta)
+            try:
+                write_container(path, sections, meta)
+            except _durable.UnsyncedError as e:     # in place: the merge is done
+                warnings.warn(f"step {upto} is merged, but syncing {self.directory} failed "
+                              f"({e.strerror}): the next save syncs the directory again",
+                              RuntimeWarning, stacklevel=3)
             if self._last is not None and self._last["step"] == upto:
                 self._last["depth"] = 0     # the cadence counts from this new keyframe
                 for enc in (self._encoders or {}).values():   # and movement from it

@@ -530,6 +530,36 @@ def test_a_retention_unlink_failing_midway_leaves_every_kept_step_loadable(
     assert ck.steps() == [4, 5]
 
 
+def test_a_chain_step_whose_directory_sync_fails_is_saved_with_a_warning(tmp_path, monkeypatch):
+    """The file is in place when the directory sync fails: the step is committed, so the
+    save warns instead of raising, the step loads, and the next save goes on (and syncs
+    the directory again)."""
+    from lcckpt import _durable
+    real, calls = _durable.fsync_dir, []
+
+    def eio_once(directory):
+        calls.append(directory)
+        if len(calls) == 2:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(directory)
+    monkeypatch.setattr(_durable, "fsync_dir", eio_once)
+    ck = DeltaCheckpointer(tmp_path, keep_last=2)
+    ck.save(0, _state(0))
+    with pytest.warns(RuntimeWarning, match="step 1 is saved, but syncing"):
+        ck.save(1, _state(1))
+    assert ck.last_save["step"] == 1 and ck.last_save["nbytes"] > 0
+    ck.save(2, _state(2))
+    assert len(calls) >= 3 and ck.steps() == [0, 1, 2]
+    assert_exact(ck.load(2), DeltaCheckpointer(tmp_path).load(2))
+    calls.clear()
+    calls.append("the next call fails")
+    with pytest.warns(RuntimeWarning, match="step 2 is merged, but syncing"):
+        ck.merge()
+    ck.save(3, _state(3))                       # a delta of the merged keyframe
+    assert ck.info(3)["depth"] == 1 and ck.steps() == [2, 3]
+    assert_exact(ck.load(3), DeltaCheckpointer(tmp_path).load(3))
+
+
 def test_a_failing_directory_sync_after_the_rename_is_a_storage_error(tmp_path, monkeypatch):
     from lcckpt import _durable
 

@@ -598,3 +598,54 @@ def test_a_flipped_bit_in_torch_data_fails_verify(tmp_path):
     finally:
         torch.serialization.set_crc32_options(old)
     assert main(["verify", str(path)]) == 0
+
+
+_RSS_FOREIGN = """
+import io, resource, sys, zipfile
+sys.path[:0] = sys.argv[1:3]
+import numpy as np, torch, craft, lcckpt
+from lcckpt import limits
+fmt, scale = sys.argv[3], float(sys.argv[4])
+size = 1_000_000 - 4096                  # a file just under 1 MB
+n = int((limits.AUTO_FLOOR + limits.AUTO_EXPANSION * size) * scale) // 4096 * 4096
+try:
+    if fmt == "torch":                   # a deflated zip of zeros, padded to the size
+        plain = io.BytesIO()
+        torch.save({"w": torch.zeros(n, dtype=torch.uint8)}, plain)
+        plain.seek(0)
+        raw = io.BytesIO()
+        with zipfile.ZipFile(plain) as src, zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as dst:
+            for info in src.infolist():
+                dst.writestr(info.filename, src.read(info.filename))
+            dst.writestr(info.filename.split("/")[0] + "/pad",     # torch's own folder
+                         np.random.default_rng(0).bytes(size - raw.tell() - 4096),
+                         zipfile.ZIP_STORED)
+        data = raw.getvalue()
+        del plain
+        assert len(data) < 1_000_000, len(data)
+        out = lcckpt.load(io.BytesIO(data))["w"]
+    else:                                # a blob handed to the numcodecs codec
+        from lcckpt.numcodecs import LcckptLossless
+        probe = len(craft.const_blob([1 << 20], "F32"))    # hardly depends on the size
+        n = int((limits.AUTO_FLOOR + limits.AUTO_EXPANSION * probe) * scale) // 4 // 4096 * 4096
+        out = LcckptLossless().decode(craft.const_blob([n], "F32"))
+    print("loaded")
+except lcckpt.LcckptError as e:
+    print(type(e).__name__)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+@pytest.mark.parametrize("fmt,scale", [("torch", 0.99), ("torch", 1.05), ("numcodecs", 0.99),
+                                       ("numcodecs", 1.05)])
+def test_no_torch_zip_or_raw_blob_under_1_mb_makes_a_default_load_use_1_gb(fmt, scale):
+    """The rule of lcckpt files for the other ways bytes come in: a deflated torch.save zip
+    under 1 MB, and a tiny blob handed to the numcodecs codec (zarr's path for remote
+    bytes): the largest one allowed loads under 1 GB of peak RSS, a larger one is refused."""
+    out = subprocess.run([sys.executable, "-c", _RSS_FOREIGN, HERE, ROOT, fmt, str(scale)],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": ROOT})
+    assert out.returncode == 0, out.stderr[-2000:]
+    outcome, rss_kib = out.stdout.split()
+    assert outcome == ("loaded" if scale < 1 else "ResourceLimitError")
+    assert int(rss_kib) * 1024 < 1e9, f"peak RSS {int(rss_kib) // 1024} MiB"
