@@ -781,6 +781,40 @@ class DeltaCheckpointer:
             known = (step, links[-1][1].state_id, tracks)
             yield step, obj
 
+    def _walk(self, step: int, stack: ExitStack, known=None, max_bytes=limits.DEFAULT):
+        """The files ``step`` is restored from, keyframe first, as ``[(container, link,
+        path)]`` opened in ``stack``, each checked to be the state the next was made
+        against, and all of them checked against ``max_bytes`` before anything is decoded
+        (what :meth:`load` and the lazy reader both read). ``known``: ``(step, state_id,
+        tracks)`` of a restored step to stop at; returns ``(links, its tracks or {})``."""
+        if not os.path.exists(self.path(step)):
+            raise self._missing_step(step)
+        links = []                           # newest first: (container, link, path)
+        s, expect, tracks = step, None, {}
+        while True:
+            if known is not None and s == known[0] and expect == known[1]:
+                tracks = known[2]
+                break
+            path = self.path(s)
+            try:
+                c = stack.enter_context(read_container(path))
+                link = _Link(c.meta.get("lcckpt_chain"), s, path)
+            except FileNotFoundError as e:
+                raise self._fault(step, s, path, BrokenChainError("the file is missing")) from e
+            except (LcckptError, OSError) as e:
+                raise self._fault(step, s, path, e) from e
+            if expect is not None and link.state_id != expect:
+                raise self._fault(step, s, path, BrokenChainError(
+                    f"it holds state {link.state_id}, but step {links[-1][1].step} was made "
+                    f"against state {expect}: a file of another run or a rewritten file"))
+            links.append((c, link, path))
+            if link.kind == "keyframe":
+                break
+            s, expect = link.base_step, link.base_state_id
+        links.reverse()
+        self._check_limits(links, tracks, max_bytes)
+        return links, tracks
+
     def _restore(self, step: int, *, build: bool, map_location=None, known=None,
                  keep_tracks: bool = True, max_bytes=limits.DEFAULT, movement: bool = False):
         """Walk back to the keyframe (or to ``known``), then apply each file in order.
@@ -794,33 +828,8 @@ class DeltaCheckpointer:
         resuming with "movement" targets).
         Returns ``(obj or None, [(container, link)], tracks of step)``.
         """
-        if not os.path.exists(self.path(step)):
-            raise self._missing_step(step)
         with ExitStack() as stack:
-            links = []                       # newest first: (container, link, path)
-            s, expect, tracks = step, None, {}
-            while True:
-                if known is not None and s == known[0] and expect == known[1]:
-                    tracks = known[2]
-                    break
-                path = self.path(s)
-                try:
-                    c = stack.enter_context(read_container(path))
-                    link = _Link(c.meta.get("lcckpt_chain"), s, path)
-                except FileNotFoundError as e:
-                    raise self._fault(step, s, path, BrokenChainError("the file is missing")) from e
-                except (LcckptError, OSError) as e:
-                    raise self._fault(step, s, path, e) from e
-                if expect is not None and link.state_id != expect:
-                    raise self._fault(step, s, path, BrokenChainError(
-                        f"it holds state {link.state_id}, but step {links[-1][1].step} was made "
-                        f"against state {expect}: a file of another run or a rewritten file"))
-                links.append((c, link, path))
-                if link.kind == "keyframe":
-                    break
-                s, expect = link.base_step, link.base_state_id
-            links.reverse()
-            self._check_limits(links, tracks, max_bytes)
+            links, tracks = self._walk(step, stack, known, max_bytes)
             obj = None
             for i, (c, link, path) in enumerate(links):
                 try:

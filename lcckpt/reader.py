@@ -27,12 +27,13 @@ import math
 import operator
 import os
 import sys
+from contextlib import ExitStack
 
 import numpy as np
 import torch
 
 from . import blob as _blob
-from . import dtypes
+from . import dtypes, limits
 from . import sections as _sections
 from . import tree as _tree
 from .chain import DeltaCheckpointer
@@ -48,10 +49,13 @@ __all__ = ["Reader", "Slice", "open"]
 _open_file = open
 
 
-def open(path: str | os.PathLike, *, step: int | None = None, map_location=None) -> Reader:
+def open(path: str | os.PathLike, *, step: int | None = None, map_location=None,
+         max_bytes=limits.DEFAULT) -> Reader:
     """A lazy reader of the file at ``path``, or of ``step`` (default: the newest) of the
-    chain directory ``path``. ``map_location`` as in ``lcckpt.load``. Use as a context
-    manager (or call ``close``)."""
+    chain directory ``path``. ``map_location`` and ``max_bytes`` as in ``lcckpt.load``
+    (each read checks what it decodes: a tensor of a file, or a chain step's files as
+    ``DeltaCheckpointer.load`` checks them). Use as a context manager (or call
+    ``close``)."""
     if not isinstance(path, (str, os.PathLike)):
         raise InvalidArgumentError(f"lcckpt.open needs a path, got {type(path).__name__}")
     path = os.fspath(path)
@@ -66,20 +70,22 @@ def open(path: str | os.PathLike, *, step: int | None = None, map_location=None)
             raise InvalidArgumentError(f"step must be a non-negative int, got {step!r}")
         if step not in steps:
             raise FileNotFoundError(f"no checkpoint for step {step} in {path}; stored: {steps}")
-        return Reader(ck.path(step), map_location, chain=(ck, step))
+        return Reader(ck.path(step), map_location, chain=(ck, step), max_bytes=max_bytes)
     if step is not None:
         raise InvalidArgumentError(f"step={step!r} is only for a chain directory; {path!r} is a file")
-    return Reader(path, map_location)
+    return Reader(path, map_location, max_bytes=max_bytes)
 
 
 class Reader:
     """An open file: :meth:`keys`, :meth:`metadata`, :meth:`get_tensor`, :meth:`get_slice`."""
 
-    def __init__(self, path: str, map_location=None, chain=None):
+    def __init__(self, path: str, map_location=None, chain=None, max_bytes=limits.DEFAULT):
         self.path = path
         self.map_location = map_location
+        self.max_bytes = max_bytes
         self._chain = chain
         self._links: list | None = None            # older chain files, keyframe first
+        self._stack: ExitStack | None = None       # ... held open by it
         self._c = read_container(path)
         try:
             try:
@@ -117,6 +123,12 @@ class Reader:
         """The tensor (or numpy array) ``key`` as ``lcckpt.load`` would give it: a Parameter
         stays one, a view keeps its strides (over the stored span of its storage)."""
         path, node = self._find(key)
+        s, meta = self._section(node, path)
+        if self._chain is not None and meta.get("codec") == _sections.DELTA:
+            self._chain_links()            # its chain's files, checked as a load checks them
+        else:
+            limits.check(limits.declared_bytes([self._c.sections[s]]), self._c.size,
+                         self.max_bytes, f"{self.path}: {path}")
         return _tree.load_leaf(node, path, self._c, self._decode_leaf, self.map_location)
 
     def get_slice(self, key: str) -> Slice:
@@ -128,9 +140,9 @@ class Reader:
 
     def close(self) -> None:
         self._c.close()
-        for c, _ in self._links or ():
-            c.close()
-        self._links = None
+        if self._stack is not None:
+            self._stack.close()
+        self._stack = self._links = None
 
     def __enter__(self) -> Reader:
         return self
@@ -176,33 +188,19 @@ class Reader:
 
     def _chain_links(self) -> list:
         """The chain's files before this step, keyframe first, as ``(container, {tracking
-        key: section})``; opened once, validated as the chain validates them."""
+        key: section})``: the chain's own walk (every link validated, every file checked
+        against ``max_bytes``), opened once."""
         if self._links is not None:
             return self._links
         ck, step = self._chain
-        links, s = [], step
+        stack = ExitStack()
         try:
-            while True:
-                info = ck.info(s)
-                if info["kind"] == "keyframe":
-                    break
-                base, want = info["base"]["step"], info["base"]["state_id"]
-                c = read_container(ck.path(base))
-                links.append((c, None))
-                if ck.info(base)["state_id"] != want:
-                    raise BrokenChainError(
-                        f"step {s} was made against state {want}, but step {base} holds another")
-                s = base
-        except FileNotFoundError as e:
-            for c, _ in links:
-                c.close()
-            raise BrokenChainError(f"cannot restore step {step}: a file of its chain is missing: {e}") from e
+            links, _ = ck._walk(step, stack, max_bytes=self.max_bytes)
         except BaseException:
-            for c, _ in links:
-                c.close()
+            stack.close()
             raise
-        links.reverse()
-        self._links = [(c, _delta_sections(c)) for c, _ in links]
+        self._stack = stack
+        self._links = [(c, _delta_sections(c)) for c, _, _ in links[:-1]]
         return self._links
 
 
@@ -288,7 +286,9 @@ class Slice:
         if first < 0 or last >= size:
             raise CorruptDataError(f"invalid object tree at {self._path}: view reaches past "
                                    f"the {size} stored elements")
-        if codec == _sections.LOSSLESS:
+        if codec == _sections.LOSSLESS:            # decodes into the whole tensor's shape
+            limits.check(limits.declared_bytes([c.sections[s]]), c.size, self._r.max_bytes,
+                         f"{self._r.path}: {self._path}")
             return self._coded_rows(first, last, meta).as_strided(sub_shape, stride, 0)
         buf = torch.empty(last - first + 1, dtype=self.dtype)
         raw = buf.view(torch.uint8).numpy()

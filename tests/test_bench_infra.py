@@ -1,7 +1,5 @@
 """The benchmark infrastructure: trajectories are real, reproducible and safe to keep."""
 
-import time
-
 import numpy as np
 import pytest
 import torch
@@ -89,14 +87,24 @@ def test_wide_mlp_has_about_20m_parameters():
     assert abs(n - 20_000_000) <= 0.15 * 20_000_000
 
 
-def test_measure_honours_min_runs_and_min_time():
-    t = measure(lambda: time.sleep(0.01), min_runs=3, min_time=0.1)
-    assert t.runs >= 3 and t.runs * t.median_s >= 0.08
-    assert 0.009 <= t.min_s <= t.median_s
-    assert t.cpu_s < t.median_s  # sleeping burns no CPU
-    t = measure(lambda: time.sleep(0.02), min_runs=4, min_time=0.0)
-    assert t.runs == 4
-    assert measure(lambda: None, min_runs=1, min_time=10.0, max_runs=7).runs == 7
+def test_measure_honours_min_runs_and_min_time(monkeypatch):
+    """On a clock that each call of ``fn`` moves by a known amount (no sleeping, no real
+    time): the run count follows ``min_runs``, ``min_time`` and ``max_runs``."""
+    from lcckpt.bench import timing
+    now = {"wall": 0.0, "cpu": 0.0}
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now["wall"])
+    monkeypatch.setattr(timing.time, "process_time", lambda: now["cpu"])
+
+    def work(wall, cpu=0.0):
+        def fn():
+            now["wall"] += wall
+            now["cpu"] += cpu
+        return fn
+    t = measure(work(0.0625), min_runs=3, min_time=0.5)       # binary fractions: exact sums
+    assert t.runs == 8 and t.median_s == 0.0625 and t.cpu_s == 0.0
+    t = measure(work(0.25, cpu=0.125), min_runs=4, min_time=0.0)
+    assert t.runs == 4 and t.cpu_s == 0.125
+    assert measure(work(0.0), min_runs=1, min_time=10.0, max_runs=7).runs == 7
 
 
 def test_throughput():

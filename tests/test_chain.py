@@ -386,6 +386,7 @@ print("done", flush=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.name != "posix", reason="needs SIGKILL")
 def test_sigkill_during_save_keeps_the_last_good_checkpoint(tmp_path):
     partial = lambda p: os.path.basename(p).startswith(".") \

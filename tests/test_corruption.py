@@ -48,6 +48,7 @@ def _fuzz(*args) -> dict:
     return json.loads(proc.stdout)
 
 
+@pytest.mark.slow
 def test_random_bit_flips_and_truncations_are_always_detected(tmp_path):
     path = tmp_path / "ck.lc"
     _real_checkpoint(path)
@@ -59,6 +60,7 @@ def test_random_bit_flips_and_truncations_are_always_detected(tmp_path):
     }, report  # fmt: skip
 
 
+@pytest.mark.slow
 def test_swaps_splices_bombs_and_forged_headers(tmp_path):
     """Compressed files: every swap of equal-length sections, splices from the next
     "step", forged bombs and headers; a chain's swaps and splices. None loads wrong data
@@ -127,6 +129,7 @@ print("done", flush=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.name != "posix", reason="needs SIGKILL")
 def test_sigkill_during_save_keeps_the_previous_checkpoint(tmp_path):
     path = tmp_path / "ck.lc"

@@ -267,6 +267,7 @@ def two_ranks(tmp_path_factory):
     return root, src
 
 
+@pytest.mark.slow
 def test_two_ranks_save_fail_delta_load_and_reshard_to_one(two_ranks):
     root, _ = two_ranks
     asg = torch.load(f"{root}/asg0.pt")
@@ -291,6 +292,7 @@ def test_two_ranks_save_fail_delta_load_and_reshard_to_one(two_ranks):
     assert torch.equal(target["state"]["ids"], torch.arange(100))
 
 
+@pytest.mark.slow
 def test_one_process_checkpoint_loads_resharded_on_two_ranks(two_ranks):
     _, src = two_ranks      # the workers compared their shards with the saved values
     assert all(os.path.exists(f"{src}.loaded_on_{r}") for r in range(2))

@@ -183,9 +183,8 @@ def test_backpressure_wait_blocks_until_written(tmp_path, monkeypatch):
     assert gate.entered.wait(5)
     threading.Timer(0.2, gate.release.set).start()
     mgr.step(1.0)
-    t0 = time.perf_counter()
     assert mgr.step(1.0) is True                # waited for step 2's write, then snapshotted
-    assert time.perf_counter() - t0 > 0.1 and mgr.durable_step == 2
+    assert gate.release.is_set() and mgr.durable_step == 2   # it could not return before
     mgr.close()
     assert lcckpt.DeltaCheckpointer(tmp_path).steps() == [2, 4]
 
@@ -285,6 +284,7 @@ def uninterrupted(tmp_path_factory):
     return {mode: _run(tmp, f"{mode}", STEPS, mode, "none")[0] for mode in ("exact", "lossy")}
 
 
+@pytest.mark.slow
 @needs_sklearn
 def test_sigkill_then_resume_is_bit_identical_with_exact_checkpoints(tmp_path, uninterrupted):
     _run(tmp_path, "run-killed", STEPS, "exact", "at:130", expect_rc=-signal.SIGKILL)
@@ -296,6 +296,7 @@ def test_sigkill_then_resume_is_bit_identical_with_exact_checkpoints(tmp_path, u
     assert resumed["accuracy"] == ref["accuracy"]
 
 
+@pytest.mark.slow
 @needs_sklearn
 def test_sigkill_while_writing_then_resume_reaches_the_same_quality(tmp_path, uninterrupted):
     _, out = _run(tmp_path, "run-killed", STEPS, "lossy", "save:100", expect_rc=-signal.SIGKILL)
@@ -315,6 +316,7 @@ def test_sigkill_while_writing_then_resume_reaches_the_same_quality(tmp_path, un
     assert resumed["loss"] < 1.5 * ref["loss"]
 
 
+@pytest.mark.slow
 @needs_sklearn
 def test_sigterm_writes_an_emergency_checkpoint_and_exits(tmp_path, uninterrupted):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -386,16 +388,14 @@ def test_manager_plans_from_its_own_measurements(tmp_path):
     mgr = CheckpointManager(tmp_path, model, opt, policy="young_daly", mtbf=3.0, profile_at=10)
     first = None
     for it in range(1, 201):
-        time.sleep(0.002)
         if mgr.step(float(it)) and first is None:
             first = it
     mgr.close()
-    assert first == 10 and mgr.stats["plans"] >= 1
+    assert first == 10 and mgr.stats["plans"] >= 1      # profiled at profile_at, then planned
     plan = mgr.plan_summary
     assert plan["policy"] == "young_daly" and plan["gap"] >= 1
-    # the young_daly policy's DP never checkpoints more often than Young/Daly; it may space
-    # checkpoints further apart when the background write is slower than that interval
-    assert plan["gap"] >= 0.9 * plan["young_daly_gap"]
+    # (how the gap compares with Young/Daly's depends on measured times: it is asserted on
+    # given inputs in the _replan.decide tests above, not on this machine's clock)
     text = mgr.explain()
     assert "Young/Daly" in text and "snapshot" in text
     assert mgr.stats["checkpoints"] >= 2        # the profiling one and a planned one

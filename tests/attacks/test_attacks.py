@@ -237,6 +237,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype,codec,scale", [
     ("F32", "lossless", 0.99), ("BF16", "delta", 0.99), ("F64", "delta", 0.99),
     ("F32", "lossless", 1.05),
@@ -256,10 +257,8 @@ def test_no_file_under_1_mb_makes_a_default_load_use_1_gb(dtype, codec, scale):
 
 def test_a_header_of_millions_of_empty_lists_is_refused_before_parsing():
     header = b'{"version":2,"meta":{"x":[' + b"[]," * 3_000_000 + b'[]]},"sections":[]}'
-    t = time.perf_counter()
-    with pytest.raises(ResourceLimitError, match="header"):
-        read_container(craft.raw_header_file(header))
-    assert time.perf_counter() - t < 30      # generous: refused by counting, not parsing
+    with pytest.raises(ResourceLimitError, match="could take gigabytes"):
+        read_container(craft.raw_header_file(header))    # by counting, before any parse
 
 
 # --------------------------------------------------------------------------- 3. crafted headers
@@ -327,16 +326,16 @@ time.sleep(60)
 """
 
 
+@pytest.mark.slow
 def test_a_second_writer_process_is_refused_at_once(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path), ROOT],
                              stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline() == "locked\n"
         ck = lcckpt.DeltaCheckpointer(tmp_path)
-        t = time.perf_counter()
         with pytest.raises(ConcurrentWriteError, match=f"pid {child.pid}"):
-            ck.save(1, {"w": torch.ones(10)})
-        assert time.perf_counter() - t < 5
+            ck.save(1, {"w": torch.ones(10)})  # while the holder lives: no waiting for it
+        assert child.poll() is None
         assert ck.steps() == [0] and torch.equal(ck.load(0)["w"], torch.zeros(10))
     finally:
         child.kill()
@@ -548,6 +547,7 @@ except lcckpt.ResourceLimitError as e:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc (Linux)")
 def test_auto_refuses_what_would_not_fit_under_rlimit_as():
     """An uncompressed 256 MiB file is within the ratio rule; with 128 MiB of address
@@ -636,6 +636,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt,scale", [("torch", 0.99), ("torch", 1.05), ("numcodecs", 0.99),
                                        ("numcodecs", 1.05)])
 def test_no_torch_zip_or_raw_blob_under_1_mb_makes_a_default_load_use_1_gb(fmt, scale):
@@ -649,3 +650,28 @@ def test_no_torch_zip_or_raw_blob_under_1_mb_makes_a_default_load_use_1_gb(fmt, 
     outcome, rss_kib = out.stdout.split()
     assert outcome == ("loaded" if scale < 1 else "ResourceLimitError")
     assert int(rss_kib) * 1024 < 1e9, f"peak RSS {int(rss_kib) // 1024} MiB"
+
+
+def test_lazy_reads_are_held_to_max_bytes(tmp_path, monkeypatch):
+    """``lcckpt.open`` follows the rule of ``load``: a bomb's tensor is refused by
+    ``get_tensor`` and ``get_slice`` at the default, read with ``max_bytes=None``; a chain
+    step's delta tensor is checked with its chain's files, as ``DeltaCheckpointer.load``."""
+    monkeypatch.setattr(limits, "AUTO_FLOOR", 1 << 20)        # the default, scaled down
+    n = 1 << 22                                              # 16 MiB of constant
+    path = tmp_path / "bomb.lcc"
+    path.write_bytes(craft.tensor_file(craft.const_blob([n]), [n]))
+    with lcckpt.open(path) as f:
+        with pytest.raises(ResourceLimitError, match="declares"):
+            f.get_tensor("t")
+        with pytest.raises(ResourceLimitError, match="declares"):
+            f.get_slice("t")[:4]
+    with lcckpt.open(path, max_bytes=None) as f:
+        assert f.get_slice("t")[:4].tolist() == [0.0] * 4
+    ck = lcckpt.DeltaCheckpointer(tmp_path / "ck")
+    for step in range(3):
+        ck.save(step, {"w": torch.full((1 << 16,), float(step)), "b": torch.ones(3)})
+    with lcckpt.open(tmp_path / "ck", max_bytes=1000) as f:
+        with pytest.raises(ResourceLimitError):
+            f.get_tensor("w")
+    with lcckpt.open(tmp_path / "ck") as f:                 # "auto": the deltas are vouched for
+        assert torch.equal(f.get_tensor("w"), ck.load(2)["w"])
