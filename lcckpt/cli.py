@@ -185,7 +185,7 @@ def verify_dir(path: str) -> list[dict]:
 
 
 def _table(rows, cols):
-    from .bench.timing import format_table
+    from ._table import format_table
     return format_table(rows, cols)
 
 

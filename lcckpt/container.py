@@ -1,7 +1,9 @@
 """The lcckpt file format: a checksummed JSON header, then 16-byte aligned data sections.
 
-This module moves bytes and per-section metadata; it knows nothing of torch, of tensors
-or of what a section holds (serialization.py and chain.py decide that). Every field of
+This module moves bytes and per-section metadata; it knows nothing of torch or of what a
+section holds (serialization.py and chain.py decide that), with one exception:
+:func:`verify_file` also checks inside each tensor blob (through blob.py's parser), so
+that one call checks every byte of a file. Every field of
 the header, every offset, length, padding byte and checksum is validated before a byte
 is handed out, so a damaged or hostile file fails with a :class:`CorruptDataError`
 subclass instead of feeding garbage to a decoder. ``docs/format.md`` is the spec.

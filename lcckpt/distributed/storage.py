@@ -40,7 +40,8 @@ from torch.distributed.checkpoint.planner import (LoadPlan, LoadPlanner,
                                                   WriteItemType)
 from torch.distributed.checkpoint.storage import WriteResult
 
-from .. import DeltaDecoder, DeltaEncoder, decode, encode
+from ..codec import decode, encode
+from ..delta import DeltaDecoder, DeltaEncoder
 from ..errors import (BrokenChainError, CorruptDataError, InvalidArgumentError,
                       TruncatedError, UnsafeObjectError)
 from .partition import Piece
