@@ -138,56 +138,8 @@ def parse(blob, check_payload: bool = True) -> tuple[np.ndarray, Parsed]:
     if -(-n // cs) > len(buf):             # every chunk costs at least one table byte
         raise CorruptDataError(f"lcckpt blob: shape {shape} is larger than the blob can describe")
     p = Parsed(kind, dt, shape, n, log2, 0)
-    if kind == LOSSY:
-        if dt.kind != "float":
-            raise CorruptDataError(f"lcckpt blob: lossy kind with dtype {dt.name}")
-        p.bits = r.u8()
-        if not 1 <= p.bits <= 4:
-            raise CorruptDataError(f"lcckpt blob: bits = {p.bits}")
-        flags = r.u8()
-        if flags & ~1:
-            raise CorruptDataError(f"lcckpt blob: unknown flags {flags:#x}")
-        p.midpoint = bool(flags & 1)
-        kept = r.u8()
-        if kept > (1 << p.bits) - 1:
-            raise CorruptDataError(f"lcckpt blob: {kept} buckets exceed {p.bits} bits")
-        work = np.float64 if dt.name == "F64" else np.float32
-        p.centroids = np.zeros(1 << p.bits, work)
-        p.centroids[1:kept + 1] = np.frombuffer(r.raw(kept * np.dtype(work).itemsize), work)
-        if not np.all(np.isfinite(p.centroids)):
-            raise CorruptDataError("lcckpt blob: non-finite centroid")
-        allowed = entropy.modes_for("auto", p.bits)
-        p.layouts = [entropy.read_tables(r, n, cs, p.bits, allowed)]
-    elif kind == UNIFORM:
-        if dt.kind != "float":
-            raise CorruptDataError(f"lcckpt blob: uniform kind with dtype {dt.name}")
-        p.bits = r.u8()
-        if not 2 <= p.bits <= 8:
-            raise CorruptDataError(f"lcckpt blob: uniform symbols of {p.bits} bits")
-        p.step = float(np.frombuffer(r.raw(8), "<f8")[0])
-        if not (np.isfinite(p.step) and p.step >= 0):
-            raise CorruptDataError(f"lcckpt blob: uniform step {p.step}")
-        nesc = r.uvar(n, "number of escapes")
-        work = np.float64 if dt.name == "F64" else np.float32
-        p.centroids = uniform_table(p.step, p.bits, work)
-        if not np.all(np.isfinite(p.centroids)):
-            raise CorruptDataError("lcckpt blob: uniform step overflows the table")
-        p.layouts = [entropy.read_tables(r, n, cs, p.bits, uniform_modes("auto", p.bits))]
-        p.esc_idx = np.zeros(nesc, np.int64)      # located after the header checksum
-        p.esc_val = np.zeros(nesc, work)
-    else:
-        nplanes = r.u8()
-        words, rotate = lossless.words_of(np.empty((0,), dt.numpy), dt.kind)
-        if nplanes != words.dtype.itemsize:
-            raise CorruptDataError(f"lcckpt blob: {nplanes} byte planes for dtype {dt.name}")
-        rot = r.u8()
-        if rot != int(rotate):
-            raise CorruptDataError("lcckpt blob: rotation flag does not match the dtype")
-        p.rotate = rotate
-        allowed = (entropy.BYTES_READ if version == PAIRS_VERSION
-                   else entropy.modes_for("bytes", 8))
-        p.layouts = [entropy.read_tables(r, words_n(n, dt), cs, 8, allowed)
-                     for _ in range(nplanes)]
+    {LOSSY: _lossy_header, UNIFORM: _uniform_header, LOSSLESS: _lossless_header}[kind](
+        r, p, version)
     hdr_end = r.pos
     stored = r.u32()
     if zlib.crc32(buf[:hdr_end]) != stored:
@@ -209,6 +161,65 @@ def parse(blob, check_payload: bool = True) -> tuple[np.ndarray, Parsed]:
     if kind == UNIFORM and p.esc_idx.size:
         _read_escapes(buf, p.payload_base + size, p)
     return buf, p
+
+
+def _lossy_header(r: Reader, p: Parsed, version: int) -> None:
+    """LC buckets: bits, flags, the kept centroids, the symbol tables."""
+    if p.dt.kind != "float":
+        raise CorruptDataError(f"lcckpt blob: lossy kind with dtype {p.dt.name}")
+    p.bits = r.u8()
+    if not 1 <= p.bits <= 4:
+        raise CorruptDataError(f"lcckpt blob: bits = {p.bits}")
+    flags = r.u8()
+    if flags & ~1:
+        raise CorruptDataError(f"lcckpt blob: unknown flags {flags:#x}")
+    p.midpoint = bool(flags & 1)
+    kept = r.u8()
+    if kept > (1 << p.bits) - 1:
+        raise CorruptDataError(f"lcckpt blob: {kept} buckets exceed {p.bits} bits")
+    work = np.float64 if p.dt.name == "F64" else np.float32
+    p.centroids = np.zeros(1 << p.bits, work)
+    p.centroids[1:kept + 1] = np.frombuffer(r.raw(kept * np.dtype(work).itemsize), work)
+    if not np.all(np.isfinite(p.centroids)):
+        raise CorruptDataError("lcckpt blob: non-finite centroid")
+    allowed = entropy.modes_for("auto", p.bits)
+    p.layouts = [entropy.read_tables(r, p.n, 1 << p.log2, p.bits, allowed)]
+
+
+def _uniform_header(r: Reader, p: Parsed, version: int) -> None:
+    """The restored-state quantizer: symbol bits, step, escape count, the symbol tables."""
+    if p.dt.kind != "float":
+        raise CorruptDataError(f"lcckpt blob: uniform kind with dtype {p.dt.name}")
+    p.bits = r.u8()
+    if not 2 <= p.bits <= 8:
+        raise CorruptDataError(f"lcckpt blob: uniform symbols of {p.bits} bits")
+    p.step = float(np.frombuffer(r.raw(8), "<f8")[0])
+    if not (np.isfinite(p.step) and p.step >= 0):
+        raise CorruptDataError(f"lcckpt blob: uniform step {p.step}")
+    nesc = r.uvar(p.n, "number of escapes")
+    work = np.float64 if p.dt.name == "F64" else np.float32
+    p.centroids = uniform_table(p.step, p.bits, work)
+    if not np.all(np.isfinite(p.centroids)):
+        raise CorruptDataError("lcckpt blob: uniform step overflows the table")
+    p.layouts = [entropy.read_tables(r, p.n, 1 << p.log2, p.bits, uniform_modes("auto", p.bits))]
+    p.esc_idx = np.zeros(nesc, np.int64)      # located after the header checksum
+    p.esc_val = np.zeros(nesc, work)
+
+
+def _lossless_header(r: Reader, p: Parsed, version: int) -> None:
+    """Exact byte planes: their number, the rotation flag, each plane's tables."""
+    nplanes = r.u8()
+    words, rotate = lossless.words_of(np.empty((0,), p.dt.numpy), p.dt.kind)
+    if nplanes != words.dtype.itemsize:
+        raise CorruptDataError(f"lcckpt blob: {nplanes} byte planes for dtype {p.dt.name}")
+    rot = r.u8()
+    if rot != int(rotate):
+        raise CorruptDataError("lcckpt blob: rotation flag does not match the dtype")
+    p.rotate = rotate
+    allowed = (entropy.BYTES_READ if version == PAIRS_VERSION
+               else entropy.modes_for("bytes", 8))
+    p.layouts = [entropy.read_tables(r, words_n(p.n, p.dt), 1 << p.log2, 8, allowed)
+                 for _ in range(nplanes)]
 
 
 def _index_dtype(n: int):

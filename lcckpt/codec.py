@@ -70,8 +70,17 @@ def encode(x, bits: int = 2, coder: str = "auto", *, lossless: bool = False,
     error-bounded uniform quantizer instead, ``||x - decode(blob)||₂ <= target·||x||₂``
     (see :class:`~lcckpt.config.CodecConfig`). ``lossless=True`` codes
     any dtype exactly. ``config``: a :class:`~lcckpt.config.CodecConfig` instead of the
-    keywords. With ``report=True`` returns ``(blob, EncodeStats)``.
+    keywords (giving both raises). With ``report=True`` returns ``(blob, EncodeStats)``.
     """
+    if config is not None:
+        given = [k for k, v, d in (("bits", bits, 2), ("coder", coder, "auto"),
+                                   ("lossless", lossless, False), ("error_bound", error_bound, None),
+                                   ("midpoint", midpoint, False), ("chunk_size", chunk_size, None),
+                                   ("target", target, None)) if v != d]
+        if given:
+            raise InvalidArgumentError(
+                f"give either config or the keywords, not both: {', '.join(given)} would be "
+                "ignored; put them in the CodecConfig")
     cfg = config if config is not None else CodecConfig(
         bits, coder, error_bound, midpoint, chunk_size, lossless, target)
     if not isinstance(cfg, CodecConfig):

@@ -224,20 +224,8 @@ def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None,
     """
     b = an.b
     modes = [m for m in modes if m not in CODED_MODES or m in an.hist]   # analyzed ones
-    lengths = {}
-    for m in modes:
-        if m in CODED_MODES:
-            counts = an.hist[m].sum(axis=0)
-            fresh = hk.code_lengths(counts, hk.MAX_CODE_LEN)
-            lengths[m] = cache.choose(m, counts, fresh) if cache is not None else fresh
-    mode_bits = {}
-    bits_by_mode = []
-    for m in modes:
-        bits = _chunk_bits(an, m, lengths)
-        bits_by_mode.append(bits)
-        if m != CONST:
-            mode_bits[m] = int(bits.sum())
-    stacked = np.stack([(x + 7) // 8 for x in bits_by_mode])
+    lengths = _code_lengths(an, modes, cache)
+    stacked, mode_bits = _chunk_bytes(an, modes, lengths)
     score = stacked.astype(np.float64)
     if RAW in modes:                 # coding must pay for its slower decode
         score[list(modes).index(RAW)] *= RAW_MARGIN
@@ -291,18 +279,43 @@ def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None,
             raise AssertionError(f"chunk {c}: wrote {end - pos} bytes, planned {nbytes[c]}")
     if not is_raw.all():
         run_tasks(task, an.nchunks)
-    parts = []
-    c = 0
-    while c < an.nchunks:                    # runs of raw or coded chunks, in order
-        d = c
-        while d < an.nchunks and is_raw[d] == is_raw[c]:
-            d += 1
-        if is_raw[c]:
-            parts.append(sym[c * cs:min(an.n, d * cs)])
-        else:
-            parts.append(coded[offsets[c]:offsets[d]])
-        c = d
+    parts = _pieces(sym, coded, offsets, is_raw, cs, an.n)
     return Encoded(chunk_modes, consts, nbytes, used, parts, mode_bits)
+
+
+def _code_lengths(an: Analysis, modes, cache) -> dict:
+    """Each coded mode's code lengths, from its symbol counts (or the cached table)."""
+    lengths = {}
+    for m in modes:
+        if m in CODED_MODES:
+            counts = an.hist[m].sum(axis=0)
+            fresh = hk.code_lengths(counts, hk.MAX_CODE_LEN)
+            lengths[m] = cache.choose(m, counts, fresh) if cache is not None else fresh
+    return lengths
+
+
+def _chunk_bytes(an: Analysis, modes, lengths) -> tuple[np.ndarray, dict]:
+    """``(bytes of every chunk in every mode, total bits per mode but CONST)``."""
+    mode_bits, bits_by_mode = {}, []
+    for m in modes:
+        bits = _chunk_bits(an, m, lengths)
+        bits_by_mode.append(bits)
+        if m != CONST:
+            mode_bits[m] = int(bits.sum())
+    return np.stack([(x + 7) // 8 for x in bits_by_mode]), mode_bits
+
+
+def _pieces(sym, coded, offsets, is_raw, cs: int, n: int) -> list:
+    """The payload in order: runs of coded chunks from ``coded``, runs of raw chunks as
+    views of ``sym`` (no copy)."""
+    parts, c, nch = [], 0, len(is_raw)
+    while c < nch:
+        d = c
+        while d < nch and is_raw[d] == is_raw[c]:
+            d += 1
+        parts.append(sym[c * cs:min(n, d * cs)] if is_raw[c] else coded[offsets[c]:offsets[d]])
+        c = d
+    return parts
 
 
 def _choose(score: np.ndarray, modes, lengths: dict) -> np.ndarray:

@@ -58,6 +58,41 @@ def default_bits(key: str) -> int:
     return 4 if key.startswith('obj["optimizer"]') else 2
 
 
+def _check_arguments(model, policy, mtbf, every, total_steps, objects, extra, downtime,
+                     restart_cost, profile_at, backpressure) -> None:
+    """CheckpointManager's arguments, refused with what is wrong before anything is built."""
+    if policy not in POLICIES:
+        raise InvalidArgumentError(f"policy must be one of {POLICIES}, got {policy!r}")
+    if backpressure not in BACKPRESSURE:
+        raise InvalidArgumentError(f"backpressure must be one of {BACKPRESSURE}, got {backpressure!r}")
+    if every is not None and (type(every) is not int or every < 1):
+        raise InvalidArgumentError(f"every must be a positive int or None, got {every!r}")
+    if every is None:
+        if mtbf is None:
+            raise InvalidArgumentError(
+                "give mtbf (mean seconds between failures of the whole job) so the manager "
+                "can plan, or every=N for a fixed interval")
+        if not (isinstance(mtbf, (int, float)) and mtbf > 0):
+            raise InvalidArgumentError(f"mtbf must be a positive number of seconds, got {mtbf!r}")
+    for name, v in (("downtime", downtime), ("restart_cost", restart_cost)):
+        if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+            raise InvalidArgumentError(f"{name} must be a finite number >= 0, got {v!r}")
+    if total_steps is not None and (type(total_steps) is not int or total_steps < 1):
+        raise InvalidArgumentError(f"total_steps must be a positive int or None, got {total_steps!r}")
+    if type(profile_at) is not int or profile_at < 1:
+        raise InvalidArgumentError(f"profile_at must be a positive int, got {profile_at!r}")
+    if not hasattr(model, "state_dict"):
+        raise InvalidArgumentError(f"model must have state_dict(), got {type(model).__name__}")
+    for name, obj in dict(objects or {}).items():
+        if not isinstance(name, str) or _handler(obj) is None:
+            raise InvalidArgumentError(
+                f"objects[{name!r}] must be keyed by a str and have state_dict() and "
+                "load_state_dict() (or be a torch.Generator / numpy.random.Generator); "
+                f"got {type(obj).__name__}")
+    if extra is not None and not isinstance(extra, dict):
+        raise InvalidArgumentError(f"extra must be a dict, got {type(extra).__name__}")
+
+
 class CheckpointManager:
     """Plans, takes and restores checkpoints of a training loop (see the module docstring).
 
@@ -101,37 +136,9 @@ class CheckpointManager:
                  bits: int | Callable[[str], int] | None = None,
                  keyframe_every: int | None = DEFAULT_KEYFRAME_EVERY,
                  keep_last: int | None = 3, checkpointer_options: Mapping[str, Any] | None = None):
-        if policy not in POLICIES:
-            raise InvalidArgumentError(f"policy must be one of {POLICIES}, got {policy!r}")
-        if backpressure not in BACKPRESSURE:
-            raise InvalidArgumentError(f"backpressure must be one of {BACKPRESSURE}, got {backpressure!r}")
-        if every is not None and (type(every) is not int or every < 1):
-            raise InvalidArgumentError(f"every must be a positive int or None, got {every!r}")
-        if every is None:
-            if mtbf is None:
-                raise InvalidArgumentError(
-                    "give mtbf (mean seconds between failures of the whole job) so the manager "
-                    "can plan, or every=N for a fixed interval")
-            if not (isinstance(mtbf, (int, float)) and mtbf > 0):
-                raise InvalidArgumentError(f"mtbf must be a positive number of seconds, got {mtbf!r}")
-        for name, v in (("downtime", downtime), ("restart_cost", restart_cost)):
-            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise InvalidArgumentError(f"{name} must be a finite number >= 0, got {v!r}")
-        if total_steps is not None and (type(total_steps) is not int or total_steps < 1):
-            raise InvalidArgumentError(f"total_steps must be a positive int or None, got {total_steps!r}")
-        if type(profile_at) is not int or profile_at < 1:
-            raise InvalidArgumentError(f"profile_at must be a positive int, got {profile_at!r}")
-        if not hasattr(model, "state_dict"):
-            raise InvalidArgumentError(f"model must have state_dict(), got {type(model).__name__}")
+        _check_arguments(model, policy, mtbf, every, total_steps, objects, extra, downtime,
+                         restart_cost, profile_at, backpressure)
         self.objects = dict(objects or {})
-        for name, obj in self.objects.items():
-            if not isinstance(name, str) or _handler(obj) is None:
-                raise InvalidArgumentError(
-                    f"objects[{name!r}] must be keyed by a str and have state_dict() and "
-                    "load_state_dict() (or be a torch.Generator / numpy.random.Generator); "
-                    f"got {type(obj).__name__}")
-        if extra is not None and not isinstance(extra, dict):
-            raise InvalidArgumentError(f"extra must be a dict, got {type(extra).__name__}")
 
         self.directory = os.fspath(directory)
         self.model, self.optimizer = model, optimizer

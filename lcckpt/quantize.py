@@ -121,37 +121,14 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     n = u.size
     nch = -(-n // chunk_size)
     keys = _buffer("keys", n, np.uint16)
-    slots = nkeys + 1                                   # the last one counts zeros
     full = midpoint or not split
-    counts = (np.zeros((nch, bk.LANES, slots), np.int64) if full else
-              np.zeros((nch, bk.COUNT_LANES, slots), np.uint32))   # chunks < 2**32 elements
-    sums = np.zeros((nch, bk.LANES, slots), np.float64)
-    mins = np.full((nch, slots), np.inf) if midpoint else np.zeros((1, 1))
-    maxs = np.full((nch, slots), -np.inf) if midpoint else np.zeros((1, 1))
-    norms = np.zeros((nch, 2), np.float64)              # ||u||^2, ||delta||^2 per chunk
     use_ref = ref is not None
     r = ref if use_ref else u
-    ub = u.view(_LAYOUT[u.dtype][0])
-
-    def pass1(c):
-        sf, su = _scratch(u.dtype)
-        lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
-        if full:
-            mm = c if midpoint else 0
-            norms[c] = bk.key_histogram(u, ub, r, use_ref, lo, hi, sf, su, shift, keys,
-                                        counts[c], sums[c], mins[mm], maxs[mm], midpoint)
-        else:                            # the sums come in pass 2, for kept buckets only
-            norms[c] = bk.key_counts(u, ub, r, use_ref, lo, hi, sf, su, shift, keys, counts[c])
-    run_tasks(pass1, nch)
+    counts, sums, mins, maxs, norms = _pass1(u, r, use_ref, keys, chunk_size, full, midpoint)
 
     counts = counts.sum(axis=1, dtype=np.int64)[:, :nkeys]
     total = counts.sum(axis=0)
-    half = nkeys // 2
-    bad = int(total[half - 1] + total[nkeys - 1])
-    if bad:
-        raise NonFiniteError(
-            f"the delta holds {bad} NaN/Inf values, which no quantizer bucket can represent; "
-            "check the state for divergence, or store this step as an exact keyframe")
+    _refuse_non_finite(total, nkeys)
     if midpoint:
         lo_t = np.min(mins[:, :nkeys], axis=0, initial=np.inf)
         hi_t = np.max(maxs[:, :nkeys], axis=0, initial=-np.inf)
@@ -202,21 +179,73 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     if not full:                         # the same table again, now with the centroids
         bk.promotion_table(total, s_tot, lo_t, hi_t, bits, False, centroids)
 
+    sym_hist = _symbol_histogram(counts, lut, nkeys, bits, chunk_size, n)
+    delta_sq = float(norms[:, 1].sum())
+    residual = _residual(centroids, lut, nkeys, s_tot, total, delta_sq)
+    return Quantized(sym, sym_hist, centroids, int(kept), total, max(residual, 0.0),
+                     float(norms[:, 0].sum()), delta_sq, rhist, rextra, listed, chunk_size,
+                     write)
+
+
+def _pass1(u, r, use_ref: bool, keys, chunk_size: int, full: bool, midpoint: bool):
+    """Pass 1 of :func:`quantize`, chunk by chunk on the pool: every element's bucket key
+    into ``keys``, and per chunk the keys' counts, ``||u||^2`` and ``||delta||^2``; with
+    ``full`` also each bucket's sum (and, for the midpoint, its min and max).
+    Returns ``(counts, sums, mins, maxs, norms)``."""
+    _, shift, nkeys = _LAYOUT[u.dtype]
+    n = u.size
+    nch = -(-n // chunk_size)
+    slots = nkeys + 1                                   # the last one counts zeros
+    counts = (np.zeros((nch, bk.LANES, slots), np.int64) if full else
+              np.zeros((nch, bk.COUNT_LANES, slots), np.uint32))   # chunks < 2**32 elements
+    sums = np.zeros((nch, bk.LANES, slots), np.float64)
+    mins = np.full((nch, slots), np.inf) if midpoint else np.zeros((1, 1))
+    maxs = np.full((nch, slots), -np.inf) if midpoint else np.zeros((1, 1))
+    norms = np.zeros((nch, 2), np.float64)              # ||u||^2, ||delta||^2 per chunk
+    ub = u.view(_LAYOUT[u.dtype][0])
+
+    def task(c):
+        sf, su = _scratch(u.dtype)
+        lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
+        if full:
+            mm = c if midpoint else 0
+            norms[c] = bk.key_histogram(u, ub, r, use_ref, lo, hi, sf, su, shift, keys,
+                                        counts[c], sums[c], mins[mm], maxs[mm], midpoint)
+        else:                            # the sums come in pass 2, for kept buckets only
+            norms[c] = bk.key_counts(u, ub, r, use_ref, lo, hi, sf, su, shift, keys, counts[c])
+    run_tasks(task, nch)
+    return counts, sums, mins, maxs, norms
+
+
+def _refuse_non_finite(total: np.ndarray, nkeys: int) -> None:
+    """The NaN/Inf keys (the top key of each sign half) must be empty."""
+    half = nkeys // 2
+    bad = int(total[half - 1] + total[nkeys - 1])
+    if bad:
+        raise NonFiniteError(
+            f"the delta holds {bad} NaN/Inf values, which no quantizer bucket can represent; "
+            "check the state for divergence, or store this step as an exact keyframe")
+
+
+def _symbol_histogram(counts, lut, nkeys: int, bits: int, chunk_size: int, n: int):
+    """Per chunk, how many elements got each symbol: the kept buckets' counts, and the
+    rest of the chunk as symbol 0."""
+    nch = counts.shape[0]
     onehot = np.zeros((nkeys, 1 << bits), np.int64)
     onehot[np.arange(nkeys), lut[:nkeys]] = 1
     onehot[:, 0] = 0                                   # dropped buckets are counted below
     sym_hist = counts @ onehot
     chunk_len = np.minimum(chunk_size, n - np.arange(nch) * chunk_size)
     sym_hist[:, 0] = chunk_len - sym_hist[:, 1:].sum(axis=1)
+    return sym_hist
 
-    # sum over buckets of ||delta - c||^2 = sumsq - 2 c sum + count c^2, where the sums of
-    # squares of all buckets add up to ||delta||^2 and c = 0 for dropped buckets
+
+def _residual(centroids, lut, nkeys: int, s_tot, total, delta_sq: float) -> float:
+    """||delta - restored||^2 from the bucket sums: over buckets, sumsq - 2 c sum +
+    count c^2, where the sums of squares of all buckets add up to ||delta||^2 and c = 0
+    for dropped buckets."""
     c = centroids.astype(np.float64)[lut[:nkeys]]
-    delta_sq = float(norms[:, 1].sum())
-    residual = delta_sq - float(np.sum(2 * c * s_tot - total * c * c))
-    return Quantized(sym, sym_hist, centroids, int(kept), total, max(residual, 0.0),
-                     float(norms[:, 0].sum()), delta_sq, rhist, rextra, listed, chunk_size,
-                     write)
+    return delta_sq - float(np.sum(2 * c * s_tot - total * c * c))
 
 
 # --- the error-bounded uniform quantizer ------------------------------------------------

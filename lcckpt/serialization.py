@@ -147,9 +147,9 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
                 "lcckpt.DeltaCheckpointer(directory).load(step)")
         with open_file(path) as fh:
             head = fh.read(16)
-        kind = _sniff(head)
-        if kind != "lcckpt":
-            return _load_foreign(kind, f, map_location, weights_only, mmap, pickle_load_args,
+        fmt = _sniff(head)
+        if fmt != "lcckpt":
+            return _load_foreign(fmt, f, map_location, weights_only, mmap, pickle_load_args,
                                  max_bytes)
         with read_container(path) as c:
             try:
@@ -167,18 +167,18 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
     pos = f.tell()
     head = f.read(16)
     f.seek(pos)
-    kind = _sniff(head)
-    if kind != "lcckpt":
-        return _load_foreign(kind, f, map_location, weights_only, mmap, pickle_load_args,
+    fmt = _sniff(head)
+    if fmt != "lcckpt":
+        return _load_foreign(fmt, f, map_location, weights_only, mmap, pickle_load_args,
                              max_bytes)
     with read_container(f) as c:
         return _unpack_limited(c, map_location, max_bytes, "the file")
 
 
-def _load_foreign(kind: str, f, map_location, weights_only, mmap, pickle_load_args,
+def _load_foreign(fmt: str, f, map_location, weights_only, mmap, pickle_load_args,
                   max_bytes=limits.DEFAULT):
     """A torch.save or safetensors file, by what :func:`_sniff` found."""
-    if kind == "torch":
+    if fmt == "torch":
         _check_torch_zip(f, max_bytes)
         return _torch_load(f, map_location, weights_only, mmap, pickle_load_args)
     return _safetensors_load(f, map_location, mmap)

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import torch
+from hypothesis import strategies as st
 
 
 class NonSeekableStream(io.RawIOBase):
@@ -105,3 +106,31 @@ def kill_while_writing(script: str, args: list[str], directory, is_partial) -> b
         return temp is not None and os.path.exists(temp)
     finally:
         child.stdout.close()
+
+
+# --------------------------------------------------------------------------- strategies
+
+def _random_tensor(dtype, shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.randint(0, 256, (max(1, torch.Size(shape).numel() * dtype.itemsize),),
+                        dtype=torch.uint8, generator=g)
+    raw = raw[: torch.Size(shape).numel() * dtype.itemsize]
+    if dtype == torch.bool:
+        return (raw % 2).bool().reshape(shape)
+    return raw.view(dtype).reshape(shape)
+
+
+def _safetensors_dtypes():
+    from lcckpt.safetensors_io import TORCH_DTYPE
+    return list(TORCH_DTYPE.values())
+
+
+# dicts of tensors of every dtype safetensors holds, random bytes; and its string metadata
+tensor_dicts = st.dictionaries(
+    st.text(min_size=1, max_size=8).filter(lambda s: s != "__metadata__"),
+    st.tuples(st.sampled_from(_safetensors_dtypes()), st.lists(st.integers(0, 5), max_size=3),
+              st.integers(0, 2**31)),
+    max_size=6,
+).map(lambda d: {k: _random_tensor(dt, shape, seed) for k, (dt, shape, seed) in d.items()})
+metadata = st.one_of(st.none(), st.dictionaries(st.text(max_size=5), st.text(max_size=10),
+                                                max_size=3))

@@ -18,15 +18,13 @@ from lcckpt.convert import convert, detect_format, read_checkpoint
 from lcckpt.errors import InvalidArgumentError, UnsafeObjectError
 from lcckpt.safetensors_io import read_safetensors, save_safetensors
 
-from test_safetensors_io import metadata, tensor_dicts
+from helpers import metadata, same_bits, tensor_dicts
 
 
 def _same(a, b) -> bool:
     """Equal trees; tensors equal bit for bit, in dtype and shape."""
     if isinstance(a, torch.Tensor):
-        return (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
-                and a.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-                == b.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        return isinstance(b, torch.Tensor) and same_bits(a, b)
     if isinstance(a, dict):
         return isinstance(b, dict) and list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):

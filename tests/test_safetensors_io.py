@@ -7,8 +7,8 @@ import struct
 
 import pytest
 import torch
+from helpers import metadata, same_bits, tensor_dicts
 from hypothesis import assume, given, settings
-from hypothesis import strategies as st
 
 from lcckpt.errors import CorruptDataError, InvalidArgumentError, TruncatedError, UnsupportedDtypeError
 from lcckpt.safetensors_io import (
@@ -19,37 +19,8 @@ from lcckpt.safetensors_io import (
     save_safetensors,
 )
 
-DTYPES = list(TORCH_DTYPE.values())
-
-
-def _bits(t: torch.Tensor) -> bytes:
-    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-
-
 def _same(a: dict, b: dict) -> bool:
-    return (list(sorted(a)) == list(sorted(b))
-            and all(a[k].dtype == b[k].dtype and a[k].shape == b[k].shape
-                    and _bits(a[k]) == _bits(b[k]) for k in a))
-
-
-def _random_tensor(dtype, shape, seed):
-    g = torch.Generator().manual_seed(seed)
-    raw = torch.randint(0, 256, (max(1, torch.Size(shape).numel() * dtype.itemsize),),
-                        dtype=torch.uint8, generator=g)
-    raw = raw[: torch.Size(shape).numel() * dtype.itemsize]
-    if dtype == torch.bool:
-        return (raw % 2).bool().reshape(shape)
-    return raw.view(dtype).reshape(shape)
-
-
-tensor_dicts = st.dictionaries(
-    st.text(min_size=1, max_size=8).filter(lambda s: s != "__metadata__"),
-    st.tuples(st.sampled_from(DTYPES), st.lists(st.integers(0, 5), max_size=3),
-              st.integers(0, 2**31)),
-    max_size=6,
-).map(lambda d: {k: _random_tensor(dt, shape, seed) for k, (dt, shape, seed) in d.items()})
-metadata = st.one_of(st.none(), st.dictionaries(st.text(max_size=5), st.text(max_size=10),
-                                                max_size=3))
+    return sorted(a) == sorted(b) and all(same_bits(a[k], b[k]) for k in a)
 
 
 def _file(header: dict, data: bytes = b"", pad: bytes = b"") -> bytes:

@@ -53,6 +53,8 @@ def test_encode_with_a_config_is_encode_with_its_keywords():
     cfg = CodecConfig(bits=3, coder="runs", chunk_size=2048)
     assert lcckpt.encode(x, config=cfg) == lcckpt.encode(x, bits=3, coder="runs", chunk_size=2048)
     assert lcckpt.encode(x, config=CodecConfig(lossless=True)) == lcckpt.encode(x, lossless=True)
+    with pytest.raises(InvalidArgumentError, match="bits would be ignored"):
+        lcckpt.encode(x, bits=4, config=cfg)         # not silently the config's 3 bits
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, "bf16"])
