@@ -22,17 +22,18 @@ Tracked sections use the section codec ``"delta"``: its blob is a lossless tenso
 (keyframes, and tensors new in a delta) or a lossy delta blob. A save passes its own
 leaf encoder to :func:`~lcckpt.serialization.pack` (``_SaveSession.encode_leaf`` ->
 ``DeltaEncoder.encode_parts``); a load passes a leaf decoder that advances the
-:class:`~lcckpt.delta.Reconstruction` of each tracked tensor (``_FileReplay``).
+:class:`~lcckpt.delta.Reconstruction` of each tracked tensor (``links.FileReplay``).
 ``lcckpt.load`` reads keyframe files directly; a delta file needs its chain and is
 refused with :class:`BrokenChainError`.
 
-One writer per directory: the first save (or merge) takes an advisory lock on the file
-``.lcckpt-writer.lock`` in the directory (``fcntl.flock``) and holds it until
-:meth:`DeltaCheckpointer.close` (or the object is garbage collected); a second writer, in
-this or another process, is refused at once with :class:`ConcurrentWriteError`. The
-kernel drops the lock of a process that dies, so a crashed writer never blocks the next
-one. Two threads calling one checkpointer's save/merge at the same time are refused too.
-Any number of readers may load while it writes, since files only ever appear complete.
+One writer per directory (lcckpt/writer_lock.py): the first save (or merge) takes an
+advisory lock on the file ``.lcckpt-writer.lock`` in the directory (``fcntl.flock``) and
+holds it until :meth:`DeltaCheckpointer.close` (or the object is garbage collected); a
+second writer, in this or another process, is refused at once with
+:class:`ConcurrentWriteError`. The kernel drops the lock of a process that dies, so a
+crashed writer never blocks the next one. Two threads calling one checkpointer's
+save/merge at the same time are refused too. Any number of readers may load while it
+writes, since files only ever appear complete.
 """
 
 from __future__ import annotations
@@ -42,10 +43,7 @@ import operator
 import os
 import re
 import secrets
-import socket
-import stat
 import threading
-import time
 import warnings
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
@@ -68,15 +66,15 @@ from .errors import (
     LcckptError,
     NotFoundError,
     StorageError,
-    UnsupportedVersionError,
 )
+from .links import CHAIN_VERSION, FileReplay, Link, delta_key, elements
 from .policy import DEFAULT_POLICY
-from .sections import DELTA, TRACKABLE, Encoded, section_key, section_zero_base
+from .writer_lock import LOCK_NAME, WriterLock
+from .sections import DELTA, TRACKABLE, Encoded, section_key
 from .serialization import pack, unpack
 
 __all__ = ["DeltaCheckpointer", "file_name"]
 
-CHAIN_VERSION = 1
 DEFAULT_TARGET = DEFAULT_POLICY      # DeltaCheckpointer(directory)'s targets: see docs/chain.md
 # Saves per keyframe. Movement targets make later deltas of a chain cheaper and a new
 # keyframe costs ~0.8 of the state: 50 keeps a 41-checkpoint run above 20x whole
@@ -86,7 +84,6 @@ LC_MIN_DELTA_ELEMENTS = 4096         # LC mode: smaller floating tensors are sto
 TARGET_MIN_DELTA_ELEMENTS = 8        # target mode: smaller ones (scalars: step counts) are delta-coded exactly
 MISSED = 0.5            # a restored error past this share of a step's movement is warned of
 _NAME_RE = re.compile(r"step-(\d{12,})\.lcc")
-LOCK_NAME = ".lcckpt-writer.lock"
 
 
 def file_name(step: int) -> str:
@@ -191,62 +188,6 @@ class _SaveSession:
                                 enc.config.target))
 
 
-class _FileReplay:
-    """Loading one file of a chain: ``"delta"`` sections advance the reconstructions of
-    the previous step (``before``) into ``after``; other sections decode as anywhere."""
-
-    def __init__(self, before: dict, copy: bool = True, movement: bool = False):
-        self.before, self.after, self.copy, self.movement = before, {}, copy, movement
-
-    def advance(self, c, i: int, meta: dict) -> Reconstruction:
-        key = section_key(meta)
-        rec = self.before.get(key) or Reconstruction()
-        # movement counts from the keyframe, or from where the tensor (re)started: an
-        # exact fallback inside a chain does not move the base, as for the writer
-        base = self.movement and (rec.movement is None or _is_keyframe(c)
-                                  or rec.movement.n != _elements(meta))
-        rec.apply(c.data(i), dtype=meta.get("dtype"), shape=tuple(meta.get("shape", ())),
-                  check_payload=False, what=key, zero_base=section_zero_base(meta),
-                  movement=base)
-        self.after[key] = rec
-        return rec
-
-    def decode_leaf(self, path: str, c, i: int, meta: dict):
-        if meta.get("codec") != DELTA:
-            return _sections.decode_leaf(path, c, i, meta)
-        return self.advance(c, i, meta).value(self.copy)
-
-    def advance_all(self, c) -> dict:
-        """Advance every tracked tensor of file ``c`` without building its object."""
-        for i, s in enumerate(c.sections):
-            if s["meta"].get("kind") == "tensor" and s["meta"].get("codec") == DELTA:
-                self.advance(c, i, s["meta"])
-        return self.after
-
-
-def _is_keyframe(c) -> bool:
-    info = c.meta.get("lcckpt_chain")
-    return isinstance(info, dict) and info.get("kind") == "keyframe"
-
-
-def _elements(meta: dict) -> int:
-    n = 1
-    shape = meta.get("shape", ())
-    for d in shape if isinstance(shape, (list, tuple)) else ():
-        n *= int(d) if type(d) is int else 0
-    return n
-
-
-def _delta_key(meta: dict) -> str | None:
-    """The tracking key of a tracked tensor section (None for any other section)."""
-    if meta.get("kind") != "tensor" or meta.get("codec") != DELTA:
-        return None
-    try:
-        return section_key(meta)
-    except CorruptDataError:             # refused with its reason when it is decoded
-        return None
-
-
 def _file_bytes(path: str) -> int | None:
     try:
         return os.stat(path).st_size
@@ -259,151 +200,6 @@ def _finite(x):
     every delta file), None for NaN/Inf."""
     x = float(x)
     return float(f"{x:.4g}") if np.isfinite(x) else None
-
-
-# --------------------------------------------------------------------------- chain info
-
-
-class _Link:
-    """What one file's header says about its place in the chain."""
-
-    __slots__ = ("step", "kind", "state_id", "base_step", "base_state_id", "depth", "meta")
-
-    def __init__(self, info: dict, step: int, name: str):
-        def bad(msg):
-            raise CorruptDataError(f"{name}: invalid chain metadata: {msg}")
-
-        if type(info) is not dict:
-            bad("no 'lcckpt_chain' entry; not written by DeltaCheckpointer")
-        v = info.get("version")
-        if type(v) is not int or v < 1:
-            bad(f"version {v!r}")
-        if v > CHAIN_VERSION:
-            raise UnsupportedVersionError(
-                f"{name}: chain format version {v}, this build reads up to {CHAIN_VERSION}: "
-                "upgrade lcckpt")
-        self.meta = info
-        self.step, self.kind = info.get("step"), info.get("kind")
-        self.state_id, self.depth = info.get("state_id"), info.get("depth")
-        if self.step != step or type(self.step) is not int:
-            bad(f"it says step {self.step!r}, its name says {step}")
-        if self.kind not in ("keyframe", "delta"):
-            bad(f"kind {self.kind!r}")
-        if type(self.state_id) is not str or not self.state_id:
-            bad("no state_id")
-        if type(self.depth) is not int or self.depth < 0:
-            bad(f"depth {self.depth!r}")
-        base = info.get("base")
-        if self.kind == "keyframe":
-            if base is not None or self.depth != 0:
-                bad("a keyframe with a base")
-            self.base_step = self.base_state_id = None
-        else:
-            if type(base) is not dict or type(base.get("step")) is not int \
-                    or type(base.get("state_id")) is not str:
-                bad("a delta without a valid base")
-            if not 0 <= base["step"] < step or self.depth < 1:
-                bad(f"base step {base['step']} / depth {self.depth} out of order")
-            self.base_step, self.base_state_id = base["step"], base["state_id"]
-
-
-# --------------------------------------------------------------------------- writer lock
-
-
-class _WriterLock:
-    """An exclusive ``flock`` on the directory's lock file, held while the fd is open.
-
-    The file holds ``pid host time`` of the holder, for the message a refused writer
-    gets, and is deleted on release; one left behind is a writer's that died (the kernel
-    released its lock, and the next writer takes it over: ``stale`` says whose it was).
-    """
-
-    def __init__(self, directory: str):
-        self.path = os.path.join(directory, LOCK_NAME)
-        self.pid = os.getpid()
-        self.fd = None
-        self.stale = None
-        try:
-            import fcntl
-        except ImportError:          # no flock on this platform: one writer is assumed
-            return
-        for _ in range(100):         # until the locked file is the one at the path
-            fd = self._lock_once(fcntl, directory)
-            try:
-                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
-            except FileNotFoundError:          # its holder released and deleted it
-                same = False
-            if same:
-                break
-            os.close(fd)
-        else:
-            raise ConcurrentWriteError(f"{directory}: the writer lock keeps changing hands")
-        self.stale = _read_small(fd) or None     # a writer that died holding it, if any
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()} {int(time.time())}\n".encode(), 0)
-        self.fd = fd
-
-    def _lock_once(self, fcntl, directory: str) -> int:
-        # never through a link: a symlink planted in a shared directory would make the
-        # writer truncate and overwrite its target
-        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-        try:
-            fd = os.open(self.path, flags, 0o644)
-        except OSError as e:
-            if e.errno == errno.ELOOP or os.path.islink(self.path):
-                raise StorageError(e.errno, "the writer lock is a symbolic link; remove it "
-                                   "(lcckpt never creates one)", self.path) from None
-            raise StorageError(e.errno, f"cannot create the writer lock: {e.strerror}",
-                               self.path) from None
-        try:
-            regular = stat.S_ISREG(os.fstat(fd).st_mode)
-        except OSError:
-            regular = False
-        if not regular:
-            os.close(fd)
-            raise StorageError(errno.EINVAL, "the writer lock is not a regular file; remove "
-                               "it", self.path)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            holder = _read_small(fd)
-            os.close(fd)
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise StorageError(e.errno, f"cannot lock the checkpoint directory: "
-                                   f"{e.strerror}", self.path) from None
-            raise ConcurrentWriteError(
-                f"{directory} is being written by another DeltaCheckpointer "
-                f"({_describe(holder)}); one writer per directory: stop or close() the other "
-                "writer first (readers need no lock: DeltaCheckpointer(d).load() works while "
-                "it writes)") from None
-        return fd
-
-    def held(self) -> bool:
-        return self.pid == os.getpid()      # a forked child must take its own
-
-    def release(self) -> None:
-        if self.fd is not None and self.pid == os.getpid():
-            try:
-                os.unlink(self.path)        # while locked: a waiter re-checks the path
-            except OSError:
-                pass
-            os.close(self.fd)               # closing the fd drops the flock
-        self.fd = None
-
-
-def _read_small(fd: int) -> str:
-    try:
-        return os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
-    except OSError:
-        return ""
-
-
-def _describe(holder: str) -> str:
-    parts = holder.split()
-    if len(parts) == 3 and parts[0].isdigit() and parts[2].isdigit():
-        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(int(parts[2])))
-        return f"pid {parts[0]} on {parts[1]}, since {since}"
-    return "holder unknown"
 
 
 # --------------------------------------------------------------------------- checkpointer
@@ -493,9 +289,9 @@ class DeltaCheckpointer:
         self._exact_of: dict[str, bool] = {}    # path -> its encoder codes exact deltas
         self._last: dict | None = None      # step, state_id, depth of the newest file
         self._force_keyframe = False
-        self._headers: dict[str, tuple] = {}    # file name -> (stat key, _Link)
+        self._headers: dict[str, tuple] = {}    # file name -> (stat key, Link)
         self.last_save: dict | None = None  # what the newest save wrote (step, kind, path, nbytes)
-        self._lock: _WriterLock | None = None
+        self._lock: WriterLock | None = None
         self._busy = threading.Lock()
 
     def _size_rule(self, path: str, t: torch.Tensor) -> bool:
@@ -514,7 +310,7 @@ class DeltaCheckpointer:
             if self._lock is None or not self._lock.held():
                 self._lock = None
                 self._encoders = None        # others may have written: resync from disk
-                self._lock = _WriterLock(self.directory)
+                self._lock = WriterLock(self.directory)
             yield
         finally:
             self._busy.release()
@@ -798,7 +594,7 @@ class DeltaCheckpointer:
             path = self.path(s)
             try:
                 c = stack.enter_context(read_container(path))
-                link = _Link(c.meta.get("lcckpt_chain"), s, path)
+                link = Link(c.meta.get("lcckpt_chain"), s, path)
             except FileNotFoundError as e:
                 raise self._fault(step, s, path, BrokenChainError("the file is missing")) from e
             except (LcckptError, OSError) as e:
@@ -834,11 +630,11 @@ class DeltaCheckpointer:
             for i, (c, link, path) in enumerate(links):
                 try:
                     if build and i == len(links) - 1:
-                        replay = _FileReplay(tracks, copy=keep_tracks)
+                        replay = FileReplay(tracks, copy=keep_tracks)
                         obj = unpack(c, map_location, decode_leaf=replay.decode_leaf)
                         tracks = replay.after
                     else:
-                        tracks = _FileReplay(tracks, movement=movement).advance_all(c)
+                        tracks = FileReplay(tracks, movement=movement).advance_all(c)
                 except (LcckptError, OSError) as e:
                     raise self._fault(step, link.step, path, e) from e
             return obj, [(c, link) for c, link, _ in links], tracks
@@ -861,9 +657,9 @@ class DeltaCheckpointer:
             declared, new = 0, {}
             for sec in c.sections:
                 meta = sec["meta"]
-                key = _delta_key(meta)
+                key = delta_key(meta)
                 if key is not None:
-                    n = _elements(meta)
+                    n = elements(meta)
                     if vouch and link.kind == "delta" and held.get(key) == n:
                         continue
                     new[key] = n
@@ -892,7 +688,7 @@ class DeltaCheckpointer:
             f"cannot restore step {step}: its chain link {path} (step {at}) is unusable: {e}. "
             "Load an earlier step, or restore that file from a copy")
 
-    def _link(self, step: int) -> _Link:
+    def _link(self, step: int) -> Link:
         """The validated chain header of ``step`` (cached by file identity)."""
         path = self.path(step)
         try:
@@ -904,7 +700,7 @@ class DeltaCheckpointer:
         if hit is not None and hit[0] == key:
             return hit[1]
         with read_container(path) as c:
-            link = _Link(c.meta.get("lcckpt_chain"), step, path)
+            link = Link(c.meta.get("lcckpt_chain"), step, path)
         self._headers[path] = (key, link)
         return link
 
@@ -935,7 +731,7 @@ class DeltaCheckpointer:
         top = links[-1][1]
         if top.kind != "keyframe":
             with read_container(path) as c:
-                link = _Link(c.meta.get("lcckpt_chain"), upto, path)
+                link = Link(c.meta.get("lcckpt_chain"), upto, path)
                 if link.state_id != top.state_id:
                     raise BrokenChainError(f"{path} changed while being merged")
                 sections = []

@@ -40,7 +40,7 @@ from .chain import DeltaCheckpointer
 from .codec import exact_chunk_decoder
 from .container import Container, read_container
 from .delta import Reconstruction
-from .errors import (BrokenChainError, CorruptDataError, InvalidArgumentError,
+from .errors import (CorruptDataError, InvalidArgumentError,
                      TruncatedError, UnsupportedVersionError)
 from .serialization import tree_of
 

@@ -108,6 +108,23 @@ def kill_while_writing(script: str, args: list[str], directory, is_partial) -> b
         child.stdout.close()
 
 
+def drifting_state(step: int) -> dict:
+    """One state of a drifting run (fp32, bf16, fp16 and fp64 weights, a small tensor,
+    counters): deterministic per step, so another process can make it too."""
+    base = np.random.default_rng(0)
+    w0, d = base.standard_normal(6000), base.standard_normal(6000)
+    noise = np.random.default_rng(1000 + step).standard_normal(6000)
+    w = w0 + 0.02 * np.sqrt(step) * d + 0.002 * noise
+    return {
+        "model": {"w": torch.from_numpy(w.astype(np.float32)),
+                  "h": torch.from_numpy(w[:5000].copy()).to(torch.bfloat16),
+                  "g": torch.from_numpy(w[1000:5096].astype(np.float16)),
+                  "x": torch.from_numpy(w[:4500] * 3.0),
+                  "b": torch.from_numpy(w[:10].astype(np.float32))},
+        "step": torch.tensor(step), "epoch": step // 10, "name": "run",
+    }
+
+
 # --------------------------------------------------------------------------- strategies
 
 def _random_tensor(dtype, shape, seed):

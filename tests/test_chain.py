@@ -20,7 +20,7 @@ from lcckpt import BrokenChainError, ChecksumError, DeltaCheckpointer, DeltaDeco
 from lcckpt.chain import LOCK_NAME, file_name
 from lcckpt.container import read_container
 
-from helpers import assert_same, kill_while_writing, same_bits, train_steps
+from helpers import assert_same, drifting_state, kill_while_writing, same_bits, train_steps
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -53,23 +53,7 @@ OPTIMIZERS = {
     "adam": lambda p: torch.optim.Adam(p, lr=1e-3),
 }
 
-# one state of a drifting run: deterministic per step, so another process can make it too
-_STATE_SRC = '''
-def _state(step):
-    base = np.random.default_rng(0)
-    w0, d = base.standard_normal(6000), base.standard_normal(6000)
-    noise = np.random.default_rng(1000 + step).standard_normal(6000)
-    w = w0 + 0.02 * np.sqrt(step) * d + 0.002 * noise
-    return {
-        "model": {"w": torch.from_numpy(w.astype(np.float32)),
-                  "h": torch.from_numpy(w[:5000].copy()).to(torch.bfloat16),
-                  "g": torch.from_numpy(w[1000:5096].astype(np.float16)),
-                  "x": torch.from_numpy(w[:4500] * 3.0),
-                  "b": torch.from_numpy(w[:10].astype(np.float32))},
-        "step": torch.tensor(step), "epoch": step // 10, "name": "run",
-    }
-'''
-exec(_STATE_SRC)  # defines _state
+_state = drifting_state
 
 TRACKED = ("w", "h", "g", "x")
 
@@ -201,7 +185,7 @@ def test_keyframe_cadence(tmp_path):
 _CHILD_WRITER = """
 import sys, numpy as np, torch
 sys.path.insert(0, {here!r})
-from test_chain import _state
+from helpers import drifting_state as _state
 from lcckpt import DeltaCheckpointer
 ck = DeltaCheckpointer(sys.argv[1], keyframe_every=8)
 for step in range(int(sys.argv[2]), int(sys.argv[3])):

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import lcckpt
 from lcckpt.config import CodecConfig
-from lcckpt.errors import InvalidArgumentError, UnsupportedDtypeError
+from lcckpt.errors import InvalidArgumentError
 from lcckpt.numcodecs import LcckptLossless, LcckptLossy
 
 GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "numcodecs")

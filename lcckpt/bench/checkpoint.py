@@ -271,7 +271,6 @@ def stream(objs: list, torch_files: list[bytes], *, settings=None, error_bounds=
                 and fp[k].shape == fc[k].shape else _bytes(fc[k])
             z, dt = _timed(lambda: co.compress(piece))
             nz, nbytes, t = nz + len(z), nbytes + len(piece), t + dt
-            del piece
         z, dt = _timed(co.flush)
         te.append(nbytes / (t + dt) / MB)
         sizes.append(nz + len(z))

@@ -27,7 +27,6 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 import tempfile
 import warnings
 

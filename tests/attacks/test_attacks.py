@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
