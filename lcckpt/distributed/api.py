@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 
 from ..errors import DistributedCheckpointError, InvalidArgumentError, LcckptError
 from .planner import BalancedSavePlanner, SafeLoadPlanner
-from .storage import CompressedReader, CompressedWriter
+from .storage import CompressedReader, CompressedWriter, local_path
 
 _STEP = re.compile(r"step_(\d{10})")
 
@@ -155,7 +155,7 @@ class DistributedCheckpointer:
     def __init__(self, directory, *, bits: int = 2, keyframe_every: int = 20,
                  process_group=None, planner: BalancedSavePlanner | None = None,
                  sync_files: bool = True):
-        self.directory = os.fspath(directory)
+        self.directory = os.fspath(local_path(directory))
         self.process_group = process_group
         self.writer = CompressedWriter(self.directory, bits=bits, keyframe_every=keyframe_every,
                                        sync_files=sync_files)

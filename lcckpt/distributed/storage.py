@@ -109,6 +109,20 @@ class _Flusher:
         os.fsync(f.fileno())
 
 
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
+
+
+def local_path(path):
+    """``path`` as a local path; a URL (``s3://...``, ``memory://...``) is refused instead
+    of being taken for a relative directory named ``s3:``."""
+    text = os.fspath(path)
+    if isinstance(text, str) and _URL.match(text):
+        raise InvalidArgumentError(
+            f"{text!r} is a URL; lcckpt.distributed writes and reads local (or mounted) "
+            "directories only: save to a local directory and upload it, or mount the store")
+    return path
+
+
 class CompressedWriter(FileSystemWriter):
     """DCP storage writer that encodes each item with lcckpt's codecs.
 
@@ -121,7 +135,7 @@ class CompressedWriter(FileSystemWriter):
 
     def __init__(self, path, *, bits: int | None = None, keyframe_every: int = 20,
                  sync_files: bool = True):
-        super().__init__(path, single_file_per_rank=True, sync_files=sync_files,
+        super().__init__(local_path(path), single_file_per_rank=True, sync_files=sync_files,
                          thread_count=1, overwrite=True)
         if bits is not None and bits not in (1, 2, 3, 4):
             raise InvalidArgumentError(f"bits must be None or 1..4, got {bits!r}")
@@ -333,7 +347,7 @@ class CompressedReader(FileSystemReader):
     """DCP storage reader for checkpoints written by :class:`CompressedWriter`."""
 
     def __init__(self, path):
-        super().__init__(path)
+        super().__init__(local_path(path))
         self._cached: tuple | None = None      # (raw .metadata, parsed): read once per load
 
     def read_metadata(self, *args, **kwargs) -> Metadata:
