@@ -25,7 +25,7 @@ __version__ = "0.1.0"
 from .config import CodecConfig
 from .codec import EncodeStats, decode, encode, warmup
 from .delta import DeltaDecoder, DeltaEncoder
-from .serialization import load, read_metadata, register_codec, save
+from .serialization import load, read_metadata, register_codec, register_section_codec, save
 from .safetensors_io import load_safetensors, save_safetensors
 from .convert import convert
 from .reader import Reader, open  # noqa: A001  (lcckpt.open, like safetensors.safe_open)

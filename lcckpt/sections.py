@@ -3,7 +3,8 @@
 Built in: ``"raw"`` (exact little-endian bytes), ``"lossless"`` (the tensor codec's
 bit-exact byte-plane coding) and ``"delta"`` (the chain's tracked tensors: a keyframe
 reads anywhere, a lossy delta only through its chain). Users may add codecs of their own
-with :func:`register_codec`, an explicit call; importing lcckpt registers nothing.
+with :func:`register_section_codec`, an explicit call; importing lcckpt registers nothing.
+(Not numcodecs' ``register_codec``: lcckpt's numcodecs codecs are in lcckpt/numcodecs.py.)
 
 The tree walk (tree.py) calls a *leaf encoder* ``(key_path, tensor) -> Encoded`` for every
 tensor it saves and a *leaf decoder* ``(key_path, container, index, meta) -> array`` for
@@ -32,7 +33,7 @@ from .errors import (BrokenChainError, CorruptDataError, InvalidArgumentError,
                      UnsupportedDtypeError, UnsupportedVersionError)
 
 __all__ = ["DELTA", "LOSSLESS", "RAW", "Encoded", "SectionCodec", "decode_leaf",
-           "leaf_encoder", "register_codec"]
+           "leaf_encoder", "register_codec", "register_section_codec"]
 
 RAW, LOSSLESS, DELTA = "raw", "lossless", "delta"
 TRACKABLE = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
@@ -117,7 +118,7 @@ _BUILTIN = {
 _registered: dict[str, SectionCodec] = {}
 
 
-def register_codec(name: str, encode: Callable[[torch.Tensor], Any],
+def register_section_codec(name: str, encode: Callable[[torch.Tensor], Any],
                    decode: Callable[[memoryview, dict], Any], *, dtypes=None,
                    replace: bool = False) -> None:
     """Make a codec of your own usable by ``save(..., codec=name)`` and by ``load``."""
@@ -129,6 +130,9 @@ def register_codec(name: str, encode: Callable[[torch.Tensor], Any],
         raise InvalidArgumentError(f"codec {name!r} is already registered; pass replace=True")
     _registered[name] = SectionCodec(name, encode, decode,
                                      None if dtypes is None else frozenset(dtypes))
+
+
+register_codec = register_section_codec      # the earlier name (numcodecs has its own)
 
 
 def get(name) -> SectionCodec | None:
@@ -185,7 +189,7 @@ def decode_leaf(path: str, c, index: int, meta: dict):
     if codec is None:
         raise UnsupportedVersionError(
             f"{path} was written with codec {name!r:.40}, which this build does not have; "
-            "upgrade lcckpt or register that codec with lcckpt.register_codec")
+            "upgrade lcckpt or register that codec with lcckpt.register_section_codec")
     return codec.decode(c.data(index), meta)
 
 

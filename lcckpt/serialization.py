@@ -34,9 +34,10 @@ from .errors import (
     UnsupportedVersionError,
 )
 from .safetensors_io import is_safetensors, load_safetensors
-from .sections import register_codec
+from .sections import register_codec, register_section_codec
 
-__all__ = ["load", "pack", "read_metadata", "register_codec", "save", "tree_of", "unpack"]
+__all__ = ["load", "pack", "read_metadata", "register_codec", "register_section_codec", "save",
+           "tree_of", "unpack"]
 
 TREE_VERSION = 3  # the newest tree version read; files are written with the lowest that fits
 
@@ -46,7 +47,7 @@ def save(obj: Any, f: str | os.PathLike | BinaryIO, *, codec: str | Callable = "
     """Save ``obj`` to a path (atomically) or a writable binary file, without pickle.
 
     ``codec``: a section codec for every tensor it handles ("raw", "lossless", or one
-    registered with :func:`register_codec`), or a function ``(key_path, tensor) -> codec
+    registered with :func:`register_section_codec`), or a function ``(key_path, tensor) -> codec
     name`` choosing per tensor. ``compress=True`` is shorthand for ``codec="lossless"``
     (bit-exact byte-plane coding of every tensor). ``metadata``: string pairs stored in
     the header, readable with :func:`read_metadata` without decoding anything (as

@@ -598,3 +598,9 @@ def test_loading_a_delta_file_alone_points_to_its_chain(tmp_path):
     with pytest.raises(lcckpt.BrokenChainError, match="DeltaCheckpointer chain"):
         lcckpt.load(ck.path(1))
     assert lcckpt.load(ck.path(0))["w"].numel() == 10_000     # a keyframe loads alone
+
+
+def test_register_section_codec_is_the_name_and_register_codec_its_alias():
+    """Not to be confused with numcodecs' own register_codec."""
+    import lcckpt
+    assert lcckpt.register_codec is lcckpt.register_section_codec
