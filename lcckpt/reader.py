@@ -15,7 +15,8 @@ leaves would get the same flat name (``{"a.b": x}`` next to ``{"a": {"b": y}}``,
 ``obj[...]`` form that names sections. ``get_tensor`` takes either form.
 
 A slice of a ``"lossless"`` section reads and checks the section's bytes but decodes only
-the chunks holding the rows; a chain's ``"delta"`` section is rebuilt whole, then sliced.
+the chunks holding the rows; a chain's ``"delta"`` section is rebuilt whole, then sliced
+(the reader keeps the newest rebuilt tensor, so a loop of row reads rebuilds it once).
 A slice read of a raw section is not checksummed (the CRC covers the whole section);
 ``get_tensor`` always is. Deliberately not done here: building whole objects
 (``lcckpt.load``).
@@ -86,6 +87,7 @@ class Reader:
         self._chain = chain
         self._links: list | None = None            # older chain files, keyframe first
         self._stack: ExitStack | None = None       # ... held open by it
+        self._last: tuple | None = None            # (key path, tensor) of the newest _whole
         self._c = read_container(path)
         try:
             try:
@@ -131,6 +133,14 @@ class Reader:
                          self.max_bytes, f"{self.path}: {path}")
         return _tree.load_leaf(node, path, self._c, self._decode_leaf, self.map_location)
 
+    def _whole(self, path: str):
+        """The tensor at key path ``path``, decoded once: slice reads of a section that
+        must be decoded whole (a chain's delta) keep the newest such tensor."""
+        if self._last is None or self._last[0] != path:
+            self._last = None                  # the previous one goes before the next decode
+            self._last = (path, self.get_tensor(path))
+        return self._last[1]
+
     def get_slice(self, key: str) -> Slice:
         """A handle whose ``[rows]`` reads only what those rows need (see :class:`Slice`)."""
         path, node = self._find(key)
@@ -139,6 +149,7 @@ class Reader:
         return Slice(self, path, node)
 
     def close(self) -> None:
+        self._last = None
         self._c.close()
         if self._stack is not None:
             self._stack.close()
@@ -270,8 +281,8 @@ class Slice:
         codec = self._meta.get("codec")
         if codec not in (_sections.RAW, _sections.LOSSLESS) or self._node.get("param") or \
                 self._node.get("grad") or self._r.map_location is not None or sys.byteorder != "little":
-            t = self._r.get_tensor(self._path)
-            return t.detach()[lo:hi]
+            t = self._r._whole(self._path)      # decoded once per reader, then sliced
+            return t.detach()[lo:hi].clone()
         c, s, meta = self._r._c, self._s, self._meta
         item = self.dtype.itemsize
         size = math.prod(meta.get("shape", ())) if type(meta.get("shape")) is list else -1

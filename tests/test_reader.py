@@ -207,3 +207,25 @@ def test_map_location_and_hostile_slice_nodes(tmp_path):
             f.get_slice("t")[0:2]
         with pytest.raises(CorruptDataError, match="reaches past"):
             f.get_tensor("t")
+
+
+def test_slices_of_a_delta_tensor_decode_it_once(tmp_path, monkeypatch):
+    """A chain's delta section decodes whole; the reader keeps the newest such tensor, so
+    a loop of row reads does not replay the chain each time, and hands out copies."""
+    from lcckpt.reader import Reader
+    ck = lcckpt.DeltaCheckpointer(tmp_path / "ck")
+    w = torch.randn(64, 100)
+    for step in range(3):
+        w = w + 0.01 * torch.randn_like(w)
+        ck.save(step, {"w": w.clone()})
+    calls = []
+    real = Reader.get_tensor
+    monkeypatch.setattr(Reader, "get_tensor", lambda self, k: calls.append(k) or real(self, k))
+    full = ck.load(2)["w"]
+    with lc_open(tmp_path / "ck", step=2) as f:
+        sl = f.get_slice("w")
+        rows = [sl[i:i + 8] for i in range(0, 64, 8)]
+        assert len(calls) == 1
+        assert torch.equal(torch.cat(rows), full)
+        rows[0].zero_()                               # a copy: the next read is intact
+        assert torch.equal(sl[0:8], full[0:8])
