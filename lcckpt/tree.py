@@ -304,7 +304,8 @@ class _Saver:
 
     def finish(self) -> int:
         """Encode the storages met during the walk; returns the tree version needed (1:
-        every tensor is stored as it is; 2: some are views of a stored storage span)."""
+        every tensor is stored as it is; 2: some are views of a stored storage span; 3:
+        some small tensors share a pack)."""
         version = self.version
         packs: dict[tuple, list] = {}        # (dtype, device) -> [(tensor, node)]
         for key, users in self.storages.items():
