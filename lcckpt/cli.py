@@ -154,7 +154,7 @@ def verify_file(path: str) -> dict:
         check_torch_crcs(path)           # torch.load itself does not check them
         load_torch(path)
         return {"path": path, "ok": True}
-    from .container import verify_file as verify_container
+    from .verify import verify_file as verify_container
     r = verify_container(path)
     return {"path": path, "ok": r["ok"], "error": r["error"], "expansion": r["expansion"],
             "warnings": r["warnings"]}

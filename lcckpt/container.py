@@ -1,9 +1,8 @@
 """The lcckpt file format: a checksummed JSON header, then 16-byte aligned data sections.
 
 This module moves bytes and per-section metadata; it knows nothing of torch or of what a
-section holds (serialization.py and chain.py decide that), with one exception:
-:func:`verify_file` also checks inside each tensor blob (through blob.py's parser), so
-that one call checks every byte of a file. Every field of
+section holds (serialization.py and chain.py decide that). lcckpt/verify.py checks a
+whole file, inside its tensor blobs too. Every field of
 the header, every offset, length, padding byte and checksum is validated before a byte
 is handed out, so a damaged or hostile file fails with a :class:`CorruptDataError`
 subclass instead of feeding garbage to a decoder. ``docs/format.md`` is the spec.
@@ -67,14 +66,12 @@ __all__ = [
     "open_file",
     "read_container",
     "section_seed",
-    "verify_file",
     "write_container",
 ]
 
 MAGIC = b"LCCKPT"
 FORMAT_VERSION = 3              # written; every version from 1 up to it is read
 CHECK_KEY = {1: "crc32", 2: "crc32c", 3: "crc32c"}   # a section entry's checksum field
-BLOB_CODECS = ("lossless", "delta")    # section codecs whose payload is a tensor blob
 ALIGNMENTS = {1: 64, 2: 64, 3: 16}     # section and data-start alignment, per version
 ALIGNMENT = ALIGNMENTS[FORMAT_VERSION]  # what the writer uses: every dtype's item size divides it
 FLAG_HEADER_ZLIB = 1                   # prefix flag (v3): the header bytes are a zlib stream
@@ -712,60 +709,3 @@ def _validate_header(header, version: int) -> tuple[dict, list[dict]]:
             )
         expected = _align(s["offset"] + s["length"], alignment)
     return header["meta"], sections
-
-
-# --------------------------------------------------------------------------- verify
-
-
-def verify_file(path: str | os.PathLike) -> dict:
-    """Check every byte of a container file against what covers it; never raises for a
-    damaged file (an unreadable path still raises :class:`NotFoundError` / StorageError).
-
-    Checks the header, every section's checksum and padding, and inside every tensor
-    blob (codecs ``lossless`` and ``delta``) its own two checksums, its structure, and
-    that it holds the shape its section declares. Returns a JSON-able report: ``ok``,
-    ``error`` (the first failure, or None), ``version`` (the file format version),
-    ``file_bytes``, ``header_bytes`` (the header as stored), ``header_json_bytes``
-    (inflated), ``header_compressed``, ``declared_bytes`` (what loading it decodes to),
-    ``expansion`` (declared / file bytes: what a load's ``max_bytes`` is compared with),
-    ``sections`` and ``warnings``.
-    """
-    from . import blob as _blob      # the codec's wire format: only verify looks inside
-
-    path = os.fspath(path)
-    report = {"path": path, "ok": False, "error": None, "version": None, "file_bytes": None,
-              "header_bytes": None, "header_json_bytes": None, "header_compressed": None,
-              "declared_bytes": None, "expansion": None, "sections": None, "warnings": []}
-    try:
-        c = read_container(path)
-    except (NotFoundError, StorageError, InvalidArgumentError):
-        raise
-    except LcckptError as e:
-        report["error"] = f"{type(e).__name__}: {e}"
-        return report
-    with c:
-        declared = limits.declared_bytes(c.sections)
-        report.update(version=c.version, file_bytes=c.size, sections=len(c),
-                      header_bytes=c.header_bytes, header_json_bytes=c.header_json_bytes,
-                      header_compressed=c.header_compressed,
-                      declared_bytes=declared, expansion=round(declared / max(c.size, 1), 3))
-        if c.version == 1:
-            report["warnings"].append(
-                "format version 1: a section swapped with another of equal length cannot be "
-                "detected; load and save the file again to upgrade it")
-        try:
-            c.verify()
-            for i, s in enumerate(c.sections):
-                meta = s["meta"]
-                if meta.get("kind") != "tensor" or meta.get("codec") not in BLOB_CODECS:
-                    continue
-                _, p = _blob.parse(c.data(i), check_payload=True)
-                if list(p.shape) != meta.get("shape"):
-                    raise CorruptDataError(
-                        f"section {s['name']!r} holds a blob of shape {list(p.shape)}, its "
-                        f"header says {meta.get('shape')!r:.80}")
-        except LcckptError as e:
-            report["error"] = f"{type(e).__name__}: {at_path(e, path)}"
-            return report
-    report["ok"] = True
-    return report

@@ -33,7 +33,8 @@ import torch  # noqa: E402
 import craft  # noqa: E402
 from helpers import NonSeekableStream  # noqa: E402
 from lcckpt.chain import DeltaCheckpointer  # noqa: E402
-from lcckpt.container import read_container, verify_file  # noqa: E402
+from lcckpt.container import read_container  # noqa: E402
+from lcckpt.verify import verify_file  # noqa: E402
 from lcckpt.errors import LcckptError  # noqa: E402
 from lcckpt.serialization import load  # noqa: E402
 

@@ -21,6 +21,7 @@ from helpers import NonSeekableStream
 
 from lcckpt import _crc, _durable
 from lcckpt import container as C
+from lcckpt.verify import verify_file
 from lcckpt.errors import (
     ChecksumError,
     CorruptDataError,
@@ -300,7 +301,7 @@ def test_header_json_violations(raw_header):
 def test_verify_file_reports_the_version_and_the_header(tmp_path, version):
     path = tmp_path / "f.lc"
     path.write_bytes(_reference(SECTIONS, {"m": "abc" * 40}, version))
-    r = C.verify_file(path)
+    r = verify_file(path)
     assert r["ok"] and r["version"] == version and r["file_bytes"] == path.stat().st_size
     assert r["header_compressed"] == (version == 3)
     assert (r["header_bytes"] < r["header_json_bytes"]) == (version == 3)

@@ -19,7 +19,8 @@ LAYERS = [
      "blob", "quantize", "entropy", "lossless", "codec", "movement", "delta", "numcodecs"},
     # the file format
     {"_durable", "container", "sections", "tree", "safetensors_io",
-     "serialization", "convert", "policy", "links", "writer_lock", "chain", "reader"},
+     "serialization", "convert", "policy", "links", "writer_lock", "chain", "reader",
+     "verify"},
     # what builds on chains
     {"schedule", "_hostcopy", "_rng", "_losscurve", "_replan", "manager", "distributed",
      "cli", "bench", "__main__"},

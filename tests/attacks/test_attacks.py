@@ -17,7 +17,8 @@ import torch
 
 import lcckpt
 from lcckpt import limits
-from lcckpt.container import read_container, verify_file
+from lcckpt.container import read_container
+from lcckpt.verify import verify_file
 from lcckpt.errors import (ChecksumError, ConcurrentWriteError, CorruptDataError,
                            InvalidArgumentError, LcckptError, NotFoundError,
                            ResourceLimitError)
