@@ -11,7 +11,7 @@ import lcckpt
 from lcckpt import entropy
 from lcckpt.blob import parse
 
-from lcckpt.bench.reference import quantize_ref
+from oracles import quantize_ref
 
 CODERS = ["huffman", "grouped", "runs", "auto"]
 

@@ -17,7 +17,7 @@ from lcckpt.quantize import quantize
 NOF = np.zeros(1, np.float32)                       # no centroids: store symbols
 NOT = np.zeros(0, np.uint64)                        # no multi-item table
 
-from lcckpt.bench.reference import canonical_code_table, huffman_cost, quantize_ref
+from oracles import canonical_code_table, huffman_cost, quantize_ref
 
 counts_st = arrays(np.int64, st.integers(1, 300),
                    elements=st.one_of(st.just(0), st.integers(1, 10**9)))
@@ -568,3 +568,12 @@ def test_quantizer_layouts_agree(bits, n, use_ref, dtype, spread, seed):
     assert a.kept == b.kept and np.array_equal(a.sym_hist, b.sym_hist)
     assert np.array_equal(a.runs_hist, b.runs_hist) and np.array_equal(a.runs_extra, b.runs_extra)
     assert a.residual_sq == b.residual_sq and a.delta_sq == b.delta_sq
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 10**8), min_size=1, max_size=16))
+def test_the_benchmarks_ideal_huffman_is_the_oracles(counts):
+    """``lcckpt bench`` reports the coder's payload against an optimal Huffman code; it
+    computes that from the library's code lengths with a limit that cannot bind."""
+    from lcckpt.bench.codec import _optimal_huffman_bits
+    assert _optimal_huffman_bits(np.array(counts)) == huffman_cost(counts)

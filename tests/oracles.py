@@ -1,4 +1,4 @@
-"""Slow, obviously-correct numpy/Python references: test oracles and benchmark baselines."""
+"""Slow, obviously-correct numpy/Python references: the oracles the tests hold the codec to."""
 
 import heapq
 import math
