@@ -69,9 +69,9 @@ from .errors import (
 )
 from .links import CHAIN_VERSION, FileReplay, Link, delta_key, elements
 from .policy import DEFAULT_POLICY
-from .writer_lock import LOCK_NAME, WriterLock
 from .sections import DELTA, TRACKABLE, Encoded, section_key
 from .serialization import pack, unpack
+from .writer_lock import LOCK_NAME, WriterLock
 
 __all__ = ["DeltaCheckpointer", "file_name"]
 
