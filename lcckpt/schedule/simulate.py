@@ -149,27 +149,8 @@ def _run(prob: Problem, its: np.ndarray, survival: np.ndarray, weights: dict, n:
         wait = np.where(ck, np.maximum(0.0, durable_at[idx] - (clock[idx] + work)), 0.0)
         length = np.where(ck, prob.ckpt[e - 1] + wait, 0.0)
         ex = rng.exponential(size=idx.size)
-        if weibull is None:
-            h_work = hz[e] - hz[b]
-            f_work = ex < h_work
-            lam_s = lam[e - 1]
-            rest = ex - h_work
-            f_stall = ~f_work & ck & (rest < lam_s * length)
-            target = hz[b] + ex
-            m = np.clip(np.searchsorted(hz, target, side="left"), 1, h)
-            step = hz[m] - hz[m - 1]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                frac = np.where(step > 0, (target - hz[m - 1]) / step, 1.0)
-                stall_off = np.where(lam_s > 0, rest / lam_s, 0.0)
-        else:
-            x = _weibull_residual(weibull, age[idx], ex)
-            f_work = x < work
-            f_stall = ~f_work & ck & (x < work + length)
-            pos = t[b] + x
-            m = np.clip(np.searchsorted(t, pos, side="left"), 1, h)
-            frac = np.clip((pos - t[m - 1]) / tau[m - 1], 0.0, 1.0)
-            stall_off = x - work
-        frac = np.clip(frac, 0.0, 1.0)
+        f_work, f_stall, m, frac, stall_off = _failure_point(
+            prob, hz, weibull, age[idx], ex, b, e, ck, work, length)
         fail = f_work | f_stall
         work_off = t[m - 1] - t[b] + frac * tau[m - 1]
         elapsed = np.where(f_work, work_off, np.where(f_stall, work + stall_off, work + length))
@@ -202,6 +183,35 @@ def _run(prob: Problem, its: np.ndarray, survival: np.ndarray, weights: dict, n:
     lost = {name: executed[j] - useful[j] for j, name in enumerate(names)}
     return dict(lost=lost, stall=stall, restart=restart, downtime=down, failures=fails,
                 wall=clock + down)
+
+
+def _failure_point(prob: Problem, hz, weibull, age, ex, b, e, ck, work, length):
+    """Where each run of segments ``[b, e)`` fails, given unit-exponential draws ``ex``:
+    ``(failed in the work, failed in the checkpoint's stall, iteration m it failed in, the
+    fraction of iteration m done, time into the stall)``. Exponential failures read the
+    hazard accumulated over work, ``hz``; Weibull ones the residual life at ``age``."""
+    h, t, tau, lam = prob.horizon, prob.t, prob.tau, prob.lam
+    if weibull is None:
+        h_work = hz[e] - hz[b]
+        f_work = ex < h_work
+        lam_s = lam[e - 1]
+        rest = ex - h_work
+        f_stall = ~f_work & ck & (rest < lam_s * length)
+        target = hz[b] + ex
+        m = np.clip(np.searchsorted(hz, target, side="left"), 1, h)
+        step = hz[m] - hz[m - 1]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frac = np.where(step > 0, (target - hz[m - 1]) / step, 1.0)
+            stall_off = np.where(lam_s > 0, rest / lam_s, 0.0)
+    else:
+        x = _weibull_residual(weibull, age, ex)
+        f_work = x < work
+        f_stall = ~f_work & ck & (x < work + length)
+        pos = t[b] + x
+        m = np.clip(np.searchsorted(t, pos, side="left"), 1, h)
+        frac = np.clip((pos - t[m - 1]) / tau[m - 1], 0.0, 1.0)
+        stall_off = x - work
+    return f_work, f_stall, m, np.clip(frac, 0.0, 1.0), stall_off
 
 
 def _restart(prob, who, points, clock, age, restart, down, fails, weibull, rng) -> None:
