@@ -117,3 +117,17 @@ def test_the_import_graph_has_no_cycle():
     for m in graph:
         if m not in state:
             visit(m, [])
+
+
+def test_no_function_outside_the_kernels_and_benchmarks_runs_over_90_lines():
+    """Functions do one thing each (a Numba kernel is one loop, a benchmark one report)."""
+    long = []
+    for mod, path in _modules().items():
+        if _top(mod) in ("kernels", "bench"):
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > 90:
+                    long.append(f"{mod}.{node.name}: {n} lines")
+    assert not long, long
