@@ -148,3 +148,28 @@ def test_a_forged_packed_node_is_refused(tmp_path, change, what):
             node[k] = v
     with pytest.raises(CorruptDataError, match=what):
         lcckpt.load(io.BytesIO(craft.with_tree(raw, tree)))
+
+
+@pytest.mark.parametrize("options", [{"target": None, "bits": 2},
+                                     {"keyframe_coding": "raw"},
+                                     {"min_delta_elements": 1}])
+def test_packs_under_other_chain_settings(tmp_path, options):
+    """LC mode packs everything under its 4,096-element rule, stored whole in every file;
+    raw keyframes pack as well; with ``min_delta_elements=1`` nothing is small and
+    nothing is packed (every float tensor is then tracked, lossy). What is packed comes
+    back exact."""
+    ck = DeltaCheckpointer(tmp_path, keyframe_every=3, **options)
+    states = [_state(i) for i in range(5)]
+    for i, s in enumerate(states):
+        ck.save(i, s)
+    with read_container(ck.path(4)) as c:
+        packs = [s["name"] for s in c.sections if s["name"].startswith("pack[")]
+        assert bool(packs) == (options.get("min_delta_elements") != 1), packs
+    reader = DeltaCheckpointer(tmp_path)
+    for i, s in enumerate(states):
+        got = reader.load(i)
+        for k, u in _flat(s):
+            r = dict(_flat(got))[k]
+            small = u.numel() < 8 and "min_delta_elements" not in options   # else tracked
+            if isinstance(u, torch.Tensor) and (small or not u.is_floating_point()):
+                assert same_bits(u.detach(), r.detach()), (options, i, k)
