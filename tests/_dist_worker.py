@@ -3,6 +3,7 @@ in an importable module). Each asserts what it can see on its own rank and leave
 the parent to check the rest."""
 
 import ast
+import faulthandler
 import os
 
 import torch
@@ -11,6 +12,9 @@ from torch import nn
 
 
 def _init(rank, world, port):
+    # a rank once died with SIGABRT ("terminate called without an active exception"): if
+    # it happens again, every Python thread's stack goes to stderr to say which one
+    faulthandler.enable(all_threads=True)
     os.environ["LCCKPT_THREADS"] = "1"
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)

@@ -263,7 +263,8 @@ def two_ranks(tmp_path_factory):
         except ProcessExitedException as e:
             if attempt or e.signal_name is None:
                 raise
-            warnings.warn(f"2-process run died ({e}); retrying once", RuntimeWarning)
+            warnings.warn(f"2-process run died ({e}); retrying once (the dead rank's thread "
+                          "stacks, from faulthandler, are in the captured stderr)", RuntimeWarning)
     return root, src
 
 
