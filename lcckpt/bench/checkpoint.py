@@ -93,6 +93,25 @@ def _f64(t: torch.Tensor) -> np.ndarray:
     return t.to("cpu", torch.float64).reshape(-1).numpy()
 
 
+PIECE = 1 << 20          # elements widened to float64 at a time
+
+
+def _sums(truth, restored, previous) -> tuple[float, float, float]:
+    """``(||restored - truth||², ||truth - previous||², ||truth||²)`` in float64, a
+    million elements at a time (never a float64 copy of a whole large tensor);
+    ``previous=None`` counts the whole of ``truth`` as moved."""
+    t, r = truth.reshape(-1), restored.reshape(-1)
+    p = None if previous is None else previous.reshape(-1)
+    err = moved = norm = 0.0
+    for lo in range(0, t.numel(), PIECE):
+        u = _f64(t[lo:lo + PIECE])
+        err += float(np.sum((_f64(r[lo:lo + PIECE]) - u) ** 2))
+        sq = float(np.sum(u ** 2))
+        norm += sq
+        moved += sq if p is None else float(np.sum((u - _f64(p[lo:lo + PIECE])) ** 2))
+    return err, moved, norm
+
+
 def _raw_bytes(obj) -> int:
     return sum(t.numel() * t.element_size() for t in flat_tensors(obj).values())
 
@@ -105,6 +124,18 @@ def _torch_bytes(obj) -> bytes:
     buf = io.BytesIO()
     torch.save(obj, buf)
     return buf.getvalue()
+
+
+def _contents(f) -> bytes:
+    """A torch.save file's bytes, given as bytes or as a path."""
+    if isinstance(f, (bytes, bytearray, memoryview)):
+        return f
+    with open(f, "rb") as fh:
+        return fh.read()
+
+
+def _size(f) -> int:
+    return len(f) if isinstance(f, (bytes, bytearray, memoryview)) else os.path.getsize(f)
 
 
 def _median(xs):
@@ -156,12 +187,10 @@ def _errors(restored, truth, previous) -> tuple[float, float, tuple[float, str]]
     res = tgt = moved = 0.0
     worst = (0.0, "")
     for k, t in truth.items():
-        u = _f64(t)
-        r = float(np.sum((_f64(restored[k]) - u) ** 2))
         p = previous.get(k)
-        m = float(np.sum((u - _f64(p)) ** 2)) if p is not None and p.shape == t.shape \
-            else float(np.sum(u ** 2))       # new since the previous file: all of it moved
-        res, tgt, moved = res + r, tgt + float(np.sum(u ** 2)), moved + m
+        p = p if p is not None and p.shape == t.shape else None   # new: all of it moved
+        r, m, n = _sums(t, restored[k], p)
+        res, tgt, moved = res + r, tgt + n, moved + m
         if r > 0:
             worst = max(worst, (math.sqrt(r / m) if m else math.inf, k))
     return (math.sqrt(res / tgt) if tgt else 0.0,
@@ -217,7 +246,9 @@ def stream(objs: list, torch_files: list[bytes], *, settings=None, error_bounds=
            accuracy: Callable[[Any], float] | None = None, desc: str = "bench") -> dict:
     """Files 2..n of a run as deltas, beside torch.save and zstd of the same files.
 
-    ``objs``: the loaded states, oldest first; ``torch_files``: their torch.save bytes.
+    ``objs``: the loaded states, oldest first; ``torch_files``: their torch.save files, as
+    bytes or as paths (read one at a time when compressed: a run of large files is not
+    held in memory twice).
     ``accuracy(obj) -> float``, if given, scores each restored state (and the true ones).
     """
     if len(objs) < 2:
@@ -236,7 +267,7 @@ def stream(objs: list, torch_files: list[bytes], *, settings=None, error_bounds=
     raw = [_raw_bytes(o) for o in objs]
     n = len(objs) - 1
     bar = progress(2 * len(objs) * len(settings) + 3 * n, desc)
-    rows = [{"method": "torch.save", "bytes": sum(map(len, torch_files[1:])), "exact": True}]
+    rows = [{"method": "torch.save", "bytes": sum(map(_size, torch_files[1:])), "exact": True}]
     # lcckpt lossless of every file, and zstd of every torch.save file
     sizes, te, td = [], [], []
     for o, r in zip(objs[1:], raw[1:]):
@@ -252,7 +283,7 @@ def stream(objs: list, torch_files: list[bytes], *, settings=None, error_bounds=
     for level in (1, 3):
         c, d = zstandard.ZstdCompressor(level=level), zstandard.ZstdDecompressor()
         sizes, te, td = [], [], []
-        for f in torch_files[1:]:
+        for f in map(_contents, torch_files[1:]):
             z, t = _timed(lambda: c.compress(f))
             te.append(len(f) / t / MB)
             td.append(len(f) / _timed(lambda: d.decompress(z))[1] / MB)
@@ -312,14 +343,13 @@ def table(rows: list[dict]) -> str:
 def run(paths: list[str], *, error_bounds=(), runs: int = 3, log=print) -> dict:
     """Load the files (any format lcckpt reads) and benchmark them; returns the JSON doc."""
     from lcckpt.convert import read_checkpoint
-    objs, torch_files = [], []
+    objs, torch_files = [], []            # the torch files as paths, not bytes
     bar = progress(len(paths), "loading")
     for p in paths:
         obj, _, fmt = read_checkpoint(p)
         objs.append(obj)
         if fmt == "torch":
-            with open(p, "rb") as f:
-                torch_files.append(f.read())
+            torch_files.append(os.fspath(p))
         else:
             torch_files.append(_torch_bytes(obj))
         bar.update()
@@ -327,10 +357,10 @@ def run(paths: list[str], *, error_bounds=(), runs: int = 3, log=print) -> dict:
     lcckpt.warmup()
     doc: dict[str, Any] = {"environment": environment(), "paths": list(paths)}
     if len(paths) == 1:
-        doc["single"] = single(objs[0], torch_files[0], paths[0], runs)
+        doc["single"] = single(objs[0], _contents(torch_files[0]), paths[0], runs)
         d = doc["single"]
         log(f"{paths[0]}: {d['tensors']} tensors, {d['tensor_bytes'] / MB:.2f} MB of tensor "
-            f"data; ratios against torch.save ({len(torch_files[0]) / MB:.2f} MB)")
+            f"data; ratios against torch.save ({_size(torch_files[0]) / MB:.2f} MB)")
         log(format_table(d["rows"], ["method", "bytes", "ratio", "exact", "enc_MBps",
                                      "dec_MBps"]))
         return doc
