@@ -23,6 +23,7 @@ data; :func:`stream` takes an ``accuracy`` callback for runs that do).
 
 from __future__ import annotations
 
+import gc
 import io
 import math
 import os
@@ -309,6 +310,7 @@ def stream(objs: list, torch_files: list[bytes], *, settings=None, error_bounds=
                  "enc_MBps": _median(te), "exact": True})
     true_acc = [accuracy(o) for o in objs] if accuracy is not None else None
     for label, kw in settings:
+        gc.collect()                     # the previous setting's chain and references
         row = _chain_row(label, kw, objs, truths, accuracy, bar)
         if true_acc is not None:
             row["accuracy_drop_max"] = max(t - f["accuracy"]
