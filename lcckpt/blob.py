@@ -163,10 +163,16 @@ def parse(blob, check_payload: bool = True) -> tuple[np.ndarray, Parsed]:
     return buf, p
 
 
+def _work_dtype(p: Parsed, kind: str):
+    """The float dtype a lossy blob's values are computed in (a float blob only)."""
+    if p.dt.kind != "float":
+        raise CorruptDataError(f"lcckpt blob: {kind} kind with dtype {p.dt.name}")
+    return np.float64 if p.dt.name == "F64" else np.float32
+
+
 def _lossy_header(r: Reader, p: Parsed, version: int) -> None:
     """LC buckets: bits, flags, the kept centroids, the symbol tables."""
-    if p.dt.kind != "float":
-        raise CorruptDataError(f"lcckpt blob: lossy kind with dtype {p.dt.name}")
+    work = _work_dtype(p, "lossy")
     p.bits = r.u8()
     if not 1 <= p.bits <= 4:
         raise CorruptDataError(f"lcckpt blob: bits = {p.bits}")
@@ -177,7 +183,6 @@ def _lossy_header(r: Reader, p: Parsed, version: int) -> None:
     kept = r.u8()
     if kept > (1 << p.bits) - 1:
         raise CorruptDataError(f"lcckpt blob: {kept} buckets exceed {p.bits} bits")
-    work = np.float64 if p.dt.name == "F64" else np.float32
     p.centroids = np.zeros(1 << p.bits, work)
     p.centroids[1:kept + 1] = np.frombuffer(r.raw(kept * np.dtype(work).itemsize), work)
     if not np.all(np.isfinite(p.centroids)):
@@ -188,8 +193,7 @@ def _lossy_header(r: Reader, p: Parsed, version: int) -> None:
 
 def _uniform_header(r: Reader, p: Parsed, version: int) -> None:
     """The restored-state quantizer: symbol bits, step, escape count, the symbol tables."""
-    if p.dt.kind != "float":
-        raise CorruptDataError(f"lcckpt blob: uniform kind with dtype {p.dt.name}")
+    work = _work_dtype(p, "uniform")
     p.bits = r.u8()
     if not 2 <= p.bits <= 8:
         raise CorruptDataError(f"lcckpt blob: uniform symbols of {p.bits} bits")
@@ -197,7 +201,6 @@ def _uniform_header(r: Reader, p: Parsed, version: int) -> None:
     if not (np.isfinite(p.step) and p.step >= 0):
         raise CorruptDataError(f"lcckpt blob: uniform step {p.step}")
     nesc = r.uvar(p.n, "number of escapes")
-    work = np.float64 if p.dt.name == "F64" else np.float32
     p.centroids = uniform_table(p.step, p.bits, work)
     if not np.all(np.isfinite(p.centroids)):
         raise CorruptDataError("lcckpt blob: uniform step overflows the table")

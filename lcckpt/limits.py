@@ -13,8 +13,9 @@ The limit (``max_bytes``) of a call is one of:
 - ``"auto"`` (the global default): what fits in the memory this process can still use
   (:func:`usable_memory`: available RAM, the cgroup's limit, ``RLIMIT_AS``), and at most
   ``AUTO_FLOOR + AUTO_EXPANSION * file size``, so a file under 1 MB decodes to at most
-  224 MiB (peak memory of the whole process under 1 GB), while an uncompressed or
-  losslessly coded file (at most ~1.5x) always loads when it fits. A chain's delta
+  224 MiB (peak memory of the whole process under 1 GB), while an uncompressed file, or
+  trained weights coded losslessly (1.2x fp32, 1.5x bf16: docs/benchmarks.md), always
+  load when they fit. A chain's delta
   counts only what it brings anew (see ``DeltaCheckpointer.load``), so the 1000x deltas
   of a large state load too;
 - omitted: the global default, set with :func:`set_max_bytes`.

@@ -137,7 +137,7 @@ def _check_dir(d: str, truth: dict, failures: list, case) -> str:
     return "OK"
 
 
-def fault_cases(seed: int, scale: int, truth: dict, states: list, work: str):
+def fault_cases(truth: dict, states: list, work: str):
     kinds = [("fsync", errno.EIO), ("replace", errno.EIO), ("unlink", errno.EIO),
              ("unlink", errno.EPERM), ("open", errno.ENOSPC), ("open", errno.EROFS)]
     for name, err in kinds:
@@ -246,7 +246,7 @@ def _tree_digest(root: str) -> dict:
     return out
 
 
-def link_cases(seed: int, scale: int, truth: dict, states: list, work: str):
+def link_cases(truth: dict, states: list, work: str):
     outside = os.path.join(work, "outside")
     os.makedirs(outside)
     victim = os.path.join(outside, "victim.txt")
@@ -291,7 +291,7 @@ def link_cases(seed: int, scale: int, truth: dict, states: list, work: str):
                 make(d)
             seen = []
 
-            def on_error(step, e, seen=seen, d=d, when=when):
+            def on_error(step, e, seen=seen):
                 seen.append(e)
 
             if when == "during":
@@ -347,9 +347,9 @@ def main() -> None:
         truth = {s: ck.load(s) for s in ck.steps()}
         truth[STEPS] = None
         ck.close()
-        for gen in (fault_cases(args.seed, args.scale, truth, states, work),
+        for gen in (fault_cases(truth, states, work),
                     mount_cases(args.seed, args.scale, truth, states, work, results["notes"]),
-                    link_cases(args.seed, args.scale, truth, states, work)):
+                    link_cases(truth, states, work)):
             for kind, case, outcome, failures in gen:
                 results["kinds"][kind] = results["kinds"].get(kind, 0) + 1
                 results["outcomes"][outcome] = results["outcomes"].get(outcome, 0) + 1

@@ -237,6 +237,23 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
 
+def _child(code: str, *args) -> list[str]:
+    """Run ``code`` in a fresh interpreter with this checkout on its path; its stdout words."""
+    out = subprocess.run([sys.executable, "-c", code, HERE, ROOT, *map(str, args)],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": ROOT})
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.split()
+
+
+def _assert_loads_under_1_gb(code: str, args: list, scale: float) -> None:
+    """Under the limit (``scale < 1``) the child loads, with a peak RSS under 1 GB; past it
+    the load is refused."""
+    outcome, rss_kib = _child(code, *args, scale)
+    assert outcome == ("loaded" if scale < 1 else "ResourceLimitError")
+    assert int(rss_kib) * 1024 < 1e9, f"peak RSS {int(rss_kib) // 1024} MiB"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype,codec,scale", [
     ("F32", "lossless", 0.99), ("BF16", "delta", 0.99), ("F64", "delta", 0.99),
@@ -246,13 +263,7 @@ def test_no_file_under_1_mb_makes_a_default_load_use_1_gb(dtype, codec, scale):
     """The largest bomb a file under 1 MB may hold by default loads in a child process
     whose peak resident memory (interpreter, torch and Numba included) stays under 1 GB;
     a slightly larger one is refused."""
-    out = subprocess.run([sys.executable, "-c", _RSS_CHILD, HERE, ROOT, dtype, codec, str(scale)],
-                         capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": ROOT})
-    assert out.returncode == 0, out.stderr[-2000:]
-    outcome, rss_kib = out.stdout.split()
-    assert outcome == ("loaded" if scale < 1 else "ResourceLimitError")
-    assert int(rss_kib) * 1024 < 1e9, f"peak RSS {int(rss_kib) // 1024} MiB"
+    _assert_loads_under_1_gb(_RSS_CHILD, [dtype, codec], scale)
 
 
 def test_a_header_of_millions_of_empty_lists_is_refused_before_parsing():
@@ -553,11 +564,7 @@ def test_auto_refuses_what_would_not_fit_under_rlimit_as():
     """An uncompressed 256 MiB file is within the ratio rule; with 128 MiB of address
     space left, "auto" refuses it up front, naming the bound, instead of failing inside
     the decoder."""
-    out = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, HERE, ROOT],
-                         capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": ROOT})
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["ResourceLimitError", "RLIMIT_AS", "True"]
+    assert _child(_MEMORY_CHILD) == ["ResourceLimitError", "RLIMIT_AS", "True"]
 
 
 def test_usable_memory_is_the_least_bound(monkeypatch):
@@ -643,13 +650,7 @@ def test_no_torch_zip_or_raw_blob_under_1_mb_makes_a_default_load_use_1_gb(fmt, 
     """The rule of lcckpt files for the other ways bytes come in: a deflated torch.save zip
     under 1 MB, and a tiny blob handed to the numcodecs codec (zarr's path for remote
     bytes): the largest one allowed loads under 1 GB of peak RSS, a larger one is refused."""
-    out = subprocess.run([sys.executable, "-c", _RSS_FOREIGN, HERE, ROOT, fmt, str(scale)],
-                         capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": ROOT})
-    assert out.returncode == 0, out.stderr[-2000:]
-    outcome, rss_kib = out.stdout.split()
-    assert outcome == ("loaded" if scale < 1 else "ResourceLimitError")
-    assert int(rss_kib) * 1024 < 1e9, f"peak RSS {int(rss_kib) // 1024} MiB"
+    _assert_loads_under_1_gb(_RSS_FOREIGN, [fmt], scale)
 
 
 def test_lazy_reads_are_held_to_max_bytes(tmp_path, monkeypatch):
