@@ -11,5 +11,5 @@ if __name__ == "__main__":
     if threads is None and "--threads" in sys.argv:
         threads = sys.argv[sys.argv.index("--threads") + 1]
     os.environ["LCCKPT_THREADS"] = threads or os.environ.get("LCCKPT_THREADS", "2")
-    from lcckpt.bench.exact import main       # after the pool size is set
+    from lcckpt.bench.exact import main  # after the pool size is set
     sys.exit(main())

@@ -41,10 +41,10 @@ import time
 import torch
 
 import lcckpt
-from lcckpt import quantize as _quantize
+from lcckpt.codec import quantize as _quantize
 from lcckpt.bench.timing import environment, format_table
 from lcckpt.bench.trajectory import train_trajectory
-from lcckpt.container import read_container
+from lcckpt.format.container import read_container
 
 PARTS = ("params", "exp_avg", "exp_avg_sq", "other")
 MB = 1e6

@@ -31,7 +31,7 @@ def _progress(items, desc: str):
 
 
 def _blob_info(data) -> dict:
-    from .blob import LOSSY, UNIFORM, parse
+    from .codec.blob import LOSSY, UNIFORM, parse
     _, p = parse(data)
     if p.kind == LOSSY:
         return {"blob": "lossy delta", "bits": p.bits}
@@ -43,24 +43,24 @@ def _blob_info(data) -> dict:
 
 def inspect_file(path: str) -> dict:
     """What a checkpoint file holds: format, meta, and per section/tensor sizes and codecs."""
-    from .convert import detect_format
+    from .interop.convert import detect_format
     fmt = detect_format(path)
     size = os.path.getsize(path)
     if fmt == "safetensors":
-        from .safetensors_io import read_header
+        from .format.safetensors_io import read_header
         entries, meta = read_header(path)
         return {"path": path, "format": "safetensors", "file_bytes": size,
                 "raw_bytes": sum(e["nbytes"] for e in entries), "metadata": meta,
                 "tensors": entries}
     if fmt == "torch":
-        from .convert import flat_tensors, load_torch
+        from .interop.convert import flat_tensors, load_torch
         obj = load_torch(path)                      # weights only: never runs code
         ts = list(flat_tensors(obj).items())
         return {"path": path, "format": "torch.save", "file_bytes": size,
                 "raw_bytes": sum(t.numel() * t.element_size() for _, t in ts),
                 "tensor_count": len(ts),
                 "top_level": sorted(map(str, obj)) if isinstance(obj, dict) else type(obj).__name__}
-    from .container import read_container
+    from .format.container import read_container
     with read_container(path) as c:
         sections = []
         for i, s in enumerate(c.sections):
@@ -87,7 +87,7 @@ def _no_checkpoints(path: str) -> CorruptDataError:
 
 def inspect_dir(path: str) -> dict:
     """One row per step, and the problems: damaged files and links that cannot restore."""
-    from .chain import DeltaCheckpointer
+    from .chain.checkpointer import DeltaCheckpointer
     ck = DeltaCheckpointer(path)
     steps = ck.steps()
     if not steps:
@@ -143,18 +143,18 @@ def verify_file(path: str) -> dict:
     """Check every checksum and structure of one file; returns a report entry with
     ``ok`` and, for lcckpt files, ``expansion`` (decoded / stored bytes) and ``warnings``.
     Raises an LcckptError for a torch or safetensors file that fails."""
-    from .convert import detect_format
+    from .interop.convert import detect_format
     fmt = detect_format(path)
     if fmt == "safetensors":
-        from .safetensors_io import read_safetensors
+        from .format.safetensors_io import read_safetensors
         read_safetensors(path)
         return {"path": path, "ok": True}
     if fmt == "torch":
-        from .convert import check_torch_crcs, load_torch
+        from .interop.convert import check_torch_crcs, load_torch
         check_torch_crcs(path)           # torch.load itself does not check them
         load_torch(path)
         return {"path": path, "ok": True}
-    from .verify import verify_file as verify_container
+    from .format.verify import verify_file as verify_container
     r = verify_container(path)
     return {"path": path, "ok": r["ok"], "error": r["error"], "expansion": r["expansion"],
             "warnings": r["warnings"]}
@@ -162,7 +162,7 @@ def verify_file(path: str) -> dict:
 
 def verify_dir(path: str) -> list[dict]:
     """Check every file, then replay the whole chain (every link, every decode)."""
-    from .chain import DeltaCheckpointer
+    from .chain.checkpointer import DeltaCheckpointer
     ck = DeltaCheckpointer(path)
     if not ck.steps():
         raise _no_checkpoints(path)
@@ -185,7 +185,7 @@ def verify_dir(path: str) -> list[dict]:
 
 
 def _table(rows, cols):
-    from ._table import format_table
+    from .util.table import format_table
     return format_table(rows, cols)
 
 
@@ -201,8 +201,8 @@ MOVEMENT_LEGEND = (
 def _movement_columns(tensors: dict) -> dict:
     """Per role, the worst ``error_vs_movement`` of a step's tensors, and how many
     tensors missed their update (an error past half the movement and the target)."""
-    from .chain import MISSED
-    from .policy import role_of
+    from .chain.session import MISSED
+    from .chain.policy import role_of
     out, missed, seen = {}, 0, False
     for key, t in tensors.items():
         r = t.get("error_vs_movement")
@@ -282,7 +282,7 @@ def _verify(args) -> int:
 
 
 def _convert(args) -> int:
-    from .convert import convert
+    from .interop.convert import convert
     doc = convert(args.input, args.output, to=args.to, compress=args.compress, step=args.step)
     if doc.get("dropped_metadata"):
         _fail("convert", f"the input's safetensors metadata ({doc['dropped_metadata']} keys) "
@@ -402,7 +402,7 @@ def main(argv=None) -> int:
             _fail(args.command, f"{path}: no such file or directory")
             return 2
     if getattr(args, "max_bytes", None) is not None or "--max-bytes" in argv:
-        from . import limits           # every load of this command, chains included
+        from . import limits  # every load of this command, chains included
         old = limits.set_max_bytes(args.max_bytes)
         try:
             return _guarded(args.command, lambda: _COMMANDS[args.command](args))

@@ -3,7 +3,7 @@
 ``LcckptLossy`` (id ``"lcckpt_lossy"``) is LC-Checkpoint's exponent-bucket quantizer with
 its entropy coders, for floating arrays; ``LcckptLossless`` (id ``"lcckpt_lossless"``) is
 the exact byte-plane coder, for any supported dtype. Each is a
-:class:`lcckpt.config.CodecConfig` plus ``lcckpt.encode(x, config=cfg)`` /
+:class:`lcckpt.codec.config.CodecConfig` plus ``lcckpt.encode(x, config=cfg)`` /
 ``lcckpt.decode(buf, out=out)``; the config is ``cfg.to_dict()`` without the settings that
 do not apply, plus ``id``. The blob is self-describing (dtype, shape, settings), so any
 ``decode`` reads what any ``encode`` wrote.
@@ -21,9 +21,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import limits
-from .codec import decode as _raw_decode
-from .codec import encode as _encode
-from .config import CodecConfig
+from .codec.tensor import decode as _raw_decode
+from .codec.tensor import encode as _encode
+from .codec.config import CodecConfig
 from .errors import InvalidArgumentError
 
 def _decode(data, out=None, max_bytes=limits.DEFAULT):

@@ -32,11 +32,11 @@ import torch  # noqa: E402
 
 import craft  # noqa: E402
 from helpers import NonSeekableStream  # noqa: E402
-from lcckpt.chain import DeltaCheckpointer  # noqa: E402
-from lcckpt.container import read_container  # noqa: E402
-from lcckpt.verify import verify_file  # noqa: E402
+from lcckpt.chain.checkpointer import DeltaCheckpointer  # noqa: E402
+from lcckpt.format.container import read_container  # noqa: E402
+from lcckpt.format.verify import verify_file  # noqa: E402
 from lcckpt.errors import LcckptError  # noqa: E402
-from lcckpt.serialization import load  # noqa: E402
+from lcckpt.format.serialization import load  # noqa: E402
 
 
 def _touch(obj) -> None:

@@ -22,7 +22,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 from torch.nn import functional as F
 
-from lcckpt.manager import CheckpointManager
+from lcckpt.training.manager import CheckpointManager
 
 torch.set_num_threads(1)
 BATCH = 32

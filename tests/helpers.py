@@ -138,7 +138,7 @@ def _random_tensor(dtype, shape, seed):
 
 
 def _safetensors_dtypes():
-    from lcckpt.safetensors_io import TORCH_DTYPE
+    from lcckpt.format.safetensors_io import TORCH_DTYPE
     return list(TORCH_DTYPE.values())
 
 

@@ -11,7 +11,7 @@ import lcckpt
 from lcckpt.bench import checkpoint as cb
 from lcckpt.bench.codec import story
 from lcckpt.cli import main
-from lcckpt.safetensors_io import save_safetensors
+from lcckpt.format.safetensors_io import save_safetensors
 
 pytest.importorskip("zstandard")
 

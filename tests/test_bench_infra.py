@@ -7,12 +7,7 @@ import torch
 pytest.importorskip("sklearn")
 
 from lcckpt.bench.timing import format_table, measure, throughput_mbs  # noqa: E402
-from lcckpt.bench.trajectory import (  # noqa: E402
-    WideMLP,
-    _snapshot,
-    flat_float_params,
-    train_trajectory,
-)
+from lcckpt.bench.trajectory import WideMLP, _snapshot, flat_float_params, train_trajectory
 
 
 def _assert_states_equal(a, b):

@@ -17,8 +17,9 @@ from torch import nn
 
 import lcckpt
 from lcckpt import BrokenChainError, ChecksumError, DeltaCheckpointer, DeltaDecoder, DeltaEncoder
-from lcckpt.chain import LOCK_NAME, file_name
-from lcckpt.container import read_container
+from lcckpt.chain.directory import file_name
+from lcckpt.chain.lock import LOCK_NAME
+from lcckpt.format.container import read_container
 
 from helpers import assert_same, drifting_state, kill_while_writing, same_bits, train_steps
 
@@ -519,7 +520,7 @@ def test_a_chain_step_whose_directory_sync_fails_is_saved_with_a_warning(tmp_pat
     """The file is in place when the directory sync fails: the step is committed, so the
     save warns instead of raising, the step loads, and the next save goes on (and syncs
     the directory again)."""
-    from lcckpt import _durable
+    from lcckpt.util import durable as _durable
     real, calls = _durable.fsync_dir, []
 
     def eio_once(directory):
@@ -546,7 +547,7 @@ def test_a_chain_step_whose_directory_sync_fails_is_saved_with_a_warning(tmp_pat
 
 
 def test_a_failing_directory_sync_after_the_rename_is_a_storage_error(tmp_path, monkeypatch):
-    from lcckpt import _durable
+    from lcckpt.util import durable as _durable
 
     def eio(directory):
         raise OSError(errno.EIO, "Input/output error")

@@ -113,7 +113,7 @@ def files(tmp_path, chain_dir):
     unsafe = tmp_path / "unsafe.pt"
     torch.save({"a": torch.ones(2), "obj": NotAllowed()}, unsafe)
     st = tmp_path / "good.safetensors"
-    from lcckpt.safetensors_io import save_safetensors
+    from lcckpt.format.safetensors_io import save_safetensors
     save_safetensors({"a": torch.randn(300)}, st)
     trunc_st = tmp_path / "trunc.safetensors"
     trunc_st.write_bytes(st.read_bytes()[:-8])
@@ -221,7 +221,7 @@ def test_version(capsys):
 
 
 def test_inspect_and_verify_safetensors(tmp_path, capsys):
-    from lcckpt.safetensors_io import save_safetensors
+    from lcckpt.format.safetensors_io import save_safetensors
     p = tmp_path / "m.safetensors"
     save_safetensors({"w": torch.randn(4, 5), "b": torch.zeros(5)}, p, metadata={"format": "pt"})
     assert main(["inspect", str(p), "--json"]) == 0

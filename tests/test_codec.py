@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes, arrays
 
 import lcckpt
-from lcckpt import entropy
-from lcckpt.blob import parse
+from lcckpt.codec import entropy
+from lcckpt.codec.blob import parse
 
 from oracles import quantize_ref
 
@@ -210,7 +210,7 @@ def test_wrong_magic_and_version():
 
 
 def test_code_table_size_is_what_is_written():
-    from lcckpt._wire import Writer
+    from lcckpt.util.wire import Writer
     rng = np.random.default_rng(5)
     for size in (4, 16, 104, 256):
         for used in (1, 2, 3, 10, size):
@@ -262,7 +262,7 @@ def test_load_of_a_directory_says_what_to_do(tmp_path):
 # ---- chunk tables: every malformed entry is refused before any kernel reads the payload
 
 def _table_bytes(entries, huffman_table=False, tail=b""):
-    from lcckpt._wire import Writer
+    from lcckpt.util.wire import Writer
     w = Writer()
     w.u8(1 << entropy.HUFFMAN if huffman_table else 0)
     if huffman_table:
@@ -279,7 +279,7 @@ def _table_bytes(entries, huffman_table=False, tail=b""):
 
 
 def _read(data, n=10, cs=4, b=8, allowed=(entropy.HUFFMAN, entropy.RAW, entropy.CONST)):
-    from lcckpt._wire import Reader
+    from lcckpt.util.wire import Reader
     return entropy.read_tables(Reader(data, what="t"), n, cs, b, allowed)
 
 

@@ -19,17 +19,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from helpers import NonSeekableStream
 
-from lcckpt import _crc, _durable
-from lcckpt import container as C
-from lcckpt.verify import verify_file
+from lcckpt.util import crc as _crc, durable as _durable
+from lcckpt.format import container as C
+from lcckpt.format.verify import verify_file
 from lcckpt.errors import (
-    ChecksumError,
-    CorruptDataError,
-    InvalidArgumentError,
-    LcckptError,
-    ResourceLimitError,
-    TruncatedError,
-    UnsupportedVersionError,
+    ChecksumError, CorruptDataError, InvalidArgumentError, LcckptError, ResourceLimitError,
+    TruncatedError, UnsupportedVersionError,
 )
 
 SECTIONS = [("a", {"x": 1}, b"hello"), ("b", {}, bytes(range(100))), ("empty", {}, b""), ("c", {"k": [1.5]}, b"z" * 64)]

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 import lcckpt
 from lcckpt.cli import main
-from lcckpt.convert import convert, detect_format, read_checkpoint
+from lcckpt.interop.convert import convert, detect_format, read_checkpoint
 from lcckpt.errors import InvalidArgumentError, UnsafeObjectError
-from lcckpt.safetensors_io import read_safetensors, save_safetensors
+from lcckpt.format.safetensors_io import read_safetensors, save_safetensors
 
 from helpers import metadata, same_bits, tensor_dicts
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import lcckpt
-from lcckpt import serialization as S
-from lcckpt.container import read_container, write_container
+from lcckpt.format import serialization as S
+from lcckpt.format.container import read_container, write_container
 from lcckpt.errors import CorruptDataError, LcckptError, TruncatedError
 
 from helpers import kill_while_writing
@@ -121,7 +121,7 @@ def test_every_bit_flip_and_truncation_of_a_small_file(compress):
 
 _CHILD = """
 import sys, torch
-from lcckpt.serialization import save
+from lcckpt.format.serialization import save
 big = torch.full((48 * 2**20,), 7.0)  # 192 MiB: writing it takes a while
 print("ready", flush=True)
 save({"step": 2, "w": big}, sys.argv[1])

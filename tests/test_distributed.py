@@ -17,8 +17,10 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 import lcckpt.distributed as ld
 from lcckpt.distributed.planner import chunk_nbytes
 from lcckpt.distributed.storage import CompressedReader
-from lcckpt.errors import (CorruptDataError, DistributedCheckpointError, InvalidArgumentError,
-                           LcckptError, UnsafeObjectError)
+from lcckpt.errors import (
+    CorruptDataError, DistributedCheckpointError, InvalidArgumentError, LcckptError,
+    UnsafeObjectError,
+)
 
 sys.path.insert(0, os.path.dirname(__file__))
 import _dist_worker as W  # noqa: E402

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lcckpt
-from lcckpt import codec, dtypes, lossless
-from lcckpt.blob import parse
+from lcckpt.codec import tensor as codec, dtypes, lossless
+from lcckpt.codec.blob import parse
 from lcckpt.errors import ChecksumError, CorruptDataError, LcckptError
 from helpers import same_bits
 
@@ -108,14 +108,14 @@ def test_a_lower_plane_worth_coding_takes_the_general_path():
 def test_crc_pieces_combine_to_zlibs_crc():
     import zlib
 
-    from lcckpt import _crc
+    from lcckpt.util import crc as _crc
     data = np.random.default_rng(5).integers(0, 256, 3 * N + 11, dtype=np.uint8)
     assert _crc.piece_crc32(data, 77) == zlib.crc32(data, 77)       # ISA-L or zlib: one CRC
     sizes = [[N, N + 11], [N]]
     pieces = [data[:N], data[N:2 * N + 11], data[2 * N + 11:]]
     crcs = np.array([[zlib.crc32(pieces[0]), zlib.crc32(pieces[1])], [zlib.crc32(pieces[2]), 0]])
     sizes[1].append(0)
-    assert lossless.combine_crcs(crcs, sizes) == zlib.crc32(data)
+    assert _crc.combine_all(crcs, sizes) == zlib.crc32(data)
 
 
 def test_benchmark_reports_every_codec():
@@ -131,8 +131,8 @@ def test_benchmark_reports_every_codec():
 
 # --- per-chunk pair codes ------------------------------------------------------------
 
-from lcckpt import blob as _blob, entropy                            # noqa: E402
-from lcckpt.kernels import planes as pk                              # noqa: E402
+from lcckpt.codec import blob as _blob, entropy  # noqa: E402
+from lcckpt.codec.kernels import planes as pk  # noqa: E402
 
 _WORD = {"fp32": np.uint32, "bf16": np.uint16, "fp16": np.uint16, "fp64": np.uint64}
 _FLOAT = {"fp32": np.float32, "fp16": np.float16, "fp64": np.float64}
@@ -196,7 +196,7 @@ def _pairs_blob(name="bf16", n=3 * N + 5, log2=14, seed=0):
 def test_weights_take_pairs_chunks_in_a_version_3_blob(name):
     t, blob = _pairs_blob(name)
     _, p = parse(blob)
-    assert blob[3] == _blob.PAIRS_VERSION == lossless.blob_version(p.layouts)
+    assert blob[3] == _blob.PAIRS_VERSION
     modes = p.layouts[-1].modes
     assert np.all(modes[:-1] == entropy.PAIRS)
     assert modes[-1] == entropy.RAW              # 5 exponents: a code table would not pay
@@ -329,7 +329,7 @@ def test_four_chunk_huffman_kernel_reports_stalled_chunks(bad):
     """Four Huffman chunks decoded side by side: a chunk of invalid codes (it stalls in
     the unchecked loop) gets -1, all four at once end the loop, the others decode, and
     nothing is written outside the four chunks' outputs."""
-    from lcckpt.kernels import huffman as hk
+    from lcckpt.codec.kernels import huffman as hk
     lengths = np.zeros(256, np.uint8)
     lengths[0x7E] = 2                        # code ``00``; 0xFF bytes hold invalid codes
     multi, single = hk.multi_decode_table(lengths, 8), hk.decode_table(lengths, 2)

@@ -10,9 +10,9 @@ import torch
 from helpers import same_bits
 
 import lcckpt
-from lcckpt import container as C
-from lcckpt import dtypes
-from lcckpt.reader import open as lazy_open
+from lcckpt.format import container as C
+from lcckpt.codec import dtypes
+from lcckpt.interop.reader import open as lazy_open
 
 pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 

@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from lcckpt.kernels import buckets as bk
-from lcckpt.kernels import floats as fk
-from lcckpt.kernels import huffman as hk
-from lcckpt.kernels import runs as rk
-from lcckpt.quantize import quantize
+from lcckpt.codec.kernels import buckets as bk
+from lcckpt.codec.kernels import floats as fk
+from lcckpt.codec.kernels import huffman as hk
+from lcckpt.codec.kernels import runs as rk
+from lcckpt.codec.quantize import quantize
 
 NOF = np.zeros(1, np.float32)                       # no centroids: store symbols
 NOT = np.zeros(0, np.uint64)                        # no multi-item table

@@ -13,17 +13,13 @@ import lcckpt
 ROOT = os.path.dirname(lcckpt.__file__)
 
 LAYERS = [
-    # the tensor codec and what it stands on
-    {"errors", "limits", "_pool", "_crc", "_wire", "_memory", "_table", "dtypes", "config",
-     "kernels",
-     "blob", "quantize", "entropy", "lossless", "codec", "movement", "delta", "numcodecs"},
-    # the file format
-    {"_durable", "container", "sections", "tree", "safetensors_io",
-     "serialization", "convert", "policy", "links", "writer_lock", "chain", "reader",
-     "verify"},
-    # what builds on chains
-    {"schedule", "_hostcopy", "_rng", "_losscurve", "_replan", "manager", "distributed",
-     "cli", "bench", "__main__"},
+    {"errors", "limits", "util"},          # below everything
+    {"codec"},                             # the tensor codec and its kernels
+    {"format", "numcodecs"},               # the file format; the codec for zarr
+    {"chain"},                             # delta chains
+    {"interop"},                           # lazy reads of files and chains, conversion
+    {"schedule", "training", "distributed"},   # what builds on chains
+    {"cli", "bench", "__main__"},          # the command line and the benchmarks
 ]
 
 
@@ -123,7 +119,7 @@ def test_no_function_outside_the_kernels_and_benchmarks_runs_over_90_lines():
     """Functions do one thing each (a Numba kernel is one loop, a benchmark one report)."""
     long = []
     for mod, path in _modules().items():
-        if _top(mod) in ("kernels", "bench"):
+        if _top(mod) == "bench" or ".kernels." in mod or mod.endswith(".crc32c"):
             continue
         for node in ast.walk(ast.parse(open(path).read())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):

@@ -17,10 +17,10 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import lcckpt
-from lcckpt._hostcopy import HostBuffers
-from lcckpt._losscurve import LossCurve
+from lcckpt.training.hostcopy import HostBuffers
+from lcckpt.training.losscurve import LossCurve
 from lcckpt.errors import InvalidArgumentError, UnsafeObjectError
-from lcckpt.manager import CheckpointManager
+from lcckpt.training.manager import CheckpointManager
 
 WORKER = Path(__file__).with_name("_manager_worker.py")
 ROOT = Path(__file__).resolve().parent.parent
@@ -341,7 +341,8 @@ def test_sigterm_writes_an_emergency_checkpoint_and_exits(tmp_path, uninterrupte
 
 # ----------------------------------------------------------------------- planning
 
-from lcckpt import _replan, schedule  # noqa: E402
+from lcckpt.training import replan as _replan
+from lcckpt import schedule  # noqa: E402
 
 
 def _inputs(**kw):
@@ -480,14 +481,15 @@ def test_an_unreadable_newest_file_is_raised_not_set_aside(tmp_path, monkeypatch
     """EACCES on an intact file says nothing of its data: restore raises it, renames
     nothing and does not roll the run back."""
     model, opt, path = _six_steps(tmp_path)
-    import lcckpt.chain as chain_mod
-    real = chain_mod.read_container
+    from lcckpt.chain import directory, restore
+    real = restore.read_container
 
     def unreadable(p, *a, **kw):
         if str(p) == path:
             raise PermissionError(13, "Permission denied", str(p))
         return real(p, *a, **kw)
-    monkeypatch.setattr(chain_mod, "read_container", unreadable)
+    for mod in (directory, restore):          # the chain's walk and its header cache
+        monkeypatch.setattr(mod, "read_container", unreadable)
     mgr = CheckpointManager(tmp_path, model, opt, every=2, backpressure="wait")
     with pytest.raises(OSError):
         mgr.restore()

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lcckpt import DeltaCheckpointer
-from lcckpt.movement import BUCKETS, Movement, sketch
-from lcckpt.policy import RolePolicy
+from lcckpt.codec.movement import BUCKETS, Movement, sketch
+from lcckpt.chain.policy import RolePolicy
 
 KEY = 'obj["w"]'
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lcckpt
-from lcckpt.config import CodecConfig
+from lcckpt.codec.config import CodecConfig
 from lcckpt.errors import InvalidArgumentError
 from lcckpt.numcodecs import LcckptLossless, LcckptLossy
 

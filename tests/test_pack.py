@@ -17,7 +17,7 @@ from helpers import same_bits
 
 import lcckpt
 from lcckpt import DeltaCheckpointer
-from lcckpt.container import read_container
+from lcckpt.format.container import read_container
 from lcckpt.errors import CorruptDataError
 
 

@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 import lcckpt
 from lcckpt import DeltaCheckpointer, DeltaDecoder, DeltaEncoder
-from lcckpt.blob import parse
+from lcckpt.codec.blob import parse
 from lcckpt.errors import CorruptDataError, InvalidArgumentError, UnsupportedVersionError
-from lcckpt.policy import RolePolicy, role_of
+from lcckpt.chain.policy import RolePolicy, role_of
 
 from helpers import same_bits
 
@@ -68,7 +68,7 @@ def test_error_stays_bounded_at_every_step_of_a_long_chain():
     assert worst <= 0.02
     assert worst > 0.015                       # the step is chosen near the target, not far under
     # the chunked replay of all pending deltas gives the same bits
-    rec = lcckpt.delta.Reconstruction()
+    rec = lcckpt.codec.delta.Reconstruction()
     for b in blobs:
         rec.apply(b)
     assert same_bits(rec.value(), y)
@@ -303,7 +303,7 @@ def test_a_tensor_without_negative_values_never_restores_below_a_quarter_of_it(
         n, target, seed, with_ref, dtype):
     """Second moments: small elements are not rounded to zero (Adam would divide by
     sqrt(0) + eps), nor below zero; the target still holds."""
-    from lcckpt.quantize import NONNEG_FLOOR, uniform_quantize
+    from lcckpt.codec.quantize import NONNEG_FLOOR, uniform_quantize
     rng = np.random.default_rng(seed)
     u = (rng.standard_normal(n) ** 2 * rng.lognormal(0, 4, n)).astype(dtype)
     u[rng.random(n) < 0.1] = 0
@@ -328,7 +328,7 @@ def test_a_tensor_without_negative_values_never_restores_below_a_quarter_of_it(
 def test_the_next_step_solves_the_error_law_of_two_tries(k, tried):
     """error = c * step**k: from two misses, two steps under the target, or one of each
     (a bracket), the next step lands on the aim."""
-    from lcckpt.quantize import _next_step
+    from lcckpt.codec.quantize import _next_step
     c, aim = 1.0, 1.0                                # the aim is at step 1
     tries = [(s, c * s ** k) for s in tried]
     oks = [t for t in tries if t[1] <= aim / 0.96]
@@ -341,7 +341,7 @@ def test_adam_second_moment_meets_its_target_in_few_passes(monkeypatch):
     """A second moment (no negative values: floored, which the error model does not see)
     against the reference of its previous step: at most three quantization passes, and
     the restored error lands close under the target, not far below it (bits wasted)."""
-    import lcckpt.quantize as q
+    import lcckpt.codec.quantize as q
     rng = np.random.default_rng(5)
     n, target = 400_000, 0.1
     g = rng.standard_normal(n) * rng.lognormal(0, 2, n)
@@ -370,7 +370,7 @@ def test_a_tensor_new_since_the_keyframe_is_coded_against_zeros(tmp_path):
     key = 'obj["optim"]["state"][0]["exp_avg"]'
     assert stats[key]["kind"] == "uniform"
     assert stats[key]["nbytes"] < 0.3 * 4 * states[0]["optim"]["state"][0]["exp_avg"].numel()
-    with lcckpt.container.read_container(ck.path(1)) as c:
+    with lcckpt.format.container.read_container(ck.path(1)) as c:
         metas = {s["meta"]["codec_params"]["key"]: s["meta"] for s in c.sections
                  if s["meta"].get("codec") == "delta"}
     assert metas[key]["codec_params"]["base"] == "zero"
@@ -391,7 +391,7 @@ def test_a_tensor_new_since_the_keyframe_is_coded_against_zeros(tmp_path):
 
 
 def test_an_unknown_delta_base_is_refused():
-    from lcckpt.sections import section_zero_base
+    from lcckpt.format.sections import section_zero_base
     assert section_zero_base({"codec_params": {"key": "k"}}) is False
     assert section_zero_base({"codec_params": {"key": "k", "base": "zero"}}) is True
     with pytest.raises(CorruptDataError, match="unknown base"):
@@ -406,7 +406,7 @@ def test_the_error_model_predicts_the_measured_error(n, seed, rel_step):
     are 1.1% wide, so with finer steps (a hundred levels) more of them straddle a level
     boundary and the estimate is off by several percent; the search then corrects the
     step by the error it measures. (The model ignores escapes, which only lower the error.)"""
-    from lcckpt.quantize import DEADZONE, _ErrorModel, _try_step
+    from lcckpt.codec.quantize import DEADZONE, _ErrorModel, _try_step
     rng = np.random.default_rng(seed)
     ref = rng.standard_normal(n).astype(np.float32)
     u = (ref + rng.standard_normal(n) * rng.choice([0, 1e-3, 1e-2], n)).astype(np.float32)
@@ -427,7 +427,7 @@ def test_the_error_model_predicts_the_measured_error(n, seed, rel_step):
 def test_magnitude_histogram_matches_a_numpy_reference(n, seed, with_ref):
     """The model's per-bin count, sum and sum of squares of |u - ref|, by the top bits of
     its float32 value, against numpy (zeros, subnormals and huge values included)."""
-    from lcckpt.kernels.uniform import MAG_BINS, magnitude_histogram
+    from lcckpt.codec.kernels.uniform import MAG_BINS, magnitude_histogram
     rng = np.random.default_rng(seed)
     u = (rng.standard_normal(n) * 10.0 ** rng.integers(-40, 30, n)).astype(np.float32)
     u[rng.random(n) < 0.1] = 0
@@ -448,7 +448,7 @@ def test_fitted_restore_step_lowers_the_error_of_the_same_levels(n, seed, rel_st
     """Levels decided with one step and restored with the least-squares step err less
     than restored with the decision step itself, and the error is (nearly) orthogonal to
     what was sent: no systematic lag behind the update."""
-    from lcckpt.quantize import DEADZONE, _ErrorModel, _try_step
+    from lcckpt.codec.quantize import DEADZONE, _ErrorModel, _try_step
     rng = np.random.default_rng(seed)
     ref = rng.standard_normal(n).astype(np.float32)
     u = (ref + rng.laplace(size=n) * 1e-2).astype(np.float32)
@@ -483,7 +483,7 @@ def test_fitted_restore_step_lowers_the_error_of_the_same_levels(n, seed, rel_st
 def test_state_stats_kernel_against_numpy(n, bad, fp64, seed):
     """The quantizer's one-pass statistics: finiteness of u and ref, the fp64 sum of u²
     and the minimum of u, against numpy on every tail length."""
-    from lcckpt.kernels import uniform as uk
+    from lcckpt.codec.kernels import uniform as uk
     rng = np.random.default_rng(seed)
     dt = np.float64 if fp64 else np.float32
     u = (rng.standard_normal(n) * 10).astype(dt)

@@ -9,9 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lcckpt
-from lcckpt.container import read_container
+from lcckpt.format.container import read_container
 from lcckpt.errors import BrokenChainError, InvalidArgumentError
-from lcckpt.reader import open as lc_open
+from lcckpt.interop.reader import open as lc_open
 
 
 def _state():
@@ -174,7 +174,7 @@ def test_lossless_slices_across_chunks(tmp_path, dtype):
 
 
 def test_files_that_hold_no_object_or_a_newer_tree_are_named(tmp_path):
-    from lcckpt.container import write_container
+    from lcckpt.format.container import write_container
     from lcckpt.errors import CorruptDataError, UnsupportedVersionError
 
     for meta, err, match in (({"x": 1}, CorruptDataError, "no saved object"),
@@ -189,8 +189,8 @@ def test_files_that_hold_no_object_or_a_newer_tree_are_named(tmp_path):
 
 
 def test_map_location_and_hostile_slice_nodes(tmp_path):
-    from lcckpt import serialization as S
-    from lcckpt.container import write_container
+    from lcckpt.format import serialization as S
+    from lcckpt.format.container import write_container
     from lcckpt.errors import CorruptDataError
 
     x = torch.randn(10, 4)
@@ -212,7 +212,7 @@ def test_map_location_and_hostile_slice_nodes(tmp_path):
 def test_slices_of_a_delta_tensor_decode_it_once(tmp_path, monkeypatch):
     """A chain's delta section decodes whole; the reader keeps the newest such tensor, so
     a loop of row reads does not replay the chain each time, and hands out copies."""
-    from lcckpt.reader import Reader
+    from lcckpt.interop.reader import Reader
     ck = lcckpt.DeltaCheckpointer(tmp_path / "ck")
     w = torch.randn(64, 100)
     for step in range(3):

@@ -10,13 +10,11 @@ import torch
 from helpers import metadata, same_bits, tensor_dicts
 from hypothesis import assume, given, settings
 
-from lcckpt.errors import CorruptDataError, InvalidArgumentError, TruncatedError, UnsupportedDtypeError
-from lcckpt.safetensors_io import (
-    TORCH_DTYPE,
-    is_safetensors,
-    load_safetensors,
-    read_safetensors,
-    save_safetensors,
+from lcckpt.errors import (
+    CorruptDataError, InvalidArgumentError, TruncatedError, UnsupportedDtypeError,
+)
+from lcckpt.format.safetensors_io import (
+    TORCH_DTYPE, is_safetensors, load_safetensors, read_safetensors, save_safetensors,
 )
 
 def _same(a: dict, b: dict) -> bool:

@@ -9,9 +9,9 @@ import numpy as np
 import torch
 
 import lcckpt
-from lcckpt import _durable, _memory
-from lcckpt.container import read_container, write_container
-from lcckpt.delta import DeltaEncoder
+from lcckpt.util import durable as _durable, memory as _memory
+from lcckpt.format.container import read_container, write_container
+from lcckpt.codec.delta import DeltaEncoder
 
 
 def test_deferred_reference_copy_is_made_on_first_use_or_settle():

@@ -15,14 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lcckpt
-from lcckpt import sections, tree
-from lcckpt import serialization as S
-from lcckpt.container import read_container, write_container
+from lcckpt.format import sections, tree
+from lcckpt.format import serialization as S
+from lcckpt.format.container import read_container, write_container
 from lcckpt.errors import (
-    CorruptDataError,
-    InvalidArgumentError,
-    UnsafeObjectError,
-    UnsupportedDtypeError,
+    CorruptDataError, InvalidArgumentError, UnsafeObjectError, UnsupportedDtypeError,
     UnsupportedVersionError,
 )
 
@@ -83,7 +80,7 @@ def test_model_and_optimizer_state_round_trip_and_resume(tmp_path, opt_name):
 # ---- tensors
 
 
-@pytest.mark.parametrize("dtype", list(lcckpt.dtypes.TORCH_NAME), ids=str)
+@pytest.mark.parametrize("dtype", list(lcckpt.codec.dtypes.TORCH_NAME), ids=str)
 def test_every_dtype_bit_exact(dtype):
     size = dtype.itemsize
     g = torch.Generator().manual_seed(3)
@@ -549,7 +546,7 @@ def test_random_trees_round_trip(obj):
     assert_same(obj, round_trip(obj))
 
 
-_dtypes = st.sampled_from(list(lcckpt.dtypes.TORCH_NAME))
+_dtypes = st.sampled_from(list(lcckpt.codec.dtypes.TORCH_NAME))
 
 
 @st.composite

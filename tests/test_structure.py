@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lcckpt
-from lcckpt import CodecConfig, InvalidArgumentError, sections, serialization
-from lcckpt.delta import Reconstruction
+from lcckpt import CodecConfig, InvalidArgumentError
+from lcckpt.format import sections, serialization
+from lcckpt.codec.delta import Reconstruction
 
 from helpers import assert_same, same_bits
 
@@ -106,7 +107,7 @@ def test_leaf_hooks_are_arguments_and_import_registers_nothing():
     assert seen == ['obj["a"]', 'obj["b"][0]']
     assert [m["codec"] for _, m, _ in secs] == ["lossless", "lossless"]
     f = io.BytesIO()
-    from lcckpt.container import read_container, write_container
+    from lcckpt.format.container import read_container, write_container
     write_container(f, secs, meta)
     decoded = []
 
@@ -128,7 +129,7 @@ def test_stale_temps_of_any_name_are_removed(tmp_path):
     import os
     import subprocess
     import sys
-    from lcckpt import _durable
+    from lcckpt.util import durable as _durable
     dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                               capture_output=True, text=True).stdout)
     host = _durable._host_tag()

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lcckpt
-from lcckpt import serialization as S
-from lcckpt.container import read_container, write_container
+from lcckpt.format import serialization as S
+from lcckpt.format.container import read_container, write_container
 from lcckpt.errors import CorruptDataError, InvalidArgumentError, UnsafeObjectError
 
 
@@ -295,7 +295,7 @@ def test_cuda_views_match_torch_load_and_map_to_cpu():
 
 
 def test_safetensors_files_take_the_same_keywords(tmp_path):
-    from lcckpt.safetensors_io import save_safetensors
+    from lcckpt.format.safetensors_io import save_safetensors
 
     path = tmp_path / "m.safetensors"
     save_safetensors({"w": torch.arange(6.0).reshape(2, 3)}, path)

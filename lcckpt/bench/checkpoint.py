@@ -39,7 +39,7 @@ import torch
 
 import lcckpt
 from lcckpt.bench.timing import environment, format_table
-from lcckpt.convert import flat_tensors
+from lcckpt.interop.convert import flat_tensors
 from lcckpt.errors import InvalidArgumentError
 
 MB = 1e6
@@ -344,7 +344,7 @@ def table(rows: list[dict]) -> str:
 
 def run(paths: list[str], *, error_bounds=(), runs: int = 3, log=print) -> dict:
     """Load the files (any format lcckpt reads) and benchmark them; returns the JSON doc."""
-    from lcckpt.convert import read_checkpoint
+    from lcckpt.interop.convert import read_checkpoint
     objs, torch_files = [], []            # the torch files as paths, not bytes
     bar = progress(len(paths), "loading")
     for p in paths:

@@ -30,10 +30,10 @@ import numpy as np
 import torch
 
 import lcckpt
-from lcckpt.kernels.huffman import code_lengths
+from lcckpt.codec.kernels.huffman import code_lengths
 from lcckpt.bench.timing import environment, format_table
 from lcckpt.bench.trajectory import flat_float_params, train_trajectory
-from lcckpt.dtypes import to_numpy
+from lcckpt.codec.dtypes import to_numpy
 
 MB = 1e6
 
@@ -213,7 +213,7 @@ def speed(steps, every, runs, log):
         r["enc_vs_zstd1"] = r["enc_MBps"] / z1["enc_MBps"]
         r["dec_vs_zstd1"] = r["dec_MBps"] / z1["dec_MBps"]
     log(f"\n## speed: wide-MLP delta, {delta.size:,} fp32 elements ({nbytes / MB:.0f} MB), "
-        f"median of {runs}, {lcckpt._pool.threads()} threads")
+        f"median of {runs}, {lcckpt.util.pool.threads()} threads")
     log(format_table(rows, ["codec", "ratio", "enc_MBps", "dec_MBps", "enc_vs_zstd1",
                             "dec_vs_zstd1"]))
     return {"elements": int(delta.size), "rows": rows}
@@ -280,8 +280,9 @@ def dense(steps, every, runs, log):
     written per element by each pass, over the bandwidth a numpy copy gets on the same
     threads in the same run.
     """
-    from lcckpt import _pool, entropy, quantize
-    from lcckpt.config import CodecConfig
+    from lcckpt.util import pool as _pool
+    from lcckpt.codec import entropy, quantize
+    from lcckpt.codec.config import CodecConfig
     traj = train_trajectory(model="mlp", optimizer="adam", steps=steps, snapshot_every=every)
     (st0, s0), (st1, s1) = traj.snapshots[-2], traj.snapshots[-1]
     p0 = flat_float_params(s0, include_optim=True)

@@ -28,10 +28,10 @@ import numpy as np
 import torch
 
 import lcckpt
-from lcckpt import _pool
+from lcckpt.util import pool as _pool
 from lcckpt.bench.timing import environment, format_table
 from lcckpt.bench.trajectory import flat_float_params, train_trajectory
-from lcckpt.dtypes import to_numpy
+from lcckpt.codec.dtypes import to_numpy
 from lcckpt.errors import InvalidArgumentError
 
 MB = 1e6

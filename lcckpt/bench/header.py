@@ -28,9 +28,9 @@ import zlib
 
 import torch
 
-from .. import container as C
-from .. import serialization
-from ..chain import DeltaCheckpointer
+from ..format import container as C
+from ..format import serialization
+from ..chain.checkpointer import DeltaCheckpointer
 from .timing import environment, format_table
 
 

@@ -1,7 +1,7 @@
 """Lazy reads against full loads: one small tensor of a large file, and a few rows.
 
 Writes a file of ``size_mb`` MB (float32 tensors of 64 MB each plus one small tensor),
-then times ``lcckpt.load`` of the whole file against ``lcckpt.reader.open(path)
+then times ``lcckpt.load`` of the whole file against ``lcckpt.interop.reader.open(path)
 .get_tensor(small)`` and a 16-row ``get_slice`` of a large tensor (open included in both).
 Both run from the page cache after the write: the ratio is the work saved, not disk speed.
 Stored raw by default; ``codec="lossless"`` shows a coded file.
@@ -16,8 +16,8 @@ import tempfile
 
 import torch
 
-from .. import serialization
-from ..reader import open as lazy_open
+from ..format import serialization
+from ..interop.reader import open as lazy_open
 from .timing import environment, format_table, measure
 
 

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..manager import CheckpointManager
+from ..training.manager import CheckpointManager
 from .timing import environment, format_table
 
 

@@ -33,8 +33,8 @@ import tempfile
 import numpy as np
 import torch
 
-from ..chain import DeltaCheckpointer
-from ..policy import RolePolicy, role_of
+from ..chain.checkpointer import DeltaCheckpointer
+from ..chain.policy import RolePolicy, role_of
 from .timing import format_table
 
 SETTINGS = {            # name -> DeltaCheckpointer keywords (keyframe_every=50 unless given)

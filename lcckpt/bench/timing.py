@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .._table import format_table  # noqa: F401  (the benchmarks import it from here)
+from ..util.table import format_table  # noqa: F401  (the benchmarks import it from here)
 from ..errors import InvalidArgumentError
 
 

@@ -30,8 +30,7 @@ from torch.distributed.checkpoint.planner import (ReadItem, SavePlan, TensorWrit
                                                   WriteItem, WriteItemType)
 
 from ..errors import InvalidArgumentError, UnsafeObjectError
-from .partition import (ITEM_OVERHEAD, MIN_SPLIT_BYTES, Assignment, History, Item, Piece,
-                        partition)
+from .partition import ITEM_OVERHEAD, MIN_SPLIT_BYTES, Assignment, History, Item, Piece, partition
 
 
 def item_key(item: WriteItem) -> str:

@@ -40,10 +40,12 @@ from torch.distributed.checkpoint.planner import (LoadPlan, LoadPlanner,
                                                   WriteItemType)
 from torch.distributed.checkpoint.storage import WriteResult
 
-from ..codec import decode, encode
-from ..delta import DeltaDecoder, DeltaEncoder
-from ..errors import (BrokenChainError, CorruptDataError, InvalidArgumentError,
-                      TruncatedError, UnsafeObjectError)
+from ..codec.tensor import decode, encode
+from ..codec.delta import DeltaDecoder, DeltaEncoder
+from ..errors import (
+    BrokenChainError, CorruptDataError, InvalidArgumentError, TruncatedError,
+    UnsafeObjectError,
+)
 from .partition import Piece
 
 SUFFIX = ".distcp"

@@ -37,7 +37,7 @@ import torch  # noqa: E402
 import lcckpt  # noqa: E402
 from lcckpt.cli import verify_file  # noqa: E402
 from lcckpt.errors import LcckptError  # noqa: E402
-from lcckpt.safetensors_io import save_safetensors  # noqa: E402
+from lcckpt.format.safetensors_io import save_safetensors  # noqa: E402
 
 
 def _state(seed: int) -> dict:

@@ -11,9 +11,9 @@ import zlib
 
 import numpy as np
 
-from lcckpt import blob as B
-from lcckpt import container as C
-from lcckpt import dtypes, entropy, lossless
+from lcckpt.codec import blob as B
+from lcckpt.format import container as C
+from lcckpt.codec import dtypes, entropy, lossless
 
 CONST = entropy.CONST
 
@@ -24,7 +24,7 @@ def const_blob(shape, dtype="F32", lossy=False, log2=24) -> bytes:
     dt = dtypes.BY_NAME[dtype]
     n = int(np.prod(shape, dtype=object)) if shape else 1
     cs = 1 << log2
-    w = B.header(B.LOSSY if lossy else B.LOSSLESS, dt, shape, log2)
+    w = B._header(B.LOSSY if lossy else B.LOSSLESS, dt, shape, log2)   # every field by hand
     if lossy:
         w.u8(2)        # bits
         w.u8(0)        # flags

@@ -17,11 +17,12 @@ import torch
 
 import lcckpt
 from lcckpt import limits
-from lcckpt.container import read_container
-from lcckpt.verify import verify_file
-from lcckpt.errors import (ChecksumError, ConcurrentWriteError, CorruptDataError,
-                           InvalidArgumentError, LcckptError, NotFoundError,
-                           ResourceLimitError)
+from lcckpt.format.container import read_container
+from lcckpt.format.verify import verify_file
+from lcckpt.errors import (
+    ChecksumError, ConcurrentWriteError, CorruptDataError, InvalidArgumentError, LcckptError,
+    NotFoundError, ResourceLimitError,
+)
 
 import craft
 
@@ -227,7 +228,8 @@ _RSS_CHILD = """
 import io, resource, sys
 sys.path[:0] = sys.argv[1:3]
 import craft, lcckpt
-from lcckpt import dtypes, limits
+from lcckpt import limits
+from lcckpt.codec import dtypes
 dtype, codec, scale = sys.argv[3], sys.argv[4], float(sys.argv[5])
 pad = 1_000_000 - 4096                 # a file just under 1 MB: the largest "auto" limit
 limit = limits.AUTO_FLOOR + limits.AUTO_EXPANSION * (pad + 1024)
@@ -447,7 +449,7 @@ def test_corruption_errors_name_the_file(tmp_path):
 
 
 def test_temp_files_of_killed_saves_are_removed_by_any_later_save(tmp_path):
-    from lcckpt import _durable
+    from lcckpt.util import durable as _durable
     dead = f".big.lcc.{_durable._host_tag()}-999999999-abcd1234{_durable.TEMP_SUFFIX}"
     (tmp_path / dead).write_bytes(b"x" * 1000)
     lcckpt.save({"a": 1}, tmp_path / "other.lcc")
@@ -605,7 +607,7 @@ def test_a_flipped_bit_in_torch_data_fails_verify(tmp_path):
     path.write_bytes(bytes(raw))
     assert not torch.equal(lcckpt.load(str(path))["w"], w)     # what torch itself gives
     assert main(["verify", str(path)]) == 1
-    from lcckpt.convert import check_torch_crcs
+    from lcckpt.interop.convert import check_torch_crcs
     with pytest.raises(ChecksumError, match="CRC-32"):
         check_torch_crcs(path)
     old = torch.serialization.get_crc32_options()

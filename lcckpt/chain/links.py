@@ -1,0 +1,117 @@
+"""One file of a chain as its reader sees it: its place in the chain and its replay.
+
+:class:`Link` validates what a file's header says about its place in the chain (step,
+kind, state id, base, depth). :class:`FileReplay` advances the reconstructions of the
+step before it by the file's ``"delta"`` sections, as a leaf decoder of
+:func:`~lcckpt.format.serialization.unpack` or for every section at once.
+"""
+
+from __future__ import annotations
+
+from ..codec.delta import Reconstruction
+from ..errors import CorruptDataError, UnsupportedVersionError
+from ..format.sections import DELTA, section_key, section_zero_base
+from ..format import sections as _sections
+
+__all__ = ["CHAIN_VERSION", "FileReplay", "Link", "delta_key", "elements", "is_keyframe"]
+
+CHAIN_VERSION = 1
+
+
+class Link:
+    """What one file's header says about its place in the chain."""
+
+    __slots__ = ("step", "kind", "state_id", "base_step", "base_state_id", "depth", "meta")
+
+    def __init__(self, info: dict, step: int, name: str):
+        def bad(msg):
+            raise CorruptDataError(f"{name}: invalid chain metadata: {msg}")
+
+        if type(info) is not dict:
+            bad("no 'lcckpt_chain' entry; not written by DeltaCheckpointer")
+        v = info.get("version")
+        if type(v) is not int or v < 1:
+            bad(f"version {v!r}")
+        if v > CHAIN_VERSION:
+            raise UnsupportedVersionError(
+                f"{name}: chain format version {v}, this build reads up to {CHAIN_VERSION}: "
+                "upgrade lcckpt")
+        self.meta = info
+        self.step, self.kind = info.get("step"), info.get("kind")
+        self.state_id, self.depth = info.get("state_id"), info.get("depth")
+        if self.step != step or type(self.step) is not int:
+            bad(f"it says step {self.step!r}, its name says {step}")
+        if self.kind not in ("keyframe", "delta"):
+            bad(f"kind {self.kind!r}")
+        if type(self.state_id) is not str or not self.state_id:
+            bad("no state_id")
+        if type(self.depth) is not int or self.depth < 0:
+            bad(f"depth {self.depth!r}")
+        base = info.get("base")
+        if self.kind == "keyframe":
+            if base is not None or self.depth != 0:
+                bad("a keyframe with a base")
+            self.base_step = self.base_state_id = None
+        else:
+            if type(base) is not dict or type(base.get("step")) is not int \
+                    or type(base.get("state_id")) is not str:
+                bad("a delta without a valid base")
+            if not 0 <= base["step"] < step or self.depth < 1:
+                bad(f"base step {base['step']} / depth {self.depth} out of order")
+            self.base_step, self.base_state_id = base["step"], base["state_id"]
+
+
+class FileReplay:
+    """Loading one file of a chain: ``"delta"`` sections advance the reconstructions of
+    the previous step (``before``) into ``after``; other sections decode as anywhere."""
+
+    def __init__(self, before: dict, copy: bool = True, movement: bool = False):
+        self.before, self.after, self.copy, self.movement = before, {}, copy, movement
+
+    def advance(self, c, i: int, meta: dict) -> Reconstruction:
+        key = section_key(meta)
+        rec = self.before.get(key) or Reconstruction()
+        # movement counts from the keyframe, or from where the tensor (re)started: an
+        # exact fallback inside a chain does not move the base, as for the writer
+        base = self.movement and (rec.movement is None or is_keyframe(c)
+                                  or rec.movement.n != elements(meta))
+        rec.apply(c.data(i), dtype=meta.get("dtype"), shape=tuple(meta.get("shape", ())),
+                  check_payload=False, what=key, zero_base=section_zero_base(meta),
+                  movement=base)
+        self.after[key] = rec
+        return rec
+
+    def decode_leaf(self, path: str, c, i: int, meta: dict):
+        if meta.get("codec") != DELTA:
+            return _sections.decode_leaf(path, c, i, meta)
+        return self.advance(c, i, meta).value(self.copy)
+
+    def advance_all(self, c) -> dict:
+        """Advance every tracked tensor of file ``c`` without building its object."""
+        for i, s in enumerate(c.sections):
+            if s["meta"].get("kind") == "tensor" and s["meta"].get("codec") == DELTA:
+                self.advance(c, i, s["meta"])
+        return self.after
+
+
+def is_keyframe(c) -> bool:
+    info = c.meta.get("lcckpt_chain")
+    return isinstance(info, dict) and info.get("kind") == "keyframe"
+
+
+def elements(meta: dict) -> int:
+    n = 1
+    shape = meta.get("shape", ())
+    for d in shape if isinstance(shape, (list, tuple)) else ():
+        n *= int(d) if type(d) is int else 0
+    return n
+
+
+def delta_key(meta: dict) -> str | None:
+    """The tracking key of a tracked tensor section (None for any other section)."""
+    if meta.get("kind") != "tensor" or meta.get("codec") != DELTA:
+        return None
+    try:
+        return section_key(meta)
+    except CorruptDataError:             # refused with its reason when it is decoded
+        return None

@@ -1,0 +1,116 @@
+"""The writer lock of a checkpoint directory: one writer at a time, never through a link.
+
+An exclusive ``flock`` on ``.lcckpt-writer.lock`` in the directory, held while its fd is
+open; the kernel drops it when the holder dies, so a crashed writer never blocks the
+next one. The file is opened with ``O_NOFOLLOW`` and must be a regular file.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import stat
+import time
+
+from ..errors import ConcurrentWriteError, StorageError
+
+__all__ = ["LOCK_NAME", "WriterLock"]
+
+LOCK_NAME = ".lcckpt-writer.lock"
+
+
+class WriterLock:
+    """An exclusive ``flock`` on the directory's lock file, held while the fd is open.
+
+    The file holds ``pid host time`` of the holder, for the message a refused writer
+    gets, and is deleted on release; one left behind is a writer's that died (the kernel
+    released its lock, and the next writer takes it over: ``stale`` says whose it was).
+    """
+
+    def __init__(self, directory: str):
+        self.path = os.path.join(directory, LOCK_NAME)
+        self.pid = os.getpid()
+        self.fd = None
+        self.stale = None
+        try:
+            import fcntl
+        except ImportError:          # no flock on this platform: one writer is assumed
+            return
+        for _ in range(100):         # until the locked file is the one at the path
+            fd = self._lock_once(fcntl, directory)
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:          # its holder released and deleted it
+                same = False
+            if same:
+                break
+            os.close(fd)
+        else:
+            raise ConcurrentWriteError(f"{directory}: the writer lock keeps changing hands")
+        self.stale = _read_small(fd) or None     # a writer that died holding it, if any
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()} {int(time.time())}\n".encode(), 0)
+        self.fd = fd
+
+    def _lock_once(self, fcntl, directory: str) -> int:
+        # never through a link: a symlink planted in a shared directory would make the
+        # writer truncate and overwrite its target
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        try:
+            fd = os.open(self.path, flags, 0o644)
+        except OSError as e:
+            if e.errno == errno.ELOOP or os.path.islink(self.path):
+                raise StorageError(e.errno, "the writer lock is a symbolic link; remove it "
+                                   "(lcckpt never creates one)", self.path) from None
+            raise StorageError(e.errno, f"cannot create the writer lock: {e.strerror}",
+                               self.path) from None
+        try:
+            regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        except OSError:
+            regular = False
+        if not regular:
+            os.close(fd)
+            raise StorageError(errno.EINVAL, "the writer lock is not a regular file; remove "
+                               "it", self.path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = _read_small(fd)
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise StorageError(e.errno, f"cannot lock the checkpoint directory: "
+                                   f"{e.strerror}", self.path) from None
+            raise ConcurrentWriteError(
+                f"{directory} is being written by another DeltaCheckpointer "
+                f"({_describe(holder)}); one writer per directory: stop or close() the other "
+                "writer first (readers need no lock: DeltaCheckpointer(d).load() works while "
+                "it writes)") from None
+        return fd
+
+    def held(self) -> bool:
+        return self.pid == os.getpid()      # a forked child must take its own
+
+    def release(self) -> None:
+        if self.fd is not None and self.pid == os.getpid():
+            try:
+                os.unlink(self.path)        # while locked: a waiter re-checks the path
+            except OSError:
+                pass
+            os.close(self.fd)               # closing the fd drops the flock
+        self.fd = None
+
+
+def _read_small(fd: int) -> str:
+    try:
+        return os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
+def _describe(holder: str) -> str:
+    parts = holder.split()
+    if len(parts) == 3 and parts[0].isdigit() and parts[2].isdigit():
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(int(parts[2])))
+        return f"pid {parts[0]} on {parts[1]}, since {since}"
+    return "holder unknown"

@@ -1,0 +1,74 @@
+"""Per-tensor error targets by role: what a checkpoint's tensors need to restore well.
+
+A target bounds ``||u - ũ||₂``, the L2 error of a restored tensor, by a share of its
+*movement* since the chain's keyframe (``relative_to="movement"``, the default:
+lcckpt/codec/movement.py) or of its own norm (``"norm"``). Movement is what training changed:
+a fine-tune moves a pretrained encoder by about 1% of its norm, so a share of the norm
+would let the error swallow the fine-tune, while a share of the movement keeps it, and
+for a model trained from scratch, which moves by its own size, the two agree. Weights
+are held to 0.005 of their movement: on a digits CNN trained from scratch 0.01 let the
+held-out loss of a restore drift by up to 3% (docs/chain.md).
+
+A model's weights decide the accuracy of a restored model; an optimizer's first moment
+(SGD's ``momentum_buffer``, Adam's ``exp_avg``) is renewed within a few dozen steps after
+a resume, so a coarse copy costs little (runs resumed ten times from copies at 0.8 end
+where uninterrupted ones do: docs/chain.md); a second moment (``exp_avg_sq``) scales every
+step and changes slowly; the quantizer never restores it below a quarter of its value.
+:class:`RolePolicy` maps a key path (``obj["model"]["fc1.weight"]``,
+``obj["optim"]["state"][4]["exp_avg"]``) to the relative L2 target of its role; it is
+what ``DeltaCheckpointer(directory)`` uses by default. It knows nothing of coding: the chain hands the target to the quantizer.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from ..errors import InvalidArgumentError
+
+__all__ = ["RolePolicy", "DEFAULT_POLICY", "role_of"]
+
+_FIRST = re.compile(r'\["(momentum_buffer|exp_avg|momentum|mu)"\]$')
+_SECOND = re.compile(r'\["(exp_avg_sq|max_exp_avg_sq|square_avg|sum|acc_delta|exp_inf)"\]$')
+
+
+def role_of(key_path: str) -> str:
+    """"first_moment", "second_moment" or "weight" (everything else) for a key path."""
+    if _FIRST.search(key_path):
+        return "first_moment"
+    if _SECOND.search(key_path):
+        return "second_moment"
+    return "weight"
+
+
+@dataclass(frozen=True)
+class RolePolicy:
+    """L2 targets by role, per tensor: ``||u - ũ||₂ <= t·||u - k||₂`` with ``k`` the
+    tensor at the chain's keyframe (``relative_to="movement"``), or ``<= t·||u||₂``
+    (``relative_to="norm"``)."""
+
+    weight: float = 0.005
+    first_moment: float = 0.8
+    second_moment: float = 0.1
+    relative_to: str = "movement"
+
+    def __post_init__(self):
+        for name in ("weight", "first_moment", "second_moment"):
+            t = getattr(self, name)
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) \
+                    or not 0 <= t < 1:
+                raise InvalidArgumentError(f"{name} target must be in [0, 1), got {t!r}")
+        if self.relative_to not in ("movement", "norm"):
+            raise InvalidArgumentError(
+                f"relative_to must be 'movement' or 'norm', got {self.relative_to!r}")
+
+    def __call__(self, key_path: str) -> float:
+        return getattr(self, role_of(key_path))
+
+    def describe(self) -> dict:
+        return {"weight": self.weight, "first_moment": self.first_moment,
+                "second_moment": self.second_moment, "relative_to": self.relative_to}
+
+
+DEFAULT_POLICY = RolePolicy()

@@ -1,0 +1,104 @@
+"""Keeping a chain short: :func:`write_merged` rewrites a delta as a keyframe of the
+very same restored state, :func:`apply_retention` deletes what no kept step needs."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+from ..codec import blob as _blob
+from ..errors import BrokenChainError, LcckptError, StorageError
+from ..format.container import read_container, write_container
+from ..format.sections import DELTA, section_key
+from ..util import durable as _durable
+from .directory import ChainDirectory
+from .links import Link
+from .session import finite
+
+
+def write_merged(d: ChainDirectory, upto: int, tracks: dict, state_id: str) -> None:
+    """Rewrite delta ``upto`` as a keyframe: its tracked tensors from ``tracks`` (its
+    restored references) stored losslessly in the tracking precision, every other section
+    copied byte for byte, the state id kept (``state_id``: what the restore walked to)."""
+    path = d.path(upto)
+    with read_container(path) as c:
+        link = Link(c.meta.get("lcckpt_chain"), upto, path)
+        if link.state_id != state_id:
+            raise BrokenChainError(f"{path} changed while being merged")
+        sections = []
+        stats = {}
+        for i, s in enumerate(c.sections):
+            meta = s["meta"]
+            if meta.get("codec") == DELTA:
+                key = section_key(meta)
+                blob = tracks[key].exact_blob()
+                n = _blob.nbytes(blob)
+                stats[key] = {"kind": "lossless", "bits": None,
+                              "bits_per_element": finite(8 * n / max(1, tracks[key].ref.size)),
+                              "rel_error": 0.0, "nbytes": n}
+                sections.append((s["name"], meta, blob))
+            else:
+                sections.append((s["name"], meta, c.data(i)))
+        meta = dict(c.meta)
+    info = dict(meta["lcckpt_chain"])
+    info.update(kind="keyframe", base=None, depth=0, tensors=stats,
+                merged={"from_base": info["base"], "from_depth": info["depth"]})
+    meta["lcckpt_chain"] = info
+    try:
+        write_container(path, sections, meta)
+    except _durable.UnsyncedError as e:     # in place: the merge is done
+        warnings.warn(f"step {upto} is merged, but syncing {d.directory} failed "
+                      f"({e.strerror}): the next save syncs the directory again",
+                      RuntimeWarning, stacklevel=4)
+    d.forget(path)
+
+
+def apply_retention(d: ChainDirectory, keep_last: int | None) -> None:
+    """Delete the files that none of the newest ``keep_last`` steps needs, newest first.
+    The step just saved is committed: a failure here warns and the next save retries."""
+    if keep_last is None:
+        return
+    try:
+        steps = d.steps()
+    except StorageError as e:       # the step is committed: retried at the next save
+        warnings.warn(f"retention (keep_last={keep_last}) skipped: {e}",
+                      RuntimeWarning, stacklevel=3)
+        return
+    if len(steps) <= keep_last:
+        return
+    needed: set[int] = set()
+    for s in steps[-keep_last:]:
+        while s not in needed:
+            needed.add(s)
+            try:
+                link = d.link(s)
+            except (LcckptError, OSError):
+                needed.update(x for x in steps if x <= s)   # unknown base: keep all older
+                break
+            if link.kind == "keyframe":
+                break
+            s = link.base_step
+    removed, failed = False, []
+    # newest first, stopping at the first failure: a step left behind (by a failure or
+    # a crash) still has every older file its chain walks back through
+    for s in reversed(steps):
+        if s not in needed:
+            try:
+                os.unlink(d.path(s))
+                removed = True
+            except FileNotFoundError:
+                pass
+            except OSError as e:     # the step is committed: retried at the next save
+                failed.append(f"{d.path(s)} ({e.strerror})")
+                break
+            d.forget(d.path(s))
+    try:
+        if removed:
+            _durable.fsync_dir(d.directory)
+    except OSError as e:
+        failed.append(f"{d.directory} (directory sync: {e.strerror})")
+    if failed:
+        warnings.warn(f"retention (keep_last={keep_last}) could not remove "
+                      f"{', '.join(failed[:3])}{' ...' if len(failed) > 3 else ''}; the "
+                      "new step is saved, and the next save tries again",
+                      RuntimeWarning, stacklevel=3)

@@ -1,0 +1,117 @@
+"""One save's coding: which tensors a chain tracks, and each tracked tensor's delta
+with the stats its file's header reports (docs/chain.md, "What each file reports")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from ..codec import blob as _blob
+from ..codec.delta import DeltaEncoder, Reconstruction
+from ..format import sections as _sections
+from ..format.sections import DELTA, TRACKABLE, Encoded
+
+MISSED = 0.5            # a restored error past this share of a step's movement is warned of
+
+
+class SaveSession:
+    """One save: decides per tensor whether it is tracked and codes it (the leaf encoder
+    this save passes to :func:`lcckpt.format.serialization.pack`).
+
+    ``make(path, exact)`` builds a tensor's encoder: lossy for tracked tensors, an exact
+    delta coder (``exact=True``) for the small floating tensors ``small(path, t)`` picks
+    (None: those are stored as plain exact sections, LC-Checkpoint's way)."""
+
+    def __init__(self, encoders: dict, make: Callable, track: Callable, keyframe: bool,
+                 small: Callable | None = None, exact_of: dict | None = None,
+                 warn_error: float | None = None, pack_below: int = 0):
+        self.encoders, self.make, self.track, self.keyframe = encoders, make, track, keyframe
+        self.pack_below = pack_below
+        self.small, self.warn_error = small, warn_error
+        self.drifted: list[tuple[str, float]] = []     # (path, restored error) past warn_error
+        self.missed: list[tuple[str, float, float]] = []   # (path, error/movement, target)
+        self.exact_of = {} if exact_of is None else exact_of   # path -> its encoder is exact
+        self.stats: dict[str, dict] = {}
+
+    def packs(self, path: str, t: torch.Tensor) -> bool:
+        """Whether ``t`` joins its dtype's pack: a small tensor no rule tracks (one
+        section and one codec call per scalar made 100,000-tensor saves take minutes)."""
+        return t.numel() < self.pack_below and not (t.dtype in TRACKABLE and self.track(path, t))
+
+    def encode_pack(self, path: str, t: torch.Tensor) -> Encoded:
+        """A pack of small tensors: coded as one small tensor (never lossy)."""
+        return self.encode_leaf(path, t, small=True)
+
+    def encode_leaf(self, path: str, t: torch.Tensor, small: bool = False) -> Encoded:
+        if t.dtype not in TRACKABLE:
+            return _sections.encode_with(_sections.LOSSLESS, path, t)
+        if small:
+            if self.small is None:
+                return _sections.encode_with(_sections.LOSSLESS, path, t)
+            exact = True
+        elif self.track(path, t):
+            exact = False
+        elif self.small is not None and self.small(path, t):
+            exact = True
+        else:
+            return _sections.encode_with(_sections.LOSSLESS, path, t)
+        enc = self.encoders.get(path)
+        if isinstance(enc, Reconstruction):          # reopened chain: continue from disk
+            rec, enc = enc, self.make(path, exact)
+            enc.resume(rec)
+            self.encoders[path] = enc
+        elif enc is None or self.exact_of.get(path) != exact:
+            enc = self.encoders[path] = self.make(path, exact)
+        self.exact_of[path] = exact
+        # a tensor new since the keyframe: lossy against zeros where a target bounds it
+        from_zero = enc.ref is None and not self.keyframe and not exact \
+            and enc.config.target is not None
+        # the copy of a keyframe into the reference waits: it runs while the file is written
+        parts, st = enc.encode_parts(t, keyframe=self.keyframe, from_zero=from_zero,
+                                     defer_copy=True)
+        nbytes = _blob.nbytes(parts)
+        self.stats[path] = rec = {
+            "kind": st.kind,
+            "bits": st.bits,
+            "bits_per_element": finite(8 * nbytes / st.n if st.n else 0.0),
+            "rel_error": finite(st.rel_error),
+            "nbytes": nbytes,
+        }
+        if enc.config.target is not None:
+            rec["target"] = enc.config.target
+        if enc.last_movement is not None and st.kind == "uniform":
+            self._note_movement(path, rec, enc, st)
+        if st.kind == "uniform":
+            rec["step"] = float(f"{st.step:.4g}")
+            if st.escapes:
+                rec["escapes"] = st.escapes
+        if st.fallback and not exact:          # exact deltas are stored exactly by intent
+            rec["fallback"] = st.fallback
+        if self.warn_error is not None and st.rel_error > self.warn_error:
+            self.drifted.append((path, float(st.rel_error)))
+        params = {"key": path}
+        if from_zero and st.kind != "lossless":
+            params["base"] = "zero"
+        return Encoded(DELTA, parts, params)
+
+    def _note_movement(self, path: str, rec: dict, enc: DeltaEncoder, st) -> None:
+        """Report a movement target's terms, relative to ``||u||``. The dtype's precision
+        floor may let the error pass ``target x movement``; past :data:`MISSED` of the
+        movement too, the update is reported as missed."""
+        moved, norm = enc.last_movement
+        rec["movement"] = finite(moved / norm if norm else 0.0)
+        err = st.rel_error * norm
+        if moved > 0:
+            rec["error_vs_movement"] = finite(err / moved)
+        if err > max(enc.config.target, MISSED) * moved * (1 + 1e-6) and err > 0:
+            self.missed.append((path, err / moved if moved else float("inf"),
+                                enc.config.target))
+
+
+def finite(x):
+    """A stat for the header: 4 significant digits (every digit is header bytes in
+    every delta file), None for NaN/Inf."""
+    x = float(x)
+    return float(f"{x:.4g}") if np.isfinite(x) else None

@@ -1,0 +1,299 @@
+"""The blob wire format: header layout, checksums, and a parser that validates it all.
+
+Blob layout (little-endian; ``uvar`` = unsigned LEB128):
+
+    "LCC" version:u8  kind:u8 (1 lossy, 2 lossless)  dtype:u8  ndim:uvar  dims:uvar*
+    log2(chunk_size):u8
+    lossy:    bits:u8  flags:u8 (bit0 midpoint)  kept:u8  centroids[1..kept] (fp32; fp64 for F64)
+              stream tables (see entropy.write_tables)
+    lossless: nplanes:u8  rotate:u8  stream tables per plane
+    uniform:  bits:u8 (2-8)  step:f64  escapes:uvar  stream tables        (version 2 only)
+    crc32(header):u32   payload   crc32(payload):u32
+
+A uniform blob's payload is its symbol stream, then the escapes: their element indices
+(u32, or u64 when the tensor has 2**32 elements or more; strictly increasing) and their
+exact values (fp32; fp64 for F64). Symbol ``s`` adds ``level(s)·step`` (levels 0, -1, 1,
+-2, 2, ...; :func:`lcckpt.codec.quantize.uniform_table`); an escaped element is *set* to its
+value. Blobs of the first two kinds are written as version 1, exactly as before; a
+uniform blob is version 2, and a lossless blob with "pairs" chunks (a code per chunk of
+exponents, kernels/planes.py) version 3, so a reader that predates them says "upgrade"
+instead of misreading them.
+
+A lossy blob holds a quantized *delta*: decoding adds it to a reference (zeros for a
+stand-alone ``encode``). A lossless blob holds exact values. See docs/algorithm.md §8.
+
+This module writes and reads every header byte; it codes nothing (tensor.py does).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..util import crc as _crc
+from . import dtypes, entropy, lossless
+from ..util.wire import Reader, Writer
+from ..errors import ChecksumError, CorruptDataError, TruncatedError, UnsupportedVersionError
+from .quantize import uniform_table
+
+MAGIC = b"LCC"
+VERSION = 1                 # lossy and lossless blobs
+UNIFORM_VERSION = 2         # uniform blobs (the only kind version 2 adds)
+PAIRS_VERSION = 3           # lossless blobs whose planes hold "pairs" chunks
+LOSSY, LOSSLESS, UNIFORM = 1, 2, 3
+MAX_NDIM = 64
+
+
+def _header(kind: int, dt: dtypes.DType, shape, log2: int, version: int | None = None) -> Writer:
+    """A writer holding the common header fields."""
+    w = Writer()
+    w.raw(MAGIC)
+    w.u8(version or (UNIFORM_VERSION if kind == UNIFORM else VERSION))
+    w.u8(kind)
+    w.u8(dt.code)
+    w.uvar(len(shape))
+    for d in shape:
+        w.uvar(int(d))
+    w.u8(log2)
+    return w
+
+
+# Every byte of a blob's header is written by one of these three (and its stream tables
+# by entropy.write_tables, which they call), then closed by :func:`finish` or
+# :func:`header_bytes`; :func:`parse` reads them back.
+
+def lossy_header(dt: dtypes.DType, shape, log2: int, bits: int, midpoint: bool,
+                 centroids: np.ndarray, enc) -> Writer:
+    """LC-Checkpoint's buckets: ``centroids`` are the kept buckets' (1..kept)."""
+    w = _header(LOSSY, dt, shape, log2)
+    w.u8(bits)
+    w.u8(1 if midpoint else 0)
+    w.u8(centroids.size)
+    w.raw(centroids.tobytes())
+    entropy.write_tables(w, enc)
+    return w
+
+
+def uniform_header(dt: dtypes.DType, shape, log2: int, bits: int, step: float, escapes: int,
+                   enc) -> Writer:
+    """The uniform quantizer's delta: symbol width, step and the number of escapes."""
+    w = _header(UNIFORM, dt, shape, log2)
+    w.u8(bits)
+    w.raw(np.float64(step).astype("<f8").tobytes())
+    w.uvar(int(escapes))
+    entropy.write_tables(w, enc)
+    return w
+
+
+def lossless_header(dt: dtypes.DType, shape, log2: int, rotate: bool, encs) -> Writer:
+    """Exact planes; version 3 when a plane holds "pairs" chunks, so that a reader that
+    predates them asks for an upgrade instead of misreading them."""
+    pairs = any(np.any(e.modes == entropy.PAIRS) for e in encs)
+    w = _header(LOSSLESS, dt, shape, log2, PAIRS_VERSION if pairs else None)
+    w.u8(len(encs))
+    w.u8(1 if rotate else 0)
+    for e in encs:
+        entropy.write_tables(w, e)
+    return w
+
+
+def header_bytes(w: Writer) -> bytes:
+    """The header closed by its CRC-32, for a caller that writes the payload itself."""
+    w.u32(zlib.crc32(w.buf))
+    return bytes(w.buf)
+
+
+def finish(w: Writer, payloads) -> list:
+    """The blob as a list of pieces: header with its checksum, payloads, their checksum.
+
+    A container section can be written from the pieces directly, so a large keyframe is
+    never copied into one buffer (:func:`nbytes` is its size; ``b"".join`` makes bytes).
+    """
+    w.u32(zlib.crc32(w.buf))
+    crc = 0
+    parts = [bytes(w.buf)]
+    for p in payloads:
+        mv = memoryview(p).cast("B")
+        crc = _crc.crc32(mv, crc)
+        parts.append(mv)
+    parts.append(crc.to_bytes(4, "little"))
+    return parts
+
+
+def nbytes(blob) -> int:
+    """Size of a blob given as bytes or as a list of pieces."""
+    if isinstance(blob, list):
+        return sum(memoryview(p).nbytes for p in blob)
+    return len(blob)
+
+
+@dataclass
+class Parsed:
+    """Everything the header says, validated; ``layouts`` locate each chunk's bytes."""
+    kind: int
+    dt: dtypes.DType
+    shape: tuple
+    n: int
+    log2: int
+    payload_base: int
+    bits: int = 0
+    midpoint: bool = False
+    centroids: np.ndarray | None = None
+    layouts: list = field(default_factory=list)
+    rotate: bool = False
+    step: float = 0.0
+    esc_idx: np.ndarray | None = None    # uniform: escaped elements (int64) ...
+    esc_val: np.ndarray | None = None    # ... and their exact values (work dtype)
+
+
+def parse(blob, check_payload: bool = True) -> tuple[np.ndarray, Parsed]:
+    """Validate a blob completely (structure, sizes, both checksums) before any decode.
+
+    ``check_payload=False`` skips the payload checksum, for callers that have just
+    verified the same bytes themselves (a container section's CRC covers the whole blob).
+    """
+    from .config import MAX_CHUNK_LOG2, MIN_CHUNK_LOG2
+
+    buf = np.frombuffer(blob, np.uint8)
+    r = Reader(buf, what="lcckpt blob")
+    if len(buf) < 4 or bytes(buf[:3]) != MAGIC:
+        raise CorruptDataError("not an lcckpt blob (bad magic); was it produced by lcckpt.encode?")
+    r.pos = 3
+    version = r.u8()
+    if version not in (VERSION, UNIFORM_VERSION, PAIRS_VERSION):
+        raise UnsupportedVersionError(
+            f"blob format version {version}; this lcckpt reads versions {VERSION} to "
+            f"{PAIRS_VERSION}: upgrade lcckpt")
+    kind = r.u8()
+    if (kind not in (LOSSY, LOSSLESS, UNIFORM) or (kind == UNIFORM) != (version == UNIFORM_VERSION)
+            or (version == PAIRS_VERSION and kind != LOSSLESS)):
+        raise CorruptDataError(f"lcckpt blob: unknown kind {kind} in a version {version} blob")
+    code = r.u8()
+    if code not in dtypes.BY_CODE:
+        raise CorruptDataError(f"lcckpt blob: unknown dtype code {code}")
+    dt = dtypes.BY_CODE[code]
+    ndim = r.uvar(MAX_NDIM, "ndim")
+    shape = tuple(r.uvar(1 << 48, "dimension") for _ in range(ndim))
+    n = int(np.prod(shape, dtype=object)) if shape else 1
+    log2 = r.u8()
+    if not MIN_CHUNK_LOG2 <= log2 <= MAX_CHUNK_LOG2:
+        raise CorruptDataError(f"lcckpt blob: chunk size 2**{log2} out of range")
+    cs = 1 << log2
+    if -(-n // cs) > len(buf):             # every chunk costs at least one table byte
+        raise CorruptDataError(f"lcckpt blob: shape {shape} is larger than the blob can describe")
+    p = Parsed(kind, dt, shape, n, log2, 0)
+    {LOSSY: _lossy_header, UNIFORM: _uniform_header, LOSSLESS: _lossless_header}[kind](
+        r, p, version)
+    hdr_end = r.pos
+    stored = r.u32()
+    if zlib.crc32(buf[:hdr_end]) != stored:
+        raise ChecksumError("lcckpt blob: header checksum mismatch; the blob is damaged")
+    p.payload_base = r.pos
+    size = sum(int(lay.offsets[-1]) for lay in p.layouts)
+    esc_bytes = 0
+    if kind == UNIFORM:
+        isz = _index_dtype(n).itemsize
+        esc_bytes = p.esc_idx.size * (isz + p.esc_val.dtype.itemsize)
+    expect = p.payload_base + size + esc_bytes + 4
+    if len(buf) < expect:
+        raise TruncatedError(f"lcckpt blob is truncated: {len(buf)} bytes, header promises {expect}")
+    if len(buf) > expect:
+        raise CorruptDataError(f"lcckpt blob has {len(buf) - expect} trailing bytes")
+    crc = int.from_bytes(bytes(buf[expect - 4:expect]), "little")
+    if check_payload and zlib.crc32(buf[p.payload_base:expect - 4]) != crc:
+        raise ChecksumError("lcckpt blob: payload checksum mismatch; the blob is damaged")
+    if kind == UNIFORM and p.esc_idx.size:
+        _read_escapes(buf, p.payload_base + size, p)
+    return buf, p
+
+
+def _work_dtype(p: Parsed, kind: str):
+    """The float dtype a lossy blob's values are computed in (a float blob only)."""
+    if p.dt.kind != "float":
+        raise CorruptDataError(f"lcckpt blob: {kind} kind with dtype {p.dt.name}")
+    return np.float64 if p.dt.name == "F64" else np.float32
+
+
+def _lossy_header(r: Reader, p: Parsed, version: int) -> None:
+    """LC buckets: bits, flags, the kept centroids, the symbol tables."""
+    work = _work_dtype(p, "lossy")
+    p.bits = r.u8()
+    if not 1 <= p.bits <= 4:
+        raise CorruptDataError(f"lcckpt blob: bits = {p.bits}")
+    flags = r.u8()
+    if flags & ~1:
+        raise CorruptDataError(f"lcckpt blob: unknown flags {flags:#x}")
+    p.midpoint = bool(flags & 1)
+    kept = r.u8()
+    if kept > (1 << p.bits) - 1:
+        raise CorruptDataError(f"lcckpt blob: {kept} buckets exceed {p.bits} bits")
+    p.centroids = np.zeros(1 << p.bits, work)
+    p.centroids[1:kept + 1] = np.frombuffer(r.raw(kept * np.dtype(work).itemsize), work)
+    if not np.all(np.isfinite(p.centroids)):
+        raise CorruptDataError("lcckpt blob: non-finite centroid")
+    allowed = entropy.modes_for("auto", p.bits)
+    p.layouts = [entropy.read_tables(r, p.n, 1 << p.log2, p.bits, allowed)]
+
+
+def _uniform_header(r: Reader, p: Parsed, version: int) -> None:
+    """The restored-state quantizer: symbol bits, step, escape count, the symbol tables."""
+    work = _work_dtype(p, "uniform")
+    p.bits = r.u8()
+    if not 2 <= p.bits <= 8:
+        raise CorruptDataError(f"lcckpt blob: uniform symbols of {p.bits} bits")
+    p.step = float(np.frombuffer(r.raw(8), "<f8")[0])
+    if not (np.isfinite(p.step) and p.step >= 0):
+        raise CorruptDataError(f"lcckpt blob: uniform step {p.step}")
+    nesc = r.uvar(p.n, "number of escapes")
+    p.centroids = uniform_table(p.step, p.bits, work)
+    if not np.all(np.isfinite(p.centroids)):
+        raise CorruptDataError("lcckpt blob: uniform step overflows the table")
+    p.layouts = [entropy.read_tables(r, p.n, 1 << p.log2, p.bits, entropy.uniform_modes("auto", p.bits))]
+    p.esc_idx = np.zeros(nesc, np.int64)      # located after the header checksum
+    p.esc_val = np.zeros(nesc, work)
+
+
+def _lossless_header(r: Reader, p: Parsed, version: int) -> None:
+    """Exact byte planes: their number, the rotation flag, each plane's tables."""
+    nplanes = r.u8()
+    words, rotate = lossless.words_of(np.empty((0,), p.dt.numpy), p.dt.kind)
+    if nplanes != words.dtype.itemsize:
+        raise CorruptDataError(f"lcckpt blob: {nplanes} byte planes for dtype {p.dt.name}")
+    rot = r.u8()
+    if rot != int(rotate):
+        raise CorruptDataError("lcckpt blob: rotation flag does not match the dtype")
+    p.rotate = rotate
+    allowed = (entropy.BYTES_READ if version == PAIRS_VERSION
+               else entropy.modes_for("bytes", 8))
+    p.layouts = [entropy.read_tables(r, words_n(p.n, p.dt), 1 << p.log2, 8, allowed)
+                 for _ in range(nplanes)]
+
+
+def _index_dtype(n: int):
+    return np.dtype("<u4") if n < (1 << 32) else np.dtype("<u8")
+
+
+def escape_parts(n: int, idx: np.ndarray, val: np.ndarray) -> list:
+    """The payload pieces of a uniform blob's escapes (see the layout above)."""
+    if not idx.size:
+        return []
+    return [idx.astype(_index_dtype(n)), np.ascontiguousarray(val).astype(val.dtype.newbyteorder("<"))]
+
+
+def _read_escapes(buf, at: int, p: Parsed) -> None:
+    k = p.esc_idx.size
+    it = _index_dtype(p.n)
+    idx = np.frombuffer(buf, it, k, at).astype(np.int64)
+    val = np.frombuffer(buf, p.esc_val.dtype.newbyteorder("<"), k, at + k * it.itemsize)
+    if idx[-1] >= p.n or np.any(np.diff(idx) <= 0):
+        raise CorruptDataError("lcckpt blob: escape indices out of range or out of order")
+    if not np.all(np.isfinite(val)):
+        raise CorruptDataError("lcckpt blob: non-finite escape value")
+    p.esc_idx, p.esc_val = idx, val.astype(p.esc_val.dtype)
+
+
+def words_n(n: int, dt: dtypes.DType) -> int:
+    """Words of the lossless planes: complex numbers are two floats each."""
+    return 2 * n if dt.kind == "complex" else n

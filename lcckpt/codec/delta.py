@@ -1,0 +1,391 @@
+"""Delta tracking with error feedback for a stream of states of one tensor (ALGORITHM §1).
+
+The encoder keeps the reference ``ref`` = what the decoder will have reconstructed,
+and codes ``u_t - ref`` each step, so whatever one step drops is carried into the next
+delta and error does not accumulate along a chain. The encoder advances its reference
+while it codes the symbols, with the same fp32 add ``ref[i] + centroid[s]`` the decoder
+makes while it decodes them (skipping symbol 0 on both sides); tests hold the two
+references bit-identical over 1,000-step chains. fp16/bf16 states are tracked in fp32,
+fp64 in fp64.
+
+:class:`Reconstruction` is the one decoder-side tracker: :class:`DeltaDecoder` and the
+checkpoint chain both use it. It applies deltas lazily, all pending ones in one pass
+(:func:`replay`). Files, keys and chains are chain.py's business, not this module's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import numpy as np
+
+from . import blob as _blob
+from ..util import memory as _memory, pool as _pool
+from . import dtypes
+from ..util.pool import run_balanced, run_tasks, submit
+from .blob import LOSSLESS, Parsed, parse
+from .tensor import (
+    EncodeStats, apply_escapes, decode_exact, decode_symbols_into, encode_exact,
+    exact_chunk_decoder, guarded_encode,
+)
+from .config import CodecConfig
+from .entropy import CodeCache, StreamDecoder
+from ..errors import (
+    BrokenChainError, CorruptDataError, InvalidArgumentError, NonFiniteError,
+    UnsupportedDtypeError,
+)
+from .movement import Movement
+
+__all__ = ["DeltaDecoder", "DeltaEncoder", "Reconstruction", "replay"]
+
+KEYFRAME_CODINGS = ("lossless", "raw")
+RELATIVE_TO = ("norm", "movement")
+# below this share of ||u|| a restored error is under the dtype's own rounding (a quarter
+# of the last mantissa bit's weight in L2): no movement target goes finer
+PRECISION = {"F16": 2.0 ** -13, "BF16": 2.0 ** -10, "F32": 2.0 ** -26, "F64": 2.0 ** -55}
+MAX_TARGET = 0.99       # a movement target is capped below the quantizer's limit of 1
+
+
+def _tracked(dt: dtypes.DType) -> bool:
+    return dt.kind == "float" and not dt.name.startswith("F8")
+
+
+class DeltaEncoder:
+    """Encode successive states of one floating tensor: a keyframe first, then deltas."""
+
+    def __init__(self, bits: int = 2, coder: str = "auto", *, error_bound: float | None = None,
+                 midpoint: bool = False, chunk_size: int | None = None,
+                 keyframe_coding: str = "lossless", config: CodecConfig | None = None,
+                 target: float | None = None, relative_to: str = "norm"):
+        """``config`` replaces the coding keywords. ``target``: the uniform quantizer,
+        bounding each restored state (see :class:`~lcckpt.codec.config.CodecConfig`).
+        ``relative_to``: "norm" bounds ``||u - ũ||₂`` by ``target·||u||₂``; "movement"
+        by ``target·||u - k||₂``, ``k`` the last keyframe (zeros for a tensor coded
+        from zero), never finer than the dtype's :data:`PRECISION` (see
+        :mod:`lcckpt.codec.movement`). ``keyframe_coding``: "lossless" (coded byte planes,
+        ~1.2x smaller) or "raw" (the planes uncoded) for the exact blobs: the first one
+        and every keyframe."""
+        if keyframe_coding not in KEYFRAME_CODINGS:
+            raise InvalidArgumentError(
+                f"keyframe_coding must be 'lossless' or 'raw', got {keyframe_coding!r}")
+        if relative_to not in RELATIVE_TO:
+            raise InvalidArgumentError(
+                f"relative_to must be 'norm' or 'movement', got {relative_to!r}")
+        self.config = config if config is not None else CodecConfig(
+            bits, coder, error_bound, midpoint, chunk_size, target=target)
+        if not isinstance(self.config, CodecConfig) or self.config.lossless:
+            raise InvalidArgumentError("config must be a lossy CodecConfig")
+        if relative_to == "movement" and self.config.target is None:
+            raise InvalidArgumentError("relative_to='movement' needs a target")
+        self.relative_to = relative_to
+        self.movement: Movement | None = None   # the keyframe, for "movement" targets
+        self.last_movement: tuple | None = None  # (movement, ||u||) of the last delta
+        self.raw_keyframes = keyframe_coding == "raw"
+        self.cache = CodeCache()
+        self._ref: np.ndarray | None = None    # flat working-precision reconstruction
+        self._copy = None                      # a deferred copy into it: (ref, u, futures)
+        self.dtype: dtypes.DType | None = None
+        self.shape: tuple | None = None
+
+    @property
+    def ref(self) -> np.ndarray | None:
+        """The reference (a deferred copy into it is finished first)."""
+        if self._copy is not None:
+            self.settle()
+        return self._ref
+
+    @ref.setter
+    def ref(self, value: np.ndarray | None) -> None:
+        if self._copy is not None:
+            self.settle()
+        self._ref = value
+
+    def reset(self):
+        """Forget the reference: the next :meth:`encode` writes a keyframe."""
+        self.ref = None
+
+    def resume(self, rec: Reconstruction) -> None:
+        """Continue from what a decoder reconstructed (a chain reopened from disk).
+
+        The encoder takes over ``rec``'s reference array; ``rec`` must not be used after.
+        """
+        if rec.ref is None:
+            raise InvalidArgumentError("cannot resume from an empty reconstruction")
+        self.ref, self.dtype, self.shape = rec.ref, rec.dt, rec.shape
+        self.movement = rec.movement
+
+    def encode(self, x, *, keyframe: bool = False, report: bool = False):
+        """Blob for state ``x``: exact when ``keyframe`` or no compatible reference exists.
+
+        With ``report=True`` returns ``(blob, EncodeStats)``.
+        """
+        parts, st = self.encode_parts(x, keyframe=keyframe)
+        blob = b"".join(parts)
+        return (blob, st) if report else blob
+
+    def encode_parts(self, x, *, keyframe: bool = False, from_zero: bool = False,
+                     defer_copy: bool = False) -> tuple[list, EncodeStats]:
+        """:meth:`encode` as ``(pieces, stats)``: a container writes the pieces one after
+        another, so an exact blob of a large tensor is never joined into one copy.
+
+        ``from_zero``: when there is no reference yet, code ``x`` as a delta against zeros
+        instead of storing it exactly (a tensor that first appears between keyframes; the
+        decoder must then start it from zeros too: ``Reconstruction.apply(zero_base=True)``).
+        ``defer_copy``: an exact blob's copy of ``x`` into the reference waits for
+        :meth:`start_copy` (a save starts it before writing the file, so the copy runs
+        while the file is written and synced); ``x`` must not change until
+        :meth:`settle` returns, which the caller must call before giving ``x`` back.
+        """
+        a, dt = dtypes.to_numpy(x)
+        if not _tracked(dt):
+            raise UnsupportedDtypeError(f"delta tracking needs fp16/bf16/fp32/fp64, got {dt.name}")
+        u = dtypes.to_float_work(a, dt).reshape(-1)
+        if from_zero and not keyframe and self.ref is None:
+            self.ref = _memory.bulk_zeros(u.shape, u.dtype)
+            self.dtype, self.shape = dt, a.shape
+            self.movement = Movement(None, u.size)
+        if keyframe or self.ref is None or dt != self.dtype or a.shape != self.shape:
+            return self._keyframe(a, dt, u, None, defer_copy, new_base=keyframe)
+        exact = lambda: encode_exact(a, dt, self.config.log2, self.raw_keyframes)  # noqa: E731
+        cfg = self._config_for(u, dt)
+        try:
+            parts, st, lossy = guarded_encode(u, self.ref, dt, a.shape, cfg, exact,
+                                              cache=self.cache, advance=True)
+        except NonFiniteError as e:
+            warnings.warn(f"{e}; writing an exact keyframe instead", RuntimeWarning, stacklevel=3)
+            return self._keyframe(a, dt, u, "non-finite delta", defer_copy, new_base=False)
+        if not lossy:
+            self._set_ref(u, defer_copy)
+        return parts, st
+
+    def _config_for(self, u: np.ndarray, dt: dtypes.DType) -> CodecConfig:
+        """The config of this delta: a "movement" target becomes the equivalent share of
+        ``||u||`` (noted in :attr:`last_movement`)."""
+        self.last_movement = None
+        if self.relative_to != "movement":
+            return self.config
+        if self.movement is None or self.movement.n != u.size:
+            self.movement = Movement(None, u.size)       # no keyframe known: from zero
+        moved, norm = self.movement.measure(u)
+        allowed = max(self.config.target * moved, PRECISION[dt.name] * norm)
+        self.last_movement = (moved, norm)
+        share = min(allowed / norm, MAX_TARGET) if norm > 0 else 0.0
+        return dataclasses.replace(self.config, target=share)
+
+    def _keyframe(self, a, dt, u, why, defer_copy=False, new_base=True):
+        """An exact blob; ``new_base``: movement counts from it (a keyframe, not an exact
+        fallback inside a chain, unless the tensor has no base of its size)."""
+        parts = encode_exact(a, dt, self.config.log2, self.raw_keyframes)
+        if self.relative_to == "movement" and (new_base or self.movement is None
+                                               or self.movement.n != u.size):
+            self.movement = Movement(u)
+        self._set_ref(u, defer_copy)
+        self.dtype, self.shape = dt, a.shape
+        return parts, EncodeStats(u.size, dt.name, "lossless", nbytes=_blob.nbytes(parts),
+                                  fallback=why)
+
+    def _set_ref(self, u: np.ndarray, defer: bool = False) -> None:
+        """The reference becomes a copy of ``u``: into the old reference's memory when it
+        fits (a keyframe of a tracked tensor: no fresh pages to fault in), in chunks on
+        the thread pool, since the copy of a large state is a visible part of a keyframe.
+        ``defer``: only noted here; :meth:`start_copy` or :meth:`settle` makes it."""
+        ref = self.ref
+        if ref is None or ref.shape != u.shape or ref.dtype != u.dtype or ref is u:
+            ref = _memory.bulk_empty(u.shape, u.dtype)
+        self._ref, self._copy = None, (ref, u, None)
+        if not defer:
+            self.settle()
+
+    def start_copy(self) -> None:
+        """Start a deferred reference copy on the thread pool (nothing if none waits)."""
+        if self._copy is None or self._copy[2] is not None:
+            return
+        ref, u, _ = self._copy
+        per = _pool.COPY_CHUNK
+        self._copy = (ref, u, [submit(np.copyto, ref[c * per:(c + 1) * per],
+                                      u[c * per:(c + 1) * per])
+                               for c in range(-(-u.size // per))])
+
+    def settle(self) -> None:
+        """Finish a deferred reference copy: wait for it, or make it now if not started."""
+        if self._copy is None:
+            return
+        ref, u, futures = self._copy
+        if futures is None:
+            _pool.copy(ref, u)
+        else:
+            for f in futures:
+                f.result()
+        self._copy, self._ref = None, ref
+
+    def reference(self):
+        """The decoder's reconstruction of the last state, in the state's dtype."""
+        if self.ref is None:
+            return None
+        return dtypes.from_float_work(self.ref.reshape(self.shape).copy(), self.dtype)
+
+
+class Reconstruction:
+    """What a decoder holds of one tracked tensor: flat working floats, dtype, shape.
+
+    Deltas are validated as they arrive but applied lazily, all pending ones together
+    (:func:`replay`, chunk by chunk across the deltas), the first time the reference is
+    needed: replaying a chain then streams the tensor through memory once instead of
+    once per delta. A keyframe stored in the working precision waits too, and is decoded
+    chunk by chunk in that same pass.
+    """
+
+    __slots__ = ("_ref", "_key", "pending", "dt", "shape", "movement")
+
+    def __init__(self):
+        self._ref: np.ndarray | None = None
+        self._key = None                  # (buf, parsed) of a keyframe not yet decoded
+        self.pending: list = []
+        self.dt: dtypes.DType | None = None
+        self.shape: tuple | None = None
+        self.movement: Movement | None = None   # the keyframe's, if asked (a writer resuming)
+
+    @property
+    def ref(self) -> np.ndarray | None:
+        """The flat reference with every pending blob applied (None before a keyframe)."""
+        if self._key is not None:
+            p = self._key[1]
+            ref = _memory.bulk_empty(p.n, p.dt.numpy)
+            replay(self.pending, ref, base=self._key)
+            self._ref, self._key, self.pending = ref, None, []
+        elif self.pending:
+            replay(self.pending, self._ref)
+            self.pending = []
+        return self._ref
+
+    def apply(self, blob, *, dtype: str | None = None, shape: tuple | None = None,
+              check_payload: bool = True, what: str = "blob", zero_base: bool = False,
+              movement: bool = False) -> None:
+        """Advance by one blob exactly as the encoder advanced its reference.
+
+        ``dtype``/``shape``: what the stored tensor is (a chain section's metadata); a
+        keyframe may then hold it widened to the working precision (a merged keyframe).
+        ``check_payload=False`` when a container checksum has just covered the bytes.
+        ``zero_base``: the blob is a delta against zeros, not against what came before
+        (``DeltaEncoder.encode_parts(from_zero=True)``). ``movement``: also keep what a
+        writer's "movement" target measures from (:attr:`movement`): a keyframe is then
+        decoded at once instead of in the pass of its deltas.
+        """
+        buf, p = parse(blob, check_payload=check_payload)
+        name = p.dt.name if dtype is None else dtype
+        if shape is not None and p.shape != tuple(shape):
+            raise CorruptDataError(f"{what}: blob shape {list(p.shape)} != section shape {list(shape)}")
+        if p.kind == LOSSLESS:
+            self._keyframe(buf, p, name, what)
+            if movement:
+                self.movement = Movement(self.ref)
+            return
+        if p.dt.name != name:
+            raise CorruptDataError(f"{what}: blob dtype {p.dt.name} for a {name} tensor")
+        if zero_base:
+            if not _tracked(p.dt):
+                raise CorruptDataError(f"{what}: a {p.dt.name} delta against zeros")
+            self._ref = _memory.bulk_zeros(p.n, np.float64 if p.dt.name == "F64" else np.float32)
+            self._key, self.pending = None, []
+            self.dt, self.shape = p.dt, p.shape
+            self.movement = Movement(None, p.n)
+        if self._ref is None and self._key is None:
+            raise BrokenChainError(f"{what}: a delta without a reference (its keyframe is "
+                                   "missing); decode the chain from its keyframe")
+        if p.dt != self.dt or p.shape != self.shape:
+            raise BrokenChainError(
+                f"{what}: delta for {p.dt.name}{list(p.shape)} does not fit the reference "
+                f"{self.dt.name}{list(self.shape)}")
+        self.pending.append((buf, p))
+
+    def _keyframe(self, buf, p: Parsed, name: str, what: str) -> None:
+        work = "F64" if name == "F64" else "F32"
+        if p.dt.name != name and p.dt.name != work:
+            raise CorruptDataError(f"{what}: blob dtype {p.dt.name} for a {name} tensor")
+        if not _tracked(p.dt) or name not in dtypes.BY_NAME or not _tracked(dtypes.BY_NAME[name]):
+            raise UnsupportedDtypeError(f"{what}: {p.dt.name} is not a delta-tracked dtype")
+        if p.dt.name == work:                 # decoded lazily, in the pass of its deltas
+            self._ref, self._key = None, (buf, p)
+        else:                                 # fp16/bf16: widened to fp32 right away
+            ref = dtypes.to_float_work(decode_exact(buf, p), p.dt).reshape(-1)
+            if not ref.flags.writeable or not ref.flags.c_contiguous:
+                ref = ref.copy()
+            self._ref, self._key = ref, None
+        self.pending = []
+        self.dt, self.shape = dtypes.BY_NAME[name], p.shape
+
+    def value(self, copy: bool = True):
+        """The restored tensor in its own dtype; ``copy=False`` hands over the reference
+        itself (for a final step whose reconstruction is discarded)."""
+        ref = self.ref
+        if ref is None:
+            return None
+        ref = ref.reshape(self.shape)
+        return dtypes.from_float_work(ref.copy() if copy else ref, self.dt)
+
+    def exact_blob(self) -> list:
+        """The reference itself, losslessly, in the working precision (a merge keyframe)."""
+        a = self.ref.reshape(self.shape)
+        return encode_exact(a, dtypes.BY_NUMPY[a.dtype], CodecConfig().log2)
+
+
+class DeltaDecoder:
+    """Rebuild the states written by a :class:`DeltaEncoder`, blob by blob, in order."""
+
+    def __init__(self):
+        self.rec = Reconstruction()
+
+    def decode(self, blob):
+        """The state after ``blob`` (a copy the caller owns)."""
+        self.rec.apply(blob)
+        return self.rec.value()
+
+    def reference(self):
+        return self.rec.value()
+
+
+def _with_escapes(chunk, p: Parsed, ref: np.ndarray):
+    def step(c):
+        chunk(c)
+        apply_escapes(p, ref, c)
+    return step
+
+
+def replay(deltas: list, ref: np.ndarray, base=None) -> None:
+    """Add several parsed lossy blobs to ``ref`` in order, chunk by chunk across them.
+
+    The result is bit-identical to decoding them one after another (each element sees the
+    same adds in the same order), but every chunk of ``ref`` is loaded into cache once
+    for all blobs instead of once per blob: replaying N deltas over a model larger than
+    the cache costs one pass over memory, not N.
+
+    ``base``: a lossless blob ``(buf, parsed)`` holding exactly ``ref``'s dtype and size
+    (a keyframe), decoded into ``ref`` chunk by chunk before the deltas, in the same pass.
+    """
+    log2s = {p.log2 for _, p in deltas}
+    if base is not None:
+        if base[1].dt.numpy != ref.dtype or base[1].n != ref.size:
+            raise ValueError("the base blob does not hold the reference's dtype and size")
+        log2s.add(base[1].log2)
+    if len(log2s) > 1:                           # different chunking: one blob at a time
+        if base is not None:
+            buf, p = base
+            run_tasks(exact_chunk_decoder(buf, p, ref), -(-ref.size // (1 << p.log2)))
+        for buf, p in deltas:
+            decode_symbols_into(buf, p, ref)
+        return
+    if not log2s:
+        return
+    steps = [] if base is None else [exact_chunk_decoder(base[0], base[1], ref)]
+    for buf, p in deltas:
+        chunk = StreamDecoder(buf, p.payload_base, p.layouts[0], p.n, 1 << p.log2,
+                              p.bits, None, "lcckpt blob", apply=(p.centroids, ref)).chunk
+        if p.esc_idx is not None and p.esc_idx.size:
+            chunk = _with_escapes(chunk, p, ref)
+        steps.append(chunk)
+
+    def task(c):
+        for step in steps:
+            step(c)
+    run_balanced(task, -(-ref.size // (1 << log2s.pop())))   # chunks differ in cost

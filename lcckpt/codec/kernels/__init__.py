@@ -1,0 +1,1 @@
+"""Numba kernels of the tensor codec: pure functions over integer and float arrays."""

@@ -1,0 +1,432 @@
+"""Exact coding of any fixed-width array: byte planes, each Huffman-coded or raw.
+
+Floats are rotated left by one bit first so their exponent fills one plane (ZipNN's
+observation: the exponent carries ~2.6 bits of entropy in 8, the mantissa is near
+random). Every plane then goes through :mod:`lcckpt.codec.entropy` in the ``bytes`` modes:
+per chunk the cheapest of Huffman, raw, or constant. Integers and bools use the same
+path without rotation, so step counters and masks shrink too.
+
+fp16, bf16 and fp32 arrays whose lower planes stay raw (trained weights) take a fused
+path (:func:`plan_floats`, :func:`fill_blob`, :class:`FastDecoder`): each chunk of
+exponents gets a code of its own over pairs of exponent ranks (chunk mode "pairs",
+kernels/planes.py; on trained weights 1.6% smaller exponent planes than ZipNN's), or,
+when its exponents spread too wide for that (fp16), the plane's shared Huffman code.
+The blob is written straight into one ``bytes`` object, and a run of chunks decodes and
+merges in one compiled call; chunks go to whichever pool thread is free. This module
+does not write headers or parse blobs: codec.py and blob.py do.
+"""
+
+import sys
+import threading
+from functools import lru_cache
+
+import numpy as np
+
+from ..util import crc as _crc, pool as _pool
+from . import entropy
+from ..util.pool import run_tasks
+from ..errors import ChecksumError, CorruptDataError
+from .kernels import floats as fk
+from .kernels import huffman as hk
+from .kernels import planes as pk
+
+_WORD = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def words_of(a: np.ndarray, kind: str) -> tuple[np.ndarray, bool]:
+    """Flat unsigned-integer view of the element bits, and whether to rotate."""
+    flat = a.reshape(-1)
+    if kind == "complex":                 # a pair of floats per element
+        flat = flat.view(np.float32 if a.dtype.itemsize == 8 else np.float64)
+    item = flat.dtype.itemsize
+    return flat.view(_WORD[item]), kind in ("float", "complex") and item > 1
+
+
+CODE_IF_BELOW = 0.8     # code a mantissa plane only if it promises to save 20%: a 256-letter
+                        # code decodes at ~4 ns per byte, a raw plane is read in place
+
+
+def encode_planes(words: np.ndarray, rotate: bool, chunk_size: int):
+    """Split into planes and code each; returns the list of :class:`entropy.Encoded`.
+
+    The top plane of a float (its exponent) is counted exactly during the split; the
+    other planes are sampled, recounted exactly only when the sample says coding pays,
+    and otherwise stored raw as views of the plane.
+    """
+    n = words.size
+    item = words.dtype.itemsize
+    nch = -(-n // chunk_size)
+    modes = entropy.modes_for("bytes", 8)
+    if item == 1:
+        planes = words.view(np.uint8).reshape(1, n)
+        hist = np.zeros((nch, 1, 256), np.int64)
+        sampled = [0]
+    else:
+        planes, hist = _split(words, rotate, chunk_size)
+        sampled = list(range(item - 1)) + ([] if rotate else [item - 1])
+    out = []
+    for k in range(item):
+        plane = planes[k]
+        if k in sampled:
+            if item > 1:
+                sample = hist[:, k, :].sum(axis=0)
+                total = int(sample.sum())
+                if total == 0 or _sample_entropy(sample, total) > 8 * CODE_IF_BELOW:
+                    out.append(entropy.raw_stream(plane, chunk_size))
+                    continue
+                hist[:, k, :] = 0
+
+            def count(c, plane=plane, k=k):
+                lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
+                fk.byte_histogram(plane, lo, hi, hist[c, k])
+            run_tasks(count, nch)
+        an = entropy.Analysis(n, chunk_size, 8, {entropy.HUFFMAN: hist[:, k, :]}, None)
+        out.append(entropy.encode(plane, an, modes))
+    return out
+
+
+def _sample_entropy(sample: np.ndarray, total: int) -> float:
+    """Bits per byte estimated from a sample, with the Miller-Madow correction: a small
+    sample of a near-random plane looks skewed (80 draws from 256 values cannot show more
+    than 6.3 bits), and coding it would cost a table for nothing."""
+    used = int(np.count_nonzero(sample))
+    return entropy.entropy_bits(sample) / total + (used - 1) / (2 * total * np.log(2))
+
+
+def _split(words: np.ndarray, rotate: bool, chunk_size: int):
+    """Planes and per-chunk histograms (top plane exact, the others sampled), chunk-parallel."""
+    n = words.size
+    item = words.dtype.itemsize
+    nch = -(-n // chunk_size)
+    planes = np.empty((item, n), np.uint8)
+    hist = np.zeros((nch, item, 256), np.int64)
+    split = fk.SPLIT[item]
+
+    def task(c):
+        lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
+        split(words, lo, hi, rotate, planes, hist[c])
+    run_tasks(task, nch)
+    return planes, hist
+
+
+def raw_planes(words: np.ndarray, rotate: bool, chunk_size: int):
+    """Every plane stored raw (still split, so the blob layout stays the same)."""
+    if words.dtype.itemsize == 1:
+        return [entropy.raw_stream(words.view(np.uint8), chunk_size)]
+    planes, _ = _split(words, rotate, chunk_size)
+    return [entropy.raw_stream(plane, chunk_size) for plane in planes]
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+def plane_decoder(buf: np.ndarray, base: int, layouts, n: int, chunk_size: int,
+                  rotate: bool, words: np.ndarray, what: str):
+    """``task(c)`` that decodes chunk ``c`` of every plane and interleaves it into ``words``.
+
+    A plane stored raw throughout is read in place from ``buf``; a coded plane is decoded
+    into a small per-thread buffer and merged right away, while it is in cache. The
+    caller runs the task for every chunk, alone or as the first step of a larger
+    per-chunk task (a keyframe followed by its deltas).
+    """
+    item = words.dtype.itemsize
+    if item == 1:
+        return entropy.StreamDecoder(buf, base, layouts[0], n, chunk_size, 8,
+                                     words.view(np.uint8), what).chunk
+    raw, coded = {}, {}                  # plane -> its bytes in buf / its decoder
+    for k, layout in enumerate(layouts):
+        size = int(layout.offsets[-1])
+        if base + size > buf.size:
+            raise CorruptDataError(f"{what}: chunk table points past the end of the data")
+        if np.all(layout.modes == entropy.RAW):      # read_tables checked every raw size
+            raw[k] = _readonly(buf[base:base + n])
+        else:
+            coded[k] = entropy.StreamDecoder(buf, base, layout, n, chunk_size, 8, None, what)
+        base += size
+    merge = fk.MERGE[item]
+
+    def task(c):
+        lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
+        planes = []
+        for k in range(item):
+            if k in raw:
+                planes.append(raw[k][lo:hi])
+            else:
+                block = _block(k, chunk_size)
+                coded[k].chunk(c, block, lo)
+                planes.append(_readonly(block[:hi - lo]))
+        merge(tuple(planes), 0, hi - lo, rotate, words[lo:hi])
+    return task
+
+
+_blocks = threading.local()
+
+
+def _block(k: int, size: int) -> np.ndarray:
+    """A per-thread buffer for decoded plane ``k`` of one chunk: small, reused, in cache,
+    instead of a whole decoded plane in fresh memory."""
+    bufs = getattr(_blocks, "bufs", None)
+    if bufs is None:
+        bufs = _blocks.bufs = {}
+    b = bufs.get(k)
+    if b is None or b.size < size:
+        b = bufs[k] = np.empty(size, np.uint8)
+    return b
+
+
+# --- the fast path for floats -----------------------------------------------------------
+# fp16, bf16 and fp32 with their exponent coded and the other planes raw (what trained
+# weights always give): one counting pass over the words, then one pass that writes the
+# raw planes and the coded exponents straight into the blob's buffer, the CRC of each
+# piece taken while it is in cache. Same blobs as the general path, byte for byte in
+# layout; anything else (integers, fp64, a lower plane worth coding) takes that path.
+
+FAST_WIDTHS = (2, 4)
+FAST_MIN_WORDS = 1 << 16      # the multi-symbol decode table pays from here on
+
+
+def plan_floats(words: np.ndarray, chunk_size: int):
+    """Per-plane :class:`entropy.Encoded` descriptions for the fast path (no payload but
+    the top plane's "pairs" chunks, coded here and kept in its ``parts``, one entry per
+    chunk), or None when it does not apply (a lower plane looks codeable).
+
+    Each chunk of exponents gets its own pair code (:func:`pk.pairs_encode`) unless its
+    exponents spread too wide for 15 ranks; then, and wherever it is smaller, the
+    chunk takes the plane's shared Huffman code, raw bytes, or a constant.
+    """
+    n = words.size
+    item = words.dtype.itemsize
+    nch = -(-n // chunk_size)
+    hist = np.zeros((nch, item, 256), np.int64)
+    pieces = [None] * nch
+
+    def code(c):
+        lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
+        escaped, scratch = _scratch(hi - lo)
+        size = pk.pairs_encode(words, lo, hi, item, escaped, scratch, hist[c],
+                               int(PAIRS_MAX_ESCAPES * (hi - lo)))
+        if size >= 0:
+            pieces[c] = scratch[:size].copy()
+        else:                            # exact counts for the plane's shared code
+            hist[c] = 0
+            pk.top_histogram(words, lo, hi, item, hist[c])
+    _pool.run_balanced(code, nch)
+    for k in range(item - 1):
+        sample = hist[:, k, :].sum(axis=0)
+        total = int(sample.sum())
+        if total and _sample_entropy(sample, total) <= 8 * CODE_IF_BELOW:
+            return None
+    sizes = np.minimum(chunk_size, n - np.arange(nch, dtype=np.int64) * chunk_size)
+    raw = entropy.Encoded(np.full(nch, entropy.RAW, np.uint8), np.zeros(nch, np.uint8),
+                          sizes, {}, [], {entropy.RAW: 8 * n})
+    paired = np.array([x is not None for x in pieces])
+    top = np.where(paired[:, None], 0, hist[:, item - 1, :])    # exact counts, unpaired
+    lengths = hk.code_lengths(top.sum(axis=0), hk.MAX_CODE_LEN)
+    coded = (top @ lengths.astype(np.int64) + 7) // 8
+    modes = np.where(coded < entropy.RAW_MARGIN * sizes, entropy.HUFFMAN, entropy.RAW)
+    is_const = (top == sizes[:, None]).any(axis=1)
+    consts = np.argmax(top, axis=1)
+    nbytes = np.where(modes == entropy.HUFFMAN, coded, sizes)
+    for c in np.flatnonzero(paired):
+        piece = pieces[c]
+        if piece[0] == 1 and not piece[1 + 1 + 128:1 + 1 + 128 + 4].any():
+            is_const[c], consts[c] = True, piece[1]     # one exponent, no escapes
+        elif piece.size < entropy.RAW_MARGIN * sizes[c]:
+            modes[c], nbytes[c] = entropy.PAIRS, piece.size
+        else:
+            modes[c], nbytes[c] = entropy.RAW, sizes[c]
+    modes = np.where(is_const, entropy.CONST, modes).astype(np.uint8)
+    consts = np.where(is_const, consts, 0).astype(np.uint8)
+    huff = modes == entropy.HUFFMAN
+    if huff.any() and (sizes - coded)[huff].sum() <= entropy.lengths_size(lengths):
+        modes[huff] = entropy.RAW               # the table would cost more than it saves
+        nbytes[huff] = sizes[huff]
+        huff[:] = False
+    nbytes = np.where(is_const, 0, nbytes).astype(np.int64)
+    used = {entropy.HUFFMAN: lengths} if huff.any() else {}
+    parts = [x if m == entropy.PAIRS else None for x, m in zip(pieces, modes)]
+    top_enc = entropy.Encoded(modes, consts, nbytes, used, parts, {})
+    return [raw] * (item - 1) + [top_enc]
+
+
+PAIRS_MAX_ESCAPES = 1 / 32    # past this share of escaped exponents a chunk is not paired
+
+
+def _scratch(m: int):
+    """Per-thread buffers for coding one chunk of ``m`` exponents in pairs."""
+    bufs = getattr(_blocks, "pairs", None)
+    if bufs is None or bufs[0].size < m:
+        bufs = _blocks.pairs = (np.empty(m, np.uint8), np.empty(pk.pairs_bound(m), np.uint8))
+    return bufs
+
+
+def fill_blob(words: np.ndarray, encs, chunk_size: int, head: bytes):
+    """The whole blob: ``head``, the payload planned by :func:`plan_floats`, and the
+    payload's CRC-32, written into one new ``bytes`` object (a blob of hundreds of MB is
+    never assembled by copying pieces)."""
+    size = sum(e.size for e in encs)
+    blob, out = _new_bytes(len(head) + size + 4)
+    out[:len(head)] = np.frombuffer(head, np.uint8)
+    crc = fill_floats(words, encs, chunk_size, out, len(head))
+    out[len(head) + size:] = np.frombuffer(crc.to_bytes(4, "little"), np.uint8)
+    return blob if isinstance(blob, bytes) else bytes(blob)
+
+
+def _new_bytes(size: int):
+    """A new ``bytes`` object of ``size`` bytes and a writable array over its storage,
+    which the caller fills completely before the object is shared or hashed (CPython;
+    elsewhere a bytearray that :func:`fill_blob` copies into ``bytes``)."""
+    if _PyBytes is None:                       # pragma: no cover - not CPython
+        b = bytearray(size)
+        return b, np.frombuffer(b, np.uint8)
+    b = _PyBytes(None, size)
+    view = (ctypes.c_char * size).from_address(id(b) + _BYTES_DATA)
+    return b, np.frombuffer(view, np.uint8)
+
+
+try:                             # the storage of a bytes object starts at this offset
+    import ctypes
+    _BYTES_DATA = bytes.__basicsize__ - 1
+    _PyBytes = ctypes.pythonapi.PyBytes_FromStringAndSize
+    _PyBytes.restype = ctypes.py_object
+    _PyBytes.argtypes = (ctypes.c_char_p, ctypes.c_ssize_t)
+    if sys.implementation.name != "cpython":
+        _PyBytes = None
+except (ImportError, AttributeError):      # pragma: no cover - not CPython
+    _PyBytes = None
+
+
+def fill_floats(words: np.ndarray, encs, chunk_size: int, out: np.ndarray, base: int) -> int:
+    """Write the payload planned by :func:`plan_floats` into ``out[base:]``; returns its
+    CRC-32 (zlib's), combined from per-chunk pieces taken while they are in cache."""
+    n = words.size
+    item = words.dtype.itemsize
+    nch = -(-n // chunk_size)
+    starts = base + np.concatenate(([0], np.cumsum([e.size for e in encs])))
+    top = encs[-1]
+    offs = starts[item - 1] + np.concatenate(([0], np.cumsum(top.nbytes)))
+    lengths = top.lengths.get(entropy.HUFFMAN, np.zeros(256, np.uint8))
+    codes = hk.canonical_codes(lengths)
+    pairs = pk.pair_codes(codes, lengths) if entropy.HUFFMAN in top.lengths else _NO_PAIRS
+    mode_map = {entropy.HUFFMAN: pk.TOP_HUFFMAN, entropy.RAW: pk.TOP_RAW,
+                entropy.CONST: pk.TOP_CONST, entropy.PAIRS: pk.TOP_CONST}
+    crcs = np.zeros((item, nch), np.int64)
+
+    def task(c):
+        lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
+        raw_pos = starts[:item - 1] + lo
+        s, e = int(offs[c]), int(offs[c + 1])
+        mode = int(top.modes[c])
+        end = pk.split_code(words, lo, hi, item, out, raw_pos, mode_map[mode], s, e,
+                            codes, lengths, pairs)
+        if mode == entropy.PAIRS:
+            out[s:e] = top.parts[c]
+            end = e
+        if end != e:
+            raise AssertionError(f"chunk {c}: wrote {end - s} bytes, planned {e - s}")
+        for k in range(item - 1):
+            crcs[k, c] = _crc.piece_crc32(out[raw_pos[k]:raw_pos[k] + hi - lo])
+        crcs[item - 1, c] = _crc.piece_crc32(out[s:e])
+    _pool.run_balanced(task, nch)
+    sizes = [e.nbytes for e in encs]
+    return _crc.combine_all(crcs, sizes)
+
+
+_NO_PAIRS = np.zeros(1 << 16, np.uint32)
+
+
+_NO_TABLES = (np.zeros(1 << hk.MULTI_BITS, np.uint64), np.zeros(2, np.uint32), 1)
+assert (pk.CHUNK_HUFFMAN, pk.CHUNK_RAW, pk.CHUNK_CONST, pk.CHUNK_PAIRS) == \
+    (entropy.HUFFMAN, entropy.RAW, entropy.CONST, entropy.PAIRS)
+
+
+@lru_cache(maxsize=64)
+def _tables(lengths_bytes: bytes):
+    lengths = np.frombuffer(lengths_bytes, np.uint8)
+    bits = int(lengths.max())
+    return (hk.multi_decode_table(lengths, 8), hk.decode_table(lengths, bits), bits)
+
+
+class FastDecoder:
+    """Decodes a float blob whose lower planes are raw throughout: a run of chunks per
+    compiled call (:func:`pk.decode_float_chunks`: the exponents into a small per-thread
+    buffer, merged while in cache), and with ``crc`` the CRC of each run's pieces."""
+
+    GROUP = 4                    # chunks per task: four Huffman chunks decode side by side
+
+    def __init__(self, buf, base, layouts, n, chunk_size, words, what, crc=False):
+        self.buf, self.n, self.cs, self.words, self.what = buf, n, chunk_size, words, what
+        self.item = item = words.dtype.itemsize
+        self.pbase = base
+        self.raw_base = np.zeros(item - 1, np.int64)
+        for k, layout in enumerate(layouts[:-1]):
+            self.raw_base[k] = base
+            base += int(layout.offsets[-1])
+        self.top = layouts[-1]
+        self.tbase = base
+        if base + int(self.top.offsets[-1]) > buf.size:
+            raise CorruptDataError(f"{what}: chunk table points past the end of the data")
+        lengths = self.top.lengths.get(entropy.HUFFMAN)
+        self.tables = _tables(lengths.tobytes()) if lengths is not None else _NO_TABLES
+        self.nch = -(-n // chunk_size)
+        self.ntasks = -(-self.nch // self.GROUP)
+        self.crcs = np.zeros((item, self.ntasks), np.int64) if crc else None
+
+    @staticmethod
+    def applies(layouts, n: int, rotate: bool, item: int) -> bool:
+        return (rotate and item in FAST_WIDTHS and n >= FAST_MIN_WORDS
+                and all(np.all(lay.modes == entropy.RAW) for lay in layouts[:-1]))
+
+    def _decode(self, c0, c1):
+        multi, single, tb = self.tables
+        block = _block(self.item - 1, self.GROUP * self.cs)
+        r = pk.decode_float_chunks(self.buf, self.raw_base, self.tbase, self.top.offsets,
+                                   self.top.modes, self.top.consts, c0, c1, self.cs, self.n,
+                                   self.item, self.words, block, multi, single, tb)
+        if r >= 0:
+            c, err = divmod(int(r), 8)
+            why = ("does not decode to its recorded size" if err == 1
+                   else pk.PAIRS_ERRORS[err - 1])
+            raise CorruptDataError(f"{self.what}: chunk {c} "
+                                   f"({entropy.MODE_NAMES[self.top.modes[c]]}) {why}; "
+                                   "the data is damaged")
+
+    def chunk(self, c):
+        """Decode chunk ``c`` alone (a step of a larger per-chunk task)."""
+        self._decode(c, c + 1)
+
+    def task(self, j):
+        """Chunks ``GROUP * j`` on, and their pieces' CRCs when asked."""
+        c0 = j * self.GROUP
+        c1 = min(self.nch, c0 + self.GROUP)
+        self._decode(c0, c1)
+        if self.crcs is not None:
+            lo, hi = c0 * self.cs, min(self.n, c1 * self.cs)
+            for k, b in enumerate(self.raw_base):
+                self.crcs[k, j] = _crc.piece_crc32(self.buf[b + lo:b + hi])
+            off = self.top.offsets
+            self.crcs[-1, j] = _crc.piece_crc32(
+                self.buf[self.tbase + off[c0]:self.tbase + off[c1]])
+
+    def run(self, stored_crc: int | None = None):
+        """Decode every chunk on the pool; with ``stored_crc`` compare the payload's CRC
+        (damage that stops the decoding is reported as a checksum mismatch too)."""
+        try:
+            _pool.run_balanced(self.task, self.ntasks)
+        except CorruptDataError:
+            end = self.tbase + int(self.top.offsets[-1])
+            if stored_crc is not None and _crc.crc32(self.buf[self.pbase:end]) != stored_crc:
+                raise ChecksumError(f"{self.what}: payload checksum mismatch; the blob is "
+                                    "damaged") from None
+            raise
+        if stored_crc is not None:
+            g = self.GROUP * self.cs
+            raw = np.minimum(g, self.n - np.arange(self.ntasks) * g)
+            edges = np.minimum(self.nch, np.arange(self.ntasks + 1) * self.GROUP)
+            top = np.diff(self.top.offsets[edges])
+            sizes = [raw] * (self.item - 1) + [top]
+            if _crc.combine_all(self.crcs, sizes) != stored_crc:
+                raise ChecksumError(f"{self.what}: payload checksum mismatch; the blob is damaged")

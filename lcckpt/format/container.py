@@ -1,0 +1,705 @@
+"""The lcckpt file format: a checksummed JSON header, then 16-byte aligned data sections.
+
+This module moves bytes and per-section metadata; it knows nothing of torch or of what a
+section holds (serialization.py and chain.py decide that). lcckpt/format/verify.py checks a
+whole file, inside its tensor blobs too. Every field of
+the header, every offset, length, padding byte and checksum is validated before a byte
+is handed out, so a damaged or hostile file fails with a :class:`CorruptDataError`
+subclass instead of feeding garbage to a decoder. ``docs/format.md`` is the spec.
+
+Section checksums (since format version 2) are CRC-32C of the section's index and name
+followed by its bytes: they bind each section's content and identity, so no swap or
+substitution of equal-length sections passes (a tensor blob ends with the CRC-32 of its
+own payload, which makes a plain CRC-32 of it content-blind; version 1 files still load,
+with that weakness). Format version 3 stores the header zlib-compressed when that is smaller and
+aligns sections to 16 bytes instead of 64: a small model's delta file was mostly header
+and padding. The header's stored size, inflated size and shape are bounded before it is
+parsed; versions 1 and 2 (uncompressed, 64-byte aligned) still load.
+
+Writes to a path are atomic: a temp file in the same directory is written, fsynced and
+renamed over the target, then the directory is fsynced. A crash leaves either the old
+file or the new one, never a mix; temp files of crashed writers on this host are removed
+by the next successful write into the same directory.
+
+Reading is lazy: the header is read and validated up front, each section's bytes and
+checksum when it is asked for (:meth:`Container.data`, :meth:`Container.read_into`), or
+all of them at once with :meth:`Container.verify`.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import struct
+import threading
+import zlib
+from collections.abc import Callable, Iterable
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from ..util import crc as _crc, durable as _durable, memory as _memory
+from .. import limits
+from ..util.pool import submit
+from ..errors import (
+    ChecksumError, CorruptDataError, InvalidArgumentError, LcckptError, NotFoundError,
+    ResourceLimitError, StorageError, TruncatedError, UnsupportedVersionError,
+)
+
+__all__ = [
+    "ALIGNMENT",
+    "ALIGNMENTS",
+    "FLAG_HEADER_ZLIB",
+    "FORMAT_VERSION",
+    "MAGIC",
+    "MAX_HEADER_SIZE",
+    "Container",
+    "at_path",
+    "open_file",
+    "read_container",
+    "section_seed",
+    "write_container",
+]
+
+MAGIC = b"LCCKPT"
+FORMAT_VERSION = 3              # written; every version from 1 up to it is read
+CHECK_KEY = {1: "crc32", 2: "crc32c", 3: "crc32c"}   # a section entry's checksum field
+ALIGNMENTS = {1: 64, 2: 64, 3: 16}     # section and data-start alignment, per version
+ALIGNMENT = ALIGNMENTS[FORMAT_VERSION]  # what the writer uses: every dtype's item size divides it
+FLAG_HEADER_ZLIB = 1                   # prefix flag (v3): the header bytes are a zlib stream
+KNOWN_FLAGS = {1: 0, 2: 0, 3: FLAG_HEADER_ZLIB}   # v1/v2: the field is reserved, must be 0
+HEADER_ZLIB_LEVEL = 6                  # ~35 ms for the 8 MB header of 20,000 tensors
+MAX_HEADER_SIZE = limits.MAX_HEADER_BYTES   # bytes of the header, stored and inflated
+MAX_JSON_DEPTH = 512  # writers refuse deeper metadata; JSON parsers recurse
+# magic, format version, stored header length, CRC-32 of the stored header, flags
+_PREFIX = struct.Struct("<6sHQII")
+PREFIX_SIZE = _PREFIX.size  # 24
+
+
+def _align(n: int, alignment: int = ALIGNMENT) -> int:
+    return -(-n // alignment) * alignment
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def write_container(
+    dest: str | os.PathLike | BinaryIO,
+    sections: Iterable[tuple[str, dict, Any]],
+    meta: dict,
+    *,
+    compress_header: bool = True,
+    before_write: Callable[[], None] | None = None,
+) -> int:
+    """Write ``sections`` (``(name, section_meta, data)`` triples) and ``meta``.
+
+    ``data`` is a bytes-like object, or a list of them written one after another (a
+    section assembled from pieces is never joined into one copy).
+
+    ``dest`` is a path (written atomically) or a writable binary file object (written
+    from its current position, not closed). Metadata must be plain JSON: dicts with str
+    keys, lists, str, int, finite float, bool, None. The header is stored zlib-compressed
+    when that is smaller, unless ``compress_header=False`` (a header readable as plain
+    text in the file). ``before_write`` is called once the header and checksums are
+    computed, just before the first byte goes out: work started there runs while the file
+    is written and synced. Returns the number of bytes written.
+    """
+    header, payloads = _build_header(sections, meta)
+    header, flags = _pack_header(header, compress_header)
+    if before_write is not None:
+        before_write()
+    if isinstance(dest, (str, os.PathLike)):
+        _durable.atomic_write(os.fspath(dest),
+                              lambda f: _write_all_parts(f, header, flags, payloads))
+    else:
+        _write_all_parts(dest, header, flags, payloads)
+    return _file_size(len(header), [sum(v.nbytes for v in p) for p in payloads])
+
+
+def _pack_header(header: bytes, compress: bool) -> tuple[bytes, int]:
+    """The header as stored, and the prefix flags saying how: compressed if smaller."""
+    if compress:
+        packed = zlib.compress(header, HEADER_ZLIB_LEVEL)
+        if len(packed) < len(header):
+            return packed, FLAG_HEADER_ZLIB
+    return header, 0
+
+
+def _build_header(sections, meta) -> tuple[bytes, list[list[memoryview]]]:
+    if not isinstance(meta, dict):
+        raise InvalidArgumentError(f"meta must be a dict, got {type(meta).__name__}")
+    entries, payloads, names = [], [], set()
+    offset = 0
+    for item in sections:
+        try:
+            name, section_meta, data = item
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(
+                f"each section must be a (name, meta, bytes_like) triple, got {item!r:.80}"
+            ) from None
+        if not isinstance(name, str) or not name:
+            raise InvalidArgumentError(f"section name must be a non-empty str, got {name!r:.80}")
+        if name in names:
+            raise InvalidArgumentError(f"duplicate section name {name!r}")
+        names.add(name)
+        if not isinstance(section_meta, dict):
+            raise InvalidArgumentError(f"meta of section {name!r} must be a dict")
+        parts = data if isinstance(data, list) else [data]
+        try:
+            views = [memoryview(p).cast("B") for p in parts]
+        except TypeError as e:
+            raise InvalidArgumentError(
+                f"data of section {name!r} must be a C-contiguous bytes-like object (or a "
+                f"list of them): {e}"
+            ) from None
+        length, crc = 0, section_seed(len(entries), name)
+        for view in views:
+            crc = _crc.crc32c(view, crc)
+            length += view.nbytes
+        entries.append(
+            {
+                "name": name,
+                "offset": offset,
+                "length": length,
+                "crc32c": crc,
+                "meta": section_meta,
+            }
+        )
+        payloads.append(views)
+        offset = _align(offset + length)
+    header_obj = {"version": FORMAT_VERSION, "meta": meta, "sections": entries}
+    try:       # what JSON would change (int keys, tuples, NaN) fails the round trip, in C
+        header = json.dumps(header_obj, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+        same = json.loads(header) == header_obj
+    except (TypeError, ValueError, RecursionError):
+        same = False
+    if not same:                         # find and name what does not survive
+        _check_json(meta, "meta")
+        for entry in entries:
+            _check_json(entry["meta"], f"meta of section {entry['name']!r}")
+        raise InvalidArgumentError("the header's metadata does not survive a JSON round trip")
+    header = header.encode("ascii")
+    if len(header) > MAX_HEADER_SIZE:
+        raise InvalidArgumentError(
+            f"header would be {len(header)} bytes, over the {MAX_HEADER_SIZE}-byte limit "
+            "readers enforce; store large collections of numbers as tensors or arrays"
+        )
+    return header, payloads
+
+
+def _check_json(value, where: str) -> None:
+    """Refuse anything json.dumps would silently change (int keys, tuples, NaN)."""
+    stack = [(value, 0, (where,))]
+    while stack:
+        v, depth, at = stack.pop()
+        t = type(v)
+        if v is None or t in (bool, int, str):
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidArgumentError(f"{_where(at)} is nested too deeply (or is cyclic)")
+        if t is float:
+            if not math.isfinite(v):
+                raise InvalidArgumentError(f"{_where(at)} is a non-finite float; JSON cannot store it")
+        elif t is list:
+            stack.extend((x, depth + 1, (at, i)) for i, x in enumerate(v))
+        elif t is dict:
+            for k, x in v.items():
+                if type(k) is not str:
+                    raise InvalidArgumentError(
+                        f"{_where(at)} has a non-str key {k!r:.80}; JSON keys are str"
+                    )
+                stack.append((x, depth + 1, (at, k)))
+        else:
+            raise InvalidArgumentError(
+                f"{_where(at)} holds a {t.__name__}; container metadata must be plain JSON "
+                "(dict with str keys, list, str, int, finite float, bool, None)"
+            )
+
+
+def section_seed(index: int, name: str) -> int:
+    """CRC-32C of a section's identity: u32 index, u32 byte length of the name, the name
+    (UTF-8). A version 2 section checksum is the CRC-32C continued from it over the bytes."""
+    raw = name.encode("utf-8", "surrogatepass")
+    return _crc.crc32c_piece(struct.pack("<II", index, len(raw)) + raw)
+
+
+def _where(at: tuple) -> str:
+    parts = []
+    while len(at) == 2:
+        at, key = at
+        parts.append(f"[{key!r}]")
+    return at[0] + "".join(reversed(parts))
+
+
+def _file_size(header_len: int, lengths: list[int]) -> int:
+    size = _align(PREFIX_SIZE + header_len)
+    for i, n in enumerate(lengths):
+        size += n if i == len(lengths) - 1 else _align(n)
+    return size
+
+
+def _write_all_parts(f: BinaryIO, header: bytes, flags: int,
+                     payloads: list[list[memoryview]]) -> None:
+    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header), zlib.crc32(header), flags)
+    head_end = PREFIX_SIZE + len(header)
+    _write_all(f, prefix + header + bytes(_align(head_end) - head_end))
+    for i, views in enumerate(payloads):
+        for view in views:
+            _write_all(f, view)
+        if i != len(payloads) - 1:
+            n = sum(v.nbytes for v in views)
+            _write_all(f, bytes(_align(n) - n))
+
+
+def _write_all(f: BinaryIO, data) -> None:
+    view = memoryview(data).cast("B")
+    while view.nbytes:
+        n = f.write(view)
+        if n is None:  # raw non-blocking stream with nothing written
+            raise OSError(errno.EAGAIN, "non-blocking stream refused the write")
+        view = view[n:]
+
+
+# --------------------------------------------------------------------------- reading
+
+
+class _BufferSource:
+    """Container bytes already in memory."""
+
+    def __init__(self, view: memoryview):
+        self.view = view
+        self.size = view.nbytes
+
+    def read(self, offset: int, n: int) -> memoryview:
+        return self.view[offset : offset + n]
+
+    def readinto(self, offset: int, out: memoryview) -> int:
+        chunk = self.view[offset : offset + out.nbytes]
+        out[: chunk.nbytes] = chunk
+        return chunk.nbytes
+
+    def close(self) -> None:
+        pass
+
+
+class _FileSource:
+    """A seekable file; ``base`` is where the container starts in it."""
+
+    def __init__(self, f: BinaryIO, base: int, owned: bool):
+        self.f, self.base, self.owned = f, base, owned
+        self.size = f.seek(0, os.SEEK_END) - base
+        self.lock = threading.Lock()
+
+    def read(self, offset: int, n: int) -> memoryview:
+        buf = np.empty(n, np.uint8)
+        got = self.readinto(offset, memoryview(buf))
+        return memoryview(buf)[:got]
+
+    def readinto(self, offset: int, out: memoryview) -> int:
+        """Read up to ``out.nbytes`` bytes at ``offset``; safe from several threads at once
+        (positional reads on a file lcckpt opened itself, else one seek+read at a time)."""
+        if self.owned and hasattr(os, "preadv"):
+            fd, got = self.f.fileno(), 0
+            while got < out.nbytes:
+                n = os.preadv(fd, [out[got:]], self.base + offset + got)
+                if not n:
+                    break
+                got += n
+            return got
+        with self.lock:
+            self.f.seek(self.base + offset)
+            got = 0
+            while got < out.nbytes:
+                n = self.f.readinto(out[got:])
+                if not n:
+                    break
+                got += n
+            return got
+
+    def close(self) -> None:
+        if self.owned:
+            self.f.close()
+
+
+class Container:
+    """A validated container: ``meta``, ``sections`` and checked access to their bytes.
+
+    ``sections`` is a list of dicts with ``name``, ``offset`` (from the data start),
+    ``length``, the checksum (``crc32c``; ``crc32`` in version 1) and ``meta``. The header
+    has been fully validated; section bytes are checked (checksum and trailing padding)
+    each time they are read. ``header_bytes`` is the header's size in the file,
+    ``header_json_bytes`` its inflated size (equal unless ``header_compressed``). Use as a
+    context manager, or call :meth:`close`, when the container was opened from a path.
+    """
+
+    def __init__(self, source, version: int, meta: dict, sections: list[dict], data_start: int,
+                 header_bytes: int = 0, header_json_bytes: int = 0, flags: int = 0):
+        self._source = source
+        self.version = version
+        self.size = source.size                 # bytes of the whole container
+        self.meta = meta
+        self.sections = sections
+        self.data_start = data_start
+        self.header_bytes = header_bytes
+        self.header_json_bytes = header_json_bytes
+        self.header_compressed = bool(flags & FLAG_HEADER_ZLIB)
+        self._names = {s["name"]: i for i, s in enumerate(sections)}
+        self._checked: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.sections)
+
+    def __enter__(self) -> Container:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._source.close()
+
+    def index(self, name: str) -> int:
+        """Position of the section called ``name`` (KeyError if absent)."""
+        return self._names[name]
+
+    def data(self, i: int) -> memoryview:
+        """The checked bytes of section ``i`` (a view into memory, or a fresh copy from disk)."""
+        s = self.sections[i]
+        if isinstance(self._source, _BufferSource):
+            view = self._source.read(self.data_start + s["offset"], s["length"])
+            if i not in self._checked:
+                self._check(i, view)
+                self._check_gap(i)
+                self._checked.add(i)
+            return view
+        buf = _memory.bulk_empty(s["length"], np.uint8)  # pool threads read pieces into it
+        self.read_into(i, buf)
+        return memoryview(buf)
+
+    def read_into(self, i: int, out) -> None:
+        """Copy section ``i`` into the writable buffer ``out`` (exactly its length), checked."""
+        s = self.sections[i]
+        view = memoryview(out).cast("B")
+        if view.nbytes != s["length"]:
+            raise InvalidArgumentError(
+                f"buffer of {view.nbytes} bytes for section {s['name']!r} of {s['length']} bytes"
+            )
+        start = self.data_start + s["offset"]
+        if view.nbytes < 2 * _crc.PIECE or isinstance(self._source, _BufferSource):
+            got = self._source.readinto(start, view)
+            crc = None
+        else:                         # pieces read and checksummed on the pool, in parallel
+            one = zlib.crc32 if self.version == 1 else _crc.crc32c_piece
+
+            def piece(off):
+                part = view[off:off + _crc.PIECE]
+                n = self._source.readinto(start + off, part)
+                return n, one(part[:n])
+            offsets = range(0, view.nbytes, _crc.PIECE)
+            futures = [submit(piece, off) for off in offsets]
+            got, crc = 0, self._seed(i)
+            poly = _crc._POLY if self.version == 1 else _crc._POLY_C
+            for off, fut in zip(offsets, futures):
+                n, c = fut.result()
+                if got == off:                # else an earlier piece came up short
+                    crc = _crc.crc32_combine(crc, c, n, poly)
+                    got += n
+        if got != s["length"]:
+            raise TruncatedError(
+                f"section {s['name']!r} ends after {got} of its {s['length']} bytes: the file "
+                "was truncated or changed while being read"
+            )
+        self._compare_crc(i, self._checksum(view, self._seed(i)) if crc is None else crc)
+        self._check_gap(i)
+
+    def verify(self) -> None:
+        """Check every section's checksum and padding; raises on the first damaged one."""
+        for i, s in enumerate(self.sections):
+            if isinstance(self._source, _BufferSource):
+                self.data(i)
+                continue
+            buf = np.empty(min(s["length"], 16 << 20), np.uint8)
+            crc, pos, end = self._seed(i), 0, s["length"]
+            while pos < end:
+                view = memoryview(buf)[: min(buf.size, end - pos)]
+                got = self._source.readinto(self.data_start + s["offset"] + pos, view)
+                if got != view.nbytes:
+                    raise TruncatedError(f"section {s['name']!r} is truncated")
+                crc = self._checksum(view, crc)
+                pos += got
+            self._compare_crc(i, crc)
+            self._check_gap(i)
+
+    def _seed(self, i: int) -> int:
+        return 0 if self.version == 1 else section_seed(i, self.sections[i]["name"])
+
+    def _checksum(self, view, value: int) -> int:
+        return _crc.crc32(view, value) if self.version == 1 else _crc.crc32c(view, value)
+
+    def check(self, i: int, view) -> None:
+        """Raise :class:`ChecksumError` unless ``view`` holds section ``i``'s bytes (for
+        callers that got them another way, such as a memory map)."""
+        self._compare_crc(i, self._checksum(memoryview(view).cast("B"), self._seed(i)))
+
+    def _check(self, i: int, view: memoryview) -> None:
+        self._compare_crc(i, self._checksum(view, self._seed(i)))
+
+    def _compare_crc(self, i: int, crc: int) -> None:
+        s = self.sections[i]
+        key = CHECK_KEY[self.version]
+        if crc != s[key]:
+            why = ("its bytes are damaged, or are another section's"
+                   if self.version > 1 else "its bytes are damaged")
+            raise ChecksumError(
+                f"section {s['name']!r} fails its checksum ({key} {crc:#010x}, header says "
+                f"{s[key]:#010x}): {why}; restore the file from a good copy"
+            )
+
+    def _check_gap(self, i: int) -> None:
+        if i == len(self.sections) - 1:
+            return
+        s = self.sections[i]
+        start = self.data_start + s["offset"] + s["length"]
+        gap = self.data_start + self.sections[i + 1]["offset"] - start
+        if any(self._source.read(start, gap)):
+            raise CorruptDataError(
+                f"padding after section {s['name']!r} is not zero: the file is damaged"
+            )
+
+
+def read_container(source) -> Container:
+    """Open and validate a container from a path, a bytes-like object or a binary file.
+
+    A path is opened and read lazily (close the container when done). A seekable file
+    object is read lazily from its current position, which must stay valid until the
+    container is no longer used; a non-seekable one is read to its end. The container
+    must extend exactly to the end of the file or buffer.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        src = _FileSource(open_file(path), 0, owned=True)
+        try:
+            return _open(src)
+        except LcckptError as e:
+            src.close()
+            raise at_path(e, path) from None
+        except BaseException:
+            src.close()
+            raise
+    elif isinstance(source, (bytes, bytearray, memoryview)):
+        src = _BufferSource(memoryview(source).cast("B"))
+    else:
+        try:
+            seekable = source.seekable()
+        except AttributeError:
+            raise InvalidArgumentError(
+                f"cannot read from {type(source).__name__}: pass a path, bytes or a binary file"
+            ) from None
+        if seekable:
+            src = _FileSource(source, source.tell(), owned=False)
+        else:
+            data = source.read()
+            if not isinstance(data, (bytes, bytearray)):
+                raise InvalidArgumentError("the file object must be opened in binary mode")
+            src = _BufferSource(memoryview(data))
+    try:
+        return _open(src)
+    except BaseException:
+        src.close()
+        raise
+
+
+def open_file(path: str):
+    """``open(path, "rb")`` whose failures are LcckptErrors naming ``path``."""
+    try:
+        return open(path, "rb", buffering=0)
+    except FileNotFoundError:
+        parent = os.path.dirname(os.path.abspath(path))
+        why = "no such file" if os.path.isdir(parent) else f"its directory {parent} does not exist"
+        raise NotFoundError(errno.ENOENT, f"cannot read the checkpoint: {why}", path) from None
+    except IsADirectoryError:
+        raise InvalidArgumentError(
+            f"{path} is a directory, not a checkpoint file; a chain of checkpoints loads with "
+            "lcckpt.DeltaCheckpointer(directory).load(step)") from None
+    except OSError as e:
+        raise StorageError(e.errno, f"cannot read the checkpoint: {e.strerror}", path) from None
+
+
+def at_path(e: LcckptError, path: str) -> LcckptError:
+    """``e`` with the user's path in front of its message (unless it names it already)."""
+    msg = str(e)
+    if path in msg or isinstance(e, OSError):
+        return e
+    try:
+        return type(e)(f"{path}: {msg}")
+    except TypeError:
+        return CorruptDataError(f"{path}: {msg}")
+
+
+def _open(src) -> Container:
+    prefix = bytes(src.read(0, PREFIX_SIZE))
+    if len(prefix) < PREFIX_SIZE:
+        if prefix[: len(MAGIC)] == MAGIC[: len(prefix)] and prefix:
+            raise TruncatedError(f"file ends after {len(prefix)} bytes, inside the fixed prefix")
+        raise CorruptDataError(_not_ours(prefix))
+    magic, version, header_len, header_crc, flags = _PREFIX.unpack(prefix)
+    if magic != MAGIC:
+        raise CorruptDataError(_not_ours(prefix))
+    if version > FORMAT_VERSION:
+        raise UnsupportedVersionError(
+            f"file format version {version}, this build reads up to {FORMAT_VERSION}: "
+            "upgrade lcckpt (if no such version exists, the file is damaged)"
+        )
+    if version == 0:
+        raise CorruptDataError("format version 0 does not exist: the file is damaged")
+    unknown = flags & ~KNOWN_FLAGS[version]
+    if unknown and version < 3:
+        raise CorruptDataError(f"reserved prefix field is {flags:#x}, not 0: the file is damaged")
+    if unknown:
+        raise CorruptDataError(
+            f"prefix flags {flags:#x} hold bits {unknown:#x} that format version {version} does "
+            "not define (a newer format would have a newer version number): the file is damaged")
+    if header_len == 0 or header_len > MAX_HEADER_SIZE:
+        raise CorruptDataError(
+            f"header length {header_len} is outside 1..{MAX_HEADER_SIZE}: the file is damaged"
+        )
+    if PREFIX_SIZE + header_len > src.size:
+        raise TruncatedError(
+            f"file has {src.size} bytes but its header ends at byte {PREFIX_SIZE + header_len}"
+        )
+    raw = src.read(PREFIX_SIZE, header_len)
+    if zlib.crc32(raw) != header_crc:
+        raise ChecksumError("header checksum mismatch: the file is damaged; restore a good copy")
+    raw = _inflate_header(raw) if flags & FLAG_HEADER_ZLIB else bytes(raw)
+    _check_header_size(raw)
+    header = _parse_json(raw)
+    meta, sections = _validate_header(header, version)
+
+    data_start = _align(PREFIX_SIZE + header_len, ALIGNMENTS[version])
+    end = data_start + (sections[-1]["offset"] + sections[-1]["length"] if sections else 0)
+    if end > src.size:
+        raise TruncatedError(f"file has {src.size} bytes, its header promises {end}: truncated")
+    if end < src.size:
+        raise CorruptDataError(
+            f"{src.size - end} unexpected bytes after the last section: the file is damaged "
+            "or another file was appended to it"
+        )
+    if any(src.read(PREFIX_SIZE + header_len, data_start - PREFIX_SIZE - header_len)):
+        raise CorruptDataError("padding after the header is not zero: the file is damaged")
+    return Container(src, version, meta, sections, data_start, header_len, len(raw), flags)
+
+
+def _not_ours(prefix: bytes) -> str:
+    if not prefix:
+        return "the file is empty"
+    return f"not an lcckpt file: it starts with {prefix[:8]!r}, expected {MAGIC!r}"
+
+
+def _inflate_header(stored) -> bytes:
+    """The JSON of a compressed header (whose CRC-32 has been checked), inflating at most
+    ``MAX_HEADER_SIZE`` bytes: a small stored header cannot make the reader allocate more.
+    The stream must end (adler32 checked) exactly at the end of the stored bytes."""
+    d = zlib.decompressobj()                        # RFC 1950: zlib wrapper and adler32
+    try:
+        out = d.decompress(stored, MAX_HEADER_SIZE + 1)
+    except zlib.error as e:
+        raise CorruptDataError(f"the compressed header does not inflate ({e}): the file is "
+                               "damaged; restore a good copy") from None
+    if len(out) > MAX_HEADER_SIZE:
+        raise ResourceLimitError(
+            f"the compressed header of {len(stored):,} bytes inflates past the "
+            f"{MAX_HEADER_SIZE:,}-byte header limit: the file is damaged or hostile")
+    if not d.eof:
+        raise CorruptDataError(
+            f"the compressed header ends inside its zlib stream (after {len(stored):,} bytes, "
+            f"{len(out):,} inflated): the file is damaged")
+    if d.unused_data:
+        raise CorruptDataError(
+            f"{len(d.unused_data):,} bytes follow the end of the compressed header's zlib "
+            "stream inside its declared length: the file is damaged")
+    return out
+
+
+def _check_header_size(raw: bytes) -> None:
+    """Bound the work and memory of parsing: count containers and values first (bytes
+    inside strings count too, so this is an upper bound), in C, before building objects."""
+    containers = raw.count(b"[") + raw.count(b"{")
+    values = raw.count(b",") + raw.count(b":")
+    if containers > limits.MAX_HEADER_CONTAINERS or values > limits.MAX_HEADER_VALUES:
+        raise ResourceLimitError(
+            f"the header holds up to {containers:,} arrays/objects and {values:,} values, over "
+            f"the limits of {limits.MAX_HEADER_CONTAINERS:,} and {limits.MAX_HEADER_VALUES:,}: "
+            "parsing it could take gigabytes; the file is damaged or hostile")
+
+
+def _parse_json(raw: bytes):
+    def no_duplicates(pairs):
+        obj = {}
+        for k, v in pairs:
+            if k in obj:
+                raise CorruptDataError(f"header has the key {k!r} twice")
+            obj[k] = v
+        return obj
+
+    def no_constants(name):
+        raise CorruptDataError(f"header holds {name}, which JSON does not allow")
+
+    try:
+        text = raw.decode("utf-8")
+        return json.loads(text, object_pairs_hook=no_duplicates, parse_constant=no_constants)
+    except CorruptDataError:
+        raise
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise CorruptDataError(f"header is not valid JSON: {e}") from None
+
+
+def _is_uint(v) -> bool:
+    return type(v) is int and v >= 0
+
+
+def _validate_header(header, version: int) -> tuple[dict, list[dict]]:
+    """Check the header against the schema in docs/format.md and the layout rules."""
+
+    def bad(msg):
+        raise CorruptDataError(f"invalid header: {msg}")
+
+    if type(header) is not dict:
+        bad("not a JSON object")
+    if set(header) != {"version", "meta", "sections"}:
+        bad(f"keys are {sorted(header)}, expected ['meta', 'sections', 'version']")
+    if header["version"] != version or type(header["version"]) is not int:
+        bad(f"version {header['version']!r} does not match the prefix version {version}")
+    if type(header["meta"]) is not dict:
+        bad("'meta' is not an object")
+    sections = header["sections"]
+    if type(sections) is not list:
+        bad("'sections' is not an array")
+    names, expected, alignment = set(), 0, ALIGNMENTS[version]
+    for i, s in enumerate(sections):
+        if type(s) is not dict:
+            bad(f"section {i} is not an object")
+        ck = CHECK_KEY[version]
+        if set(s) != {"name", "offset", "length", ck, "meta"}:
+            bad(f"section {i} keys are {sorted(s)}, expected {ck}, length, meta, name, offset")
+        name = s["name"]
+        if type(name) is not str or not name:
+            bad(f"section {i} name is not a non-empty string")
+        if name in names:
+            bad(f"section name {name!r} appears twice")
+        names.add(name)
+        for key in ("offset", "length", ck):
+            if not _is_uint(s[key]):
+                bad(f"section {name!r} {key} is not a non-negative integer")
+        if s[ck] > 0xFFFFFFFF:
+            bad(f"section {name!r} {ck} does not fit 32 bits")
+        if type(s["meta"]) is not dict:
+            bad(f"section {name!r} meta is not an object")
+        if s["offset"] != expected:
+            bad(
+                f"section {name!r} starts at {s['offset']}, expected {expected}: sections must be "
+                f"stored in order, each at the next {alignment}-byte boundary"
+            )
+        expected = _align(s["offset"] + s["length"], alignment)
+    return header["meta"], sections

@@ -1,0 +1,217 @@
+"""Section codecs: how one tensor leaf becomes the bytes of a container section, and back.
+
+Built in: ``"raw"`` (exact little-endian bytes), ``"lossless"`` (the tensor codec's
+bit-exact byte-plane coding) and ``"delta"`` (the chain's tracked tensors: a keyframe
+reads anywhere, a lossy delta only through its chain). Users may add codecs of their own
+with :func:`register_section_codec`, an explicit call; importing lcckpt registers nothing.
+(Not numcodecs' ``register_codec``: lcckpt's numcodecs codecs are in lcckpt/numcodecs.py.)
+
+The tree walk (tree.py) calls a *leaf encoder* ``(key_path, tensor) -> Encoded`` for every
+tensor it saves and a *leaf decoder* ``(key_path, container, index, meta) -> array`` for
+every tensor section it loads. :func:`leaf_encoder` and :func:`decode_leaf` are the
+defaults; the chain passes its own bound methods, which handle ``"delta"`` sections and
+hand everything else back to these.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..codec import dtypes
+from ..codec.tensor import decode as _decode_blob
+from ..codec.tensor import encode_exact
+from ..codec.config import CodecConfig
+from ..codec.delta import Reconstruction
+from ..errors import (
+    BrokenChainError, CorruptDataError, InvalidArgumentError, UnsupportedDtypeError,
+    UnsupportedVersionError,
+)
+
+__all__ = ["DELTA", "LOSSLESS", "RAW", "Encoded", "SectionCodec", "decode_leaf",
+           "leaf_encoder", "register_codec", "register_section_codec"]
+
+RAW, LOSSLESS, DELTA = "raw", "lossless", "delta"
+TRACKABLE = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """What a leaf encoder returns: the codec's name, the payload (bytes-like or a list of
+    pieces written one after another) and optional JSON params for the section meta."""
+    codec: str
+    payload: Any
+    params: dict | None = None
+
+
+@dataclass(frozen=True)
+class SectionCodec:
+    """A named section codec.
+
+    ``encode(tensor)`` gets a detached, contiguous CPU tensor and returns a payload, or
+    ``(payload, params)``. ``decode(data, meta)`` gets the checked payload (a memoryview)
+    and the section metadata (``dtype``, ``shape``, ``nbytes``, ``codec``,
+    ``codec_params``) and returns a numpy array or CPU tensor of exactly that dtype and
+    shape. ``dtypes``: the torch dtypes it handles (None: all); others are stored raw.
+    """
+
+    name: str
+    encode: Callable[[torch.Tensor], Any]
+    decode: Callable[[memoryview, dict], Any]
+    dtypes: frozenset | None = None
+
+
+def _raw_encode(t: torch.Tensor) -> memoryview:
+    if sys.byteorder != "little":
+        raise UnsupportedDtypeError("the raw codec needs a little-endian host")
+    if t.numel() == 0:
+        return memoryview(b"")
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
+def _lossless_encode(t: torch.Tensor) -> list:
+    a, dt = dtypes.to_numpy(t)       # pieces: the container writes them without a join
+    return encode_exact(a, dt, CodecConfig().log2)
+
+
+def _lossless_decode(data, meta: dict):
+    # into a tensor of the declared shape: a blob of any other size is refused before
+    # decoding (the declared sizes are what the load's max_bytes was checked against)
+    out = torch.empty(meta["shape"], dtype=dtypes.NAME_TORCH[meta["dtype"]])
+    try:
+        return _decode_blob(data, out=out, check_payload=False)   # the section CRC covered it
+    except InvalidArgumentError as e:
+        raise CorruptDataError(f"the section's blob does not hold what its header says: {e}") from None
+
+
+def _keyframe_decode(data, meta: dict):
+    """A ``"delta"`` section outside its chain: only a keyframe can be read."""
+    rec = Reconstruction()
+    try:
+        rec.apply(data, dtype=meta.get("dtype"), shape=tuple(meta.get("shape", ())),
+                  check_payload=False, what=section_key(meta),
+                  zero_base=section_zero_base(meta))
+    except BrokenChainError:
+        raise BrokenChainError(
+            f"{section_key(meta)} is a delta against an earlier checkpoint; restore it with "
+            "lcckpt.DeltaCheckpointer(directory).load(step)") from None
+    return rec.value(copy=False)
+
+
+def _raw_decode(data, meta: dict) -> torch.Tensor:
+    t = torch.empty(meta["shape"], dtype=dtypes.NAME_TORCH[meta["dtype"]])
+    if data.nbytes:
+        t.reshape(-1).view(torch.uint8).numpy()[:] = np.frombuffer(data, np.uint8)
+    return t
+
+
+_BUILTIN = {
+    RAW: SectionCodec(RAW, _raw_encode, _raw_decode),
+    LOSSLESS: SectionCodec(LOSSLESS, _lossless_encode, _lossless_decode,
+                           frozenset(dtypes.BY_TORCH)),
+    DELTA: SectionCodec(DELTA, None, _keyframe_decode, TRACKABLE),
+}
+_registered: dict[str, SectionCodec] = {}
+
+
+def register_section_codec(name: str, encode: Callable[[torch.Tensor], Any],
+                   decode: Callable[[memoryview, dict], Any], *, dtypes=None,
+                   replace: bool = False) -> None:
+    """Make a codec of your own usable by ``save(..., codec=name)`` and by ``load``."""
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.\-]{1,64}", name):
+        raise InvalidArgumentError(f"codec name {name!r} must be 1-64 letters, digits, '_', '.', '-'")
+    if name in _BUILTIN:
+        raise InvalidArgumentError(f"the {name!r} codec is built in and cannot be replaced")
+    if name in _registered and not replace:
+        raise InvalidArgumentError(f"codec {name!r} is already registered; pass replace=True")
+    _registered[name] = SectionCodec(name, encode, decode,
+                                     None if dtypes is None else frozenset(dtypes))
+
+
+register_codec = register_section_codec      # the earlier name (numcodecs has its own)
+
+
+def get(name) -> SectionCodec | None:
+    """The codec called ``name`` (built in or registered), or None."""
+    if type(name) is not str:
+        return None
+    return _BUILTIN.get(name) or _registered.get(name)
+
+
+def leaf_encoder(codec: str | Callable) -> Callable[[str, torch.Tensor], Encoded]:
+    """The leaf encoder of ``save(codec=...)``: one codec name for every tensor, or a
+    function ``(key_path, tensor) -> codec name`` choosing per tensor."""
+    if isinstance(codec, str):
+        if get(codec) is None or codec == DELTA:
+            raise InvalidArgumentError(
+                f"unknown codec {codec!r}; available: {sorted(n for n in _names() if n != DELTA)}")
+        return lambda path, t: encode_with(codec, path, t)
+    if callable(codec):
+        return lambda path, t: encode_with(codec(path, t), path, t)
+    raise InvalidArgumentError("codec must be a codec name or a function (key_path, tensor) -> name")
+
+
+def encode_with(name: str, path: str, t: torch.Tensor) -> Encoded:
+    """Encode ``t`` with codec ``name``; dtypes it does not handle are stored raw."""
+    codec = get(name)
+    if codec is None or codec.encode is None:
+        hint = "; the 'delta' codec is written by lcckpt.DeltaCheckpointer only" if name == DELTA else ""
+        raise InvalidArgumentError(f"codec {name!r} chosen for {path} is not registered{hint}")
+    if codec.dtypes is not None and t.dtype not in codec.dtypes:
+        codec = _BUILTIN[RAW]
+    out = codec.encode(t)
+    payload, params = out if isinstance(out, tuple) else (out, None)
+    return Encoded(codec.name, payload, params)
+
+
+def _names():
+    return list(_BUILTIN) + list(_registered)
+
+
+def decode_leaf(path: str, c, index: int, meta: dict):
+    """The default leaf decoder: read section ``index`` of container ``c`` as ``meta``
+    describes it (dtype, shape and nbytes already validated by the tree walk)."""
+    name = meta.get("codec")
+    if name == RAW:                      # straight from the file into the tensor
+        nbytes = meta["nbytes"]
+        if c.sections[index]["length"] != nbytes:
+            raise CorruptDataError(
+                f"invalid object tree at {path}: raw section holds "
+                f"{c.sections[index]['length']} bytes, expected {nbytes}")
+        t = torch.empty(meta["shape"], dtype=dtypes.NAME_TORCH[meta["dtype"]])
+        c.read_into(index, t.reshape(-1).view(torch.uint8).numpy() if nbytes else bytearray())
+        return t
+    codec = get(name)
+    if codec is None:
+        raise UnsupportedVersionError(
+            f"{path} was written with codec {name!r:.40}, which this build does not have; "
+            "upgrade lcckpt or register that codec with lcckpt.register_section_codec")
+    return codec.decode(c.data(index), meta)
+
+
+def section_zero_base(meta: dict) -> bool:
+    """Whether a ``"delta"`` section codes its tensor against zeros (a tensor that first
+    appeared in this file) rather than against the chain's previous step."""
+    params = meta.get("codec_params")
+    base = params.get("base") if type(params) is dict else None
+    if base is None:
+        return False
+    if base != "zero":
+        raise CorruptDataError(f"a delta section has an unknown base {base!r}; upgrade lcckpt")
+    return True
+
+
+def section_key(meta: dict) -> str:
+    """The tracking key of a ``"delta"`` section (its key path when it was saved)."""
+    params = meta.get("codec_params")
+    key = params.get("key") if type(params) is dict else None
+    if type(key) is not str:
+        raise CorruptDataError("a delta section has no tracking key in its codec_params")
+    return key
+

@@ -1,0 +1,305 @@
+"""save/load: exact, pickle-free round trips of nested training state.
+
+The object tree is walked by tree.py, each tensor leaf is coded by a section codec
+(sections.py) and the result is written by container.py. ``save``/``load`` use the
+default leaf encoder and decoder; :func:`pack` and :func:`unpack` take others, which is
+how a checkpoint chain plugs in its delta coding. ``load`` also reads plain
+``torch.save`` files through ``torch.load(weights_only=True)``, refusing anything that
+would need arbitrary code.
+
+Deliberately not done here: compression (codec modules) and delta chains (chain.py).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from collections.abc import Callable
+from typing import Any, BinaryIO
+
+import torch
+
+from ..codec import dtypes
+from .. import limits
+from . import sections as _sections
+from . import tree as _tree
+from .container import MAGIC, Container, at_path, open_file, read_container, write_container
+from ..errors import (
+    BrokenChainError, CorruptDataError, InvalidArgumentError, LcckptError, TruncatedError,
+    UnsafeObjectError, UnsupportedVersionError,
+)
+from .safetensors_io import is_safetensors, load_safetensors
+from .sections import register_codec, register_section_codec
+
+__all__ = ["load", "pack", "read_metadata", "register_codec", "register_section_codec", "save",
+           "tree_of", "unpack"]
+
+TREE_VERSION = 3  # the newest tree version read; files are written with the lowest that fits
+
+
+def save(obj: Any, f: str | os.PathLike | BinaryIO, *, codec: str | Callable = "raw",
+         compress: bool = False, metadata: dict[str, str] | None = None) -> None:
+    """Save ``obj`` to a path (atomically) or a writable binary file, without pickle.
+
+    ``codec``: a section codec for every tensor it handles ("raw", "lossless", or one
+    registered with :func:`register_section_codec`), or a function ``(key_path, tensor) -> codec
+    name`` choosing per tensor. ``compress=True`` is shorthand for ``codec="lossless"``
+    (bit-exact byte-plane coding of every tensor). ``metadata``: string pairs stored in
+    the header, readable with :func:`read_metadata` without decoding anything (as
+    safetensors' ``__metadata__``).
+    """
+    if compress and codec == "raw":
+        codec = "lossless"
+    meta, sections = pack(obj, encode_leaf=_sections.leaf_encoder(codec))
+    if metadata is not None:
+        meta[METADATA_KEY] = _check_metadata(metadata, "metadata")
+    write_container(f, sections, meta)
+
+
+METADATA_KEY = "metadata"
+
+
+def read_metadata(f: str | os.PathLike | BinaryIO) -> dict[str, str] | None:
+    """The ``metadata`` given to :func:`save` (None if none), reading only the header."""
+    with read_container(f) as c:
+        value = c.meta.get(METADATA_KEY)
+    if value is None:
+        return None
+    try:
+        return _check_metadata(value, "metadata")
+    except InvalidArgumentError as e:
+        raise CorruptDataError(f"the file's header holds invalid {e}") from None
+
+
+def _check_metadata(value, what: str) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(
+            type(k) is str and type(v) is str for k, v in value.items()):
+        raise InvalidArgumentError(f"{what} must be a dict of str to str")
+    return dict(value)
+
+
+def pack(obj: Any, *, encode_leaf: _tree.LeafEncoder | None = None,
+         pack_small: _tree.PackRule | None = None,
+         encode_pack: _tree.LeafEncoder | None = None) -> tuple[dict, list[tuple[str, dict, Any]]]:
+    """``obj`` as ``(meta, sections)`` for :func:`write_container` (what ``save`` writes).
+
+    ``encode_leaf(key_path, tensor) -> sections.Encoded`` codes each tensor (default:
+    raw). ``pack_small(key_path, tensor)``: tensors stored together, one section per
+    dtype and device, coded by ``encode_pack`` (see :func:`lcckpt.format.tree.flatten`).
+    Callers may add their own keys to ``meta`` before writing; ``load`` ignores them.
+    """
+    tree, sections, version = _tree.flatten(obj, encode_leaf or _sections.leaf_encoder("raw"),
+                                            pack_small, encode_pack)
+    return {"lcckpt_tree": version, "tree": tree}, sections
+
+
+def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None, *,
+         weights_only: bool | None = None, mmap: bool | None = None,
+         max_bytes=limits.DEFAULT, **pickle_load_args) -> Any:
+    """Load what :func:`save` wrote, a plain ``torch.save`` file (weights only), or a
+    ``.safetensors`` file (a dict of tensors).
+
+    Takes ``torch.load``'s arguments, with the same meaning:
+
+    - ``map_location``: None (the device each tensor was saved from), a device string or
+      ``torch.device`` (everything there), a dict mapping saved device strings to
+      targets, or a function ``(storage, location) -> storage or None``. Numpy arrays
+      always load on the host.
+    - ``weights_only``: an lcckpt file holds no code, so every value loads whatever it
+      is. For a ``torch.save`` file, None or True unpickle with torch's weights-only
+      unpickler; False is refused (lcckpt never runs code from a file): call
+      ``torch.load(f, weights_only=False)`` yourself if you trust the file. A
+      ``.safetensors`` file holds no code either.
+    - ``mmap=True`` (``f`` must be a path): uncompressed (``"raw"``) tensors are views of
+      a private, copy-on-write memory map of the file instead of copies in memory; their
+      checksums are still verified (which reads them once). Coded tensors are decoded.
+      Passed on for a ``torch.save`` file; refused for a ``.safetensors`` file.
+    - ``pickle_module`` must be None (nothing is unpickled with a module of yours);
+      ``pickle_load_args`` (such as ``encoding``) go to torch's unpickler for a
+      ``torch.save`` file and mean nothing for an lcckpt file.
+
+    ``max_bytes``: the most bytes of tensors, arrays and bytes an lcckpt file may decode
+    to, checked before anything is decoded (:class:`ResourceLimitError`): an int, None
+    (no limit: input you trust) or "auto"; the default is
+    :func:`lcckpt.limits.set_max_bytes`'s setting, "auto" (192 MiB + 32 x the file size, at most
+    what the process can still allocate; see lcckpt/limits.py).
+    """
+    if pickle_module is not None:
+        raise InvalidArgumentError(
+            "lcckpt.load takes no pickle_module: lcckpt files hold no pickle, and torch.save "
+            "files are read with torch's weights-only unpickler")
+    if set(pickle_load_args) - {"encoding"}:
+        raise InvalidArgumentError(
+            f"unknown arguments {sorted(set(pickle_load_args) - {'encoding'})}; lcckpt.load "
+            "takes map_location, weights_only, mmap and the unpickler's encoding")
+    for name, v in (("weights_only", weights_only), ("mmap", mmap)):
+        if v is not None and type(v) is not bool:
+            raise InvalidArgumentError(f"{name} must be None, True or False, got {v!r:.40}")
+    if isinstance(f, (str, os.PathLike)):
+        path = os.fspath(f)
+        if os.path.isdir(path):
+            raise InvalidArgumentError(
+                f"{path!r} is a directory; a chain of checkpoints loads with "
+                "lcckpt.DeltaCheckpointer(directory).load(step)")
+        with open_file(path) as fh:
+            head = fh.read(16)
+        fmt = _sniff(head)
+        if fmt != "lcckpt":
+            return _load_foreign(fmt, f, map_location, weights_only, mmap, pickle_load_args,
+                                 max_bytes)
+        with read_container(path) as c:
+            try:
+                decode = _mapped_decoder(path, c) if mmap else None
+                return _unpack_limited(c, map_location, max_bytes, path, decode)
+            except LcckptError as e:
+                raise at_path(e, path) from None
+    if not hasattr(f, "read"):
+        raise InvalidArgumentError(f"load needs a path or a binary file object, got {type(f).__name__}")
+    if mmap:
+        raise InvalidArgumentError("mmap=True needs a path: a file object cannot be memory-mapped "
+                                   "(torch.load refuses it too)")
+    if not f.seekable():
+        f = io.BytesIO(f.read())
+    pos = f.tell()
+    head = f.read(16)
+    f.seek(pos)
+    fmt = _sniff(head)
+    if fmt != "lcckpt":
+        return _load_foreign(fmt, f, map_location, weights_only, mmap, pickle_load_args,
+                             max_bytes)
+    with read_container(f) as c:
+        return _unpack_limited(c, map_location, max_bytes, "the file")
+
+
+def _load_foreign(fmt: str, f, map_location, weights_only, mmap, pickle_load_args,
+                  max_bytes=limits.DEFAULT):
+    """A torch.save or safetensors file, by what :func:`_sniff` found."""
+    if fmt == "torch":
+        _check_torch_zip(f, max_bytes)
+        return _torch_load(f, map_location, weights_only, mmap, pickle_load_args)
+    return _safetensors_load(f, map_location, mmap)
+
+
+def _unpack_limited(c: Container, map_location, max_bytes, what: str, decode_leaf=None):
+    info = c.meta.get("lcckpt_chain")
+    if isinstance(info, dict) and info.get("kind") == "delta":     # before the limit: a
+        raise BrokenChainError(                                    # delta is tiny by design
+            f"{what} is step {info.get('step')!r} of a DeltaCheckpointer chain, stored as a "
+            "delta against the step before it; open its directory: "
+            "lcckpt.DeltaCheckpointer(directory).load(step)")
+    limits.check(limits.declared_bytes(c.sections), c.size, max_bytes, what)
+    return unpack(c, map_location, decode_leaf=decode_leaf)
+
+
+def _safetensors_load(f, map_location, mmap):
+    if mmap:
+        raise InvalidArgumentError(
+            "mmap=True is not supported for .safetensors files: load without mmap, or read "
+            "single tensors with safetensors.safe_open")
+    return load_safetensors(f, map_location)
+
+
+def _mapped_decoder(path, c: Container) -> _tree.LeafDecoder:
+    """A leaf decoder that maps raw sections from the file (``load(mmap=True)``)."""
+    size = os.path.getsize(path)
+    storage = torch.UntypedStorage.from_file(os.fspath(path), shared=False, nbytes=size) \
+        if size else None
+
+    def decode(key_path: str, c: Container, i: int, meta: dict):
+        s = c.sections[i]
+        if meta.get("codec") != _sections.RAW or not s["length"] or s["length"] != meta["nbytes"]:
+            return _sections.decode_leaf(key_path, c, i, meta)
+        start = c.data_start + s["offset"]
+        if start + s["length"] > size:
+            raise TruncatedError(f"{key_path}: the file changed while being mapped")
+        raw = torch.empty(0, dtype=torch.uint8).set_(storage, start, (s["length"],), (1,))
+        c.check(i, raw.numpy())
+        return raw.view(dtypes.NAME_TORCH[meta["dtype"]]).reshape(meta["shape"])
+
+    return decode
+
+
+def _sniff(head: bytes) -> str:
+    if head[: len(MAGIC)] == MAGIC:
+        return "lcckpt"
+    if head[:4] == b"PK\x03\x04":  # torch.save's zip format
+        return "torch"
+    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):  # legacy pickle
+        return "torch"
+    if is_safetensors(head):
+        return "safetensors"
+    return "lcckpt"  # let the container reader name the problem (empty, truncated, bad magic)
+
+
+def _check_torch_zip(f, max_bytes) -> None:
+    """A torch.save zip's members against ``max_bytes`` before torch reads them: what
+    they inflate to, as the zip's directory declares it, against the file's size (a
+    deflated member of zeros is a zip bomb; torch.save itself stores them uncompressed,
+    so its files always fit). A file that is no zip (the legacy format) is left to torch."""
+    import zipfile
+    own = isinstance(f, (str, os.PathLike))
+    fh = open_file(os.fspath(f)) if own else f
+    try:
+        pos = fh.tell()
+        size = fh.seek(0, os.SEEK_END)
+        fh.seek(pos)
+        try:
+            with zipfile.ZipFile(fh) as z:
+                declared = sum(i.file_size for i in z.infolist())
+        except (zipfile.BadZipFile, ValueError, OSError, EOFError):
+            return
+        finally:
+            fh.seek(pos)
+        limits.check(declared, size, max_bytes, "the torch.save file")
+    finally:
+        if own:
+            fh.close()
+
+
+def _torch_load(f, map_location, weights_only, mmap, pickle_load_args):
+    if weights_only is False:
+        raise UnsafeObjectError(
+            "lcckpt.load reads torch.save files with the weights-only unpickler and never runs "
+            "code from a file; weights_only=False is refused. If you trust the file, call "
+            "torch.load(f, weights_only=False) yourself, then re-save it with lcckpt.save.")
+    try:
+        return torch.load(f, map_location=map_location, weights_only=True, mmap=mmap,
+                          **pickle_load_args)
+    except pickle.UnpicklingError as e:
+        if "weights only" in str(e).lower():
+            raise UnsafeObjectError(
+                "refused to load a torch.save file that needs arbitrary code to unpickle "
+                f"({str(e).splitlines()[0][:200]}). Load it with torch.load(weights_only=False) "
+                "only if you trust its source, then re-save it with lcckpt.save."
+            ) from e
+        raise CorruptDataError(f"damaged torch.save file: {e}") from e
+    except LcckptError:
+        raise
+    except Exception as e:  # torch reports damage with many exception types
+        raise CorruptDataError(f"damaged or unreadable torch.save file: {type(e).__name__}: {e}") from e
+
+
+def unpack(container: Container, map_location=None,
+           decode_leaf: _tree.LeafDecoder | None = None) -> Any:
+    """Rebuild the object that :func:`pack` stored in ``container``.
+
+    ``decode_leaf(key_path, container, index, meta)`` decodes each tensor section
+    (default: :func:`lcckpt.format.sections.decode_leaf`).
+    """
+    return _tree.unflatten(tree_of(container.meta), container, decode_leaf or _sections.decode_leaf,
+                           map_location)
+
+
+def tree_of(meta: dict) -> Any:
+    """The object tree in a container's ``meta``, after checking its version."""
+    version = meta.get("lcckpt_tree")
+    if version is None or "tree" not in meta:
+        raise CorruptDataError("this lcckpt file holds no saved object (no 'lcckpt_tree' in its meta)")
+    if type(version) is not int or version < 1:
+        raise CorruptDataError(f"invalid tree version {version!r}")
+    if version > TREE_VERSION:
+        raise UnsupportedVersionError(
+            f"object tree version {version}, this build reads up to {TREE_VERSION}: upgrade lcckpt"
+        )
+    return meta["tree"]

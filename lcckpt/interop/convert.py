@@ -1,0 +1,249 @@
+"""Move checkpoints between torch.save, safetensors and lcckpt files, either way.
+
+``detect_format`` names a file's format from its first bytes (never its extension);
+``read_checkpoint`` loads any of them (or one step of a DeltaCheckpointer directory)
+without running code from the file; ``write_checkpoint`` writes any of them;
+``convert`` does both, so nobody is locked into lcckpt. Every tensor is kept bit for bit.
+safetensors' string metadata survives a trip through an lcckpt file (it is kept in the
+container header). Two things cannot be kept and are refused with a clear message
+instead of being silently dropped: values that are not tensors, or nested state, going
+to safetensors (a flat ``{name: tensor}`` format); and values that
+``torch.load(weights_only=True)`` would refuse (numpy arrays, ...) going to torch.save.
+
+Deliberately not done here: lossy conversion (a chain of deltas is made by
+:class:`~lcckpt.DeltaCheckpointer` from a run, not from one file), and unpickling of
+arbitrary objects (a torch file that needs it is refused, never executed).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from .. import limits
+from ..format import serialization
+from ..format.container import open_file
+from ..errors import (
+    ChecksumError, CorruptDataError, InvalidArgumentError, StorageError, UnsafeObjectError,
+)
+from ..format.safetensors_io import is_safetensors, read_safetensors, save_safetensors
+
+__all__ = ["FORMATS", "convert", "detect_format", "flat_tensors", "format_for_path",
+           "load_torch", "read_checkpoint", "write_checkpoint"]
+
+FORMATS = ("lcckpt", "torch", "safetensors")
+_EXTENSIONS = {".lcc": "lcckpt", ".lcckpt": "lcckpt", ".pt": "torch", ".pth": "torch",
+               ".bin": "torch", ".ckpt": "torch", ".tar": "torch", ".safetensors": "safetensors"}
+
+
+def detect_format(path: str | os.PathLike) -> str:
+    """"lcckpt", "torch", "safetensors" or "chain" (a DeltaCheckpointer directory).
+
+    Raises :class:`CorruptDataError` for an empty file or one in no known format,
+    :class:`FileNotFoundError` for a missing path.
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        return "chain"
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if not head:
+        raise CorruptDataError(f"{path} is empty (0 bytes): not a checkpoint")
+    if head.startswith(b"LCCKPT"):
+        return "lcckpt"
+    if head[:4] == b"PK\x03\x04" or (head[:1] == b"\x80" and head[1:2] in b"\x02\x03\x04\x05"):
+        return "torch"
+    if is_safetensors(head):
+        return "safetensors"
+    raise CorruptDataError(
+        f"{path} is not a checkpoint lcckpt knows: expected an lcckpt, torch.save or "
+        f"safetensors file, found bytes {head[:8]!r}")
+
+
+def format_for_path(path: str | os.PathLike) -> str | None:
+    """The format an output path's extension asks for (None if the extension says nothing)."""
+    return _EXTENSIONS.get(os.path.splitext(os.fspath(path))[1].lower())
+
+
+def load_torch(path: str | os.PathLike, map_location="cpu"):
+    """A torch.save file through lcckpt's weights-only loader, with a refusal that names
+    the object that would have needed code to unpickle."""
+    try:
+        return serialization.load(path, map_location=map_location)
+    except UnsafeObjectError as e:
+        cause = str(e.__cause__ or e)
+        m = re.search(r"Unsupported global: GLOBAL ([\w.]+)", cause) or \
+            re.search(r"Unsupported operand \d+|Unsupported class [\w.]+", cause)
+        what = f" (it needs {m.group(1) if m.groups() else m.group(0)})" if m else ""
+        raise UnsafeObjectError(
+            f"refused {os.fspath(path)}: unpickling this torch.save file would run arbitrary "
+            f"code{what}; lcckpt never does that. If you trust its source, load it with "
+            "torch.load(path, weights_only=False) and re-save it with lcckpt.save") from None
+
+
+def check_torch_crcs(path: str | os.PathLike) -> None:
+    """Check the CRC-32 of every member of a torch.save zip (``torch.load`` does not, so a
+    flipped bit in tensor data loads silently). Files written with
+    ``torch.serialization.set_crc32_options(False)`` carry no CRCs and are not checked;
+    a legacy (non-zip) file has none. Raises :class:`ChecksumError` naming the member."""
+    import zipfile
+    import zlib
+    with open_file(os.fspath(path)) as fh:
+        try:
+            z = zipfile.ZipFile(fh)
+        except (zipfile.BadZipFile, ValueError, EOFError):
+            return                        # the legacy format: nothing to check
+        with z:
+            infos = z.infolist()
+            if infos and all(i.CRC == 0 for i in infos if i.file_size):
+                return                    # written without CRCs
+            limit = limits.resolve(limits.DEFAULT, os.fstat(fh.fileno()).st_size)
+            for info in infos:
+                if limit is not None and info.file_size > limit:
+                    continue              # the load refuses it, with the limit's message
+                try:                      # reading to the end checks the member's CRC-32
+                    with z.open(info) as m:
+                        while m.read(1 << 24):
+                            pass
+                except zipfile.BadZipFile as e:
+                    raise ChecksumError(f"{os.fspath(path)}: member {info.filename!r}: {e}; "
+                                        "the file is damaged") from None
+                except (zlib.error, EOFError, ValueError) as e:
+                    raise CorruptDataError(
+                        f"{os.fspath(path)}: member {info.filename!r} cannot be read: {e}") from None
+                except OSError as e:
+                    raise StorageError(e.errno, f"cannot read member {info.filename!r}: "
+                                       f"{e.strerror}", os.fspath(path)) from None
+
+
+def read_checkpoint(path: str | os.PathLike, *, step: int | None = None,
+                    map_location="cpu") -> tuple[Any, dict[str, str] | None, str]:
+    """``(object, safetensors metadata or None, format)`` of any checkpoint lcckpt reads.
+
+    ``step`` picks a step of a DeltaCheckpointer directory (default: the newest).
+    """
+    fmt = detect_format(path)
+    if step is not None and fmt != "chain":
+        raise InvalidArgumentError(f"--step applies to a checkpoint directory; {path} is a "
+                                   f"{fmt} file")
+    if fmt == "chain":
+        from ..chain.checkpointer import DeltaCheckpointer
+        ck = DeltaCheckpointer(path)
+        if not ck.steps():
+            raise CorruptDataError(f"{path} holds no checkpoints (no step-NNNNNNNNNNNN.lcc files)")
+        return ck.load(step, map_location=map_location), None, fmt
+    if fmt == "safetensors":
+        tensors, meta = read_safetensors(path, map_location)
+        return tensors, meta, fmt
+    if fmt == "torch":
+        return load_torch(path, map_location), None, fmt
+    obj = serialization.load(path, map_location=map_location)
+    meta = serialization.read_metadata(path) if fmt == "lcckpt" else None
+    return obj, meta, fmt
+
+
+def _flat_tensors(obj, path: str) -> dict[str, torch.Tensor]:
+    if not isinstance(obj, Mapping):
+        raise InvalidArgumentError(
+            f"safetensors stores a flat {{name: tensor}} mapping, but {path} holds a "
+            f"{type(obj).__name__}; convert to .lcc or .pt instead")
+    for k, v in obj.items():
+        if not isinstance(k, str) or not isinstance(v, torch.Tensor):
+            what = f"a {type(v).__name__}" if isinstance(k, str) else f"a key of type {type(k).__name__}"
+            raise InvalidArgumentError(
+                f"safetensors stores only named tensors, but {path}[{k!r}] holds {what}; "
+                "convert to .lcc or .pt to keep everything, or save just the model's "
+                "state_dict")
+    return dict(obj)
+
+
+def _save_torch(obj, path: str) -> None:
+    """torch.save, then prove that a weights-only load reads it back, then rename."""
+    tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
+                       f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    try:
+        torch.save(obj, tmp)
+        try:
+            torch.load(tmp, weights_only=True, mmap=True)
+        except Exception as e:
+            raise UnsafeObjectError(
+                "the torch.save file would need weights_only=False to load (it holds "
+                f"objects torch's safe loader refuses: {str(e).splitlines()[0][:160]}); "
+                "keep it as .lcc instead") from None
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_checkpoint(obj, path: str | os.PathLike, fmt: str, *, compress: bool = False,
+                     metadata: Mapping[str, str] | None = None, source: str = "the input") -> None:
+    """Write ``obj`` as ``fmt`` ("lcckpt", "torch" or "safetensors") to ``path``.
+
+    ``compress``: lcckpt's lossless codec (lcckpt only). ``metadata``: safetensors string
+    metadata, written to a safetensors file or kept in an lcckpt file's header.
+    """
+    path = os.fspath(path)
+    if fmt not in FORMATS:
+        raise InvalidArgumentError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if compress and fmt != "lcckpt":
+        raise InvalidArgumentError(f"--compress applies to lcckpt output, not {fmt}")
+    if fmt == "torch":
+        metadata = None         # torch.save has no place for it; convert() reports the loss
+    if fmt == "safetensors":
+        save_safetensors(_flat_tensors(obj, source), path, metadata=metadata)
+    elif fmt == "torch":
+        _save_torch(obj, path)
+    else:
+        serialization.save(obj, path, compress=compress, metadata=metadata)
+
+
+def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = None,
+            compress: bool = False, step: int | None = None) -> dict:
+    """Convert ``src`` (any readable checkpoint) to ``dst``; returns what was done.
+
+    ``to``: the output format; by default it follows ``dst``'s extension (.lcc/.lcckpt,
+    .pt/.pth/.bin/.ckpt, .safetensors).
+    """
+    src, dst = os.fspath(src), os.fspath(dst)
+    fmt = to or format_for_path(dst)
+    if fmt is None:
+        raise InvalidArgumentError(
+            f"cannot tell the output format from {dst!r}: name it .lcc, .pt or .safetensors, "
+            "or pass --to lcckpt|torch|safetensors")
+    if os.path.exists(dst) and os.path.exists(src) and os.path.samefile(src, dst):
+        raise InvalidArgumentError(f"{dst} is the input file; write to another path")
+    if os.path.isdir(dst):
+        raise InvalidArgumentError(f"{dst} is a directory; give an output file name")
+    obj, meta, src_fmt = read_checkpoint(src, step=step)
+    write_checkpoint(obj, dst, fmt, compress=compress, metadata=meta, source=src)
+    dropped = len(meta) if meta and fmt == "torch" else 0
+    return {"dropped_metadata": dropped, "input": src, "input_format": src_fmt, "output": dst, "output_format": fmt,
+            "input_bytes": _size(src), "output_bytes": os.path.getsize(dst),
+            "tensors": len(flat_tensors(obj))}
+
+
+def _size(path: str) -> int:
+    if os.path.isdir(path):
+        return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
+    return os.path.getsize(path)
+
+
+def flat_tensors(obj, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Key path -> tensor for every tensor of a loaded object tree (dicts, lists, tuples)."""
+    out: dict[str, torch.Tensor] = {}
+    if isinstance(obj, torch.Tensor):
+        out[prefix or "obj"] = obj
+    elif isinstance(obj, Mapping):
+        for k, v in obj.items():
+            out.update(flat_tensors(v, f"{prefix}.{k}" if prefix else str(k)))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            out.update(flat_tensors(v, f"{prefix}.{i}" if prefix else str(i)))
+    return out

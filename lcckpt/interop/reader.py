@@ -1,0 +1,361 @@
+"""Lazy, partial reads of a saved file or of one step of a chain, like ``safe_open``.
+
+``with lcckpt.open(path) as f:`` reads and validates only the header; ``f.get_tensor(key)``
+then reads and decodes the one section that tensor needs (for a chain step, that key's
+sections along its chain), and ``f.get_slice(key)[rows]`` reads only the bytes of those
+rows when the section is stored raw. Loading one tensor costs time proportional to that
+tensor, not to the file.
+
+Keys are the flat names of the tensor and array leaves: the dict keys and list/tuple
+indices on the way, joined by ``"."`` (``obj["model"]["fc.weight"]`` is
+``"model.fc.weight"``, ``obj["optim"]["state"][0]["exp_avg"]`` is
+``"optim.state.0.exp_avg"``; a non-str dict key is written as ``str(key)``). Where two
+leaves would get the same flat name (``{"a.b": x}`` next to ``{"a": {"b": y}}``, or keys
+``0`` and ``"0"``), neither gets it: both are listed under their exact key path, the
+``obj[...]`` form that names sections. ``get_tensor`` takes either form.
+
+A slice of a ``"lossless"`` section reads and checks the section's bytes but decodes only
+the chunks holding the rows; a chain's ``"delta"`` section is rebuilt whole, then sliced
+(the reader keeps the newest rebuilt tensor, so a loop of row reads rebuilds it once).
+A slice read of a raw section is not checksummed (the CRC covers the whole section);
+``get_tensor`` always is. Deliberately not done here: building whole objects
+(``lcckpt.load``).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import os
+import sys
+from contextlib import ExitStack
+
+import numpy as np
+import torch
+
+from ..codec import blob as _blob
+from ..codec import dtypes
+from .. import limits
+from ..format import sections as _sections
+from ..format import tree as _tree
+from ..chain import restore as _restore
+from ..chain.directory import ChainDirectory
+from ..codec.tensor import exact_chunk_decoder
+from ..format.container import Container, read_container
+from ..codec.delta import Reconstruction
+from ..errors import (
+    CorruptDataError, InvalidArgumentError, TruncatedError, UnsupportedVersionError,
+)
+from ..format.serialization import tree_of
+
+__all__ = ["Reader", "Slice", "open"]
+
+_open_file = open
+
+
+def open(path: str | os.PathLike, *, step: int | None = None, map_location=None,
+         max_bytes=limits.DEFAULT) -> Reader:
+    """A lazy reader of the file at ``path``, or of ``step`` (default: the newest) of the
+    chain directory ``path``. ``map_location`` and ``max_bytes`` as in ``lcckpt.load``
+    (each read checks what it decodes: a tensor of a file, or a chain step's files as
+    ``DeltaCheckpointer.load`` checks them). Use as a context manager (or call
+    ``close``)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidArgumentError(f"lcckpt.open needs a path, got {type(path).__name__}")
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        ck = ChainDirectory(path)
+        steps = ck.steps()
+        if step is None:
+            if not steps:
+                raise FileNotFoundError(f"no checkpoints in {path}")
+            step = steps[-1]
+        if type(step) is bool or not isinstance(step, int) or step < 0:
+            raise InvalidArgumentError(f"step must be a non-negative int, got {step!r}")
+        if step not in steps:
+            raise FileNotFoundError(f"no checkpoint for step {step} in {path}; stored: {steps}")
+        return Reader(ck.path(step), map_location, chain=(ck, step), max_bytes=max_bytes)
+    if step is not None:
+        raise InvalidArgumentError(f"step={step!r} is only for a chain directory; {path!r} is a file")
+    return Reader(path, map_location, max_bytes=max_bytes)
+
+
+class Reader:
+    """An open file: :meth:`keys`, :meth:`metadata`, :meth:`get_tensor`, :meth:`get_slice`."""
+
+    def __init__(self, path: str, map_location=None, chain=None, max_bytes=limits.DEFAULT):
+        self.path = path
+        self.map_location = map_location
+        self.max_bytes = max_bytes
+        self._chain = chain
+        self._links: list | None = None            # older chain files, keyframe first
+        self._stack: ExitStack | None = None       # ... held open by it
+        self._last: tuple | None = None            # (key path, tensor) of the newest _whole
+        self._c = read_container(path)
+        try:
+            try:
+                tree = tree_of(self._c.meta)
+            except (CorruptDataError, UnsupportedVersionError) as e:
+                raise type(e)(f"{path}: {e}") from None
+            self._index = _names(_tree.leaves(tree))
+        except BaseException:
+            self._c.close()
+            raise
+
+    # -- listing
+
+    def keys(self) -> list[str]:
+        """The leaves' names, in the order they were saved."""
+        return list(self._index)
+
+    def metadata(self) -> dict:
+        """The file's header metadata other than the object tree (e.g. a chain step's
+        ``lcckpt_chain`` entry with its kind, base and per-tensor stats)."""
+        return {k: v for k, v in self._c.meta.items() if k != "tree"}
+
+    def __contains__(self, key) -> bool:
+        return self._find(key, missing=False) is not None
+
+    def __iter__(self):
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    # -- reading
+
+    def get_tensor(self, key: str):
+        """The tensor (or numpy array) ``key`` as ``lcckpt.load`` would give it: a Parameter
+        stays one, a view keeps its strides (over the stored span of its storage)."""
+        path, node = self._find(key)
+        s, meta = self._section(node, path)
+        if self._chain is not None and meta.get("codec") == _sections.DELTA:
+            self._chain_links()            # its chain's files, checked as a load checks them
+        else:
+            limits.check(limits.declared_bytes([self._c.sections[s]]), self._c.size,
+                         self.max_bytes, f"{self.path}: {path}")
+        return _tree.load_leaf(node, path, self._c, self._decode_leaf, self.map_location)
+
+    def _whole(self, path: str):
+        """The tensor at key path ``path``, decoded once: slice reads of a section that
+        must be decoded whole (a chain's delta) keep the newest such tensor."""
+        if self._last is None or self._last[0] != path:
+            self._last = None                  # the previous one goes before the next decode
+            self._last = (path, self.get_tensor(path))
+        return self._last[1]
+
+    def get_slice(self, key: str) -> Slice:
+        """A handle whose ``[rows]`` reads only what those rows need (see :class:`Slice`)."""
+        path, node = self._find(key)
+        if node.get("$") != "tensor":
+            raise InvalidArgumentError(f"{key!r} is a numpy array; read it with get_tensor")
+        return Slice(self, path, node)
+
+    def close(self) -> None:
+        self._last = None
+        self._c.close()
+        if self._stack is not None:
+            self._stack.close()
+        self._stack = self._links = None
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- internals
+
+    def _find(self, key, missing: bool = True):
+        if isinstance(key, str):
+            hit = self._index.get(key)
+            if hit is None:
+                hit = next(((p, n) for p, n in self._index.values() if p == key), None)
+            if hit is not None or not missing:
+                return hit
+        elif not missing:
+            return None
+        raise KeyError(f"no tensor {key!r} in {self.path}; keys: {_brief(list(self._index))}")
+
+    def _section(self, node: dict, path: str) -> tuple[int, dict]:
+        s = node.get("s")
+        if type(s) is not int or not 0 <= s < len(self._c.sections):
+            raise CorruptDataError(f"invalid object tree at {path}: section index {s!r} out of range")
+        return s, self._c.sections[s]["meta"]
+
+    def _decode_leaf(self, path: str, c: Container, i: int, meta: dict):
+        if meta.get("codec") != _sections.DELTA or self._chain is None:
+            return _sections.decode_leaf(path, c, i, meta)
+        key = _sections.section_key(meta)
+        rec = Reconstruction()
+        for older, by_key in self._chain_links():
+            j = by_key.get(key)
+            if j is None:                     # not tracked in that file: no reference
+                rec = Reconstruction()
+                continue
+            m = older.sections[j]["meta"]
+            rec.apply(older.data(j), dtype=m.get("dtype"), shape=tuple(m.get("shape", ())),
+                      check_payload=False, what=key, zero_base=_sections.section_zero_base(m))
+        rec.apply(c.data(i), dtype=meta.get("dtype"), shape=tuple(meta.get("shape", ())),
+                  check_payload=False, what=key, zero_base=_sections.section_zero_base(meta))
+        return rec.value(copy=False)
+
+    def _chain_links(self) -> list:
+        """The chain's files before this step, keyframe first, as ``(container, {tracking
+        key: section})``: the chain's own walk (every link validated, every file checked
+        against ``max_bytes``), opened once."""
+        if self._links is not None:
+            return self._links
+        ck, step = self._chain
+        stack = ExitStack()
+        try:
+            links, _ = _restore.walk(ck, step, stack, max_bytes=self.max_bytes)
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+        self._links = [(c, _delta_sections(c)) for c, _, _ in links[:-1]]
+        return self._links
+
+
+class Slice:
+    """``reader.get_slice(key)``: ``shape``, ``dtype``, and ``[index]`` reading only what
+    the first dimension's rows need. The index is an int, a slice (any step) or a tuple
+    whose first item is one of those; the rest of the tuple indexes the rows read."""
+
+    def __init__(self, reader: Reader, path: str, node: dict):
+        self._r, self._path, self._node = reader, path, node
+        self._s, self._meta = reader._section(node, path)
+        meta = self._meta
+        dtype = dtypes.NAME_TORCH.get(meta.get("dtype")) if type(meta.get("dtype")) is str else None
+        shape = meta.get("shape")
+        if meta.get("kind") != "tensor" or dtype is None or type(shape) is not list \
+                or len(shape) > 64 or not all(type(n) is int and n >= 0 for n in shape):
+            raise CorruptDataError(f"invalid object tree at {path}: section {self._s} is not a "
+                                   "tensor with a known dtype and a valid shape")
+        try:
+            self._view = _tree.view_of(node, self._meta)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise CorruptDataError(f"invalid object tree at {path}: {e}") from None
+        self.dtype = dtype
+        self.shape = torch.Size(self._view[1])
+
+    def get_shape(self) -> list[int]:
+        return list(self.shape)
+
+    def __getitem__(self, index):
+        rest = ()
+        if isinstance(index, tuple):
+            if not index:
+                return self[:]
+            index, rest = index[0], index[1:]
+        if not self.shape:
+            raise InvalidArgumentError(f"{self._path} is a 0-d tensor; read it with get_tensor")
+        n = self.shape[0]
+        if isinstance(index, slice):
+            rows = range(*index.indices(n))
+            if not rows:
+                return self._rows(0, 0)[(slice(None),) + rest]
+            lo, hi = min(rows[0], rows[-1]), max(rows[0], rows[-1]) + 1
+            if rows.step > 0:
+                pick = slice(0, hi - lo, rows.step)
+            else:                             # torch has no negative steps: pick the rows
+                pick = torch.tensor([r - lo for r in rows], dtype=torch.int64)
+        else:
+            try:
+                i = operator.index(index)
+            except TypeError:
+                raise InvalidArgumentError(
+                    f"a slice read takes an int, a slice or a tuple starting with one, got "
+                    f"{type(index).__name__}") from None
+            if not -n <= i < n:
+                raise IndexError(f"index {i} is out of range for {n} rows of {self._path}")
+            lo = i % n
+            hi, pick = lo + 1, 0
+        out = self._rows(lo, hi)[pick]
+        if not rest:
+            return out
+        return out[rest] if isinstance(pick, int) else out[(slice(None),) + rest]
+
+    def _rows(self, lo: int, hi: int) -> torch.Tensor:
+        """Rows ``[lo, hi)`` of the tensor, reading only their bytes from a raw section."""
+        offset, shape, stride = self._view
+        sub_shape = [hi - lo] + list(shape[1:])
+        codec = self._meta.get("codec")
+        if codec not in (_sections.RAW, _sections.LOSSLESS) or self._node.get("param") or \
+                self._node.get("grad") or self._r.map_location is not None or sys.byteorder != "little":
+            t = self._r._whole(self._path)      # decoded once per reader, then sliced
+            return t.detach()[lo:hi].clone()
+        c, s, meta = self._r._c, self._s, self._meta
+        item = self.dtype.itemsize
+        size = math.prod(meta.get("shape", ())) if type(meta.get("shape")) is list else -1
+        if meta.get("nbytes") != size * item or \
+                (codec == _sections.RAW and c.sections[s]["length"] != size * item):
+            raise CorruptDataError(f"invalid object tree at {self._path}: {codec} section size "
+                                   "does not match its dtype and shape")
+        if hi <= lo or 0 in sub_shape:
+            return torch.empty(sub_shape, dtype=self.dtype)
+        first = offset + lo * stride[0]
+        last = first + sum((k - 1) * st for k, st in zip(sub_shape, stride))
+        if first < 0 or last >= size:
+            raise CorruptDataError(f"invalid object tree at {self._path}: view reaches past "
+                                   f"the {size} stored elements")
+        if codec == _sections.LOSSLESS:            # decodes into the whole tensor's shape
+            limits.check(limits.declared_bytes([c.sections[s]]), c.size, self._r.max_bytes,
+                         f"{self._r.path}: {self._path}")
+            return self._coded_rows(first, last, meta).as_strided(sub_shape, stride, 0)
+        buf = torch.empty(last - first + 1, dtype=self.dtype)
+        raw = buf.view(torch.uint8).numpy()
+        start = c.data_start + c.sections[s]["offset"] + first * item
+        with _open_file(self._r.path, "rb", buffering=0) as fh:
+            got = fh.seek(start) == start and fh.readinto(memoryview(raw))
+        if got != raw.nbytes:
+            raise TruncatedError(f"{self._path}: the file ends inside the rows asked for")
+        return buf.as_strided(sub_shape, stride, 0)
+
+
+    def _coded_rows(self, first: int, last: int, meta: dict) -> torch.Tensor:
+        """Elements ``[first, last]`` of a lossless section, decoding only the chunks that
+        hold them (the section's bytes are read and checksummed whole)."""
+        buf, p = _blob.parse(self._r._c.data(self._s), check_payload=False)
+        if p.kind != _blob.LOSSLESS or p.dt.name != meta.get("dtype") or \
+                list(p.shape) != meta.get("shape"):
+            raise CorruptDataError(f"{self._path}: the lossless blob does not hold the "
+                                   f"{meta.get('dtype')} {meta.get('shape')} tensor its section says")
+        a = np.empty(p.shape, p.dt.numpy)              # pages of other chunks stay untouched
+        task = exact_chunk_decoder(buf, p, a)
+        per = 2 if p.dt.kind == "complex" else 1        # words per element
+        chunk = 1 << p.log2
+        for k in range(first * per // chunk, (last * per + per - 1) // chunk + 1):
+            task(k)
+        part = dtypes.from_carrier(a.reshape(-1)[first:last + 1].copy(), p.dt)
+        return part if isinstance(part, torch.Tensor) else torch.from_numpy(part)
+
+
+def _delta_sections(c: Container) -> dict:
+    out = {}
+    for i, s in enumerate(c.sections):
+        m = s["meta"]
+        if m.get("kind") == "tensor" and m.get("codec") == _sections.DELTA:
+            out[_sections.section_key(m)] = i
+    return out
+
+
+def _flat(parts: tuple) -> str:
+    return ".".join(p if type(p) is str else str(p) for p in parts)
+
+
+def _names(found: list) -> dict[str, tuple[str, dict]]:
+    """Flat name -> (key path, node); colliding flat names fall back to key paths."""
+    flat: dict[str, list] = {}
+    for parts, path, node in found:
+        flat.setdefault(_flat(parts), []).append((path, node))
+    out = {}
+    for parts, path, node in found:
+        name = _flat(parts)
+        out[name if len(flat[name]) == 1 else path] = (path, node)
+    return out
+
+
+def _brief(keys: list) -> str:
+    return ", ".join(map(repr, keys[:8])) + (f", ... ({len(keys)} in all)" if len(keys) > 8 else "")

@@ -1,0 +1,74 @@
+"""The state a manager saves and restores: model, optimizer, scheduler, scaler, named
+objects, the user's ``extra`` values and the global random generators, as one tree."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from . import rng as _rng
+from ..errors import InvalidArgumentError
+
+
+def handler(obj: Any):
+    """(get_state, set_state) for a registered object, or None if it has neither protocol."""
+    if isinstance(obj, torch.Generator):
+        return obj.get_state, obj.set_state
+    if isinstance(obj, np.random.Generator):
+        def set_state(s, g=obj):
+            g.bit_generator.state = s
+        return (lambda g=obj: g.bit_generator.state), set_state
+    if callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
+        return obj.state_dict, obj.load_state_dict
+    return None
+
+
+class Capture:
+    """What one manager saves: ``collect()`` builds the tree, ``apply()`` loads one back."""
+
+    def __init__(self, model, optimizer=None, scheduler=None, scaler=None,
+                 objects: Mapping[str, Any] | None = None, extra: dict | None = None):
+        self.model, self.optimizer = model, optimizer
+        self.scheduler, self.scaler = scheduler, scaler
+        self.objects = dict(objects or {})
+        self.extra: dict = extra if extra is not None else {}
+
+    def _parts(self):
+        return [("model", self.model), ("optimizer", self.optimizer),
+                ("scheduler", self.scheduler), ("scaler", self.scaler)]
+
+    def collect(self, manager_state: dict) -> dict:
+        tree: dict[str, Any] = {"manager": manager_state}
+        for key, obj in self._parts():
+            if obj is not None:
+                tree[key] = obj.state_dict()
+        if self.objects:
+            tree["objects"] = {name: handler(obj)[0]() for name, obj in self.objects.items()}
+        tree["extra"] = self.extra
+        tree["rng"] = _rng.capture()
+        return tree
+
+    def apply(self, state: dict, where: str) -> dict:
+        """Load ``state`` into every registered object (``where`` names the checkpoint in
+        errors); returns its manager section. Nothing is loaded if any part is missing."""
+        for key, obj in self._parts():
+            if obj is not None and key not in state:
+                raise InvalidArgumentError(
+                    f"{where} holds no {key!r} state; it was written by a manager without "
+                    "one: create the manager with the same objects")
+        missing = set(self.objects) - set(state.get("objects", {}))
+        if missing:
+            raise InvalidArgumentError(
+                f"{where} holds no state for objects {sorted(missing)}; it holds "
+                f"{sorted(state.get('objects', {}))}")
+        for key, obj in self._parts():
+            if obj is not None:
+                obj.load_state_dict(state[key])
+        for name, obj in self.objects.items():
+            handler(obj)[1](state["objects"][name])
+        self.extra.clear()
+        self.extra.update(state.get("extra", {}))
+        _rng.restore(state.get("rng", {}))
+        return state.get("manager", {})

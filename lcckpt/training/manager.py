@@ -1,0 +1,541 @@
+"""Checkpointing inside a PyTorch training loop: when, how fast, and how to resume.
+
+:class:`CheckpointManager` is what a training loop adds in two lines::
+
+    with lcckpt.CheckpointManager("ckpt/", model, opt, mtbf=6 * 3600) as mgr:
+        start = mgr.restore() or 0
+        for it in range(start, steps):
+            loss = train_step()
+            mgr.step(loss)
+
+``step(loss)`` records the loss and the iteration time and returns at once, except at the
+iterations the plan picks, where the loop stalls only for a snapshot: a copy of the state
+into reusable host buffers. Delta coding and the durable, atomic write run in a background
+thread, at most one at a time. The manager measures its own costs (snapshot, persist,
+restore), uses Young/Daly until the loss curve can be fitted, and re-plans after every
+checkpoint (receding horizon). A process killed at any moment leaves the newest complete
+checkpoint restorable: files only ever appear whole.
+
+It does not coordinate several processes (one writer per directory), and it does not decide
+what a "step" is: one call of :meth:`CheckpointManager.step` is one iteration.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+import warnings
+from dataclasses import replace
+from typing import Any, Callable, Mapping
+
+import torch
+
+from . import replan as _replan
+from .. import limits
+from .capture import Capture, handler
+from .costs import Costs
+from .hostcopy import HostBuffers
+from .losscurve import LossCurve
+from .signals import SigtermHook
+from ..chain.checkpointer import DEFAULT_KEYFRAME_EVERY, DeltaCheckpointer
+from ..errors import (
+    BrokenChainError, CorruptDataError, InvalidArgumentError, LcckptError, ResourceLimitError,
+    UnsupportedVersionError,
+)
+
+POLICIES = ("young_daly", "convergence", "exploratory")
+BACKPRESSURE = ("defer", "wait")
+STATE_VERSION = 1
+
+
+def default_bits(key: str) -> int:
+    """4 bits for optimizer state, 2 for everything else.
+
+    Adam's moments change by about their own size between checkpoints and 2 bits track
+    them poorly (docs/chain.md); a manager exists to resume, so they get more.
+    """
+    return 4 if key.startswith('obj["optimizer"]') else 2
+
+
+def _check_arguments(model, policy, mtbf, every, total_steps, objects, extra, downtime,
+                     restart_cost, profile_at, backpressure) -> None:
+    """CheckpointManager's arguments, refused with what is wrong before anything is built."""
+    if policy not in POLICIES:
+        raise InvalidArgumentError(f"policy must be one of {POLICIES}, got {policy!r}")
+    if backpressure not in BACKPRESSURE:
+        raise InvalidArgumentError(f"backpressure must be one of {BACKPRESSURE}, got {backpressure!r}")
+    if every is not None and (type(every) is not int or every < 1):
+        raise InvalidArgumentError(f"every must be a positive int or None, got {every!r}")
+    if every is None:
+        if mtbf is None:
+            raise InvalidArgumentError(
+                "give mtbf (mean seconds between failures of the whole job) so the manager "
+                "can plan, or every=N for a fixed interval")
+        if not (isinstance(mtbf, (int, float)) and mtbf > 0):
+            raise InvalidArgumentError(f"mtbf must be a positive number of seconds, got {mtbf!r}")
+    for name, v in (("downtime", downtime), ("restart_cost", restart_cost)):
+        if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+            raise InvalidArgumentError(f"{name} must be a finite number >= 0, got {v!r}")
+    if total_steps is not None and (type(total_steps) is not int or total_steps < 1):
+        raise InvalidArgumentError(f"total_steps must be a positive int or None, got {total_steps!r}")
+    if type(profile_at) is not int or profile_at < 1:
+        raise InvalidArgumentError(f"profile_at must be a positive int, got {profile_at!r}")
+    if not hasattr(model, "state_dict"):
+        raise InvalidArgumentError(f"model must have state_dict(), got {type(model).__name__}")
+    for name, obj in dict(objects or {}).items():
+        if not isinstance(name, str) or handler(obj) is None:
+            raise InvalidArgumentError(
+                f"objects[{name!r}] must be keyed by a str and have state_dict() and "
+                "load_state_dict() (or be a torch.Generator / numpy.random.Generator); "
+                f"got {type(obj).__name__}")
+    if extra is not None and not isinstance(extra, dict):
+        raise InvalidArgumentError(f"extra must be a dict, got {type(extra).__name__}")
+
+
+class CheckpointManager:
+    """Plans, takes and restores checkpoints of a training loop (see the module docstring).
+
+    ``model`` and ``optimizer`` (may be None), and optionally ``scheduler`` (an LR
+    scheduler), ``scaler`` (AMP grad scaler) and ``objects`` (name -> anything with
+    ``state_dict()``/``load_state_dict()``, a ``torch.Generator`` or a
+    ``numpy.random.Generator``) are saved and restored together with ``extra`` (a dict of
+    your own storable values, e.g. epoch and data position, available as ``mgr.extra``)
+    and the global random generators.
+
+    When: ``every=N`` checkpoints every N iterations; otherwise ``mtbf`` (seconds between
+    failures of the whole job) is required and ``policy`` picks the plan: "young_daly"
+    (time alone), "convergence" (weights lost work by how fast the loss is falling) or
+    "exploratory" (also by how likely the job is still wanted). ``total_steps`` (the planned
+    number of iterations) lets the plan skip checkpoints that cannot pay off before the end.
+    ``downtime``: seconds from a failure to the restarted job running again, beyond the
+    checkpoint load that the manager measures; ``restart_cost`` overrides that measurement.
+    ``profile_at``: iteration of the first checkpoint, taken to measure the costs.
+
+    ``backpressure``: what a due checkpoint does while the previous one is still being
+    written: "defer" (default: it is taken at the first step after the write finishes; the
+    loop never waits) or "wait" (the loop waits for the write, then snapshots).
+    ``sigterm=True`` installs a SIGTERM handler (main thread only): at the next ``step()``
+    the manager writes a checkpoint of that iteration and waits until it is durable, then
+    calls the handler that was installed before, or exits with status 143 (SystemExit).
+
+    ``bits``, ``keyframe_every``, ``keep_last`` and ``checkpointer_options`` configure the
+    :class:`~lcckpt.DeltaCheckpointer` that writes the files; by default (``bits=None``)
+    it keeps the chain's restored-state targets (docs/chain.md); ``bits=default_bits``
+    gives LC-Checkpoint coding, 4 bits for optimizer state and 2 for the rest.
+    """
+
+    def __init__(self, directory: str | os.PathLike, model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer | None = None, *,
+                 policy: str = "convergence", mtbf: float | None = None,
+                 every: int | None = None, total_steps: int | None = None,
+                 scheduler: Any = None, scaler: Any = None,
+                 objects: Mapping[str, Any] | None = None, extra: dict | None = None,
+                 downtime: float = 0.0, restart_cost: float | None = None,
+                 profile_at: int = 20, backpressure: str = "defer", sigterm: bool = False,
+                 bits: int | Callable[[str], int] | None = None,
+                 keyframe_every: int | None = DEFAULT_KEYFRAME_EVERY,
+                 keep_last: int | None = 3, checkpointer_options: Mapping[str, Any] | None = None):
+        _check_arguments(model, policy, mtbf, every, total_steps, objects, extra, downtime,
+                         restart_cost, profile_at, backpressure)
+        self._capture = Capture(model, optimizer, scheduler, scaler, objects, extra)
+        self.directory = os.fspath(directory)
+        self.policy, self.mtbf, self.every = policy, mtbf, every
+        self.total_steps, self.downtime, self.restart_cost = total_steps, float(downtime), restart_cost
+        self.backpressure = backpressure
+        self._ck_args = dict(bits=bits, keyframe_every=keyframe_every, keep_last=keep_last,
+                             **dict(checkpointer_options or {}))
+        self._ck = DeltaCheckpointer(self.directory, **self._ck_args)   # validates them
+
+        self.iteration = 0              # completed iterations (calls of step)
+        self.last_checkpoint: int | None = None   # newest snapshot taken
+        self.durable_step: int | None = None      # newest step known complete on disk
+        self._restored = False
+        self._curve = LossCurve()
+        self._buffers = HostBuffers()
+        self._costs = Costs(restart_cost)
+        self._last_t: float | None = None
+        self._next_at = every if every is not None else profile_at
+        self._decision: _replan.Decision | None = None
+        self._basis: _replan.Inputs | None = None     # what the current plan was based on
+        self._gaps: list[int] = []                     # the plan's gaps still to follow
+        self._job: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._deferring = False
+        self._persists = 0              # saves finished by this object
+        self._closed = False
+        self.stats = {"checkpoints": 0, "deferred": 0, "waited_s": 0.0, "stall_s": 0.0, "plans": 0}
+
+        self._sigterm = SigtermHook() if sigterm else None
+
+    # ---------------------------------------------------------------- the loop
+
+    def step(self, loss: Any = None) -> bool:
+        """Record one finished iteration; returns True when it took a checkpoint.
+
+        ``loss`` (optional) is a number or a scalar tensor on any device; tensors are not
+        synchronized here (they reach the host in batches). Call it after the optimizer step,
+        so that the state it may snapshot is the state after this iteration.
+        """
+        now = time.perf_counter()
+        self._check_usable()
+        if self._last_t is not None:
+            self._record_interval(now - self._last_t)
+        self.iteration += 1
+        if loss is not None:
+            self._curve.add(self.iteration, loss)
+        took = False
+        if self._sigterm is not None and self._sigterm.pending:
+            self._emergency()           # raises SystemExit unless an earlier handler says otherwise
+            took = True
+        elif self.iteration >= self._next_at:
+            took = self._due()
+        elif self.iteration % 128 == 0 and self._between_checkpoints_replan():
+            self._start(self._plan_job, (self._inputs(),))
+        self._last_t = time.perf_counter()
+        return took
+
+    def checkpoint(self, wait: bool = False) -> int:
+        """Take a checkpoint of the current iteration now; returns its step.
+
+        Waits for an earlier save still in flight first. ``wait=True`` also waits until this
+        one is durable (e.g. at the end of training).
+        """
+        self._check_usable()
+        if self.last_checkpoint != self.iteration:
+            self._join()
+            self._snapshot_and_persist()
+        if wait:
+            self.wait()
+        return self.iteration
+
+    def wait(self) -> None:
+        """Block until no save is in flight; re-raises an error of the background save."""
+        self._join()
+        self._raise_error()
+
+    def close(self) -> None:
+        """Wait for the save in flight, release the directory's writer lock and uninstall
+        the SIGTERM handler. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._sigterm is not None:
+            self._sigterm.uninstall()
+        try:
+            self._join()
+        finally:
+            self._ck.close()
+        self._raise_error()
+
+    def __enter__(self) -> "CheckpointManager":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:                            # do not hide the exception that is unwinding
+            self.close()
+        except Exception as e:
+            warnings.warn(f"closing the checkpoint manager failed too: {e!r}", RuntimeWarning)
+
+    # ---------------------------------------------------------------- restore
+
+    def restore(self, *, max_bytes=limits.DEFAULT) -> int | None:
+        """Load the newest restorable checkpoint into every registered object.
+
+        Returns its step (the number of iterations it holds; continue the loop from there),
+        or None when the directory holds no checkpoint. If the newest file is proven
+        damaged (a checksum, its structure or its chain link fails), earlier steps are
+        tried, with a warning naming the file and why, and the newer damaged files are
+        renamed to ``*.damaged`` so that the run can continue its chain after the step it
+        resumed from. Anything else (an unreadable file, a limit, a newer format) is
+        raised as it is and nothing is renamed: the file may be intact. ``max_bytes`` as
+        in :meth:`DeltaCheckpointer.load`.
+        """
+        self._check_usable()
+        self._join()
+        self._raise_error()
+        t0 = time.perf_counter()
+        reader = DeltaCheckpointer(self.directory)
+        steps = reader.steps()
+        if not steps:
+            return None
+        state, step, failed = None, None, []
+        for s in reversed(steps):
+            try:
+                state = reader.load(s, map_location="cpu", max_bytes=max_bytes)
+                step = s
+                break
+            except (LcckptError, OSError) as e:
+                if not _proves_damage(e):
+                    raise
+                failed.append((s, e))
+                warnings.warn(f"cannot restore checkpoint step {s} in {self.directory}: "
+                              f"{reader.path(s)} is damaged ({e}); trying the previous one",
+                              RuntimeWarning, stacklevel=2)
+        if state is None:
+            raise failed[0][1]
+        m = self._capture.apply(state, f"checkpoint step {step} in {self.directory}")
+        self._load_measurements(m, step)
+        for s, _ in failed:                       # out of the way of the continuing chain
+            os.replace(reader.path(s), reader.path(s) + ".damaged")
+        self._ck = DeltaCheckpointer(self.directory, **self._ck_args)   # resync from disk
+        self._costs.add("restore", time.perf_counter() - t0)
+        self._restored = True
+        self.iteration = self.last_checkpoint = self.durable_step = step
+        self._last_t = None
+        if self.every is not None:
+            self._next_at = step + self.every
+        else:
+            self._next_at = step + max(1, int(state.get("manager", {}).get("gap") or 1))
+            self._basis, self._gaps = None, []
+            if self._costs.intervals:
+                self._start(self._plan_job, (self._inputs(),))
+        return step
+
+    def _load_measurements(self, m: dict, step: int) -> None:
+        """The loss curve and costs a restored checkpoint's manager measured."""
+        if "loss_curve" in m:
+            self._curve.load(m["loss_curve"], step)
+        for k in ("snapshot", "interference", "persist"):
+            if m.get(k) is not None:
+                self._costs.add(k, float(m[k]))
+        if isinstance(m.get("iter_time"), float) and math.isfinite(m["iter_time"]):
+            self._costs.intervals.append(m["iter_time"])
+
+    # ---------------------------------------------------------------- explain
+
+    @property
+    def costs(self) -> dict[str, float]:
+        """Measured seconds: per iteration, per checkpoint, persist (background), restart.
+
+        Medians of the recent measurements; NaN/0 before the first one. ``iteration`` is
+        timed while no background job runs; ``checkpoint`` = ``snapshot`` (the stall) +
+        ``interference`` (how much longer the iterations beside a background write took,
+        summed over the write). ``restart`` is the given ``restart_cost``, else the
+        measured restore time, else the persist time.
+        """
+        return self._costs.summary()
+
+    @property
+    def next_checkpoint(self) -> int | None:
+        """The iteration at which the next checkpoint is due (None: no further one)."""
+        return self._next_at if self._next_at < (1 << 62) else None
+
+    @property
+    def plan_summary(self) -> dict[str, Any] | None:
+        """The latest plan: gap (iterations), policy used, Young/Daly gap, horizon; or None."""
+        d = self._decision
+        if d is None:
+            return None
+        return {"gap": d.gap, "policy": d.policy_used, "young_daly_gap": d.young_daly_gap,
+                "horizon": d.horizon, "block": d.block, "note": d.note}
+
+    def explain(self) -> str:
+        """Why the manager checkpoints at its current rate, in a few lines."""
+        lines = []
+        if self.every is not None:
+            lines.append(f"fixed interval: a checkpoint every {self.every} iterations (every=)")
+        d = self._decision
+        cost = self._costs.cost
+        tau, c, p, r = self._costs.iter_time(), cost("snapshot"), cost("persist"), self._costs.restart()
+        slow = max(0.0, cost("interference"))
+        lines.append(
+            f"iteration {self.iteration}; last checkpoint {self.last_checkpoint}, durable "
+            f"{self.durable_step}; next due at {self._next_at if self._next_at < (1 << 62) else 'never'}")
+        lines.append(
+            "measured: iteration " + _fmt(tau) + ", checkpoint " + _fmt(c + slow) + " (snapshot "
+            + _fmt(c) + " + training slowed by the write " + _fmt(slow) + "), persist "
+            "(background) " + _fmt(p) + ", restart " + _fmt(r) + f" + downtime {self.downtime:g} s")
+        if d is None:
+            if self.every is None:
+                lines.append(f"no plan yet: the first checkpoint at iteration {self._next_at} "
+                             "measures the costs")
+        else:
+            gap = "none" if d.gap is None else f"{d.gap} iterations (~{d.gap * tau:.3g} s)"
+            lines.append(f"plan ({d.policy_used}, MTBF {self.mtbf:g} s, horizon {d.horizon} "
+                         f"iterations in blocks of {d.block}): next gap {gap}; Young/Daly "
+                         f"alone would give {d.young_daly_gap} iterations")
+            if d.note:
+                lines.append(d.note)
+            plan_explain = getattr(d.plan, "explain", None)
+            if plan_explain is not None and d.plan.iterations:
+                if d.block > 1:
+                    lines.append(f"the solver's lines below count blocks of {d.block} iterations:")
+                try:
+                    lines.append(str(plan_explain(d.plan.iterations[0])))
+                except Exception as e:        # explanation is best effort
+                    lines.append(f"(the plan could not explain itself: {e!r})")
+        s = self.stats
+        lines.append(f"{s['checkpoints']} checkpoints, stalled {s['stall_s']:.3g} s in snapshots, "
+                     f"{s['deferred']} deferred and {s['waited_s']:.3g} s waited for a busy writer "
+                     f"(backpressure={self.backpressure!r})")
+        return "\n".join(lines)
+
+    # ---------------------------------------------------------------- internals
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise InvalidArgumentError("this CheckpointManager is closed; create a new one")
+        self._raise_error()
+
+    def _raise_error(self) -> None:
+        err, self._error = self._error, None
+        if err is not None:
+            raise err
+
+    def _busy(self) -> bool:
+        return self._job is not None and self._job.is_alive()
+
+    def _join(self) -> None:
+        if self._job is not None:
+            t0 = time.perf_counter()
+            self._job.join()
+            self.stats["waited_s"] += time.perf_counter() - t0
+            self._job = None
+            self._costs.book()
+
+    def _start(self, target: Callable, args: tuple) -> None:
+        """Run ``target`` on the background thread (the previous job must be finished)."""
+        self._costs.job_started()
+        self._job = threading.Thread(target=self._guard, args=(target, args),
+                                     name="lcckpt-manager", daemon=False)
+        self._job.start()
+
+    def _guard(self, target: Callable, args: tuple) -> None:
+        try:
+            target(*args)
+        except BaseException as e:  # handed to the training thread at its next call
+            self._error = e
+
+    def _due(self) -> bool:
+        if self._busy():
+            if self.backpressure == "defer":
+                if not self._deferring:
+                    self.stats["deferred"] += 1
+                    self._deferring = True
+                return False
+            self._join()
+        self._raise_error()
+        self._deferring = False
+        self._snapshot_and_persist()
+        return True
+
+    def _snapshot_and_persist(self) -> None:
+        t0 = time.perf_counter()
+        if self.last_checkpoint is None and not self._restored:
+            stored = self._ck.steps()
+            if stored and stored[-1] >= self.iteration:
+                raise InvalidArgumentError(
+                    f"{self.directory} already holds checkpoints up to step {stored[-1]}: call "
+                    "restore() to continue that run, or use another directory")
+        self._curve.flush()
+        tree = self._collect()
+        snap = self._buffers.snapshot(tree)
+        stall = time.perf_counter() - t0
+        self._costs.add("snapshot", stall)
+        self.stats["stall_s"] += stall
+        self.stats["checkpoints"] += 1
+        step = self.last_checkpoint = self.iteration
+        if self.every is not None:
+            self._next_at = step + self.every
+            self._start(self._persist, (step, snap, None, False))
+        else:
+            # follow the plan; the writer re-plans after the save if the inputs moved
+            following = bool(self._gaps)
+            self._next_at = step + (self._gaps.pop(0) if following else max(1, step))
+            self._start(self._persist, (step, snap, self._inputs(), following))
+
+    def _collect(self) -> dict:
+        return self._capture.collect(self._manager_state())
+
+    def _manager_state(self) -> dict:
+        d = self._decision
+        return {"version": STATE_VERSION, "iteration": self.iteration,
+                "iter_time": self._costs.iter_time(), "snapshot": self._costs.cost("snapshot"),
+                "interference": self._costs.cost("interference"),
+                "persist": self._costs.cost("persist"),
+                "gap": d.gap if d is not None and d.gap else (self.every or 0),
+                "loss_curve": self._curve.state()}
+
+    def _persist(self, step: int, snap: dict, inputs: _replan.Inputs | None,
+                 following: bool) -> None:
+        t0 = time.perf_counter()
+        self._ck.save(step, snap)
+        if self._persists == 1:         # the first save of a process compiles kernels: not typical
+            self._costs.clear("persist")
+        self._persists += 1
+        self._costs.add("persist", time.perf_counter() - t0)
+        self.durable_step = step
+        if inputs is not None:
+            inputs = replace(inputs, persist_time=self._costs.cost("persist"))
+            if not following or _replan.moved(self._basis, inputs, self._decision):
+                self._plan_job(inputs)
+
+    def _plan_job(self, inputs: _replan.Inputs) -> None:
+        if not math.isfinite(inputs.iter_time):
+            return                      # no iteration timed yet: keep the provisional gap
+        d = _replan.decide(inputs)
+        self._decision, self._basis, self._gaps = d, inputs, list(d.later)
+        self.stats["plans"] += 1
+        self._next_at = inputs.anchor + d.gap if d.gap is not None else 1 << 62
+
+    def _between_checkpoints_replan(self) -> bool:
+        """Re-plan between checkpoints only when the iteration time has moved by half."""
+        if self.every is not None or self._basis is None or self._busy():
+            return False
+        return abs(self._costs.iter_time() / self._basis.iter_time - 1) > 0.5
+
+    def _inputs(self) -> _replan.Inputs:
+        return _replan.Inputs(
+            anchor=self.last_checkpoint if self.last_checkpoint is not None else self.iteration,
+            iter_time=self._costs.iter_time(), checkpoint_cost=self._costs.checkpoint_cost(),
+            persist_time=self._costs.cost("persist"), restart_cost=self._costs.restart(),
+            downtime=self.downtime, mtbf=float(self.mtbf), policy=self.policy,
+            total_steps=self.total_steps, curve=self._curve.points())
+
+    def _record_interval(self, dt: float) -> None:
+        self._costs.record(dt, self._job is not None)
+        if self._job is not None and not self._job.is_alive():   # its last iteration
+            self._costs.book()
+            self._job = None
+
+    # ---------------------------------------------------------------- SIGTERM
+
+    def _emergency(self) -> None:
+        self._sigterm.pending = False
+        self.checkpoint(wait=True)
+        self._sigterm.pass_on()         # the previous handler, or SystemExit(143)
+
+def _fmt(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "(not measured)"
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
+
+def _proves_damage(e: BaseException) -> bool:
+    """Whether a failed restore proves its file damaged (so setting it aside is right):
+    corrupt data or a broken chain link, with no unreadable file, limit or newer
+    format anywhere in its causes."""
+    seen, x = [], e
+    while x is not None and len(seen) < 16:
+        seen.append(x)
+        x = x.__cause__
+    if any(isinstance(x, (ResourceLimitError, UnsupportedVersionError)) or
+           (isinstance(x, OSError) and not isinstance(x, FileNotFoundError))
+           for x in seen):
+        return False
+    return isinstance(e, (CorruptDataError, BrokenChainError))
+
+
+def _delegate(name: str) -> property:
+    return property(lambda self: getattr(self._capture, name),
+                    lambda self, value: setattr(self._capture, name, value),
+                    doc=f"The registered {name} (saved and restored with every checkpoint).")
+
+
+for _name in ("model", "optimizer", "scheduler", "scaler", "objects", "extra"):
+    setattr(CheckpointManager, _name, _delegate(_name))
