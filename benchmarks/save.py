@@ -41,7 +41,7 @@ import time
 import torch
 
 import lcckpt
-from lcckpt.codec import quantize as _quantize
+from lcckpt.codec import uniform as _uniform
 from lcckpt.bench.timing import environment, format_table
 from lcckpt.bench.trajectory import train_trajectory
 from lcckpt.format.container import read_container
@@ -123,12 +123,12 @@ def _count_quantized() -> list:
     the returned one-element list, for the rest of the process: per save, over the
     floats tracked, the number of quantization passes the search needed."""
     count = [0]
-    real = _quantize._try_step
+    real = _uniform._try_step
 
     def counting(u, *args, **kwargs):
         count[0] += u.size
         return real(u, *args, **kwargs)
-    _quantize._try_step = counting
+    _uniform._try_step = counting
     return count
 
 

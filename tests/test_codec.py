@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes, arrays
 
 import lcckpt
-from lcckpt.codec import entropy
+from lcckpt.codec import entropy, streams
 from lcckpt.codec.blob import parse
 
 from oracles import quantize_ref
@@ -217,7 +217,7 @@ def test_code_table_size_is_what_is_written():
             lengths = np.zeros(size, np.uint8)
             lengths[rng.choice(size, min(used, size), replace=False)] = rng.integers(1, 13, min(used, size))
             w = Writer()
-            entropy._write_lengths(w, lengths)
+            streams._write_lengths(w, lengths)
             assert len(w.buf) == entropy.lengths_size(lengths)
 
 
@@ -268,7 +268,7 @@ def _table_bytes(entries, huffman_table=False, tail=b""):
     if huffman_table:
         lengths = np.zeros(256, np.uint8)
         lengths[:2] = 1
-        entropy._write_lengths(w, lengths)
+        streams._write_lengths(w, lengths)
     for mode, value in entries:
         w.u8(mode)
         if mode == entropy.CONST:
@@ -280,7 +280,7 @@ def _table_bytes(entries, huffman_table=False, tail=b""):
 
 def _read(data, n=10, cs=4, b=8, allowed=(entropy.HUFFMAN, entropy.RAW, entropy.CONST)):
     from lcckpt.util.wire import Reader
-    return entropy.read_tables(Reader(data, what="t"), n, cs, b, allowed)
+    return streams.read_tables(Reader(data, what="t"), n, cs, b, allowed)
 
 
 def test_chunk_table_round_trip():

@@ -303,7 +303,7 @@ def test_a_tensor_without_negative_values_never_restores_below_a_quarter_of_it(
         n, target, seed, with_ref, dtype):
     """Second moments: small elements are not rounded to zero (Adam would divide by
     sqrt(0) + eps), nor below zero; the target still holds."""
-    from lcckpt.codec.quantize import NONNEG_FLOOR, uniform_quantize
+    from lcckpt.codec.uniform import NONNEG_FLOOR, uniform_quantize
     rng = np.random.default_rng(seed)
     u = (rng.standard_normal(n) ** 2 * rng.lognormal(0, 4, n)).astype(dtype)
     u[rng.random(n) < 0.1] = 0
@@ -328,7 +328,7 @@ def test_a_tensor_without_negative_values_never_restores_below_a_quarter_of_it(
 def test_the_next_step_solves_the_error_law_of_two_tries(k, tried):
     """error = c * step**k: from two misses, two steps under the target, or one of each
     (a bracket), the next step lands on the aim."""
-    from lcckpt.codec.quantize import _next_step
+    from lcckpt.codec.uniform import _next_step
     c, aim = 1.0, 1.0                                # the aim is at step 1
     tries = [(s, c * s ** k) for s in tried]
     oks = [t for t in tries if t[1] <= aim / 0.96]
@@ -341,7 +341,7 @@ def test_adam_second_moment_meets_its_target_in_few_passes(monkeypatch):
     """A second moment (no negative values: floored, which the error model does not see)
     against the reference of its previous step: at most three quantization passes, and
     the restored error lands close under the target, not far below it (bits wasted)."""
-    import lcckpt.codec.quantize as q
+    import lcckpt.codec.uniform as q
     rng = np.random.default_rng(5)
     n, target = 400_000, 0.1
     g = rng.standard_normal(n) * rng.lognormal(0, 2, n)
@@ -406,7 +406,7 @@ def test_the_error_model_predicts_the_measured_error(n, seed, rel_step):
     are 1.1% wide, so with finer steps (a hundred levels) more of them straddle a level
     boundary and the estimate is off by several percent; the search then corrects the
     step by the error it measures. (The model ignores escapes, which only lower the error.)"""
-    from lcckpt.codec.quantize import DEADZONE, _ErrorModel, _try_step
+    from lcckpt.codec.uniform import DEADZONE, _ErrorModel, _try_step
     rng = np.random.default_rng(seed)
     ref = rng.standard_normal(n).astype(np.float32)
     u = (ref + rng.standard_normal(n) * rng.choice([0, 1e-3, 1e-2], n)).astype(np.float32)
@@ -448,7 +448,7 @@ def test_fitted_restore_step_lowers_the_error_of_the_same_levels(n, seed, rel_st
     """Levels decided with one step and restored with the least-squares step err less
     than restored with the decision step itself, and the error is (nearly) orthogonal to
     what was sent: no systematic lag behind the update."""
-    from lcckpt.codec.quantize import DEADZONE, _ErrorModel, _try_step
+    from lcckpt.codec.uniform import DEADZONE, _ErrorModel, _try_step
     rng = np.random.default_rng(seed)
     ref = rng.standard_normal(n).astype(np.float32)
     u = (ref + rng.laplace(size=n) * 1e-2).astype(np.float32)

@@ -5,7 +5,7 @@ Blob layout (little-endian; ``uvar`` = unsigned LEB128):
     "LCC" version:u8  kind:u8 (1 lossy, 2 lossless)  dtype:u8  ndim:uvar  dims:uvar*
     log2(chunk_size):u8
     lossy:    bits:u8  flags:u8 (bit0 midpoint)  kept:u8  centroids[1..kept] (fp32; fp64 for F64)
-              stream tables (see entropy.write_tables)
+              stream tables (see streams.write_tables)
     lossless: nplanes:u8  rotate:u8  stream tables per plane
     uniform:  bits:u8 (2-8)  step:f64  escapes:uvar  stream tables        (version 2 only)
     crc32(header):u32   payload   crc32(payload):u32
@@ -13,7 +13,7 @@ Blob layout (little-endian; ``uvar`` = unsigned LEB128):
 A uniform blob's payload is its symbol stream, then the escapes: their element indices
 (u32, or u64 when the tensor has 2**32 elements or more; strictly increasing) and their
 exact values (fp32; fp64 for F64). Symbol ``s`` adds ``level(s)·step`` (levels 0, -1, 1,
--2, 2, ...; :func:`lcckpt.codec.quantize.uniform_table`); an escaped element is *set* to its
+-2, 2, ...; :func:`lcckpt.codec.uniform.uniform_table`); an escaped element is *set* to its
 value. Blobs of the first two kinds are written as version 1, exactly as before; a
 uniform blob is version 2, and a lossless blob with "pairs" chunks (a code per chunk of
 exponents, kernels/planes.py) version 3, so a reader that predates them says "upgrade"
@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..util import crc as _crc
-from . import dtypes, entropy, lossless
+from . import dtypes, entropy, lossless, streams
 from ..util.wire import Reader, Writer
 from ..errors import ChecksumError, CorruptDataError, TruncatedError, UnsupportedVersionError
-from .quantize import uniform_table
+from .uniform import uniform_table
 
 MAGIC = b"LCC"
 VERSION = 1                 # lossy and lossless blobs
@@ -61,7 +61,7 @@ def _header(kind: int, dt: dtypes.DType, shape, log2: int, version: int | None =
 
 
 # Every byte of a blob's header is written by one of these three (and its stream tables
-# by entropy.write_tables, which they call), then closed by :func:`finish` or
+# by streams.write_tables, which they call), then closed by :func:`finish` or
 # :func:`header_bytes`; :func:`parse` reads them back.
 
 def lossy_header(dt: dtypes.DType, shape, log2: int, bits: int, midpoint: bool,
@@ -72,7 +72,7 @@ def lossy_header(dt: dtypes.DType, shape, log2: int, bits: int, midpoint: bool,
     w.u8(1 if midpoint else 0)
     w.u8(centroids.size)
     w.raw(centroids.tobytes())
-    entropy.write_tables(w, enc)
+    streams.write_tables(w, enc)
     return w
 
 
@@ -83,7 +83,7 @@ def uniform_header(dt: dtypes.DType, shape, log2: int, bits: int, step: float, e
     w.u8(bits)
     w.raw(np.float64(step).astype("<f8").tobytes())
     w.uvar(int(escapes))
-    entropy.write_tables(w, enc)
+    streams.write_tables(w, enc)
     return w
 
 
@@ -95,7 +95,7 @@ def lossless_header(dt: dtypes.DType, shape, log2: int, rotate: bool, encs) -> W
     w.u8(len(encs))
     w.u8(1 if rotate else 0)
     for e in encs:
-        entropy.write_tables(w, e)
+        streams.write_tables(w, e)
     return w
 
 
@@ -234,7 +234,7 @@ def _lossy_header(r: Reader, p: Parsed, version: int) -> None:
     if not np.all(np.isfinite(p.centroids)):
         raise CorruptDataError("lcckpt blob: non-finite centroid")
     allowed = entropy.modes_for("auto", p.bits)
-    p.layouts = [entropy.read_tables(r, p.n, 1 << p.log2, p.bits, allowed)]
+    p.layouts = [streams.read_tables(r, p.n, 1 << p.log2, p.bits, allowed)]
 
 
 def _uniform_header(r: Reader, p: Parsed, version: int) -> None:
@@ -250,7 +250,7 @@ def _uniform_header(r: Reader, p: Parsed, version: int) -> None:
     p.centroids = uniform_table(p.step, p.bits, work)
     if not np.all(np.isfinite(p.centroids)):
         raise CorruptDataError("lcckpt blob: uniform step overflows the table")
-    p.layouts = [entropy.read_tables(r, p.n, 1 << p.log2, p.bits, entropy.uniform_modes("auto", p.bits))]
+    p.layouts = [streams.read_tables(r, p.n, 1 << p.log2, p.bits, entropy.uniform_modes("auto", p.bits))]
     p.esc_idx = np.zeros(nesc, np.int64)      # located after the header checksum
     p.esc_val = np.zeros(nesc, work)
 
@@ -267,7 +267,7 @@ def _lossless_header(r: Reader, p: Parsed, version: int) -> None:
     p.rotate = rotate
     allowed = (entropy.BYTES_READ if version == PAIRS_VERSION
                else entropy.modes_for("bytes", 8))
-    p.layouts = [entropy.read_tables(r, words_n(p.n, p.dt), 1 << p.log2, 8, allowed)
+    p.layouts = [streams.read_tables(r, words_n(p.n, p.dt), 1 << p.log2, 8, allowed)
                  for _ in range(nplanes)]
 
 

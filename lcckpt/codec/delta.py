@@ -30,7 +30,8 @@ from .tensor import (
     exact_chunk_decoder, guarded_encode,
 )
 from .config import CodecConfig
-from .entropy import CodeCache, StreamDecoder
+from .entropy import CodeCache
+from .streams import StreamDecoder
 from ..errors import (
     BrokenChainError, CorruptDataError, InvalidArgumentError, NonFiniteError,
     UnsupportedDtypeError,

@@ -16,21 +16,17 @@ Each mode that any chunk uses has one code per stream, described by its code len
 Sizes are computed exactly from histograms before anything is written, so the choice
 between modes is by real bytes, and encoding writes straight into one output buffer.
 This module knows nothing of floats: the quantizer and the lossless codec feed it.
+The stream's wire format (code tables, chunk table) and its decoder are streams.py's.
 """
 
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 
 from ..util.pool import run_tasks
-from ..util.wire import Reader, Writer
-from ..errors import CorruptDataError, InvalidArgumentError, TruncatedError
-from .kernels import buckets as bk
+from ..errors import InvalidArgumentError
 from .kernels import huffman as hk
-from .kernels import planes as pk
 from .kernels import runs as rk
-from .kernels import tables as tk
 
 HUFFMAN, GROUPED, RUNS, RAW, CONST, PAIRS = range(6)
 MODE_NAMES = ("huffman", "grouped", "runs", "raw", "const", "pairs")
@@ -243,7 +239,7 @@ def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None,
     if callable(sym):
         listed = RUNS if nonzero is not None else -1
         reads = ~np.isin(chunk_modes, (CONST, listed))   # modes that read every symbol
-        sym = sym() if reads.any() else _NO_SYMBOLS
+        sym = sym() if reads.any() else NO_SYMBOLS
     nbytes = stacked[choice, np.arange(an.nchunks)].astype(np.int64)
     consts = np.zeros(an.nchunks, np.uint8)
     if CONST in modes:
@@ -260,7 +256,7 @@ def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None,
     cs = an.chunk_size
 
     applying = apply is not None
-    cent, fout = apply if applying else (_NO_FLOATS, _NO_FLOATS)
+    cent, fout = apply if applying else (NO_FLOATS, NO_FLOATS)
     if applying and RAW in modes:
         raise ValueError("raw chunks cannot advance a reference")
 
@@ -358,7 +354,7 @@ def _uvar_size(v: np.ndarray) -> np.ndarray:
     return 1 + (v >= 1 << 7) + (v >= 1 << 14) + (v >= 1 << 21) + (v >= 1 << 28)
 
 
-def _layout_sizes(lengths: np.ndarray, used: np.ndarray) -> list:
+def layout_sizes(lengths: np.ndarray, used: np.ndarray) -> list:
     """Bytes of the three code table layouts (see :func:`_write_lengths`), kind byte aside."""
     gaps = np.diff(used, prepend=-1) - 1
     sparse = int(_uvar_size([used.size])[0] + _uvar_size(gaps).sum() + used.size)
@@ -367,262 +363,8 @@ def _layout_sizes(lengths: np.ndarray, used: np.ndarray) -> list:
 
 def lengths_size(lengths: np.ndarray) -> int:
     """Bytes :func:`_write_lengths` spends on a code table."""
-    return 1 + min(_layout_sizes(lengths, np.flatnonzero(lengths)))
+    return 1 + min(layout_sizes(lengths, np.flatnonzero(lengths)))
 
 
-# --- stream description: code tables and chunk table -----------------------------------
-
-def write_tables(w: Writer, enc: Encoded):
-    """Serialize the code lengths in use and the chunk table."""
-    mask = 0
-    for m in enc.lengths:
-        mask |= 1 << m
-    w.u8(mask)
-    for m in CODED_MODES:
-        if m in enc.lengths:
-            _write_lengths(w, enc.lengths[m])
-    for c in range(enc.modes.size):
-        m = int(enc.modes[c])
-        w.u8(m)
-        if m == CONST:
-            w.u8(int(enc.consts[c]))
-        else:
-            w.uvar(int(enc.nbytes[c]))
-
-
-def _nibbles(values: np.ndarray) -> bytes:
-    padded = np.zeros(2 * ((values.size + 1) // 2), np.uint8)
-    padded[:values.size] = values
-    return ((padded[0::2] << 4) | padded[1::2]).astype(np.uint8).tobytes()
-
-
-def _unnibble(packed: np.ndarray, size: int, what: str) -> np.ndarray:
-    out = np.empty(2 * packed.size, np.uint8)
-    out[0::2] = packed >> 4
-    out[1::2] = packed & 15
-    if np.any(out[size:]):
-        raise CorruptDataError(f"{what}: code table has nonzero padding")
-    return out[:size].copy()
-
-
-def _write_lengths(w: Writer, lengths: np.ndarray):
-    """Code lengths in the smallest of three layouts (a table costs bytes in every blob).
-
-    0: a nibble per letter; 1: bitmap of the letters used, then their nibbles;
-    2: count, then (gap, length) per letter used.
-    """
-    used = np.flatnonzero(lengths)
-    kind = int(np.argmin(_layout_sizes(lengths, used)))
-    w.u8(kind)
-    if kind == 0:
-        w.raw(_nibbles(lengths))
-    elif kind == 1:
-        w.raw(np.packbits(lengths > 0).tobytes())
-        w.raw(_nibbles(lengths[used]))
-    else:
-        w.uvar(used.size)
-        prev = -1
-        for s in used:
-            w.uvar(int(s) - prev - 1)
-            w.u8(int(lengths[s]))
-            prev = int(s)
-
-
-def _read_lengths(r: Reader, size: int) -> np.ndarray:
-    kind = r.u8()
-    if kind == 0:
-        lengths = _unnibble(np.frombuffer(r.raw((size + 1) // 2), np.uint8), size, r.what)
-    elif kind == 1:
-        bitmap = np.unpackbits(np.frombuffer(r.raw((size + 7) // 8), np.uint8))
-        if np.any(bitmap[size:]):
-            raise CorruptDataError(f"{r.what}: code table bitmap has bits past its alphabet")
-        used = np.flatnonzero(bitmap[:size])
-        lengths = np.zeros(size, np.uint8)
-        lengths[used] = _unnibble(np.frombuffer(r.raw((used.size + 1) // 2), np.uint8),
-                                  used.size, r.what)
-        if not np.all(lengths[used]):
-            raise CorruptDataError(f"{r.what}: code table marks a letter used with length 0")
-    elif kind == 2:
-        m = r.uvar(size, "number of coded letters")
-        lengths = np.zeros(size, np.uint8)
-        s = -1
-        for _ in range(m):
-            s += r.uvar(size, "letter gap") + 1
-            if s >= size:
-                raise CorruptDataError(f"{r.what}: code table letter {s} outside alphabet {size}")
-            lengths[s] = r.u8()
-    else:
-        raise CorruptDataError(f"{r.what}: unknown code table kind {kind}")
-    if lengths.max(initial=0) > hk.MAX_CODE_LEN or not lengths.any():
-        raise CorruptDataError(f"{r.what}: invalid code lengths")
-    kraft = int(np.sum(np.left_shift(1, hk.MAX_CODE_LEN - lengths[lengths > 0].astype(np.int64))))
-    if kraft > 1 << hk.MAX_CODE_LEN:
-        raise CorruptDataError(f"{r.what}: code lengths are over-subscribed (not a prefix code)")
-    return lengths
-
-
-@dataclass
-class StreamLayout:
-    modes: np.ndarray
-    consts: np.ndarray
-    offsets: np.ndarray       # int64 [nchunks + 1], relative to the payload start
-    lengths: dict
-
-
-def read_tables(r: Reader, n: int, chunk_size: int, b: int, allowed) -> StreamLayout:
-    """Parse and validate what :func:`write_tables` wrote, for a stream of ``n`` symbols."""
-    nchunks = -(-n // chunk_size)
-    mask = r.u8()
-    lengths = {}
-    for m in CODED_MODES:
-        if mask & (1 << m):
-            if m not in allowed:
-                raise CorruptDataError(f"{r.what}: code table for a mode this stream cannot use")
-            lengths[m] = _read_lengths(r, alphabet(m, b))
-    if mask & ~sum(1 << m for m in CODED_MODES):
-        raise CorruptDataError(f"{r.what}: unknown code table flags {mask:#x}")
-    if 2 * nchunks > r.end - r.pos:             # every entry takes at least two bytes
-        raise TruncatedError(f"{r.what} is truncated: no room for a table of {nchunks} chunks")
-    modes = np.empty(nchunks, np.uint8)
-    consts = np.zeros(nchunks, np.uint8)
-    nbytes = np.zeros(nchunks, np.int64)
-    state = np.zeros(8, np.uint8)
-    for m in allowed:
-        state[m] = tk.MODE_NO_TABLE if m in CODED_MODES and m not in lengths else tk.MODE_OK
-    buf = np.frombuffer(r.buf, np.uint8)
-    r.pos, err, c = tk.read_chunk_table(buf, r.pos, r.end, nchunks, n, chunk_size, b, state,
-                                        CONST, RAW, r.end, modes, consts, nbytes)
-    if err == tk.TRUNCATED:
-        raise TruncatedError(f"{r.what} is truncated: {tk.ERRORS[err]} (chunk {c} of {nchunks})")
-    if err != tk.OK:
-        raise CorruptDataError(f"{r.what}: chunk {c} {tk.ERRORS[err]}")
-    offsets = np.concatenate(([0], np.cumsum(nbytes)))
-    return StreamLayout(modes, consts, offsets, lengths)
-
-
-MULTI_MIN_SYMBOLS = 1 << 16    # below this the multi table costs more than it saves
-
-
-@lru_cache(maxsize=256)
-def _table(lengths_bytes: bytes):
-    lengths = np.frombuffer(lengths_bytes, np.uint8)
-    bits = int(lengths.max())
-    return hk.decode_table(lengths, bits), bits
-
-
-_NO_TABLE = np.zeros(0, np.uint64)
-
-
-@lru_cache(maxsize=64)
-def _runs_table(lengths_bytes: bytes, S: int):
-    return rk.runs_decode_table(np.frombuffer(lengths_bytes, np.uint8), S)
-
-
-@lru_cache(maxsize=64)
-def _multi_table(lengths_bytes: bytes, sym_bits: int):
-    return hk.multi_decode_table(np.frombuffer(lengths_bytes, np.uint8), sym_bits)
-
-
-_NO_SYMBOLS = np.zeros(1, np.uint8)
-_NO_FLOATS = np.zeros(1, np.float32)
-
-
-class StreamDecoder:
-    """Decodes one stream chunk by chunk; :func:`decode` runs every chunk on the pool.
-
-    Symbols go into ``out`` (uint8), or, with ``apply=(centroids, fout)``, straight into
-    the floats: ``fout[i] += centroids[s]`` for every nonzero symbol, in the same fp32 add
-    the encoder's reference update makes; zero runs and all-zero chunks cost nothing.
-    ``clear``: each chunk's floats are set to 0 first, by the task that then decodes into
-    them (a decode into a caller's buffer: cleared on every thread, while in cache).
-    """
-
-    def __init__(self, buf: np.ndarray, base: int, layout: StreamLayout, n: int,
-                 chunk_size: int, b: int, out: np.ndarray | None, what: str = "blob", apply=None,
-                 clear: bool = False):
-        if base + int(layout.offsets[-1]) > buf.size:
-            raise CorruptDataError(f"{what}: chunk table points past the end of the data")
-        self.buf, self.base, self.layout, self.n, self.cs, self.b = buf, base, layout, n, chunk_size, b
-        self.what, self.out = what, out
-        self.tables = {m: _table(l.tobytes()) for m, l in layout.lengths.items()}
-        self.multi, self.sym_bits = None, 4 if b <= 4 else 8
-        if HUFFMAN in layout.lengths and n >= MULTI_MIN_SYMBOLS:
-            self.multi = _multi_table(layout.lengths[HUFFMAN].tobytes(), self.sym_bits)
-        self.gmulti = None                 # grouped letters are at most 8 bits
-        if GROUPED in layout.lengths and n >= MULTI_MIN_SYMBOLS:
-            self.gmulti = _multi_table(layout.lengths[GROUPED].tobytes(), 8)
-        self.rmulti = _NO_TABLE
-        if RUNS in layout.lengths and n >= MULTI_MIN_SYMBOLS:
-            self.rmulti = _runs_table(layout.lengths[RUNS].tobytes(), 1 << b)
-        self.applying = apply is not None
-        self.cent, self.fout = apply if self.applying else (_NO_FLOATS, _NO_FLOATS)
-        self.sym = _NO_SYMBOLS if self.applying else out
-        self.clear = clear and self.applying
-
-    @property
-    def nchunks(self) -> int:
-        return -(-self.n // self.cs)
-
-    def chunk(self, c: int, out: np.ndarray | None = None, shift: int = 0):
-        """Decode chunk ``c``; symbols go to ``out[i - shift]`` (default: the stream's own
-        ``out`` at ``i``), so a caller can decode into a small buffer of its own."""
-        buf, b, cent, fout, applying = self.buf, self.b, self.cent, self.fout, self.applying
-        sym = self.sym if out is None else out
-        lo, hi = c * self.cs, min(self.n, (c + 1) * self.cs)
-        o = lo - shift
-        if self.clear:
-            fout[lo:hi] = 0
-        start = self.base + int(self.layout.offsets[c])
-        end = self.base + int(self.layout.offsets[c + 1])
-        m = self.layout.modes[c]
-        if m == CONST:
-            v = self.layout.consts[c]
-            if not applying:
-                sym[o:o + hi - lo] = v
-            elif v:
-                fout[lo:hi] += cent[v]
-            used = 0
-        elif m == RAW:
-            raw = buf[start:end]
-            if b < 8 and int(raw.max(initial=0)) >> b:
-                raise CorruptDataError(f"{self.what}: raw chunk {c} holds symbols wider than {b} bits")
-            if applying:
-                bk.apply_symbols(raw, 0, hi - lo, cent, fout[lo:hi])
-            else:
-                sym[o:o + hi - lo] = raw
-            used = 8 * (end - start)
-        elif m == PAIRS:
-            err = pk.pairs_decode(buf, start, end, hi - lo, sym, o)
-            if err:
-                raise CorruptDataError(f"{self.what}: chunk {c} (pairs) {pk.PAIRS_ERRORS[err]}; "
-                                       "the data is damaged")
-            used = 8 * (end - start)
-        else:
-            table, tb = self.tables[m]
-            if m == HUFFMAN and self.multi is not None:
-                used = hk.decode_symbols_multi(buf, start, end, hi - lo, self.multi, self.sym_bits,
-                                               table, tb, sym, o, cent, fout, applying)
-            elif m == HUFFMAN:
-                used = hk.decode_symbols(buf, start, end, hi - lo, table, tb, sym, o, cent, fout,
-                                         applying)
-            elif m == GROUPED and self.gmulti is not None:
-                used = rk.decode_grouped_multi(buf, start, end, hi - lo, group_size(b), b,
-                                               self.gmulti, table, tb, sym, o, cent, fout,
-                                               applying)
-            elif m == GROUPED:
-                used = rk.decode_grouped(buf, start, end, hi - lo, group_size(b), b, table, tb, sym,
-                                         o, cent, fout, applying)
-            else:
-                used = rk.decode_runs(buf, start, end, hi - lo, 1 << b, table, tb, sym, o, cent,
-                                      fout, applying, self.rmulti)
-        if used < 0 or (used + 7) // 8 != end - start:
-            raise CorruptDataError(
-                f"{self.what}: chunk {c} ({MODE_NAMES[m]}) does not decode to its recorded "
-                "size; the data is damaged")
-
-
-def decode(buf: np.ndarray, base: int, layout: StreamLayout, n: int, chunk_size: int, b: int,
-           out: np.ndarray | None, what: str = "blob", apply=None, clear: bool = False):
-    """Decode a stream of ``n`` symbols (``buf[base:]`` is its payload); see StreamDecoder."""
-    d = StreamDecoder(buf, base, layout, n, chunk_size, b, out, what, apply, clear)
-    run_tasks(d.chunk, d.nchunks)
+NO_SYMBOLS = np.zeros(1, np.uint8)
+NO_FLOATS = np.zeros(1, np.float32)

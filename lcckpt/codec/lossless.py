@@ -23,7 +23,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..util import crc as _crc, pool as _pool
-from . import entropy
+from . import entropy, streams
 from ..util.pool import run_tasks
 from ..errors import ChecksumError, CorruptDataError
 from .kernels import floats as fk
@@ -134,7 +134,7 @@ def plane_decoder(buf: np.ndarray, base: int, layouts, n: int, chunk_size: int,
     """
     item = words.dtype.itemsize
     if item == 1:
-        return entropy.StreamDecoder(buf, base, layouts[0], n, chunk_size, 8,
+        return streams.StreamDecoder(buf, base, layouts[0], n, chunk_size, 8,
                                      words.view(np.uint8), what).chunk
     raw, coded = {}, {}                  # plane -> its bytes in buf / its decoder
     for k, layout in enumerate(layouts):
@@ -144,7 +144,7 @@ def plane_decoder(buf: np.ndarray, base: int, layouts, n: int, chunk_size: int,
         if np.all(layout.modes == entropy.RAW):      # read_tables checked every raw size
             raw[k] = _readonly(buf[base:base + n])
         else:
-            coded[k] = entropy.StreamDecoder(buf, base, layout, n, chunk_size, 8, None, what)
+            coded[k] = streams.StreamDecoder(buf, base, layout, n, chunk_size, 8, None, what)
         base += size
     merge = fk.MERGE[item]
 

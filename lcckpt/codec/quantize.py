@@ -15,12 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..util import memory as _memory
-from ..util.pool import run_tasks, threads
+from ..util.pool import run_tasks
 from ..errors import NonFiniteError
 from .kernels import buckets as bk
 from .kernels import runs as rk
-from .kernels import uniform as uk
 
 _LAYOUT = {np.dtype(np.float32): (np.uint32, np.uint32(23), 512),
            np.dtype(np.float64): (np.uint64, np.uint64(52), 4096)}
@@ -129,11 +127,7 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     counts = counts.sum(axis=1, dtype=np.int64)[:, :nkeys]
     total = counts.sum(axis=0)
     _refuse_non_finite(total, nkeys)
-    if midpoint:
-        lo_t = np.min(mins[:, :nkeys], axis=0, initial=np.inf)
-        hi_t = np.max(maxs[:, :nkeys], axis=0, initial=-np.inf)
-    else:
-        lo_t = hi_t = np.zeros(nkeys)
+    lo_t, hi_t = _bucket_bounds(mins, maxs, nkeys, midpoint)
     centroids = np.zeros(1 << bits, u.dtype)
     # which buckets are kept follows from the counts alone; without the midpoint the
     # centroids are computed again below, once pass 2 has summed the kept buckets
@@ -150,12 +144,9 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     # (cheaper than a random access per nonzero symbol), then map as the full layout does
     nonzero = float(total[kept_keys].sum())
     late = not full and nonzero > SPLIT_SHARE * n
-    listed = None
+    listed = _nonzero_list(counts, kept_keys, nch) if runs_stats and nonzero <= LIST_SHARE * n \
+        else None
     no_pos = np.zeros(0, np.uint32)
-    if runs_stats and nonzero <= LIST_SHARE * n:
-        nz_off = np.zeros(nch + 1, np.int64)
-        np.cumsum(counts[:, kept_keys].sum(axis=1), out=nz_off[1:])
-        listed = (_buffer("nonzero", int(nz_off[-1]), np.uint32), nz_off)
     # the sparse layout leaves the symbols in the list alone until someone reads them
     write = listed is None or full or late
 
@@ -185,6 +176,21 @@ def quantize(u: np.ndarray, ref: np.ndarray | None, bits: int, chunk_size: int,
     return Quantized(sym, sym_hist, centroids, int(kept), total, max(residual, 0.0),
                      float(norms[:, 0].sum()), delta_sq, rhist, rextra, listed, chunk_size,
                      write)
+
+
+def _bucket_bounds(mins, maxs, nkeys: int, midpoint: bool):
+    """Each bucket's least and greatest delta (the midpoint centroid's), else zeros."""
+    if not midpoint:
+        return np.zeros(nkeys), np.zeros(nkeys)
+    return (np.min(mins[:, :nkeys], axis=0, initial=np.inf),
+            np.max(maxs[:, :nkeys], axis=0, initial=-np.inf))
+
+
+def _nonzero_list(counts, kept_keys, nch: int):
+    """(buffer, per-chunk offsets) for the positions of the nonzero symbols pass 2 lists."""
+    nz_off = np.zeros(nch + 1, np.int64)
+    np.cumsum(counts[:, kept_keys].sum(axis=1), out=nz_off[1:])
+    return _buffer("nonzero", int(nz_off[-1]), np.uint32), nz_off
 
 
 def _pass1(u, r, use_ref: bool, keys, chunk_size: int, full: bool, midpoint: bool):
@@ -246,353 +252,3 @@ def _residual(centroids, lut, nkeys: int, s_tot, total, delta_sq: float) -> floa
     for dropped buckets."""
     c = centroids.astype(np.float64)[lut[:nkeys]]
     return delta_sq - float(np.sum(2 * c * s_tot - total * c * c))
-
-
-# --- the error-bounded uniform quantizer ------------------------------------------------
-
-UNIFORM_BITS = (2, 3, 4, 5, 6, 7, 8)       # symbol widths it may choose; escapes beyond
-ESCAPE_COST = 12                           # bytes an escape costs, roughly (index, value)
-SQRT12 = float(np.sqrt(12.0))
-STEP_TRIES = 6        # quantization passes spent looking for the step, at most
-MODEL_AIM = 0.995     # the model aims this close under the target (its bins are approximate)
-RETRY_AIM = 0.96      # a step solved from measured errors aims this far under the target
-CLOSE_ENOUGH = 0.5    # a step whose error² is under this share of the target² is widened
-NONNEG_FLOOR = 0.25  # a tensor without negative values restores each element >= 1/4 of it
-DEADZONE = 0.6     # round magnitudes up only past 0.6 of a step: more zeros, ~5% fewer bits
-                   # than rounding to nearest at equal error on real deltas
-
-
-def zigzag_levels(bits: int) -> np.ndarray:
-    """Symbol -> signed level: 0, -1, 1, -2, 2, ... (``2**bits`` symbols)."""
-    s = np.arange(1 << bits, dtype=np.int64)
-    return np.where(s & 1, -((s + 1) >> 1), s >> 1)
-
-
-def uniform_table(step: float, bits: int, dtype) -> np.ndarray:
-    """What each symbol adds to the reference: ``level * step`` rounded once to ``dtype``.
-
-    The encoder and the decoder both take the table from here, so they add the very same
-    floats and their references stay bit-identical.
-    """
-    return (zigzag_levels(bits).astype(np.float64) * float(step)).astype(dtype)
-
-
-@dataclass
-class Uniform:
-    """A delta coded by the uniform quantizer, with the reconstruction it leads to."""
-    sym: np.ndarray            # uint8 [n]
-    sym_hist: np.ndarray       # int64 [nchunks, 2**bits]
-    bits: int
-    step: float
-    table: np.ndarray          # [2**bits] in the work dtype (see uniform_table)
-    esc_idx: np.ndarray        # int64, sorted: elements stored exactly
-    esc_val: np.ndarray        # their values, in the work dtype
-    recon: np.ndarray          # the decoder's reconstruction of u (flat, work dtype)
-    residual_sq: float         # ||u - recon||^2, measured on the reconstruction itself
-    target_sq: float           # ||u||^2
-
-    @property
-    def rel_error(self) -> float:
-        """||u - ũ||₂ / ||u||₂ of the restored tensor, exactly (fp32 rounding included)."""
-        if self.target_sq == 0:
-            return 0.0 if self.residual_sq == 0 else float("inf")
-        return float(np.sqrt(self.residual_sq / self.target_sq))
-
-
-def _entropy(counts: np.ndarray) -> float:
-    c = counts[counts > 0].astype(np.float64)
-    t = c.sum()
-    return float(-(c * np.log2(c / t)).sum()) if t else 0.0
-
-
-def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE, limit=None, floor=0.0,
-              hist=None, rstep=None):
-    """Quantize ``u - ref`` with ``step``: the symbol width of fewest estimated bytes,
-    escapes for levels beyond it; returns (Uniform, estimated bytes). Two chunk-parallel
-    passes: the level histogram, then symbols and reconstruction.
-
-    ``deadzone``: a magnitude rounds up past ``deadzone`` of a step (0.5: to nearest).
-    ``limit``: the largest finite value of the stored dtype (fp16, bf16); an element the
-    step would carry past it becomes an escape, so no restored value overflows.
-    ``floor``: for a tensor without negative values, no element restores below ``floor``
-    times its value (levels are raised; see :mod:`lcckpt.codec.kernels.uniform`).
-    ``hist``: the symbol histogram (``[257]``, the last bin all beyond) when the caller
-    has it already (:class:`_ErrorModel`); then one pass. ``rstep``: the step levels are
-    restored with (default ``step``; see :meth:`_ErrorModel.recon_step`)."""
-    rstep = step if rstep is None else rstep
-    n = u.size
-    nch = -(-n // chunk_size)
-    use_ref = ref is not None
-    r = ref if use_ref else u
-    up = 1.0 - deadzone
-    if hist is None:
-        levels = np.zeros((nch, 257), np.int64)
-
-        def pass1(c):
-            uk.level_histogram(u, r, use_ref, c * chunk_size, min(n, (c + 1) * chunk_size),
-                               float(step), up, floor, float(rstep), levels[c])
-        run_tasks(pass1, nch)
-        hist = levels.sum(axis=0)
-    best = None
-    for b in UNIFORM_BITS:
-        S = 1 << b
-        h = hist[:S].copy()
-        esc = int(hist[S:].sum())
-        h[0] += esc
-        est = _entropy(h) / 8 + esc * (4 + itemsize) + (S if b > 4 else 0) / 2
-        if best is None or est < best[0]:
-            best = (est, b, esc)
-        if esc == 0:
-            break
-    est, b, _ = best
-    S = 1 << b
-    table = uniform_table(rstep, b, u.dtype)
-    sym = _memory.bulk_empty(n, np.uint8)
-    escf = _memory.bulk_empty(n, np.uint8)
-    recon = _memory.bulk_empty(u.shape, u.dtype)
-    sym_hist = np.zeros((nch, S), np.int64)
-    errs = np.zeros(nch)
-    lim = float(limit) if limit is not None else 0.0
-
-    def pass2(c):
-        errs[c] = uk.quantize_range(u, r, use_ref, c * chunk_size,
-                                    min(n, (c + 1) * chunk_size), float(step), up, floor,
-                                    float(rstep), S, table, lim, limit is not None, sym, escf,
-                                    recon, sym_hist[c])
-    run_tasks(pass2, nch)
-    esc_idx = np.flatnonzero(escf)
-    uq = Uniform(sym, sym_hist, b, float(rstep), table, esc_idx, u[esc_idx].copy(), recon,
-                 float(errs.sum()), 0.0)
-    return uq, est
-
-
-class _ErrorModel:
-    """The restored error and level counts of any step, from one pass's magnitude
-    histogram (:func:`lcckpt.codec.kernels.uniform.magnitude_histogram`).
-
-    Within a bin that one level covers, the error ``sum (|d| - q·step)²`` is exact from
-    the bin's count and sums; a bin that straddles a rounding boundary (a few per level
-    with 64 bins per octave) is taken at its mean. So the step search costs one pass to
-    build the model and one to quantize, instead of two passes per tried step."""
-
-    def __init__(self, u, ref, chunk_size: int):
-        n = u.size
-        tasks = max(1, min(threads(), -(-n // chunk_size)))
-        per = -(-n // tasks)
-        cnt = np.zeros((tasks, uk.MAG_BINS), np.int64)
-        s1 = np.zeros((tasks, uk.MAG_BINS))
-        s2 = np.zeros((tasks, uk.MAG_BINS))
-        use_ref = ref is not None
-        r = ref if use_ref else u
-
-        def task(t):
-            uk.magnitude_histogram(u, r, use_ref, t * per, min(n, (t + 1) * per),
-                                   cnt[t], s1[t], s2[t])
-        run_tasks(task, tasks)
-        c = cnt.sum(axis=0)
-        keep = np.flatnonzero(c)
-        self.n, self.cnt = n, c[keep].astype(np.float64)
-        self.s1, self.s2 = s1.sum(axis=0)[keep], s2.sum(axis=0)[keep]
-        edges = (np.arange(uk.MAG_BINS + 1, dtype=np.uint64) << np.uint64(17)).astype(np.uint32)
-        with np.errstate(invalid="ignore"):
-            bounds = edges.view(np.float32).astype(np.float64)
-        bounds[~np.isfinite(bounds)] = np.inf       # inf and NaN bit patterns: the top
-        self.lo, self.hi = bounds[keep], bounds[keep + 1]
-        self.mean = self.s1 / self.cnt
-
-    def _bounds_levels(self, step, up: float):
-        """``(level of each bin's lower edge, of its upper edge, of the bin)``."""
-        q_lo = np.floor(self.lo / step + up)
-        q_hi = np.floor(np.minimum(self.hi, 1e300) / step + up)
-        return q_lo, q_hi, np.where(q_lo == q_hi, q_lo, np.floor(self.mean / step + up))
-
-    def levels(self, step, up: float) -> np.ndarray:
-        """Level magnitude per bin (straddling bins at their mean); ``step`` may be a
-        column of steps, giving one row per step."""
-        return self._bounds_levels(step, up)[2]
-
-    def recon_step(self, step: float, up: float) -> float:
-        """The least-squares step to restore levels decided with ``step``:
-        ``sum q·|d| / sum q²``. Rounding with a dead zone drops the small changes, which
-        mostly point the way training moves, so plain ``q·step`` leaves the restored
-        model behind; the fitted step makes the error orthogonal to what was sent,
-        lowering both the error (a coarser decision step meets the target: fewer bits)
-        and the loss of the restored model (docs/algorithm.md §7b)."""
-        q = self.levels(step, up)
-        qq = float(np.sum(self.cnt * q * q))
-        return float(np.sum(q * self.s1)) / qq if qq > 0 else step
-
-    def errors_sq(self, steps: np.ndarray, up: float) -> np.ndarray:
-        """Modelled ``||u - ũ||²`` for each decision step of ``steps``, its levels
-        restored with their least-squares step (:meth:`recon_step`)."""
-        st = np.asarray(steps, np.float64).reshape(-1, 1)
-        q_lo, q_hi, q = self._bounds_levels(st, up)
-        qs1 = (q * self.s1).sum(axis=1, keepdims=True)
-        qq = (self.cnt * q * q).sum(axis=1, keepdims=True)
-        r = np.where(qq > 0, qs1 / np.where(qq > 0, qq, 1), st)
-        e = self.s2 - 2 * q * r * self.s1 + self.cnt * (q * r) ** 2
-        # a bin wider than a level holds every rounding offset: the mean error of a
-        # uniform offset under the dead zone, ∫ min(f, 1-f past 1-up)² = (1-up)³/3 + up³/3
-        wide = q_hi - q_lo >= 2
-        f = ((1 - up) ** 3 + up ** 3) / 3
-        e = np.where(wide, self.cnt * f * st * st, e)
-        return e.sum(axis=1)
-
-    def error_sq(self, step: float, up: float) -> float:
-        """:meth:`errors_sq` of one step."""
-        return float(self.errors_sq(np.array([step]), up)[0])
-
-    def symbol_histogram(self, step: float, up: float) -> np.ndarray:
-        """Zigzag symbol counts (``[257]``, the last bin all beyond 255), each nonzero
-        level split evenly between its two signs: enough to choose the symbol width."""
-        q = self.levels(step, up)
-        big = q > 128
-        h = np.zeros(257)
-        h[256] = self.cnt[big].sum()
-        small = ~big
-        lv = np.bincount(q[small].astype(np.int64), weights=self.cnt[small], minlength=129)
-        h[0] = lv[0] + (self.n - self.cnt.sum())
-        h[1:257:2] += lv[1:129] / 2              # -1, -2, ...: symbols 1, 3, ...
-        h[2:257:2] += lv[1:129] / 2              # +1, +2, ...: symbols 2, 4, ...
-        return h
-
-    def step_for(self, tol_sq: float, up: float, start: float) -> float:
-        """About the largest step whose modelled error stays within ``tol_sq``: a grid
-        of steps around ``start`` (factors of √2, widened while the answer is at its
-        edge), then two finer grids inside the bracket found, each evaluated in one
-        vectorized call (within about 0.5%)."""
-        top = 2 * float(np.max(self.mean)) if self.cnt.size else start  # all levels 0 past it
-        if top <= 0 or self.error_sq(top, up) <= tol_sq:
-            return min(start, top) if top > 0 else start
-        lo_exp = -16                                     # in half-octaves from ``start``
-        for _ in range(20):
-            grid = np.minimum(start * 2.0 ** (np.arange(lo_exp, lo_exp + 25) / 2), top)
-            ok = self.errors_sq(grid, up) <= tol_sq
-            if not ok[0]:
-                lo_exp -= 24                             # even the finest misses: go finer
-            elif ok[-1] and grid[-1] < top:
-                lo_exp += 24                             # even the coarsest meets it: coarser
-            else:
-                break
-        else:
-            return float(grid[0])
-        for _ in range(2):
-            i = int(np.flatnonzero(ok)[-1])
-            if i == grid.size - 1:
-                return float(grid[i])
-            grid = np.linspace(grid[i], grid[i + 1], 9)
-            ok = self.errors_sq(grid, up) <= tol_sq
-        return float(grid[int(np.flatnonzero(ok)[-1])])
-
-
-def _next_step(oks: list, misses: list, aim_sq: float, model: _ErrorModel, up: float):
-    """The step to try next, from the tries so far (``(step, measured error²)`` that met
-    the target, and that missed it), or None when they leave nothing to try.
-
-    The error is taken as ``c·step^k`` locally and solved for ``aim_sq``: between the
-    two tries that bracket the target (kept strictly inside the bracket), else from the
-    last two tries on the same side, else with the error model's own slope (at least 1:
-    the model does not see the floor of a tensor without negative values, and a step cut
-    too far costs bits in every file). ``k`` is not 2: with the dead zone and the floor,
-    Adam's second moment measured ``k`` near 1; rescaling by the square root took three
-    passes to get under the target there and a fresh search of four to come back near it.
-    """
-    if oks and misses:
-        s0, e0 = max(oks)
-        s1, e1 = min(misses)
-        if s1 <= s0 or e1 <= e0:
-            return None
-        t = 0.5                                         # where aim_sq falls, 0..1 of the way
-        if e0 > 0:
-            t = np.log(aim_sq / e0) / np.log(e1 / e0)
-        return float(s0 * (s1 / s0) ** min(0.9, max(0.1, t)))
-    side = misses if misses else oks
-    s, e = side[-1]
-    if e <= 0:
-        return float(s * 4.0)
-    k = 0.0
-    if len(side) > 1 and side[-2][0] != s and side[-2][1] != e and side[-2][1] > 0:
-        k = np.log(side[-2][1] / e) / np.log(side[-2][0] / s)
-    if not 0.5 <= k <= 4.0:
-        near = model.errors_sq(np.array([s, 0.9 * s]), up)
-        k = 2.0
-        if near[1] > 0 and near[0] > near[1]:
-            k = min(4.0, max(1.0, np.log(near[0] / near[1]) / np.log(1 / 0.9)))
-    f = (aim_sq / e) ** (1 / k)
-    return float(s * (min(0.98, max(1 / 64, f)) if misses else min(4.0, max(1.02, f))))
-
-
-def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
-                     chunk_size: int, limit: float | None = None) -> Uniform:
-    """Code ``u - ref`` so that the *restored* tensor meets ``||u - ũ||₂ <= target·||u||₂``.
-
-    ``ũ = ref + level·step`` (levels are integers, magnitudes rounded with a small dead
-    zone, :data:`DEADZONE`), so every element is off by at most ``0.6·step`` and,
-    because ``ref`` is the decoder's own reconstruction, the error does not build up
-    along a chain: each step measures it afresh against the true ``u``. The step is
-    searched: first the one the error model predicts (:class:`_ErrorModel`), then steps
-    solved from the errors the tries measure (:func:`_next_step`), at most
-    :data:`STEP_TRIES` quantizations, until one meets the target with an error² of at
-    least :data:`CLOSE_ENOUGH` of the target's; ``2·target·rms(u)`` (for which the max-error bound alone guarantees the
-    target) is the last resort. The cheapest step whose measured error meets the target
-    wins. Levels beyond 8-bit symbols, and every change when
-    ``target == 0``, are escapes: elements stored exactly. The returned error is measured
-    on the reconstruction itself; if even the last resort misses (fp rounding under a tiny
-    target) the caller stores the tensor exactly.
-
-    A tensor without negative values (a second moment, a running variance: something a
-    step divides by, often through a square root) never restores an element below
-    :data:`NONNEG_FLOOR` of its value, nor below zero: plain rounding would set its small
-    elements to 0 and a resumed Adam would divide by ``sqrt(0) + eps``.
-    """
-    n = u.size
-    nch = -(-n // chunk_size)
-    stats = np.zeros((nch, 3))                   # finite, sum of u², min of u per chunk
-    run_tasks(lambda c: uk.state_stats(u, u if ref is None else ref, ref is not None,
-                                       c * chunk_size, min(n, (c + 1) * chunk_size),
-                                       stats[c]), nch)
-    if not stats[:, 0].all():
-        raise NonFiniteError(
-            "the state holds NaN/Inf values, which the uniform quantizer cannot bound; "
-            "check the state for divergence, or store this step as an exact keyframe")
-    norm_u = float(stats[:, 1].sum())
-    d = None                                     # the kernels compute u - ref as they go
-    tol_sq = target * target * norm_u
-    rms = np.sqrt(norm_u / n) if n else 0.0
-    isz = u.dtype.itemsize
-    floor = NONNEG_FLOOR if n and float(stats[:, 2].min()) >= 0 else 0.0
-    best = None
-    if target == 0 or rms == 0:                  # every change an escape
-        uq, est = _try_step(u, ref, d, 0.0, chunk_size, isz, limit=limit, floor=floor)
-        if uq.residual_sq <= tol_sq:
-            best = (uq, est)
-    else:                               # the modelled step, then steps solved from what
-        model = _ErrorModel(u, ref, chunk_size)         # the tries measure
-        up = 1.0 - DEADZONE
-        s = model.step_for(MODEL_AIM * tol_sq, up, SQRT12 * target * rms)
-        oks, misses = [], []
-        for _ in range(STEP_TRIES):
-            uq, est = _try_step(u, ref, d, s, chunk_size, isz, limit=limit, floor=floor,
-                                hist=model.symbol_histogram(s, up),
-                                rstep=model.recon_step(s, up))
-            e = uq.residual_sq
-            if e <= tol_sq:
-                if best is None or est < best[1]:
-                    best = (uq, est)
-                if e >= CLOSE_ENOUGH * tol_sq:
-                    break
-                oks.append((s, e))
-            else:
-                misses.append((s, e))
-            s = _next_step(oks, misses, RETRY_AIM * tol_sq, model, up)
-            if s is None:
-                break
-    if best is None and target > 0 and rms > 0:          # the guaranteed step
-        uq, est = _try_step(u, ref, d, 2 * target * rms, chunk_size, isz, 0.5, limit, floor)
-        if uq.residual_sq <= tol_sq:
-            best = (uq, est)
-    if best is None:
-        return None
-    uq = best[0]
-    uq.target_sq = norm_u
-    return uq

@@ -1,7 +1,8 @@
 """The tensor codec: one array in, one self-describing blob out, and back.
 
-Dispatch only: the quantizer (quantize.py), the entropy coders (entropy.py), the exact
-byte-plane coder (lossless.py) and the blob format (blob.py) do the work. The error
+Dispatch only: the quantizers (quantize.py, uniform.py), the entropy coders
+(entropy.py), the exact byte-plane coder (lossless.py) and the blob format (blob.py) do
+the work. The error
 guard lives here because it decides between them: it retries with more bits and falls
 back to an exact blob when a bound is not met. Streams of states (references, replay)
 are delta.py's job.
@@ -15,13 +16,14 @@ import numpy as np
 
 from ..util import crc as _crc, memory as _memory, pool as _pool
 from . import blob as _blob
-from . import dtypes, entropy, lossless
+from . import dtypes, entropy, lossless, streams
 from .. import limits
 from ..util.pool import run_tasks
 from .blob import LOSSLESS, UNIFORM, Parsed, parse
 from .config import CodecConfig
 from ..errors import ChecksumError, InvalidArgumentError, UnsupportedDtypeError
-from .quantize import SPLIT_SHARE, Quantized, Uniform, quantize, uniform_quantize
+from .quantize import SPLIT_SHARE, Quantized, quantize
+from .uniform import Uniform, uniform_quantize
 
 __all__ = ["EncodeStats", "decode", "encode", "warmup"]
 
@@ -329,7 +331,7 @@ def decode_symbols_into(buf, p: Parsed, out: np.ndarray, clear: bool = False):
     """Lossy or uniform blob: ``out += centroids[sym]`` (flat, work dtype), applied as the
     symbols are decoded, never stored; then a uniform blob's escapes are set. ``clear``:
     ``out = centroids[sym]`` instead (each chunk set to 0 by the task that decodes it)."""
-    entropy.decode(buf, p.payload_base, p.layouts[0], p.n, 1 << p.log2, p.bits, None,
+    streams.decode(buf, p.payload_base, p.layouts[0], p.n, 1 << p.log2, p.bits, None,
                    "lcckpt blob", apply=(p.centroids, out), clear=clear)
     if p.kind == UNIFORM and p.esc_idx.size:
         out[p.esc_idx] = p.esc_val

@@ -1,10 +1,10 @@
 """The lcckpt file format: a checksummed JSON header, then 16-byte aligned data sections.
 
 This module moves bytes and per-section metadata; it knows nothing of torch or of what a
-section holds (serialization.py and chain.py decide that). lcckpt/format/verify.py checks a
-whole file, inside its tensor blobs too. Every field of
-the header, every offset, length, padding byte and checksum is validated before a byte
-is handed out, so a damaged or hostile file fails with a :class:`CorruptDataError`
+section holds (serialization.py and the chain decide that). header.py holds the prefix
+and header layout and their parser, sources.py where the bytes come from, verify.py the
+check of a whole file, inside its tensor blobs too. Every field of the header, every
+offset, length, padding byte and checksum is validated before a byte is handed out, so a damaged or hostile file fails with a :class:`CorruptDataError`
 subclass instead of feeding garbage to a decoder. ``docs/format.md`` is the spec.
 
 Section checksums (since format version 2) are CRC-32C of the section's index and name
@@ -33,7 +33,6 @@ import json
 import math
 import os
 import struct
-import threading
 import zlib
 from collections.abc import Callable, Iterable
 from typing import Any, BinaryIO
@@ -41,12 +40,17 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ..util import crc as _crc, durable as _durable, memory as _memory
-from .. import limits
 from ..util.pool import submit
 from ..errors import (
     ChecksumError, CorruptDataError, InvalidArgumentError, LcckptError, NotFoundError,
-    ResourceLimitError, StorageError, TruncatedError, UnsupportedVersionError,
+    StorageError, TruncatedError,
 )
+from . import header as _header
+from .header import (    # the prefix and header layout
+    _PREFIX, ALIGNMENT, ALIGNMENTS, CHECK_KEY, FLAG_HEADER_ZLIB, FORMAT_VERSION,
+    HEADER_ZLIB_LEVEL, MAGIC, MAX_HEADER_SIZE, MAX_JSON_DEPTH, PREFIX_SIZE, _align,
+)
+from .sources import BufferSource, FileSource
 
 __all__ = [
     "ALIGNMENT",
@@ -62,24 +66,6 @@ __all__ = [
     "section_seed",
     "write_container",
 ]
-
-MAGIC = b"LCCKPT"
-FORMAT_VERSION = 3              # written; every version from 1 up to it is read
-CHECK_KEY = {1: "crc32", 2: "crc32c", 3: "crc32c"}   # a section entry's checksum field
-ALIGNMENTS = {1: 64, 2: 64, 3: 16}     # section and data-start alignment, per version
-ALIGNMENT = ALIGNMENTS[FORMAT_VERSION]  # what the writer uses: every dtype's item size divides it
-FLAG_HEADER_ZLIB = 1                   # prefix flag (v3): the header bytes are a zlib stream
-KNOWN_FLAGS = {1: 0, 2: 0, 3: FLAG_HEADER_ZLIB}   # v1/v2: the field is reserved, must be 0
-HEADER_ZLIB_LEVEL = 6                  # ~35 ms for the 8 MB header of 20,000 tensors
-MAX_HEADER_SIZE = limits.MAX_HEADER_BYTES   # bytes of the header, stored and inflated
-MAX_JSON_DEPTH = 512  # writers refuse deeper metadata; JSON parsers recurse
-# magic, format version, stored header length, CRC-32 of the stored header, flags
-_PREFIX = struct.Struct("<6sHQII")
-PREFIX_SIZE = _PREFIX.size  # 24
-
-
-def _align(n: int, alignment: int = ALIGNMENT) -> int:
-    return -(-n // alignment) * alignment
 
 
 # --------------------------------------------------------------------------- writing
@@ -265,64 +251,6 @@ def _write_all(f: BinaryIO, data) -> None:
 # --------------------------------------------------------------------------- reading
 
 
-class _BufferSource:
-    """Container bytes already in memory."""
-
-    def __init__(self, view: memoryview):
-        self.view = view
-        self.size = view.nbytes
-
-    def read(self, offset: int, n: int) -> memoryview:
-        return self.view[offset : offset + n]
-
-    def readinto(self, offset: int, out: memoryview) -> int:
-        chunk = self.view[offset : offset + out.nbytes]
-        out[: chunk.nbytes] = chunk
-        return chunk.nbytes
-
-    def close(self) -> None:
-        pass
-
-
-class _FileSource:
-    """A seekable file; ``base`` is where the container starts in it."""
-
-    def __init__(self, f: BinaryIO, base: int, owned: bool):
-        self.f, self.base, self.owned = f, base, owned
-        self.size = f.seek(0, os.SEEK_END) - base
-        self.lock = threading.Lock()
-
-    def read(self, offset: int, n: int) -> memoryview:
-        buf = np.empty(n, np.uint8)
-        got = self.readinto(offset, memoryview(buf))
-        return memoryview(buf)[:got]
-
-    def readinto(self, offset: int, out: memoryview) -> int:
-        """Read up to ``out.nbytes`` bytes at ``offset``; safe from several threads at once
-        (positional reads on a file lcckpt opened itself, else one seek+read at a time)."""
-        if self.owned and hasattr(os, "preadv"):
-            fd, got = self.f.fileno(), 0
-            while got < out.nbytes:
-                n = os.preadv(fd, [out[got:]], self.base + offset + got)
-                if not n:
-                    break
-                got += n
-            return got
-        with self.lock:
-            self.f.seek(self.base + offset)
-            got = 0
-            while got < out.nbytes:
-                n = self.f.readinto(out[got:])
-                if not n:
-                    break
-                got += n
-            return got
-
-    def close(self) -> None:
-        if self.owned:
-            self.f.close()
-
-
 class Container:
     """A validated container: ``meta``, ``sections`` and checked access to their bytes.
 
@@ -367,7 +295,7 @@ class Container:
     def data(self, i: int) -> memoryview:
         """The checked bytes of section ``i`` (a view into memory, or a fresh copy from disk)."""
         s = self.sections[i]
-        if isinstance(self._source, _BufferSource):
+        if isinstance(self._source, BufferSource):
             view = self._source.read(self.data_start + s["offset"], s["length"])
             if i not in self._checked:
                 self._check(i, view)
@@ -387,7 +315,7 @@ class Container:
                 f"buffer of {view.nbytes} bytes for section {s['name']!r} of {s['length']} bytes"
             )
         start = self.data_start + s["offset"]
-        if view.nbytes < 2 * _crc.PIECE or isinstance(self._source, _BufferSource):
+        if view.nbytes < 2 * _crc.PIECE or isinstance(self._source, BufferSource):
             got = self._source.readinto(start, view)
             crc = None
         else:                         # pieces read and checksummed on the pool, in parallel
@@ -417,7 +345,7 @@ class Container:
     def verify(self) -> None:
         """Check every section's checksum and padding; raises on the first damaged one."""
         for i, s in enumerate(self.sections):
-            if isinstance(self._source, _BufferSource):
+            if isinstance(self._source, BufferSource):
                 self.data(i)
                 continue
             buf = np.empty(min(s["length"], 16 << 20), np.uint8)
@@ -479,7 +407,7 @@ def read_container(source) -> Container:
     """
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
-        src = _FileSource(open_file(path), 0, owned=True)
+        src = FileSource(open_file(path), 0, owned=True)
         try:
             return _open(src)
         except LcckptError as e:
@@ -489,7 +417,7 @@ def read_container(source) -> Container:
             src.close()
             raise
     elif isinstance(source, (bytes, bytearray, memoryview)):
-        src = _BufferSource(memoryview(source).cast("B"))
+        src = BufferSource(memoryview(source).cast("B"))
     else:
         try:
             seekable = source.seekable()
@@ -498,12 +426,12 @@ def read_container(source) -> Container:
                 f"cannot read from {type(source).__name__}: pass a path, bytes or a binary file"
             ) from None
         if seekable:
-            src = _FileSource(source, source.tell(), owned=False)
+            src = FileSource(source, source.tell(), owned=False)
         else:
             data = source.read()
             if not isinstance(data, (bytes, bytearray)):
                 raise InvalidArgumentError("the file object must be opened in binary mode")
-            src = _BufferSource(memoryview(data))
+            src = BufferSource(memoryview(data))
     try:
         return _open(src)
     except BaseException:
@@ -539,44 +467,7 @@ def at_path(e: LcckptError, path: str) -> LcckptError:
 
 
 def _open(src) -> Container:
-    prefix = bytes(src.read(0, PREFIX_SIZE))
-    if len(prefix) < PREFIX_SIZE:
-        if prefix[: len(MAGIC)] == MAGIC[: len(prefix)] and prefix:
-            raise TruncatedError(f"file ends after {len(prefix)} bytes, inside the fixed prefix")
-        raise CorruptDataError(_not_ours(prefix))
-    magic, version, header_len, header_crc, flags = _PREFIX.unpack(prefix)
-    if magic != MAGIC:
-        raise CorruptDataError(_not_ours(prefix))
-    if version > FORMAT_VERSION:
-        raise UnsupportedVersionError(
-            f"file format version {version}, this build reads up to {FORMAT_VERSION}: "
-            "upgrade lcckpt (if no such version exists, the file is damaged)"
-        )
-    if version == 0:
-        raise CorruptDataError("format version 0 does not exist: the file is damaged")
-    unknown = flags & ~KNOWN_FLAGS[version]
-    if unknown and version < 3:
-        raise CorruptDataError(f"reserved prefix field is {flags:#x}, not 0: the file is damaged")
-    if unknown:
-        raise CorruptDataError(
-            f"prefix flags {flags:#x} hold bits {unknown:#x} that format version {version} does "
-            "not define (a newer format would have a newer version number): the file is damaged")
-    if header_len == 0 or header_len > MAX_HEADER_SIZE:
-        raise CorruptDataError(
-            f"header length {header_len} is outside 1..{MAX_HEADER_SIZE}: the file is damaged"
-        )
-    if PREFIX_SIZE + header_len > src.size:
-        raise TruncatedError(
-            f"file has {src.size} bytes but its header ends at byte {PREFIX_SIZE + header_len}"
-        )
-    raw = src.read(PREFIX_SIZE, header_len)
-    if zlib.crc32(raw) != header_crc:
-        raise ChecksumError("header checksum mismatch: the file is damaged; restore a good copy")
-    raw = _inflate_header(raw) if flags & FLAG_HEADER_ZLIB else bytes(raw)
-    _check_header_size(raw)
-    header = _parse_json(raw)
-    meta, sections = _validate_header(header, version)
-
+    version, flags, header_len, raw_len, meta, sections = _header.parse(src)
     data_start = _align(PREFIX_SIZE + header_len, ALIGNMENTS[version])
     end = data_start + (sections[-1]["offset"] + sections[-1]["length"] if sections else 0)
     if end > src.size:
@@ -588,118 +479,4 @@ def _open(src) -> Container:
         )
     if any(src.read(PREFIX_SIZE + header_len, data_start - PREFIX_SIZE - header_len)):
         raise CorruptDataError("padding after the header is not zero: the file is damaged")
-    return Container(src, version, meta, sections, data_start, header_len, len(raw), flags)
-
-
-def _not_ours(prefix: bytes) -> str:
-    if not prefix:
-        return "the file is empty"
-    return f"not an lcckpt file: it starts with {prefix[:8]!r}, expected {MAGIC!r}"
-
-
-def _inflate_header(stored) -> bytes:
-    """The JSON of a compressed header (whose CRC-32 has been checked), inflating at most
-    ``MAX_HEADER_SIZE`` bytes: a small stored header cannot make the reader allocate more.
-    The stream must end (adler32 checked) exactly at the end of the stored bytes."""
-    d = zlib.decompressobj()                        # RFC 1950: zlib wrapper and adler32
-    try:
-        out = d.decompress(stored, MAX_HEADER_SIZE + 1)
-    except zlib.error as e:
-        raise CorruptDataError(f"the compressed header does not inflate ({e}): the file is "
-                               "damaged; restore a good copy") from None
-    if len(out) > MAX_HEADER_SIZE:
-        raise ResourceLimitError(
-            f"the compressed header of {len(stored):,} bytes inflates past the "
-            f"{MAX_HEADER_SIZE:,}-byte header limit: the file is damaged or hostile")
-    if not d.eof:
-        raise CorruptDataError(
-            f"the compressed header ends inside its zlib stream (after {len(stored):,} bytes, "
-            f"{len(out):,} inflated): the file is damaged")
-    if d.unused_data:
-        raise CorruptDataError(
-            f"{len(d.unused_data):,} bytes follow the end of the compressed header's zlib "
-            "stream inside its declared length: the file is damaged")
-    return out
-
-
-def _check_header_size(raw: bytes) -> None:
-    """Bound the work and memory of parsing: count containers and values first (bytes
-    inside strings count too, so this is an upper bound), in C, before building objects."""
-    containers = raw.count(b"[") + raw.count(b"{")
-    values = raw.count(b",") + raw.count(b":")
-    if containers > limits.MAX_HEADER_CONTAINERS or values > limits.MAX_HEADER_VALUES:
-        raise ResourceLimitError(
-            f"the header holds up to {containers:,} arrays/objects and {values:,} values, over "
-            f"the limits of {limits.MAX_HEADER_CONTAINERS:,} and {limits.MAX_HEADER_VALUES:,}: "
-            "parsing it could take gigabytes; the file is damaged or hostile")
-
-
-def _parse_json(raw: bytes):
-    def no_duplicates(pairs):
-        obj = {}
-        for k, v in pairs:
-            if k in obj:
-                raise CorruptDataError(f"header has the key {k!r} twice")
-            obj[k] = v
-        return obj
-
-    def no_constants(name):
-        raise CorruptDataError(f"header holds {name}, which JSON does not allow")
-
-    try:
-        text = raw.decode("utf-8")
-        return json.loads(text, object_pairs_hook=no_duplicates, parse_constant=no_constants)
-    except CorruptDataError:
-        raise
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise CorruptDataError(f"header is not valid JSON: {e}") from None
-
-
-def _is_uint(v) -> bool:
-    return type(v) is int and v >= 0
-
-
-def _validate_header(header, version: int) -> tuple[dict, list[dict]]:
-    """Check the header against the schema in docs/format.md and the layout rules."""
-
-    def bad(msg):
-        raise CorruptDataError(f"invalid header: {msg}")
-
-    if type(header) is not dict:
-        bad("not a JSON object")
-    if set(header) != {"version", "meta", "sections"}:
-        bad(f"keys are {sorted(header)}, expected ['meta', 'sections', 'version']")
-    if header["version"] != version or type(header["version"]) is not int:
-        bad(f"version {header['version']!r} does not match the prefix version {version}")
-    if type(header["meta"]) is not dict:
-        bad("'meta' is not an object")
-    sections = header["sections"]
-    if type(sections) is not list:
-        bad("'sections' is not an array")
-    names, expected, alignment = set(), 0, ALIGNMENTS[version]
-    for i, s in enumerate(sections):
-        if type(s) is not dict:
-            bad(f"section {i} is not an object")
-        ck = CHECK_KEY[version]
-        if set(s) != {"name", "offset", "length", ck, "meta"}:
-            bad(f"section {i} keys are {sorted(s)}, expected {ck}, length, meta, name, offset")
-        name = s["name"]
-        if type(name) is not str or not name:
-            bad(f"section {i} name is not a non-empty string")
-        if name in names:
-            bad(f"section name {name!r} appears twice")
-        names.add(name)
-        for key in ("offset", "length", ck):
-            if not _is_uint(s[key]):
-                bad(f"section {name!r} {key} is not a non-negative integer")
-        if s[ck] > 0xFFFFFFFF:
-            bad(f"section {name!r} {ck} does not fit 32 bits")
-        if type(s["meta"]) is not dict:
-            bad(f"section {name!r} meta is not an object")
-        if s["offset"] != expected:
-            bad(
-                f"section {name!r} starts at {s['offset']}, expected {expected}: sections must be "
-                f"stored in order, each at the next {alignment}-byte boundary"
-            )
-        expected = _align(s["offset"] + s["length"], alignment)
-    return header["meta"], sections
+    return Container(src, version, meta, sections, data_start, header_len, raw_len, flags)

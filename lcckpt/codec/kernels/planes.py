@@ -22,7 +22,7 @@ These kernels make that in as few passes over memory as possible:
   merges each into the output words while its exponents are in cache (one call per
   run: no Python between chunks);
 
-They do not choose modes or parse blob headers: lossless.py plans, entropy.py owns the
+They do not choose modes or parse blob headers: lossless.py plans, streams.py owns the
 stream layout, and bits.py's careful reader decodes the last bytes of each chunk. Every
 size read from a "pairs" chunk is checked against the chunk's end before it is used.
 """

@@ -1,0 +1,322 @@
+"""Saving an object tree: the walk that turns nested training state into a typed JSON
+tree and one data section per tensor, array or bytes leaf (loading: tree.py)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..codec import dtypes
+from ..errors import InvalidArgumentError, UnsafeObjectError, UnsupportedDtypeError
+from .sections import Encoded
+
+MAX_DEPTH = 64  # levels of containers; a few JSON levels each in the header
+DTYPE_CODES: dict[torch.dtype, str] = dtypes.TORCH_NAME   # dtype -> header name
+
+LeafEncoder = Callable[[str, torch.Tensor], Encoded]
+PackRule = Callable[[str, torch.Tensor], bool]
+
+
+def pack_name(dtype_name: str, device: str) -> str:
+    """The section name of the pack of small ``dtype_name`` tensors on ``device`` (never a
+    key path: those start with ``obj``); a chain tracks the pack under this name."""
+    return f"pack[{dtype_name}@{device}]"
+
+
+def flatten(obj: Any, encode_leaf: LeafEncoder, pack: PackRule | None = None,
+            encode_pack: LeafEncoder | None = None
+            ) -> tuple[Any, list[tuple[str, dict, Any]], int]:
+    """``obj`` as ``(json_tree, sections, tree_version)``; ``encode_leaf`` codes each
+    tensor leaf. ``tree_version`` is the lowest tree version that holds ``obj`` (1 unless
+    it has Parameters, tensors requiring grad, or views that are not the plain tensor).
+
+    ``pack(key_path, tensor)``: tensors it picks (small ones), when each is alone on its
+    storage, are stored in one section per dtype and device (coded by ``encode_pack``,
+    default ``encode_leaf``, under the section name :func:`pack_name` gives) instead of
+    one section each, and load as separate tensors again (tree version 3). One section
+    per tensor costs a header entry and a codec call: 100,000 of them take minutes."""
+    saver = _Saver(encode_leaf, pack, encode_pack)
+    tree = saver.node(obj, "obj", 0)
+    return tree, saver.sections, saver.finish()
+
+
+_PLAIN_KEY = re.compile(r'[^"\\\x00-\x1f\x7f-\x9f\u2028\u2029]*')
+
+
+def _key_repr(k) -> str:
+    if type(k) is not str:
+        return repr(k)
+    if _PLAIN_KEY.fullmatch(k):          # what json.dumps would leave as it is, quoted
+        return f'"{k}"'
+    return json.dumps(k, ensure_ascii=False)
+
+
+_SUPPORTED = (
+    "dict, OrderedDict, list, tuple, torch.Tensor, numpy.ndarray, numpy scalars, int, "
+    "float, str, bytes, bool, None, torch.dtype, torch.Size, torch.device"
+)
+
+
+def _dense_strides(shape) -> tuple:
+    """The strides of a fresh C-contiguous tensor of ``shape`` (what a loaded one gets)."""
+    return _strides_of(tuple(shape))
+
+
+@functools.lru_cache(maxsize=4096)
+def _strides_of(shape: tuple) -> tuple:
+    return torch.empty(shape, device="meta").stride()
+
+
+class _Saver:
+    """Walks an object tree, returning its JSON tree and collecting data sections."""
+
+    def __init__(self, encode_leaf: LeafEncoder, pack: PackRule | None = None,
+                 encode_pack: LeafEncoder | None = None):
+        self.encode_leaf = encode_leaf
+        self.pack, self.encode_pack = pack, encode_pack or encode_leaf
+        self.indexed: list[dict] = []  # every node holding a section index ("s")
+        self.sections: list[tuple[str, dict, Any]] = []
+        self.by_id: dict[int, Any] = {}  # id(obj) -> node, for tensors, arrays, bytes
+        self.storages: dict[tuple, list] = {}  # (device, dtype, storage) -> [(tensor, node, path)]
+        self.storage_sections: dict[tuple, int] = {}  # the same key -> its section
+        self.version = 1  # tree version the nodes written so far need
+        self.alive: list[Any] = []  # keeps ids unique while saving
+
+    def refuse(self, value, path: str, hint: str = ""):
+        t = type(value)
+        if not hint and callable(getattr(value, "state_dict", None)):
+            hint = (f"It has a state_dict(): save {path}.state_dict() instead (a module or "
+                    "optimizer saves and loads through its state dict).")
+        raise UnsafeObjectError(
+            f"cannot save {path}: a {t.__module__}.{t.__qualname__} is not storable without "
+            f"pickle. lcckpt stores {_SUPPORTED}. "
+            + (hint or "Convert it to those types (e.g. a dict of plain values) first.")
+        )
+
+    def node(self, v, path: str, depth: int):
+        if depth > MAX_DEPTH:
+            raise InvalidArgumentError(
+                f"{path} is nested more than {MAX_DEPTH} levels deep (or is cyclic)"
+            )
+        t = type(v)
+        if v is None or t is bool or t is str:
+            return v
+        if t is int:
+            return v if -(2**63) <= v < 2**63 else {"$": "int", "hex": hex(v)}
+        if t is float:
+            return v if math.isfinite(v) else {"$": "float", "v": repr(v)}
+        if t is list:
+            return [self.node(x, f"{path}[{i}]", depth + 1) for i, x in enumerate(v)]
+        if t is tuple:
+            items = [self.node(x, f"{path}[{i}]", depth + 1) for i, x in enumerate(v)]
+            return {"$": "tuple", "v": items}
+        if t is dict:
+            return {"$": "dict", "items": self.items(v, path, depth)}
+        if t is OrderedDict:
+            return self.odict(v, path, depth)
+        if isinstance(v, torch.Tensor):
+            return self.tensor(v, path)
+        if t is np.ndarray:
+            return self.ndarray(v, path)
+        if isinstance(v, np.generic) and v.dtype.str in dtypes.NUMPY_NAME:
+            return {"$": "npscalar", "dtype": dtypes.NUMPY_NAME[v.dtype.str],
+                    "hex": v.tobytes().hex()}
+        if t is bytes:
+            return self.bytes(v, path)
+        if t is torch.dtype:
+            if v not in DTYPE_CODES:
+                raise UnsupportedDtypeError(f"cannot save {path}: dtype {v} is not supported")
+            return {"$": "dtype", "v": DTYPE_CODES[v]}
+        if t is torch.Size:
+            return {"$": "size", "v": list(v)}
+        if t is torch.device:
+            return {"$": "device", "v": str(v)}
+        if isinstance(v, tuple) and hasattr(v, "_fields"):
+            self.refuse(v, path, "Convert the namedtuple with tuple(x) or x._asdict().")
+        if isinstance(v, (dict, list, tuple, str, int, float, bytes)):
+            base = next(b for b in (dict, list, tuple, str, int, float, bytes) if isinstance(v, b))
+            name = base.__name__
+            self.refuse(v, path, f"It is a subclass of {name}: convert with {name}(x).")
+        self.refuse(v, path)
+
+    def items(self, d: dict, path: str, depth: int) -> list:
+        out = []
+        for k, v in d.items():
+            sub = f"{path}[{_key_repr(k)}]"
+            out.append([self.key(k, sub, depth + 1), self.node(v, sub, depth + 1)])
+        return out
+
+    def key(self, k, path: str, depth: int):
+        t = type(k)
+        if k is None or t in (bool, int, float, str):
+            return self.node(k, path, 0)
+        if t is tuple:
+            if depth > MAX_DEPTH:
+                raise InvalidArgumentError(f"a key of {path} is nested too deeply")
+            return {"$": "tuple", "v": [self.key(x, path, depth + 1) for x in k]}
+        raise UnsafeObjectError(
+            f"cannot save {path}: dict keys must be str, int, float, bool, None or tuples "
+            f"of those, not {t.__module__}.{t.__qualname__}"
+        )
+
+    def odict(self, v: OrderedDict, path: str, depth: int) -> dict:
+        node = {"$": "odict", "items": self.items(v, path, depth)}
+        attrs = dict(vars(v))
+        if "_metadata" in attrs:  # torch state_dict's per-module version info
+            node["metadata"] = self.node(attrs.pop("_metadata"), f"{path}._metadata", depth + 1)
+        if attrs:
+            raise UnsafeObjectError(
+                f"cannot save {path}: the OrderedDict carries attributes {sorted(attrs)}; only "
+                "a state_dict's _metadata is kept. Delete them or move them into the dict."
+            )
+        return node
+
+    def add_section(self, path: str, meta: dict, payload, node: dict | None = None) -> int:
+        self.sections.append((path, meta, payload))
+        if node is not None:
+            self.indexed.append(node)
+        return len(self.sections) - 1
+
+    def tensor(self, v: torch.Tensor, path: str):
+        if id(v) in self.by_id:
+            return self.by_id[id(v)]
+        if type(v) not in (torch.Tensor, torch.nn.Parameter):
+            self.refuse(v, path, "Tensor subclasses are not stored: pass x.as_subclass(torch.Tensor).")
+        if v.layout != torch.strided:
+            raise UnsupportedDtypeError(
+                f"cannot save {path}: layout {v.layout} is not stored; use x.to_dense()"
+            )
+        if v.dtype not in DTYPE_CODES:
+            raise UnsupportedDtypeError(
+                f"cannot save {path}: dtype {v.dtype} is not supported; "
+                f"supported: {', '.join(str(d) for d in DTYPE_CODES)}"
+            )
+        if v.device.type == "meta":
+            raise InvalidArgumentError(f"cannot save {path}: a meta tensor has no data")
+        self.alive.append(v)
+        node = {"$": "tensor"}
+        if type(v) is torch.nn.Parameter:        # torch.load gives Parameters back
+            node["param"] = True
+            node["grad"] = bool(v.requires_grad)
+            self.version = 2
+        elif v.requires_grad:
+            node["grad"] = True
+            self.version = 2
+        if v.numel() and v.untyped_storage().data_ptr() and not (v.is_conj() or v.is_neg()):
+            key = (v.device, v.dtype, v.untyped_storage().data_ptr())
+            self.storages.setdefault(key, []).append((v, node, path))
+            if key not in self.storage_sections:     # coded after the walk (finish)
+                self.storage_sections[key] = self.add_section(path, None, None)
+            node["s"] = self.storage_sections[key]
+            self.indexed.append(node)
+        else:                                    # no storage to share: stored as it is
+            node["s"] = self.add_section(path, *self.encode_tensor(v, path), node=node)
+        self.by_id[id(v)] = node
+        return node
+
+    def finish(self) -> int:
+        """Encode the storages met during the walk; returns the tree version needed (1:
+        every tensor is stored as it is; 2: some are views of a stored storage span; 3:
+        some small tensors share a pack)."""
+        version = self.version
+        packs: dict[tuple, list] = {}        # (dtype, device) -> [(tensor, node)]
+        for key, users in self.storages.items():
+            s = self.storage_sections[key]
+            path = self.sections[s][0]
+            v0 = users[0][0]
+            dense = v0.stride() == _dense_strides(v0.shape)
+            if len(users) == 1 and dense and self.pack is not None and self.pack(path, v0):
+                packs.setdefault((v0.dtype, str(v0.device)), []).append((v0, users[0][1]))
+                self.sections[s] = None
+                continue
+            views = {(v.storage_offset(), tuple(v.shape), tuple(v.stride())) for v, _, _ in users}
+            if len(views) == 1 and dense:    # as in format v1
+                self.sections[s] = (path, *self.encode_tensor(v0, path))
+                for k, (_, node, _) in enumerate(users):
+                    if k:
+                        node["obj"] = k
+            else:                            # the span of storage the views cover, once
+                lo = min(o for o, _, _ in views)
+                hi = max(o + sum((n - 1) * st for n, st in zip(shape, stride)) + 1
+                         for o, shape, stride in views)
+                span = torch.as_strided(v0.detach(), (hi - lo,), (1,), lo)
+                self.sections[s] = (path, *self.encode_tensor(span, path, v0.device))
+                for k, (v, node, _) in enumerate(users):
+                    node.update(obj=k, offset=v.storage_offset() - lo, shape=list(v.shape),
+                                stride=list(v.stride()))
+                version = 2
+        if packs:
+            self._pack(packs)
+            version = 3
+        return version
+
+    def _pack(self, packs: dict) -> None:
+        """Store each group of ``packs`` as one section (their places in ``sections`` are
+        None) and renumber every node's section index."""
+        keep = [i for i, sec in enumerate(self.sections) if sec is not None]
+        new = {old: i for i, old in enumerate(keep)}
+        self.sections[:] = [self.sections[i] for i in keep]     # the list flatten returns
+        for node in self.indexed:
+            node["s"] = new.get(node["s"], node["s"])
+        for (dtype, device), members in packs.items():
+            flat = torch.cat([v.detach().reshape(-1) for v, _ in members])
+            name = pack_name(DTYPE_CODES[dtype], device)
+            s = len(self.sections)
+            self.sections.append((name, *self.encode_tensor(flat, name, encode=self.encode_pack)))
+            at = 0
+            for k, (v, node) in enumerate(members):
+                node.update(s=s, obj=k, offset=at, shape=list(v.shape),
+                            stride=list(_dense_strides(v.shape)), packed=True)
+                at += v.numel()
+
+    def encode_tensor(self, v: torch.Tensor, path: str, device=None,
+                      encode: LeafEncoder | None = None) -> tuple[dict, Any]:
+        t = v.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.resolve_conj().resolve_neg().contiguous()
+        enc = (encode or self.encode_leaf)(path, t)
+        meta = {
+            "kind": "tensor",
+            "dtype": DTYPE_CODES[t.dtype],
+            "shape": list(t.shape),
+            "nbytes": t.numel() * t.element_size(),
+            "codec": enc.codec,
+            "device": str(v.device if device is None else device),
+        }
+        if enc.params:
+            meta["codec_params"] = enc.params
+        return meta, enc.payload
+
+    def ndarray(self, v: np.ndarray, path: str):
+        if id(v) in self.by_id:
+            return self.by_id[id(v)]
+        code = dtypes.NUMPY_NAME.get(v.dtype.str)
+        if code is None:
+            raise UnsupportedDtypeError(
+                f"cannot save {path}: numpy dtype {v.dtype.str} is not supported (object, "
+                "structured and big-endian arrays are not); convert with arr.astype(...)"
+            )
+        self.alive.append(v)
+        data = np.ascontiguousarray(v).reshape(-1).view(np.uint8)
+        meta = {"kind": "ndarray", "dtype": code, "shape": list(v.shape), "nbytes": v.nbytes,
+                "codec": "raw"}  # fmt: skip
+        node = {"$": "ndarray"}
+        node["s"] = self.add_section(path, meta, data, node=node)
+        self.by_id[id(v)] = node
+        return node
+
+    def bytes(self, v: bytes, path: str):
+        if id(v) not in self.by_id:
+            self.alive.append(v)
+            node = self.by_id[id(v)] = {"$": "bytes"}
+            node["s"] = self.add_section(path, {"kind": "bytes"}, v, node=node)
+        return self.by_id[id(v)]
