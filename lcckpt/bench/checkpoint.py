@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 import lcckpt
-from lcckpt.bench.timing import environment, format_table
+from lcckpt.bench.timing import environment, format_table, zstandard_module
 from lcckpt.interop.convert import flat_tensors
 from lcckpt.errors import InvalidArgumentError
 
@@ -55,14 +55,6 @@ SETTINGS = [
     ("LC b=2", {"bits": 2}),
     ("LC b=4", {"bits": 4}),
 ]
-
-
-def zstandard_module():
-    try:
-        import zstandard
-    except ImportError as e:
-        raise ImportError("the benchmark compares against zstd: pip install 'lcckpt[bench]'") from e
-    return zstandard
 
 
 def progress(total: int, desc: str):
@@ -243,32 +235,12 @@ def _chain_row(label, settings, objs, truths, accuracy, bar) -> dict:
     return row
 
 
-def stream(objs: list, torch_files: list[bytes], *, settings=None, error_bounds=(),
-           accuracy: Callable[[Any], float] | None = None, desc: str = "bench") -> dict:
-    """Files 2..n of a run as deltas, beside torch.save and zstd of the same files.
-
-    ``objs``: the loaded states, oldest first; ``torch_files``: their torch.save files, as
-    bytes or as paths (read one at a time when compressed: a run of large files is not
-    held in memory twice).
-    ``accuracy(obj) -> float``, if given, scores each restored state (and the true ones).
-    """
-    if len(objs) < 2:
-        raise InvalidArgumentError("a delta stream needs at least two checkpoints of one run")
-    zstandard = zstandard_module()
-    settings = list(settings if settings is not None else SETTINGS)
-    settings += [(f"lcckpt b=2, error <= {eb:g}", {"bits": 2, "error_bound": eb})
-                 for eb in error_bounds]
-    truths = [_floats(o) for o in objs]
-    for i in range(1, len(truths)):     # optimizer state may appear after the first step
-        a, b = truths[i - 1], truths[i]
-        if not any(k in a and a[k].shape == v.shape for k, v in b.items()):
-            raise InvalidArgumentError(
-                f"checkpoints {i} and {i + 1} share no floating tensor (same name and shape): "
-                "a delta stream needs files of one run, oldest first")
-    raw = [_raw_bytes(o) for o in objs]
+def _exact_rows(objs: list, raw: list, torch_files: list, zstandard, bar) -> list[dict]:
+    """The exact baselines of files 2..n: lcckpt lossless of every file, zstd-1/3 of every
+    torch.save file, and zstd-3 of the exact delta of the floating tensors (what a generic
+    tool gets from deltas)."""
     n = len(objs) - 1
-    bar = progress(2 * len(objs) * len(settings) + 3 * n, desc)
-    rows = [{"method": "torch.save", "bytes": sum(map(_size, torch_files[1:])), "exact": True}]
+    rows = []
     # lcckpt lossless of every file, and zstd of every torch.save file
     sizes, te, td = [], [], []
     for o, r in zip(objs[1:], raw[1:]):
@@ -308,6 +280,36 @@ def stream(objs: list, torch_files: list[bytes], *, settings=None, error_bounds=
         sizes.append(nz + len(z))
     rows.append({"method": "zstd-3 of the exact delta", "bytes": sum(sizes),
                  "enc_MBps": _median(te), "exact": True})
+    return rows
+
+
+def stream(objs: list, torch_files: list[bytes], *, settings=None, error_bounds=(),
+           accuracy: Callable[[Any], float] | None = None, desc: str = "bench") -> dict:
+    """Files 2..n of a run as deltas, beside torch.save and zstd of the same files.
+
+    ``objs``: the loaded states, oldest first; ``torch_files``: their torch.save files, as
+    bytes or as paths (read one at a time when compressed: a run of large files is not
+    held in memory twice).
+    ``accuracy(obj) -> float``, if given, scores each restored state (and the true ones).
+    """
+    if len(objs) < 2:
+        raise InvalidArgumentError("a delta stream needs at least two checkpoints of one run")
+    zstandard = zstandard_module()
+    settings = list(settings if settings is not None else SETTINGS)
+    settings += [(f"lcckpt b=2, error <= {eb:g}", {"bits": 2, "error_bound": eb})
+                 for eb in error_bounds]
+    truths = [_floats(o) for o in objs]
+    for i in range(1, len(truths)):     # optimizer state may appear after the first step
+        a, b = truths[i - 1], truths[i]
+        if not any(k in a and a[k].shape == v.shape for k, v in b.items()):
+            raise InvalidArgumentError(
+                f"checkpoints {i} and {i + 1} share no floating tensor (same name and shape): "
+                "a delta stream needs files of one run, oldest first")
+    raw = [_raw_bytes(o) for o in objs]
+    n = len(objs) - 1
+    bar = progress(2 * len(objs) * len(settings) + 3 * n, desc)
+    rows = [{"method": "torch.save", "bytes": sum(map(_size, torch_files[1:])), "exact": True}]
+    rows += _exact_rows(objs, raw, torch_files, zstandard, bar)
     true_acc = [accuracy(o) for o in objs] if accuracy is not None else None
     for label, kw in settings:
         gc.collect()                     # the previous setting's chain and references

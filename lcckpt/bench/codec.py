@@ -31,23 +31,9 @@ import torch
 
 import lcckpt
 from lcckpt.codec.kernels.huffman import code_lengths
-from lcckpt.bench.timing import environment, format_table
+from lcckpt.bench.dense import dense, lossless
+from lcckpt.bench.timing import MB, environment, format_table, median_time, zstandard, zstd_compress
 from lcckpt.bench.trajectory import flat_float_params, train_trajectory
-from lcckpt.codec.dtypes import to_numpy
-
-MB = 1e6
-
-
-class _Zstd:
-    """zstandard, imported on first use so that ``lcckpt --help`` works without it."""
-
-    def __getattr__(self, name):
-        from lcckpt.bench.checkpoint import zstandard_module
-        return getattr(zstandard_module(), name)
-
-
-zstandard = _Zstd()
-
 
 def _optimal_huffman_bits(counts: np.ndarray) -> int:
     """Bits of an optimal Huffman code of ``counts``: the length-limited code of at most
@@ -60,102 +46,64 @@ def _optimal_huffman_bits(counts: np.ndarray) -> int:
     return int(counts @ code_lengths(counts, 32))
 
 
-def _median_time(fn, runs, setup=None):
-    times = []
-    for _ in range(runs):
-        if setup is not None:
-            setup()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
-
-
-def _zstd(data: bytes, level: int, threads: int = 0):
-    c = zstandard.ZstdCompressor(level=level, threads=threads)
-    return c.compress(data)
-
-
 # --- chain -----------------------------------------------------------------------------
 
-def chain(model, optimizer, steps, every, bits, log, traj=None):
-    if traj is None:
-        traj = train_trajectory(model=model, optimizer=optimizer, steps=steps,
-                                snapshot_every=every)
-    encs = {c: {} for c in ("huffman", "auto")}
-    decs = {}
-    rows = []
-    for step, state in traj.snapshots:
-        params = flat_float_params(state["model"])
-        acc_true = traj.accuracy(state["model"])
-        tot = dict(n=0, raw=0, huff=0, huff_payload=0, auto=0, auto_payload=0, ideal=0, zstd=0,
-                   ent=0.0, bucket=0.0,
-                   grouped=0.0, runs=0.0, res=0.0, tgt=0.0)
-        restored = {}
-        for name, u in params.items():
-            for coder, d in encs.items():
-                d.setdefault(name, lcckpt.DeltaEncoder(bits=bits, coder=coder))
-            ref_before = encs["auto"][name].ref
-            ref_before = None if ref_before is None else ref_before.copy()
-            u = u.reshape(-1)
-            delta = None if ref_before is None else (u - ref_before)
-            blob_h, st_h = encs["huffman"][name].encode(u, report=True)
-            payload_h = st_h.payload_bytes
-            blob_a, st = encs["auto"][name].encode(u, report=True)
-            dec = decs.setdefault(name, lcckpt.DeltaDecoder())
-            y = dec.decode(blob_a)
-            restored[name] = torch.from_numpy(np.array(y, copy=True))
-            assert np.array_equal(encs["huffman"][name].ref, encs["auto"][name].ref)
-            if delta is None:
-                continue                                   # the keyframe is not a delta
-            tot["n"] += u.size
-            tot["raw"] += u.nbytes
-            tot["huff"] += len(blob_h)
-            tot["huff_payload"] += payload_h
-            tot["auto"] += len(blob_a)
-            tot["auto_payload"] += st.payload_bytes
-            tot["zstd"] += len(_zstd(delta.tobytes(), 1))
-            tot["ent"] += st.symbol_entropy * u.size
-            tot["bucket"] += st.bucket_entropy * u.size
-            if "grouped" not in st.mode_bits:     # pruned as hopeless: measure it anyway
-                _, sg = lcckpt.encode(delta, bits=bits, coder="grouped", report=True)
-                tot["grouped"] += 8 * sg.payload_bytes
-            else:
-                tot["grouped"] += st.mode_bits["grouped"] * u.size
-            tot["runs"] += st.mode_bits.get("runs", 0) * u.size
-            tot["ideal"] += _optimal_huffman_bits(np.array(st.symbol_counts))
-            tot["res"] += float(np.sum((u.astype(np.float64) - y) ** 2))
-            tot["tgt"] += float(np.sum(u.astype(np.float64) ** 2))
-        if tot["n"] == 0:
-            continue
-        n = tot["n"]
-        acc = traj.accuracy({k: restored[k].reshape(v.shape) for k, v in state["model"].items()})
-        row = {
-            "step": step, "elements": n,
-            "bucket_bpe": tot["bucket"] / n, "entropy_bpe": tot["ent"] / n,
-            "huffman_bpe": 8 * tot["huff"] / n, "huffman_payload_bpe": 8 * tot["huff_payload"] / n,
-            "ideal_huffman_bpe": tot["ideal"] / n,
-            "grouped_bpe": tot["grouped"] / n, "runs_bpe": tot["runs"] / n,
-            "auto_payload_bpe": 8 * tot["auto_payload"] / n, "auto_bpe": 8 * tot["auto"] / n,
-            "ratio_huffman": tot["raw"] / tot["huff"], "ratio_auto": tot["raw"] / tot["auto"],
-            "ratio_zstd1": tot["raw"] / tot["zstd"],
-            "rel_error": float(np.sqrt(tot["res"] / tot["tgt"])),
-            "acc_true": acc_true, "acc_restored": acc,
-        }
-        row["auto_vs_best"] = row["auto_payload_bpe"] / min(
-            row["entropy_bpe"], row["grouped_bpe"], row["runs_bpe"])
-        rows.append(row)
-    cols = ["step", "bucket_bpe", "entropy_bpe", "huffman_payload_bpe", "ideal_huffman_bpe",
-            "huffman_bpe",
-            "grouped_bpe", "runs_bpe", "auto_payload_bpe", "auto_bpe", "auto_vs_best",
-            "ratio_huffman", "ratio_auto", "ratio_zstd1", "rel_error", "acc_true",
-            "acc_restored"]
-    ntensors = len(flat_float_params(traj.snapshots[0][1]["model"]))
-    log(f"\n## chain: {model}/{optimizer}, bits={bits}, deltas every {every} steps "
-        f"({rows[0]['elements'] if rows else 0} parameters)")
-    log(format_table(rows, cols))
+def _add_tensor(tot: dict, encs: dict, dec, name: str, u: np.ndarray, bits: int):
+    """Code one tensor of one checkpoint with both coders, decode it, and add what the
+    table counts to ``tot`` (nothing for a keyframe, which is not a delta). Returns the
+    restored values."""
+    ref_before = encs["auto"][name].ref
+    ref_before = None if ref_before is None else ref_before.copy()
+    delta = None if ref_before is None else (u - ref_before)
+    blob_h, st_h = encs["huffman"][name].encode(u, report=True)
+    blob_a, st = encs["auto"][name].encode(u, report=True)
+    y = dec.decode(blob_a)
+    assert np.array_equal(encs["huffman"][name].ref, encs["auto"][name].ref)
+    if delta is None:
+        return y
+    tot["n"] += u.size
+    tot["raw"] += u.nbytes
+    tot["huff"] += len(blob_h)
+    tot["huff_payload"] += st_h.payload_bytes
+    tot["auto"] += len(blob_a)
+    tot["auto_payload"] += st.payload_bytes
+    tot["zstd"] += len(zstd_compress(delta.tobytes(), 1))
+    tot["ent"] += st.symbol_entropy * u.size
+    tot["bucket"] += st.bucket_entropy * u.size
+    if "grouped" not in st.mode_bits:     # pruned as hopeless: measure it anyway
+        _, sg = lcckpt.encode(delta, bits=bits, coder="grouped", report=True)
+        tot["grouped"] += 8 * sg.payload_bytes
+    else:
+        tot["grouped"] += st.mode_bits["grouped"] * u.size
+    tot["runs"] += st.mode_bits.get("runs", 0) * u.size
+    tot["ideal"] += _optimal_huffman_bits(np.array(st.symbol_counts))
+    tot["res"] += float(np.sum((u.astype(np.float64) - y) ** 2))
+    tot["tgt"] += float(np.sum(u.astype(np.float64) ** 2))
+    return y
+
+
+def _chain_row(step: int, tot: dict, acc_true: float, acc: float) -> dict:
+    n = tot["n"]
+    row = {
+        "step": step, "elements": n,
+        "bucket_bpe": tot["bucket"] / n, "entropy_bpe": tot["ent"] / n,
+        "huffman_bpe": 8 * tot["huff"] / n, "huffman_payload_bpe": 8 * tot["huff_payload"] / n,
+        "ideal_huffman_bpe": tot["ideal"] / n,
+        "grouped_bpe": tot["grouped"] / n, "runs_bpe": tot["runs"] / n,
+        "auto_payload_bpe": 8 * tot["auto_payload"] / n, "auto_bpe": 8 * tot["auto"] / n,
+        "ratio_huffman": tot["raw"] / tot["huff"], "ratio_auto": tot["raw"] / tot["auto"],
+        "ratio_zstd1": tot["raw"] / tot["zstd"],
+        "rel_error": float(np.sqrt(tot["res"] / tot["tgt"])),
+        "acc_true": acc_true, "acc_restored": acc,
+    }
+    row["auto_vs_best"] = row["auto_payload_bpe"] / min(
+        row["entropy_bpe"], row["grouped_bpe"], row["runs_bpe"])
+    return row
+
+
+def _chain_summary(rows: list, ntensors: int) -> dict:
     raw = sum(r["elements"] for r in rows) * 4
-    summary = {
+    return {
         "ratio_huffman": raw / sum(r["huffman_bpe"] * r["elements"] / 8 for r in rows),
         "ratio_auto": raw / sum(r["auto_bpe"] * r["elements"] / 8 for r in rows),
         "auto_vs_huffman": sum(r["huffman_bpe"] for r in rows) / sum(r["auto_bpe"] for r in rows),
@@ -168,6 +116,40 @@ def chain(model, optimizer, steps, every, bits, log, traj=None):
                                                    for r in rows])),
         "auto_vs_best_max": max(r["auto_vs_best"] for r in rows),
     }
+
+
+def chain(model, optimizer, steps, every, bits, log, traj=None):
+    """Per checkpoint of a real run: bits per element after each stage, every coder's
+    size, the restored error and accuracy, zstd-1 on the same delta bytes."""
+    if traj is None:
+        traj = train_trajectory(model=model, optimizer=optimizer, steps=steps,
+                                snapshot_every=every)
+    encs = {c: {} for c in ("huffman", "auto")}
+    decs = {}
+    rows = []
+    for step, state in traj.snapshots:
+        tot = dict(n=0, raw=0, huff=0, huff_payload=0, auto=0, auto_payload=0, ideal=0, zstd=0,
+                   ent=0.0, bucket=0.0, grouped=0.0, runs=0.0, res=0.0, tgt=0.0)
+        restored = {}
+        for name, u in flat_float_params(state["model"]).items():
+            for coder, d in encs.items():
+                d.setdefault(name, lcckpt.DeltaEncoder(bits=bits, coder=coder))
+            y = _add_tensor(tot, encs, decs.setdefault(name, lcckpt.DeltaDecoder()), name,
+                            u.reshape(-1), bits)
+            restored[name] = torch.from_numpy(np.array(y, copy=True))
+        if tot["n"] == 0:
+            continue
+        acc = traj.accuracy({k: restored[k].reshape(v.shape) for k, v in state["model"].items()})
+        rows.append(_chain_row(step, tot, traj.accuracy(state["model"]), acc))
+    cols = ["step", "bucket_bpe", "entropy_bpe", "huffman_payload_bpe", "ideal_huffman_bpe",
+            "huffman_bpe",
+            "grouped_bpe", "runs_bpe", "auto_payload_bpe", "auto_bpe", "auto_vs_best",
+            "ratio_huffman", "ratio_auto", "ratio_zstd1", "rel_error", "acc_true",
+            "acc_restored"]
+    log(f"\n## chain: {model}/{optimizer}, bits={bits}, deltas every {every} steps "
+        f"({rows[0]['elements'] if rows else 0} parameters)")
+    log(format_table(rows, cols))
+    summary = _chain_summary(rows, len(flat_float_params(traj.snapshots[0][1]["model"])))
     log("summary: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v
                                   for k, v in summary.items()}))
     return {"model": model, "optimizer": optimizer, "bits": bits, "rows": rows,
@@ -188,23 +170,23 @@ def speed(steps, every, runs, log):
     for coder in ("huffman", "auto"):
         lcckpt.decode(lcckpt.encode(delta, bits=2, coder=coder))          # warm
         blob = lcckpt.encode(delta, bits=2, coder=coder)
-        te = _median_time(lambda: lcckpt.encode(delta, bits=2, coder=coder), runs)
-        td = _median_time(lambda: lcckpt.decode(blob), runs)
+        te = median_time(lambda: lcckpt.encode(delta, bits=2, coder=coder), runs)
+        td = median_time(lambda: lcckpt.decode(blob), runs)
         rows.append({"codec": f"lcckpt {coder} b=2", "ratio": nbytes / len(blob),
                      "enc_MBps": nbytes / te / MB, "dec_MBps": nbytes / td / MB})
     # the real step: delta against the reference, then the reference update
     enc = lcckpt.DeltaEncoder(bits=2)
     enc.encode(u0)
     ref0 = enc.ref.copy()
-    t_step = _median_time(lambda: enc.encode(u1), runs, setup=lambda: enc.ref.__setitem__(
+    t_step = median_time(lambda: enc.encode(u1), runs, setup=lambda: enc.ref.__setitem__(
         slice(None), ref0))
     rows.append({"codec": "DeltaEncoder step (auto)", "ratio": float("nan"),
                  "enc_MBps": nbytes / t_step / MB, "dec_MBps": float("nan")})
     for level, threads in ((1, 0), (1, 2)):
-        z = _zstd(raw, level, threads)
+        z = zstd_compress(raw, level, threads)
         d = zstandard.ZstdDecompressor()
-        te = _median_time(lambda: _zstd(raw, level, threads), runs)
-        td = _median_time(lambda: d.decompress(z), runs)
+        te = median_time(lambda: zstd_compress(raw, level, threads), runs)
+        td = median_time(lambda: d.decompress(z), runs)
         rows.append({"codec": f"zstd-{level}" + (f" ({threads} threads)" if threads else ""),
                      "ratio": nbytes / len(z), "enc_MBps": nbytes / te / MB,
                      "dec_MBps": nbytes / td / MB})
@@ -217,240 +199,6 @@ def speed(steps, every, runs, log):
     log(format_table(rows, ["codec", "ratio", "enc_MBps", "dec_MBps", "enc_vs_zstd1",
                             "dec_vs_zstd1"]))
     return {"elements": int(delta.size), "rows": rows}
-
-
-# --- dense ----------------------------------------------------------------------------
-
-def _zstd_frames(level: int, threads: int):
-    """zstd at ``level`` on ``threads`` threads, both ways: the data is cut into one frame
-    per thread (zstd's own decoder is single-threaded), each frame coded on its thread."""
-    from concurrent.futures import ThreadPoolExecutor
-    pool = ThreadPoolExecutor(threads)
-    cctx = [zstandard.ZstdCompressor(level=level) for _ in range(threads)]
-    dctx = [zstandard.ZstdDecompressor() for _ in range(threads)]
-
-    def enc(data: memoryview):
-        step = -(-len(data) // threads)
-        return list(pool.map(lambda t: cctx[t].compress(data[t * step:(t + 1) * step]),
-                             range(threads)))
-
-    def dec(frames):
-        return list(pool.map(lambda t: dctx[t].decompress(frames[t]), range(threads)))
-
-    def dec_into(frames, out: memoryview):
-        """Each frame into its slice of ``out`` (no fresh memory, like a decode into a
-        buffer the caller holds)."""
-        step = -(-len(out) // threads)
-
-        def one(t):
-            view, got = out[t * step:(t + 1) * step], 0
-            with dctx[t].stream_reader(frames[t]) as r:
-                while got < len(view):
-                    k = r.readinto(view[got:])
-                    if not k:
-                        break
-                    got += k
-            return got
-        return sum(pool.map(one, range(threads)))
-    return enc, dec, dec_into, pool
-
-
-def _interleaved(fns: dict, runs: int) -> tuple[dict, dict]:
-    """Seconds of each call, the calls taking turns round by round (a slow spell of a
-    shared machine then hits every contender): wall (median, min, max) and the median
-    CPU seconds of the whole process (every thread), which other load disturbs less."""
-    times = {k: [] for k in fns}
-    cpu = {k: [] for k in fns}
-    for _ in range(runs):
-        for k, fn in fns.items():
-            c, t = time.process_time(), time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t)
-            cpu[k].append(time.process_time() - c)
-    return ({k: (float(np.median(v)), min(v), max(v)) for k, v in times.items()},
-            {k: float(np.median(v)) for k, v in cpu.items()})
-
-
-def dense(steps, every, runs, log):
-    """A dense delta: the wide MLP under Adam, which moves every weight every step.
-
-    ``lcckpt.encode(d, bits=2)`` and ``lcckpt.decode`` against zstd-1 and zstd-3 on the
-    same bytes, on as many threads as lcckpt's pool has (zstd: one frame per thread),
-    and the passes of the encode and the decode against a traffic model: bytes read and
-    written per element by each pass, over the bandwidth a numpy copy gets on the same
-    threads in the same run.
-    """
-    from lcckpt.util import pool as _pool
-    from lcckpt.codec import entropy, quantize
-    from lcckpt.codec.config import CodecConfig
-    traj = train_trajectory(model="mlp", optimizer="adam", steps=steps, snapshot_every=every)
-    (st0, s0), (st1, s1) = traj.snapshots[-2], traj.snapshots[-1]
-    p0 = flat_float_params(s0, include_optim=True)
-    p1 = flat_float_params(s1, include_optim=True)
-    part = lambda p, want: np.concatenate([v.reshape(-1) for k, v in p.items()   # noqa: E731
-                                           if want(k)])
-    is_param = lambda k: not k.startswith("optim.")                               # noqa: E731
-    is_m = lambda k: k.endswith(".exp_avg")                                       # noqa: E731
-    delta = part(p1, is_param) - part(p0, is_param)
-    m_delta = part(p1, is_m) - part(p0, is_m)
-    zeros = {"params": float(np.mean(delta == 0)), "exp_avg": float(np.mean(m_delta == 0))}
-    n, nbytes = delta.size, delta.nbytes
-    threads = _pool.threads()
-    cfg = CodecConfig(bits=2)
-    cs = 1 << cfg.log2
-    modes = entropy.modes_for(cfg.coder, 2)
-    blob = lcckpt.encode(delta, bits=2)
-    back = lcckpt.decode(blob)
-    faithful = lcckpt.encode(delta, bits=2, coder="huffman")
-    q = quantize.quantize(delta, None, 2, cs, runs_stats=True)
-    nonzero = 1 - float(q.sym_hist[:, 0].sum()) / n
-
-    def code():                                        # the coder alone, on q's symbols
-        entropy.encode(q.sym, entropy.analyze(q.sym, q.sym_hist, cs, 2, modes,
-                                              (q.runs_hist, q.runs_extra)), modes,
-                       nonzero=q.nonzero)
-    code()
-    src = np.ascontiguousarray(delta)
-    dst = np.empty_like(src)
-    copy_chunk = -(-n // threads)
-
-    def copy():
-        _pool.run_tasks(lambda t: np.copyto(dst[t * copy_chunk:(t + 1) * copy_chunk],
-                                            src[t * copy_chunk:(t + 1) * copy_chunk]), threads)
-    raw = memoryview(delta).cast("B")
-    zs = {}
-    for level in (1, 3):
-        enc, dec, dec_into, pool = _zstd_frames(level, threads)
-        frames = enc(raw)
-        assert b"".join(dec(frames)) == bytes(raw)
-        zs[level] = (enc, dec, frames, sum(len(f) for f in frames), pool, dec_into)
-    zbuf = bytearray(nbytes)                 # decode targets that already exist
-    lbuf = np.empty_like(delta)
-    assert zs[1][5](zs[1][2], memoryview(zbuf)) == nbytes and zbuf == bytes(raw)
-    assert np.array_equal(lcckpt.decode(blob, out=lbuf), back)
-    fns = {
-        "lc_enc": lambda: lcckpt.encode(delta, bits=2),
-        "lc_dec": lambda: lcckpt.decode(blob),
-        "lc_huff_enc": lambda: lcckpt.encode(delta, bits=2, coder="huffman"),
-        "lc_huff_dec": lambda: lcckpt.decode(faithful),
-        "quantize": lambda: quantize.quantize(delta, None, 2, cs, runs_stats=True),
-        "code": code,
-        "lc_dec_into": lambda: lcckpt.decode(blob, out=lbuf),
-        "z1_enc": lambda: zs[1][0](raw), "z1_dec": lambda: zs[1][1](zs[1][2]),
-        "z1_dec_into": lambda: zs[1][5](zs[1][2], memoryview(zbuf)),
-        "z3_enc": lambda: zs[3][0](raw), "z3_dec": lambda: zs[3][1](zs[3][2]),
-        "copy": copy,
-    }
-    t, cpu = _interleaved(fns, runs)
-    for level in (1, 3):
-        zs[level][4].shutdown()
-    mbps = lambda k: nbytes / t[k][0] / MB                                        # noqa: E731
-    rng = lambda k: (nbytes / t[k][2] / MB, nbytes / t[k][1] / MB)                # noqa: E731
-    rows = [
-        {"codec": "lcckpt b=2 (auto)", "ratio": nbytes / len(blob),
-         "enc_MBps": mbps("lc_enc"), "dec_MBps": mbps("lc_dec"),
-         "enc_range": rng("lc_enc"), "dec_range": rng("lc_dec")},
-        {"codec": "lcckpt b=2 huffman", "ratio": nbytes / len(faithful),
-         "enc_MBps": mbps("lc_huff_enc"), "dec_MBps": mbps("lc_huff_dec"),
-         "enc_range": rng("lc_huff_enc"), "dec_range": rng("lc_huff_dec")},
-    ]
-    for level in (1, 3):
-        rows.append({"codec": f"zstd-{level}", "ratio": nbytes / zs[level][3],
-                     "enc_MBps": mbps(f"z{level}_enc"), "dec_MBps": mbps(f"z{level}_dec"),
-                     "enc_range": rng(f"z{level}_enc"), "dec_range": rng(f"z{level}_dec")})
-    keys = {"lcckpt b=2 (auto)": "lc", "lcckpt b=2 huffman": "lc_huff", "zstd-1": "z1",
-            "zstd-3": "z3"}
-    for r in rows:                       # MB per CPU second: the work, whatever the load
-        k = keys[r["codec"]]
-        r["enc_MB_cpu_s"] = nbytes / cpu[k + "_enc"] / MB
-        r["dec_MB_cpu_s"] = nbytes / cpu[k + "_dec"] / MB
-    z1 = rows[2]
-    for r in rows:
-        r["enc_vs_zstd1"] = r["enc_MBps"] / z1["enc_MBps"]
-        r["dec_vs_zstd1"] = r["dec_MBps"] / z1["dec_MBps"]
-        r["enc_cpu_vs_zstd1"] = r["enc_MB_cpu_s"] / z1["enc_MB_cpu_s"]
-        r["dec_cpu_vs_zstd1"] = r["dec_MB_cpu_s"] / z1["dec_MB_cpu_s"]
-    # into a buffer that exists (a chain restore applies deltas into its reference): the
-    # same decodes without the page faults of a fresh 4-bytes-per-element output
-    into = {"lcckpt": mbps("lc_dec_into"), "zstd-1": mbps("z1_dec_into")}
-    into_rows = [{"codec": "lcckpt b=2 (auto)", "dec_into_MBps": into["lcckpt"],
-                  "dec_into_range": rng("lc_dec_into"),
-                  "dec_into_vs_zstd1": into["lcckpt"] / into["zstd-1"]},
-                 {"codec": "zstd-1", "dec_into_MBps": into["zstd-1"],
-                  "dec_into_range": rng("z1_dec_into"), "dec_into_vs_zstd1": 1.0}]
-    # traffic model: bytes per element each pass must move at the least, at the copy's
-    # bandwidth (a copy reads 4 and writes 4 bytes per element)
-    bw = 8 * n / t["copy"][0]
-    payload = len(blob) / n
-    lines = min(1.0, 1 - (1 - nonzero) ** 16)          # cache lines of floats pass 2 reads
-    model = [
-        ("quantize pass 1", "read floats 4, write keys 2", 6.0, None),
-        ("quantize pass 2", f"read keys 2, write listed nonzeros 4 x {nonzero:.4f}, floats "
-         f"of nonzero symbols 4 x {lines:.2f}", 2 + 4 * nonzero + 4 * lines, None),
-        ("quantize (passes 1+2)", "", 8 + 4 * nonzero + 4 * lines, t["quantize"][0]),
-        ("entropy coding", f"read listed nonzeros 4 x {nonzero:.4f}, write payload "
-         f"{payload:.3f}", 4 * nonzero + payload, t["code"][0]),
-        ("whole encode", "", 8 + 4 * lines + 8 * nonzero + payload, t["lc_enc"][0]),
-        ("decode", f"write floats 4, read payload {payload:.3f}", 4 + payload, t["lc_dec"][0]),
-    ]
-    mrows = [{"pass": p, "traffic": what, "B_per_el": b, "model_ms": 1e3 * b * n / bw,
-              "measured_ms": None if m is None else 1e3 * m,
-              "vs_model": None if m is None else m / (b * n / bw)} for p, what, b, m in model]
-    log(f"\n## dense: wide-MLP delta under Adam, steps {st0} -> {st1}, {n:,} fp32 elements "
-        f"({nbytes / MB:.0f} MB), {threads} threads, median of {runs} interleaved rounds")
-    log(f"exact zeros: params delta {100 * zeros['params']:.2f}%, exp_avg delta "
-        f"{100 * zeros['exp_avg']:.2f}%; nonzero 2-bit symbols {100 * nonzero:.2f}%; "
-        f"restored rel. error {float(np.linalg.norm(back - delta) / np.linalg.norm(delta)):.3f}")
-    log(format_table(rows, ["codec", "ratio", "enc_MBps", "dec_MBps", "enc_vs_zstd1",
-                            "dec_vs_zstd1"]))
-    log("decode into an existing buffer (as a chain restore applies a delta):")
-    log(format_table(into_rows, ["codec", "dec_into_MBps", "dec_into_vs_zstd1"]))
-    log("per CPU second (all threads of the process; a loaded machine shows in the wall "
-        "times above, much less here):")
-    log(format_table(rows, ["codec", "enc_MB_cpu_s", "dec_MB_cpu_s", "enc_cpu_vs_zstd1",
-                            "dec_cpu_vs_zstd1"]))
-    log(f"traffic model: numpy copy {bw / 1e9:.1f} GB/s over {threads} threads")
-    log(format_table(mrows, ["pass", "traffic", "B_per_el", "model_ms", "measured_ms",
-                             "vs_model"]))
-    return {"elements": int(n), "steps": [st0, st1], "threads": threads,
-            "zero_fraction": zeros, "nonzero_symbols": nonzero, "rows": rows,
-            "decode_into": into_rows,
-            "copy_GBps": bw / 1e9, "traffic": mrows,
-            "seconds": {k: v[0] for k, v in t.items()}, "cpu_seconds": cpu}
-
-
-# --- lossless --------------------------------------------------------------------------
-
-def _byte_grouped(a: np.ndarray) -> bytes:
-    return a.view(np.uint8).reshape(-1, a.itemsize).T.copy().tobytes()
-
-
-def lossless(weights: dict, runs, log):
-    """``weights``: label -> torch tensor (fp32 or bf16)."""
-    rows = []
-    for label, t in weights.items():
-        arr, _ = to_numpy(t)
-        raw = arr.tobytes()
-        nbytes = len(raw)
-        blob = lcckpt.encode(t, lossless=True)
-        assert to_numpy(lcckpt.decode(blob))[0].tobytes() == raw
-        te = _median_time(lambda: lcckpt.encode(t, lossless=True), runs)
-        td = _median_time(lambda: lcckpt.decode(blob), runs)
-        rows.append({"data": label, "codec": "lcckpt lossless", "ratio": nbytes / len(blob),
-                     "enc_MBps": nbytes / te / MB, "dec_MBps": nbytes / td / MB})
-        grouped = _byte_grouped(arr)
-        for level in (1, 3):
-            for how, data in (("raw", raw), ("byte-grouped", grouped)):
-                z = _zstd(data, level)
-                d = zstandard.ZstdDecompressor()
-                te = _median_time(lambda: _zstd(data, level), runs)
-                td = _median_time(lambda: d.decompress(z), runs)
-                rows.append({"data": label, "codec": f"zstd-{level} {how}",
-                             "ratio": nbytes / len(z), "enc_MBps": nbytes / te / MB,
-                             "dec_MBps": nbytes / td / MB})
-    log("\n## lossless: trained weights (reference points: ZipNN reports ~1.2x fp32, ~1.5x bf16)")
-    log(format_table(rows, ["data", "codec", "ratio", "enc_MBps", "dec_MBps"]))
-    return rows
 
 
 # --- latency ---------------------------------------------------------------------------

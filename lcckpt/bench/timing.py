@@ -113,3 +113,40 @@ def environment() -> dict[str, Any]:
     }
 
 
+# --- shared by the codec benchmark's sections -------------------------------------------
+
+MB = 1e6
+
+
+def zstandard_module():
+    try:
+        import zstandard
+    except ImportError as e:
+        raise ImportError("the benchmark compares against zstd: pip install 'lcckpt[bench]'") from e
+    return zstandard
+
+
+class _Zstd:
+    """zstandard, imported on first use so that ``lcckpt --help`` works without it."""
+
+    def __getattr__(self, name):
+        return getattr(zstandard_module(), name)
+
+
+zstandard = _Zstd()
+
+
+def median_time(fn, runs, setup=None) -> float:
+    """Median wall seconds of ``runs`` calls of ``fn`` (``setup`` before each, untimed)."""
+    times = []
+    for _ in range(runs):
+        if setup is not None:
+            setup()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def zstd_compress(data: bytes, level: int, threads: int = 0) -> bytes:
+    return zstandard.ZstdCompressor(level=level, threads=threads).compress(data)

@@ -34,8 +34,10 @@ import torch
 
 from . import replan as _replan
 from .. import limits
-from .capture import Capture, handler
+from .capture import Capture
 from .costs import Costs
+from .explain import explain
+from .options import check_arguments, default_bits
 from .hostcopy import HostBuffers
 from .losscurve import LossCurve
 from .signals import SigtermHook
@@ -45,53 +47,9 @@ from ..errors import (
     UnsupportedVersionError,
 )
 
-POLICIES = ("young_daly", "convergence", "exploratory")
-BACKPRESSURE = ("defer", "wait")
+__all__ = ["CheckpointManager", "default_bits"]
+
 STATE_VERSION = 1
-
-
-def default_bits(key: str) -> int:
-    """4 bits for optimizer state, 2 for everything else.
-
-    Adam's moments change by about their own size between checkpoints and 2 bits track
-    them poorly (docs/chain.md); a manager exists to resume, so they get more.
-    """
-    return 4 if key.startswith('obj["optimizer"]') else 2
-
-
-def _check_arguments(model, policy, mtbf, every, total_steps, objects, extra, downtime,
-                     restart_cost, profile_at, backpressure) -> None:
-    """CheckpointManager's arguments, refused with what is wrong before anything is built."""
-    if policy not in POLICIES:
-        raise InvalidArgumentError(f"policy must be one of {POLICIES}, got {policy!r}")
-    if backpressure not in BACKPRESSURE:
-        raise InvalidArgumentError(f"backpressure must be one of {BACKPRESSURE}, got {backpressure!r}")
-    if every is not None and (type(every) is not int or every < 1):
-        raise InvalidArgumentError(f"every must be a positive int or None, got {every!r}")
-    if every is None:
-        if mtbf is None:
-            raise InvalidArgumentError(
-                "give mtbf (mean seconds between failures of the whole job) so the manager "
-                "can plan, or every=N for a fixed interval")
-        if not (isinstance(mtbf, (int, float)) and mtbf > 0):
-            raise InvalidArgumentError(f"mtbf must be a positive number of seconds, got {mtbf!r}")
-    for name, v in (("downtime", downtime), ("restart_cost", restart_cost)):
-        if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-            raise InvalidArgumentError(f"{name} must be a finite number >= 0, got {v!r}")
-    if total_steps is not None and (type(total_steps) is not int or total_steps < 1):
-        raise InvalidArgumentError(f"total_steps must be a positive int or None, got {total_steps!r}")
-    if type(profile_at) is not int or profile_at < 1:
-        raise InvalidArgumentError(f"profile_at must be a positive int, got {profile_at!r}")
-    if not hasattr(model, "state_dict"):
-        raise InvalidArgumentError(f"model must have state_dict(), got {type(model).__name__}")
-    for name, obj in dict(objects or {}).items():
-        if not isinstance(name, str) or handler(obj) is None:
-            raise InvalidArgumentError(
-                f"objects[{name!r}] must be keyed by a str and have state_dict() and "
-                "load_state_dict() (or be a torch.Generator / numpy.random.Generator); "
-                f"got {type(obj).__name__}")
-    if extra is not None and not isinstance(extra, dict):
-        raise InvalidArgumentError(f"extra must be a dict, got {type(extra).__name__}")
 
 
 class CheckpointManager:
@@ -137,7 +95,7 @@ class CheckpointManager:
                  bits: int | Callable[[str], int] | None = None,
                  keyframe_every: int | None = DEFAULT_KEYFRAME_EVERY,
                  keep_last: int | None = 3, checkpointer_options: Mapping[str, Any] | None = None):
-        _check_arguments(model, policy, mtbf, every, total_steps, objects, extra, downtime,
+        check_arguments(model, policy, mtbf, every, total_steps, objects, extra, downtime,
                          restart_cost, profile_at, backpressure)
         self._capture = Capture(model, optimizer, scheduler, scaler, objects, extra)
         self.directory = os.fspath(directory)
@@ -336,44 +294,11 @@ class CheckpointManager:
 
     def explain(self) -> str:
         """Why the manager checkpoints at its current rate, in a few lines."""
-        lines = []
-        if self.every is not None:
-            lines.append(f"fixed interval: a checkpoint every {self.every} iterations (every=)")
-        d = self._decision
-        cost = self._costs.cost
-        tau, c, p, r = self._costs.iter_time(), cost("snapshot"), cost("persist"), self._costs.restart()
-        slow = max(0.0, cost("interference"))
-        lines.append(
-            f"iteration {self.iteration}; last checkpoint {self.last_checkpoint}, durable "
-            f"{self.durable_step}; next due at {self._next_at if self._next_at < (1 << 62) else 'never'}")
-        lines.append(
-            "measured: iteration " + _fmt(tau) + ", checkpoint " + _fmt(c + slow) + " (snapshot "
-            + _fmt(c) + " + training slowed by the write " + _fmt(slow) + "), persist "
-            "(background) " + _fmt(p) + ", restart " + _fmt(r) + f" + downtime {self.downtime:g} s")
-        if d is None:
-            if self.every is None:
-                lines.append(f"no plan yet: the first checkpoint at iteration {self._next_at} "
-                             "measures the costs")
-        else:
-            gap = "none" if d.gap is None else f"{d.gap} iterations (~{d.gap * tau:.3g} s)"
-            lines.append(f"plan ({d.policy_used}, MTBF {self.mtbf:g} s, horizon {d.horizon} "
-                         f"iterations in blocks of {d.block}): next gap {gap}; Young/Daly "
-                         f"alone would give {d.young_daly_gap} iterations")
-            if d.note:
-                lines.append(d.note)
-            plan_explain = getattr(d.plan, "explain", None)
-            if plan_explain is not None and d.plan.iterations:
-                if d.block > 1:
-                    lines.append(f"the solver's lines below count blocks of {d.block} iterations:")
-                try:
-                    lines.append(str(plan_explain(d.plan.iterations[0])))
-                except Exception as e:        # explanation is best effort
-                    lines.append(f"(the plan could not explain itself: {e!r})")
-        s = self.stats
-        lines.append(f"{s['checkpoints']} checkpoints, stalled {s['stall_s']:.3g} s in snapshots, "
-                     f"{s['deferred']} deferred and {s['waited_s']:.3g} s waited for a busy writer "
-                     f"(backpressure={self.backpressure!r})")
-        return "\n".join(lines)
+        return explain(every=self.every, iteration=self.iteration,
+                       last_checkpoint=self.last_checkpoint, durable_step=self.durable_step,
+                       next_at=self._next_at, costs=self._costs, downtime=self.downtime,
+                       mtbf=self.mtbf, decision=self._decision, stats=self.stats,
+                       backpressure=self.backpressure)
 
     # ---------------------------------------------------------------- internals
 
@@ -509,12 +434,6 @@ class CheckpointManager:
         self._sigterm.pending = False
         self.checkpoint(wait=True)
         self._sigterm.pass_on()         # the previous handler, or SystemExit(143)
-
-def _fmt(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "(not measured)"
-    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
-
 
 def _proves_damage(e: BaseException) -> bool:
     """Whether a failed restore proves its file damaged (so setting it aside is right):
