@@ -18,13 +18,34 @@ from helpers import assert_same, same_bits
 
 @given(bits=st.integers(1, 4), coder=st.sampled_from(["auto", "huffman", "grouped", "runs"]),
        eb=st.one_of(st.none(), st.floats(0, 10)), mid=st.booleans(),
-       cs=st.one_of(st.none(), st.sampled_from([1024, 1 << 18, 1 << 24])), lossless=st.booleans())
+       cs=st.one_of(st.none(), st.sampled_from([1024, 1 << 18, 1 << 24])),
+       scheme=st.sampled_from(["lc", "uniform", "lossless"]), target=st.floats(0, 0.99))
 @settings(max_examples=40, deadline=None)
-def test_config_round_trips_through_plain_json(bits, coder, eb, mid, cs, lossless):
+def test_config_round_trips_through_plain_json(bits, coder, eb, mid, cs, scheme, target):
     import json
-    cfg = CodecConfig(bits, coder, eb, mid, cs, lossless)
+    if scheme == "lc":
+        cfg = CodecConfig(bits, coder, eb, mid, cs)
+    else:                       # bits, error_bound and midpoint are LC's alone
+        cfg = CodecConfig(coder=coder, chunk_size=cs, lossless=scheme == "lossless",
+                          target=target if scheme == "uniform" else None)
+    assert cfg.scheme == scheme
     again = CodecConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
     assert again == cfg and hash(again) == hash(cfg)
+
+
+@pytest.mark.parametrize("kw, names", [
+    ({"lossless": True, "bits": 3}, ["bits=3"]),
+    ({"lossless": True, "target": 0.01}, ["target=0.01"]),
+    ({"target": 0.01, "error_bound": 0.1, "midpoint": True}, ["error_bound=0.1", "midpoint"]),
+    ({"target": 0.0, "bits": 4}, ["bits=4"]),
+])
+def test_config_refuses_settings_its_codec_does_not_use(kw, names):
+    """One config for three codecs: what the chosen codec would ignore raises, naming it;
+    ``lcckpt.encode`` passes its keywords through the same check."""
+    for call in (lambda: CodecConfig(**kw), lambda: lcckpt.encode(np.ones(8, np.float32), **kw)):
+        with pytest.raises(InvalidArgumentError) as e:
+            call()
+        assert all(n in str(e.value) for n in names), str(e.value)
 
 
 @pytest.mark.parametrize("kw, match", [

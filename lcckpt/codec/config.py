@@ -35,8 +35,10 @@ class CodecConfig:
 
     ``target``: instead of the exponent buckets, the error-bounded uniform quantizer,
     holding the *restored* tensor to ``||u - ũ||₂ <= target·||u||₂`` (per tensor, L2,
-    relative to the tensor's own norm; ``0`` stores every change exactly). ``bits``,
-    ``error_bound`` and ``midpoint`` are then unused; None (default): LC-Checkpoint.
+    relative to the tensor's own norm; ``0`` stores every change exactly); None
+    (default): LC-Checkpoint. :attr:`scheme` says which of the three codecs a config
+    selects; a setting that codec does not use (``bits``, ``error_bound``, ``midpoint``
+    beside ``target`` or ``lossless``) raises :class:`InvalidArgumentError`.
     """
 
     bits: int = 2
@@ -68,6 +70,34 @@ class CodecConfig:
         if not isinstance(self.lossless, (bool, np.bool_)):
             raise InvalidArgumentError(f"lossless must be a bool, got {self.lossless!r}")
         chunk_log2(self.chunk_size)
+        self._refuse_unused()
+
+    def _refuse_unused(self) -> None:
+        """One config, three codecs (:attr:`scheme`): a setting the chosen codec does not
+        use is refused, not silently dropped."""
+        scheme = self.scheme
+        unused = []
+        if scheme != "lc":
+            unused += [f"bits={self.bits}"] if self.bits != 2 else []
+            unused += [f"error_bound={self.error_bound}"] if self.error_bound is not None else []
+            unused += ["midpoint=True"] if self.midpoint else []
+        if scheme == "lossless" and self.target is not None:
+            unused.append(f"target={self.target}")
+        if unused:
+            raise InvalidArgumentError(
+                f"{', '.join(unused)} {'does' if len(unused) == 1 else 'do'} not apply to the "
+                f"{scheme} codec ({'lossless=True' if scheme == 'lossless' else 'target='} "
+                "selects it); drop "
+                f"{'it' if len(unused) == 1 else 'them'}, or drop "
+                f"{'lossless' if scheme == 'lossless' else 'target'} for LC-Checkpoint's buckets")
+
+    @property
+    def scheme(self) -> str:
+        """Which codec the config selects: "lossless", "uniform" (``target``) or "lc"
+        (LC-Checkpoint's exponent buckets)."""
+        if self.lossless:
+            return "lossless"
+        return "uniform" if self.target is not None else "lc"
 
     @property
     def log2(self) -> int:
