@@ -23,8 +23,9 @@ def walk(d: ChainDirectory, step: int, stack: ExitStack, known=None, max_bytes=l
     """The files ``step`` is restored from, keyframe first, as ``[(container, link,
     path)]`` opened in ``stack``, each checked to be the state the next was made
     against, and all of them checked against ``max_bytes`` before anything is decoded
-    (what ``DeltaCheckpointer.load`` and the lazy reader both read). ``known``: ``(step, state_id,
-    tracks)`` of a restored step to stop at; returns ``(links, its tracks or {})``."""
+    (what ``DeltaCheckpointer.load`` and the lazy reader both read). ``known``:
+    ``(step, state_id, tracks)`` of a restored step to stop at; returns ``(links, its
+    tracks or {})``."""
     if not os.path.exists(d.path(step)):
         raise d.missing_step(step)
     links = []                           # newest first: (container, link, path)
@@ -53,8 +54,9 @@ def walk(d: ChainDirectory, step: int, stack: ExitStack, known=None, max_bytes=l
     check_limits(links, tracks, max_bytes)
     return links, tracks
 
+
 def restore(d: ChainDirectory, step: int, *, build: bool, map_location=None, known=None,
-             keep_tracks: bool = True, max_bytes=limits.DEFAULT, movement: bool = False):
+            keep_tracks: bool = True, max_bytes=limits.DEFAULT, movement: bool = False):
     """Walk back to the keyframe (or to ``known``), then apply each file in order.
 
     ``known``: ``(step, state_id, tracks)`` of an already restored step to start from.
@@ -80,6 +82,7 @@ def restore(d: ChainDirectory, step: int, *, build: bool, map_location=None, kno
             except (LcckptError, OSError) as e:
                 raise fault(step, link.step, path, e) from e
         return obj, [(c, link) for c, link, _ in links], tracks
+
 
 def check_limits(links: list, tracks: dict, max_bytes) -> None:
     """Every file of a chain against ``max_bytes``, before anything is decoded.
@@ -111,6 +114,7 @@ def check_limits(links: list, tracks: dict, max_bytes) -> None:
         except LcckptError as e:
             raise type(e)(f"{path}: {e}") from None
         held.update(new)
+
 
 def fault(step: int, at: int, path: str, e: Exception) -> LcckptError:
     if isinstance(e, OSError) and not isinstance(e, (LcckptError, FileNotFoundError)):
