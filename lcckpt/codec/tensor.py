@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..util import crc as _crc, memory as _memory, pool as _pool
+from ..util import crc as _crc, memory as _memory
 from . import blob as _blob
 from . import dtypes, entropy, lossless, streams
 from .. import limits
@@ -150,19 +150,25 @@ def _uniform_encode(u, ref, dt, shape, cfg: CodecConfig, exact, cache, advance):
         parts = exact()
         return parts, EncodeStats(u.size, dt.name, "lossless", nbytes=_blob.nbytes(parts),
                                   fallback=why), False
-    parts, st = encode_uniform(uq, dt, shape, cfg, cache)
-    if advance:
-        _pool.copy(ref, uq.recon)
+    parts, st = encode_uniform(uq, dt, shape, cfg, cache, ref if advance else None)
     return parts, st, True
 
 
-def encode_uniform(uq: Uniform, dt: dtypes.DType, shape, cfg: CodecConfig, cache=None):
-    """Code a uniformly quantized delta; returns (blob pieces, EncodeStats)."""
+def encode_uniform(uq: Uniform, dt: dtypes.DType, shape, cfg: CodecConfig, cache=None,
+                   ref: np.ndarray | None = None):
+    """Code a uniformly quantized delta; returns (blob pieces, EncodeStats).
+
+    With ``ref`` the reference advances to the decoder's reconstruction while the symbols
+    are coded (each nonzero symbol's table value added, as decoding adds it), then the
+    escapes are set: no pass of its own, and no reconstruction array."""
     cs = 1 << cfg.log2
     n = uq.sym.size
     modes = entropy.uniform_modes(cfg.coder, uq.bits)
     an = entropy.analyze(uq.sym, uq.sym_hist, cs, uq.bits, modes)
-    enc = entropy.encode(uq.sym, an, modes, cache)
+    enc = entropy.encode(uq.sym, an, modes, cache,
+                         apply=None if ref is None else (uq.table, ref))
+    if ref is not None:
+        ref[uq.esc_idx] = uq.esc_val
     w = _blob.uniform_header(dt, shape, cfg.log2, uq.bits, uq.step, uq.esc_idx.size, enc)
     parts = _blob.finish(w, enc.parts + _blob.escape_parts(n, uq.esc_idx, uq.esc_val))
     st = EncodeStats(n, dt.name, "uniform", uq.bits, cfg.coder, _blob.nbytes(parts),

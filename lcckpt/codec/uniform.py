@@ -54,9 +54,18 @@ class Uniform:
     table: np.ndarray          # [2**bits] in the work dtype (see uniform_table)
     esc_idx: np.ndarray        # int64, sorted: elements stored exactly
     esc_val: np.ndarray        # their values, in the work dtype
-    recon: np.ndarray          # the decoder's reconstruction of u (flat, work dtype)
-    residual_sq: float         # ||u - recon||^2, measured on the reconstruction itself
+    residual_sq: float         # ||u - ũ||^2, measured on the reconstruction itself
     target_sq: float           # ||u||^2
+
+    def reconstruction(self, ref: np.ndarray | None) -> np.ndarray:
+        """What the decoder restores from ``ref`` (None: zeros), as a new array. The
+        encoder itself never builds it: the reference advances while the symbols are
+        entropy-coded (:func:`lcckpt.codec.tensor.encode_uniform`)."""
+        out = np.zeros(self.sym.size, self.table.dtype) if ref is None else ref.copy()
+        nz = self.sym != 0
+        out[nz] += self.table[self.sym[nz]]
+        out[self.esc_idx] = self.esc_val
+        return out
 
     @property
     def rel_error(self) -> float:
@@ -116,7 +125,6 @@ def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE, limit=No
     table = uniform_table(rstep, b, u.dtype)
     sym = _memory.bulk_empty(n, np.uint8)
     escf = _memory.bulk_empty(n, np.uint8)
-    recon = _memory.bulk_empty(u.shape, u.dtype)
     sym_hist = np.zeros((nch, S), np.int64)
     errs = np.zeros(nch)
     lim = float(limit) if limit is not None else 0.0
@@ -125,10 +133,10 @@ def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE, limit=No
         errs[c] = uk.quantize_range(u, r, use_ref, c * chunk_size,
                                     min(n, (c + 1) * chunk_size), float(step), up, floor,
                                     float(rstep), S, table, lim, limit is not None, sym, escf,
-                                    recon, sym_hist[c])
+                                    sym_hist[c])
     run_tasks(pass2, nch)
     esc_idx = np.flatnonzero(escf)
-    uq = Uniform(sym, sym_hist, b, float(rstep), table, esc_idx, u[esc_idx].copy(), recon,
+    uq = Uniform(sym, sym_hist, b, float(rstep), table, esc_idx, u[esc_idx].copy(),
                  float(errs.sum()), 0.0)
     return uq, est
 

@@ -69,15 +69,15 @@ def level_histogram(u, ref, use_ref, start, stop, step, up, floor, rstep, hist):
 
 @njit(cache=True, nogil=True)
 def quantize_range(u, ref, use_ref, start, stop, step, up, floor, rstep, S, table, limit,
-                   use_limit, sym, esc, recon, hist):
-    """Symbols, escape flags and the reconstruction of ``[start, stop)``.
+                   use_limit, sym, esc, hist):
+    """Symbols and escape flags of ``[start, stop)``, and the error of its reconstruction.
 
     Levels are decided with ``step``; ``table`` (levels times ``rstep``) restores them.
     ``sym[i]`` is the level's symbol, or 0 for an escape (a level of ``S`` or more, or a
     reconstruction past ``limit`` when ``use_limit``, or one below ``floor·u[i]`` after
-    the table's rounding), flagged in ``esc[i]``; ``recon[i]``
-    is ``ref[i] + table[sym[i]]`` (symbol 0 adds nothing, as decoding) or ``u[i]`` for an
-    escape; ``hist`` counts the symbols. Returns ``||u - recon||^2`` in fp64.
+    the table's rounding), flagged in ``esc[i]``. The reconstruction, not written here, is
+    ``ref[i] + table[sym[i]]`` (symbol 0 adds nothing, as decoding) or ``u[i]`` for an
+    escape; ``hist`` counts the symbols. Returns ``||u - reconstruction||^2`` in fp64.
     """
     err = 0.0
     for i in range(start, stop):
@@ -101,7 +101,6 @@ def quantize_range(u, ref, use_ref, start, stop, step, up, floor, rstep, S, tabl
             s = z
         sym[i] = s
         esc[i] = 1 if e else 0
-        recon[i] = v
         hist[s] += 1
         x = np.float64(u[i]) - np.float64(v)
         err += x * x
