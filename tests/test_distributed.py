@@ -109,6 +109,45 @@ def test_chain_deltas_reload_bit_identical_to_references(tmp_path):
         ck.save(2, state)
 
 
+def test_keep_last_deletes_only_what_no_kept_step_needs(tmp_path):
+    """Retention of a distributed chain: the newest ``keep_last`` steps stay loadable with
+    every directory their delta chains name; the rest go; a crash between a step's
+    uncommit and its removal leaves a directory the next pass removes."""
+    g = torch.Generator().manual_seed(1)
+    state = {"w": torch.randn(4000, 8, generator=g), "n": torch.arange(5)}
+    ck = ld.DistributedCheckpointer(tmp_path, bits=2, keyframe_every=3, keep_last=2)
+    truth = {}
+    for step in range(7):                       # keyframes at 0, 3, 6
+        state["w"] += torch.randn(4000, 8, generator=g) * 1e-3
+        ck.save(step, state)
+        truth[step] = {k: v.clone() for k, v in ck.references().items()}
+        kept = ck.steps()
+        # the newest two, and every step back to the keyframe of the older one
+        newest = kept[-2:]
+        assert newest == [step - 1, step][-len(newest):]
+        first_kf = (min(newest) // 3) * 3
+        assert kept == list(range(first_kf, step + 1)), (step, kept)
+        for s in newest:                        # every kept step loads as it was saved
+            target = zeros_like_state(state)
+            assert ck.load(target, step=s) == s
+            if s == step:
+                for piece, ref in truth[s].items():
+                    assert torch.equal(target[piece.key], ref)
+    assert sorted(os.listdir(tmp_path)) == [f"step_{s:010d}" for s in (3, 4, 5, 6)]
+    # a half-deleted step (uncommitted: no .metadata) older than every kept step is removed
+    stale = tmp_path / "step_0000000001"
+    stale.mkdir()
+    (stale / "__0_x_.distcp").write_bytes(b"partial")
+    ck.save(7, state)
+    assert not stale.exists() and ck.steps() == [6, 7]
+    for step in (8, 9, 10):                     # in the background: retained before done
+        state["w"] += torch.randn(4000, 8, generator=g) * 1e-3
+        ck.async_save(step, state).result()
+    assert ck.steps() == [9, 10]                # 9 is a keyframe: 6, 7 and 8 went
+    with pytest.raises(InvalidArgumentError, match="keep_last"):
+        ld.DistributedCheckpointer(tmp_path, keep_last=0)
+
+
 class _BrokenWriter(ld.CompressedWriter):
     """Writes part of its file, then fails: a disk filling up half-way."""
 

@@ -29,9 +29,15 @@ from torch.distributed.checkpoint.metadata import Metadata
 
 from ..errors import DistributedCheckpointError, InvalidArgumentError, LcckptError
 from .planner import BalancedSavePlanner, SafeLoadPlanner
+from .retention import apply_retention
 from .storage import CompressedReader, CompressedWriter, local_path
 
 _STEP = re.compile(r"step_(\d{10})")
+
+
+def _step_of(name: str) -> int | None:
+    m = _STEP.fullmatch(name)
+    return int(m.group(1)) if m else None
 
 
 def _no_dist(process_group) -> bool:
@@ -149,12 +155,16 @@ class DistributedCheckpointer:
     checkpoint whose floating pieces are deltas against the same rank's previous save of
     that piece (exact keyframes first, every ``keyframe_every`` saves, and whenever a piece
     changed rank, shape or dtype). Delta steps need the earlier step directories of their
-    chains: delete a step only when no later step depends on it (after a new keyframe).
+    chains. ``keep_last``: after each committed save, rank 0 deletes the step directories
+    that none of the newest ``keep_last`` steps needs (:mod:`.retention`); None keeps all.
     """
 
     def __init__(self, directory, *, bits: int = 2, keyframe_every: int = 20,
                  process_group=None, planner: BalancedSavePlanner | None = None,
-                 sync_files: bool = True):
+                 sync_files: bool = True, keep_last: int | None = None):
+        if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
+            raise InvalidArgumentError(f"keep_last must be a positive int or None, got {keep_last!r}")
+        self.keep_last = keep_last
         self.directory = os.fspath(local_path(directory))
         self.process_group = process_group
         self.writer = CompressedWriter(self.directory, bits=bits, keyframe_every=keyframe_every,
@@ -184,14 +194,50 @@ class DistributedCheckpointer:
     def save(self, step: int, state, *, keyframe: bool = False) -> Metadata:
         """Save ``state`` as ``step`` on every rank; returns DCP's metadata."""
         self._prepare(step, keyframe)
-        return _save(state, self.writer, self.planner, self.process_group)
+        md = _save(state, self.writer, self.planner, self.process_group)
+        self._retain()
+        return md
 
     def async_save(self, step: int, state, *, keyframe: bool = False) -> Future:
         """:meth:`save` in a background thread; the next save or load waits for it."""
         self._prepare(step, keyframe)
         fut = _async(state, self.writer, self.planner, self.process_group)
+        if self.keep_last is not None:
+            fut = self._then_retain(fut)
         self._inflight = fut
         return fut
+
+    def _then_retain(self, inner: Future) -> Future:
+        """A future that completes after the committed save's retention ran."""
+        out: Future = Future()
+
+        def done(f: Future) -> None:
+            try:
+                md = f.result()
+            except BaseException as e:
+                out.set_exception(e)
+                return
+            try:
+                self._retain()
+            finally:
+                out.set_result(md)
+        inner.add_done_callback(done)
+        return out
+
+    def _retain(self) -> None:
+        """Retention after a committed save, by rank 0 alone (the others must not race it)."""
+        if self.keep_last is None:
+            return
+        if not _no_dist(self.process_group) and dist.get_rank(self.process_group) != 0:
+            return
+        committed = self.steps()
+        apply_retention(self.directory, committed, self.keep_last, _step_of, self.path,
+                        [s for s in self._step_dirs() if s not in set(committed)])
+
+    def _step_dirs(self) -> list[int]:
+        if not os.path.isdir(self.directory):
+            return []
+        return sorted(s for s in map(_step_of, os.listdir(self.directory)) if s is not None)
 
     def wait(self) -> None:
         """Wait for an in-flight :meth:`async_save` (its errors are the future's, not ours)."""
