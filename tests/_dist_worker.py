@@ -11,10 +11,17 @@ import torch.distributed as dist
 from torch import nn
 
 
-def _init(rank, world, port):
+def _init(rank, world, port, log_dir=None):
     # a rank once died with SIGABRT ("terminate called without an active exception"): if
-    # it happens again, every Python thread's stack goes to stderr to say which one
-    faulthandler.enable(all_threads=True)
+    # it happens again, every Python thread's stack goes to stderr to say which one. With
+    # ``log_dir`` stderr itself (fd 2, so C++'s message too) goes to a file of this rank
+    # that the parent quotes when the rank dies (pytest hides a passing test's output).
+    if log_dir is not None:
+        log = open(os.path.join(log_dir, f"rank{rank}.stderr"), "w", buffering=1)
+        os.dup2(log.fileno(), 2)
+        faulthandler.enable(file=log, all_threads=True)
+    else:
+        faulthandler.enable(all_threads=True)
     os.environ["LCCKPT_THREADS"] = "1"
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
@@ -183,7 +190,7 @@ def reshard(rank, world, src):
 
 def two_rank_worker(rank, world, port, root, src):
     """One spawn for every 2-process check (process start-up dominates their time)."""
-    _init(rank, world, port)
+    _init(rank, world, port, log_dir=root)
     chain(rank, world, root)
     reshard(rank, world, src)
     dist.destroy_process_group()

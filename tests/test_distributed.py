@@ -280,6 +280,15 @@ def _port():
         return s.getsockname()[1]
 
 
+def _rank_log(root: str, e) -> str:
+    """The tail of the dead rank's stderr file (see ``_dist_worker._init``)."""
+    try:
+        with open(os.path.join(root, f"rank{e.error_index}.stderr")) as f:
+            return f.read()[-3000:] or "(empty)"
+    except OSError as err:
+        return f"(unreadable: {err})"
+
+
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     """Run every 2-process check in one spawn: a 1-process checkpoint to load resharded, then
@@ -304,8 +313,9 @@ def two_ranks(tmp_path_factory):
         except ProcessExitedException as e:
             if attempt or e.signal_name is None:
                 raise
-            warnings.warn(f"2-process run died ({e}); retrying once (the dead rank's thread "
-                          "stacks, from faulthandler, are in the captured stderr)", RuntimeWarning)
+            warnings.warn(f"2-process run died ({e}); retrying once. The dead rank's stderr "
+                          f"(faulthandler's thread stacks included): {_rank_log(root, e)}",
+                          RuntimeWarning)
     return root, src
 
 
