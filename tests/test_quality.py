@@ -500,3 +500,31 @@ def test_state_stats_kernel_against_numpy(n, bad, fp64, seed):
         u64 = u.astype(np.float64)
         assert out[1] == pytest.approx(float(u64 @ u64), rel=1e-12, abs=1e-300)
         assert out[2] == (float(u.min()) if n else np.inf)
+
+
+def test_a_floored_tensor_aims_its_first_step_lower_and_still_meets_the_target(monkeypatch):
+    """The error model does not see the floor of a tensor without negative values, and
+    its first step used to miss there: such a tensor's first try aims at FLOOR_AIM of the
+    target, a finer step than the plain aim gives on the same data; a signed tensor keeps
+    the plain aim. Either way the restored error meets the target."""
+    import lcckpt.codec.uniform as U
+    rng = np.random.default_rng(3)
+    v = (rng.standard_normal(50_000) ** 2 * 1e-4).astype(np.float32)     # a second moment
+    u = (v * rng.uniform(0.7, 1.3, v.size)).astype(np.float32)
+    first = []
+    real = U._try_step
+
+    def spy(*a, **k):
+        first.append(a[3])
+        return real(*a, **k)
+    monkeypatch.setattr(U, "_try_step", spy)
+
+    def first_step(x, ref, aim):
+        monkeypatch.setattr(U, "FLOOR_AIM", aim)
+        first.clear()
+        uq = U.uniform_quantize(x, ref, 0.1, 1 << 14)
+        assert uq.rel_error <= 0.1 * (1 + 1e-9)
+        return first[0]
+    assert first_step(u, v, U.FLOOR_AIM) < first_step(u, v, U.MODEL_AIM)
+    signed, ref = u - 1e-4, v - 1e-4                      # the same deltas, not floored
+    assert first_step(signed, ref, U.FLOOR_AIM) == first_step(signed, ref, U.MODEL_AIM)
