@@ -230,9 +230,14 @@ class DistributedCheckpointer:
             return
         if not _no_dist(self.process_group) and dist.get_rank(self.process_group) != 0:
             return
-        committed = self.steps()
-        apply_retention(self.directory, committed, self.keep_last, _step_of, self.path,
-                        [s for s in self._step_dirs() if s not in set(committed)])
+        try:
+            committed = self.steps()
+            stray = [s for s in self._step_dirs() if s not in set(committed)]
+        except OSError as e:           # the step is committed: retried at the next save
+            warnings.warn(f"retention (keep_last={self.keep_last}) skipped: cannot list "
+                          f"{self.directory} ({e.strerror})", RuntimeWarning, stacklevel=3)
+            return
+        apply_retention(self.directory, committed, self.keep_last, _step_of, self.path, stray)
 
     def _step_dirs(self) -> list[int]:
         if not os.path.isdir(self.directory):
