@@ -384,6 +384,15 @@ class DeltaCheckpointer:
 
     # ------------------------------------------------------------------ loading
 
+    def _step_or_newest(self, step: int | None) -> int:
+        """``step`` checked, or the newest stored step when it is None."""
+        if step is None:
+            steps = self.steps()
+            if not steps:
+                raise self._dir.no_checkpoints()
+            return steps[-1]
+        return self._check_step(step)
+
     def load(self, step: int | None = None, map_location=None, *,
              max_bytes=limits.DEFAULT) -> Any:
         """The object stored as ``step`` (default: the newest), rebuilt through its chain.
@@ -393,12 +402,7 @@ class DeltaCheckpointer:
         under "auto" a delta's tensors that the chain already holds at their size do not
         count (they decode in place), so a delta 1000x smaller than its state loads.
         """
-        if step is None:
-            steps = self.steps()
-            if not steps:
-                raise self._dir.no_checkpoints()
-            step = steps[-1]
-        step = self._check_step(step)
+        step = self._step_or_newest(step)
         return _restore.restore(self._dir, step, build=True, map_location=map_location,
                                 keep_tracks=False, max_bytes=max_bytes)[0]
 
@@ -431,12 +435,7 @@ class DeltaCheckpointer:
         kept, so loads of ``upto`` and of every later delta are unchanged and files before
         ``upto`` are no longer needed by them. Returns the file's path.
         """
-        if upto is None:
-            steps = self.steps()
-            if not steps:
-                raise self._dir.no_checkpoints()
-            upto = steps[-1]
-        upto = self._check_step(upto)
+        upto = self._step_or_newest(upto)
         if not os.path.exists(self.path(upto)):
             raise self._dir.missing_step(upto)
         with self._writing():

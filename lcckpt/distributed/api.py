@@ -232,7 +232,8 @@ class DistributedCheckpointer:
             return
         try:
             committed = self.steps()
-            stray = [s for s in self._step_dirs() if s not in set(committed)]
+            known = set(committed)
+            stray = [s for s in self._step_dirs() if s not in known]
         except OSError as e:           # the step is committed: retried at the next save
             warnings.warn(f"retention (keep_last={self.keep_last}) skipped: cannot list "
                           f"{self.directory} ({e.strerror})", RuntimeWarning, stacklevel=3)
