@@ -194,3 +194,34 @@ def two_rank_worker(rank, world, port, root, src):
     chain(rank, world, root)
     reshard(rank, world, src)
     dist.destroy_process_group()
+
+
+def s3_failed_upload_worker(rank, world, port, url, opts, out_dir):
+    """Two ranks commit step 0 of a chain on S3; rank 1's upload of step 1 fails. Each
+    rank writes the name of what it raised, then both load step 0."""
+    _init(rank, world, port, log_dir=out_dir)
+    import s3fs
+    import lcckpt.distributed as ld
+    state = replicated_state()
+    ck = ld.DistributedCheckpointer(url, storage_options=opts)
+    ck.save(0, state)
+    want = {p.key: t.clone() for p, t in ck.references().items()}
+    if rank == 1:
+        def broken(self, final=False):
+            raise OSError(5, "injected upload failure")
+        s3fs.core.S3File._upload_chunk = broken
+    state["emb"] += 1
+    try:
+        ck.save(1, state)
+        raised = "nothing"
+    except Exception as e:      # noqa: BLE001
+        raised = f"{type(e).__name__}: {e}"
+    with open(os.path.join(out_dir, f"raised{rank}"), "w") as f:
+        f.write(raised)
+    dist.barrier()
+    target = replicated_state()
+    target["emb"].zero_()
+    assert ck.load(target) == 0
+    if "emb" in want:
+        assert torch.equal(target["emb"], want["emb"])
+    dist.destroy_process_group()

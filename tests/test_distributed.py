@@ -371,16 +371,3 @@ def test_a_process_group_failure_is_a_distributed_checkpoint_error(tmp_path, mon
     target = {"w": torch.zeros(50, 8)}
     ld.load(target, tmp_path / "one")
     assert torch.equal(target["w"], keep["w"])
-
-
-@pytest.mark.parametrize("url", ["memory://x/ck", "s3://bucket/ck", "gcs://b/c", "file:///tmp/x"])
-def test_a_url_is_refused_not_taken_for_a_relative_directory(tmp_path, monkeypatch, url):
-    """``ld.save(state, "memory://x/ck")`` used to write a local folder named ``memory:``."""
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(InvalidArgumentError, match="is a URL"):
-        ld.save({"w": torch.ones(3)}, url)
-    with pytest.raises(InvalidArgumentError, match="is a URL"):
-        ld.load({"w": torch.zeros(3)}, url)
-    with pytest.raises(InvalidArgumentError, match="is a URL"):
-        ld.DistributedCheckpointer(url)
-    assert os.listdir(tmp_path) == []

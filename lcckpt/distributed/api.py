@@ -30,7 +30,8 @@ from torch.distributed.checkpoint.metadata import Metadata
 from ..errors import DistributedCheckpointError, InvalidArgumentError, LcckptError
 from .planner import BalancedSavePlanner, SafeLoadPlanner
 from .retention import apply_retention
-from .storage import CompressedReader, CompressedWriter, local_path
+from .storage import CompressedReader, CompressedWriter
+from .store import files_for
 
 _STEP = re.compile(r"step_(\d{10})")
 
@@ -117,27 +118,31 @@ def _async(state, writer, planner, process_group, on_done=None) -> Future:
 
 
 def save(state, directory, *, process_group=None, planner: BalancedSavePlanner | None = None,
-         sync_files: bool = True) -> Metadata:
+         sync_files: bool = True, storage_options: dict | None = None) -> Metadata:
     """Save ``state`` (a state dict, tensors/DTensors/values) to ``directory``: every rank
     compresses and writes its balanced share, exactly (lossless). ``planner``: a
-    :class:`BalancedSavePlanner` with other settings (granularity, overhead, split size)."""
-    return _save(state, CompressedWriter(directory, sync_files=sync_files),
+    :class:`BalancedSavePlanner` with other settings (granularity, overhead, split size).
+    ``directory`` may be an fsspec URL (``s3://bucket/run``); ``storage_options`` go to
+    its filesystem (credentials, ``endpoint_url``)."""
+    return _save(state, CompressedWriter(directory, sync_files=sync_files,
+                                         storage_options=storage_options),
                  planner or BalancedSavePlanner(), process_group)
 
 
 def async_save(state, directory, *, process_group=None,
-               planner: BalancedSavePlanner | None = None) -> Future:
+               planner: BalancedSavePlanner | None = None,
+               storage_options: dict | None = None) -> Future:
     """:func:`save` in a background thread (DCP's ``async_save``; the state is staged to CPU
     first). The future gives the metadata, or raises DistributedCheckpointError."""
-    return _async(state, CompressedWriter(directory), planner or BalancedSavePlanner(),
-                  process_group)
+    return _async(state, CompressedWriter(directory, storage_options=storage_options),
+                  planner or BalancedSavePlanner(), process_group)
 
 
-def load(state, directory, *, process_group=None) -> None:
+def load(state, directory, *, process_group=None, storage_options: dict | None = None) -> None:
     """Load ``directory`` into ``state`` in place (its tensors/DTensors give the layout: any
     world size and sharding). Non-tensor values are unpickled with ``weights_only=True``."""
     no_dist = _no_dist(process_group)
-    reader = CompressedReader(directory)
+    reader = CompressedReader(directory, storage_options=storage_options)
     reader.read_metadata()          # its errors unwrapped by DCP's; DCP reuses the parsed copy
     try:
         with _quiet(no_dist):
@@ -161,14 +166,17 @@ class DistributedCheckpointer:
 
     def __init__(self, directory, *, bits: int = 2, keyframe_every: int = 20,
                  process_group=None, planner: BalancedSavePlanner | None = None,
-                 sync_files: bool = True, keep_last: int | None = None):
+                 sync_files: bool = True, keep_last: int | None = None,
+                 storage_options: dict | None = None):
         if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
             raise InvalidArgumentError(f"keep_last must be a positive int or None, got {keep_last!r}")
         self.keep_last = keep_last
-        self.directory = os.fspath(local_path(directory))
+        self.files = files_for(directory, storage_options)
+        self.directory = str(self.files.init_path(os.fspath(directory)))
+        self.storage_options = storage_options
         self.process_group = process_group
         self.writer = CompressedWriter(self.directory, bits=bits, keyframe_every=keyframe_every,
-                                       sync_files=sync_files)
+                                       sync_files=sync_files, storage_options=storage_options)
         # a delta's encode time follows its raw bytes (~4x faster per byte than a lossless
         # keyframe), not its tiny encoded size: weigh raw bytes in, so that the relative
         # costs, and with them the plan and the references, stay put across keyframes and deltas
@@ -177,14 +185,14 @@ class DistributedCheckpointer:
         self._inflight: Future | None = None
 
     def path(self, step: int) -> str:
-        return os.path.join(self.directory, f"step_{int(step):010d}")
+        return self.files.join(self.directory, f"step_{int(step):010d}")
 
     def _prepare(self, step: int, keyframe: bool) -> str:
         if not isinstance(step, int) or step < 0:
             raise InvalidArgumentError(f"step must be a non-negative int, got {step!r}")
         self.wait()
         path = self.path(step)
-        if os.path.exists(os.path.join(path, ".metadata")):
+        if self.files.exists(self.files.join(path, ".metadata")):
             raise InvalidArgumentError(f"step {step} is already committed at {path}; later "
                                        "steps may depend on it, so it is not overwritten")
         self.writer.reset(path)
@@ -238,12 +246,14 @@ class DistributedCheckpointer:
             warnings.warn(f"retention (keep_last={self.keep_last}) skipped: cannot list "
                           f"{self.directory} ({e.strerror})", RuntimeWarning, stacklevel=3)
             return
-        apply_retention(self.directory, committed, self.keep_last, _step_of, self.path, stray)
+        apply_retention(self.files, self.directory, committed, self.keep_last, _step_of,
+                        self.path, stray, self.storage_options)
 
     def _step_dirs(self) -> list[int]:
-        if not os.path.isdir(self.directory):
+        if not self.files.isdir(self.directory):
             return []
-        return sorted(s for s in map(_step_of, os.listdir(self.directory)) if s is not None)
+        return sorted(s for s in map(_step_of, self.files.listdir(self.directory))
+                      if s is not None)
 
     def wait(self) -> None:
         """Wait for an in-flight :meth:`async_save` (its errors are the future's, not ours)."""
@@ -253,12 +263,12 @@ class DistributedCheckpointer:
 
     def steps(self) -> list[int]:
         """Committed steps, oldest first."""
-        if not os.path.isdir(self.directory):
+        if not self.files.isdir(self.directory):
             return []
         out = []
-        for name in os.listdir(self.directory):
+        for name in self.files.listdir(self.directory):
             m = _STEP.fullmatch(name)
-            if m and os.path.exists(os.path.join(self.directory, name, ".metadata")):
+            if m and self.files.exists(self.files.join(self.directory, name, ".metadata")):
                 out.append(int(m.group(1)))
         return sorted(out)
 
@@ -273,7 +283,8 @@ class DistributedCheckpointer:
         elif step not in steps:
             raise InvalidArgumentError(f"step {step} is not committed in {self.directory}; "
                                        f"committed: {steps}")
-        load(state, self.path(step), process_group=self.process_group)
+        load(state, self.path(step), process_group=self.process_group,
+             storage_options=self.storage_options)
         return step
 
     def references(self):

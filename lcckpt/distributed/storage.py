@@ -47,6 +47,7 @@ from ..errors import (
     UnsafeObjectError,
 )
 from .partition import Piece
+from .store import check_size, files_for
 
 SUFFIX = ".distcp"
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -111,20 +112,6 @@ class _Flusher:
         os.fsync(f.fileno())
 
 
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
-
-
-def local_path(path):
-    """``path`` as a local path; a URL (``s3://...``, ``memory://...``) is refused instead
-    of being taken for a relative directory named ``s3:``."""
-    text = os.fspath(path)
-    if isinstance(text, str) and _URL.match(text):
-        raise InvalidArgumentError(
-            f"{text!r} is a URL; lcckpt.distributed writes and reads local (or mounted) "
-            "directories only: save to a local directory and upload it, or mount the store")
-    return path
-
-
 class CompressedWriter(FileSystemWriter):
     """DCP storage writer that encodes each item with lcckpt's codecs.
 
@@ -136,9 +123,12 @@ class CompressedWriter(FileSystemWriter):
     """
 
     def __init__(self, path, *, bits: int | None = None, keyframe_every: int = 20,
-                 sync_files: bool = True):
-        super().__init__(local_path(path), single_file_per_rank=True, sync_files=sync_files,
-                         thread_count=1, overwrite=True)
+                 sync_files: bool = True, storage_options: dict | None = None):
+        files = files_for(path, storage_options)
+        super().__init__("." if files.remote else path, single_file_per_rank=True,
+                         sync_files=sync_files, thread_count=1, overwrite=True)
+        self.fs = files
+        self.path = files.init_path(path)
         if bits is not None and bits not in (1, 2, 3, 4):
             raise InvalidArgumentError(f"bits must be None or 1..4, got {bits!r}")
         if keyframe_every < 1:
@@ -189,14 +179,14 @@ class CompressedWriter(FileSystemWriter):
         raw_total = 0
         self._written.append(path)
         order = sorted(plan.items, key=lambda wi: wi.type != WriteItemType.BYTE_IO)
-        flusher = _Flusher() if self.sync_files else None
+        flusher = _Flusher() if self.sync_files and not self.fs.remote else None
         with self.fs.create_stream(path, "wb") as f:
             for wi in order:
                 piece = _piece(planner, wi)
                 data = planner.resolve_data(wi)
                 offset = f.tell()
                 info = self._encode_into(f, wi, piece, data, pending,
-                                         os.path.abspath(str(path)), offset)
+                                         self.fs.absolute(path), offset)
                 info = LcckptStorageInfo(name, offset, f.tell() - offset, rank=rank,
                                          piece=(piece.key, piece.start, piece.stop), **info)
                 raw_total += info.raw_nbytes
@@ -208,6 +198,7 @@ class CompressedWriter(FileSystemWriter):
             if flusher is not None:
                 flusher.finish(f)
             written = f.tell()
+        check_size(self.fs, path, written)      # a remote upload completes on close
         self._pending = pending if self.bits is not None else None
         self.last_write_stats = {"rank": rank, "items": len(results), "raw_bytes": raw_total,
                                  "bytes": written, "seconds": time.perf_counter() - t0,
@@ -237,14 +228,18 @@ class CompressedWriter(FileSystemWriter):
         here = ((abs_path, offset, len(blob)),)
         if st.kind == "lossy":
             pending[piece] = _Ref(enc, prev.chain + here)
-            base = os.path.dirname(abs_path)     # this rank's own view of the directory
-            chain = tuple((os.path.relpath(p, base), o, n) for p, o, n in prev.chain)
+            base = self.fs.dirname(abs_path)     # this rank's own view of the directory
+            chain = tuple((self.fs.relative(p, base), o, n) for p, o, n in prev.chain)
             return {"codec": "delta", "chain": chain, **meta}
         pending[piece] = _Ref(enc, here)
         return {"codec": "exact", **meta}
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        super().finish(metadata, results)
+        sync, self.sync_files = self.sync_files, self.sync_files and not self.fs.remote
+        try:        # DCP syncs .metadata with fsync, or os.sync() for a remote stream
+            super().finish(metadata, results)
+        finally:
+            self.sync_files = sync
         self._remove_stale({info.relative_path for info in metadata.storage_data.values()})
 
     def storage_meta(self) -> StorageMeta | None:
@@ -276,13 +271,13 @@ class CompressedWriter(FileSystemWriter):
 
     def _remove_stale(self, keep: set) -> None:
         try:
-            names = os.listdir(self.path)
+            names = self.fs.listdir(self.path)
         except OSError:
             return
         for name in names:
             if _OUR_FILE.fullmatch(name) and name not in keep:
                 try:
-                    os.remove(os.path.join(self.path, name))
+                    self.fs.rm_file(self.fs.join(self.path, name))
                 except OSError:
                     pass
 
@@ -348,8 +343,11 @@ class _MetadataUnpickler(pickle.Unpickler):
 class CompressedReader(FileSystemReader):
     """DCP storage reader for checkpoints written by :class:`CompressedWriter`."""
 
-    def __init__(self, path):
-        super().__init__(local_path(path))
+    def __init__(self, path, *, storage_options: dict | None = None):
+        files = files_for(path, storage_options)
+        super().__init__("." if files.remote else path)
+        self.fs = files
+        self.path = files.init_path(path)
         self._cached: tuple | None = None      # (raw .metadata, parsed): read once per load
 
     def read_metadata(self, *args, **kwargs) -> Metadata:
@@ -408,7 +406,7 @@ class CompressedReader(FileSystemReader):
         return fut
 
     def _read(self, rel: str, offset: int, length: int) -> bytes:
-        path = self.fs.concat_path(self.path, rel)
+        path = self.fs.join(self.path, rel)
         if not self.fs.exists(path):
             raise BrokenChainError(f"{path} is missing: a checkpoint this one depends on "
                                    "was deleted or moved")
