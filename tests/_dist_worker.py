@@ -3,6 +3,7 @@ in an importable module). Each asserts what it can see on its own rank and leave
 the parent to check the rest."""
 
 import ast
+import datetime
 import faulthandler
 import os
 
@@ -24,7 +25,7 @@ def _init(rank, world, port, log_dir=None):
         faulthandler.enable(all_threads=True)
     os.environ["LCCKPT_THREADS"] = "1"
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+                            world_size=world, timeout=datetime.timedelta(seconds=120))
     torch.set_num_threads(1)
 
 
@@ -188,11 +189,60 @@ def reshard(rank, world, src):
     dist.barrier()
 
 
+def cooperative(rank, world, root):
+    """A replicated state saved by both ranks loads with each rank reading and decoding
+    about half of it; a damaged item that rank 1 decodes makes both ranks raise its error."""
+    import torch.distributed.checkpoint as dcp
+    import lcckpt.distributed as ld
+    from lcckpt.distributed.planner import SafeLoadPlanner
+    from lcckpt.distributed.storage import CompressedReader
+    from lcckpt.errors import CorruptDataError
+    d = os.path.join(root, "coop")
+    state = replicated_state()
+    ld.save(state, d, planner=ld.BalancedSavePlanner(min_split_bytes=64 << 10))
+
+    def fresh():
+        t = replicated_state()
+        for v in flatten(t).values():
+            if isinstance(v, torch.Tensor):
+                v.zero_()
+        t["meta"] = {"epoch": 0, "tag": "", "lr": [0.0, 0.0]}
+        return t
+
+    target = fresh()
+    reader = CompressedReader(d, cooperative=True)
+    dcp.load(target, storage_reader=reader, planner=SafeLoadPlanner())
+    for k, v in flatten(state).items():
+        got = flatten(target)[k]
+        assert torch.equal(got, v) if isinstance(v, torch.Tensor) else got == v, k
+    part = reader.last_exchange
+    assert part is not None and part.decode, "the cooperative path was not taken"
+    with open(f"{d}.read{rank}", "w") as f:
+        f.write(str(reader.bytes_read))
+    if rank == 1:               # one of the tensor items rank 1 decodes, for rank 0 to damage
+        idx = max(part.send, key=lambda i: reader.storage_data[i].length)
+        info = reader.storage_data[idx]
+        with open(os.path.join(d, info.relative_path), "r+b") as f:
+            f.seek(info.offset + info.length // 2)
+            b = f.read(1)
+            f.seek(info.offset + info.length // 2)
+            f.write(bytes([b[0] ^ 0xFF]))
+    dist.barrier()
+    try:
+        ld.load(fresh(), d, cooperative=True)
+        raised = None
+    except CorruptDataError as e:
+        raised = e
+    assert raised is not None, f"rank {rank} loaded a damaged checkpoint"
+    dist.barrier()
+
+
 def two_rank_worker(rank, world, port, root, src):
     """One spawn for every 2-process check (process start-up dominates their time)."""
     _init(rank, world, port, log_dir=root)
     chain(rank, world, root)
     reshard(rank, world, src)
+    cooperative(rank, world, root)
     dist.destroy_process_group()
 
 

@@ -165,3 +165,58 @@ def test_delta_sized_history_keeps_pieces_and_owners():
     delta = partition(items, 2, history=hist, raw_weight=0.25)
     assert delta.sticky and delta.owner == kf.owner
     assert delta.imbalance() <= 1.15
+
+
+# -- the cooperative restore's schedule (lcckpt/distributed/exchange.py) ------------------------
+
+def _plans_and_storage(needs: dict, nranks: int, writer_of=lambda i: 0, codec=lambda i: "exact"):
+    """``needs``: item number -> ranks that read it; every item 1000 * (i + 1) raw bytes."""
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
+    from lcckpt.distributed.storage import LcckptStorageInfo
+    storage, plans = {}, [LoadPlan([]) for _ in range(nranks)]
+    for i, ranks in needs.items():
+        idx = MetadataIndex(f"t{i}", (0,))
+        storage[idx] = LcckptStorageInfo("f", offset=i, length=10, codec=codec(i),
+                                         piece=(f"t{i}", 0, 1), rank=writer_of(i),
+                                         raw_nbytes=1000 * (i + 1), dtype="torch.float32",
+                                         shape=(250 * (i + 1),))
+        for r in ranks:
+            plans[r].items.append(ReadItem(LoadItemType.TENSOR, idx, (0,), idx, (0,), (1,)))
+    return plans, storage
+
+
+def test_cooperative_schedule_decodes_each_shared_item_once_and_balances_raw_bytes():
+    from lcckpt.distributed.exchange import schedule
+    needs = {i: [0, 1, 2] for i in range(9)} | {9: [1], 10: [2, 0]}
+    plans, storage = _plans_and_storage(needs, 3, codec=lambda i: "bytes" if i == 8 else "exact")
+    parts = [p.storage_data for p in schedule(plans, storage)]
+    by_index = {f"t{i}": i for i in needs}
+    decoded = [sorted(by_index[x.fqn] for x in part.decode) for part in parts]
+    # a value's bytes are read by every rank that needs them; a tensor is decoded once
+    for i, ranks in needs.items():
+        who = [r for r in range(3) if i in decoded[r]]
+        assert who == (sorted(ranks) if i == 8 else [who[0]]) and set(who) <= set(ranks), (i, who)
+    assert decoded[1].count(9) == 1                       # needed by one rank: its own
+    # every other needing rank receives it from the decoder, under one tag each
+    tags = []
+    for r, part in enumerate(parts):
+        for idx, (src, tag) in part.recv.items():
+            assert (r, tag) in parts[src].send[idx]
+            tags.append(tag)
+        for idx, dsts in part.send.items():
+            assert idx in part.decode
+            assert sorted(d for d, _ in dsts) == sorted(set(needs[by_index[idx.fqn]]) - {r})
+    assert sorted(tags) == list(range(len(tags)))
+    # raw bytes decoded per rank are balanced to within the largest item
+    load = [sum(storage[x].raw_nbytes for x in part.decode if storage[x].codec != "bytes")
+            for part in parts]
+    assert max(load) - min(load) <= max(s.raw_nbytes for s in storage.values()), load
+
+
+def test_cooperative_schedule_prefers_the_writer_on_a_tie():
+    from lcckpt.distributed.exchange import schedule
+    plans, storage = _plans_and_storage({0: [0, 1], 1: [0, 1]}, 2, writer_of=lambda i: 1)
+    parts = [p.storage_data for p in schedule(plans, storage)]
+    assert [x.fqn for x in parts[1].decode] == ["t1"]     # the largest, on a tie: the writer
+    assert [x.fqn for x in parts[0].decode] == ["t0"]     # then the less loaded rank

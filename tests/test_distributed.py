@@ -350,6 +350,17 @@ def test_one_process_checkpoint_loads_resharded_on_two_ranks(two_ranks):
     assert all(os.path.exists(f"{src}.loaded_on_{r}") for r in range(2))
 
 
+@pytest.mark.slow
+def test_two_ranks_restore_cooperatively_reading_each_byte_once(two_ranks):
+    root, _ = two_ranks     # the workers checked the values and that a damaged item raised
+    d = os.path.join(root, "coop")
+    stored = sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d)
+                 if n.endswith(".distcp"))
+    read = [int(open(f"{d}.read{r}").read()) for r in range(2)]
+    assert sum(read) <= 1.05 * stored, (read, stored)
+    assert max(read) <= 0.75 * stored, (read, stored)
+
+
 def test_errors_are_lcckpt_errors():
     assert issubclass(DistributedCheckpointError, LcckptError)
     assert issubclass(DistributedCheckpointError, Exception)

@@ -37,6 +37,9 @@ from ..errors import InvalidArgumentError
 
 MB = 1e6
 CONFIGS = (("balanced", 1), ("dcp-default", 2), ("balanced", 2))
+# restores timed: (checkpoint, ranks, cooperative); "2 alone": each rank reads all it needs
+RESTORES = (("exact", "1", True), ("exact", "2", True), ("exact", "2 alone", False),
+            ("chain", "1", True), ("chain", "2", True), ("chain", "2 alone", False))
 
 
 def bench_state(total_mb: float = 256, dominant: float = 0.8, n_small: int = 200,
@@ -81,13 +84,8 @@ def _one_save(cfg, planner_name, group, members, rank, state, path, check):
         dist.barrier(group)
         save_s = time.perf_counter() - t0
         stats = dict(writer.last_write_stats)
-        target = {k: (torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0)
-                  for k, v in state.items()}
-        dist.barrier(group)
-        t0 = time.perf_counter()
-        ld.load(target, path, process_group=group)
-        dist.barrier(group)
-        load_s = time.perf_counter() - t0
+        target = _zeros(state)
+        load_s, _ = _timed_load(target, path, group)
         if check:
             assert all(torch.equal(target[k], v) if isinstance(v, torch.Tensor)
                        else target[k] == v for k, v in state.items()), "reload differs"
@@ -97,6 +95,76 @@ def _one_save(cfg, planner_name, group, members, rank, state, path, check):
     if rank == 0:
         shutil.rmtree(path, ignore_errors=True)
     return {"save_s": save_s, "load_s": load_s, "ranks": [g for g in gathered if g]}
+
+
+def _zeros(state: dict) -> dict:
+    return {k: (torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0)
+            for k, v in state.items()}
+
+
+def _timed_load(target, path, group, cooperative=True) -> tuple[float, int]:
+    """``ld.load`` of ``path`` into ``target`` by the ranks of ``group``, barrier to
+    barrier: (seconds, bytes this rank read)."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from ..distributed.planner import SafeLoadPlanner
+    from ..distributed.storage import CompressedReader
+    reader = CompressedReader(path, process_group=group, cooperative=cooperative)
+    dist.barrier(group)
+    t0 = time.perf_counter()
+    dcp.load(target, storage_reader=reader, planner=SafeLoadPlanner(), process_group=group)
+    dist.barrier(group)
+    return time.perf_counter() - t0, reader.bytes_read
+
+
+def _restores(cfg, groups, rank, state) -> dict:
+    """Restore timings at 1 and 2 ranks, taking turns: an exact checkpoint written by two
+    ranks, and the newest step of a chain (a keyframe and 5 deltas, ``bits=2``).
+    Returns {"exact:1": [(seconds, [bytes read per rank]), ...], ...} on rank 0."""
+    import torch.distributed as dist
+
+    import lcckpt.distributed as ld
+    g2 = groups[2][0]
+    exact = os.path.join(cfg["root"], "restore_exact")
+    ld.save(state, exact, process_group=g2)
+    ck = ld.DistributedCheckpointer(os.path.join(cfg["root"], "restore_chain"), bits=2,
+                                    keyframe_every=50, process_group=g2)
+    gen = torch.Generator().manual_seed(1)
+    for step in range(6):                    # the same update on both ranks: replicated
+        if step:
+            for v in state.values():
+                if isinstance(v, torch.Tensor):
+                    v.add_(torch.randn(v.shape, generator=gen).mul_(2e-4))
+        ck.save(step, state)
+    out = {f"{kind}:{w}": [] for kind, w, _ in RESTORES}
+    for rep in range(cfg["repeats"] + 1):
+        for kind, w, coop in RESTORES:
+            group, members = groups[int(w[0])]
+            secs, nbytes = 0.0, 0
+            if rank in members:
+                secs, nbytes = _timed_load(_zeros(state), exact if kind == "exact"
+                                           else ck.path(5), group, coop)
+            got = [None] * dist.get_world_size()
+            dist.all_gather_object(got, (secs, nbytes))
+            if rep > 0:
+                out[f"{kind}:{w}"].append((got[0][0], [b for _, b in got[:int(w[0])]]))
+    return {"runs": out}
+
+
+def _restore_summary(rest: dict) -> list:
+    rows = []
+    med = statistics.median
+    for kind, w, _ in RESTORES:
+        one = rest["runs"][f"{kind}:1"]
+        runs = rest["runs"][f"{kind}:{w}"]
+        secs = med(s for s, _ in runs)
+        per_rank = [med(b[k] for _, b in runs) for k in range(int(w[0]))]
+        rows.append({"checkpoint": kind, "ranks": w, "restore_s": secs,
+                     "restore_s_runs": [s for s, _ in runs],
+                     "speedup": med(s for s, _ in one) / secs, "rank_read_bytes": per_rank,
+                     "read_over_one_rank": sum(per_rank) / med(sum(b) for _, b in one)})
+    return rows
 
 
 def _worker(rank, world, port, cfg, out):
@@ -121,6 +189,8 @@ def _worker(rank, world, port, cfg, out):
             row = _one_save(cfg, planner, group, members, rank, state, path, check=rep == 0)
             if rep > 0:                    # the first round warms caches: not timed
                 rows[f"{planner}:{w}"].append(row)
+    if 2 in groups and 1 in groups:
+        rows["restore"] = _restores(cfg, groups, rank, state)
     if rank == 0:
         with open(out, "w") as f:
             json.dump(rows, f)
@@ -180,13 +250,14 @@ def run(total_mb: float = 256, dominant: float = 0.8, n_small: int = 200, repeat
             rows = json.load(f)
     for planner, w in configs:
         results.append(_summary(planner, w, rows[f"{planner}:{w}"]))
+    restores = _restore_summary(rows["restore"]) if "restore" in rows else []
     one = next((r for r in results if r["ranks"] == 1), None)
     for r in results:
         r["speedup_vs_1_rank"] = one["save_s"] / r["save_s"] if one else None
     return {"environment": environment(), "state": info, "threads_per_rank": threads,
             "fsync": sync,
             "repeats": repeats, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-            "results": results}
+            "results": results, "restores": restores}
 
 
 def table(result: dict) -> str:
@@ -199,9 +270,19 @@ def table(result: dict) -> str:
                      "write s per rank": " / ".join(f"{s:.2f}" for s in r["rank_write_s"]),
                      "cpu s per rank": " / ".join(f"{s:.2f}" for s in r["rank_write_cpu_s"]),
                      "max/avg bytes": r["imbalance_bytes"], "max/avg time": r["imbalance_time"]})
-    return format_table(rows, ["ranks", "planner", "save s", "speedup", "load s", "MB per rank",
-                               "write s per rank", "cpu s per rank", "max/avg bytes",
-                               "max/avg time"])
+    out = format_table(rows, ["ranks", "planner", "save s", "speedup", "load s", "MB per rank",
+                              "write s per rank", "cpu s per rank", "max/avg bytes",
+                              "max/avg time"])
+    if result.get("restores"):
+        rest = [{"checkpoint": r["checkpoint"], "ranks": r["ranks"], "restore s": r["restore_s"],
+                 "speedup": r["speedup"],
+                 "MB read per rank": " / ".join(f"{b / MB:.1f}" for b in r["rank_read_bytes"]),
+                 "read / 1 rank's": r["read_over_one_rank"]} for r in result["restores"]]
+        out += "\n\nrestores (\"2\": cooperative, the default: each item read and decoded by one " \
+               "rank and sent to the other; \"2 alone\": each rank reads all it needs)\n" + format_table(
+                   rest, ["checkpoint", "ranks", "restore s", "speedup", "MB read per rank",
+                          "read / 1 rank's"])
+    return out
 
 
 def main(argv=None) -> int:

@@ -28,6 +28,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import Metadata
 
 from ..errors import DistributedCheckpointError, InvalidArgumentError, LcckptError
+from .exchange import PeerFailedError
 from .planner import BalancedSavePlanner, SafeLoadPlanner
 from .retention import apply_retention
 from .storage import CompressedReader, CompressedWriter
@@ -68,7 +69,8 @@ def _unwrap(exc: BaseException, what: str) -> BaseException:
             f"{what} failed on this rank: {type(exc).__name__}: {exc} (a peer that died or "
             "a broken process group surfaces this way; nothing was committed)", {})
     causes = {r: (f[0] if isinstance(f, tuple) else f) for r, f in failures.items()}
-    for c in causes.values():
+    # a rank's own error first: PeerFailedError only says that another rank failed
+    for c in sorted(causes.values(), key=lambda c: isinstance(c, PeerFailedError)):
         if isinstance(c, LcckptError):
             return c
     detail = "; ".join(f"rank {r}: {type(c).__name__}: {c}" for r, c in sorted(causes.items()))
@@ -138,11 +140,14 @@ def async_save(state, directory, *, process_group=None,
                   planner or BalancedSavePlanner(), process_group)
 
 
-def load(state, directory, *, process_group=None, storage_options: dict | None = None) -> None:
+def load(state, directory, *, process_group=None, storage_options: dict | None = None,
+         cooperative: bool = True) -> None:
     """Load ``directory`` into ``state`` in place (its tensors/DTensors give the layout: any
-    world size and sharding). Non-tensor values are unpickled with ``weights_only=True``."""
+    world size and sharding). Non-tensor values are unpickled with ``weights_only=True``.
+    ``cooperative``: see :class:`CompressedReader` (ranks share the reading and decoding)."""
     no_dist = _no_dist(process_group)
-    reader = CompressedReader(directory, storage_options=storage_options)
+    reader = CompressedReader(directory, storage_options=storage_options,
+                              process_group=process_group, cooperative=cooperative)
     reader.read_metadata()          # its errors unwrapped by DCP's; DCP reuses the parsed copy
     try:
         with _quiet(no_dist):

@@ -46,6 +46,7 @@ from ..errors import (
     BrokenChainError, CorruptDataError, InvalidArgumentError, TruncatedError,
     UnsafeObjectError,
 )
+from . import exchange
 from .partition import Piece
 from .store import check_size, files_for
 
@@ -282,6 +283,23 @@ class CompressedWriter(FileSystemWriter):
                     pass
 
 
+def _apply(planner, reqs, whole) -> None:
+    """Copy a decoded item (or a value's bytes) into every request's target."""
+    if isinstance(whole, io.BytesIO):
+        for req in reqs:
+            whole.seek(0)
+            planner.load_bytes(req, whole)
+        return
+    for req in reqs:
+        src = _narrow(whole, req.storage_offsets, req.lengths)
+        dst = planner.resolve_tensor(req).detach()
+        if dst.size() != src.size():
+            raise CorruptDataError(f"{req.storage_index.fqn}: stored piece gives "
+                                   f"{tuple(src.size())}, target wants {tuple(dst.size())}")
+        dst.copy_(src)
+        planner.commit_tensor(req, dst)
+
+
 def _piece(planner, wi: WriteItem) -> Piece:
     if hasattr(planner, "piece_of"):
         return planner.piece_of(wi)
@@ -341,13 +359,21 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 class CompressedReader(FileSystemReader):
-    """DCP storage reader for checkpoints written by :class:`CompressedWriter`."""
+    """DCP storage reader for checkpoints written by :class:`CompressedWriter`.
 
-    def __init__(self, path, *, storage_options: dict | None = None):
+    ``cooperative`` (default): with several ranks, an item several of them need is read
+    and decoded by one and sent to the others (``exchange.py``); False: each rank reads and
+    decodes all it needs itself."""
+
+    def __init__(self, path, *, storage_options: dict | None = None, process_group=None,
+                 cooperative: bool = True):
         files = files_for(path, storage_options)
         super().__init__("." if files.remote else path)
         self.fs = files
         self.path = files.init_path(path)
+        self.process_group, self.cooperative = process_group, cooperative
+        self.bytes_read = 0                  # by the last read_data, for benchmarks and tests
+        self.last_exchange: exchange.Exchange | None = None
         self._cached: tuple | None = None      # (raw .metadata, parsed): read once per load
 
     def read_metadata(self, *args, **kwargs) -> Metadata:
@@ -377,33 +403,36 @@ class CompressedReader(FileSystemReader):
                     "torch.distributed.checkpoint.FileSystemReader")
         return md
 
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        plans = super().prepare_global_plan(plans)
+        if self.cooperative and len(plans) > 1:
+            plans = exchange.schedule(plans, self.storage_data)
+        return plans
+
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        groups: dict = {}
-        for req in plan.items:
-            groups.setdefault(req.storage_index, []).append(req)
-        order = sorted(groups, key=lambda i: (self.storage_data[i].relative_path,
-                                              self.storage_data[i].offset))
-        for idx in order:
-            info: LcckptStorageInfo = self.storage_data[idx]
-            reqs = groups[idx]
-            if info.codec == "bytes":
-                raw = self._read(info.relative_path, info.offset, info.length)
-                for req in reqs:
-                    planner.load_bytes(req, io.BytesIO(raw))
-                continue
-            whole = self._decode(info)
-            for req in reqs:
-                src = _narrow(whole, req.storage_offsets, req.lengths)
-                dst = planner.resolve_tensor(req).detach()
-                if dst.size() != src.size():
-                    raise CorruptDataError(f"{req.storage_index.fqn}: stored piece gives "
-                                           f"{tuple(src.size())}, target wants {tuple(dst.size())}")
-                dst.copy_(src)
-                planner.commit_tensor(req, dst)
-            del whole
+        self.bytes_read = 0
+        self.last_exchange = plan.storage_data if isinstance(plan.storage_data,
+                                                             exchange.Exchange) else None
+        if self.last_exchange is not None:                       # see exchange.py
+            exchange.run(plan.storage_data, plan, planner, self.storage_data,
+                         self.process_group, self._item,
+                         lambda reqs, whole: _apply(planner, reqs, whole))
+        else:
+            groups: dict = {}
+            for req in plan.items:
+                groups.setdefault(req.storage_index, []).append(req)
+            for idx in sorted(groups, key=lambda i: (self.storage_data[i].relative_path,
+                                                     self.storage_data[i].offset)):
+                _apply(planner, groups[idx], self._item(self.storage_data[idx]))
         fut: Future = Future()
         fut.set_result(None)
         return fut
+
+    def _item(self, info: LcckptStorageInfo):
+        """A stored item as read: a value's bytes, or the decoded tensor."""
+        if info.codec == "bytes":
+            return io.BytesIO(self._read(info.relative_path, info.offset, info.length))
+        return self._decode(info)
 
     def _read(self, rel: str, offset: int, length: int) -> bytes:
         path = self.fs.join(self.path, rel)
@@ -416,6 +445,7 @@ class CompressedReader(FileSystemReader):
         if len(data) != length:
             raise TruncatedError(f"{path}: {length} bytes expected at offset {offset}, "
                                  f"got {len(data)}")
+        self.bytes_read += length
         return data
 
     def _decode(self, info: LcckptStorageInfo) -> torch.Tensor:

@@ -1,0 +1,187 @@
+"""Cooperative restore: each stored item is read and decoded by one rank, and sent to the
+other ranks that need it.
+
+Without it every rank of a DDP-style (replicated) load reads and decodes the whole
+checkpoint, so a second rank adds nothing. Here the coordinator, which sees every rank's
+load plan, gives each item that several ranks need to one of them (the least-loaded by raw
+bytes, in a fixed order), and records who sends what to whom in each rank's plan
+(:func:`schedule`, O(items + requests)). Each rank then (:func:`run`):
+
+1. posts a receive for every item it gets from a peer, straight into its destination
+   tensor where one request covers the whole item contiguously (DDP's case; no copy);
+2. decodes its own items in order and sends each to the ranks that need it, with a bounded
+   number of sends in flight;
+3. sums a failure flag over the group, so that a rank whose decode failed (it still sends
+   zeros, so nobody waits forever) makes every rank raise, each its own error or a
+   :class:`PeerFailedError` naming the ranks that failed.
+
+Bytes move as raw bytes (any dtype, bf16 included) over the process group's point-to-point
+calls, each message tagged with the item's position in the global schedule.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from ..errors import LcckptError
+
+_INFLIGHT_BYTES = 64 << 20      # decoded bytes a sender keeps while its sends complete
+
+
+class PeerFailedError(LcckptError):
+    """Another rank could not read or decode its share of a cooperative restore."""
+
+
+@dataclass
+class Exchange:
+    """One rank's part of the schedule (kept in its ``LoadPlan.storage_data``)."""
+    decode: list = field(default_factory=list)      # storage indexes this rank decodes
+    send: dict = field(default_factory=dict)        # index -> [(group rank, tag), ...]
+    recv: dict = field(default_factory=dict)        # index -> (group rank, tag)
+
+
+def schedule(plans: list, storage_data: dict) -> list:
+    """Each plan with an :class:`Exchange` in ``storage_data`` (``plans`` in group-rank
+    order). Items one rank needs, and values' bytes, are read by each rank that needs them;
+    shared tensor items go, costliest first, to the needing rank with the least decoding so
+    far (:func:`_cost`; the item's writer first on a tie). Each rank decodes in file order."""
+    need: dict = {}
+    for rank, plan in enumerate(plans):
+        for item in plan.items:
+            need.setdefault(item.storage_index, set()).add(rank)
+    load = [0] * len(plans)
+    owner: dict = {}
+    shared = []
+    for idx, ranks in need.items():
+        if len(ranks) == 1 or storage_data[idx].codec == "bytes":
+            for r in ranks:
+                load[r] += _cost(storage_data[idx])
+        else:
+            shared.append(idx)
+    # costliest first, each to its least-loaded needing rank (LPT), the writer first on a tie
+    for idx in sorted(shared, key=lambda i: (-_cost(storage_data[i]), _place(storage_data[i]))):
+        info = storage_data[idx]
+        owner[idx] = min(need[idx], key=lambda r: (load[r], r != info.rank, r))
+        load[owner[idx]] += _cost(info)
+    parts = [Exchange() for _ in plans]
+    tag = 0
+    for idx in sorted(need, key=lambda i: _place(storage_data[i])):     # file order
+        if idx not in owner:
+            for r in sorted(need[idx]):
+                parts[r].decode.append(idx)
+            continue
+        src = owner[idx]
+        parts[src].decode.append(idx)
+        for r in sorted(need[idx] - {src}):
+            parts[src].send.setdefault(idx, []).append((r, tag))
+            parts[r].recv[idx] = (src, tag)
+            tag += 1
+    for plan, part in zip(plans, parts):
+        plan.storage_data = part
+    return plans
+
+
+def _cost(info) -> int:
+    """Elements decoded, in raw bytes: the item and every earlier blob of its chain."""
+    return info.raw_nbytes * (1 + len(getattr(info, "chain", ()) or ()))
+
+
+def _place(info) -> tuple:
+    return (info.relative_path, info.offset)
+
+
+def _dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, str(name).replace("torch.", ""), None)
+    if not isinstance(dt, torch.dtype):
+        raise LcckptError(f"checkpoint metadata names an unknown dtype {name!r}")
+    return dt
+
+
+def _bytes_of(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)
+
+
+def run(part: Exchange, plan, planner, storage_data: dict, group, decode, apply) -> None:
+    """This rank's share of a cooperative restore (see the module docstring). ``decode(info)``
+    gives an item's whole tensor; ``apply(reqs, whole)`` copies it into the requests' targets."""
+    reqs_of: dict = {}
+    for req in plan.items:
+        reqs_of.setdefault(req.storage_index, []).append(req)
+    glob = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
+
+    incoming = []
+    for idx, (src, tag) in sorted(part.recv.items(), key=lambda kv: kv[1][1]):
+        info = storage_data[idx]
+        buf, direct = _receive_buffer(info, reqs_of[idx], planner)
+        work = dist.irecv(_bytes_of(buf), src=glob(src), group=group, tag=tag)
+        incoming.append((idx, buf, direct, work))      # direct: buf is the destination
+
+    error: BaseException | None = None
+    inflight: deque = deque()
+    held = 0
+    for idx in part.decode:
+        info = storage_data[idx]
+        try:
+            whole = decode(info) if error is None else None
+            if whole is not None:
+                apply(reqs_of[idx], whole)
+        except Exception as e:     # noqa: BLE001  (peers must not wait forever; raised below)
+            error, whole = e, None
+        for dst, tag in part.send.get(idx, ()):
+            out = whole if whole is not None else torch.zeros(info.shape, dtype=_dtype(info.dtype))
+            out = out.contiguous()
+            inflight.append((dist.isend(_bytes_of(out), dst=glob(dst), group=group, tag=tag),
+                             out.nbytes))
+            held += out.nbytes
+        while inflight and held > _INFLIGHT_BYTES:
+            work, n = inflight.popleft()
+            work.wait()
+            held -= n
+    for work, _ in inflight:
+        work.wait()
+    for idx, buf, direct, work in incoming:
+        work.wait()
+        if error is not None:
+            continue
+        try:
+            if direct:
+                planner.commit_tensor(reqs_of[idx][0], buf)
+            else:
+                apply(reqs_of[idx], buf)
+        except Exception as e:         # noqa: BLE001
+            error = e
+    _agree(error, group)
+
+
+def _receive_buffer(info, reqs, planner):
+    """Where an item from a peer lands: the destination itself when one request covers the
+    whole item with the same dtype, contiguously; else a buffer to copy from."""
+    dtype = _dtype(info.dtype)
+    if len(reqs) == 1:
+        req = reqs[0]
+        dst = planner.resolve_tensor(req).detach()
+        if tuple(req.lengths) == tuple(info.shape) and not any(req.storage_offsets) and \
+                dst.dtype == dtype and tuple(dst.shape) == tuple(info.shape) and \
+                dst.is_contiguous() and dst.device.type == "cpu":
+            return dst, True
+    return torch.empty(info.shape, dtype=dtype), False
+
+
+def _agree(error: BaseException | None, group) -> None:
+    """Every rank learns whether any rank failed; each raises its own error, or, if it had
+    none, one naming the ranks that failed."""
+    world = dist.get_world_size(group)
+    me = dist.get_rank(group)
+    flags = torch.zeros(world, dtype=torch.int32)
+    flags[me] = error is not None
+    dist.all_reduce(flags, group=group)
+    if error is not None:
+        raise error
+    failed = [r for r in range(world) if flags[r]]
+    if failed:
+        raise PeerFailedError(f"rank(s) {failed} could not read or decode their share of "
+                              "this restore; see their errors")
