@@ -4,7 +4,6 @@ import os
 import pickle
 import socket
 import sys
-import warnings
 
 import pytest
 import torch
@@ -292,7 +291,7 @@ def _rank_log(root: str, e) -> str:
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     """Run every 2-process check in one spawn: a 1-process checkpoint to load resharded, then
-    the workers' chain (save, failed save, delta, load) and reshard steps."""
+    the workers' chain (save, failed save, delta, load), reshard and cooperative-restore steps."""
     tmp = tmp_path_factory.mktemp("two_ranks")
     torch.manual_seed(1)
     model = nn.Sequential(nn.Linear(16, 12), nn.Linear(12, 4))
@@ -301,21 +300,15 @@ def two_ranks(tmp_path_factory):
     ld.save(state, src)
     torch.save({**{f"model.{k}": v for k, v in state["model"].items()}, "emb": state["emb"]},
                f"{src}.expected.pt")
-    # A worker killed by a signal (not one that raised: that fails at once) is retried once,
-    # in a fresh directory: once, in a fresh checkout's first run, a rank aborted inside the
-    # native layer ("terminate called without an active exception") and reruns passed.
-    for attempt in range(2):
-        root = str(tmp / f"chain{attempt}")
-        os.makedirs(root)
-        try:
-            mp.spawn(W.two_rank_worker, args=(2, _port(), root, src), nprocs=2, join=True)
-            break
-        except ProcessExitedException as e:
-            if attempt or e.signal_name is None:
-                raise
-            warnings.warn(f"2-process run died ({e}); retrying once. The dead rank's stderr "
-                          f"(faulthandler's thread stacks included): {_rank_log(root, e)}",
-                          RuntimeWarning)
+    # No retry: a rank killed by a signal fails the run, with that rank's stderr (C++'s
+    # "terminate called ..." line and faulthandler's thread stacks) in the message.
+    root = str(tmp / "chain")
+    os.makedirs(root)
+    try:
+        mp.spawn(W.two_rank_worker, args=(2, _port(), root, src), nprocs=2, join=True)
+    except ProcessExitedException as e:
+        raise AssertionError(f"2-process run died ({e}); the dead rank's stderr: "
+                             f"{_rank_log(root, e)}") from e
     return root, src
 
 
