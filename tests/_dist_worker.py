@@ -164,6 +164,9 @@ def chain(rank, world, root):
     flat.update({f"model.{k}": v.full_tensor() for k, v in target["model"].items()})
     for p, t in ck.references().items():
         assert torch.equal(piece_slice(flat, p.key, p.start, p.stop), t), p
+    if rank == 0:           # what step 4 restores to, for loads at other world sizes
+        torch.save({k: v for k, v in flat.items() if isinstance(v, torch.Tensor)},
+                   f"{root}/restored4.pt")
     dist.barrier()
 
 
@@ -200,6 +203,7 @@ def cooperative(rank, world, root):
     d = os.path.join(root, "coop")
     state = replicated_state()
     ld.save(state, d, planner=ld.BalancedSavePlanner(min_split_bytes=64 << 10))
+    ld.save(state, os.path.join(root, "exact2"))        # left intact, for three_rank_worker
 
     def fresh():
         t = replicated_state()
@@ -274,4 +278,87 @@ def s3_failed_upload_worker(rank, world, port, url, opts, out_dir):
     assert ck.load(target) == 0
     if "emb" in want:
         assert torch.equal(target["emb"], want["emb"])
+    dist.destroy_process_group()
+
+
+def _mixed_target(mesh=None):
+    """Zeros shaped like the mixed state: the replicated part, and the model's parameters
+    as FSDP2 shards over all ranks (``mesh=None``) or as DTensor row shards over ``mesh``."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+    state = replicated_state()
+    for v in flatten(state).values():
+        if isinstance(v, torch.Tensor):
+            v.zero_()
+    state["meta"] = {"epoch": 0, "tag": "", "lr": [0.0, 0.0]}
+    if mesh is None:
+        model = fsdp_model().state_dict()
+        for v in model.values():
+            v.to_local().zero_()
+    else:
+        shapes = {k: v.shape for k, v in
+                  nn.Sequential(nn.Linear(16, 12), nn.Linear(12, 4)).state_dict().items()}
+        model = {k: distribute_tensor(torch.zeros(sh), mesh, [Shard(0)]) for k, sh in shapes.items()}
+    return {"state": state, "model": model}
+
+
+def _full(target) -> dict:
+    """Copies of the target's tensors, flattened, DTensors gathered (a collective: every
+    member calls)."""
+    flat = flatten(target["state"], "state.")
+    flat.update({f"model.{k}": v.full_tensor() for k, v in target["model"].items()})
+    return {k: v.clone() for k, v in flat.items() if isinstance(v, torch.Tensor)}
+
+
+def _assert_equal(got: dict, want: dict, what: str):
+    assert set(got) == set(want), (what, sorted(set(got) ^ set(want)))
+    for k, v in want.items():
+        assert torch.equal(got[k], v) if isinstance(v, torch.Tensor) else got[k] == v, (what, k)
+
+
+def three_rank_worker(rank, world, port, root2, out):
+    """Any N -> M: the two-rank run's exact keyframe step 0, its delta step 4 and its exact
+    replicated checkpoint load on three ranks (2 -> 3; FSDP2 over three ranks); then three
+    ranks save an exact checkpoint and a chain of the mixed state, which ranks {0, 1} load
+    as DTensor row shards (3 -> 2); the parent loads them in one process (3 -> 1)."""
+    _init(rank, world, port, log_dir=out)
+    import lcckpt.distributed as ld
+    from torch.distributed.device_mesh import DeviceMesh
+    ck2 = ld.DistributedCheckpointer(root2)
+    target = _mixed_target()
+    assert ck2.load(target, 0) == 0             # keyframe: the values the run started from
+    start = {"state": replicated_state(), "model": fsdp_model().state_dict()}
+    _assert_equal(_full(target), _full(start), "2->3 step 0")
+    assert ck2.load(target, 4) == 4
+    _assert_equal(_full(target), torch.load(f"{root2}/restored4.pt"), "2->3 step 4")
+    rep = _mixed_target()["state"]
+    ld.load(rep, os.path.join(root2, "exact2"))
+    _assert_equal(flatten(rep), flatten(replicated_state()), "2->3 exact replicated")
+
+    state, model = replicated_state(), fsdp_model()
+    full = {"state": state, "model": model.state_dict()}
+    ld.save(full, f"{out}/exact3")
+    want_exact = _full(full)
+    ck3 = ld.DistributedCheckpointer(f"{out}/chain3", bits=2)
+    for step in range(3):
+        if step:
+            step_update(state, model, step)
+        ck3.save(step, full)
+    t3 = _mixed_target()
+    assert ck3.load(t3) == 2
+    want_chain = _full(t3)
+    if rank == 0:
+        torch.save(want_exact, f"{out}/exact3.expected.pt")
+        torch.save(want_chain, f"{out}/chain3.expected.pt")
+    sub = dist.new_group([0, 1])
+    if rank < 2:
+        mesh = DeviceMesh.from_group(sub, "cpu")
+        t2 = _mixed_target(mesh)
+        ld.load(t2, f"{out}/exact3", process_group=sub)
+        _assert_equal(_full(t2), want_exact, "3->2 exact")
+        t2 = _mixed_target(mesh)
+        assert ld.DistributedCheckpointer(f"{out}/chain3", process_group=sub).load(t2) == 2
+        _assert_equal(_full(t2), want_chain, "3->2 chain")
+        with open(f"{out}/ok{rank}", "w") as f:
+            f.write("ok")
+    dist.barrier()
     dist.destroy_process_group()

@@ -354,6 +354,42 @@ def test_two_ranks_restore_cooperatively_reading_each_byte_once(two_ranks):
     assert max(read) <= 0.75 * stored, (read, stored)
 
 
+@pytest.fixture(scope="module")
+def three_ranks(two_ranks, tmp_path_factory):
+    """Three ranks load what two wrote (2 -> 3), save their own, and two of them load that
+    back (3 -> 2); see ``_dist_worker.three_rank_worker``."""
+    root2, _ = two_ranks
+    out = str(tmp_path_factory.mktemp("three_ranks"))
+    try:
+        mp.spawn(W.three_rank_worker, args=(3, _port(), root2, out), nprocs=3, join=True)
+    except ProcessExitedException as e:
+        raise AssertionError(f"3-process run died ({e}); the dead rank's stderr: "
+                             f"{_rank_log(out, e)}") from e
+    return out
+
+
+@pytest.mark.slow
+def test_any_n_to_m_exact_and_chains_ddp_fsdp2_and_mixed(three_ranks):
+    """2 -> 3 and 3 -> 2 were checked bit for bit by the workers; 3 -> 1 here."""
+    out = three_ranks
+    assert all(os.path.exists(f"{out}/ok{r}") for r in range(2))
+    for kind in ("exact3", "chain3"):
+        want = torch.load(f"{out}/{kind}.expected.pt")
+        torch.manual_seed(1)
+        model = nn.Sequential(nn.Linear(16, 12), nn.Linear(12, 4))
+        target = {"state": zeros_like_state(W.replicated_state()),
+                  "model": zeros_like_state(model.state_dict())}
+        target["state"]["meta"] = {"epoch": 0, "tag": "", "lr": [0.0, 0.0]}
+        if kind == "exact3":
+            ld.load(target, f"{out}/exact3")
+        else:
+            assert ld.DistributedCheckpointer(f"{out}/chain3").load(target) == 2
+        got = {k: v for k, v in W.flatten(target).items() if isinstance(v, torch.Tensor)}
+        assert set(got) == set(want)
+        for k in want:
+            assert torch.equal(got[k], want[k]), (kind, k)
+
+
 def test_errors_are_lcckpt_errors():
     assert issubclass(DistributedCheckpointError, LcckptError)
     assert issubclass(DistributedCheckpointError, Exception)
