@@ -56,7 +56,7 @@ def step_update(state, model, step):
     for w in state["small"].values():
         w.add_(torch.randn(w.shape, generator=g) * 1e-3)
     with torch.no_grad():
-        for p in model.parameters():
+        for p in (model.parameters() if model is not None else ()):
             p.to_local().add_(1e-3)
 
 
@@ -241,12 +241,66 @@ def cooperative(rank, world, root):
     dist.barrier()
 
 
+def process_mode(rank, world, root):
+    """``async_save(..., process=True)`` writes deltas: a chain saved in DCP's background
+    process restores bit for bit to what the same saves in a thread give; the background
+    process killed mid-save leaves the previous step loadable, and the next save, in a new
+    background process, is a keyframe that commits."""
+    import signal
+    from torch.distributed.checkpoint import _async_process_executor as ape
+    import lcckpt.distributed as ld
+    from lcckpt.distributed.storage import CompressedReader
+    from lcckpt.errors import DistributedCheckpointError
+    runs = {}
+    for mode in ("thread", "process"):
+        state = replicated_state()
+        ck = ld.DistributedCheckpointer(os.path.join(root, f"async_{mode}"), bits=2)
+        for step in range(3):
+            if step:
+                step_update(state, None, step)
+            ck.async_save(step, state, process=mode == "process").result(timeout=120)
+        runs[mode] = ck
+    codecs = {i.codec for i in CompressedReader(runs["process"].path(2)).read_metadata()
+              .storage_data.values()}
+    assert "delta" in codecs, codecs
+    target = replicated_state()
+    assert runs["process"].load(target) == 2
+    for p, t in runs["thread"].references().items():
+        assert torch.equal(piece_slice(flatten(target), p.key, p.start, p.stop), t), p
+    want = {k: v.clone() for k, v in flatten(target).items() if isinstance(v, torch.Tensor)}
+
+    ck = runs["process"]
+    state = replicated_state()
+    step_update(state, None, 3)
+    fut = ck.async_save(3, state, process=True)
+    os.kill(ape._CHECKPOINT_PROCESS._save_process.pid, signal.SIGKILL)
+    try:
+        fut.result(timeout=120)
+        raised = None
+    except DistributedCheckpointError as e:
+        raised = e
+    dist.barrier()
+    if raised is not None:                    # killed before it committed (else: too late)
+        assert ck.steps() == [0, 1, 2], ck.steps()
+        target = replicated_state()
+        assert ck.load(target) == 2
+        for k, v in want.items():
+            assert torch.equal(flatten(target)[k], v), k
+    ck.async_save(4, state, process=True).result(timeout=120)    # a new background process
+    codecs = {i.codec for i in CompressedReader(ck.path(4)).read_metadata().storage_data.values()}
+    assert "delta" not in codecs, codecs
+    with open(os.path.join(root, f"killed{rank}"), "w") as f:
+        f.write("raised" if raised is not None else "committed")
+    dist.barrier()
+
+
 def two_rank_worker(rank, world, port, root, src):
     """One spawn for every 2-process check (process start-up dominates their time)."""
     _init(rank, world, port, log_dir=root)
     chain(rank, world, root)
     reshard(rank, world, src)
     cooperative(rank, world, root)
+    process_mode(rank, world, root)
     dist.destroy_process_group()
 
 

@@ -3,6 +3,7 @@
 import os
 import pickle
 import socket
+import warnings
 import sys
 
 import pytest
@@ -211,13 +212,39 @@ def test_async_save(tmp_path):
     assert torch.equal(target["w"], next(iter(ck.references().values())))
 
 
-def test_pickled_writer_and_planner_carry_no_references(tmp_path):
+def test_a_pickled_writer_takes_up_references_only_after_the_commit(tmp_path):
+    """What DCP's process-mode async_save does: each save unpickles a fresh copy of the
+    writer in its background process. The references a copy writes there become the next
+    copy's only once this process committed that save."""
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
     ck = ld.DistributedCheckpointer(tmp_path, bits=2)
     ck.save(0, {"w": torch.randn(100, 4)})
     assert ck.references() and ck.planner.history is not None
-    w2 = pickle.loads(pickle.dumps(ck.writer))
-    p2 = pickle.loads(pickle.dumps(ck.planner))
-    assert w2.references() == {} and p2.history is None
+    assert pickle.loads(pickle.dumps(ck.planner)).history == ck.planner.history
+    state = {"w": torch.randn(100, 4)}
+
+    def background_save(step, commit):
+        ck._prepare(step, False)
+        copy = pickle.loads(pickle.dumps(ck.writer))      # as the background process gets it
+        assert copy.references() == {} or step > 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.save(state, storage_writer=copy, planner=DefaultSavePlanner(), no_dist=True)
+        if commit:
+            ck.writer.commit()                  # what _finish_async does on success
+        return copy
+
+    first = background_save(1, commit=False)    # not committed: its references are dropped
+    assert pickle.loads(pickle.dumps(ck.writer)).references() == {}
+    first = background_save(2, commit=True)
+    assert first.references() == {}             # a save's own references wait for its commit
+    nxt = pickle.loads(pickle.dumps(ck.writer))
+    got = nxt.references()
+    assert list(got) and all(torch.equal(t, torch.as_tensor(first._bg.refs[p].encoder.reference()))
+                             for p, t in got.items())
+    target = {"w": torch.zeros(100, 4)}
+    ld.load(target, ck.path(2))
+    assert torch.equal(target["w"], next(iter(got.values())))
 
 
 def test_planner_balances_where_dcp_default_does_not():
@@ -352,6 +379,14 @@ def test_two_ranks_restore_cooperatively_reading_each_byte_once(two_ranks):
     read = [int(open(f"{d}.read{r}").read()) for r in range(2)]
     assert sum(read) <= 1.05 * stored, (read, stored)
     assert max(read) <= 0.75 * stored, (read, stored)
+
+
+@pytest.mark.slow
+def test_process_mode_async_saves_write_deltas_and_survive_a_killed_saver(two_ranks):
+    root, _ = two_ranks     # the workers compared the restores (_dist_worker.process_mode)
+    for rank in range(2):
+        with open(os.path.join(root, f"killed{rank}")) as f:
+            assert f.read() == "raised", rank       # the kill came before the commit
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from concurrent.futures import Future
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 from torch.distributed.checkpoint.metadata import Metadata
 
 from ..errors import DistributedCheckpointError, InvalidArgumentError, LcckptError
@@ -110,13 +111,30 @@ def _finish_async(fut: Future, writer, planner, out: Future, on_done=None):
         on_done()
 
 
-def _async(state, writer, planner, process_group, on_done=None) -> Future:
+def _async(state, writer, planner, process_group, on_done=None, process=False) -> Future:
+    kind = AsyncCheckpointerType.PROCESS if process else AsyncCheckpointerType.THREAD
+    if process:
+        _forget_dead_background_process()
     inner = dcp.async_save(state, storage_writer=writer, planner=planner,
-                           process_group=process_group, no_dist=_no_dist(process_group))
+                           process_group=process_group, no_dist=_no_dist(process_group),
+                           async_checkpointer_type=kind)
     inner = getattr(inner, "upload_completion", inner)
     out: Future = Future()
     inner.add_done_callback(lambda f: _finish_async(f, writer, planner, out, on_done))
     return out
+
+
+def _forget_dead_background_process() -> None:
+    """DCP keeps one background process for process-mode async saves and, once it died,
+    fails every later save on it; forget a dead one so that the next save starts another
+    (every rank's died with it, or the new ones cannot form their group: the save fails)."""
+    try:
+        from torch.distributed.checkpoint import _async_process_executor as ape  # noqa: PLC0415
+        proc = ape._CHECKPOINT_PROCESS
+        if proc is not None and not proc._save_process.is_alive():
+            ape._CHECKPOINT_PROCESS = None
+    except (ImportError, AttributeError):        # another torch: its own behaviour
+        pass
 
 
 def save(state, directory, *, process_group=None, planner: BalancedSavePlanner | None = None,
@@ -133,11 +151,12 @@ def save(state, directory, *, process_group=None, planner: BalancedSavePlanner |
 
 def async_save(state, directory, *, process_group=None,
                planner: BalancedSavePlanner | None = None,
-               storage_options: dict | None = None) -> Future:
-    """:func:`save` in a background thread (DCP's ``async_save``; the state is staged to CPU
-    first). The future gives the metadata, or raises DistributedCheckpointError."""
+               storage_options: dict | None = None, process: bool = False) -> Future:
+    """:func:`save` in a background thread, or with ``process=True`` in DCP's background
+    process (the training process's GIL stays free); the state is staged to CPU first. The
+    future gives the metadata, or raises DistributedCheckpointError."""
     return _async(state, CompressedWriter(directory, storage_options=storage_options),
-                  planner or BalancedSavePlanner(), process_group)
+                  planner or BalancedSavePlanner(), process_group, process=process)
 
 
 def load(state, directory, *, process_group=None, storage_options: dict | None = None,
@@ -211,10 +230,13 @@ class DistributedCheckpointer:
         self._retain()
         return md
 
-    def async_save(self, step: int, state, *, keyframe: bool = False) -> Future:
-        """:meth:`save` in a background thread; the next save or load waits for it."""
+    def async_save(self, step: int, state, *, keyframe: bool = False,
+                   process: bool = False) -> Future:
+        """:meth:`save` in a background thread, or with ``process=True`` in DCP's background
+        process, where this writer's references then live (deltas as in a thread; if that
+        process dies, the next save is a keyframe). The next save or load waits for it."""
         self._prepare(step, keyframe)
-        fut = _async(state, self.writer, self.planner, self.process_group)
+        fut = _async(state, self.writer, self.planner, self.process_group, process=process)
         if self.keep_last is not None:
             fut = self._then_retain(fut)
         self._inflight = fut

@@ -100,9 +100,9 @@ class BalancedSavePlanner(DefaultSavePlanner):
         self._local_items: list[WriteItem] | None = None
 
     def __getstate__(self):
-        # process-based async_save pickles the planner on every save: leave the history out
+        # process-based async_save pickles the planner on every save: the history (a few
+        # numbers per piece) goes along, so that pieces keep their ranks and their deltas
         state = dict(self.__dict__)
-        state["history"] = None
         state["state_dict"] = None
         return state
 

@@ -77,6 +77,18 @@ class FilePrefix:
     prefix: str
 
 
+class _Background:
+    """A writer's references in DCP's async-save background process (see __getstate__)."""
+
+    def __init__(self):
+        self.refs: dict = {}
+        self.pending: dict | None = None
+        self.pending_save: str | None = None
+
+
+_BACKGROUND: dict[str, _Background] = {}
+
+
 @dataclass
 class _Ref:
     encoder: DeltaEncoder      # its reference = the decoder's reconstruction of the piece
@@ -138,15 +150,29 @@ class CompressedWriter(FileSystemWriter):
         self.force_keyframe = False
         self._refs: dict[Piece, _Ref] = {}
         self._pending: dict[Piece, _Ref] | None = None
+        self.writer_id = uuid.uuid4().hex
+        self._last_committed: str | None = None      # save_id of the last committed save
+        self._bg: _Background | None = None           # set in a background process
         self._written: list = []
         self.last_write_stats: dict = {}
 
+    # DCP's process-based async_save pickles the writer into its background process for
+    # every save. The references live there, in ``_BACKGROUND`` under this writer's id: a
+    # save's new references become the ones deltas use when the next copy arrives saying
+    # that save committed (``_last_committed``, set by :meth:`commit` here). A background
+    # process that died takes them along: the next save there is a keyframe.
     def __getstate__(self):
-        # process-based async_save pickles the writer on every save: the references stay here
-        # (the pickled copy writes keyframes only, which is always correct)
         state = dict(self.__dict__)
-        state["_refs"], state["_pending"] = {}, None
+        state["_refs"], state["_pending"], state["_bg"] = {}, None, None
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        bg = _BACKGROUND.setdefault(self.writer_id, _Background())
+        if bg.pending is not None and bg.pending_save == self._last_committed:
+            bg.refs = bg.pending
+        bg.pending = None
+        self._refs, self._bg = bg.refs, bg
 
     # -- DCP hooks -------------------------------------------------------------------------
     def set_up_storage_writer(self, is_coordinator: bool, *args, **kwargs) -> None:
@@ -201,6 +227,8 @@ class CompressedWriter(FileSystemWriter):
             written = f.tell()
         check_size(self.fs, path, written)      # a remote upload completes on close
         self._pending = pending if self.bits is not None else None
+        if self._bg is not None:
+            self._bg.pending, self._bg.pending_save = self._pending, self.save_id
         self.last_write_stats = {"rank": rank, "items": len(results), "raw_bytes": raw_total,
                                  "bytes": written, "seconds": time.perf_counter() - t0,
                                  "cpu_seconds": time.process_time() - c0}
@@ -254,6 +282,7 @@ class CompressedWriter(FileSystemWriter):
         self._pending = None
         self._written = []
         self.force_keyframe = False
+        self._last_committed = self.save_id
 
     def abort(self) -> None:
         """The save failed somewhere: keep the old references, remove this rank's files."""
