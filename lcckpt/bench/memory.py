@@ -102,22 +102,12 @@ print(json.dumps(out))
 CASES = ("save", "delta", "restore", "manager", "bench")
 
 
-def _state_bytes(state) -> int:
-    import torch
-    n = 0
-    for v in (state.values() if isinstance(state, dict) else state):
-        if isinstance(v, torch.Tensor):
-            n += v.numel() * v.element_size()
-        elif isinstance(v, (dict, list, tuple)):
-            n += _state_bytes(v)
-    return n
-
-
 def prepare(d: str, steps: int = 6) -> dict:
     """Three snapshots of the MLP under Adam as torch files, and a default chain of them."""
     import torch
 
     import lcckpt
+    from ..interop.convert import flat_tensors
     from .trajectory import train_trajectory
     traj = train_trajectory(model="mlp", optimizer="adam", steps=steps,
                             snapshot_every=steps // 3)
@@ -126,21 +116,10 @@ def prepare(d: str, steps: int = 6) -> dict:
         for i, s in enumerate(snaps):
             torch.save(s, os.path.join(d, f"s{i}.pt"))
             ck.save(i, s)
-    return {"state_bytes": _state_bytes(snaps[-1]),
-            "fp32_tracked_bytes": sum(v.numel() * 4 for v in _tensors(snaps[-1])
+    tensors = flat_tensors(snaps[-1]).values()
+    return {"state_bytes": sum(v.numel() * v.element_size() for v in tensors),
+            "fp32_tracked_bytes": sum(v.numel() * 4 for v in tensors
                                       if v.is_floating_point() and v.numel() >= 1024)}
-
-
-def _tensors(obj):
-    import torch
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _tensors(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _tensors(v)
 
 
 def run(cases=CASES, directory: str | None = None) -> dict:
