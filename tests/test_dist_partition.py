@@ -102,10 +102,13 @@ def test_deterministic_under_input_order(prob, rnd):
     assert a.owner == b.owner and a.loads == b.loads
 
 
-def history_of(asg):
-    return History(encoded={p: int(c - OVERHEAD) for p, c in asg.cost.items()},
+def history_of(asg, whole_bytes=True):
+    """The history a save of ``asg`` leaves when every piece encodes to what the plan
+    expected: in whole bytes, as files give them, or (``whole_bytes=False``) exactly."""
+    size = (lambda c: int(c - OVERHEAD)) if whole_bytes else (lambda c: c - OVERHEAD)
+    return History(encoded={p: size(c) for p, c in asg.cost.items()},
                    owner=dict(asg.owner),
-                   raw={p: max(1, int(c - OVERHEAD)) for p, c in asg.cost.items()})
+                   raw={p: max(1, size(c)) for p, c in asg.cost.items()})
 
 
 @settings(max_examples=100, deadline=None)
@@ -113,10 +116,12 @@ def history_of(asg):
 def test_sticky_and_never_much_worse_than_fresh(prob, scale, seed):
     items, p, g = prob
     first = run(items, p, g)
-    hist = history_of(first)
-    # unchanged state: the same pieces on the same ranks
-    again = run(items, p, g, history=hist)
+    # unchanged state: the same pieces on the same ranks. (Sizes rounded to whole bytes
+    # are not unchanged: with hundreds of near-equal tiny pieces, LPT over the rounded
+    # costs can find a plan more than 5% better than the first, and then takes it.)
+    again = run(items, p, g, history=history_of(first, whole_bytes=False))
     assert again.owner == first.owner
+    hist = history_of(first)
     # encoded sizes drift: the old assignment is kept only while within 5% of a fresh one
     rng = random.Random(seed)
     drift = History(encoded={k: int(v * scale * rng.uniform(0.8, 1.2))
@@ -169,8 +174,9 @@ def test_delta_sized_history_keeps_pieces_and_owners():
 
 # -- the cooperative restore's schedule (lcckpt/distributed/exchange.py) ------------------------
 
-def _plans_and_storage(needs: dict, nranks: int, writer_of=lambda i: 0, codec=lambda i: "exact"):
-    """``needs``: item number -> ranks that read it; every item 1000 * (i + 1) raw bytes."""
+def _plans_and_storage(needs: dict, nranks: int, writer_of=lambda i: 0, codec=lambda i: "exact",
+                       raw=lambda i: 1000 * (i + 1)):
+    """``needs``: item number -> ranks that read it; item i has ``raw(i)`` raw bytes."""
     from torch.distributed.checkpoint.metadata import MetadataIndex
     from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
     from lcckpt.distributed.storage import LcckptStorageInfo
@@ -179,8 +185,8 @@ def _plans_and_storage(needs: dict, nranks: int, writer_of=lambda i: 0, codec=la
         idx = MetadataIndex(f"t{i}", (0,))
         storage[idx] = LcckptStorageInfo("f", offset=i, length=10, codec=codec(i),
                                          piece=(f"t{i}", 0, 1), rank=writer_of(i),
-                                         raw_nbytes=1000 * (i + 1), dtype="torch.float32",
-                                         shape=(250 * (i + 1),))
+                                         raw_nbytes=raw(i), dtype="torch.float32",
+                                         shape=(raw(i) // 4,))
         for r in ranks:
             plans[r].items.append(ReadItem(LoadItemType.TENSOR, idx, (0,), idx, (0,), (1,)))
     return plans, storage
@@ -220,3 +226,11 @@ def test_cooperative_schedule_prefers_the_writer_on_a_tie():
     parts = [p.storage_data for p in schedule(plans, storage)]
     assert [x.fqn for x in parts[1].decode] == ["t1"]     # the largest, on a tie: the writer
     assert [x.fqn for x in parts[0].decode] == ["t0"]     # then the less loaded rank
+
+
+def test_cooperative_schedule_sends_no_empty_tensor():
+    from lcckpt.distributed.exchange import schedule
+    plans, storage = _plans_and_storage({0: [0, 1], 1: [0, 1]}, 2, raw=lambda i: 4000 * i)
+    parts = [p.storage_data for p in schedule(plans, storage)]
+    assert all([x.fqn for x in part.decode].count("t0") == 1 for part in parts)
+    assert all(x.fqn != "t0" for part in parts for x in list(part.send) + list(part.recv))

@@ -37,18 +37,20 @@ def _same(a, b):
     return all(torch.equal(a[k], b[k]) for k in ("w", "h", "ids")) and a["meta"] == b["meta"]
 
 
-def _chain_round_trip(url, opts=None):
-    """Save 7 steps (keyframe every 3, keep the newest 2), then reopen and load each kept
-    step into fresh tensors: it equals the writer's references, bit for bit."""
+def _chain_round_trip(url, opts=None, steps=7, every=3, keep=2, kept=(3, 4, 5, 6)):
+    """Save ``steps`` steps (a keyframe every ``every``, keep the newest ``keep``), then
+    reopen and load each kept step into fresh tensors: it equals the writer's references,
+    bit for bit."""
     state = _state()
-    ck = ld.DistributedCheckpointer(url, keyframe_every=3, keep_last=2, storage_options=opts)
+    ck = ld.DistributedCheckpointer(url, keyframe_every=every, keep_last=keep,
+                                    storage_options=opts)
     g = torch.Generator().manual_seed(1)
     refs = {}
-    for step in range(7):
+    for step in range(steps):
         state["w"] += 0.01 * torch.randn(300, 64, generator=g)
         ck.save(step, state)
         refs[step] = {p.key: t.clone() for p, t in ck.references().items()}
-    assert ck.steps() == [3, 4, 5, 6]           # 5 and 6, and the chain back to keyframe 3
+    assert ck.steps() == list(kept)        # the newest, and their chains back to a keyframe
     again = ld.DistributedCheckpointer(url, storage_options=opts)
     for step in again.steps():
         target = _empty()
@@ -140,7 +142,7 @@ def test_s3_save_load_and_chain_are_bit_exact(s3):
     target = _empty()
     ld.load(target, "s3://lcckpt-test/one", storage_options=s3)
     assert _same(target, state)
-    _chain_round_trip("s3://lcckpt-test/chain", s3)
+    _chain_round_trip("s3://lcckpt-test/chain", s3, steps=4, every=2, keep=1, kept=(2, 3))
 
 
 _KILLED_MID_UPLOAD = textwrap.dedent("""

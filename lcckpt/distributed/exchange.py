@@ -57,9 +57,10 @@ def schedule(plans: list, storage_data: dict) -> list:
     owner: dict = {}
     shared = []
     for idx, ranks in need.items():
-        if len(ranks) == 1 or storage_data[idx].codec == "bytes":
+        info = storage_data[idx]         # values, and empty tensors: nothing to send
+        if len(ranks) == 1 or info.codec == "bytes" or not info.raw_nbytes:
             for r in ranks:
-                load[r] += _cost(storage_data[idx])
+                load[r] += _cost(info)
         else:
             shared.append(idx)
     # costliest first, each to its least-loaded needing rank (LPT), the writer first on a tie
