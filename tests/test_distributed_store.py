@@ -161,6 +161,7 @@ _KILLED_MID_UPLOAD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_s3_a_save_killed_mid_upload_leaves_the_previous_step(s3, tmp_path):
     expected = tmp_path / "w0.pt"
     p = subprocess.run([sys.executable, "-c", _KILLED_MID_UPLOAD, repr(s3), str(expected)],
