@@ -10,7 +10,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# The CPU wheel; a bare `torch` requirement would pull a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	# torch named again: without it, pip's resolver may swap in a newer CUDA build
+	$(PY) -m pip install -q -e '.[dev]' torch==2.13.0
 	touch $(STAMP)
 
 demo: $(STAMP)
