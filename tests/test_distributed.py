@@ -226,7 +226,7 @@ def test_a_pickled_writer_takes_up_references_only_after_the_commit(tmp_path):
     def background_save(step, commit):
         ck._prepare(step, False)
         copy = pickle.loads(pickle.dumps(ck.writer))      # as the background process gets it
-        assert copy.references() == {} or step > 1
+        assert copy.references() == {}          # nothing of this writer committed there
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             dcp.save(state, storage_writer=copy, planner=DefaultSavePlanner(), no_dist=True)

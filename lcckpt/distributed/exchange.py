@@ -88,7 +88,7 @@ def schedule(plans: list, storage_data: dict) -> list:
 
 def _cost(info) -> int:
     """Elements decoded, in raw bytes: the item and every earlier blob of its chain."""
-    return info.raw_nbytes * (1 + len(getattr(info, "chain", ()) or ()))
+    return info.raw_nbytes * (1 + len(info.chain))
 
 
 def _place(info) -> tuple:
