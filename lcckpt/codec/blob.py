@@ -35,7 +35,9 @@ import numpy as np
 from ..util import crc as _crc
 from . import dtypes, entropy, lossless, streams
 from ..util.wire import Reader, Writer
-from ..errors import ChecksumError, CorruptDataError, TruncatedError, UnsupportedVersionError
+from ..errors import (
+    ChecksumError, CorruptDataError, InvalidArgumentError, TruncatedError, UnsupportedVersionError,
+)
 from .uniform import uniform_table
 
 MAGIC = b"LCC"
@@ -148,16 +150,24 @@ class Parsed:
     esc_val: np.ndarray | None = None    # ... and their exact values (work dtype)
 
 
-def parse(blob, check_payload: bool = True) -> tuple[np.ndarray, Parsed]:
+def parse(blob, check_payload: bool = True, size: int | None = None) -> tuple[np.ndarray, Parsed]:
     """Validate a blob completely (structure, sizes, both checksums) before any decode.
 
     ``check_payload=False`` skips the payload checksum, for callers that have just
     verified the same bytes themselves (a container section's CRC covers the whole blob).
+    ``size``: the blob's whole size where ``blob`` holds only its beginning, for a
+    partial read. The header is then parsed and checked against ``size``; the payload
+    (and a uniform blob's escapes) are not read, and a header that runs past ``blob``
+    raises :class:`TruncatedError` (read more and parse again).
     """
     from .config import MAX_CHUNK_LOG2, MIN_CHUNK_LOG2
 
     buf = np.frombuffer(blob, np.uint8)
-    r = Reader(buf, what="lcckpt blob")
+    if size is not None and (check_payload or size < len(buf)):
+        raise InvalidArgumentError("parse(size=) reads a header: check_payload=False, "
+                                   "and size at least the bytes given")
+    total = len(buf) if size is None else size
+    r = Reader(buf, what="lcckpt blob", size=total)
     if len(buf) < 4 or bytes(buf[:3]) != MAGIC:
         raise CorruptDataError("not an lcckpt blob (bad magic); was it produced by lcckpt.encode?")
     r.pos = 3
@@ -181,7 +191,7 @@ def parse(blob, check_payload: bool = True) -> tuple[np.ndarray, Parsed]:
     if not MIN_CHUNK_LOG2 <= log2 <= MAX_CHUNK_LOG2:
         raise CorruptDataError(f"lcckpt blob: chunk size 2**{log2} out of range")
     cs = 1 << log2
-    if -(-n // cs) > len(buf):             # every chunk costs at least one table byte
+    if -(-n // cs) > total:                # every chunk costs at least one table byte
         raise CorruptDataError(f"lcckpt blob: shape {shape} is larger than the blob can describe")
     p = Parsed(kind, dt, shape, n, log2, 0)
     {LOSSY: _lossy_header, UNIFORM: _uniform_header, LOSSLESS: _lossless_header}[kind](
@@ -191,21 +201,23 @@ def parse(blob, check_payload: bool = True) -> tuple[np.ndarray, Parsed]:
     if zlib.crc32(buf[:hdr_end]) != stored:
         raise ChecksumError("lcckpt blob: header checksum mismatch; the blob is damaged")
     p.payload_base = r.pos
-    size = sum(int(lay.offsets[-1]) for lay in p.layouts)
+    payload = sum(int(lay.offsets[-1]) for lay in p.layouts)
     esc_bytes = 0
     if kind == UNIFORM:
         isz = _index_dtype(n).itemsize
         esc_bytes = p.esc_idx.size * (isz + p.esc_val.dtype.itemsize)
-    expect = p.payload_base + size + esc_bytes + 4
-    if len(buf) < expect:
-        raise TruncatedError(f"lcckpt blob is truncated: {len(buf)} bytes, header promises {expect}")
-    if len(buf) > expect:
-        raise CorruptDataError(f"lcckpt blob has {len(buf) - expect} trailing bytes")
+    expect = p.payload_base + payload + esc_bytes + 4
+    if total < expect:
+        raise TruncatedError(f"lcckpt blob is truncated: {total} bytes, header promises {expect}")
+    if total > expect:
+        raise CorruptDataError(f"lcckpt blob has {total - expect} trailing bytes")
+    if size is not None:
+        return buf, p
     crc = int.from_bytes(bytes(buf[expect - 4:expect]), "little")
     if check_payload and zlib.crc32(buf[p.payload_base:expect - 4]) != crc:
         raise ChecksumError("lcckpt blob: payload checksum mismatch; the blob is damaged")
     if kind == UNIFORM and p.esc_idx.size:
-        _read_escapes(buf, p.payload_base + size, p)
+        _read_escapes(buf, p.payload_base + payload, p)
     return buf, p
 
 

@@ -146,7 +146,7 @@ def read_tables(r: Reader, n: int, chunk_size: int, b: int, allowed) -> StreamLa
         state[m] = tk.MODE_NO_TABLE if m in CODED_MODES and m not in lengths else tk.MODE_OK
     buf = np.frombuffer(r.buf, np.uint8)
     r.pos, err, c = tk.read_chunk_table(buf, r.pos, r.end, nchunks, n, chunk_size, b, state,
-                                        CONST, RAW, r.end, modes, consts, nbytes)
+                                        CONST, RAW, r.size, modes, consts, nbytes)
     if err == tk.TRUNCATED:
         raise TruncatedError(f"{r.what} is truncated: {tk.ERRORS[err]} (chunk {c} of {nchunks})")
     if err != tk.OK:

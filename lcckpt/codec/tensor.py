@@ -364,6 +364,40 @@ def exact_chunk_decoder(buf, p: Parsed, a: np.ndarray):
                                   rotate, words, "lcckpt blob")
 
 
+def chunk_spans(p: Parsed, k0: int, k1: int) -> list[tuple[int, int]]:
+    """Where chunks ``k0 .. k1-1`` of each stream of a lossless blob lie, as ``(offset in
+    the blob, bytes)`` per stream: what :func:`decode_exact_chunks` needs read."""
+    spans, base = [], p.payload_base
+    for lay in p.layouts:
+        lo, hi = int(lay.offsets[k0]), int(lay.offsets[k1])
+        spans.append((base + lo, hi - lo))
+        base += int(lay.offsets[-1])
+    return spans
+
+
+def decode_exact_chunks(p: Parsed, k0: int, k1: int, data: np.ndarray) -> np.ndarray:
+    """Chunks ``k0 .. k1-1`` of lossless blob ``p`` alone, from ``data`` (the bytes of
+    :func:`chunk_spans`, in order), into a fresh flat carrier array of their elements:
+    the chunks as a blob of their own, so the decoders run unchanged."""
+    cs = 1 << p.log2
+    per = 2 if p.dt.kind == "complex" else 1             # words per element
+    words = min(_blob.words_n(p.n, p.dt), k1 * cs) - k0 * cs
+    layouts = []
+    for lay in p.layouts:
+        off = lay.offsets[k0:k1 + 1]
+        layouts.append(streams.StreamLayout(lay.modes[k0:k1], lay.consts[k0:k1], off - off[0],
+                                            lay.lengths))
+    if data.size != sum(int(lay.offsets[-1]) for lay in layouts):
+        raise InvalidArgumentError("decode_exact_chunks: data is not the chunks' spans")
+    sub = Parsed(p.kind, p.dt, (words // per,), words // per, p.log2, 0, layouts=layouts,
+                 rotate=p.rotate)
+    a = np.empty(words // per, p.dt.numpy)
+    task = exact_chunk_decoder(data, sub, a)
+    for k in range(k1 - k0):
+        task(k)
+    return a
+
+
 def _run_exact(buf, p: Parsed, a: np.ndarray, crc: int | None = None):
     """Decode a lossless blob into ``a``; with ``crc`` (the stored payload CRC) check it,
     on the fast path while decoding (``a`` holds garbage if that check fails)."""

@@ -342,6 +342,20 @@ class Container:
         self._compare_crc(i, self._checksum(view, self._seed(i)) if crc is None else crc)
         self._check_gap(i)
 
+    def read_part(self, i: int, start: int, out) -> None:
+        """Copy bytes ``[start, start + len(out))`` of section ``i`` into ``out``,
+        **unchecked** (the section's CRC covers it whole): for partial reads that accept
+        that, such as a lazy slice. Raises if the span leaves the section or the file."""
+        s = self.sections[i]
+        view = memoryview(out).cast("B")
+        if not 0 <= start <= start + view.nbytes <= s["length"]:
+            raise CorruptDataError(
+                f"section {s['name']!r}: bytes {start}..{start + view.nbytes} asked for, "
+                f"it holds {s['length']}")
+        if self._source.readinto(self.data_start + s["offset"] + start, view) != view.nbytes:
+            raise TruncatedError(f"section {s['name']!r} ends before the bytes asked for: "
+                                 "the file was truncated or changed while being read")
+
     def verify(self) -> None:
         """Check every section's checksum and padding; raises on the first damaged one."""
         for i, s in enumerate(self.sections):

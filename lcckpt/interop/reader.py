@@ -14,11 +14,11 @@ leaves would get the same flat name (``{"a.b": x}`` next to ``{"a": {"b": y}}``,
 ``0`` and ``"0"``), neither gets it: both are listed under their exact key path, the
 ``obj[...]`` form that names sections. ``get_tensor`` takes either form.
 
-A slice of a ``"lossless"`` section reads and checks the section's bytes but decodes only
-the chunks holding the rows; a chain's ``"delta"`` section is rebuilt whole, then sliced
-(the reader keeps the newest rebuilt tensor, so a loop of row reads rebuilds it once).
-A slice read of a raw section is not checksummed (the CRC covers the whole section);
-``get_tensor`` always is. Deliberately not done here: building whole objects
+A slice of a ``"lossless"`` section reads the blob's header and the bytes of the chunks
+holding the rows, and decodes those chunks only; a chain's ``"delta"`` section is rebuilt
+whole, then sliced (the reader keeps the newest rebuilt tensor, so a loop of row reads
+rebuilds it once). A slice read of a raw or lossless section is not checksummed (the CRC
+covers the whole section; the blob's header checksum is checked); ``get_tensor`` always is. Deliberately not done here: building whole objects
 (``lcckpt.load``).
 """
 
@@ -40,7 +40,7 @@ from ..format import sections as _sections
 from ..format import tree as _tree
 from ..chain import restore as _restore
 from ..chain.directory import ChainDirectory
-from ..codec.tensor import exact_chunk_decoder
+from ..codec.tensor import chunk_spans, decode_exact_chunks
 from ..format.container import Container, read_container
 from ..codec.delta import Reconstruction
 from ..errors import (
@@ -50,8 +50,7 @@ from ..format.serialization import tree_of
 
 __all__ = ["Reader", "Slice", "open"]
 
-_open_file = open
-
+HEADER_PREFIX = 1 << 16      # bytes of a blob read first for its header (grown as needed)
 
 def open(path: str | os.PathLike, *, step: int | None = None, map_location=None,
          max_bytes=limits.DEFAULT) -> Reader:
@@ -300,36 +299,52 @@ class Slice:
         if first < 0 or last >= size:
             raise CorruptDataError(f"invalid object tree at {self._path}: view reaches past "
                                    f"the {size} stored elements")
-        if codec == _sections.LOSSLESS:            # decodes into the whole tensor's shape
-            limits.check(limits.declared_bytes([c.sections[s]]), c.size, self._r.max_bytes,
-                         f"{self._r.path}: {self._path}")
+        if codec == _sections.LOSSLESS:
             return self._coded_rows(first, last, meta).as_strided(sub_shape, stride, 0)
         buf = torch.empty(last - first + 1, dtype=self.dtype)
-        raw = buf.view(torch.uint8).numpy()
-        start = c.data_start + c.sections[s]["offset"] + first * item
-        with _open_file(self._r.path, "rb", buffering=0) as fh:
-            got = fh.seek(start) == start and fh.readinto(memoryview(raw))
-        if got != raw.nbytes:
-            raise TruncatedError(f"{self._path}: the file ends inside the rows asked for")
+        c.read_part(s, first * item, buf.view(torch.uint8).numpy())
         return buf.as_strided(sub_shape, stride, 0)
 
-
     def _coded_rows(self, first: int, last: int, meta: dict) -> torch.Tensor:
-        """Elements ``[first, last]`` of a lossless section, decoding only the chunks that
-        hold them (the section's bytes are read and checksummed whole)."""
-        buf, p = _blob.parse(self._r._c.data(self._s), check_payload=False)
+        """Elements ``[first, last]`` of a lossless section: reads the blob's header and
+        the bytes of the chunks that hold them, unchecked like a raw slice (the header's
+        own checksum is checked), and decodes those chunks only."""
+        c, s = self._r._c, self._s
+        p = self._blob_header(c, s)
         if p.kind != _blob.LOSSLESS or p.dt.name != meta.get("dtype") or \
                 list(p.shape) != meta.get("shape"):
             raise CorruptDataError(f"{self._path}: the lossless blob does not hold the "
                                    f"{meta.get('dtype')} {meta.get('shape')} tensor its section says")
-        a = np.empty(p.shape, p.dt.numpy)              # pages of other chunks stay untouched
-        task = exact_chunk_decoder(buf, p, a)
         per = 2 if p.dt.kind == "complex" else 1        # words per element
-        chunk = 1 << p.log2
-        for k in range(first * per // chunk, (last * per + per - 1) // chunk + 1):
-            task(k)
-        part = dtypes.from_carrier(a.reshape(-1)[first:last + 1].copy(), p.dt)
+        cs = 1 << p.log2
+        k0, k1 = first * per // cs, (last * per + per - 1) // cs + 1
+        spans = chunk_spans(p, k0, k1)
+        limits.check(k1 * cs - k0 * cs + sum(n for _, n in spans), c.size, self._r.max_bytes,
+                     f"{self._r.path}: {self._path}")
+        data, pos = np.empty(sum(n for _, n in spans), np.uint8), 0
+        for off, n in spans:
+            c.read_part(s, off, data[pos:pos + n])
+            pos += n
+        a = decode_exact_chunks(p, k0, k1, data)
+        lo = k0 * cs // per
+        part = dtypes.from_carrier(a[first - lo:last + 1 - lo].copy(), p.dt)
         return part if isinstance(part, torch.Tensor) else torch.from_numpy(part)
+
+    @staticmethod
+    def _blob_header(c: Container, s: int):
+        """The parsed header of section ``s``'s blob: a prefix is read, grown until the
+        header and its checksum are whole."""
+        length = c.sections[s]["length"]
+        want = min(length, HEADER_PREFIX)
+        while True:
+            head = np.empty(want, np.uint8)
+            c.read_part(s, 0, head)
+            try:
+                return _blob.parse(head, check_payload=False, size=length)[1]
+            except TruncatedError:
+                if want == length:
+                    raise
+            want = min(length, 4 * want)
 
 
 def _delta_sections(c: Container) -> dict:

@@ -36,11 +36,13 @@ class Writer:
 
 
 class Reader:
-    def __init__(self, buf, pos: int = 0, end: int | None = None, what: str = "blob"):
+    def __init__(self, buf, pos: int = 0, end: int | None = None, what: str = "blob",
+                 size: int | None = None):
         self.buf = memoryview(buf)
         self.pos = pos
         self.end = len(self.buf) if end is None else end
-        self.what = what
+        self.size = self.end if size is None else size   # the whole object's bytes, where
+        self.what = what                                  # buf holds only its beginning
 
     def _need(self, n: int):
         if n < 0 or self.pos + n > self.end:

@@ -593,6 +593,20 @@ def test_usable_memory_is_the_least_bound(monkeypatch):
     assert limits.resolve("auto", 1 << 30) == (192 << 20) + 32 * (1 << 30)
 
 
+def test_small_loads_are_not_held_against_the_memory_left(monkeypatch):
+    """Under "auto", a load of at most AUTO_SMALL is checked against the ratio rule
+    alone (no /proc reads per lazy row read); a larger one against the memory left."""
+    reads = []
+    monkeypatch.setattr(limits, "_available_ram", lambda: reads.append(1) or (1 << 20, "available RAM"))
+    monkeypatch.setattr(limits, "_cgroup_left", lambda: None)
+    monkeypatch.setattr(limits, "_rlimit_left", lambda: None)
+    limits.check(limits.AUTO_SMALL, 1 << 10, "auto", "a slice")
+    assert reads == []
+    with pytest.raises(lcckpt.ResourceLimitError, match="available RAM leaves"):
+        limits.check(limits.AUTO_SMALL + 1, 1 << 10, "auto", "a slice")
+    assert reads == [1]
+
+
 def test_a_flipped_bit_in_torch_data_fails_verify(tmp_path):
     """torch.load does not check a zip member's CRC-32, so a flipped bit in tensor data
     loads as other numbers; ``lcckpt verify`` checks every CRC (found by fuzz_large.py)."""
