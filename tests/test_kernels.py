@@ -577,3 +577,16 @@ def test_the_benchmarks_ideal_huffman_is_the_oracles(counts):
     computes that from the library's code lengths with a limit that cannot bind."""
     from lcckpt.bench.codec import _optimal_huffman_bits
     assert _optimal_huffman_bits(np.array(counts)) == huffman_cost(counts)
+
+
+@settings(max_examples=80, deadline=None)
+@given(arrays(np.uint8, st.integers(0, 300)), st.data())
+def test_set_bits_lists_the_escape_bitmap(bitmap, data):
+    """The uniform quantizer's escape flags are a bitmap (bit i % 8 of byte i // 8);
+    set_bits lists them in order, stopping at n (numpy's unpackbits as the oracle)."""
+    from lcckpt.codec.kernels import uniform as uk
+
+    n = data.draw(st.integers(0, 8 * bitmap.size))
+    want = np.flatnonzero(np.unpackbits(bitmap, bitorder="little")[:n])
+    got = uk.set_bits(bitmap, n)
+    assert got.dtype == np.int64 and got.tolist() == want.tolist()

@@ -125,7 +125,7 @@ def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE, limit=No
     S = 1 << b
     table = uniform_table(rstep, b, u.dtype)
     sym = _memory.bulk_empty(n, np.uint8)
-    escf = _memory.bulk_empty(n, np.uint8)
+    escf = np.zeros(-(-n // 8), np.uint8)               # escape flags, a bit each
     sym_hist = np.zeros((nch, S), np.int64)
     errs = np.zeros(nch)
     lim = float(limit) if limit is not None else 0.0
@@ -136,7 +136,7 @@ def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE, limit=No
                                     float(rstep), S, table, lim, limit is not None, sym, escf,
                                     sym_hist[c])
     run_tasks(pass2, nch)
-    esc_idx = np.flatnonzero(escf)
+    esc_idx = uk.set_bits(escf, n)
     uq = Uniform(sym, sym_hist, b, float(rstep), table, esc_idx, u[esc_idx].copy(),
                  float(errs.sum()), 0.0)
     return uq, est

@@ -75,7 +75,8 @@ def quantize_range(u, ref, use_ref, start, stop, step, up, floor, rstep, S, tabl
     Levels are decided with ``step``; ``table`` (levels times ``rstep``) restores them.
     ``sym[i]`` is the level's symbol, or 0 for an escape (a level of ``S`` or more, or a
     reconstruction past ``limit`` when ``use_limit``, or one below ``floor·u[i]`` after
-    the table's rounding), flagged in ``esc[i]``. The reconstruction, not written here, is
+    the table's rounding), flagged by bit ``i % 8`` of ``esc[i // 8]`` (a zeroed bitmap:
+    1/8 byte per element; ``start`` is a multiple of 8, so ranges share no byte). The reconstruction, not written here, is
     ``ref[i] + table[sym[i]]`` (symbol 0 adds nothing, as decoding) or ``u[i]`` for an
     escape; ``hist`` counts the symbols. Returns ``||u - reconstruction||^2`` in fp64.
     """
@@ -100,11 +101,33 @@ def quantize_range(u, ref, use_ref, start, stop, step, up, floor, rstep, S, tabl
         else:
             s = z
         sym[i] = s
-        esc[i] = 1 if e else 0
+        if e:
+            esc[i >> 3] |= np.uint8(1 << (i & 7))
         hist[s] += 1
         x = np.float64(u[i]) - np.float64(v)
         err += x * x
     return err
+
+
+@njit(cache=True, nogil=True)
+def set_bits(bitmap, n):
+    """Indices (int64, increasing) of the set bits among the first ``n`` of ``bitmap``
+    (bit ``i % 8`` of byte ``i // 8``)."""
+    count = 0
+    for j in range(bitmap.size):
+        x = np.int64(bitmap[j])
+        while x:
+            x &= x - 1
+            count += 1
+    out = np.empty(count, np.int64)
+    k = 0
+    for j in range(bitmap.size):
+        x = np.int64(bitmap[j])
+        for bit in range(8):
+            if (x >> bit) & 1 and 8 * j + bit < n:
+                out[k] = 8 * j + bit
+                k += 1
+    return out[:k]
 
 
 @njit(cache=True, nogil=True, inline="always")
