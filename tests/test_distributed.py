@@ -80,6 +80,29 @@ def test_exact_round_trip_one_process(tmp_path):
     assert_equal_state(target, state)
 
 
+def test_an_exact_item_taken_whole_decodes_straight_into_its_target(tmp_path, monkeypatch):
+    """No second copy: a tensor that one request takes whole is decoded into the target
+    itself, and a target of another dtype (a copy is then needed) still loads."""
+    g = torch.Generator().manual_seed(0)
+    state = {"w": torch.randn(300, 200, generator=g), "b": torch.randn(7, generator=g)}
+    ld.save(state, tmp_path / "c")
+    copies = []
+    real = torch.Tensor.copy_
+
+    def counted(self, src, *a, **k):
+        copies.append(self.numel())
+        return real(self, src, *a, **k)
+    monkeypatch.setattr(torch.Tensor, "copy_", counted)
+    target = {"w": torch.zeros(300, 200), "b": torch.zeros(7)}
+    ld.load(target, tmp_path / "c")
+    assert torch.equal(target["w"], state["w"]) and torch.equal(target["b"], state["b"])
+    assert 300 * 200 not in copies, copies
+    copies.clear()
+    wide = {"w": torch.zeros(300, 200, dtype=torch.float64), "b": torch.zeros(7)}
+    ld.load(wide, tmp_path / "c")
+    assert torch.equal(wide["w"], state["w"].double()) and 300 * 200 in copies
+
+
 def test_chain_deltas_reload_bit_identical_to_references(tmp_path):
     g = torch.Generator().manual_seed(0)
     state = {"w": torch.randn(2000, 16, generator=g), "b": torch.randn(64, generator=g).bfloat16(),

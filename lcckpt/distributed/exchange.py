@@ -107,8 +107,9 @@ def _bytes_of(t: torch.Tensor) -> torch.Tensor:
 
 
 def run(part: Exchange, plan, planner, storage_data: dict, group, decode, apply) -> None:
-    """This rank's share of a cooperative restore (see the module docstring). ``decode(info)``
-    gives an item's whole tensor; ``apply(reqs, whole)`` copies it into the requests' targets."""
+    """This rank's share of a cooperative restore (see the module docstring).
+    ``decode(info, reqs)`` gives an item's whole tensor (maybe decoded straight into the
+    requests' target); ``apply(reqs, whole)`` copies it into the requests' targets."""
     reqs_of: dict = {}
     for req in plan.items:
         reqs_of.setdefault(req.storage_index, []).append(req)
@@ -127,7 +128,7 @@ def run(part: Exchange, plan, planner, storage_data: dict, group, decode, apply)
     for idx in part.decode:
         info = storage_data[idx]
         try:
-            whole = decode(info) if error is None else None
+            whole = decode(info, reqs_of[idx]) if error is None else None
             if whole is not None:
                 apply(reqs_of[idx], whole)
         except Exception as e:     # noqa: BLE001  (peers must not wait forever; raised below)
@@ -158,18 +159,27 @@ def run(part: Exchange, plan, planner, storage_data: dict, group, decode, apply)
     _agree(error, group)
 
 
+def whole_target(info, reqs, planner) -> torch.Tensor | None:
+    """The destination tensor when one request covers the whole item with the same dtype,
+    contiguously, on the CPU (DDP's case): an item can land there with no copy."""
+    if len(reqs) != 1:
+        return None
+    req = reqs[0]
+    dst = planner.resolve_tensor(req).detach()
+    if tuple(req.lengths) == tuple(info.shape) and not any(req.storage_offsets) and \
+            dst.dtype == _dtype(info.dtype) and tuple(dst.shape) == tuple(info.shape) and \
+            dst.is_contiguous() and dst.device.type == "cpu":
+        return dst
+    return None
+
+
 def _receive_buffer(info, reqs, planner):
-    """Where an item from a peer lands: the destination itself when one request covers the
-    whole item with the same dtype, contiguously; else a buffer to copy from."""
-    dtype = _dtype(info.dtype)
-    if len(reqs) == 1:
-        req = reqs[0]
-        dst = planner.resolve_tensor(req).detach()
-        if tuple(req.lengths) == tuple(info.shape) and not any(req.storage_offsets) and \
-                dst.dtype == dtype and tuple(dst.shape) == tuple(info.shape) and \
-                dst.is_contiguous() and dst.device.type == "cpu":
-            return dst, True
-    return torch.empty(info.shape, dtype=dtype), False
+    """Where an item from a peer lands: its destination (see :func:`whole_target`), else a
+    buffer to copy from."""
+    dst = whole_target(info, reqs, planner)
+    if dst is not None:
+        return dst, True
+    return torch.empty(info.shape, dtype=_dtype(info.dtype)), False
 
 
 def _agree(error: BaseException | None, group) -> None:

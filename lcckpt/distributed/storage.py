@@ -41,7 +41,7 @@ from torch.distributed.checkpoint.planner import (LoadPlan, LoadPlanner,
 from torch.distributed.checkpoint.storage import WriteResult
 
 from ..codec.tensor import decode, encode
-from ..codec.delta import DeltaDecoder, DeltaEncoder
+from ..codec.delta import DeltaEncoder, Reconstruction
 from ..errors import (
     BrokenChainError, CorruptDataError, InvalidArgumentError, TruncatedError,
     UnsafeObjectError,
@@ -325,8 +325,14 @@ def _apply(planner, reqs, whole) -> None:
         if dst.size() != src.size():
             raise CorruptDataError(f"{req.storage_index.fqn}: stored piece gives "
                                    f"{tuple(src.size())}, target wants {tuple(dst.size())}")
-        dst.copy_(src)
+        if not _same(dst, src):                 # else decoded straight into the target
+            dst.copy_(src)
         planner.commit_tensor(req, dst)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape and \
+        a.stride() == b.stride()
 
 
 def _piece(planner, wi: WriteItem) -> Piece:
@@ -444,7 +450,7 @@ class CompressedReader(FileSystemReader):
                                                              exchange.Exchange) else None
         if self.last_exchange is not None:                       # see exchange.py
             exchange.run(plan.storage_data, plan, planner, self.storage_data,
-                         self.process_group, self._item,
+                         self.process_group, lambda info, reqs: self._item(info, reqs, planner),
                          lambda reqs, whole: _apply(planner, reqs, whole))
         else:
             groups: dict = {}
@@ -452,16 +458,19 @@ class CompressedReader(FileSystemReader):
                 groups.setdefault(req.storage_index, []).append(req)
             for idx in sorted(groups, key=lambda i: (self.storage_data[i].relative_path,
                                                      self.storage_data[i].offset)):
-                _apply(planner, groups[idx], self._item(self.storage_data[idx]))
+                _apply(planner, groups[idx],
+                       self._item(self.storage_data[idx], groups[idx], planner))
         fut: Future = Future()
         fut.set_result(None)
         return fut
 
-    def _item(self, info: LcckptStorageInfo):
-        """A stored item as read: a value's bytes, or the decoded tensor."""
+    def _item(self, info: LcckptStorageInfo, reqs, planner):
+        """A stored item as read: a value's bytes, or the decoded tensor; an exact item
+        that one request takes whole is decoded straight into its target."""
         if info.codec == "bytes":
             return io.BytesIO(self._read(info.relative_path, info.offset, info.length))
-        return self._decode(info)
+        out = exchange.whole_target(info, reqs, planner) if info.codec == "exact" else None
+        return self._decode(info, out)
 
     def _read(self, rel: str, offset: int, length: int) -> bytes:
         path = self.fs.join(self.path, rel)
@@ -477,15 +486,16 @@ class CompressedReader(FileSystemReader):
         self.bytes_read += length
         return data
 
-    def _decode(self, info: LcckptStorageInfo) -> torch.Tensor:
+    def _decode(self, info: LcckptStorageInfo, out: torch.Tensor | None = None) -> torch.Tensor:
         if info.codec == "exact":
-            out = _as_tensor(decode(self._read(info.relative_path, info.offset, info.length)))
+            out = _as_tensor(decode(self._read(info.relative_path, info.offset, info.length),
+                                    out=out))
         elif info.codec == "delta":
-            dec = DeltaDecoder()
+            rec = Reconstruction()          # the whole chain replayed at once, chunk by chunk
             for rel, off, n in tuple(info.chain) + ((info.relative_path, info.offset,
                                                      info.length),):
-                out = dec.decode(self._read(rel, off, n))
-            out = _as_tensor(out)
+                rec.apply(self._read(rel, off, n))
+            out = _as_tensor(rec.value(copy=False))
         else:
             raise CorruptDataError(f"unknown codec {info.codec!r} in checkpoint metadata")
         if str(out.dtype) != info.dtype or tuple(out.shape) != tuple(info.shape):
