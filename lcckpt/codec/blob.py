@@ -214,7 +214,7 @@ def parse(blob, check_payload: bool = True, size: int | None = None) -> tuple[np
     if size is not None:
         return buf, p
     crc = int.from_bytes(bytes(buf[expect - 4:expect]), "little")
-    if check_payload and zlib.crc32(buf[p.payload_base:expect - 4]) != crc:
+    if check_payload and _crc.crc32(buf[p.payload_base:expect - 4]) != crc:
         raise ChecksumError("lcckpt blob: payload checksum mismatch; the blob is damaged")
     if kind == UNIFORM and p.esc_idx.size:
         _read_escapes(buf, p.payload_base + payload, p)
