@@ -56,3 +56,70 @@ def canonical_code_table(lengths):
             count[ln] += 1
     symbol = sorted((s for s in range(len(lengths)) if lengths[s]), key=lambda s: (lengths[s], s))
     return count, symbol
+
+
+def read_lengths_ref(data: bytes, size: int, max_len: int):
+    """Code lengths of a table written by ``streams._write_lengths``, parsed with numpy
+    and plain Python (the compiled parser's oracle): ``(lengths, bytes used)``, or the
+    exception class ("truncated" or "corrupt")."""
+    pos = 0
+
+    def take(n):
+        nonlocal pos
+        if pos + n > len(data):
+            raise EOFError
+        pos += n
+        return np.frombuffer(data[pos - n:pos], np.uint8)
+
+    def uvar(limit):
+        v, shift = 0, 0
+        while True:
+            b = int(take(1)[0])
+            v |= (b & 0x7F) << shift
+            if not b & 0x80:
+                break
+            shift += 7
+            if shift > 63:
+                raise ValueError
+        if v > limit:
+            raise ValueError
+        return v
+
+    def unnibble(packed, n):
+        out = np.empty(2 * packed.size, np.uint8)
+        out[0::2], out[1::2] = packed >> 4, packed & 15
+        if np.any(out[n:]):
+            raise ValueError
+        return out[:n].copy()
+    try:
+        kind = int(take(1)[0])
+        if kind == 0:
+            lengths = unnibble(take((size + 1) // 2), size)
+        elif kind == 1:
+            bitmap = np.unpackbits(take((size + 7) // 8))
+            if np.any(bitmap[size:]):
+                raise ValueError
+            used = np.flatnonzero(bitmap[:size])
+            lengths = np.zeros(size, np.uint8)
+            lengths[used] = unnibble(take((used.size + 1) // 2), used.size)
+            if not np.all(lengths[used]):
+                raise ValueError
+        elif kind == 2:
+            m, s = uvar(size), -1
+            lengths = np.zeros(size, np.uint8)
+            for _ in range(m):
+                s += uvar(size) + 1
+                if s >= size:
+                    raise ValueError
+                lengths[s] = take(1)[0]
+        else:
+            raise ValueError
+        if lengths.max(initial=0) > max_len or not lengths.any():
+            raise ValueError
+        if sum(1 << (max_len - int(v)) for v in lengths if v) > 1 << max_len:
+            raise ValueError
+    except EOFError:
+        return "truncated"
+    except ValueError:
+        return "corrupt"
+    return lengths, pos

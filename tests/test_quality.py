@@ -136,6 +136,29 @@ def test_uniform_blobs_are_version_2_and_validated():
     assert bytes(lcckpt.encode(x, bits=2))[3] == 1   # LC blobs stay version 1
 
 
+def test_crafted_escapes_are_refused_even_with_a_valid_checksum():
+    """Escape indices must increase and stay below n, their values be finite: checked on
+    parse, since an attacker can recompute the payload CRC."""
+    import zlib
+    x = np.linspace(-1, 1, 5000, dtype=np.float32)
+    x[[17, 3000]] = 1e3
+    blob = bytes(lcckpt.encode(x, target=0.001))
+    _, p = parse(blob)
+    assert p.esc_idx.tolist() == [17, 3000]
+    at = len(blob) - 4 - 2 * 4 - 2 * 4                      # u32 indices, then f32 values
+
+    def forged(offset, fmt, value):
+        b = bytearray(blob)
+        b[offset:offset + 4] = np.array([value], fmt).tobytes()
+        b[-4:] = zlib.crc32(bytes(b[p.payload_base:-4])).to_bytes(4, "little")
+        return bytes(b)
+    assert parse(forged(at + 4, "<u4", 3001))[1].esc_idx.tolist() == [17, 3001]   # still valid
+    for bad in (forged(at + 4, "<u4", 10), forged(at + 4, "<u4", 17), forged(at + 4, "<u4", 5000),
+                forged(at + 8, "<f4", np.nan), forged(at + 12, "<f4", np.inf)):
+        with pytest.raises(CorruptDataError, match="escape"):
+            parse(bad)
+
+
 def test_bad_targets_are_refused():
     for t in (-0.1, 1.0, float("nan"), True, "x"):
         with pytest.raises(InvalidArgumentError):

@@ -8,7 +8,7 @@ step before it by the file's ``"delta"`` sections, as a leaf decoder of
 
 from __future__ import annotations
 
-from ..codec.delta import Reconstruction
+from ..codec.delta import Reconstruction, settle as _settle
 from ..errors import CorruptDataError, UnsupportedVersionError
 from ..format.sections import DELTA, section_key, section_zero_base
 from ..format import sections as _sections
@@ -67,6 +67,7 @@ class FileReplay:
 
     def __init__(self, before: dict, copy: bool = True, movement: bool = False):
         self.before, self.after, self.copy, self.movement = before, {}, copy, movement
+        self.settled = False
 
     def advance(self, c, i: int, meta: dict) -> Reconstruction:
         key = section_key(meta)
@@ -84,13 +85,21 @@ class FileReplay:
     def decode_leaf(self, path: str, c, i: int, meta: dict):
         if meta.get("codec") != DELTA:
             return _sections.decode_leaf(path, c, i, meta)
-        return self.advance(c, i, meta).value(self.copy)
+        rec = self.after.get(section_key(meta)) if self.settled else None
+        if rec is None:
+            rec = self.advance(c, i, meta)
+        return rec.value(self.copy)
 
-    def advance_all(self, c) -> dict:
-        """Advance every tracked tensor of file ``c`` without building its object."""
+    def advance_all(self, c, settle: bool = False) -> dict:
+        """Advance every tracked tensor of file ``c`` without building its object;
+        ``settle``: also replay what they wait for, many at once (then
+        :meth:`decode_leaf` hands them out without applying their blobs again)."""
         for i, s in enumerate(c.sections):
             if s["meta"].get("kind") == "tensor" and s["meta"].get("codec") == DELTA:
                 self.advance(c, i, s["meta"])
+        if settle:
+            _settle(self.after.values())
+            self.settled = True
         return self.after
 
 

@@ -75,6 +75,7 @@ def restore(d: ChainDirectory, step: int, *, build: bool, map_location=None, kno
             try:
                 if build and i == len(links) - 1:
                     replay = FileReplay(tracks, copy=keep_tracks)
+                    replay.advance_all(c, settle=True)
                     obj = unpack(c, map_location, decode_leaf=replay.decode_leaf)
                     tracks = replay.after
                 else:

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..util import crc as _crc
 from . import dtypes, entropy, lossless, streams
+from .kernels import tables as tk
 from ..util.wire import Reader, Writer
 from ..errors import (
     ChecksumError, CorruptDataError, InvalidArgumentError, TruncatedError, UnsupportedVersionError,
@@ -299,11 +300,11 @@ def _read_escapes(buf, at: int, p: Parsed) -> None:
     it = _index_dtype(p.n)
     idx = np.frombuffer(buf, it, k, at).astype(np.int64)
     val = np.frombuffer(buf, p.esc_val.dtype.newbyteorder("<"), k, at + k * it.itemsize)
-    if idx[-1] >= p.n or np.any(np.diff(idx) <= 0):
-        raise CorruptDataError("lcckpt blob: escape indices out of range or out of order")
-    if not np.all(np.isfinite(val)):
-        raise CorruptDataError("lcckpt blob: non-finite escape value")
-    p.esc_idx, p.esc_val = idx, val.astype(p.esc_val.dtype)
+    val = val.astype(p.esc_val.dtype)
+    if not tk.escapes_valid(idx, p.n, val):
+        raise CorruptDataError("lcckpt blob: escape indices out of range or out of order, "
+                               "or a non-finite escape value")
+    p.esc_idx, p.esc_val = idx, val
 
 
 def words_n(n: int, dt: dtypes.DType) -> int:

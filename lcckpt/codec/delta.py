@@ -38,7 +38,7 @@ from ..errors import (
 )
 from .movement import Movement
 
-__all__ = ["DeltaDecoder", "DeltaEncoder", "Reconstruction", "replay"]
+__all__ = ["DeltaDecoder", "DeltaEncoder", "Reconstruction", "replay", "settle"]
 
 KEYFRAME_CODINGS = ("lossless", "raw")
 RELATIVE_TO = ("norm", "movement")
@@ -351,6 +351,20 @@ def _with_escapes(chunk, p: Parsed, ref: np.ndarray):
         chunk(c)
         apply_escapes(p, ref, c)
     return step
+
+
+def settle(recs) -> None:
+    """Apply the pending blobs of many reconstructions: those of a single chunk side by
+    side on the pool, a task each (a state of many small tensors would otherwise replay
+    them one at a time on one thread), then the larger ones, each over the pool's chunks."""
+    small, large = [], []
+    for rec in recs:
+        head = rec._key if rec._key is not None else (rec.pending[0] if rec.pending else None)
+        if head is not None:
+            (small if head[1].n <= 1 << head[1].log2 else large).append(rec)
+    run_balanced(lambda k: small[k].ref, len(small))
+    for rec in large:
+        rec.ref
 
 
 def replay(deltas: list, ref: np.ndarray, base=None) -> None:

@@ -51,15 +51,6 @@ def _nibbles(values: np.ndarray) -> bytes:
     return ((padded[0::2] << 4) | padded[1::2]).astype(np.uint8).tobytes()
 
 
-def _unnibble(packed: np.ndarray, size: int, what: str) -> np.ndarray:
-    out = np.empty(2 * packed.size, np.uint8)
-    out[0::2] = packed >> 4
-    out[1::2] = packed & 15
-    if np.any(out[size:]):
-        raise CorruptDataError(f"{what}: code table has nonzero padding")
-    return out[:size].copy()
-
-
 def _write_lengths(w: Writer, lengths: np.ndarray):
     """Code lengths in the smallest of three layouts (a table costs bytes in every blob).
 
@@ -83,36 +74,31 @@ def _write_lengths(w: Writer, lengths: np.ndarray):
             prev = int(s)
 
 
+_LENGTH_ERRORS = {
+    tk.L_PADDING: "code table has nonzero padding",
+    tk.L_BITMAP: "code table bitmap has bits past its alphabet",
+    tk.L_ZERO_USED: "code table marks a letter used with length 0",
+    tk.L_COUNT: "number of coded letters exceeds the alphabet",
+    tk.L_GAP: "letter gap exceeds the alphabet",
+    tk.L_LETTER: "code table letter outside the alphabet",
+    tk.L_VARINT: "malformed varint in the code table",
+    tk.L_KIND: "unknown code table kind",
+    tk.L_INVALID: "invalid code lengths",
+    tk.L_KRAFT: "code lengths are over-subscribed (not a prefix code)",
+}
+
+
 def _read_lengths(r: Reader, size: int) -> np.ndarray:
-    kind = r.u8()
-    if kind == 0:
-        lengths = _unnibble(np.frombuffer(r.raw((size + 1) // 2), np.uint8), size, r.what)
-    elif kind == 1:
-        bitmap = np.unpackbits(np.frombuffer(r.raw((size + 7) // 8), np.uint8))
-        if np.any(bitmap[size:]):
-            raise CorruptDataError(f"{r.what}: code table bitmap has bits past its alphabet")
-        used = np.flatnonzero(bitmap[:size])
-        lengths = np.zeros(size, np.uint8)
-        lengths[used] = _unnibble(np.frombuffer(r.raw((used.size + 1) // 2), np.uint8),
-                                  used.size, r.what)
-        if not np.all(lengths[used]):
-            raise CorruptDataError(f"{r.what}: code table marks a letter used with length 0")
-    elif kind == 2:
-        m = r.uvar(size, "number of coded letters")
-        lengths = np.zeros(size, np.uint8)
-        s = -1
-        for _ in range(m):
-            s += r.uvar(size, "letter gap") + 1
-            if s >= size:
-                raise CorruptDataError(f"{r.what}: code table letter {s} outside alphabet {size}")
-            lengths[s] = r.u8()
-    else:
-        raise CorruptDataError(f"{r.what}: unknown code table kind {kind}")
-    if lengths.max(initial=0) > hk.MAX_CODE_LEN or not lengths.any():
-        raise CorruptDataError(f"{r.what}: invalid code lengths")
-    kraft = int(np.sum(np.left_shift(1, hk.MAX_CODE_LEN - lengths[lengths > 0].astype(np.int64))))
-    if kraft > 1 << hk.MAX_CODE_LEN:
-        raise CorruptDataError(f"{r.what}: code lengths are over-subscribed (not a prefix code)")
+    """A code-length table (see :func:`_write_lengths`), parsed and checked by a compiled
+    loop (a restore parses one per blob of every step of a chain)."""
+    lengths, pos, err, _ = tk.read_lengths(np.frombuffer(r.buf, np.uint8), r.pos, r.end, size,
+                                           hk.MAX_CODE_LEN)
+    if err == tk.L_TRUNCATED:
+        raise TruncatedError(f"{r.what} is truncated inside a code table at offset {r.pos}; "
+                             "the data was cut short or damaged")
+    if err != tk.L_OK:
+        raise CorruptDataError(f"{r.what}: {_LENGTH_ERRORS[err]}")
+    r.pos = pos
     return lengths
 
 

@@ -8,6 +8,7 @@ exactly. Escapes store elements beyond the widest symbol exactly.
 """
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -30,10 +31,14 @@ DEADZONE = 0.6     # round magnitudes up only past 0.6 of a step: more zeros, ~5
                    # than rounding to nearest at equal error on real deltas
 
 
+@lru_cache(maxsize=None)
 def zigzag_levels(bits: int) -> np.ndarray:
-    """Symbol -> signed level: 0, -1, 1, -2, 2, ... (``2**bits`` symbols)."""
+    """Symbol -> signed level: 0, -1, 1, -2, 2, ... (``2**bits`` symbols; read-only, one
+    array per ``bits``)."""
     s = np.arange(1 << bits, dtype=np.int64)
-    return np.where(s & 1, -((s + 1) >> 1), s >> 1)
+    out = np.where(s & 1, -((s + 1) >> 1), s >> 1)
+    out.flags.writeable = False
+    return out
 
 
 def uniform_table(step: float, bits: int, dtype) -> np.ndarray:

@@ -72,3 +72,124 @@ def read_chunk_table(buf, pos, end, nchunks, n, chunk_size, b, mode_state, const
         if m == raw_mode and v != min(chunk_size, n - c * chunk_size):
             return pos, RAW_SIZE, c
     return pos, OK, nchunks
+
+
+# --- code-length tables (streams._write_lengths' three layouts) ------------------------
+L_OK, L_TRUNCATED, L_PADDING, L_BITMAP, L_ZERO_USED, L_COUNT, L_GAP, L_LETTER, L_VARINT, \
+    L_KIND, L_INVALID, L_KRAFT = range(12)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _uvar(buf, pos, end, limit):
+    """(value, pos, error) of an unsigned LEB128 varint at most ``limit``."""
+    v = 0
+    shift = 0
+    big = False                       # bit 63 or above set: past any limit
+    while True:
+        if pos >= end:
+            return 0, pos, L_TRUNCATED
+        b = np.int64(buf[pos])
+        pos += 1
+        if shift == 63:
+            big = big or (b & 0x7F) != 0
+        else:
+            v |= (b & 0x7F) << shift
+        if not b & 0x80:
+            break
+        shift += 7
+        if shift > 63:
+            return 0, pos, L_VARINT
+    if big or v > limit:
+        return v, pos, L_COUNT
+    return v, pos, L_OK
+
+
+@njit(cache=True, nogil=True)
+def read_lengths(buf, pos, end, size, max_len):
+    """Code lengths of an alphabet of ``size`` letters from ``buf[pos:end]``: a kind byte,
+    then 0: a nibble per letter (high nibble first, zero padding); 1: a bitmap of the
+    letters used (MSB first), then their nibbles; 2: a count, then (gap, length) per
+    letter. Returns ``(lengths, pos after, error code, detail)``; the lengths must be at
+    most ``max_len``, not all zero, and not over-subscribed (Kraft)."""
+    lengths = np.zeros(size, np.uint8)
+    if pos >= end:
+        return lengths, pos, L_TRUNCATED, 0
+    kind = buf[pos]
+    pos += 1
+    if kind == 0 or kind == 1:
+        if kind == 1:
+            nb = (size + 7) // 8
+            if pos + nb > end:
+                return lengths, pos, L_TRUNCATED, 0
+            used = 0
+            for i in range(8 * nb):
+                if (buf[pos + (i >> 3)] >> (7 - (i & 7))) & 1:
+                    if i >= size:
+                        return lengths, pos, L_BITMAP, 0
+                    lengths[i] = 1           # marked; the nibbles follow
+                    used += 1
+            pos += nb
+        else:
+            used = size
+        nn = (used + 1) // 2
+        if pos + nn > end:
+            return lengths, pos, L_TRUNCATED, 0
+        k = 0
+        for i in range(size):
+            if kind == 1 and lengths[i] == 0:
+                continue
+            b = buf[pos + (k >> 1)]
+            v = (b >> 4) if k & 1 == 0 else (b & 15)
+            if kind == 1 and v == 0:
+                return lengths, pos, L_ZERO_USED, 0
+            lengths[i] = v
+            k += 1
+        if used & 1 and buf[pos + nn - 1] & 15:
+            return lengths, pos, L_PADDING, 0
+        pos += nn
+    elif kind == 2:
+        m, pos, err = _uvar(buf, pos, end, size)
+        if err != L_OK:
+            return lengths, pos, err, m
+        s = -1
+        for _ in range(m):
+            g, pos, err = _uvar(buf, pos, end, size)
+            if err != L_OK:
+                return lengths, pos, (L_GAP if err == L_COUNT else err), g
+            s += g + 1
+            if s >= size:
+                return lengths, pos, L_LETTER, s
+            if pos >= end:
+                return lengths, pos, L_TRUNCATED, 0
+            lengths[s] = buf[pos]
+            pos += 1
+    else:
+        return lengths, pos, L_KIND, kind
+    kraft = 0
+    top = 0
+    for i in range(size):
+        v = np.int64(lengths[i])
+        if v > top:
+            top = v
+        if v > 0 and v <= max_len:
+            kraft += np.int64(1) << (max_len - v)
+    if top > max_len or top == 0:
+        return lengths, pos, L_INVALID, 0
+    if kraft > np.int64(1) << max_len:
+        return lengths, pos, L_KRAFT, 0
+    return lengths, pos, L_OK, 0
+
+
+@njit(cache=True, nogil=True)
+def escapes_valid(idx, n, val):
+    """Whether a uniform blob's escapes are strictly increasing indices below ``n`` with
+    finite values."""
+    prev = -1
+    for i in range(idx.size):
+        if idx[i] <= prev or idx[i] >= n:
+            return False
+        prev = idx[i]
+    for i in range(val.size):
+        if not np.isfinite(val[i]):
+            return False
+    return True
