@@ -18,8 +18,8 @@ A slice of a ``"lossless"`` section reads the blob's header and the bytes of the
 holding the rows, and decodes those chunks only; a chain's ``"delta"`` section is rebuilt
 whole, then sliced (the reader keeps the newest rebuilt tensor, so a loop of row reads
 rebuilds it once). A slice read of a raw or lossless section is not checksummed (the CRC
-covers the whole section; the blob's header checksum is checked); ``get_tensor`` always is. Deliberately not done here: building whole objects
-(``lcckpt.load``).
+covers the whole section; the blob's header checksum is checked); ``get_tensor`` always
+is. Deliberately not done here: building whole objects (``lcckpt.load``).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from ..format.serialization import tree_of
 __all__ = ["Reader", "Slice", "open"]
 
 HEADER_PREFIX = 1 << 16      # bytes of a blob read first for its header (grown as needed)
+
 
 def open(path: str | os.PathLike, *, step: int | None = None, map_location=None,
          max_bytes=limits.DEFAULT) -> Reader:
@@ -319,7 +320,8 @@ class Slice:
         cs = 1 << p.log2
         k0, k1 = first * per // cs, (last * per + per - 1) // cs + 1
         spans = chunk_spans(p, k0, k1)
-        limits.check(k1 * cs - k0 * cs + sum(n for _, n in spans), c.size, self._r.max_bytes,
+        decoded = (k1 - k0) * cs * (p.dt.itemsize // per)      # bytes of those chunks
+        limits.check(decoded + sum(n for _, n in spans), c.size, self._r.max_bytes,
                      f"{self._r.path}: {self._path}")
         data, pos = np.empty(sum(n for _, n in spans), np.uint8), 0
         for off, n in spans:
