@@ -320,10 +320,10 @@ class Slice:
         cs = 1 << p.log2
         k0, k1 = first * per // cs, (last * per + per - 1) // cs + 1
         spans = chunk_spans(p, k0, k1)
+        stored = sum(n for _, n in spans)
         decoded = (k1 - k0) * cs * (p.dt.itemsize // per)      # bytes of those chunks
-        limits.check(decoded + sum(n for _, n in spans), c.size, self._r.max_bytes,
-                     f"{self._r.path}: {self._path}")
-        data, pos = np.empty(sum(n for _, n in spans), np.uint8), 0
+        limits.check(decoded + stored, c.size, self._r.max_bytes, f"{self._r.path}: {self._path}")
+        data, pos = np.empty(stored, np.uint8), 0
         for off, n in spans:
             c.read_part(s, off, data[pos:pos + n])
             pos += n

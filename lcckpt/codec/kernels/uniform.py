@@ -76,9 +76,10 @@ def quantize_range(u, ref, use_ref, start, stop, step, up, floor, rstep, S, tabl
     ``sym[i]`` is the level's symbol, or 0 for an escape (a level of ``S`` or more, or a
     reconstruction past ``limit`` when ``use_limit``, or one below ``floor·u[i]`` after
     the table's rounding), flagged by bit ``i % 8`` of ``esc[i // 8]`` (a zeroed bitmap:
-    1/8 byte per element; ``start`` is a multiple of 8, so ranges share no byte). The reconstruction, not written here, is
-    ``ref[i] + table[sym[i]]`` (symbol 0 adds nothing, as decoding) or ``u[i]`` for an
-    escape; ``hist`` counts the symbols. Returns ``||u - reconstruction||^2`` in fp64.
+    1/8 byte per element; ``start`` is a multiple of 8, so ranges share no byte). The
+    reconstruction, not written here, is ``ref[i] + table[sym[i]]`` (symbol 0 adds
+    nothing, as decoding) or ``u[i]`` for an escape; ``hist`` counts the symbols.
+    Returns ``||u - reconstruction||^2`` in fp64.
     """
     err = 0.0
     for i in range(start, stop):
