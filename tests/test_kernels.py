@@ -188,6 +188,23 @@ def test_runs_round_trip_and_exact_size(args):
             assert used == nbits and np.array_equal(back, sym)
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 8), st.integers(0, 3000), st.floats(0, 1), st.integers(0, 2**32 - 1),
+       st.integers(0, 40))
+def test_dense_runs_histogram_counts_what_the_plain_one_does(b, n, density, seed, lo):
+    """The runs letters of a mostly nonzero chunk, counted by walking its zeros from the
+    symbol counts, are the plain per-symbol count exactly (zero runs at either end, runs
+    of every length, any density), over a range that does not start at 0."""
+    sym = _symbols(b, n + lo, density, seed)
+    S = 1 << b
+    plain = np.zeros(rk.RUN_CLASSES * S, np.int64)
+    dense = np.zeros_like(plain)
+    counts = np.bincount(sym[lo:], minlength=S).astype(np.int64)
+    assert rk.runs_histogram_dense(sym, lo, n + lo, S, dense, counts) == \
+        rk.runs_histogram(sym, lo, n + lo, S, plain)
+    assert np.array_equal(dense, plain)
+
+
 def test_longest_runs_round_trip():
     """Runs up to a 2**24-symbol chunk: 24 extra bits right after a long code word."""
     rng = np.random.default_rng(1)

@@ -429,7 +429,7 @@ def test_the_error_model_predicts_the_measured_error(n, seed, rel_step):
     are 1.1% wide, so with finer steps (a hundred levels) more of them straddle a level
     boundary and the estimate is off by several percent; the search then corrects the
     step by the error it measures. (The model ignores escapes, which only lower the error.)"""
-    from lcckpt.codec.uniform import DEADZONE, _ErrorModel, _try_step
+    from lcckpt.codec.uniform import DEADZONE, _try_step, survey
     rng = np.random.default_rng(seed)
     ref = rng.standard_normal(n).astype(np.float32)
     u = (ref + rng.standard_normal(n) * rng.choice([0, 1e-3, 1e-2], n)).astype(np.float32)
@@ -437,7 +437,7 @@ def test_the_error_model_predicts_the_measured_error(n, seed, rel_step):
     if not np.any(d):
         return
     step = rel_step * float(np.abs(d).max())
-    model = _ErrorModel(u, ref, 1024)
+    model = survey(u, ref).model
     up = 1 - DEADZONE
     uq, _ = _try_step(u, ref, None, step, 1024, 4, hist=model.symbol_histogram(step, up),
                       rstep=model.recon_step(step, up))
@@ -446,23 +446,40 @@ def test_the_error_model_predicts_the_measured_error(n, seed, rel_step):
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(1, 5000), st.integers(0, 2**31), st.booleans())
-def test_magnitude_histogram_matches_a_numpy_reference(n, seed, with_ref):
-    """The model's per-bin count, sum and sum of squares of |u - ref|, by the top bits of
-    its float32 value, against numpy (zeros, subnormals and huge values included)."""
-    from lcckpt.codec.kernels.uniform import MAG_BINS, magnitude_histogram
+@given(st.integers(1, 5000), st.integers(0, 2**31), st.booleans(), st.sampled_from([0, 1, 2]))
+def test_survey_histogram_and_sketch_match_numpy_references(n, seed, with_ref, threads):
+    """The survey's per-bin count, sum and sum of squares of |u - ref|, by the top bits
+    of its float32 value, against numpy (zeros, subnormals and huge values included);
+    its sketch is the movement sketch of u, bucket for bucket."""
+    import os
+    from lcckpt.codec.kernels.uniform import MAG_BINS
+    from lcckpt.codec.movement import LOG2, sketch
+    from lcckpt.codec.uniform import survey
     rng = np.random.default_rng(seed)
     u = (rng.standard_normal(n) * 10.0 ** rng.integers(-40, 30, n)).astype(np.float32)
     u[rng.random(n) < 0.1] = 0
-    ref = (u + rng.standard_normal(n).astype(np.float32)) if with_ref else u
-    cnt, s1, s2 = np.zeros(MAG_BINS, np.int64), np.zeros(MAG_BINS), np.zeros(MAG_BINS)
-    magnitude_histogram(u, ref, with_ref, 0, n, cnt, s1, s2)
+    ref = (u + rng.standard_normal(n).astype(np.float32)) if with_ref else None
+    old = os.environ.get("LCCKPT_THREADS")
+    os.environ["LCCKPT_THREADS"] = str(threads or 1)
+    try:
+        sv = survey(u, ref, LOG2)
+    finally:
+        if old is None:
+            del os.environ["LCCKPT_THREADS"]
+        else:
+            os.environ["LCCKPT_THREADS"] = old
     a = np.abs((u - ref) if with_ref else u).astype(np.float64)
     a = a[a != 0]
     b = np.abs(a).astype(np.float32).view(np.uint32) >> 17
-    assert np.array_equal(cnt, np.bincount(b, minlength=MAG_BINS))
-    assert np.allclose(s1, np.bincount(b, weights=a, minlength=MAG_BINS), rtol=1e-12, atol=0)
-    assert np.allclose(s2, np.bincount(b, weights=a * a, minlength=MAG_BINS), rtol=1e-12, atol=0)
+    keep = np.flatnonzero(np.bincount(b, minlength=MAG_BINS))
+    m = sv.model
+    assert np.array_equal(m.cnt, np.bincount(b, minlength=MAG_BINS)[keep])
+    assert np.allclose(m.s1, np.bincount(b, weights=a, minlength=MAG_BINS)[keep], rtol=1e-12, atol=0)
+    assert np.allclose(m.s2, np.bincount(b, weights=a * a, minlength=MAG_BINS)[keep], rtol=1e-12,
+                       atol=0)
+    want, want_ss = sketch(u)
+    np.testing.assert_allclose(sv.sketch, want, rtol=1e-12, atol=1e-300)
+    assert sv.norm_sq == pytest.approx(want_ss, rel=1e-12)
 
 
 @settings(max_examples=20, deadline=None)
@@ -471,13 +488,13 @@ def test_fitted_restore_step_lowers_the_error_of_the_same_levels(n, seed, rel_st
     """Levels decided with one step and restored with the least-squares step err less
     than restored with the decision step itself, and the error is (nearly) orthogonal to
     what was sent: no systematic lag behind the update."""
-    from lcckpt.codec.uniform import DEADZONE, _ErrorModel, _try_step
+    from lcckpt.codec.uniform import DEADZONE, _try_step, survey
     rng = np.random.default_rng(seed)
     ref = rng.standard_normal(n).astype(np.float32)
     u = (ref + rng.laplace(size=n) * 1e-2).astype(np.float32)
     d = (u - ref).astype(np.float64)
     step = rel_step * float(np.std(d))
-    model = _ErrorModel(u, ref, 1024)
+    model = survey(u, ref).model
     up = 1 - DEADZONE
     plain, _ = _try_step(u, ref, None, step, 1024, 4, hist=model.symbol_histogram(step, up))
     fitted, _ = _try_step(u, ref, None, step, 1024, 4, hist=model.symbol_histogram(step, up),
@@ -502,27 +519,92 @@ def test_fitted_restore_step_lowers_the_error_of_the_same_levels(n, seed, rel_st
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(0, 37), st.sampled_from(["none", "u_nan", "u_inf", "ref_nan", "ref_inf"]),
+@given(st.integers(0, 2100), st.sampled_from(["none", "u_nan", "u_inf", "ref_nan", "ref_inf"]),
        st.booleans(), st.integers(0, 2**32 - 1))
-def test_state_stats_kernel_against_numpy(n, bad, fp64, seed):
-    """The quantizer's one-pass statistics: finiteness of u and ref, the fp64 sum of u²
-    and the minimum of u, against numpy on every tail length."""
-    from lcckpt.codec.kernels import uniform as uk
+def test_survey_stats_against_numpy(n, bad, fp64, seed):
+    """The survey's statistics: finiteness of u and ref, the fp64 sum of u² and the
+    minimum of u, against numpy on every tail length and across blocks; values near
+    the top of fp64 are finite, however their sum rounds."""
+    from lcckpt.codec.uniform import survey
     rng = np.random.default_rng(seed)
     dt = np.float64 if fp64 else np.float32
     u = (rng.standard_normal(n) * 10).astype(dt)
     ref = rng.standard_normal(n).astype(dt)
+    if fp64 and n:
+        u[0], ref[0] = 1.5e308, 1.7e308                 # finite, whose sum is not
     if n and bad != "none":
         target = u if bad.startswith("u") else ref
         target[rng.integers(n)] = np.nan if bad.endswith("nan") else -np.inf
-    out = np.zeros(3)
-    uk.state_stats(u, ref, True, 0, n, out)
+    sv = survey(u, ref)
     finite = bool(np.all(np.isfinite(u)) and np.all(np.isfinite(ref)))
-    assert out[0] == (1.0 if finite else 0.0)
-    if finite:
+    assert sv.finite == finite
+    if finite and not fp64:
         u64 = u.astype(np.float64)
-        assert out[1] == pytest.approx(float(u64 @ u64), rel=1e-12, abs=1e-300)
-        assert out[2] == (float(u.min()) if n else np.inf)
+        assert sv.norm_sq == pytest.approx(float(u64 @ u64), rel=1e-12, abs=1e-300)
+    if finite:
+        assert sv.least == (float(u.min()) if n else 0.0)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 5000), st.integers(0, 2**32 - 1), st.sampled_from([2, 3, 4, 6, 8]),
+       st.sampled_from(["plain", "floor", "limit", "floor+limit"]), st.booleans(),
+       st.sampled_from([0.05, 0.5, 3.0]), st.sampled_from(["none", "decision", "lift"]))
+def test_blocked_quantizer_matches_the_element_wise_one(n, seed, bits, mode, fp64, rel, edges):
+    """The blocked kernel (a multiply by 1/step, floors raised without branches, flagged
+    elements redone) writes the very symbols, escape bits and symbol counts of the
+    element-wise kernel, and the same error up to the order of its sum. Floors and limits
+    make escapes. ``edges`` puts a third of the elements on a boundary where a multiply
+    by 1/step and a division round apart (a step searched for it): "decision", the
+    level of ``|d| / step``; "lift", a floored element's raised level
+    ``(floor·u - ref) / rstep``."""
+    from lcckpt.codec.kernels import uniform as uk
+    from lcckpt.codec.uniform import uniform_table
+    rng = np.random.default_rng(seed)
+    dt = np.float64 if fp64 else np.float32
+    floor = 0.25 if "floor" in mode else 0.0
+    ref = rng.standard_normal(n)
+    d = rng.laplace(size=n) * 0.1
+    step, up = rel * 0.1, 0.4
+    rstep = step * rng.uniform(0.9, 1.05)
+    u = ref + d
+    if floor:
+        ref, u = np.abs(ref), np.abs(u)
+    edge = rng.random(n) < 1 / 3
+    if edges == "decision":           # |d0| / step + up lands on an integer one way only
+        for _ in range(1000):
+            d0 = float(np.float32(rng.uniform(0.01, 10)))
+            step = d0 / (int(rng.integers(0, 60)) + 1 - up)
+            if np.floor(d0 / step + up) != np.floor(d0 * (1 / step) + up):
+                break
+        rstep = step * rng.uniform(0.9, 1.05)
+        sign = 1 if floor else rng.choice([-1, 1], edge.sum())
+        u[edge], ref[edge] = sign * d0, 0.0
+    elif edges == "lift":             # a floored level (floor·u - r) / rstep the same way
+        for _ in range(1000):
+            a = float(np.float32(rng.uniform(1e-4, 1e-3)))
+            j = int(rng.integers(16, 60))
+            r = float(np.float32(a + j * rng.uniform(0.01, 0.1)))
+            x0 = a - r                                 # floor·u - r for u = 4a, exactly
+            rstep = -x0 / j
+            if np.ceil(x0 / rstep) != np.ceil(x0 * (1 / rstep)):
+                break
+        step = 0.9 * rstep                             # decides a level below the floor
+        u[edge], ref[edge] = 4 * a, r
+    u, ref = u.astype(dt), ref.astype(dt)
+    S = 1 << bits
+    table = uniform_table(rstep, bits, dt)
+    lim = float(np.quantile(np.abs(u), 0.9)) if "limit" in mode else 0.0
+    out = []
+    for kernel in (uk.quantize_scalar, uk.quantize_range):
+        sym = np.zeros(n, np.uint8)
+        esc = np.zeros(-(-n // 8), np.uint8)
+        hist = np.zeros(S, np.int64)
+        err = kernel(u, ref, True, 0, n, step, up, floor, rstep, S, table, lim,
+                     "limit" in mode, sym, esc, hist)
+        out.append((sym, esc, hist, err))
+    (s0, e0, h0, r0), (s1, e1, h1, r1) = out
+    assert np.array_equal(s0, s1) and np.array_equal(e0, e1) and np.array_equal(h0, h1)
+    assert r1 == pytest.approx(r0, rel=1e-9, abs=1e-300)
 
 
 def test_a_floored_tensor_aims_its_first_step_lower_and_still_meets_the_target(monkeypatch):

@@ -10,6 +10,8 @@ Prints readable tables and, with ``--json``, one JSON document. Sections:
 * dense      - the same MLP under Adam (a dense delta, every weight moves): lcckpt b=2
                against zstd-1 and zstd-3 on the same threads, interleaved, with a
                bytes-per-element traffic model of each pass against a numpy copy;
+* default    - the default encoder (the chain's weight target) on that run's largest
+               weight, whole and pass by pass, against the same traffic model;
 * lossless   - the exact codec on trained weights (fp32 and bf16) against zstd 1/3 on raw
                and byte-grouped bytes;
 * latency    - the first encode in a fresh process, Numba cache warm.
@@ -21,7 +23,6 @@ import argparse
 import io
 import json
 import os
-import subprocess
 import sys
 import textwrap
 import time
@@ -31,8 +32,10 @@ import torch
 
 import lcckpt
 from lcckpt.codec.kernels.huffman import code_lengths
+from lcckpt.bench.default import default_encode
 from lcckpt.bench.dense import dense, lossless
-from lcckpt.bench.timing import MB, environment, format_table, median_time, zstandard, zstd_compress
+from lcckpt.bench.timing import (MB, environment, format_table, latency, median_time,
+                                 zstandard, zstd_compress)
 from lcckpt.bench.trajectory import flat_float_params, train_trajectory
 
 def _optimal_huffman_bits(counts: np.ndarray) -> int:
@@ -201,31 +204,6 @@ def speed(steps, every, runs, log):
     return {"elements": int(delta.size), "rows": rows}
 
 
-# --- latency ---------------------------------------------------------------------------
-
-LATENCY_SNIPPET = """
-import time
-t0 = time.perf_counter()
-import numpy as np, lcckpt
-t1 = time.perf_counter()
-x = np.random.default_rng(0).standard_normal(1_000_000).astype(np.float32)
-t2 = time.perf_counter()
-lcckpt.decode(lcckpt.encode(x))
-t3 = time.perf_counter()
-print(t1 - t0, t3 - t2)
-"""
-
-
-def latency(log):
-    subprocess.run([sys.executable, "-c", LATENCY_SNIPPET], check=True, capture_output=True)
-    out = subprocess.run([sys.executable, "-c", LATENCY_SNIPPET], check=True,
-                         capture_output=True, text=True).stdout.split()
-    res = {"import_s": float(out[0]), "first_encode_decode_s": float(out[1])}
-    log(f"\n## latency: import {res['import_s']:.2f} s, first encode+decode of 1M fp32 "
-        f"(cache warm) {res['first_encode_decode_s']:.3f} s")
-    return res
-
-
 def _say(msg: str) -> None:
     """A progress line on stderr: what the benchmark is doing now."""
     print(msg, file=sys.stderr, flush=True)
@@ -267,6 +245,8 @@ def run(quick: bool = False, bits: int = 2, log=print, say=_say, on_story=None) 
     doc["speed"] = speed(mlp_steps, mlp_every, runs, log)
     say("      and on a dense delta of the same MLP under Adam, against zstd-1 and zstd-3")
     doc["dense"] = dense(*((6, 3) if quick else (12, 4)), runs, log)
+    say("      and the default encoder on that run's largest weight, pass by pass")
+    doc["default"] = default_encode(*((6, 3) if quick else (12, 4)), runs, log)
     say("[5/5] lossless coding of trained weights, and first-call latency")
     w = np.concatenate([v.reshape(-1) for v in
                         flat_float_params(traj.snapshots[-1][1]["model"]).values()])

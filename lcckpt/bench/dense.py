@@ -265,3 +265,5 @@ def lossless(weights: dict, runs, log):
     log("\n## lossless: trained weights (reference points: ZipNN reports ~1.2x fp32, ~1.5x bf16)")
     log(format_table(rows, ["data", "codec", "ratio", "enc_MBps", "dec_MBps"]))
     return rows
+
+

@@ -12,6 +12,8 @@ import math
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -150,3 +152,28 @@ def median_time(fn, runs, setup=None) -> float:
 
 def zstd_compress(data: bytes, level: int, threads: int = 0) -> bytes:
     return zstandard.ZstdCompressor(level=level, threads=threads).compress(data)
+
+
+LATENCY_SNIPPET = """
+import time
+t0 = time.perf_counter()
+import numpy as np, lcckpt
+t1 = time.perf_counter()
+x = np.random.default_rng(0).standard_normal(1_000_000).astype(np.float32)
+t2 = time.perf_counter()
+lcckpt.decode(lcckpt.encode(x))
+t3 = time.perf_counter()
+print(t1 - t0, t3 - t2)
+"""
+
+
+def latency(log):
+    """Import time and the first encode + decode of a fresh process (Numba cache warm:
+    a first run fills it)."""
+    subprocess.run([sys.executable, "-c", LATENCY_SNIPPET], check=True, capture_output=True)
+    out = subprocess.run([sys.executable, "-c", LATENCY_SNIPPET], check=True,
+                         capture_output=True, text=True).stdout.split()
+    res = {"import_s": float(out[0]), "first_encode_decode_s": float(out[1])}
+    log(f"\n## latency: import {res['import_s']:.2f} s, first encode+decode of 1M fp32 "
+        f"(cache warm) {res['first_encode_decode_s']:.3f} s")
+    return res

@@ -36,7 +36,8 @@ from ..errors import (
     BrokenChainError, CorruptDataError, InvalidArgumentError, NonFiniteError,
     UnsupportedDtypeError,
 )
-from .movement import Movement
+from .movement import LOG2, Movement
+from .uniform import survey
 
 __all__ = ["DeltaDecoder", "DeltaEncoder", "Reconstruction", "replay", "settle"]
 
@@ -149,10 +150,15 @@ class DeltaEncoder:
         if keyframe or self.ref is None or dt != self.dtype or a.shape != self.shape:
             return self._keyframe(a, dt, u, None, defer_copy, new_base=keyframe)
         exact = lambda: encode_exact(a, dt, self.config.log2, self.raw_keyframes)  # noqa: E731
-        cfg = self._config_for(u, dt)
+        sv = None
+        if self.config.target is not None:      # one read of u and ref for all that follows
+            big = self.relative_to == "movement" and self.movement is not None \
+                and self.movement.sketched and self.movement.n == u.size
+            sv = survey(u, self.ref, LOG2 if big else 0)
+        cfg = self._config_for(u, dt, sv)
         try:
             parts, st, lossy = guarded_encode(u, self.ref, dt, a.shape, cfg, exact,
-                                              cache=self.cache, advance=True)
+                                              cache=self.cache, advance=True, surveyed=sv)
         except NonFiniteError as e:
             warnings.warn(f"{e}; writing an exact keyframe instead", RuntimeWarning, stacklevel=3)
             return self._keyframe(a, dt, u, "non-finite delta", defer_copy, new_base=False)
@@ -160,15 +166,18 @@ class DeltaEncoder:
             self._set_ref(u, defer_copy)
         return parts, st
 
-    def _config_for(self, u: np.ndarray, dt: dtypes.DType) -> CodecConfig:
+    def _config_for(self, u: np.ndarray, dt: dtypes.DType, sv=None) -> CodecConfig:
         """The config of this delta: a "movement" target becomes the equivalent share of
-        ``||u||`` (noted in :attr:`last_movement`)."""
+        ``||u||`` (noted in :attr:`last_movement`). ``sv``: the delta's survey, whose
+        sketch and norm the movement reuses."""
         self.last_movement = None
         if self.relative_to != "movement":
             return self.config
         if self.movement is None or self.movement.n != u.size:
             self.movement = Movement(None, u.size)       # no keyframe known: from zero
-        moved, norm = self.movement.measure(u)
+        moved, norm = self.movement.measure(
+            u, None if sv is None or (sv.sketch is None and self.movement.sketched)
+            else (sv.sketch, sv.norm_sq))
         allowed = max(self.config.target * moved, PRECISION[dt.name] * norm)
         self.last_movement = (moved, norm)
         share = min(allowed / norm, MAX_TARGET) if norm > 0 else 0.0

@@ -35,6 +35,7 @@ BYTES_READ = (HUFFMAN, RAW, CONST, PAIRS)   # what a byte plane may hold (pairs:
 CODED_MODES = (HUFFMAN, GROUPED, RUNS)
 CACHE_SLACK = 1.01          # reuse a cached code while it costs at most 1% more
 RAW_MARGIN = 0.97           # code a byte chunk only if that saves at least 3% over raw
+DENSE_ZEROS = 4             # a chunk under 1/4 zeros counts its runs letters by its zeros
 
 
 def group_size(b: int) -> int:
@@ -118,7 +119,11 @@ def analyze(sym: np.ndarray, sym_hist: np.ndarray, chunk_size: int, b: int, mode
 
         def runs(c):
             lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
-            extra[c] = rk.runs_histogram(sym, lo, hi, 1 << b, hist[RUNS][c])
+            if sym_hist[c, 0] * DENSE_ZEROS < hi - lo:       # few zeros: walk those
+                extra[c] = rk.runs_histogram_dense(sym, lo, hi, 1 << b, hist[RUNS][c],
+                                                   sym_hist[c])
+            else:
+                extra[c] = rk.runs_histogram(sym, lo, hi, 1 << b, hist[RUNS][c])
         run_tasks(runs, nchunks)
     if GROUPED in modes:
         if RUNS in modes:

@@ -21,10 +21,10 @@ import numpy as np
 from ..util.pool import run_tasks
 from .kernels import sketch as sk
 
-__all__ = ["Movement", "BUCKETS", "SAFETY"]
+__all__ = ["Movement", "BUCKETS", "LOG2", "SAFETY"]
 
-_LOG2 = 12
-BUCKETS = 1 << _LOG2         # sketch size; tensors this small keep their base exactly
+LOG2 = 12
+BUCKETS = 1 << LOG2         # sketch size; tensors this small keep their base exactly
 SAFETY = 1 - 3 * np.sqrt(2 / BUCKETS) / 2   # ~0.967: a lower estimate of the norm
 _CHUNK = 1 << 20             # elements per sketch task
 
@@ -35,7 +35,7 @@ def sketch(x: np.ndarray) -> tuple[np.ndarray, float]:
     nch = max(1, -(-n // _CHUNK))
     parts = np.zeros((nch, BUCKETS))
     ss = run_tasks(lambda c: sk.add_sketch(x, c * _CHUNK, min(n, (c + 1) * _CHUNK),
-                                           parts[c], _LOG2), nch)
+                                           parts[c], LOG2), nch)
     return parts.sum(axis=0), float(sum(ss))
 
 
@@ -54,15 +54,23 @@ class Movement:
         else:
             self._base = sketch(base)[0]
 
-    def measure(self, u: np.ndarray) -> tuple[float, float]:
+    @property
+    def sketched(self) -> bool:
+        """Whether :meth:`measure` needs the sketch of ``u`` (a large tensor's base)."""
+        return self._base is not None and self.n > BUCKETS
+
+    def measure(self, u: np.ndarray, sketched: tuple | None = None) -> tuple[float, float]:
         """``(movement, ||u||)`` for flat ``u``: the movement exact for a zero or small
-        base, else the sketch's lower estimate."""
+        base, else the sketch's lower estimate. ``sketched``: :func:`sketch` of ``u``,
+        when the caller took it already (in the delta's one read of the state)."""
         if self._base is None:
-            norm = float(np.sqrt(np.dot(u.astype(np.float64), u.astype(np.float64)))) \
-                if u.size <= BUCKETS else np.sqrt(sketch(u)[1])
+            if u.size <= BUCKETS:
+                norm = float(np.sqrt(np.dot(u.astype(np.float64), u.astype(np.float64))))
+            else:
+                norm = float(np.sqrt((sketch(u) if sketched is None else sketched)[1]))
             return norm, norm
         if u.size <= BUCKETS:
             u64 = u.astype(np.float64)
             return float(np.linalg.norm(u64 - self._base)), float(np.linalg.norm(u64))
-        s, ss = sketch(u)
+        s, ss = sketch(u) if sketched is None else sketched
         return SAFETY * float(np.linalg.norm(s - self._base)), float(np.sqrt(ss))

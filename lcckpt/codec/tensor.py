@@ -102,17 +102,19 @@ def encode(x, bits: int = 2, coder: str = "auto", *, lossless: bool = False,
     return (blob, st) if report else blob
 
 
-def guarded_encode(u, ref, dt, shape, cfg: CodecConfig, exact, cache=None, advance=False):
+def guarded_encode(u, ref, dt, shape, cfg: CodecConfig, exact, cache=None, advance=False,
+                   surveyed=None):
     """Lossy encode honouring ``cfg.error_bound``; returns (blob pieces, stats, lossy).
 
     The quantizer runs at ``cfg.bits``, then with more bits while the error exceeds the
     bound; only the accepted quantization is entropy-coded. ``exact()`` makes the
     lossless fallback (then ``lossy`` is False). ``advance``: ``ref`` becomes the
     decoder's reconstruction of ``u`` when a lossy blob is returned (the caller resets
-    it otherwise).
+    it otherwise). ``surveyed``: the uniform quantizer's survey of ``u`` and ``ref``, if
+    the caller took it.
     """
     if cfg.target is not None:
-        return _uniform_encode(u, ref, dt, shape, cfg, exact, cache, advance)
+        return _uniform_encode(u, ref, dt, shape, cfg, exact, cache, advance, surveyed)
     tried = []
     top = 4 if cfg.error_bound is not None else cfg.bits
     cs = 1 << cfg.log2
@@ -138,9 +140,10 @@ _FINITE_MAX = {"F16": 65504.0, "BF16": 3.3895313892515355e38}   # narrower than 
 ESCAPE_SHARE = 0.5      # past this share of an exact blob's bytes in escapes, store exactly
 
 
-def _uniform_encode(u, ref, dt, shape, cfg: CodecConfig, exact, cache, advance):
+def _uniform_encode(u, ref, dt, shape, cfg: CodecConfig, exact, cache, advance, surveyed):
     """The uniform quantizer's half of :func:`guarded_encode`."""
-    uq = uniform_quantize(u, ref, cfg.target, 1 << cfg.log2, _FINITE_MAX.get(dt.name))
+    uq = uniform_quantize(u, ref, cfg.target, 1 << cfg.log2, _FINITE_MAX.get(dt.name),
+                          surveyed)
     why = None
     if uq is None:
         why = f"no step meets the target {cfg.target:g} (fp rounding): stored exactly"

@@ -1,8 +1,9 @@
 """The error-bounded uniform quantizer: a delta -> symbols of one step, the coarsest step
 whose restored error meets the target (docs/algorithm.md §7b).
 
-A magnitude histogram of the delta (:class:`_ErrorModel`, one pass) predicts the error
-and the symbol counts of any step; the step is solved from it, then one quantization pass
+A magnitude histogram of the delta (:class:`_ErrorModel`, from the one read of the state
+that :func:`survey` makes) predicts the error and the symbol counts of any step; the
+step is solved from it, then one quantization pass
 writes the symbols and the reconstruction the decoder will make, measuring the error
 exactly. Escapes store elements beyond the widest symbol exactly.
 """
@@ -147,33 +148,60 @@ def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE, limit=No
     return uq, est
 
 
+SURVEY_MIN = 1 << 16   # elements per survey task at least
+
+
+@dataclass
+class Survey:
+    """What one read of a state and its reference tells before the step is chosen
+    (:func:`lcckpt.codec.kernels.uniform.survey_range`): whether both are finite,
+    ``||u||²``, the least element, the movement sketch of ``u`` (if asked) and the
+    magnitude histogram of ``u - ref``. Three passes over memory become one."""
+    n: int
+    finite: bool
+    norm_sq: float
+    least: float
+    sketch: np.ndarray | None
+    model: "_ErrorModel"
+
+
+def survey(u: np.ndarray, ref: np.ndarray | None, sketch_log2: int = 0) -> Survey:
+    """:class:`Survey` of flat ``u`` against ``ref`` (None: zeros), on the thread pool;
+    ``sketch_log2``: the sketch's log2 size (0: no sketch)."""
+    n = u.size
+    tasks = max(1, min(threads(), -(-n // SURVEY_MIN)))
+    per = -(-n // tasks)
+    out = np.zeros((tasks, 3))
+    out[:, 2] = np.inf
+    sk = np.zeros((tasks, 1 << sketch_log2 if sketch_log2 else 1))
+    cnt = np.zeros((tasks, uk.MAG_BINS + 1), np.int64)
+    s1 = np.zeros((tasks, uk.MAG_BINS + 1))
+    s2 = np.zeros((tasks, uk.MAG_BINS + 1))
+    use_ref = ref is not None
+    r = ref if use_ref else u
+    run_tasks(lambda t: uk.survey_range(u, r, use_ref, t * per, min(n, (t + 1) * per), out[t],
+                                        sk[t], sketch_log2, cnt[t], s1[t], s2[t]), tasks)
+    model = _ErrorModel(n, cnt.sum(axis=0), s1.sum(axis=0), s2.sum(axis=0))
+    finite = bool(np.all(out[:, 0] == 0.0))
+    return Survey(n, finite, float(out[:, 1].sum()), float(out[:, 2].min()) if n else 0.0,
+                  sk.sum(axis=0) if sketch_log2 else None, model)
+
+
 class _ErrorModel:
-    """The restored error and level counts of any step, from one pass's magnitude
-    histogram (:func:`lcckpt.codec.kernels.uniform.magnitude_histogram`).
+    """The restored error and level counts of any step, from the magnitude histogram of
+    the delta that :func:`survey` takes.
 
     Within a bin that one level covers, the error ``sum (|d| - q·step)²`` is exact from
     the bin's count and sums; a bin that straddles a rounding boundary (a few per level
     with 64 bins per octave) is taken at its mean. So the step search costs one pass to
     build the model and one to quantize, instead of two passes per tried step."""
 
-    def __init__(self, u, ref, chunk_size: int):
-        n = u.size
-        tasks = max(1, min(threads(), -(-n // chunk_size)))
-        per = -(-n // tasks)
-        cnt = np.zeros((tasks, uk.MAG_BINS), np.int64)
-        s1 = np.zeros((tasks, uk.MAG_BINS))
-        s2 = np.zeros((tasks, uk.MAG_BINS))
-        use_ref = ref is not None
-        r = ref if use_ref else u
-
-        def task(t):
-            uk.magnitude_histogram(u, r, use_ref, t * per, min(n, (t + 1) * per),
-                                   cnt[t], s1[t], s2[t])
-        run_tasks(task, tasks)
-        c = cnt.sum(axis=0)
+    def __init__(self, n: int, cnt: np.ndarray, s1: np.ndarray, s2: np.ndarray):
+        """From a :class:`Survey`'s histogram of ``n`` elements (bins ``[:MAG_BINS]``)."""
+        c = cnt[:uk.MAG_BINS]
         keep = np.flatnonzero(c)
         self.n, self.cnt = n, c[keep].astype(np.float64)
-        self.s1, self.s2 = s1.sum(axis=0)[keep], s2.sum(axis=0)[keep]
+        self.s1, self.s2 = s1[keep], s2[keep]
         edges = (np.arange(uk.MAG_BINS + 1, dtype=np.uint64) << np.uint64(17)).astype(np.uint32)
         with np.errstate(invalid="ignore"):
             bounds = edges.view(np.float32).astype(np.float64)
@@ -304,7 +332,8 @@ def _next_step(oks: list, misses: list, aim_sq: float, model: _ErrorModel, up: f
 
 
 def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
-                     chunk_size: int, limit: float | None = None) -> Uniform:
+                     chunk_size: int, limit: float | None = None,
+                     surveyed: Survey | None = None) -> Uniform:
     """Code ``u - ref`` so that the *restored* tensor meets ``||u - ũ||₂ <= target·||u||₂``.
 
     ``ũ = ref + level·step`` (levels are integers, magnitudes rounded with a small dead
@@ -329,30 +358,29 @@ def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
     the target by 1-13% and took a second quantization pass nearly every time, so a
     floored tensor's first aim is :data:`FLOOR_AIM` of the target (after which its first
     tries landed at 0.86-0.93 of it, at the same bytes).
+
+    ``surveyed``: the :func:`survey` of ``u`` and ``ref`` when the caller took it already
+    (a chain's delta takes it once, with the movement sketch).
     """
     n = u.size
-    nch = -(-n // chunk_size)
-    stats = np.zeros((nch, 3))                   # finite, sum of u², min of u per chunk
-    run_tasks(lambda c: uk.state_stats(u, u if ref is None else ref, ref is not None,
-                                       c * chunk_size, min(n, (c + 1) * chunk_size),
-                                       stats[c]), nch)
-    if not stats[:, 0].all():
+    sv = survey(u, ref) if surveyed is None else surveyed
+    if not sv.finite:
         raise NonFiniteError(
             "the state holds NaN/Inf values, which the uniform quantizer cannot bound; "
             "check the state for divergence, or store this step as an exact keyframe")
-    norm_u = float(stats[:, 1].sum())
+    norm_u = sv.norm_sq
     d = None                                     # the kernels compute u - ref as they go
     tol_sq = target * target * norm_u
     rms = np.sqrt(norm_u / n) if n else 0.0
     isz = u.dtype.itemsize
-    floor = NONNEG_FLOOR if n and float(stats[:, 2].min()) >= 0 else 0.0
+    floor = NONNEG_FLOOR if n and sv.least >= 0 else 0.0
     best = None
     if target == 0 or rms == 0:                  # every change an escape
         uq, est = _try_step(u, ref, d, 0.0, chunk_size, isz, limit=limit, floor=floor)
         if uq.residual_sq <= tol_sq:
             best = (uq, est)
     else:                               # the modelled step, then steps solved from what
-        model = _ErrorModel(u, ref, chunk_size)         # the tries measure
+        model = sv.model                                 # the tries measure
         up = 1.0 - DEADZONE
         aim = FLOOR_AIM if floor > 0 else MODEL_AIM
         s = model.step_for(aim * tol_sq, up, SQRT12 * target * rms)

@@ -280,6 +280,36 @@ def runs_histogram(sym, start, stop, S, hist):
 
 
 @njit(cache=True, nogil=True)
+def runs_histogram_dense(sym, start, stop, S, hist, counts):
+    """:func:`runs_histogram` of a chunk that is mostly nonzero, from its symbol counts
+    ``counts``: every nonzero symbol is first counted as a letter with no zeros before
+    it, then each run of zeros, found by a scan, moves the letter of the symbol that
+    closes it. The work is per zero, not per symbol, and the scan's branch is taken
+    rarely (a per-symbol branch on zero mispredicts on a mixed chunk). Same counts."""
+    for s in range(1, S):
+        hist[s] += counts[s]
+    extra = 0
+    i = start
+    while i < stop:
+        while i < stop and sym[i] != 0:
+            i += 1
+        if i == stop:
+            break
+        k = i + 1
+        while k < stop and sym[k] == 0:
+            k += 1
+        if k < stop:
+            s = sym[k]
+            hist[s] -= 1
+            extra += _count_letter(hist, k - i, S, s)
+            i = k + 1
+        else:
+            extra += _count_letter(hist, k - i, S, 0)
+            i = k
+    return extra
+
+
+@njit(cache=True, nogil=True)
 def encode_runs(sym, start, stop, S, codes, lengths, out, pos, cent, fout, apply):
     """One code word (plus extra bits) per nonzero symbol, and one for the trailing zeros.
 

@@ -31,9 +31,7 @@ def add_sketch(x, start, stop, out, log2m):
         v = np.float64(x[i])
         ss += v * v
         h = _mix(i)
-        b = np.int64(h >> shift)
-        if h & np.uint64(1):
-            out[b] += v
-        else:
-            out[b] -= v
+        # the sign as a factor, not a branch: a random sign mispredicts half the time
+        # (3x slower); v * -1.0 is -v exactly, so the sums are the same bit for bit
+        out[np.int64(h >> shift)] += np.float64(2 * np.int64(h & np.uint64(1)) - 1) * v
     return ss
