@@ -263,11 +263,18 @@ def decode_symbols_multi(buf, start, end, n, multi, sym_bits, single, table_bits
     would read and write all of the output, which the zeros leave untouched.
     """
     if not apply or (end - start) * 8 <= SPARSE_BITS * n:
-        return _multi_into(buf, start, end, n, multi, sym_bits, single, table_bits, out,
+        if sym_bits == 8:       # the width as a constant: fixed shifts, an unrolled store
+            return _multi_into(buf, start, end, n, multi, 8, single, table_bits, out,
+                               out_start, cent, fout, apply)
+        return _multi_into(buf, start, end, n, multi, 4, single, table_bits, out,
                            out_start, cent, fout, apply)
     sym = np.empty(n, np.uint8)
-    used = _multi_into(buf, start, end, n, multi, sym_bits, single, table_bits, sym, 0,
-                       cent, fout, False)
+    if sym_bits == 8:
+        used = _multi_into(buf, start, end, n, multi, 8, single, table_bits, sym, 0,
+                           cent, fout, False)
+    else:
+        used = _multi_into(buf, start, end, n, multi, 4, single, table_bits, sym, 0,
+                           cent, fout, False)
     if used >= 0:
         cz = additive(cent)
         for k in range(n):
