@@ -548,15 +548,17 @@ def test_survey_stats_against_numpy(n, bad, fp64, seed):
 @settings(max_examples=80, deadline=None)
 @given(st.integers(1, 5000), st.integers(0, 2**32 - 1), st.sampled_from([2, 3, 4, 6, 8]),
        st.sampled_from(["plain", "floor", "limit", "floor+limit"]), st.booleans(),
-       st.sampled_from([0.05, 0.5, 3.0]), st.sampled_from(["none", "decision", "lift"]))
-def test_blocked_quantizer_matches_the_element_wise_one(n, seed, bits, mode, fp64, rel, edges):
+       st.sampled_from([0.05, 0.5, 3.0]), st.sampled_from(["none", "decision", "lift"]),
+       st.booleans())
+def test_blocked_quantizer_matches_the_element_wise_one(n, seed, bits, mode, fp64, rel, edges,
+                                                         with_ref):
     """The blocked kernel (a multiply by 1/step, floors raised without branches, flagged
     elements redone) writes the very symbols, escape bits and symbol counts of the
     element-wise kernel, and the same error up to the order of its sum. Floors and limits
-    make escapes. ``edges`` puts a third of the elements on a boundary where a multiply
-    by 1/step and a division round apart (a step searched for it): "decision", the
-    level of ``|d| / step``; "lift", a floored element's raised level
-    ``(floor·u - ref) / rstep``."""
+    make escapes; without a reference the delta is the tensor itself. ``edges`` puts a
+    third of the elements on a boundary where a multiply by 1/step and a division round
+    apart (a step searched for it): "decision", the level of ``|d| / step``; "lift", a
+    floored element's raised level ``(floor·u - ref) / rstep``."""
     from lcckpt.codec.kernels import uniform as uk
     from lcckpt.codec.uniform import uniform_table
     rng = np.random.default_rng(seed)
@@ -591,6 +593,8 @@ def test_blocked_quantizer_matches_the_element_wise_one(n, seed, bits, mode, fp6
         step = 0.9 * rstep                             # decides a level below the floor
         u[edge], ref[edge] = 4 * a, r
     u, ref = u.astype(dt), ref.astype(dt)
+    if not with_ref:                  # a tensor coded against zeros (no reference)
+        ref = u
     S = 1 << bits
     table = uniform_table(rstep, bits, dt)
     lim = float(np.quantile(np.abs(u), 0.9)) if "limit" in mode else 0.0
@@ -599,7 +603,7 @@ def test_blocked_quantizer_matches_the_element_wise_one(n, seed, bits, mode, fp6
         sym = np.zeros(n, np.uint8)
         esc = np.zeros(-(-n // 8), np.uint8)
         hist = np.zeros(S, np.int64)
-        err = kernel(u, ref, True, 0, n, step, up, floor, rstep, S, table, lim,
+        err = kernel(u, ref, with_ref, 0, n, step, up, floor, rstep, S, table, lim,
                      "limit" in mode, sym, esc, hist)
         out.append((sym, esc, hist, err))
     (s0, e0, h0, r0), (s1, e1, h1, r1) = out

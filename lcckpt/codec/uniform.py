@@ -89,7 +89,7 @@ def _entropy(counts: np.ndarray) -> float:
 
 
 def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE, limit=None, floor=0.0,
-              hist=None, rstep=None):
+              hist=None, rstep=None, sym=None):
     """Quantize ``u - ref`` with ``step``: the symbol width of fewest estimated bytes,
     escapes for levels beyond it; returns (Uniform, estimated bytes). Two chunk-parallel
     passes: the level histogram, then symbols and reconstruction.
@@ -101,7 +101,9 @@ def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE, limit=No
     times its value (levels are raised; see :mod:`lcckpt.codec.kernels.uniform`).
     ``hist``: the symbol histogram (``[257]``, the last bin all beyond) when the caller
     has it already (:class:`_ErrorModel`); then one pass. ``rstep``: the step levels are
-    restored with (default ``step``; see :meth:`_ErrorModel.recon_step`)."""
+    restored with (default ``step``; see :meth:`_ErrorModel.recon_step`). ``sym``: a
+    buffer of ``u.size`` bytes to write the symbols into (a dropped try's, so that a
+    later try faults in no fresh pages)."""
     rstep = step if rstep is None else rstep
     n = u.size
     nch = -(-n // chunk_size)
@@ -130,7 +132,7 @@ def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE, limit=No
     est, b, _ = best
     S = 1 << b
     table = uniform_table(rstep, b, u.dtype)
-    sym = _memory.bulk_empty(n, np.uint8)
+    sym = _memory.bulk_empty(n, np.uint8) if sym is None else sym   # every byte is written
     escf = np.zeros(-(-n // 8), np.uint8)               # escape flags, a bit each
     sym_hist = np.zeros((nch, S), np.int64)
     errs = np.zeros(nch)
@@ -385,18 +387,23 @@ def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
         aim = FLOOR_AIM if floor > 0 else MODEL_AIM
         s = model.step_for(aim * tol_sq, up, SQRT12 * target * rms)
         oks, misses = [], []
+        spare = None                     # a dropped try's symbols: the next try's buffer
         for _ in range(STEP_TRIES):
             uq, est = _try_step(u, ref, d, s, chunk_size, isz, limit=limit, floor=floor,
                                 hist=model.symbol_histogram(s, up),
-                                rstep=model.recon_step(s, up))
+                                rstep=model.recon_step(s, up), sym=spare)
             e = uq.residual_sq
             if e <= tol_sq:
                 if best is None or est < best[1]:
+                    spare = None if best is None else best[0].sym
                     best = (uq, est)
+                else:
+                    spare = uq.sym
                 if e >= CLOSE_ENOUGH * tol_sq:
                     break
                 oks.append((s, e))
             else:
+                spare = uq.sym
                 misses.append((s, e))
             s = _next_step(oks, misses, RETRY_AIM * tol_sq, model, up)
             if s is None:
