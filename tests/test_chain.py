@@ -157,6 +157,26 @@ def test_hundred_deltas_restore_bit_identical_to_encoder_references(tmp_path):
     assert max(errs[51:]) <= 2 * max(errs[1:51])
 
 
+def test_a_replay_without_copies_yields_each_step_as_the_copying_one(tmp_path):
+    """``replay(copy=False)`` hands out the replay's own references: each state, used
+    before the next is taken, is bit for bit the copying replay's (keyframes, deltas and
+    a later keyframe), and a delta step's tracked tensor is the previous step's memory,
+    advanced in place."""
+    ck = DeltaCheckpointer(tmp_path, bits=2, keyframe_every=4)
+    for step in range(9):
+        ck.save(step, _state(step))
+    copied = [(s, copy.deepcopy(o)) for s, o in ck.replay()]
+    shared = ck.replay(copy=False)
+    previous = None
+    for want_step, want in copied:
+        step, got = next(shared)
+        assert step == want_step
+        assert_exact(want, got)
+        if previous is not None and step % 4:            # a delta: advanced in place
+            assert previous.data_ptr() == got["model"]["w"].data_ptr()
+        previous = got["model"]["w"]
+
+
 def test_keyframe_cadence(tmp_path):
     ck = DeltaCheckpointer(tmp_path, keyframe_every=4)
     for step in range(10):

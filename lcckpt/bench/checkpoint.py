@@ -76,6 +76,17 @@ def progress(total: int, desc: str):
     return _Quiet()
 
 
+def trim_heap() -> None:
+    """Give the C heap's free memory back to the system (glibc ``malloc_trim``; nothing
+    elsewhere). Freed arrays of the pool's threads otherwise stay in their arenas, and
+    each setting of a run would start from where the last one peaked."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _floats(obj) -> dict[str, torch.Tensor]:
     """The floating tensors of ``obj`` by name, as they are (widened one at a time when
     compared, so a large state is never held twice in float64)."""
@@ -222,8 +233,10 @@ def _chain_row(label, settings, objs, truths, accuracy, bar) -> dict:
         lossy = sum(t.get("kind") == "lossy" for i in range(1, len(objs))
                     for t in ck.info(i).get("tensors", {}).values())
         tracked = sum(len(ck.info(i).get("tensors", {})) for i in range(1, len(objs)))
+        ck.close()
+        ck = lcckpt.DeltaCheckpointer(d)     # a reader: the writer's references (a state) go
         load_s, err_w, err_c, worst, acc = [], [], [], [], []
-        it = iter(ck.replay())
+        it = iter(ck.replay(copy=False))     # each state used before the next is taken
         for i in range(len(objs)):
             (_, obj), t = _timed(lambda: next(it))
             load_s.append(t)
@@ -266,8 +279,11 @@ def _exact_rows(objs: list, raw: list, torch_files: list, zstandard, bar) -> lis
         _, t = _timed(lambda: lcckpt.save(o, buf, compress=True))
         te.append(r / t / MB)
         sizes.append(buf.tell())
-        buf.seek(0)                     # no copy of the file's bytes: the buffer itself
-        t = _timed(lambda: lcckpt.load(buf))[1]
+        with tempfile.NamedTemporaryFile(prefix="lcckpt-bench-") as f:
+            f.write(buf.getbuffer())    # the file's bytes leave memory before the load
+            f.flush()
+            buf = None
+            t = _timed(lambda: lcckpt.load(f.name))[1]
         td.append(r / t / MB)
         bar.update()
     rows.append({"method": "lcckpt lossless (each file)", "bytes": sum(sizes),
@@ -333,7 +349,8 @@ def stream(objs: list, torch_files: list[bytes], *, settings=None, error_bounds=
     rows += _exact_rows(objs, raw, torch_files, zstandard, bar)
     true_acc = [accuracy(o) for o in objs] if accuracy is not None else None
     for label, kw in settings:
-        gc.collect()                     # the previous setting's chain and references
+        gc.collect()                     # the previous setting's chain and references,
+        trim_heap()                      # given back to the system before the next one
         row = _chain_row(label, kw, objs, truths, accuracy, bar)
         if true_acc is not None:
             row["accuracy_drop_max"] = max(t - f["accuracy"]

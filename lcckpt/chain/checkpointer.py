@@ -407,13 +407,16 @@ class DeltaCheckpointer:
                                 keep_tracks=False, max_bytes=max_bytes)[0]
 
     def replay(self, start: int | None = None, stop: int | None = None, map_location=None,
-               *, max_bytes=limits.DEFAULT, build: bool = True):
+               *, max_bytes=limits.DEFAULT, build: bool = True, copy: bool = True):
         """Yield ``(step, obj)`` for every stored step in ``[start, stop]``, oldest first.
 
         Each file is decoded once: a step continues from the previous one's references
         (what :meth:`load` of each step would give, without walking every chain again).
         ``build=False`` yields ``(step, None)``: every delta is decoded but no object is
-        built (a check of the whole chain in the memory of one state).
+        built (a check of the whole chain in the memory of one state). ``copy=False``:
+        a yielded state's tracked tensors share memory with the replay's references
+        instead of being copies (one state less in memory), so they hold that step only
+        until the iterator advances: use each state before taking the next.
         """
         known = None
         for step in self.steps():
@@ -421,7 +424,7 @@ class DeltaCheckpointer:
                 continue
             obj, links, tracks = _restore.restore(self._dir, step, build=build,
                                                   map_location=map_location, known=known,
-                                                  max_bytes=max_bytes)
+                                                  max_bytes=max_bytes, share=not copy)
             known = (step, links[-1][1].state_id, tracks)
             yield step, obj
 

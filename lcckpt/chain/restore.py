@@ -56,7 +56,8 @@ def walk(d: ChainDirectory, step: int, stack: ExitStack, known=None, max_bytes=l
 
 
 def restore(d: ChainDirectory, step: int, *, build: bool, map_location=None, known=None,
-            keep_tracks: bool = True, max_bytes=limits.DEFAULT, movement: bool = False):
+            keep_tracks: bool = True, max_bytes=limits.DEFAULT, movement: bool = False,
+            share: bool = False):
     """Walk back to the keyframe (or to ``known``), then apply each file in order.
 
     ``known``: ``(step, state_id, tracks)`` of an already restored step to start from.
@@ -65,7 +66,8 @@ def restore(d: ChainDirectory, step: int, *, build: bool, map_location=None, kno
     ``max_bytes``: checked for every file before anything is decoded; deltas decode
     into references of the keyframe's shapes, so the files' total size is the base.
     ``movement``: the tracks also keep their keyframes' :class:`Movement` (a writer
-    resuming with "movement" targets).
+    resuming with "movement" targets). ``share``: the restored tensors share memory
+    with the returned tracks (which a later restore from them advances in place).
     Returns ``(obj or None, [(container, link)], tracks of step)``.
     """
     with ExitStack() as stack:
@@ -74,7 +76,7 @@ def restore(d: ChainDirectory, step: int, *, build: bool, map_location=None, kno
         for i, (c, link, path) in enumerate(links):
             try:
                 if build and i == len(links) - 1:
-                    replay = FileReplay(tracks, copy=keep_tracks)
+                    replay = FileReplay(tracks, copy=keep_tracks and not share)
                     replay.advance_all(c, settle=True)
                     obj = unpack(c, map_location, decode_leaf=replay.decode_leaf)
                     tracks = replay.after

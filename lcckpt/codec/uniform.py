@@ -333,6 +333,35 @@ def _next_step(oks: list, misses: list, aim_sq: float, model: _ErrorModel, up: f
     return float(s * (min(0.98, max(1 / 64, f)) if misses else min(4.0, max(1.02, f))))
 
 
+def _search(u, ref, s, model: _ErrorModel, tol_sq: float, chunk_size: int, limit, floor):
+    """The step search from the modelled step ``s``: ``(Uniform, estimated bytes)`` of the
+    cheapest try that met ``tol_sq``, or None (see :func:`uniform_quantize`)."""
+    up = 1.0 - DEADZONE
+    best, oks, misses = None, [], []
+    spare = None                         # a dropped try's symbols: the next try's buffer
+    for _ in range(STEP_TRIES):
+        uq, est = _try_step(u, ref, None, s, chunk_size, u.dtype.itemsize, limit=limit,
+                            floor=floor, hist=model.symbol_histogram(s, up),
+                            rstep=model.recon_step(s, up), sym=spare)
+        e = uq.residual_sq
+        if e <= tol_sq:
+            if best is None or est < best[1]:
+                spare = None if best is None else best[0].sym
+                best = (uq, est)
+            else:
+                spare = uq.sym
+            if e >= CLOSE_ENOUGH * tol_sq:
+                break
+            oks.append((s, e))
+        else:
+            spare = uq.sym
+            misses.append((s, e))
+        s = _next_step(oks, misses, RETRY_AIM * tol_sq, model, up)
+        if s is None:
+            break
+    return best
+
+
 def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
                      chunk_size: int, limit: float | None = None,
                      surveyed: Survey | None = None) -> Uniform:
@@ -382,32 +411,9 @@ def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
         if uq.residual_sq <= tol_sq:
             best = (uq, est)
     else:                               # the modelled step, then steps solved from what
-        model = sv.model                                 # the tries measure
-        up = 1.0 - DEADZONE
-        aim = FLOOR_AIM if floor > 0 else MODEL_AIM
-        s = model.step_for(aim * tol_sq, up, SQRT12 * target * rms)
-        oks, misses = [], []
-        spare = None                     # a dropped try's symbols: the next try's buffer
-        for _ in range(STEP_TRIES):
-            uq, est = _try_step(u, ref, d, s, chunk_size, isz, limit=limit, floor=floor,
-                                hist=model.symbol_histogram(s, up),
-                                rstep=model.recon_step(s, up), sym=spare)
-            e = uq.residual_sq
-            if e <= tol_sq:
-                if best is None or est < best[1]:
-                    spare = None if best is None else best[0].sym
-                    best = (uq, est)
-                else:
-                    spare = uq.sym
-                if e >= CLOSE_ENOUGH * tol_sq:
-                    break
-                oks.append((s, e))
-            else:
-                spare = uq.sym
-                misses.append((s, e))
-            s = _next_step(oks, misses, RETRY_AIM * tol_sq, model, up)
-            if s is None:
-                break
+        aim = FLOOR_AIM if floor > 0 else MODEL_AIM     # the tries measure
+        s = sv.model.step_for(aim * tol_sq, 1.0 - DEADZONE, SQRT12 * target * rms)
+        best = _search(u, ref, s, sv.model, tol_sq, chunk_size, limit, floor)
     if best is None and target > 0 and rms > 0:          # the guaranteed step
         uq, est = _try_step(u, ref, d, 2 * target * rms, chunk_size, isz, 0.5, limit, floor)
         if uq.residual_sq <= tol_sq:
