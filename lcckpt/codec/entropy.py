@@ -20,6 +20,7 @@ The stream's wire format (code tables, chunk table) and its decoder are streams.
 """
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -367,7 +368,14 @@ def layout_sizes(lengths: np.ndarray, used: np.ndarray) -> list:
 
 
 def lengths_size(lengths: np.ndarray) -> int:
-    """Bytes :func:`_write_lengths` spends on a code table."""
+    """Bytes :func:`_write_lengths` spends on a code table (by its bytes, cached: a chain
+    codes the same tables save after save)."""
+    return _lengths_size(np.ascontiguousarray(lengths, np.uint8).tobytes())
+
+
+@lru_cache(maxsize=256)
+def _lengths_size(key: bytes) -> int:
+    lengths = np.frombuffer(key, np.uint8)
     return 1 + min(layout_sizes(lengths, np.flatnonzero(lengths)))
 
 

@@ -189,6 +189,18 @@ def survey(u: np.ndarray, ref: np.ndarray | None, sketch_log2: int = 0) -> Surve
                   sk.sum(axis=0) if sketch_log2 else None, model)
 
 
+@lru_cache(maxsize=None)
+def _bin_bounds() -> np.ndarray:
+    """The magnitude bins' edges as floats (``MAG_BINS + 1``, read-only; computed once:
+    a small tensor's delta would otherwise spend a fifth of its survey on them)."""
+    edges = (np.arange(uk.MAG_BINS + 1, dtype=np.uint64) << np.uint64(17)).astype(np.uint32)
+    with np.errstate(invalid="ignore"):
+        bounds = edges.view(np.float32).astype(np.float64)
+    bounds[~np.isfinite(bounds)] = np.inf       # inf and NaN bit patterns: the top
+    bounds.flags.writeable = False
+    return bounds
+
+
 class _ErrorModel:
     """The restored error and level counts of any step, from the magnitude histogram of
     the delta that :func:`survey` takes.
@@ -204,10 +216,7 @@ class _ErrorModel:
         keep = np.flatnonzero(c)
         self.n, self.cnt = n, c[keep].astype(np.float64)
         self.s1, self.s2 = s1[keep], s2[keep]
-        edges = (np.arange(uk.MAG_BINS + 1, dtype=np.uint64) << np.uint64(17)).astype(np.uint32)
-        with np.errstate(invalid="ignore"):
-            bounds = edges.view(np.float32).astype(np.float64)
-        bounds[~np.isfinite(bounds)] = np.inf       # inf and NaN bit patterns: the top
+        bounds = _bin_bounds()
         self.lo, self.hi = bounds[keep], bounds[keep + 1]
         self.mean = self.s1 / self.cnt
 
