@@ -374,7 +374,7 @@ def test_adam_second_moment_meets_its_target_in_few_passes(monkeypatch):
     ref[rng.random(n) < 0.01] *= 3                   # the decoder's reference is off a bit
     tries = []
     real = q._try_step
-    monkeypatch.setattr(q, "_try_step", lambda *a, **kw: tries.append(a[3]) or real(*a, **kw))
+    monkeypatch.setattr(q, "_try_step", lambda *a, **kw: tries.append(a[2]) or real(*a, **kw))
     uq = q.uniform_quantize(u, ref, target, 1 << 16)
     assert uq is not None and len(tries) <= 3
     assert 0.9 * target <= uq.rel_error <= target
@@ -439,7 +439,7 @@ def test_the_error_model_predicts_the_measured_error(n, seed, rel_step):
     step = rel_step * float(np.abs(d).max())
     model = survey(u, ref).model
     up = 1 - DEADZONE
-    uq, _ = _try_step(u, ref, None, step, 1024, 4, hist=model.symbol_histogram(step, up),
+    uq, _ = _try_step(u, ref, step, 1024, hist=model.symbol_histogram(step, up),
                       rstep=model.recon_step(step, up))
     measured = uq.residual_sq
     assert abs(model.error_sq(step, up) - measured) <= 0.05 * measured + 1e-12
@@ -496,8 +496,8 @@ def test_fitted_restore_step_lowers_the_error_of_the_same_levels(n, seed, rel_st
     step = rel_step * float(np.std(d))
     model = survey(u, ref).model
     up = 1 - DEADZONE
-    plain, _ = _try_step(u, ref, None, step, 1024, 4, hist=model.symbol_histogram(step, up))
-    fitted, _ = _try_step(u, ref, None, step, 1024, 4, hist=model.symbol_histogram(step, up),
+    plain, _ = _try_step(u, ref, step, 1024, hist=model.symbol_histogram(step, up))
+    fitted, _ = _try_step(u, ref, step, 1024, hist=model.symbol_histogram(step, up),
                           rstep=model.recon_step(step, up))
     assert np.array_equal(plain.sym, fitted.sym)           # the same levels ...
     # ... restored about as close as the exact least-squares step of those levels allows
@@ -624,7 +624,7 @@ def test_a_floored_tensor_aims_its_first_step_lower_and_still_meets_the_target(m
     real = U._try_step
 
     def spy(*a, **k):
-        first.append(a[3])
+        first.append(a[2])              # the step
         return real(*a, **k)
     monkeypatch.setattr(U, "_try_step", spy)
 

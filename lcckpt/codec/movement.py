@@ -59,18 +59,18 @@ class Movement:
         """Whether :meth:`measure` needs the sketch of ``u`` (a large tensor's base)."""
         return self._base is not None and self.n > BUCKETS
 
-    def measure(self, u: np.ndarray, sketched: tuple | None = None) -> tuple[float, float]:
+    def measure(self, u: np.ndarray, sketch_of_u: tuple | None = None) -> tuple[float, float]:
         """``(movement, ||u||)`` for flat ``u``: the movement exact for a zero or small
-        base, else the sketch's lower estimate. ``sketched``: :func:`sketch` of ``u``,
+        base, else the sketch's lower estimate. ``sketch_of_u``: :func:`sketch` of ``u``,
         when the caller took it already (in the delta's one read of the state)."""
         if self._base is None:
             if u.size <= BUCKETS:
                 norm = float(np.sqrt(np.dot(u.astype(np.float64), u.astype(np.float64))))
             else:
-                norm = float(np.sqrt((sketch(u) if sketched is None else sketched)[1]))
+                norm = float(np.sqrt((sketch(u) if sketch_of_u is None else sketch_of_u)[1]))
             return norm, norm
         if u.size <= BUCKETS:
             u64 = u.astype(np.float64)
             return float(np.linalg.norm(u64 - self._base)), float(np.linalg.norm(u64))
-        s, ss = sketch(u) if sketched is None else sketched
+        s, ss = sketch(u) if sketch_of_u is None else sketch_of_u
         return SAFETY * float(np.linalg.norm(s - self._base)), float(np.sqrt(ss))

@@ -88,8 +88,8 @@ def _entropy(counts: np.ndarray) -> float:
     return float(-(c * np.log2(c / t)).sum()) if t else 0.0
 
 
-def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE, limit=None, floor=0.0,
-              hist=None, rstep=None, sym=None):
+def _try_step(u, ref, step, chunk_size, deadzone=DEADZONE, limit=None, floor=0.0, hist=None,
+              rstep=None, sym=None):
     """Quantize ``u - ref`` with ``step``: the symbol width of fewest estimated bytes,
     escapes for levels beyond it; returns (Uniform, estimated bytes). Two chunk-parallel
     passes: the level histogram, then symbols and reconstruction.
@@ -124,7 +124,7 @@ def _try_step(u, ref, d, step, chunk_size, itemsize, deadzone=DEADZONE, limit=No
         h = hist[:S].copy()
         esc = int(hist[S:].sum())
         h[0] += esc
-        est = _entropy(h) / 8 + esc * (4 + itemsize) + (S if b > 4 else 0) / 2
+        est = _entropy(h) / 8 + esc * (4 + u.dtype.itemsize) + (S if b > 4 else 0) / 2
         if best is None or est < best[0]:
             best = (est, b, esc)
         if esc == 0:
@@ -159,7 +159,6 @@ class Survey:
     (:func:`lcckpt.codec.kernels.uniform.survey_range`): whether both are finite,
     ``||u||²``, the least element, the movement sketch of ``u`` (if asked) and the
     magnitude histogram of ``u - ref``. Three passes over memory become one."""
-    n: int
     finite: bool
     norm_sq: float
     least: float
@@ -185,7 +184,7 @@ def survey(u: np.ndarray, ref: np.ndarray | None, sketch_log2: int = 0) -> Surve
                                         sk[t], sketch_log2, cnt[t], s1[t], s2[t]), tasks)
     model = _ErrorModel(n, cnt.sum(axis=0), s1.sum(axis=0), s2.sum(axis=0))
     finite = bool(np.all(out[:, 0] == 0.0))
-    return Survey(n, finite, float(out[:, 1].sum()), float(out[:, 2].min()) if n else 0.0,
+    return Survey(finite, float(out[:, 1].sum()), float(out[:, 2].min()) if n else 0.0,
                   sk.sum(axis=0) if sketch_log2 else None, model)
 
 
@@ -349,9 +348,9 @@ def _search(u, ref, s, model: _ErrorModel, tol_sq: float, chunk_size: int, limit
     best, oks, misses = None, [], []
     spare = None                         # a dropped try's symbols: the next try's buffer
     for _ in range(STEP_TRIES):
-        uq, est = _try_step(u, ref, None, s, chunk_size, u.dtype.itemsize, limit=limit,
-                            floor=floor, hist=model.symbol_histogram(s, up),
-                            rstep=model.recon_step(s, up), sym=spare)
+        uq, est = _try_step(u, ref, s, chunk_size, limit=limit, floor=floor,
+                            hist=model.symbol_histogram(s, up), rstep=model.recon_step(s, up),
+                            sym=spare)
         e = uq.residual_sq
         if e <= tol_sq:
             if best is None or est < best[1]:
@@ -409,14 +408,12 @@ def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
             "the state holds NaN/Inf values, which the uniform quantizer cannot bound; "
             "check the state for divergence, or store this step as an exact keyframe")
     norm_u = sv.norm_sq
-    d = None                                     # the kernels compute u - ref as they go
     tol_sq = target * target * norm_u
     rms = np.sqrt(norm_u / n) if n else 0.0
-    isz = u.dtype.itemsize
     floor = NONNEG_FLOOR if n and sv.least >= 0 else 0.0
     best = None
     if target == 0 or rms == 0:                  # every change an escape
-        uq, est = _try_step(u, ref, d, 0.0, chunk_size, isz, limit=limit, floor=floor)
+        uq, est = _try_step(u, ref, 0.0, chunk_size, limit=limit, floor=floor)
         if uq.residual_sq <= tol_sq:
             best = (uq, est)
     else:                               # the modelled step, then steps solved from what
@@ -424,7 +421,7 @@ def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
         s = sv.model.step_for(aim * tol_sq, 1.0 - DEADZONE, SQRT12 * target * rms)
         best = _search(u, ref, s, sv.model, tol_sq, chunk_size, limit, floor)
     if best is None and target > 0 and rms > 0:          # the guaranteed step
-        uq, est = _try_step(u, ref, d, 2 * target * rms, chunk_size, isz, 0.5, limit, floor)
+        uq, est = _try_step(u, ref, 2 * target * rms, chunk_size, 0.5, limit, floor)
         if uq.residual_sq <= tol_sq:
             best = (uq, est)
     if best is None:
