@@ -269,7 +269,8 @@ class CompressedWriter(FileSystemWriter):
             super().finish(metadata, results)
         finally:
             self.sync_files = sync
-        self._remove_stale({info.relative_path for info in metadata.storage_data.values()})
+        # from the results, not metadata.storage_data: torch < 2.13 fills that in on a copy
+        self._remove_stale({wr.storage_data.relative_path for wrs in results for wr in wrs})
 
     def storage_meta(self) -> StorageMeta | None:
         return StorageMeta(checkpoint_id=str(self.path), save_id=self.save_id)

@@ -1,0 +1,117 @@
+"""The GPU side: CUDA state snapshotted to host by the manager, chains and DCP checkpoints of
+CUDA tensors, and restores onto the GPU through ``map_location``. Skipped without CUDA
+(CI has none); each check is written once over a device so that it also runs on the CPU."""
+
+import pytest
+import torch
+
+import lcckpt
+import lcckpt.distributed as ld
+from lcckpt.training.manager import CheckpointManager
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a GPU"))]
+
+
+def _model(device, seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 10)).to(device)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def _train(model, opt, n, device):
+    g = torch.Generator().manual_seed(1)
+    for _ in range(n):
+        x = torch.randn(32, 64, generator=g).to(device)
+        loss = model(x).logsumexp(1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return loss
+
+
+def _close(restored, true, rel):
+    """Each tensor within ``rel`` of its own norm (the chain's targets are far tighter)."""
+    for k, t in true.items():
+        r = restored[k]
+        assert r.device == t.device and r.dtype == t.dtype, k
+        err = (r.double() - t.double()).norm().item()
+        assert err <= rel * t.double().norm().item() + 1e-12, (k, err)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_manager_snapshots_device_state_to_host_and_restores_it_in_place(tmp_path, device):
+    model, opt = _model(device)
+    with CheckpointManager(tmp_path, model, opt, every=3, backpressure="wait") as mgr:
+        for _ in range(9):
+            mgr.step(_train(model, opt, 1, device))
+        mgr.wait()
+        if device == "cuda":           # every CUDA tensor copied by DMA into pinned memory
+            on_gpu = [t for t in [*model.state_dict().values(), *(
+                v for s in opt.state.values() for v in s.values())] if t.is_cuda]
+            pinned = [b for b in mgr._buffers._buffers.values() if b.is_pinned()]
+            assert sum(t.nbytes for t in on_gpu) == sum(b.nbytes for b in pinned) > 0
+        true = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        moments = [(s["exp_avg"].clone(), s["exp_avg_sq"].clone()) for s in opt.state.values()]
+    fresh, fresh_opt = _model(device, seed=5)
+    with CheckpointManager(tmp_path, fresh, fresh_opt, every=3) as mgr:
+        assert mgr.restore() == 9
+    _close(fresh.state_dict(), true, 1e-2)
+    for (p, s), (m1, m2) in zip(fresh_opt.state.items(), moments):   # the roles' targets
+        assert p.device.type == device and s["exp_avg"].device == m1.device
+        assert (s["exp_avg"] - m1).norm() <= 0.8 * m1.norm()
+        assert (s["exp_avg_sq"] - m2).norm() <= 0.1 * m2.norm()
+    _train(fresh, fresh_opt, 1, device)          # the restored run trains on
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_chain_of_device_tensors_restores_where_map_location_says(tmp_path, device):
+    model, opt = _model(device)
+    ck = lcckpt.DeltaCheckpointer(tmp_path, keyframe_every=4)
+    truth = {}
+    for step in range(6):
+        _train(model, opt, 2, device)
+        sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        sd["half"] = sd["0.weight"].to(torch.bfloat16)
+        ck.save(step, sd)
+        truth[step] = sd
+    for step in (0, 5):
+        own = ck.load(step)                              # the devices the file records
+        assert {t.device.type for t in own.values()} == {device}
+        _close(own, truth[step], 1e-2)
+        host = ck.load(step, map_location="cpu")
+        assert all(t.device.type == "cpu" for t in host.values())
+        for k in own:
+            assert torch.equal(host[k], own[k].cpu()), (step, k)
+    if device == "cuda":                                 # and back onto the GPU from host
+        host_truth = {k: v.cpu() for k, v in truth[5].items()}
+        path = tmp_path / "host.lcc"
+        lcckpt.save(host_truth, path)
+        on_gpu = lcckpt.load(path, map_location="cuda")
+        assert all(t.is_cuda and torch.equal(t.cpu(), host_truth[k]) for k, t in on_gpu.items())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dcp_checkpoints_of_device_tensors_load_into_device_targets(tmp_path, device):
+    model, opt = _model(device)
+    _train(model, opt, 3, device)
+    state = {"model": {k: v.detach().clone() for k, v in model.state_dict().items()},
+             "step": 3}
+    ld.save(state, tmp_path / "exact")
+    target = {"model": {k: torch.zeros_like(v) for k, v in state["model"].items()}, "step": 0}
+    ld.load(target, tmp_path / "exact")
+    assert target["step"] == 3
+    for k, v in state["model"].items():
+        assert target["model"][k].device == v.device and torch.equal(target["model"][k], v), k
+
+    ck = ld.DistributedCheckpointer(tmp_path / "chain", keyframe_every=3)
+    for step in range(4):
+        _train(model, opt, 2, device)
+        state["model"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        ck.save(step, state)
+    target = {"model": {k: torch.zeros_like(v) for k, v in state["model"].items()}, "step": 0}
+    assert ck.load(target) == 3
+    _close(target["model"], state["model"], 1e-2)
+    for piece, ref in ck.references().items():        # the reader tracks the writer exactly
+        assert torch.equal(target["model"][piece.key.split(".", 1)[1]].cpu(), ref), piece
