@@ -228,11 +228,22 @@ def test_async_save(tmp_path):
     ld.load(target, tmp_path / "a")
     assert_equal_state(target, state)
     ck = ld.DistributedCheckpointer(tmp_path / "chain", bits=2)
-    ck.async_save(0, {"w": state["f32"]}).result(timeout=60)
-    ck.async_save(1, {"w": state["f32"] + 0.01})
+    staged = []
+    stager = ck._stager(False)
+    real_stage = stager.stage
+    stager.stage = lambda sd, **kw: staged.append(real_stage(sd, **kw)) or staged[-1]
+    w = state["f32"].clone()
+    ck.async_save(0, {"w": w}).result(timeout=60)
+    w += 0.01                                            # in place, as an optimizer step
+    ck.async_save(1, {"w": w})
     target = {"w": torch.zeros(300, 7)}
     assert ck.load(target) == 1                          # waits for the save in flight
     assert torch.equal(target["w"], next(iter(ck.references().values())))
+    assert (target["w"] - w).abs().max() < 0.01 < (target["w"] - state["f32"]).abs().max()
+    # the second save copied into the first one's staging buffer, not into a new one
+    assert len(staged) == 2 and staged[0]["w"].data_ptr() == staged[1]["w"].data_ptr()
+    ck.close()
+    assert ck._stagers == {}
 
 
 def test_a_pickled_writer_takes_up_references_only_after_the_commit(tmp_path):

@@ -23,8 +23,10 @@ import threading
 import warnings
 from concurrent.futures import Future
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 from torch.distributed.checkpoint.metadata import Metadata
 
@@ -111,13 +113,14 @@ def _finish_async(fut: Future, writer, planner, out: Future, on_done=None):
         on_done()
 
 
-def _async(state, writer, planner, process_group, on_done=None, process=False) -> Future:
+def _async(state, writer, planner, process_group, on_done=None, process=False,
+           stager=None) -> Future:
     kind = AsyncCheckpointerType.PROCESS if process else AsyncCheckpointerType.THREAD
     if process:
         _forget_dead_background_process()
     inner = dcp.async_save(state, storage_writer=writer, planner=planner,
                            process_group=process_group, no_dist=_no_dist(process_group),
-                           async_checkpointer_type=kind)
+                           async_checkpointer_type=kind, async_stager=stager)
     inner = getattr(inner, "upload_completion", inner)
     out: Future = Future()
     inner.add_done_callback(lambda f: _finish_async(f, writer, planner, out, on_done))
@@ -207,6 +210,26 @@ class DistributedCheckpointer:
         self.planner = planner or BalancedSavePlanner(raw_weight=0.25)
         self._busy = threading.Lock()
         self._inflight: Future | None = None
+        self._stagers: dict[bool, DefaultStager] = {}
+
+    def _stager(self, process: bool) -> DefaultStager:
+        """The host copy an async save works from, kept between saves: each save copies the
+        state into the buffers of the previous one (one copy of this rank's state; pinned
+        where CUDA is present; shared memory in process mode, so handing it to the
+        background process copies nothing). Safe because a save waits for the one in flight."""
+        if process not in self._stagers:
+            cuda = torch.cuda.is_available()
+            self._stagers[process] = DefaultStager(StagingOptions(
+                use_pinned_memory=cuda, use_shared_memory=process, use_async_staging=False,
+                use_non_blocking_copy=cuda))
+        return self._stagers[process]
+
+    def close(self) -> None:
+        """Wait for a save in flight, then free the async saves' staging buffers."""
+        self.wait()
+        for stager in self._stagers.values():
+            stager.close()
+        self._stagers.clear()
 
     def path(self, step: int) -> str:
         return self.files.join(self.directory, f"step_{int(step):010d}")
@@ -234,9 +257,12 @@ class DistributedCheckpointer:
                    process: bool = False) -> Future:
         """:meth:`save` in a background thread, or with ``process=True`` in DCP's background
         process, where this writer's references then live (deltas as in a thread; if that
-        process dies, the next save is a keyframe). The next save or load waits for it."""
+        process dies, the next save is a keyframe). The next save or load waits for it.
+        The state is first copied into staging buffers reused from save to save (``close``
+        frees them)."""
         self._prepare(step, keyframe)
-        fut = _async(state, self.writer, self.planner, self.process_group, process=process)
+        fut = _async(state, self.writer, self.planner, self.process_group, process=process,
+                     stager=self._stager(process))
         if self.keep_last is not None:
             fut = self._then_retain(fut)
         self._inflight = fut
