@@ -118,3 +118,24 @@ def test_format_table_aligns_columns():
     ratio_end = lines[0].index("ratio") + len("ratio")
     assert lines[2][:ratio_end].endswith("12.346") and lines[3][:ratio_end].endswith("-")
     assert lines[2].startswith("lc ") and lines[3].startswith("zstd-19 ")
+
+
+def test_layouts_paths_and_a_small_run_that_restores_bit_for_bit():
+    from lcckpt.bench.layout import LAYOUTS, path_of, run_layout
+    for i in range(1, 200):
+        assert path_of("chain", i) == list(range(1, i + 1))
+        assert path_of("keyframe", i) == [i]
+        skip = path_of("skip", i)
+        assert skip[-1] == i and skip == sorted(skip) and len(skip) == bin(i).count("1")
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 32, generator=g)
+    states = []
+    for _ in range(7):                       # a random walk: its displacement grows
+        w = w + 0.01 * torch.randn(64, 32, generator=g)
+        states.append({"/model/fc.weight": w.clone(), "/model/fc.bias": w[0].clone()})
+    sizes = {}
+    for layout in LAYOUTS:                   # run_layout raises if a restore is not exact
+        rows = list(run_layout(states, layout, repeats=1))
+        assert len(rows) == 6 and all(n > 0 and t >= 0 for n, t in rows)
+        sizes[layout] = sum(n for n, _ in rows)
+    assert sizes["keyframe"] > sizes["chain"]
