@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import lcckpt
+from lcckpt.chain.policy import DEFAULT_POLICY
 from lcckpt.cli import main
 
 
@@ -25,10 +26,10 @@ def test_inspect_chain_json(chain_dir, capsys):
     assert [r["step"] for r in doc["steps"]] == [0, 1, 2, 3, 4]
     assert [r["kind"] for r in doc["steps"]] == ["keyframe", "delta", "delta", "keyframe", "delta"]
     key = doc["steps"][0]["ratio"]
-    # a random walk's first deltas after a keyframe are held to 0.5% of a step or two
-    # of movement: about 8 bits per element (ratio ~2.4 against the keyframe's ~1.17)
-    assert all(r["ratio"] > 1.5 * key for r in doc["steps"] if r["kind"] == "delta")
-    assert all(0 < r["w_err/move"] <= 0.005 and r["missed"] == 0
+    # a random walk's first deltas after a keyframe are held to 0.3% of a step or two
+    # of movement: files of 5,000 elements 1.6-2.0x smaller, against the keyframe's ~1.17
+    assert all(r["ratio"] > 1.3 * key for r in doc["steps"] if r["kind"] == "delta")
+    assert all(0 < r["w_err/move"] <= DEFAULT_POLICY.weight and r["missed"] == 0
                for r in doc["steps"] if r["kind"] == "delta")
 
 

@@ -92,7 +92,7 @@ class DeltaCheckpointer:
     every restored tracked tensor ``ũ`` of every step stays within
     ``||u - ũ||₂ <= t·||u - k||₂`` of the tensor ``u`` that was saved, ``k`` being the
     tensor at the chain's keyframe (zeros for one first saved after it) and ``t`` its
-    role's share (weights 0.005, first moments 0.8, second moments 0.1): a share of what
+    role's share (weights 0.003, first moments 0.8, second moments 0.1): a share of what
     training changed, never finer than the dtype's precision, with a warning naming step
     and tensor when an update goes unkept (lcckpt/codec/movement.py). The uniform quantizer
     picks per tensor and per checkpoint the coarsest step that meets it; floating tensors

@@ -6,8 +6,9 @@ lcckpt/codec/movement.py) or of its own norm (``"norm"``). Movement is what trai
 a fine-tune moves a pretrained encoder by about 1% of its norm, so a share of the norm
 would let the error swallow the fine-tune, while a share of the movement keeps it, and
 for a model trained from scratch, which moves by its own size, the two agree. Weights
-are held to 0.005 of their movement: on a digits CNN trained from scratch 0.01 let the
-held-out loss of a restore drift by up to 3% (docs/chain.md).
+are held to 0.003 of their movement: late in a run from scratch, when the movement since
+the keyframe is about the tensor's size and the loss is small, 0.005 let the held-out
+loss of a restore drift by up to 1.04% (a digits CNN) and 0.01 by up to 3% (docs/chain.md).
 
 A model's weights decide the accuracy of a restored model; an optimizer's first moment
 (SGD's ``momentum_buffer``, Adam's ``exp_avg``) is renewed within a few dozen steps after
@@ -48,7 +49,7 @@ class RolePolicy:
     tensor at the chain's keyframe (``relative_to="movement"``), or ``<= t·||u||₂``
     (``relative_to="norm"``)."""
 
-    weight: float = 0.005
+    weight: float = 0.003
     first_moment: float = 0.8
     second_moment: float = 0.1
     relative_to: str = "movement"
