@@ -115,3 +115,15 @@ def test_dcp_checkpoints_of_device_tensors_load_into_device_targets(tmp_path, de
     _close(target["model"], state["model"], 1e-2)
     for piece, ref in ck.references().items():        # the reader tracks the writer exactly
         assert torch.equal(target["model"][piece.key.split(".", 1)[1]].cpu(), ref), piece
+    for step in (4, 5):                 # background saves stage into reused (pinned) buffers
+        before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        _train(model, opt, 2, device)
+        state["model"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        ck.async_save(step, state).result(timeout=120)
+        assert ck.load(target) == step
+        for piece, ref in ck.references().items():    # what this save's stage held
+            assert torch.equal(target["model"][piece.key.split(".", 1)[1]].cpu(), ref), piece
+        w = "0.weight"                                 # the new state's, not a stale one
+        assert (target["model"][w] - state["model"][w]).norm() < \
+            (target["model"][w] - before[w]).norm()
+    ck.close()
