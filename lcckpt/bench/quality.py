@@ -45,13 +45,13 @@ SETTINGS = {            # name -> DeltaCheckpointer keywords (keyframe_every=50 
     "weights 0.01 of movement": dict(target=RolePolicy(weight=0.01)),
     "weights 0.02 of movement": dict(target=RolePolicy(weight=0.02)),
     "weights 0.05 of movement": dict(target=RolePolicy(weight=0.05)),
-    "previous default (0.01 of the norm)": dict(target=RolePolicy(0.01, relative_to="norm")),
+    "0.01 of the norm (first default)": dict(target=RolePolicy(0.01, relative_to="norm")),
     "lc b=2": dict(bits=2, target=None),
     "lc b=3": dict(bits=3, target=None),
     "lc b=4": dict(bits=4, target=None),
     "lossless (every save a keyframe)": dict(keyframe_every=1),
 }
-QUICK_SETTINGS = ("default", "previous default (0.01 of the norm)", "lc b=2", "lc b=4",
+QUICK_SETTINGS = ("default", "0.01 of the norm (first default)", "lc b=2", "lc b=4",
                   "lossless (every save a keyframe)")
 EXCP = {"excp a=5e-5 b=2 (paper)": (5e-5, 2.0), "excp a=5e-4 b=1": (5e-4, 1.0),
         "excp a=5e-3 b=1": (5e-3, 1.0), "excp a=5e-6 b=0.5": (5e-6, 0.5)}
