@@ -92,7 +92,7 @@ def _cases(enc, u, threads):
                                                  apply=(uq.table, scratch))),
         "copy": (reset, copy),
     }
-    info = {"share": share, "tries": tries, "bits": uq.bits, "escapes": int(uq.esc_idx.size),
+    info = {"share": share, "tries": tries, "bits": uq.bits, "escapes": uq.escapes,
             "nonzero": 1 - float(uq.sym_hist[:, 0].sum()) / n, "bytes": int(st.nbytes),
             "rel_error": st.rel_error, "histograms": 1 + (entropy.GROUPED in an.hist)}
     return cases, info

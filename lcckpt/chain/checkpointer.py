@@ -54,7 +54,9 @@ from ..codec.delta import DeltaEncoder, Reconstruction
 from ..codec.movement import Movement
 from ..errors import ConcurrentWriteError, InvalidArgumentError, LcckptError, StorageError
 from ..format.container import write_container
+from ..format.flatten import census, renumber_sections
 from ..format.serialization import pack
+from ..format.stream import SectionStream
 from ..util import durable as _durable
 from . import restore as _restore
 from .directory import ChainDirectory, file_name
@@ -72,6 +74,13 @@ DEFAULT_TARGET = DEFAULT_POLICY      # DeltaCheckpointer(directory)'s targets: s
 # (docs/chain.md, "Keyframes"); merge() bounds a restore's chain where that matters.
 DEFAULT_KEYFRAME_EVERY = 50
 LC_MIN_DELTA_ELEMENTS = 4096         # LC mode: smaller floating tensors are stored whole
+# Keyframes of states at least this large go to disk section by section as they are
+# encoded, instead of all at once (their coded bytes are ~0.8 of the state; a delta's
+# peak is its largest tensor's tries, not its coded bytes). The header's room is reserved
+# up front: for a first keyframe from the count of tensors, then from the last one's need
+# (lcckpt/format/stream.py)
+STREAM_ABOVE = 64 << 20
+HEADER_ROOM, HEADER_ROOM_PER_TENSOR = 8192, 160     # compressed: ~34 B per tensor seen
 TARGET_MIN_DELTA_ELEMENTS = 8        # target mode: smaller ones (scalars: step counts) are delta-coded exactly
 
 
@@ -83,6 +92,26 @@ def _file_bytes(path: str) -> int | None:
 
 
 # --------------------------------------------------------------------------- checkpointer
+
+
+def _write_streamed(f, obj, encode, session: SaveSession, start_copies, room: int) -> tuple:
+    """A file written as it is encoded; each tensor's reference copy (a keyframe's) starts
+    as soon as its section is in the file. Returns the file's size and its header's need."""
+    stream = SectionStream(f, room)
+
+    def spooling(encode_fn):
+        spool = stream.wrap(encode_fn)
+
+        def leaf(path, t, *args, **kw):
+            out = spool(path, t, *args, **kw)
+            enc = session.encoders.get(path)
+            if isinstance(enc, DeltaEncoder):
+                enc.start_copy()
+            return out
+        return leaf
+    meta, sections = encode(spooling(session.encode_leaf), spooling(session.encode_pack))
+    start_copies()                 # those not started yet
+    return stream.finish(meta, sections, renumber_sections), stream.header_need
 
 
 class DeltaCheckpointer:
@@ -169,6 +198,7 @@ class DeltaCheckpointer:
         self._exact_of: dict[str, bool] = {}    # path -> its encoder codes exact deltas
         self._last: dict | None = None      # step, state_id, depth of the newest file
         self._force_keyframe = False
+        self._header_need: dict[str, int] = {}   # a streamed file's header, by kind (above)
         self._dir = ChainDirectory(self.directory)   # its files, headers cached
         self.last_save: dict | None = None  # what the newest save wrote (step, kind, path, nbytes)
         self._lock: WriterLock | None = None
@@ -262,33 +292,35 @@ class DeltaCheckpointer:
                                None if self.target is None else self._small, self._exact_of,
                                self.warn_error, self.min_delta_elements)
         path = self.path(step)
-        try:
-            meta, sections = pack(obj, encode_leaf=session.encode_leaf, pack_small=session.packs,
-                                  encode_pack=session.encode_pack)
+        copying: list = []
+        count, nbytes = census(obj)
+        kind = "keyframe" if keyframe else "delta"
+        room = self._header_need.get(kind)
+        room = HEADER_ROOM + HEADER_ROOM_PER_TENSOR * count if room is None else room + room // 32
+
+        def encode(encode_leaf, encode_pack):
+            meta, sections = pack(obj, encode_leaf=encode_leaf, pack_small=session.packs,
+                                  encode_pack=encode_pack)
             for key in set(self._encoders) - set(session.stats):   # no longer present
                 del self._encoders[key]
-            state_id = secrets.token_hex(8)
-            depth = 0 if keyframe else self._last["depth"] + 1
-            meta["lcckpt_chain"] = {
-                "version": CHAIN_VERSION,
-                "step": step,
-                "kind": "keyframe" if keyframe else "delta",
-                "state_id": state_id,
-                "base": None if keyframe else {"step": self._last["step"],
-                                               "file": file_name(self._last["step"]),
-                                               "state_id": self._last["state_id"]},
-                "depth": depth,
-                "settings": self._settings(),
-                "tensors": session.stats,
-            }
-            copying = [e for e in self._encoders.values() if isinstance(e, DeltaEncoder)]
+            meta["lcckpt_chain"] = self._chain_meta(step, keyframe, state_id, session)
+            copying.extend(e for e in self._encoders.values() if isinstance(e, DeltaEncoder))
+            return meta, sections
 
-            def start_copies():        # references copied while the file is written, synced
-                for e in copying:
-                    e.start_copy()
-            unsynced = None
+        def start_copies():        # references copied while the file is written, synced
+            for e in copying:
+                e.start_copy()
+        state_id = secrets.token_hex(8)
+        unsynced, written = None, []
+        try:
             try:
-                nbytes = write_container(path, sections, meta, before_write=start_copies)
+                if keyframe and nbytes >= STREAM_ABOVE:    # each section to disk once encoded
+                    _durable.atomic_write(path, lambda f: written.append(
+                        _write_streamed(f, obj, encode, session, start_copies, room)))
+                    nbytes, self._header_need[kind] = written[0]
+                else:
+                    meta, sections = encode(session.encode_leaf, session.encode_pack)
+                    nbytes = write_container(path, sections, meta, before_write=start_copies)
             except _durable.UnsyncedError as e:    # in place: the step is saved
                 unsynced, nbytes = e, _file_bytes(path)
             finally:
@@ -301,6 +333,7 @@ class DeltaCheckpointer:
             warnings.warn(f"step {step} is saved, but syncing {self.directory} failed "
                           f"({unsynced.strerror}): the step may not survive a power loss; the "
                           "next save syncs the directory again (as every save does)", RuntimeWarning, stacklevel=2)
+        depth = 0 if keyframe else self._last["depth"] + 1
         self._last = {"step": step, "state_id": state_id, "depth": depth}
         self._force_keyframe = False
         for key, ratio, t in session.missed:
@@ -312,10 +345,25 @@ class DeltaCheckpointer:
             warnings.warn(f"step {step}: {key} restores with relative error {err:.3g}, past "
                           f"warn_error={self.warn_error:g}; raise its bits or set a target",
                           RuntimeWarning, stacklevel=2)
-        self.last_save = {"step": step, "kind": meta["lcckpt_chain"]["kind"], "path": path,
+        self.last_save = {"step": step, "kind": kind, "path": path,
                           "nbytes": nbytes}
         apply_retention(self._dir, self.keep_last)
         return path
+
+    def _chain_meta(self, step: int, keyframe: bool, state_id: str, session) -> dict:
+        """What a chain file says of itself (docs/chain.md, "Chain metadata")."""
+        return {
+            "version": CHAIN_VERSION,
+            "step": step,
+            "kind": "keyframe" if keyframe else "delta",
+            "state_id": state_id,
+            "base": None if keyframe else {"step": self._last["step"],
+                                           "file": file_name(self._last["step"]),
+                                           "state_id": self._last["state_id"]},
+            "depth": 0 if keyframe else self._last["depth"] + 1,
+            "settings": self._settings(),
+            "tensors": session.stats,
+        }
 
     def _settings(self) -> dict:
         out = {"bits": "per tensor" if callable(self.bits) else self.bits, "coder": self.coder,

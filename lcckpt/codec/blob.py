@@ -39,7 +39,7 @@ from ..util.wire import Reader, Writer
 from ..errors import (
     ChecksumError, CorruptDataError, InvalidArgumentError, TruncatedError, UnsupportedVersionError,
 )
-from .uniform import uniform_table
+from .uniform import escape_index_dtype, uniform_table
 
 MAGIC = b"LCC"
 VERSION = 1                 # lossy and lossless blobs
@@ -205,7 +205,7 @@ def parse(blob, check_payload: bool = True, size: int | None = None) -> tuple[np
     payload = sum(int(lay.offsets[-1]) for lay in p.layouts)
     esc_bytes = 0
     if kind == UNIFORM:
-        isz = _index_dtype(n).itemsize
+        isz = escape_index_dtype(n).itemsize
         esc_bytes = p.esc_idx.size * (isz + p.esc_val.dtype.itemsize)
     expect = p.payload_base + payload + esc_bytes + 4
     if total < expect:
@@ -284,20 +284,17 @@ def _lossless_header(r: Reader, p: Parsed, version: int) -> None:
                  for _ in range(nplanes)]
 
 
-def _index_dtype(n: int):
-    return np.dtype("<u4") if n < (1 << 32) else np.dtype("<u8")
-
-
 def escape_parts(n: int, idx: np.ndarray, val: np.ndarray) -> list:
     """The payload pieces of a uniform blob's escapes (see the layout above)."""
     if not idx.size:
         return []
-    return [idx.astype(_index_dtype(n)), np.ascontiguousarray(val).astype(val.dtype.newbyteorder("<"))]
+    return [idx.astype(escape_index_dtype(n), copy=False),      # copies only when needed
+            np.ascontiguousarray(val).astype(val.dtype.newbyteorder("<"), copy=False)]
 
 
 def _read_escapes(buf, at: int, p: Parsed) -> None:
     k = p.esc_idx.size
-    it = _index_dtype(p.n)
+    it = escape_index_dtype(p.n)
     idx = np.frombuffer(buf, it, k, at).astype(np.int64)
     val = np.frombuffer(buf, p.esc_val.dtype.newbyteorder("<"), k, at + k * it.itemsize)
     val = val.astype(p.esc_val.dtype)

@@ -147,8 +147,8 @@ def _uniform_encode(u, ref, dt, shape, cfg: CodecConfig, exact, cache, advance, 
     why = None
     if uq is None:
         why = f"no step meets the target {cfg.target:g} (fp rounding): stored exactly"
-    elif uq.esc_idx.size * (4 + u.dtype.itemsize) > ESCAPE_SHARE * u.size * np.dtype(dt.numpy).itemsize:
-        why = f"{uq.esc_idx.size} of {u.size} elements need escapes: stored exactly"
+    elif uq.escapes * (4 + u.dtype.itemsize) > ESCAPE_SHARE * u.size * np.dtype(dt.numpy).itemsize:
+        why = f"{uq.escapes} of {u.size} elements need escapes: stored exactly"
     if why is not None:
         parts = exact()
         return parts, EncodeStats(u.size, dt.name, "lossless", nbytes=_blob.nbytes(parts),
@@ -175,7 +175,7 @@ def encode_uniform(uq: Uniform, dt: dtypes.DType, shape, cfg: CodecConfig, cache
     w = _blob.uniform_header(dt, shape, cfg.log2, uq.bits, uq.step, uq.esc_idx.size, enc)
     parts = _blob.finish(w, enc.parts + _blob.escape_parts(n, uq.esc_idx, uq.esc_val))
     st = EncodeStats(n, dt.name, "uniform", uq.bits, cfg.coder, _blob.nbytes(parts),
-                     step=uq.step, escapes=int(uq.esc_idx.size))
+                     step=uq.step, escapes=uq.escapes)
     counts = uq.sym_hist.sum(axis=0)
     st.payload_bytes = enc.size
     st.symbol_counts = counts.tolist()

@@ -51,18 +51,45 @@ def uniform_table(step: float, bits: int, dtype) -> np.ndarray:
     return (zigzag_levels(bits).astype(np.float64) * float(step)).astype(dtype)
 
 
+def escape_index_dtype(n: int):
+    """The dtype a blob of ``n`` elements stores its escapes' indices in."""
+    return np.dtype("<u4") if n < (1 << 32) else np.dtype("<u8")
+
+
 @dataclass
 class Uniform:
-    """A delta coded by the uniform quantizer, with the reconstruction it leads to."""
+    """A delta coded by the uniform quantizer, with the reconstruction it leads to. Its
+    escapes are a bitmap until :attr:`esc_idx` or :attr:`esc_val` is asked for: a try the
+    search drops, or one with so many escapes that the tensor is stored exactly, never
+    lists them (an early Adam delta had 14M escapes, 12 bytes each, in a dropped try)."""
     sym: np.ndarray            # uint8 [n]
     sym_hist: np.ndarray       # int64 [nchunks, 2**bits]
     bits: int
     step: float
     table: np.ndarray          # [2**bits] in the work dtype (see uniform_table)
-    esc_idx: np.ndarray        # int64, sorted: elements stored exactly
-    esc_val: np.ndarray        # their values, in the work dtype
+    escf: np.ndarray           # uint8 [ceil(n / 8)]: escape flags, bit i % 8 of byte i // 8
+    escapes: int               # how many elements are stored exactly
+    source: np.ndarray         # the state the escaped values are read from
     residual_sq: float         # ||u - ũ||^2, measured on the reconstruction itself
     target_sq: float           # ||u||^2
+    _listed: tuple | None = None
+
+    @property
+    def esc_idx(self) -> np.ndarray:
+        """The escaped elements (int64, sorted)."""
+        return self._escaped()[0]
+
+    @property
+    def esc_val(self) -> np.ndarray:
+        """Their values, in the work dtype."""
+        return self._escaped()[1]
+
+    def _escaped(self) -> tuple:
+        if self._listed is None:     # indices in the blob's own dtype: no second copy
+            idx = np.empty(self.escapes, escape_index_dtype(self.sym.size))
+            idx = idx[:uk.list_bits(self.escf, self.sym.size, idx)]
+            self._listed = (idx, self.source[idx])
+        return self._listed
 
     def reconstruction(self, ref: np.ndarray | None) -> np.ndarray:
         """What the decoder restores from ``ref`` (None: zeros), as a new array. The
@@ -144,8 +171,7 @@ def _try_step(u, ref, step, chunk_size, deadzone=DEADZONE, limit=None, floor=0.0
                                     float(rstep), S, table, lim, limit is not None, sym, escf,
                                     sym_hist[c])
     run_tasks(pass2, nch)
-    esc_idx = uk.set_bits(escf, n)
-    uq = Uniform(sym, sym_hist, b, float(rstep), table, esc_idx, u[esc_idx].copy(),
+    uq = Uniform(sym, sym_hist, b, float(rstep), table, escf, int(uk.count_bits(escf)), u,
                  float(errs.sum()), 0.0)
     return uq, est
 

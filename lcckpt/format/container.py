@@ -125,21 +125,12 @@ def _build_header(sections, meta) -> tuple[bytes, list[list[memoryview]]]:
             raise InvalidArgumentError(
                 f"each section must be a (name, meta, bytes_like) triple, got {item!r:.80}"
             ) from None
-        if not isinstance(name, str) or not name:
-            raise InvalidArgumentError(f"section name must be a non-empty str, got {name!r:.80}")
         if name in names:
             raise InvalidArgumentError(f"duplicate section name {name!r}")
         names.add(name)
         if not isinstance(section_meta, dict):
             raise InvalidArgumentError(f"meta of section {name!r} must be a dict")
-        parts = data if isinstance(data, list) else [data]
-        try:
-            views = [memoryview(p).cast("B") for p in parts]
-        except TypeError as e:
-            raise InvalidArgumentError(
-                f"data of section {name!r} must be a C-contiguous bytes-like object (or a "
-                f"list of them): {e}"
-            ) from None
+        views = _section_views(name, data)
         length, crc = 0, section_seed(len(entries), name)
         for view in views:
             crc = _crc.crc32c(view, crc)
@@ -155,6 +146,30 @@ def _build_header(sections, meta) -> tuple[bytes, list[list[memoryview]]]:
         )
         payloads.append(views)
         offset = _align(offset + length)
+    return _header_json(entries, meta), payloads
+
+
+def _section_views(name, data) -> list[memoryview]:
+    """A section's payload (bytes-like, or a list of pieces) as byte views."""
+    if not isinstance(name, str) or not name:
+        raise InvalidArgumentError(f"section name must be a non-empty str, got {name!r:.80}")
+    parts = data if isinstance(data, list) else [data]
+    try:
+        return [memoryview(p).cast("B") for p in parts]
+    except TypeError as e:
+        raise InvalidArgumentError(
+            f"data of section {name!r} must be a C-contiguous bytes-like object (or a "
+            f"list of them): {e}"
+        ) from None
+
+
+def _header_json(entries: list[dict], meta) -> bytes:
+    """The header JSON of ``entries`` and ``meta``, checked to survive a round trip."""
+    if not isinstance(meta, dict):
+        raise InvalidArgumentError(f"meta must be a dict, got {type(meta).__name__}")
+    for entry in entries:
+        if not isinstance(entry["meta"], dict):
+            raise InvalidArgumentError(f"meta of section {entry['name']!r} must be a dict")
     header_obj = {"version": FORMAT_VERSION, "meta": meta, "sections": entries}
     try:       # what JSON would change (int keys, tuples, NaN) fails the round trip, in C
         header = json.dumps(header_obj, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
@@ -172,7 +187,7 @@ def _build_header(sections, meta) -> tuple[bytes, list[list[memoryview]]]:
             f"header would be {len(header)} bytes, over the {MAX_HEADER_SIZE}-byte limit "
             "readers enforce; store large collections of numbers as tensors or arrays"
         )
-    return header, payloads
+    return header
 
 
 def _check_json(value, where: str) -> None:

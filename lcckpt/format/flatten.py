@@ -51,6 +51,40 @@ def flatten(obj: Any, encode_leaf: LeafEncoder, pack: PackRule | None = None,
 _PLAIN_KEY = re.compile(r'[^"\\\x00-\x1f\x7f-\x9f\u2028\u2029]*')
 
 
+_SECTION_NODES = ("tensor", "ndarray", "bytes")
+
+
+def renumber_sections(meta: dict, new_index: dict[int, int]) -> None:
+    """Point every node of ``pack``'s ``meta["tree"]`` at its section's new index (a node
+    met at several places of the tree is one dict, renumbered once)."""
+    seen, stack = set(), [meta["tree"]]
+    while stack:
+        v = stack.pop()
+        if type(v) is list:
+            stack.extend(v)
+        elif type(v) is dict and id(v) not in seen:
+            seen.add(id(v))
+            if v.get("$") in _SECTION_NODES and "s" in v:
+                v["s"] = new_index[v["s"]]
+            stack.extend(v.values())
+
+
+def census(obj: Any, limit: int = MAX_DEPTH) -> tuple[int, int]:
+    """The number of tensors in ``obj``'s dicts, lists and tuples and their bytes (a
+    tensor met twice counts twice): what a writer sizes its header room and choice by."""
+    count = nbytes = 0
+    stack = [(obj, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, torch.Tensor):
+            count, nbytes = count + 1, nbytes + v.numel() * v.element_size()
+        elif depth < limit and isinstance(v, dict):
+            stack.extend((x, depth + 1) for x in v.values())
+        elif depth < limit and isinstance(v, (list, tuple)):
+            stack.extend((x, depth + 1) for x in v)
+    return count, nbytes
+
+
 def _key_repr(k) -> str:
     if type(k) is not str:
         return repr(k)

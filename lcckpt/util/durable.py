@@ -127,6 +127,12 @@ class _Writeback:
                 return at + n
         return view.nbytes
 
+    def seek(self, pos: int, whence: int = os.SEEK_SET) -> int:
+        """Move, and count the writeback's ranges from there (``_written`` is an offset)."""
+        self._f.flush()
+        self._started = self._written = self._f.seek(pos, whence)
+        return self._started
+
     def _start_writeback(self) -> None:
         global _sync_range
         if _sync_range is None:
@@ -201,7 +207,8 @@ def _temp_prefix(base: str) -> str:
 
 
 def _create_temp(directory: str, base: str) -> tuple[str, int]:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    # read-write: a streamed container moves its sections up when its header outgrew its room
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
     while True:
         name = f"{_temp_prefix(base)}{_host_tag()}-{os.getpid()}-{secrets.token_hex(4)}{TEMP_SUFFIX}"
         tmp = os.path.join(directory, name)

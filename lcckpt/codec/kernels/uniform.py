@@ -255,10 +255,8 @@ def quantize_range(u, ref, use_ref, start, stop, step, up, floor, rstep, S, tabl
 
 
 @njit(cache=True, nogil=True)
-def set_bits(bitmap, n):
-    """Indices (int64, increasing) of the set bits among the first ``n`` of ``bitmap``
-    (bit ``i % 8`` of byte ``i // 8``). Escapes are rare: both loops skip zero bytes
-    first (a 20M-element tensor's bitmap is 2.5 MB)."""
+def count_bits(bitmap):
+    """The number of set bits of ``bitmap`` (zero bytes skipped: escapes are rare)."""
     count = 0
     for j in range(bitmap.size):
         x = np.int64(bitmap[j])
@@ -267,7 +265,22 @@ def set_bits(bitmap, n):
         while x:
             x &= x - 1
             count += 1
-    out = np.empty(count, np.int64)
+    return count
+
+
+@njit(cache=True, nogil=True)
+def set_bits(bitmap, n):
+    """Indices (int64, increasing) of the set bits among the first ``n`` of ``bitmap``
+    (bit ``i % 8`` of byte ``i // 8``). Escapes are rare: both loops skip zero bytes
+    first (a 20M-element tensor's bitmap is 2.5 MB)."""
+    out = np.empty(count_bits(bitmap), np.int64)
+    return out[:list_bits(bitmap, n, out)]
+
+
+@njit(cache=True, nogil=True)
+def list_bits(bitmap, n, out):
+    """Write the indices of the set bits among the first ``n`` into ``out`` (any integer
+    dtype that holds them, at least :func:`count_bits` long); returns how many."""
     k = 0
     for j in range(bitmap.size):
         x = np.int64(bitmap[j])
@@ -277,7 +290,7 @@ def set_bits(bitmap, n):
             if (x >> bit) & 1 and 8 * j + bit < n:
                 out[k] = 8 * j + bit
                 k += 1
-    return out[:k]
+    return k
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -1,0 +1,165 @@
+"""Sections written to the file as they are encoded, the header last.
+
+A container's header comes first and names every section's length and checksum, so
+``write_container`` holds every encoded section until the last is done: a keyframe of a
+245 MB state held its 206 MB of coded bytes beside the state and the reference. A
+:class:`SectionStream` instead starts the sections at a data offset reserved for the
+header, writes each one as its encoder returns it (computing its checksum on the way),
+and at :meth:`~SectionStream.finish` writes the sections it never saw (arrays, bytes),
+then the header, zlib-compressed, into the reserved room: the stream ends in stored
+blocks of spaces, which JSON ignores, to fill it exactly (:func:`fit_header`). If the
+header outgrew its room the sections are moved up, piece by piece from the end: correct,
+only slower. The file is the same layout (docs/format.md), read by the same readers.
+
+Spooled sections come first in the file, in the order they were encoded, then the rest
+in the order ``pack`` lists them; ``finish`` renumbers the tree's section indices to
+match (``renumber``).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from ..errors import InvalidArgumentError
+from ..util import crc as _crc
+from .container import _header_json, _section_views, _write_all, section_seed
+from .header import (
+    _PREFIX, FLAG_HEADER_ZLIB, FORMAT_VERSION, HEADER_ZLIB_LEVEL, MAGIC, MAX_HEADER_SIZE,
+    PREFIX_SIZE, _align,
+)
+from .sections import Encoded
+
+__all__ = ["SectionStream", "Spooled", "fit_header"]
+
+MOVE_PIECE = 8 << 20             # bytes moved per read/write when the header outgrew its room
+
+
+@dataclass(frozen=True)
+class Spooled:
+    """Where a section already in the file is: stands in for its payload in ``sections``."""
+    index: int                    # its place among the spooled sections (and in the file)
+    offset: int                   # from the data start
+    length: int
+    crc: int                      # its section checksum at ``index``
+
+
+def _deflated(header: bytes) -> bytes:
+    c = zlib.compressobj(HEADER_ZLIB_LEVEL, zlib.DEFLATED, -15)      # raw deflate
+    return c.compress(header) + c.flush(zlib.Z_SYNC_FLUSH)          # ends on a byte
+
+
+def fit_header(header: bytes, size: int) -> bytes | None:
+    """``header`` as a zlib stream of exactly ``size`` bytes, or None if it needs more: the
+    deflated JSON, then stored blocks of spaces (JSON ignores trailing whitespace), the
+    last one final, then the Adler-32 of all of it (RFC 1950/1951)."""
+    body = _deflated(header)
+    pad = size - (2 + len(body) + 4)
+    if pad < 5:
+        return None
+    blocks = -(-pad // 65540)             # 5 bytes of block header, at most 65535 of spaces
+    spaces = pad - 5 * blocks
+    out = [b"\x78\x9c", body]
+    for k in range(blocks):
+        n = spaces // blocks + (k < spaces % blocks)
+        out.append(bytes([k == blocks - 1]) + struct.pack("<HH", n, n ^ 0xFFFF) + b" " * n)
+    out.append(struct.pack(">I", zlib.adler32(b" " * spaces, zlib.adler32(header))))
+    return b"".join(out)
+
+
+class SectionStream:
+    """Write sections into ``f`` (a new, empty, seekable file) from ``PREFIX_SIZE +
+    reserve`` on; see the module docstring."""
+
+    def __init__(self, f: BinaryIO, reserve: int):
+        if reserve < 0 or reserve > MAX_HEADER_SIZE:
+            raise InvalidArgumentError(f"reserve must be in [0, {MAX_HEADER_SIZE}], got {reserve}")
+        self._f = f
+        self.data_start = _align(PREFIX_SIZE + reserve)
+        self._end = 0                 # end of the last section, from the data start
+        self._count = 0
+        self._names: set[str] = set()
+        self.header_need: int | None = None     # the least room the header fits (finish)
+        f.seek(self.data_start)
+
+    def wrap(self, encode: Callable[[str, Any], Encoded]) -> Callable[[str, Any], Encoded]:
+        """``encode`` whose payloads go to the file at once (a :class:`Spooled` stands in)."""
+        def spooling(path, t, *args, **kw):
+            enc = encode(path, t, *args, **kw)
+            return Encoded(enc.codec, self.spool(path, enc.payload), enc.params)
+        return spooling
+
+    def spool(self, name: str, payload) -> Spooled:
+        """Write ``payload`` (bytes-like or a list of pieces) as the next section ``name``."""
+        if name in self._names:
+            raise InvalidArgumentError(f"duplicate section name {name!r}")
+        views = _section_views(name, payload)
+        offset = self._next_offset()
+        crc, length = section_seed(self._count, name), 0
+        for v in views:
+            crc = _crc.crc32c(v, crc)
+            _write_all(self._f, v)
+            length += v.nbytes
+        self._names.add(name)
+        self._end = offset + length
+        self._count += 1
+        return Spooled(self._count - 1, offset, length, crc)
+
+    def _next_offset(self) -> int:
+        """Pad with zeros to the next section's offset (none before the first)."""
+        if self._count == 0:
+            return 0
+        offset = _align(self._end)
+        _write_all(self._f, bytes(offset - self._end))
+        return offset
+
+    def finish(self, meta: dict, sections: list, renumber: Callable[[dict, dict], None]) -> int:
+        """Write the sections not spooled yet and the header; returns the file's size.
+        ``renumber(meta, old_to_new)`` points the tree at the sections' places in the file."""
+        spooled = sorted((i for i, s in enumerate(sections) if isinstance(s[2], Spooled)),
+                         key=lambda i: sections[i][2].index)
+        if [sections[i][2].index for i in spooled] != list(range(self._count)):
+            raise InvalidArgumentError("the sections do not list every spooled section once")
+        rest = [i for i, s in enumerate(sections) if not isinstance(s[2], Spooled)]
+        order = spooled + rest
+        renumber(meta, {old: new for new, old in enumerate(order)})
+        entries = []
+        for i in spooled:
+            name, smeta, sp = sections[i]
+            entries.append({"name": name, "offset": sp.offset, "length": sp.length,
+                            "crc32c": sp.crc, "meta": smeta})
+        for i in rest:
+            name, smeta, payload = sections[i]
+            sp = self.spool(name, payload)
+            entries.append({"name": name, "offset": sp.offset, "length": sp.length,
+                            "crc32c": sp.crc, "meta": smeta})
+        header = _header_json(entries, meta)
+        self.header_need = 2 + len(_deflated(header)) + 4 + 5
+        if PREFIX_SIZE + self.header_need > self.data_start:   # outgrew its room: move up
+            self._move_data(_align(PREFIX_SIZE + self.header_need))
+        stored = fit_header(header, self.data_start - PREFIX_SIZE)
+        self._f.seek(0)
+        _write_all(self._f, _PREFIX.pack(MAGIC, FORMAT_VERSION, len(stored),
+                                         zlib.crc32(stored), FLAG_HEADER_ZLIB) + stored)
+        return self.data_start + self._end
+
+    def _move_data(self, start: int) -> None:
+        """Move the data region up to ``start``, piece by piece from its end."""
+        self._f.flush()
+        fd, shift = self._f.fileno(), start - self.data_start
+        at = self._end
+        while at > 0:
+            n = min(MOVE_PIECE, at)
+            at -= n
+            piece = os.pread(fd, n, self.data_start + at)
+            if len(piece) != n:
+                raise OSError(f"short read moving the data region ({len(piece)} of {n} bytes)")
+            view, pos = memoryview(piece), self.data_start + at + shift
+            while view.nbytes:
+                written = os.pwrite(fd, view, pos)
+                view, pos = view[written:], pos + written
+        self.data_start = start

@@ -1,0 +1,185 @@
+"""Containers written section by section as they are encoded (lcckpt/format/stream.py), and
+the chain's keyframes written that way."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import lcckpt
+from lcckpt.chain import checkpointer as C
+from lcckpt.format import stream as S
+from lcckpt.format.container import read_container
+from lcckpt.format.flatten import census
+from lcckpt.format.header import _inflate_header
+from lcckpt.format.verify import verify_file
+
+from helpers import same_bits
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+                    lambda c: st.lists(c, max_size=5) | st.dictionaries(st.text(max_size=8), c,
+                                                                        max_size=5),
+                    max_leaves=40),
+       st.integers(0, 200_000))
+def test_a_fitted_header_is_exactly_its_room_and_inflates_to_the_json(obj, extra):
+    header = json.dumps({"v": obj}).encode()
+    low = 2 + len(S._deflated(header)) + 4 + 5          # the least room it fits
+    assert S.fit_header(header, low - 1) is None
+    stored = S.fit_header(header, low + extra)
+    assert len(stored) == low + extra
+    text = _inflate_header(stored)                      # the reader's own inflate
+    assert text[:len(header)] == header and not text[len(header):].strip()
+    assert json.loads(text) == {"v": obj}
+
+
+def _sections(rng, n):
+    return [(f"s{i}", {"i": i}, rng.integers(0, 256, int(rng.integers(0, 5000)),
+                                            dtype=np.uint8).tobytes()) for i in range(n)]
+
+
+@pytest.mark.parametrize("reserve", [0, 40, 1 << 16])
+def test_spooled_and_held_sections_read_back_in_their_new_places(tmp_path, monkeypatch, reserve):
+    monkeypatch.setattr(S, "MOVE_PIECE", 777)     # a header that outgrows its room moves many pieces
+    rng = np.random.default_rng(reserve)
+    secs = _sections(rng, 9)
+    spool_first = [4, 0, 7, 2, 8]                # spooled in this order; the rest held
+    path = tmp_path / "f.lcc"
+    with open(path, "w+b") as f:
+        stream = S.SectionStream(f, reserve)
+        listed = list(secs)
+        for i in spool_first:
+            name, meta, data = secs[i]
+            listed[i] = (name, meta, stream.spool(name, [data[:10], data[10:]]))
+        seen = {}
+        size = stream.finish({"tree": None}, listed, lambda meta, m: seen.update(m))
+    assert size == os.path.getsize(path)
+    order = spool_first + [i for i in range(9) if i not in spool_first]
+    assert seen == {old: new for new, old in enumerate(order)}
+    c = read_container(str(path))
+    c.verify()
+    for new, old in enumerate(order):
+        assert c.sections[new]["name"] == secs[old][0] and c.sections[new]["meta"] == {"i": old}
+        assert bytes(c.data(new)) == secs[old][2]
+    assert verify_file(path)["ok"]
+
+
+def test_finish_refuses_a_list_that_misses_a_spooled_section(tmp_path):
+    with open(tmp_path / "f", "w+b") as f:
+        stream = S.SectionStream(f, 100)
+        a = stream.spool("a", b"x")
+        stream.spool("b", b"y")
+        with pytest.raises(lcckpt.InvalidArgumentError, match="spooled"):
+            stream.finish({}, [("a", {}, a)], lambda *_: None)
+
+
+def _state():
+    torch.manual_seed(0)
+    w = torch.randn(300, 200)
+    return {"model": {"w": w, "wt": w.t(), "b": torch.randn(200), "empty": torch.empty(0),
+                      "ints": torch.arange(10), "h": torch.randn(64, 64).half()},
+            "arr": np.arange(50, dtype=np.float32), "raw": b"hello", "step": 3,
+            "tiny": [torch.randn(3) for _ in range(5)]}
+
+
+def _step(state, k):
+    m = dict(state["model"], w=state["model"]["w"] + 0.01 * k, b=state["model"]["b"] * 1.01)
+    m["wt"] = m["w"].t()
+    return dict(state, model=m, step=state["step"] + k)
+
+
+def _check(a, b):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _check(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _check(x, y)
+    elif isinstance(a, torch.Tensor) and a.numel() == 0 == b.numel():
+        assert a.dtype == b.dtype and a.shape == b.shape      # no bytes to compare
+    elif isinstance(a, (torch.Tensor, np.ndarray)):
+        assert same_bits(a, b)
+    else:
+        assert a == b
+
+
+@pytest.mark.parametrize("room", [(8192, 160), (0, 0)])      # (0, 0): the header moves the data
+def test_a_streamed_keyframe_restores_every_step_as_a_held_one(tmp_path, monkeypatch, room):
+    states = [_state()]
+    states += [_step(states[0], k) for k in (1, 2)]
+    held = C.DeltaCheckpointer(tmp_path / "held")
+    for k, s in enumerate(states):
+        held.save(k, s)
+    monkeypatch.setattr(C, "STREAM_ABOVE", 0)
+    monkeypatch.setattr(C, "HEADER_ROOM", room[0])
+    monkeypatch.setattr(C, "HEADER_ROOM_PER_TENSOR", room[1])
+    streamed = C.DeltaCheckpointer(tmp_path / "streamed")
+    for k, s in enumerate(states):
+        streamed.save(k, s)
+    assert [streamed.info(k)["kind"] for k in range(3)] == ["keyframe", "delta", "delta"]
+    key = verify_file(streamed.path(0))
+    assert key["ok"] and key["header_compressed"], key["error"]
+    for k in range(3):       # the same references: the same deltas, the same restores
+        _check(streamed.load(k), held.load(k))
+    _check(lcckpt.load(streamed.path(0)), states[0])
+
+
+def test_a_keyframe_that_fails_midway_leaves_nothing_and_the_next_save_works(tmp_path, monkeypatch):
+    monkeypatch.setattr(C, "STREAM_ABOVE", 0)
+    calls = []
+    real = S.SectionStream.spool
+
+    def failing(self, name, payload):
+        calls.append(name)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return real(self, name, payload)
+    monkeypatch.setattr(S.SectionStream, "spool", failing)
+    ck = C.DeltaCheckpointer(tmp_path)
+    with pytest.raises(lcckpt.StorageError, match="No space left"):
+        ck.save(0, _state())
+    assert os.listdir(tmp_path) == [".lcckpt-writer.lock"] or not os.listdir(tmp_path)
+    monkeypatch.setattr(S.SectionStream, "spool", real)
+    ck.save(0, _state())
+    _check(ck.load(0), _state())
+
+
+def test_only_large_keyframes_stream_and_later_rooms_follow_the_last_need(tmp_path, monkeypatch):
+    rooms = []
+    real = S.SectionStream.__init__
+    monkeypatch.setattr(S.SectionStream, "__init__",
+                        lambda self, *a: (rooms.append(a[1]), real(self, *a))[1])
+    s = _state()
+    n, nbytes = census(s)
+    assert n == 11 and nbytes == 4 * (2 * 300 * 200 + 200 + 15) + 8 * 10 + 2 * 64 * 64
+    monkeypatch.setattr(C, "STREAM_ABOVE", nbytes + 1)
+    held = C.DeltaCheckpointer(tmp_path / "held", keyframe_every=2)
+    for k in range(6):
+        held.save(k, _step(s, k))
+    assert rooms == []
+    monkeypatch.setattr(C, "STREAM_ABOVE", nbytes)
+    ck = C.DeltaCheckpointer(tmp_path / "streamed", keyframe_every=2)
+    needs = []
+    for k in range(6):                     # keyframes 0, 2, 4; deltas do not stream
+        ck.save(k, _step(s, k))
+        needs.append(ck._header_need.get("keyframe"))
+    first = C.HEADER_ROOM + C.HEADER_ROOM_PER_TENSOR * n
+    assert rooms == [first, needs[0] + needs[0] // 32, needs[2] + needs[2] // 32]
+    assert "delta" not in ck._header_need
+    for k in range(6):
+        a, b = os.path.getsize(ck.path(k)), os.path.getsize(held.path(k))
+        if k % 2:
+            assert a == b                  # deltas: the same bytes but the state id's
+        elif k:          # a keyframe sized from the last one's header: a few bytes apart
+            assert abs(a - b) <= needs[k - 2] // 32 + 32, (a, b)
+        _check(ck.load(k), held.load(k))
