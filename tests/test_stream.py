@@ -183,3 +183,17 @@ def test_only_large_keyframes_stream_and_later_rooms_follow_the_last_need(tmp_pa
         elif k:          # a keyframe sized from the last one's header: a few bytes apart
             assert abs(a - b) <= needs[k - 2] // 32 + 32, (a, b)
         _check(ck.load(k), held.load(k))
+
+
+def test_a_room_whose_spaces_would_pass_the_header_limit_shrinks(tmp_path, monkeypatch):
+    monkeypatch.setattr(S, "MAX_HEADER_SIZE", 30_000)     # as if the room were near the limit
+    monkeypatch.setattr(S, "MOVE_PIECE", 1000)
+    secs = _sections(np.random.default_rng(1), 6)
+    with open(tmp_path / "f", "w+b") as f:
+        stream = S.SectionStream(f, 29_000)
+        listed = [(n, m, stream.spool(n, d)) for n, m, d in secs]
+        stream.finish({"pad": "x" * 2000}, listed, lambda *_: None)
+    c = read_container(str(tmp_path / "f"))
+    c.verify()
+    assert c.header_bytes < 1000 and [bytes(c.data(i)) for i in range(6)] == [d for *_, d in secs]
+    assert os.path.getsize(tmp_path / "f") == c.data_start + c.sections[-1]["offset"] + len(secs[-1][2])

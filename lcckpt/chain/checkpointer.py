@@ -293,7 +293,7 @@ class DeltaCheckpointer:
                                self.warn_error, self.min_delta_elements)
         path = self.path(step)
         copying: list = []
-        count, nbytes = census(obj)
+        count, state_bytes = census(obj)
         kind = "keyframe" if keyframe else "delta"
         room = self._header_need.get(kind)
         room = HEADER_ROOM + HEADER_ROOM_PER_TENSOR * count if room is None else room + room // 32
@@ -314,7 +314,7 @@ class DeltaCheckpointer:
         unsynced, written = None, []
         try:
             try:
-                if keyframe and nbytes >= STREAM_ABOVE:    # each section to disk once encoded
+                if keyframe and state_bytes >= STREAM_ABOVE:   # each section to disk once encoded
                     _durable.atomic_write(path, lambda f: written.append(
                         _write_streamed(f, obj, encode, session, start_copies, room)))
                     nbytes, self._header_need[kind] = written[0]

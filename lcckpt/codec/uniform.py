@@ -76,7 +76,7 @@ class Uniform:
 
     @property
     def esc_idx(self) -> np.ndarray:
-        """The escaped elements (int64, sorted)."""
+        """The escaped elements, sorted, in the blob's index dtype (:func:`escape_index_dtype`)."""
         return self._escaped()[0]
 
     @property

@@ -125,12 +125,12 @@ def _build_header(sections, meta) -> tuple[bytes, list[list[memoryview]]]:
             raise InvalidArgumentError(
                 f"each section must be a (name, meta, bytes_like) triple, got {item!r:.80}"
             ) from None
+        views = _section_views(name, data)      # the name checked first
         if name in names:
             raise InvalidArgumentError(f"duplicate section name {name!r}")
         names.add(name)
         if not isinstance(section_meta, dict):
             raise InvalidArgumentError(f"meta of section {name!r} must be a dict")
-        views = _section_views(name, data)
         length, crc = 0, section_seed(len(entries), name)
         for view in views:
             crc = _crc.crc32c(view, crc)

@@ -9,7 +9,7 @@ and at :meth:`~SectionStream.finish` writes the sections it never saw (arrays, b
 then the header, zlib-compressed, into the reserved room: the stream ends in stored
 blocks of spaces, which JSON ignores, to fill it exactly (:func:`fit_header`). If the
 header outgrew its room the sections are moved up, piece by piece from the end: correct,
-only slower. The file is the same layout (docs/format.md), read by the same readers.
+only slower (and down if the spaces would inflate the header past the readers' limit). The file is the same layout (docs/format.md), read by the same readers.
 
 Spooled sections come first in the file, in the order they were encoded, then the rest
 in the order ``pack`` lists them; ``finish`` renumbers the tree's section indices to
@@ -95,9 +95,9 @@ class SectionStream:
 
     def spool(self, name: str, payload) -> Spooled:
         """Write ``payload`` (bytes-like or a list of pieces) as the next section ``name``."""
+        views = _section_views(name, payload)    # the name checked first
         if name in self._names:
             raise InvalidArgumentError(f"duplicate section name {name!r}")
-        views = _section_views(name, payload)
         offset = self._next_offset()
         crc, length = section_seed(self._count, name), 0
         for v in views:
@@ -139,7 +139,10 @@ class SectionStream:
                             "crc32c": sp.crc, "meta": smeta})
         header = _header_json(entries, meta)
         self.header_need = 2 + len(_deflated(header)) + 4 + 5
-        if PREFIX_SIZE + self.header_need > self.data_start:   # outgrew its room: move up
+        spaces = self.data_start - PREFIX_SIZE - self.header_need
+        # outgrew its room: move the sections up; or the spaces would inflate the header
+        # past the readers' limit: down
+        if spaces < 0 or len(header) + spaces > MAX_HEADER_SIZE:
             self._move_data(_align(PREFIX_SIZE + self.header_need))
         stored = fit_header(header, self.data_start - PREFIX_SIZE)
         self._f.seek(0)
@@ -148,18 +151,21 @@ class SectionStream:
         return self.data_start + self._end
 
     def _move_data(self, start: int) -> None:
-        """Move the data region up to ``start``, piece by piece from its end."""
+        """Move the data region to ``start``, piece by piece: from its end when moving up,
+        from its start when moving down, so that no piece overwrites one still to move."""
         self._f.flush()
         fd, shift = self._f.fileno(), start - self.data_start
-        at = self._end
-        while at > 0:
-            n = min(MOVE_PIECE, at)
-            at -= n
+        n_pieces = -(-self._end // MOVE_PIECE)
+        for k in (reversed(range(n_pieces)) if shift > 0 else range(n_pieces)):
+            at = k * MOVE_PIECE
+            n = min(MOVE_PIECE, self._end - at)
             piece = os.pread(fd, n, self.data_start + at)
             if len(piece) != n:
                 raise OSError(f"short read moving the data region ({len(piece)} of {n} bytes)")
-            view, pos = memoryview(piece), self.data_start + at + shift
+            view, pos = memoryview(piece), start + at
             while view.nbytes:
                 written = os.pwrite(fd, view, pos)
                 view, pos = view[written:], pos + written
+        if shift < 0:                  # the file ends at the end of the last section
+            os.ftruncate(fd, start + self._end)
         self.data_start = start
