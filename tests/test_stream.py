@@ -120,9 +120,9 @@ def test_a_streamed_keyframe_restores_every_step_as_a_held_one(tmp_path, monkeyp
     held = C.DeltaCheckpointer(tmp_path / "held")
     for k, s in enumerate(states):
         held.save(k, s)
-    monkeypatch.setattr(C, "STREAM_ABOVE", 0)
-    monkeypatch.setattr(C, "HEADER_ROOM", room[0])
-    monkeypatch.setattr(C, "HEADER_ROOM_PER_TENSOR", room[1])
+    monkeypatch.setattr(S, "STREAM_ABOVE", 0)
+    monkeypatch.setattr(S, "HEADER_ROOM", room[0])
+    monkeypatch.setattr(S, "HEADER_ROOM_PER_TENSOR", room[1])
     streamed = C.DeltaCheckpointer(tmp_path / "streamed")
     for k, s in enumerate(states):
         streamed.save(k, s)
@@ -135,7 +135,7 @@ def test_a_streamed_keyframe_restores_every_step_as_a_held_one(tmp_path, monkeyp
 
 
 def test_a_keyframe_that_fails_midway_leaves_nothing_and_the_next_save_works(tmp_path, monkeypatch):
-    monkeypatch.setattr(C, "STREAM_ABOVE", 0)
+    monkeypatch.setattr(S, "STREAM_ABOVE", 0)
     calls = []
     real = S.SectionStream.spool
 
@@ -162,18 +162,18 @@ def test_only_large_keyframes_stream_and_later_rooms_follow_the_last_need(tmp_pa
     s = _state()
     n, nbytes = census(s)
     assert n == 11 and nbytes == 4 * (2 * 300 * 200 + 200 + 15) + 8 * 10 + 2 * 64 * 64
-    monkeypatch.setattr(C, "STREAM_ABOVE", nbytes + 1)
+    monkeypatch.setattr(S, "STREAM_ABOVE", nbytes + 1)
     held = C.DeltaCheckpointer(tmp_path / "held", keyframe_every=2)
     for k in range(6):
         held.save(k, _step(s, k))
     assert rooms == []
-    monkeypatch.setattr(C, "STREAM_ABOVE", nbytes)
+    monkeypatch.setattr(S, "STREAM_ABOVE", nbytes)
     ck = C.DeltaCheckpointer(tmp_path / "streamed", keyframe_every=2)
     needs = []
     for k in range(6):                     # keyframes 0, 2, 4; deltas do not stream
         ck.save(k, _step(s, k))
         needs.append(ck._header_need.get("keyframe"))
-    first = C.HEADER_ROOM + C.HEADER_ROOM_PER_TENSOR * n
+    first = S.HEADER_ROOM + S.HEADER_ROOM_PER_TENSOR * n
     assert rooms == [first, needs[0] + needs[0] // 32, needs[2] + needs[2] // 32]
     assert "delta" not in ck._header_need
     for k in range(6):
@@ -197,3 +197,31 @@ def test_a_room_whose_spaces_would_pass_the_header_limit_shrinks(tmp_path, monke
     c.verify()
     assert c.header_bytes < 1000 and [bytes(c.data(i)) for i in range(6)] == [d for *_, d in secs]
     assert os.path.getsize(tmp_path / "f") == c.data_start + c.sections[-1]["offset"] + len(secs[-1][2])
+
+
+@pytest.mark.parametrize("room", [(8192, 160), (0, 0)])
+def test_a_streamed_merge_restores_what_the_chain_restored(tmp_path, monkeypatch, room):
+    states = [_state()]
+    states += [_step(states[0], k) for k in (1, 2, 3)]
+    plain = C.DeltaCheckpointer(tmp_path / "plain")          # merged in memory
+    for k, s in enumerate(states[:3]):
+        plain.save(k, s)
+    plain.merge(2)
+    plain.save(3, states[3])
+    ck = C.DeltaCheckpointer(tmp_path / "merged")
+    for k, s in enumerate(states[:3]):
+        ck.save(k, s)
+    monkeypatch.setattr(S, "STREAM_ABOVE", 0)
+    monkeypatch.setattr(S, "HEADER_ROOM", room[0])
+    monkeypatch.setattr(S, "HEADER_ROOM_PER_TENSOR", room[1])
+    spooled = []
+    real = S.SectionStream.spool
+    monkeypatch.setattr(S.SectionStream, "spool",
+                        lambda self, name, data: (spooled.append(name), real(self, name, data))[1])
+    ck.merge(2)
+    assert ck.info(2)["kind"] == "keyframe" and len(spooled) == len(read_container(ck.path(2)))
+    assert verify_file(ck.path(2))["ok"]
+    _check(ck.load(2), plain.load(2))
+    _check(C.DeltaCheckpointer(tmp_path / "merged").load(2), plain.load(2))   # from disk
+    ck.save(3, states[3])       # a delta on the merged step (its movement counted from it)
+    _check(ck.load(3), plain.load(3))

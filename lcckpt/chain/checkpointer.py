@@ -56,7 +56,7 @@ from ..errors import ConcurrentWriteError, InvalidArgumentError, LcckptError, St
 from ..format.container import write_container
 from ..format.flatten import census, renumber_sections
 from ..format.serialization import pack
-from ..format.stream import SectionStream
+from ..format import stream as _stream
 from ..util import durable as _durable
 from . import restore as _restore
 from .directory import ChainDirectory, file_name
@@ -74,13 +74,6 @@ DEFAULT_TARGET = DEFAULT_POLICY      # DeltaCheckpointer(directory)'s targets: s
 # (docs/chain.md, "Keyframes"); merge() bounds a restore's chain where that matters.
 DEFAULT_KEYFRAME_EVERY = 50
 LC_MIN_DELTA_ELEMENTS = 4096         # LC mode: smaller floating tensors are stored whole
-# Keyframes of states at least this large go to disk section by section as they are
-# encoded, instead of all at once (their coded bytes are ~0.8 of the state; a delta's
-# peak is its largest tensor's tries, not its coded bytes). The header's room is reserved
-# up front: for a first keyframe from the count of tensors, then from the last one's need
-# (lcckpt/format/stream.py)
-STREAM_ABOVE = 64 << 20
-HEADER_ROOM, HEADER_ROOM_PER_TENSOR = 8192, 160     # compressed: ~34 B per tensor seen
 TARGET_MIN_DELTA_ELEMENTS = 8        # target mode: smaller ones (scalars: step counts) are delta-coded exactly
 
 
@@ -97,7 +90,7 @@ def _file_bytes(path: str) -> int | None:
 def _write_streamed(f, obj, encode, session: SaveSession, start_copies, room: int) -> tuple:
     """A file written as it is encoded; each tensor's reference copy (a keyframe's) starts
     as soon as its section is in the file. Returns the file's size and its header's need."""
-    stream = SectionStream(f, room)
+    stream = _stream.SectionStream(f, room)
 
     def spooling(encode_fn):
         spool = stream.wrap(encode_fn)
@@ -198,7 +191,7 @@ class DeltaCheckpointer:
         self._exact_of: dict[str, bool] = {}    # path -> its encoder codes exact deltas
         self._last: dict | None = None      # step, state_id, depth of the newest file
         self._force_keyframe = False
-        self._header_need: dict[str, int] = {}   # a streamed file's header, by kind (above)
+        self._header_need: dict[str, int] = {}   # a streamed file's header, by kind
         self._dir = ChainDirectory(self.directory)   # its files, headers cached
         self.last_save: dict | None = None  # what the newest save wrote (step, kind, path, nbytes)
         self._lock: WriterLock | None = None
@@ -296,7 +289,7 @@ class DeltaCheckpointer:
         count, state_bytes = census(obj)
         kind = "keyframe" if keyframe else "delta"
         room = self._header_need.get(kind)
-        room = HEADER_ROOM + HEADER_ROOM_PER_TENSOR * count if room is None else room + room // 32
+        room = _stream.first_room(count) if room is None else room + room // 32
 
         def encode(encode_leaf, encode_pack):
             meta, sections = pack(obj, encode_leaf=encode_leaf, pack_small=session.packs,
@@ -314,7 +307,7 @@ class DeltaCheckpointer:
         unsynced, written = None, []
         try:
             try:
-                if keyframe and state_bytes >= STREAM_ABOVE:   # each section to disk once encoded
+                if keyframe and state_bytes >= _stream.STREAM_ABOVE:   # to disk once encoded
                     _durable.atomic_write(path, lambda f: written.append(
                         _write_streamed(f, obj, encode, session, start_copies, room)))
                     nbytes, self._header_need[kind] = written[0]

@@ -8,6 +8,7 @@ import warnings
 
 from ..codec import blob as _blob
 from ..errors import BrokenChainError, LcckptError, StorageError
+from ..format import stream as _stream
 from ..format.container import read_container, write_container
 from ..format.sections import DELTA, section_key
 from ..util import durable as _durable
@@ -19,38 +20,54 @@ from .session import finite
 def write_merged(d: ChainDirectory, upto: int, tracks: dict, state_id: str) -> None:
     """Rewrite delta ``upto`` as a keyframe: its tracked tensors from ``tracks`` (its
     restored references) stored losslessly in the tracking precision, every other section
-    copied byte for byte, the state id kept (``state_id``: what the restore walked to)."""
+    copied byte for byte, the state id kept (``state_id``: what the restore walked to).
+    A large state's sections go to the file one at a time (lcckpt/format/stream.py)."""
+    path = d.path(upto)
+    streamed = sum(t.ref.nbytes for t in tracks.values() if t.ref is not None) \
+        >= _stream.STREAM_ABOVE
+    try:
+        _durable.atomic_write(path, lambda f: _merge_into(f, d, upto, tracks, state_id,
+                                                          streamed))
+    except _durable.UnsyncedError as e:     # in place: the merge is done
+        warnings.warn(f"step {upto} is merged, but syncing {d.directory} failed "
+                      f"({e.strerror}): the next save syncs the directory again",
+                      RuntimeWarning, stacklevel=4)
+    d.forget(path)
+
+
+def _merge_into(f, d: ChainDirectory, upto: int, tracks: dict, state_id: str,
+                streamed: bool) -> None:
     path = d.path(upto)
     with read_container(path) as c:
         link = Link(c.meta.get("lcckpt_chain"), upto, path)
         if link.state_id != state_id:
             raise BrokenChainError(f"{path} changed while being merged")
+        stream = _stream.SectionStream(f, c.header_bytes + _stream.first_room(len(c))) \
+            if streamed else None
         sections = []
         stats = {}
         for i, s in enumerate(c.sections):
             meta = s["meta"]
             if meta.get("codec") == DELTA:
                 key = section_key(meta)
-                blob = tracks[key].exact_blob()
-                n = _blob.nbytes(blob)
+                data = tracks[key].exact_blob()
+                n = _blob.nbytes(data)
                 stats[key] = {"kind": "lossless", "bits": None,
                               "bits_per_element": finite(8 * n / max(1, tracks[key].ref.size)),
                               "rel_error": 0.0, "nbytes": n}
-                sections.append((s["name"], meta, blob))
             else:
-                sections.append((s["name"], meta, c.data(i)))
+                data = c.data(i)
+            sections.append((s["name"], meta, data if stream is None
+                             else stream.spool(s["name"], data)))
         meta = dict(c.meta)
-    info = dict(meta["lcckpt_chain"])
-    info.update(kind="keyframe", base=None, depth=0, tensors=stats,
-                merged={"from_base": info["base"], "from_depth": info["depth"]})
-    meta["lcckpt_chain"] = info
-    try:
-        write_container(path, sections, meta)
-    except _durable.UnsyncedError as e:     # in place: the merge is done
-        warnings.warn(f"step {upto} is merged, but syncing {d.directory} failed "
-                      f"({e.strerror}): the next save syncs the directory again",
-                      RuntimeWarning, stacklevel=4)
-    d.forget(path)
+        info = dict(meta["lcckpt_chain"])
+        info.update(kind="keyframe", base=None, depth=0, tensors=stats,
+                    merged={"from_base": info["base"], "from_depth": info["depth"]})
+        meta["lcckpt_chain"] = info
+        if stream is None:
+            write_container(f, sections, meta)
+        else:                      # every section in its place: the tree's indices hold
+            stream.finish(meta, sections, lambda meta, order: None)
 
 
 def apply_retention(d: ChainDirectory, keep_last: int | None) -> None:

@@ -34,9 +34,20 @@ from .header import (
 )
 from .sections import Encoded
 
-__all__ = ["SectionStream", "Spooled", "fit_header"]
+__all__ = ["STREAM_ABOVE", "SectionStream", "Spooled", "first_room", "fit_header"]
 
 MOVE_PIECE = 8 << 20             # bytes moved per read/write when the header outgrew its room
+# A chain writes a keyframe (a save's or a merge's) of at least this many bytes of tensors
+# as a stream: its coded bytes are ~0.8 of the state, and a delta's peak is its largest
+# tensor's quantizer tries, not its coded bytes. The first keyframe's header room comes
+# from its count of tensors (:func:`first_room`), a later one's from the last one's need.
+STREAM_ABOVE = 64 << 20
+HEADER_ROOM, HEADER_ROOM_PER_TENSOR = 8192, 160     # compressed: ~34 B per tensor seen
+
+
+def first_room(tensors: int) -> int:
+    """Header room for a file of ``tensors`` tensors, with no earlier header to go by."""
+    return HEADER_ROOM + HEADER_ROOM_PER_TENSOR * tensors
 
 
 @dataclass(frozen=True)
