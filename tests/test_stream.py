@@ -225,3 +225,29 @@ def test_a_streamed_merge_restores_what_the_chain_restored(tmp_path, monkeypatch
     _check(C.DeltaCheckpointer(tmp_path / "merged").load(2), plain.load(2))   # from disk
     ck.save(3, states[3])       # a delta on the merged step (its movement counted from it)
     _check(ck.load(3), plain.load(3))
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_a_large_save_streams_and_loads_the_same(tmp_path, monkeypatch, compress):
+    s = _state()
+    s["model"]["strided"] = s["model"]["w"][::2, 1:]        # a view: its storage span
+    held = tmp_path / "held.lcc"
+    lcckpt.save(s, held, compress=compress, metadata={"run": "a"})
+    monkeypatch.setattr(S, "STREAM_ABOVE", 0)
+    spooled = []
+    real = S.SectionStream.spool
+    monkeypatch.setattr(S.SectionStream, "spool",
+                        lambda self, name, data: (spooled.append(name), real(self, name, data))[1])
+    path = tmp_path / "streamed.lcc"
+    lcckpt.save(s, path, compress=compress, metadata={"run": "a"})
+    c = read_container(str(path))
+    assert len(spooled) == len(c) and c.sections[-1]["name"] in ('obj["raw"]', 'obj["arr"]')
+    _check(lcckpt.load(path), lcckpt.load(held))
+    _check(lcckpt.load(path), s)
+    assert lcckpt.read_metadata(path) == {"run": "a"}
+    if not compress:                 # raw sections still map in place
+        _check(lcckpt.load(path, mmap=True), s)
+    spooled.clear()
+    buf = io.BytesIO()               # a file object: written whole, as before
+    lcckpt.save(s, buf, compress=compress)
+    assert spooled == []

@@ -343,8 +343,8 @@ def _plot(result: dict, path: str) -> None:
             x, y = r["whole_run_ratio"], max(r["worst_drop_points"], 0.0)
             ax.scatter(x, y, marker=mk, s=90 if name == "default" else 30)
             ax.annotate(name.replace(" of movement", "").replace(" (every save a keyframe)", "")
-                        .replace(" (0.01 of the norm)", ": 1% of norm"), (x, y), fontsize=7,
-                        xytext=(3, 3), textcoords="offset points")
+                        .replace("0.01 of the norm (first default)", "1% of norm"), (x, y),
+                        fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.axhline(0.5, color="grey", lw=0.6, ls="--")
         ax.set_xscale("log")
         ax.set_yscale("symlog", linthresh=1.0)

@@ -23,8 +23,11 @@ import torch
 from ..codec import dtypes
 from .. import limits
 from . import sections as _sections
+from . import stream as _stream
 from . import tree as _tree
 from .container import MAGIC, Container, at_path, open_file, read_container, write_container
+from .flatten import census, renumber_sections
+from ..util import durable as _durable
 from ..errors import (
     BrokenChainError, CorruptDataError, InvalidArgumentError, LcckptError, TruncatedError,
     UnsafeObjectError, UnsupportedVersionError,
@@ -47,14 +50,25 @@ def save(obj: Any, f: str | os.PathLike | BinaryIO, *, codec: str | Callable = "
     name`` choosing per tensor. ``compress=True`` is shorthand for ``codec="lossless"``
     (bit-exact byte-plane coding of every tensor). ``metadata``: string pairs stored in
     the header, readable with :func:`read_metadata` without decoding anything (as
-    safetensors' ``__metadata__``).
+    safetensors' ``__metadata__``). Saved to a path, an object of 64 MiB of tensors or
+    more goes to the file one tensor at a time, as each is coded or copied off its device,
+    the header last (docs/format.md, "Headers written last"): what is held beside the
+    object is one tensor's section, not all of them.
     """
     if compress and codec == "raw":
         codec = "lossless"
-    meta, sections = pack(obj, encode_leaf=_sections.leaf_encoder(codec))
-    if metadata is not None:
-        meta[METADATA_KEY] = _check_metadata(metadata, "metadata")
-    write_container(f, sections, meta)
+    extra = {} if metadata is None else {METADATA_KEY: _check_metadata(metadata, "metadata")}
+    encode_leaf = _sections.leaf_encoder(codec)
+    count, nbytes = census(obj)
+    if isinstance(f, (str, os.PathLike)) and nbytes >= _stream.STREAM_ABOVE:
+        def write(out) -> None:    # each tensor's section to the file once coded (or copied
+            stream = _stream.SectionStream(out, _stream.first_room(count))   # off a device)
+            meta, sections = pack(obj, encode_leaf=stream.wrap(encode_leaf))
+            stream.finish({**meta, **extra}, sections, renumber_sections)
+        _durable.atomic_write(os.fspath(f), write)
+        return
+    meta, sections = pack(obj, encode_leaf=encode_leaf)
+    write_container(f, sections, {**meta, **extra})
 
 
 METADATA_KEY = "metadata"
