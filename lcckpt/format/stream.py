@@ -9,7 +9,8 @@ and at :meth:`~SectionStream.finish` writes the sections it never saw (arrays, b
 then the header, zlib-compressed, into the reserved room: the stream ends in stored
 blocks of spaces, which JSON ignores, to fill it exactly (:func:`fit_header`). If the
 header outgrew its room the sections are moved up, piece by piece from the end: correct,
-only slower (and down if the spaces would inflate the header past the readers' limit). The file is the same layout (docs/format.md), read by the same readers.
+only slower (and down, if the spaces would inflate the header past the readers' limit).
+The file is the same layout (docs/format.md), read by the same readers.
 
 Spooled sections come first in the file, in the order they were encoded, then the rest
 in the order ``pack`` lists them; ``finish`` renumbers the tree's section indices to
@@ -37,10 +38,11 @@ from .sections import Encoded
 __all__ = ["STREAM_ABOVE", "SectionStream", "Spooled", "first_room", "fit_header"]
 
 MOVE_PIECE = 8 << 20             # bytes moved per read/write when the header outgrew its room
-# A chain writes a keyframe (a save's or a merge's) of at least this many bytes of tensors
-# as a stream: its coded bytes are ~0.8 of the state, and a delta's peak is its largest
-# tensor's quantizer tries, not its coded bytes. The first keyframe's header room comes
-# from its count of tensors (:func:`first_room`), a later one's from the last one's need.
+# lcckpt.save to a path, and a chain's keyframe (a save's or a merge's), of at least this
+# many bytes of tensors are written as a stream: coded sections are ~0.8 of the state (a
+# chain's delta is not: its peak is its largest tensor's quantizer tries). A first file's
+# header room comes from its count of tensors (first_room), a later keyframe's from the
+# last one's need.
 STREAM_ABOVE = 64 << 20
 HEADER_ROOM, HEADER_ROOM_PER_TENSOR = 8192, 160     # compressed: ~34 B per tensor seen
 
