@@ -251,3 +251,27 @@ def test_a_large_save_streams_and_loads_the_same(tmp_path, monkeypatch, compress
     buf = io.BytesIO()               # a file object: written whole, as before
     lcckpt.save(s, buf, compress=compress)
     assert spooled == []
+
+
+def test_a_write_that_fails_midway_fails_the_save_and_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(S, "STREAM_ABOVE", 0)
+    calls = []
+    real = S._write_all
+
+    def failing(f, data):
+        calls.append(1)
+        if len(calls) == 4:
+            raise OSError(5, "Input/output error")
+        return real(f, data)
+    monkeypatch.setattr(S, "_write_all", failing)
+    with pytest.raises(lcckpt.StorageError, match="Input/output error"):
+        lcckpt.save(_state(), tmp_path / "x.lcc")
+    assert not os.listdir(tmp_path)
+    ck = C.DeltaCheckpointer(tmp_path / "chain")
+    calls.clear()
+    with pytest.raises(lcckpt.StorageError, match="Input/output error"):
+        ck.save(0, _state())
+    assert os.listdir(tmp_path / "chain") in ([], [".lcckpt-writer.lock"])
+    monkeypatch.setattr(S, "_write_all", real)
+    ck.save(0, _state())
+    _check(ck.load(0), _state())
