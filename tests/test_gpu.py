@@ -93,6 +93,33 @@ def test_a_chain_of_device_tensors_restores_where_map_location_says(tmp_path, de
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_streamed_files_of_device_tensors_restore_on_their_device(tmp_path, monkeypatch, device):
+    """Files written a tensor at a time (large ones: every one here) copy each tensor off
+    the device as it is written: a save, a chain keyframe and a merge."""
+    from lcckpt.format import stream
+    monkeypatch.setattr(stream, "STREAM_ABOVE", 0)
+    model, opt = _model(device)
+    _train(model, opt, 2, device)
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    sd["half"] = sd["0.weight"].to(torch.bfloat16)
+    for compress in (False, True):
+        lcckpt.save(sd, tmp_path / "s.lcc", compress=compress)
+        back = lcckpt.load(tmp_path / "s.lcc")
+        assert all(back[k].device == t.device and torch.equal(back[k], t) for k, t in sd.items())
+    ck = lcckpt.DeltaCheckpointer(tmp_path / "chain")
+    ck.save(0, sd)
+    _train(model, opt, 2, device)
+    sd1 = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    sd1["half"] = sd1["0.weight"].to(torch.bfloat16)
+    ck.save(1, sd1)
+    before = ck.load(1)
+    ck.merge(1)
+    for step, want in ((0, sd), (1, before)):
+        got = lcckpt.DeltaCheckpointer(tmp_path / "chain").load(step)
+        assert all(got[k].device == t.device and torch.equal(got[k], t) for k, t in want.items())
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_dcp_checkpoints_of_device_tensors_load_into_device_targets(tmp_path, device):
     model, opt = _model(device)
     _train(model, opt, 3, device)
