@@ -274,3 +274,16 @@ def test_a_write_that_fails_midway_fails_the_save_and_leaves_nothing(tmp_path, m
     monkeypatch.setattr(S, "_write_all", real)
     ck.save(0, _state())
     _check(ck.load(0), _state())
+
+
+def test_moving_the_sections_works_without_pread(tmp_path, monkeypatch):
+    monkeypatch.delattr(os, "pread")
+    monkeypatch.delattr(os, "pwrite")
+    monkeypatch.setattr(S, "MOVE_PIECE", 500)
+    secs = _sections(np.random.default_rng(3), 5)
+    with open(tmp_path / "f", "w+b") as f:
+        stream = S.SectionStream(f, 0)               # the header outgrows it: moved up
+        stream.finish({}, [(n, m, stream.spool(n, d)) for n, m, d in secs], lambda *_: None)
+    c = read_container(str(tmp_path / "f"))
+    c.verify()
+    assert [bytes(c.data(i)) for i in range(5)] == [d for *_, d in secs]

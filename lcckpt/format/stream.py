@@ -172,13 +172,27 @@ class SectionStream:
         for k in (reversed(range(n_pieces)) if shift > 0 else range(n_pieces)):
             at = k * MOVE_PIECE
             n = min(MOVE_PIECE, self._end - at)
-            piece = os.pread(fd, n, self.data_start + at)
+            piece = _pread(fd, n, self.data_start + at)
             if len(piece) != n:
                 raise OSError(f"short read moving the data region ({len(piece)} of {n} bytes)")
             view, pos = memoryview(piece), start + at
             while view.nbytes:
-                written = os.pwrite(fd, view, pos)
+                written = _pwrite(fd, view, pos)
                 view, pos = view[written:], pos + written
         if shift < 0:                  # the file ends at the end of the last section
             os.ftruncate(fd, start + self._end)
         self.data_start = start
+
+
+def _pread(fd: int, n: int, at: int) -> bytes:
+    if hasattr(os, "pread"):
+        return os.pread(fd, n, at)
+    os.lseek(fd, at, os.SEEK_SET)          # no pread (Windows): the caller seeks again after
+    return os.read(fd, n)
+
+
+def _pwrite(fd: int, data, at: int) -> int:
+    if hasattr(os, "pwrite"):
+        return os.pwrite(fd, data, at)
+    os.lseek(fd, at, os.SEEK_SET)
+    return os.write(fd, data)
