@@ -169,6 +169,30 @@ def chain(rank, world, root):
                    f"{root}/restored4.pt")
     dist.barrier()
 
+    # merge step 4 (rank 0 writes, both ranks' writers rebase): it loads the same, with no
+    # chain, and a delta after it loads onto the writers' references
+    assert ck.merge() == 4
+    md = ld.CompressedReader(ck.path(4)).read_metadata()
+    assert all(not i.chain for i in md.storage_data.values()), "a merged item keeps a chain"
+    for t in flatten(target["state"]).values():
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            t.zero_()
+    assert ck.load(target) == 4
+    flat = flatten(target["state"], "state.")
+    flat.update({f"model.{k}": v.full_tensor() for k, v in target["model"].items()})
+    for p, t in ck.references().items():
+        assert torch.equal(piece_slice(flat, p.key, p.start, p.stop), t), p
+    step_update(state, model, 5)
+    md = ck.save(5, full)
+    chains = [i.chain for i in md.storage_data.values() if i.codec == "delta"]
+    assert chains and all(len(c) == 1 and "step_0000000004" in c[0][0] for c in chains), chains
+    assert ck.load(target) == 5
+    flat = flatten(target["state"], "state.")
+    flat.update({f"model.{k}": v.full_tensor() for k, v in target["model"].items()})
+    for p, t in ck.references().items():
+        assert torch.equal(piece_slice(flat, p.key, p.start, p.stop), t), p
+    dist.barrier()
+
 
 def reshard(rank, world, src):
     """Load a checkpoint written by one process into an FSDP2 model and a DTensor."""

@@ -171,6 +171,43 @@ def test_keep_last_deletes_only_what_no_kept_step_needs(tmp_path):
         ld.DistributedCheckpointer(tmp_path, keep_last=0)
 
 
+def test_merge_makes_the_newest_step_a_keyframe_that_restores_the_same(tmp_path):
+    """merge() rewrites the newest step's deltas as keyframes of what they restore
+    (widened: bf16 items keep their fp32 references), so retention may drop the steps
+    before it, and later deltas load exactly as on a chain that was never merged."""
+    def states():
+        g = torch.Generator().manual_seed(5)
+        s = various_state()
+        for step in range(6):
+            for k in ("f32", "bf16", "f16", "f64"):
+                s[k] = s[k] + (torch.randn(s[k].shape, generator=g) * 1e-2).to(s[k].dtype)
+            yield step, {k: (dict(v) if isinstance(v, dict) else v) for k, v in s.items()}
+
+    plain = ld.DistributedCheckpointer(tmp_path / "plain", bits=2, keyframe_every=10)
+    merged = ld.DistributedCheckpointer(tmp_path / "merged", bits=2, keyframe_every=10,
+                                        keep_last=1)
+    for step, state in states():
+        plain.save(step, state)
+        merged.save(step, state)
+        if step == 3:
+            kept_before = merged.steps()
+            assert merged.merge() == 3
+            md = CompressedReader(merged.path(3)).read_metadata()
+            floats = [i for i in md.storage_data.values() if i.dtype in dict.fromkeys(
+                ("torch.float32", "torch.bfloat16", "torch.float16", "torch.float64"))
+                and i.raw_nbytes]
+            assert floats and all(i.codec == "delta" and i.chain == () for i in floats)
+            assert kept_before == [0, 1, 2, 3] and merged.steps() == [3]
+        want, got = zeros_like_state(state), zeros_like_state(state)
+        plain.load(want, step=step)
+        merged.load(got, step=step)
+        assert_equal_state(got, want)
+        if step >= 3:            # later chains start at the merged keyframe: nothing older
+            assert merged.steps() == list(range(3, step + 1)), (step, merged.steps())
+        for piece, ref in merged.references().items():
+            assert torch.equal(ref, plain.references()[piece]), (step, piece)
+
+
 class _BrokenWriter(ld.CompressedWriter):
     """Writes part of its file, then fails: a disk filling up half-way."""
 
@@ -385,7 +422,7 @@ def test_two_ranks_save_fail_delta_load_and_reshard_to_one(two_ranks):
     target = {"state": zeros_like_state(state), "model": zeros_like_state(model.state_dict())}
     target["state"]["meta"] = {"epoch": 0, "tag": "", "lr": [0.0, 0.0]}
     ck = ld.DistributedCheckpointer(root)
-    assert ck.steps() == [0, 1, 3, 4]
+    assert ck.steps() == [0, 1, 3, 4, 5]      # 4 merged by the workers, 5 a delta on it
     ck.load(target, step=3)
     flat = W.flatten(target)
     n = 0

@@ -51,6 +51,11 @@ def _chain_round_trip(url, opts=None, steps=7, every=3, keep=2, kept=(3, 4, 5, 6
         ck.save(step, state)
         refs[step] = {p.key: t.clone() for p, t in ck.references().items()}
     assert ck.steps() == list(kept)        # the newest, and their chains back to a keyframe
+    assert ck.merge() == steps - 1         # the newest made a keyframe on the store, then a
+    state["w"] += 0.01 * torch.randn(300, 64, generator=g)      # delta on it: nothing older
+    ck.save(steps, state)                                       # is kept
+    refs[steps] = {p.key: t.clone() for p, t in ck.references().items()}
+    assert ck.steps() == [steps - 1, steps]
     again = ld.DistributedCheckpointer(url, storage_options=opts)
     for step in again.steps():
         target = _empty()

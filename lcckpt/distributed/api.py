@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 
 from ..errors import DistributedCheckpointError, InvalidArgumentError, LcckptError
 from .exchange import PeerFailedError
+from .merge import merge_step
 from .planner import BalancedSavePlanner, SafeLoadPlanner
 from .retention import apply_retention
 from .storage import CompressedReader, CompressedWriter
@@ -338,6 +339,37 @@ class DistributedCheckpointer:
                                        f"committed: {steps}")
         load(state, self.path(step), process_group=self.process_group,
              storage_options=self.storage_options)
+        return step
+
+    def merge(self) -> int:
+        """Rewrite the newest committed step's delta items as keyframes of exactly what
+        they restore (lcckpt/distributed/merge.py): loads of it and of later deltas give
+        the same tensors, and need no earlier step, so that retention (``keep_last``) may
+        delete those. Rank 0 writes; call it on every rank. Returns the step."""
+        self.wait()
+        steps = self.steps()
+        if not steps:
+            raise InvalidArgumentError(f"no committed checkpoint in {self.directory}")
+        step, no_dist = steps[-1], _no_dist(self.process_group)
+        rank = 0 if no_dist else dist.get_rank(self.process_group)
+        outcome: list = [None]
+        error: BaseException | None = None
+        if rank == 0:
+            try:
+                outcome[0] = merge_step(self.files, self.path(step), self.storage_options)[1]
+            except Exception as e:       # every rank raises, this one its own error
+                error, outcome[0] = e, f"{type(e).__name__}: {e}"
+        if not no_dist:
+            src = 0 if self.process_group is None else dist.get_global_rank(self.process_group, 0)
+            dist.broadcast_object_list(outcome, src=src, group=self.process_group)
+        if error is not None:
+            raise error
+        if isinstance(outcome[0], str):
+            raise DistributedCheckpointError(f"merging step {step} failed on rank 0: "
+                                             f"{outcome[0]}", {})
+        value = outcome[0]
+        self.writer.rebase(value)
+        self._retain()
         return step
 
     def references(self):

@@ -53,6 +53,12 @@ from .store import check_size, files_for
 SUFFIX = ".distcp"
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _OUR_FILE = re.compile(r"__\d+_[0-9a-f]{8}_\d+\.distcp")
+_NAMES = {str(t): n for t, n in zip(_FLOATS, ("F16", "BF16", "F32", "F64"))}
+
+
+def dtype_name(info) -> str | None:
+    """The codec's name of a stored item's dtype (a merged keyframe holds it widened)."""
+    return _NAMES.get(info.dtype)
 
 
 @dataclass
@@ -296,6 +302,12 @@ class CompressedWriter(FileSystemWriter):
                 pass
         self._written = []
 
+    def rebase(self, moved: dict) -> None:
+        """Chains that end at a merged blob (``{old: new}``, see merge.py) start at its keyframe."""
+        for piece, ref in list(self._refs.items()):
+            if ref.chain and ref.chain[-1] in moved:
+                self._refs[piece] = _Ref(ref.encoder, (moved[ref.chain[-1]],))
+
     def references(self) -> dict[Piece, torch.Tensor]:
         """This rank's committed references: what a load of its pieces will return."""
         return {p: _as_tensor(r.encoder.reference()) for p, r in self._refs.items()}
@@ -495,7 +507,7 @@ class CompressedReader(FileSystemReader):
             rec = Reconstruction()          # the whole chain replayed at once, chunk by chunk
             for rel, off, n in tuple(info.chain) + ((info.relative_path, info.offset,
                                                      info.length),):
-                rec.apply(self._read(rel, off, n))
+                rec.apply(self._read(rel, off, n), dtype=dtype_name(info))
             out = _as_tensor(rec.value(copy=False))
         else:
             raise CorruptDataError(f"unknown codec {info.codec!r} in checkpoint metadata")
