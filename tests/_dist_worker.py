@@ -293,10 +293,25 @@ def process_mode(rank, world, root):
         assert torch.equal(piece_slice(flatten(target), p.key, p.start, p.stop), t), p
     want = {k: v.clone() for k, v in flatten(target).items() if isinstance(v, torch.Tensor)}
 
+    # a merge while the references live in the background process: the step loads the
+    # same, and the next save there is a keyframe (its chains could name deleted steps)
     ck = runs["process"]
+    assert ck.merge() == 2
+    target = replicated_state()
+    assert ck.load(target) == 2
+    for k, v in want.items():
+        assert torch.equal(flatten(target)[k], v), k
     state = replicated_state()
     step_update(state, None, 3)
-    fut = ck.async_save(3, state, process=True)
+    ck.async_save(3, state, process=True).result(timeout=120)
+    codecs = {i.codec for i in CompressedReader(ck.path(3)).read_metadata().storage_data.values()}
+    assert "delta" not in codecs, codecs
+    target = replicated_state()
+    assert ck.load(target) == 3
+    want = {k: v.clone() for k, v in flatten(target).items() if isinstance(v, torch.Tensor)}
+
+    step_update(state, None, 4)
+    fut = ck.async_save(4, state, process=True)
     os.kill(ape._CHECKPOINT_PROCESS._save_process.pid, signal.SIGKILL)
     try:
         fut.result(timeout=120)
@@ -305,13 +320,13 @@ def process_mode(rank, world, root):
         raised = e
     dist.barrier()
     if raised is not None:                    # killed before it committed (else: too late)
-        assert ck.steps() == [0, 1, 2], ck.steps()
+        assert ck.steps() == [0, 1, 2, 3], ck.steps()
         target = replicated_state()
-        assert ck.load(target) == 2
+        assert ck.load(target) == 3
         for k, v in want.items():
             assert torch.equal(flatten(target)[k], v), k
-    ck.async_save(4, state, process=True).result(timeout=120)    # a new background process
-    codecs = {i.codec for i in CompressedReader(ck.path(4)).read_metadata().storage_data.values()}
+    ck.async_save(5, state, process=True).result(timeout=120)    # a new background process
+    codecs = {i.codec for i in CompressedReader(ck.path(5)).read_metadata().storage_data.values()}
     assert "delta" not in codecs, codecs
     with open(os.path.join(root, f"killed{rank}"), "w") as f:
         f.write("raised" if raised is not None else "committed")

@@ -367,8 +367,9 @@ class DistributedCheckpointer:
         if isinstance(outcome[0], str):
             raise DistributedCheckpointError(f"merging step {step} failed on rank 0: "
                                              f"{outcome[0]}", {})
-        value = outcome[0]
-        self.writer.rebase(value)
+        moved = outcome[0]           # this rank's merged blobs: its file names start __rank_
+        self.writer.rebase(moved, sum(self.files.basename(p).startswith(f"__{rank}_")
+                                      for p, _, _ in moved))
         self._retain()
         return step
 

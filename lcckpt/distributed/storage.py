@@ -302,11 +302,14 @@ class CompressedWriter(FileSystemWriter):
                 pass
         self._written = []
 
-    def rebase(self, moved: dict) -> None:
-        """Chains that end at a merged blob (``{old: new}``, see merge.py) start at its keyframe."""
-        for piece, ref in list(self._refs.items()):
-            if ref.chain and ref.chain[-1] in moved:
-                self._refs[piece] = _Ref(ref.encoder, (moved[ref.chain[-1]],))
+    def rebase(self, moved: dict, mine: int) -> None:
+        """Chains ending at a merged blob (``{old: new}``, merge.py) start at its keyframe; if
+        fewer than ``mine`` do (references kept elsewhere), all go: a keyframe comes next."""
+        ends = [p for p, r in self._refs.items() if r.chain and r.chain[-1] in moved]
+        for p in ends:
+            self._refs[p] = _Ref(self._refs[p].encoder, (moved[self._refs[p].chain[-1]],))
+        if len(ends) < mine:
+            self._refs, self.writer_id = {}, uuid.uuid4().hex
 
     def references(self) -> dict[Piece, torch.Tensor]:
         """This rank's committed references: what a load of its pieces will return."""
