@@ -598,15 +598,19 @@ def test_the_benchmarks_ideal_huffman_is_the_oracles(counts):
 
 @settings(max_examples=80, deadline=None)
 @given(arrays(np.uint8, st.integers(0, 300)), st.data())
-def test_set_bits_lists_the_escape_bitmap(bitmap, data):
+def test_list_bits_lists_the_escape_bitmap(bitmap, data):
     """The uniform quantizer's escape flags are a bitmap (bit i % 8 of byte i // 8);
-    set_bits lists them in order, stopping at n (numpy's unpackbits as the oracle)."""
+    count_bits counts them, list_bits lists them in order, stopping at n (numpy's
+    unpackbits as the oracle), into the blob's uint32 indices."""
     from lcckpt.codec.kernels import uniform as uk
 
     n = data.draw(st.integers(0, 8 * bitmap.size))
-    want = np.flatnonzero(np.unpackbits(bitmap, bitorder="little")[:n])
-    got = uk.set_bits(bitmap, n)
-    assert got.dtype == np.int64 and got.tolist() == want.tolist()
+    bits = np.unpackbits(bitmap, bitorder="little")
+    want = np.flatnonzero(bits[:n])
+    assert uk.count_bits(bitmap) == int(bits.sum())
+    out = np.zeros(uk.count_bits(bitmap), np.uint32)
+    k = uk.list_bits(bitmap, n, out)
+    assert out[:k].tolist() == want.tolist()
 
 
 @settings(max_examples=300, deadline=None)

@@ -191,7 +191,7 @@ class DeltaCheckpointer:
         self._exact_of: dict[str, bool] = {}    # path -> its encoder codes exact deltas
         self._last: dict | None = None      # step, state_id, depth of the newest file
         self._force_keyframe = False
-        self._header_need: dict[str, int] = {}   # a streamed file's header, by kind
+        self._keyframe_header: int | None = None  # the last streamed keyframe's header need
         self._dir = ChainDirectory(self.directory)   # its files, headers cached
         self.last_save: dict | None = None  # what the newest save wrote (step, kind, path, nbytes)
         self._lock: WriterLock | None = None
@@ -286,10 +286,8 @@ class DeltaCheckpointer:
                                self.warn_error, self.min_delta_elements)
         path = self.path(step)
         copying: list = []
-        count, state_bytes = census(obj)
         kind = "keyframe" if keyframe else "delta"
-        room = self._header_need.get(kind)
-        room = _stream.first_room(count) if room is None else room + room // 32
+        count, state_bytes = census(obj) if keyframe else (0, 0)     # only keyframes stream
 
         def encode(encode_leaf, encode_pack):
             meta, sections = pack(obj, encode_leaf=encode_leaf, pack_small=session.packs,
@@ -308,9 +306,11 @@ class DeltaCheckpointer:
         try:
             try:
                 if keyframe and state_bytes >= _stream.STREAM_ABOVE:   # to disk once encoded
+                    need = self._keyframe_header
+                    room = _stream.first_room(count) if need is None else need + need // 32
                     _durable.atomic_write(path, lambda f: written.append(
                         _write_streamed(f, obj, encode, session, start_copies, room)))
-                    nbytes, self._header_need[kind] = written[0]
+                    nbytes, self._keyframe_header = written[0]
                 else:
                     meta, sections = encode(session.encode_leaf, session.encode_pack)
                     nbytes = write_container(path, sections, meta, before_write=start_copies)

@@ -61,7 +61,7 @@ class Uniform:
     """A delta coded by the uniform quantizer, with the reconstruction it leads to. Its
     escapes are a bitmap until :attr:`esc_idx` or :attr:`esc_val` is asked for: a try the
     search drops, or one with so many escapes that the tensor is stored exactly, never
-    lists them (an early Adam delta had 14M escapes, 12 bytes each, in a dropped try)."""
+    lists them (12 bytes each: an early Adam delta peaked while its tries listed theirs)."""
     sym: np.ndarray            # uint8 [n]
     sym_hist: np.ndarray       # int64 [nchunks, 2**bits]
     bits: int

@@ -356,7 +356,7 @@ class DistributedCheckpointer:
         error: BaseException | None = None
         if rank == 0:
             try:
-                outcome[0] = merge_step(self.files, self.path(step), self.storage_options)[1]
+                outcome[0] = merge_step(self.files, self.path(step), self.storage_options)
             except Exception as e:       # every rank raises, this one its own error
                 error, outcome[0] = e, f"{type(e).__name__}: {e}"
         if not no_dist:

@@ -21,8 +21,6 @@ import os
 import pickle
 import uuid
 
-from torch.distributed.checkpoint.metadata import Metadata
-
 from ..codec.delta import Reconstruction
 from .storage import SUFFIX, CompressedReader, dtype_name
 from .store import check_size
@@ -30,16 +28,16 @@ from .store import check_size
 __all__ = ["merge_step"]
 
 
-def merge_step(files, path: str, storage_options: dict | None = None) -> tuple[Metadata, dict]:
-    """Rewrite step ``path``'s delta items as keyframes. Returns the new metadata and
-    ``{old blob: new blob}`` as ``(absolute file, offset, length)``, for the writers."""
+def merge_step(files, path: str, storage_options: dict | None = None) -> dict:
+    """Rewrite step ``path``'s delta items as keyframes. Returns ``{old blob: new blob}``
+    as ``(absolute file, offset, length)``, for the writers to rebase on."""
     reader = CompressedReader(path, storage_options=storage_options)
     md = reader.read_metadata()
     deltas = sorted(((idx, info) for idx, info in (md.storage_data or {}).items()
                      if info.codec == "delta"),
                     key=lambda kv: (kv[1].relative_path, kv[1].offset))
     if not deltas:
-        return md, {}
+        return {}
     name = f"__0_{uuid.uuid4().hex[:8]}_9{SUFFIX}"       # "_9": never a save's own file
     target = files.join(path, name)
     new, moved, at = {}, {}, 0
@@ -68,7 +66,7 @@ def merge_step(files, path: str, storage_options: dict | None = None) -> tuple[M
         f.write(buf.getvalue())
         _sync(files, f)
     files.rename(tmp, files.join(path, ".metadata"))
-    return md, moved
+    return moved
 
 
 def _sync(files, f) -> None:

@@ -114,8 +114,6 @@ def _pack_header(header: bytes, compress: bool) -> tuple[bytes, int]:
 
 
 def _build_header(sections, meta) -> tuple[bytes, list[list[memoryview]]]:
-    if not isinstance(meta, dict):
-        raise InvalidArgumentError(f"meta must be a dict, got {type(meta).__name__}")
     entries, payloads, names = [], [], set()
     offset = 0
     for item in sections:
@@ -129,8 +127,6 @@ def _build_header(sections, meta) -> tuple[bytes, list[list[memoryview]]]:
         if name in names:
             raise InvalidArgumentError(f"duplicate section name {name!r}")
         names.add(name)
-        if not isinstance(section_meta, dict):
-            raise InvalidArgumentError(f"meta of section {name!r} must be a dict")
         length, crc = 0, section_seed(len(entries), name)
         for view in views:
             crc = _crc.crc32c(view, crc)

@@ -59,8 +59,9 @@ def save(obj: Any, f: str | os.PathLike | BinaryIO, *, codec: str | Callable = "
         codec = "lossless"
     extra = {} if metadata is None else {METADATA_KEY: _check_metadata(metadata, "metadata")}
     encode_leaf = _sections.leaf_encoder(codec)
-    count, nbytes = census(obj)
-    if isinstance(f, (str, os.PathLike)) and nbytes >= _stream.STREAM_ABOVE:
+    to_path = isinstance(f, (str, os.PathLike))
+    count, nbytes = census(obj) if to_path else (0, 0)
+    if to_path and nbytes >= _stream.STREAM_ABOVE:    # written as it is coded
         def write(out) -> None:    # each tensor's section to the file once coded (or copied
             stream = _stream.SectionStream(out, _stream.first_room(count))   # off a device)
             meta, sections = pack(obj, encode_leaf=stream.wrap(encode_leaf))

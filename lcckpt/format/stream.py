@@ -66,11 +66,12 @@ def _deflated(header: bytes) -> bytes:
     return c.compress(header) + c.flush(zlib.Z_SYNC_FLUSH)          # ends on a byte
 
 
-def fit_header(header: bytes, size: int) -> bytes | None:
+def fit_header(header: bytes, size: int, body: bytes | None = None) -> bytes | None:
     """``header`` as a zlib stream of exactly ``size`` bytes, or None if it needs more: the
-    deflated JSON, then stored blocks of spaces (JSON ignores trailing whitespace), the
-    last one final, then the Adler-32 of all of it (RFC 1950/1951)."""
-    body = _deflated(header)
+    deflated JSON (``body``, if the caller has it), then stored blocks of spaces (JSON
+    ignores trailing whitespace), the last one final, then the Adler-32 of all of it
+    (RFC 1950/1951)."""
+    body = _deflated(header) if body is None else body
     pad = size - (2 + len(body) + 4)
     if pad < 5:
         return None
@@ -151,13 +152,14 @@ class SectionStream:
             entries.append({"name": name, "offset": sp.offset, "length": sp.length,
                             "crc32c": sp.crc, "meta": smeta})
         header = _header_json(entries, meta)
-        self.header_need = 2 + len(_deflated(header)) + 4 + 5
+        body = _deflated(header)
+        self.header_need = 2 + len(body) + 4 + 5
         spaces = self.data_start - PREFIX_SIZE - self.header_need
         # outgrew its room: move the sections up; or the spaces would inflate the header
         # past the readers' limit: down
         if spaces < 0 or len(header) + spaces > MAX_HEADER_SIZE:
             self._move_data(_align(PREFIX_SIZE + self.header_need))
-        stored = fit_header(header, self.data_start - PREFIX_SIZE)
+        stored = fit_header(header, self.data_start - PREFIX_SIZE, body)
         self._f.seek(0)
         _write_all(self._f, _PREFIX.pack(MAGIC, FORMAT_VERSION, len(stored),
                                          zlib.crc32(stored), FLAG_HEADER_ZLIB) + stored)

@@ -269,18 +269,11 @@ def count_bits(bitmap):
 
 
 @njit(cache=True, nogil=True)
-def set_bits(bitmap, n):
-    """Indices (int64, increasing) of the set bits among the first ``n`` of ``bitmap``
-    (bit ``i % 8`` of byte ``i // 8``). Escapes are rare: both loops skip zero bytes
-    first (a 20M-element tensor's bitmap is 2.5 MB)."""
-    out = np.empty(count_bits(bitmap), np.int64)
-    return out[:list_bits(bitmap, n, out)]
-
-
-@njit(cache=True, nogil=True)
 def list_bits(bitmap, n, out):
-    """Write the indices of the set bits among the first ``n`` into ``out`` (any integer
-    dtype that holds them, at least :func:`count_bits` long); returns how many."""
+    """Write the indices (increasing) of the set bits among the first ``n`` of ``bitmap``
+    (bit ``i % 8`` of byte ``i // 8``) into ``out`` (any integer dtype that holds them, at
+    least :func:`count_bits` long); returns how many. Zero bytes are skipped, since
+    escapes are rare (a 20M-element tensor's bitmap is 2.5 MB)."""
     k = 0
     for j in range(bitmap.size):
         x = np.int64(bitmap[j])
