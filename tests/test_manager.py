@@ -115,6 +115,7 @@ def test_existing_run_without_restore_is_refused(tmp_path):
     ({"mtbf": -1}, "mtbf"),
     ({"every": 0}, "every"),
     ({"every": 3, "backpressure": "drop"}, "backpressure"),
+    ({"every": 3, "background": "no"}, "background"),
     ({"every": 3, "objects": {"x": object()}}, "objects"),
     ({"every": 3, "downtime": float("nan")}, "downtime"),
     ({"every": 3, "total_steps": 0}, "total_steps"),
@@ -187,6 +188,55 @@ def test_backpressure_wait_blocks_until_written(tmp_path, monkeypatch):
     assert gate.release.is_set() and mgr.durable_step == 2   # it could not return before
     mgr.close()
     assert lcckpt.DeltaCheckpointer(tmp_path).steps() == [2, 4]
+
+
+def test_checkpoint_wait_writes_the_live_state_without_a_host_copy(tmp_path, monkeypatch):
+    model, opt = _setup()
+    mgr = CheckpointManager(tmp_path, model, opt, every=1000)
+    seen = []
+    original = lcckpt.DeltaCheckpointer.save
+
+    def save(ck, step, obj):
+        seen.append((threading.current_thread() is threading.main_thread(),
+                     obj["model"]["0.weight"].data_ptr()))
+        return original(ck, step, obj)
+    monkeypatch.setattr(lcckpt.DeltaCheckpointer, "save", save)
+    _train(model, opt)
+    mgr.step(1.0)
+    assert mgr.checkpoint(wait=True) == 1
+    assert seen == [(True, model[0].weight.data_ptr())]     # in this thread, no copy
+    assert mgr._buffers.nbytes == 0 and mgr.durable_step == 1
+    state = lcckpt.DeltaCheckpointer(tmp_path).load(1)
+    assert torch.equal(state["model"]["0.weight"], model[0].weight.detach())
+    mgr.close()
+
+
+def test_background_false_never_copies_and_counts_the_write_as_the_stall(tmp_path):
+    model, opt = _setup()
+    mgr = CheckpointManager(tmp_path, model, opt, every=2, background=False)
+    for i in range(6):
+        _train(model, opt)
+        assert mgr.step(1.0) is (i % 2 == 1)
+        assert mgr._job is None and mgr.durable_step == mgr.last_checkpoint
+    assert mgr._buffers.nbytes == 0 and mgr.stats["checkpoints"] == 3
+    assert mgr.stats["stall_s"] > 0 and mgr.costs["snapshot"] > 0
+    mgr.close()
+    assert lcckpt.DeltaCheckpointer(tmp_path).steps()[-1] == 6
+
+
+def test_a_failed_synchronous_checkpoint_raises_and_can_be_retried(tmp_path, monkeypatch):
+    model, opt = _setup()
+    mgr = CheckpointManager(tmp_path, model, opt, every=1000)
+    mgr.step(1.0)
+    original = lcckpt.DeltaCheckpointer.save
+    monkeypatch.setattr(lcckpt.DeltaCheckpointer, "save",
+                        lambda ck, step, obj: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):
+        mgr.checkpoint(wait=True)
+    assert mgr.last_checkpoint is None and mgr.durable_step is None
+    monkeypatch.setattr(lcckpt.DeltaCheckpointer, "save", original)
+    assert mgr.checkpoint(wait=True) == 1 and mgr.durable_step == 1
+    mgr.close()
 
 
 def test_background_error_surfaces_at_the_next_call(tmp_path):

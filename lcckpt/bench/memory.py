@@ -13,7 +13,9 @@ the call's own and not the loading's). Cases:
 * ``restore``: ``DeltaCheckpointer.load`` of the newest step (keyframe + 2 deltas) in a
   process that holds nothing else;
 * ``manager``: a ``CheckpointManager`` made for a live model and Adam optimizer, and
-  three checkpoints (a keyframe, two deltas), each waited for;
+  three checkpoints (a keyframe, two deltas) taken by ``step()`` and written in the
+  background from a snapshot, each waited for; ``manager-sync``: the same with
+  ``background=False`` (written in ``step()`` from the live state, no snapshot);
 * ``bench``: ``lcckpt bench --checkpoint`` of two of the torch files.
 
 Each case's "extra" is peak minus what the process held before (its states, or for
@@ -67,7 +69,7 @@ elif case == "restore":
     before = status("VmRSS"); reset_peak()
     state = ck.load()
     out["calls"] = "DeltaCheckpointer.load (newest: keyframe + 2 deltas)"
-elif case == "manager":
+elif case in ("manager", "manager-sync"):
     from lcckpt.bench.trajectory import _MODELS
     sd = torch.load(f"{d}/s2.pt")
     model = _MODELS["mlp"]()
@@ -76,14 +78,17 @@ elif case == "manager":
     opt.load_state_dict(sd["optim"])
     del sd
     before = status("VmRSS"); reset_peak()
-    m = lcckpt.CheckpointManager(f"{d}/manager", model, opt, every=1000)
+    m = lcckpt.CheckpointManager(f"{d}/{case}", model, opt, every=1,
+                                 background=case == "manager")
     for _ in range(3):                   # a keyframe, then two deltas
-        m.step()
-        m.checkpoint(wait=True)
+        m.step()                         # every=1: each step takes one
+        m.wait()
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(1e-4)
-    out["calls"] = "CheckpointManager: keyframe + 2 delta checkpoints"
+    out["calls"] = ("CheckpointManager: keyframe + 2 delta checkpoints, " +
+                    ("written in the background, each waited for" if case == "manager"
+                     else "background=False (written in step())"))
     m.close()
 elif case == "bench":
     from lcckpt.cli import main
@@ -99,7 +104,7 @@ out.update(before=before, peak=status("VmHWM"))
 print(json.dumps(out))
 """
 
-CASES = ("save", "delta", "restore", "manager", "bench")
+CASES = ("save", "delta", "restore", "manager", "manager-sync", "bench")
 
 
 def prepare(d: str, steps: int = 6) -> dict:
@@ -140,7 +145,7 @@ def run(cases=CASES, directory: str | None = None) -> dict:
     # beyond the process's own state: a save or a restore at most the reference + 10% of
     # the state (a save's "before" holds both already; a restore makes the state itself)
     bars = {"save": ref + 0.1 * s, "delta": 0.1 * s, "restore": s + ref + 0.1 * s,
-            "manager": 1.5 * s, "bench": 3 * s}
+            "manager": 1.5 * s, "manager-sync": 1.5 * s, "bench": 3 * s}
     for r in rows:
         r["bar"] = bars[r["case"]]
         r["extra_over_state"] = r["extra"] / s

@@ -74,6 +74,11 @@ class CheckpointManager:
     ``backpressure``: what a due checkpoint does while the previous one is still being
     written: "defer" (default: it is taken at the first step after the write finishes; the
     loop never waits) or "wait" (the loop waits for the write, then snapshots).
+    ``background=False`` writes every checkpoint inside ``step()`` from the live state: no
+    host copy of it (the process holds the state, the writer's reference and small
+    buffers, where a background write also holds the copy), and the loop stalls for the
+    whole write, which the plan counts as the checkpoint's cost. ``checkpoint(wait=True)``
+    always writes that way.
     ``sigterm=True`` installs a SIGTERM handler (main thread only): at the next ``step()``
     the manager writes a checkpoint of that iteration and waits until it is durable, then
     calls the handler that was installed before, or exits with status 143 (SystemExit).
@@ -91,17 +96,18 @@ class CheckpointManager:
                  scheduler: Any = None, scaler: Any = None,
                  objects: Mapping[str, Any] | None = None, extra: dict | None = None,
                  downtime: float = 0.0, restart_cost: float | None = None,
-                 profile_at: int = 20, backpressure: str = "defer", sigterm: bool = False,
+                 profile_at: int = 20, backpressure: str = "defer", background: bool = True,
+                 sigterm: bool = False,
                  bits: int | Callable[[str], int] | None = None,
                  keyframe_every: int | None = DEFAULT_KEYFRAME_EVERY,
                  keep_last: int | None = 3, checkpointer_options: Mapping[str, Any] | None = None):
         check_arguments(model, policy, mtbf, every, total_steps, objects, extra, downtime,
-                         restart_cost, profile_at, backpressure)
+                         restart_cost, profile_at, backpressure, background)
         self._capture = Capture(model, optimizer, scheduler, scaler, objects, extra)
         self.directory = os.fspath(directory)
         self.policy, self.mtbf, self.every = policy, mtbf, every
         self.total_steps, self.downtime, self.restart_cost = total_steps, float(downtime), restart_cost
-        self.backpressure = backpressure
+        self.backpressure, self.background = backpressure, background
         self._ck_args = dict(bits=bits, keyframe_every=keyframe_every, keep_last=keep_last,
                              **dict(checkpointer_options or {}))
         self._ck = DeltaCheckpointer(self.directory, **self._ck_args)   # validates them
@@ -158,12 +164,18 @@ class CheckpointManager:
         """Take a checkpoint of the current iteration now; returns its step.
 
         Waits for an earlier save still in flight first. ``wait=True`` also waits until this
-        one is durable (e.g. at the end of training).
+        one is durable (e.g. at the end of training, or on SIGTERM); since the loop waits
+        anyway, it is written from the live state in this thread, with no host copy.
         """
         self._check_usable()
         if self.last_checkpoint != self.iteration:
             self._join()
-            self._snapshot_and_persist()
+            t0 = time.perf_counter()
+            self._snapshot_and_persist(background=self.background and not wait)
+            if wait and self.background:        # not the plan's cost: the caller's choice
+                self.stats["waited_s"] += time.perf_counter() - t0
+            if self._last_t is not None:        # the write is not an iteration's time
+                self._last_t = time.perf_counter()
         if wait:
             self.wait()
         return self.iteration
@@ -346,10 +358,14 @@ class CheckpointManager:
             self._join()
         self._raise_error()
         self._deferring = False
-        self._snapshot_and_persist()
+        self._snapshot_and_persist(self.background)
         return True
 
-    def _snapshot_and_persist(self) -> None:
+    def _snapshot_and_persist(self, background: bool) -> None:
+        """Take the checkpoint of this iteration: ``background``, a snapshot into the host
+        buffers written by the job thread; otherwise written now from the live state (the
+        whole write is then the stall, and the plan's snapshot cost, when it is the
+        manager's mode)."""
         t0 = time.perf_counter()
         if self.last_checkpoint is None and not self._restored:
             stored = self._ck.steps()
@@ -359,20 +375,34 @@ class CheckpointManager:
                     "restore() to continue that run, or use another directory")
         self._curve.flush()
         tree = self._collect()
-        snap = self._buffers.snapshot(tree)
-        stall = time.perf_counter() - t0
-        self._costs.add("snapshot", stall)
-        self.stats["stall_s"] += stall
-        self.stats["checkpoints"] += 1
-        step = self.last_checkpoint = self.iteration
+        snap = self._buffers.snapshot(tree) if background else tree
+        before, step = self.last_checkpoint, self.iteration
+        self.last_checkpoint = step
         if self.every is not None:
             self._next_at = step + self.every
-            self._start(self._persist, (step, snap, None, False))
+            args = (step, snap, None, False)
         else:
             # follow the plan; the writer re-plans after the save if the inputs moved
             following = bool(self._gaps)
             self._next_at = step + (self._gaps.pop(0) if following else max(1, step))
-            self._start(self._persist, (step, snap, self._inputs(), following))
+            args = (step, snap, self._inputs(), following)
+        self.stats["checkpoints"] += 1
+        if background:
+            self._record_stall(time.perf_counter() - t0)
+            self._start(self._persist, args)
+            return
+        try:
+            self._persist(*args)
+        except BaseException:
+            self.last_checkpoint = before           # nothing written: a retry may take it
+            raise
+        finally:
+            if not self.background:
+                self._record_stall(time.perf_counter() - t0)
+
+    def _record_stall(self, seconds: float) -> None:
+        self._costs.add("snapshot", seconds)
+        self.stats["stall_s"] += seconds
 
     def _collect(self) -> dict:
         return self._capture.collect(self._manager_state())

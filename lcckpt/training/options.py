@@ -22,12 +22,14 @@ def default_bits(key: str) -> int:
 
 
 def check_arguments(model, policy, mtbf, every, total_steps, objects, extra, downtime,
-                     restart_cost, profile_at, backpressure) -> None:
+                     restart_cost, profile_at, backpressure, background=True) -> None:
     """CheckpointManager's arguments, refused with what is wrong before anything is built."""
     if policy not in POLICIES:
         raise InvalidArgumentError(f"policy must be one of {POLICIES}, got {policy!r}")
     if backpressure not in BACKPRESSURE:
         raise InvalidArgumentError(f"backpressure must be one of {BACKPRESSURE}, got {backpressure!r}")
+    if type(background) is not bool:
+        raise InvalidArgumentError(f"background must be True or False, got {background!r}")
     if every is not None and (type(every) is not int or every < 1):
         raise InvalidArgumentError(f"every must be a positive int or None, got {every!r}")
     if every is None:
