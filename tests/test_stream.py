@@ -153,7 +153,7 @@ def test_a_keyframe_that_fails_midway_leaves_nothing_and_the_next_save_works(tmp
     _check(ck.load(0), _state())
 
 
-def test_only_large_keyframes_stream_and_later_rooms_follow_the_last_need(tmp_path, monkeypatch):
+def test_only_large_states_stream_and_later_rooms_follow_the_last_need(tmp_path, monkeypatch):
     rooms = []
     real = S.SectionStream.__init__
     monkeypatch.setattr(S.SectionStream, "__init__",
@@ -169,16 +169,16 @@ def test_only_large_keyframes_stream_and_later_rooms_follow_the_last_need(tmp_pa
     monkeypatch.setattr(S, "STREAM_ABOVE", nbytes)
     ck = C.DeltaCheckpointer(tmp_path / "streamed", keyframe_every=2)
     needs = []
-    for k in range(6):                     # keyframes 0, 2, 4; deltas do not stream
+    for k in range(6):                     # keyframes 0, 2, 4, deltas 1, 3, 5
         ck.save(k, _step(s, k))
-        needs.append(ck._keyframe_header)
+        needs.append(ck._header_need[k % 2 == 0])
     first = S.HEADER_ROOM + S.HEADER_ROOM_PER_TENSOR * n
-    assert rooms == [first, needs[0] + needs[0] // 32, needs[2] + needs[2] // 32]
+    kf = needs[0] * 3 // 2                 # the first delta's room: from the keyframe's need
+    assert rooms == [first, kf + kf // 32] + [needs[k - 2] + needs[k - 2] // 32
+                                              for k in range(2, 6)]
     for k in range(6):
         a, b = os.path.getsize(ck.path(k)), os.path.getsize(held.path(k))
-        if k % 2:
-            assert a == b                  # deltas: the same bytes but the state id's
-        elif k:          # a keyframe sized from the last one's header: a few bytes apart
+        if k > 1:        # sized from the last one's header of its kind: a few bytes apart
             assert abs(a - b) <= needs[k - 2] // 32 + 32, (a, b)
         _check(ck.load(k), held.load(k))
 
@@ -286,3 +286,68 @@ def test_moving_the_sections_works_without_pread(tmp_path, monkeypatch):
     c = read_container(str(tmp_path / "f"))
     c.verify()
     assert [bytes(c.data(i)) for i in range(5)] == [d for *_, d in secs]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_lazy_uniform_blob_is_the_eager_one_and_advances_the_same_reference(monkeypatch, dtype):
+    """Coded a batch at a time and its escapes listed a range at a time (both made tiny
+    here, so there are many), as a streamed file takes it: the same bytes, the same
+    reference, once read to the end, and not before."""
+    from lcckpt.codec import blob as B, dtypes, entropy
+    from lcckpt.codec.config import CodecConfig
+    from lcckpt.codec.tensor import encode_uniform
+    from lcckpt.codec.uniform import uniform_quantize
+    monkeypatch.setattr(entropy, "LAZY_BATCH", 700)
+    monkeypatch.setattr(B, "ESCAPE_RANGE", 64)
+    rng = np.random.default_rng(3)
+    n = 50_000
+    ref = rng.standard_normal(n).astype(dtype)
+    u = ref + (1e-3 * rng.standard_normal(n)).astype(dtype)
+    u[rng.choice(n, 300, replace=False)] += 10.0       # past the widest symbol: escapes
+    cfg = CodecConfig(target=3e-5, chunk_size=1024)
+    dt = dtypes.of(u)
+    outs = []
+    for lazy in (False, True):
+        uq = uniform_quantize(u, ref, cfg.target, cfg.chunk_size)
+        assert uq.escapes >= 300
+        r = ref.copy()
+        parts, st = encode_uniform(uq, dt, u.shape, cfg, None, r, lazy=lazy)
+        if lazy:
+            assert isinstance(parts, B.LazyBlob) and np.array_equal(r, ref)   # nothing yet
+            pieces = [bytes(p) for p in parts]
+            assert len(pieces) > 20 and list(parts) == []         # read once
+        else:
+            pieces = [bytes(memoryview(p).cast("B")) for p in parts]
+        blob = b"".join(pieces)
+        assert len(blob) == B.nbytes(parts) == st.nbytes
+        outs.append((blob, r))
+    assert outs[0][0] == outs[1][0] and np.array_equal(outs[0][1], outs[1][1])
+    assert not np.array_equal(outs[1][1], ref)
+
+
+def test_a_streamed_delta_holds_no_coded_tensor_and_loads_as_a_held_one(tmp_path, monkeypatch):
+    """A large state's delta is coded while the file takes it: each uniform blob a
+    LazyBlob read to its end by the file, and the chain loads bit for bit as one
+    written whole."""
+    from lcckpt.codec import blob as B, entropy
+    monkeypatch.setattr(entropy, "LAZY_BATCH", 4096)
+    s = _state()
+    _, nbytes = census(s)
+    made = []
+    real = B.LazyBlob.__init__
+    monkeypatch.setattr(B.LazyBlob, "__init__",
+                        lambda self, *a: (made.append(self), real(self, *a))[1])
+    held = C.DeltaCheckpointer(tmp_path / "held")
+    monkeypatch.setattr(S, "STREAM_ABOVE", nbytes)
+    ck = C.DeltaCheckpointer(tmp_path / "streamed")
+    for k in range(4):
+        ck.save(k, _step(s, k))
+        seen = len(made)
+        monkeypatch.setattr(S, "STREAM_ABOVE", nbytes + 1)
+        held.save(k, _step(s, k))                        # written whole: nothing lazy
+        assert len(made) == seen
+        monkeypatch.setattr(S, "STREAM_ABOVE", nbytes)
+    assert len(made) >= 3 and len(made) % 3 == 0         # each delta's uniform blobs
+    assert all(b._it is not None and next(b._it, None) is None for b in made)   # read out
+    for k in range(4):
+        _check(ck.load(k), held.load(k))

@@ -191,7 +191,8 @@ class DeltaCheckpointer:
         self._exact_of: dict[str, bool] = {}    # path -> its encoder codes exact deltas
         self._last: dict | None = None      # step, state_id, depth of the newest file
         self._force_keyframe = False
-        self._keyframe_header: int | None = None  # the last streamed keyframe's header need
+        self._header_need = {True: None, False: None}   # the last streamed keyframe's and
+                                                         # delta's header need
         self._dir = ChainDirectory(self.directory)   # its files, headers cached
         self.last_save: dict | None = None  # what the newest save wrote (step, kind, path, nbytes)
         self._lock: WriterLock | None = None
@@ -280,14 +281,15 @@ class DeltaCheckpointer:
         keyframe = (self._last is None or self._force_keyframe
                     or (self.keyframe_every is not None
                         and self._last["depth"] + 1 >= self.keyframe_every))
+        count, state_bytes = census(obj)
+        streamed = state_bytes >= _stream.STREAM_ABOVE     # to disk as it is encoded
         session = SaveSession(self._encoders, self._new_encoder,
                                self._track or self._size_rule, keyframe,
                                None if self.target is None else self._small, self._exact_of,
-                               self.warn_error, self.min_delta_elements)
+                               self.warn_error, self.min_delta_elements, lazy=streamed)
         path = self.path(step)
         copying: list = []
         kind = "keyframe" if keyframe else "delta"
-        count, state_bytes = census(obj) if keyframe else (0, 0)     # only keyframes stream
 
         def encode(encode_leaf, encode_pack):
             meta, sections = pack(obj, encode_leaf=encode_leaf, pack_small=session.packs,
@@ -305,12 +307,14 @@ class DeltaCheckpointer:
         unsynced, written = None, []
         try:
             try:
-                if keyframe and state_bytes >= _stream.STREAM_ABOVE:   # to disk once encoded
-                    need = self._keyframe_header
+                if streamed:
+                    need = self._header_need[keyframe]
+                    if need is None and self._header_need[True] is not None:
+                        need = 3 * self._header_need[True] // 2   # a first delta's stats
                     room = _stream.first_room(count) if need is None else need + need // 32
                     _durable.atomic_write(path, lambda f: written.append(
                         _write_streamed(f, obj, encode, session, start_copies, room)))
-                    nbytes, self._keyframe_header = written[0]
+                    nbytes, self._header_need[keyframe] = written[0]
                 else:
                     meta, sections = encode(session.encode_leaf, session.encode_pack)
                     nbytes = write_container(path, sections, meta, before_write=start_copies)

@@ -19,6 +19,8 @@ MISSED = 0.5            # a restored error past this share of a step's movement 
 class SaveSession:
     """One save: decides per tensor whether it is tracked and codes it (the leaf encoder
     this save passes to :func:`lcckpt.format.serialization.pack`).
+    ``lazy``: uniform deltas come as :class:`~lcckpt.codec.blob.LazyBlob` pieces, which
+    only a file written as it is encoded may take (it reads each at once).
 
     ``make(path, exact)`` builds a tensor's encoder: lossy for tracked tensors, an exact
     delta coder (``exact=True``) for the small floating tensors ``small(path, t)`` picks
@@ -26,8 +28,9 @@ class SaveSession:
 
     def __init__(self, encoders: dict, make: Callable, track: Callable, keyframe: bool,
                  small: Callable | None = None, exact_of: dict | None = None,
-                 warn_error: float | None = None, pack_below: int = 0):
+                 warn_error: float | None = None, pack_below: int = 0, lazy: bool = False):
         self.encoders, self.make, self.track, self.keyframe = encoders, make, track, keyframe
+        self.lazy = lazy          # deltas coded while the file takes them (streamed saves)
         self.pack_below = pack_below
         self.small, self.warn_error = small, warn_error
         self.drifted: list[tuple[str, float]] = []     # (path, restored error) past warn_error
@@ -70,7 +73,7 @@ class SaveSession:
             and enc.config.target is not None
         # the copy of a keyframe into the reference waits: it runs while the file is written
         parts, st = enc.encode_parts(t, keyframe=self.keyframe, from_zero=from_zero,
-                                     defer_copy=True)
+                                     defer_copy=True, lazy=self.lazy)
         nbytes = _blob.nbytes(parts)
         self.stats[path] = rec = {
             "kind": st.kind,

@@ -35,6 +35,7 @@ import numpy as np
 from ..util import crc as _crc
 from . import dtypes, entropy, lossless, streams
 from .kernels import tables as tk
+from .kernels import uniform as uk
 from ..util.wire import Reader, Writer
 from ..errors import (
     ChecksumError, CorruptDataError, InvalidArgumentError, TruncatedError, UnsupportedVersionError,
@@ -125,8 +126,43 @@ def finish(w: Writer, payloads) -> list:
     return parts
 
 
+class LazyBlob:
+    """A blob whose payload is made while it is read (a uniform delta coded batch by batch
+    as a file takes it, lcckpt/format/stream.py): its size is known, its pieces come
+    once, in order, each a byte view; the checksum is taken on the way."""
+
+    def __init__(self, w: Writer, payloads, payload_nbytes: int):
+        w.u32(zlib.crc32(w.buf))
+        self._head = bytes(w.buf)
+        self._payloads = payloads
+        self.nbytes = len(self._head) + int(payload_nbytes) + 4
+        self._it = None
+
+    def __iter__(self):
+        if self._it is None:
+            self._it = self._pieces()
+        return self._it
+
+    def __next__(self):
+        return next(iter(self))
+
+    def _pieces(self):
+        yield memoryview(self._head)
+        crc, n = 0, len(self._head) + 4
+        for p in self._payloads:
+            mv = memoryview(p).cast("B")
+            crc = _crc.crc32(mv, crc)
+            n += mv.nbytes
+            yield mv
+        if n != self.nbytes:
+            raise AssertionError(f"lazy blob: made {n} bytes, planned {self.nbytes}")
+        yield memoryview(crc.to_bytes(4, "little"))
+
+
 def nbytes(blob) -> int:
-    """Size of a blob given as bytes or as a list of pieces."""
+    """Size of a blob given as bytes, as a list of pieces or as a :class:`LazyBlob`."""
+    if isinstance(blob, LazyBlob):
+        return blob.nbytes
     if isinstance(blob, list):
         return sum(memoryview(p).nbytes for p in blob)
     return len(blob)
@@ -290,6 +326,37 @@ def escape_parts(n: int, idx: np.ndarray, val: np.ndarray) -> list:
         return []
     return [idx.astype(escape_index_dtype(n), copy=False),      # copies only when needed
             np.ascontiguousarray(val).astype(val.dtype.newbyteorder("<"), copy=False)]
+
+
+ESCAPE_RANGE = 1 << 23     # elements whose escapes are listed at a time (lazy_escapes)
+
+
+def lazy_escapes(n: int, escf: np.ndarray, count: int, source: np.ndarray, ref):
+    """:func:`escape_parts` made range by range from the escape bitmap (bit ``i % 8`` of
+    byte ``i // 8``), never listing all ``count`` escapes at once: first their indices,
+    then their values, which are also set in ``ref`` (the encoder's reference; None:
+    nothing set)."""
+    it = escape_index_dtype(n)
+    step = ESCAPE_RANGE // 8
+
+    def listed():
+        buf = np.empty(min(count, ESCAPE_RANGE), it)
+        for j in range(0, escf.size, step):
+            k = uk.list_bits(escf[j:j + step], min(n - 8 * j, ESCAPE_RANGE), buf)
+            if k:
+                buf[:k] += it.type(8 * j)
+                yield buf[:k]        # valid until the next is asked for
+    total = 0
+    for idx in listed():
+        total += idx.size
+        yield idx
+    if total != count:
+        raise AssertionError(f"escapes: listed {total}, counted {count}")
+    for idx in listed():
+        val = source[idx]
+        if ref is not None:
+            ref[idx] = val
+        yield val.astype(val.dtype.newbyteorder("<"), copy=False)
 
 
 def _read_escapes(buf, at: int, p: Parsed) -> None:

@@ -127,7 +127,7 @@ class DeltaEncoder:
         return (blob, st) if report else blob
 
     def encode_parts(self, x, *, keyframe: bool = False, from_zero: bool = False,
-                     defer_copy: bool = False) -> tuple[list, EncodeStats]:
+                     defer_copy: bool = False, lazy: bool = False) -> tuple[list, EncodeStats]:
         """:meth:`encode` as ``(pieces, stats)``: a container writes the pieces one after
         another, so an exact blob of a large tensor is never joined into one copy.
 
@@ -138,6 +138,9 @@ class DeltaEncoder:
         :meth:`start_copy` (a save starts it before writing the file, so the copy runs
         while the file is written and synced); ``x`` must not change until
         :meth:`settle` returns, which the caller must call before giving ``x`` back.
+        ``lazy``: a uniform delta comes as a :class:`~lcckpt.codec.blob.LazyBlob`, coded
+        while it is read; the reference has advanced, and ``x`` may change, only once it
+        has been read to the end (a file written as it is encoded reads it at once).
         """
         a, dt = dtypes.to_numpy(x)
         if not _tracked(dt):
@@ -158,7 +161,8 @@ class DeltaEncoder:
         cfg = self._config_for(u, dt, sv)
         try:
             parts, st, lossy = guarded_encode(u, self.ref, dt, a.shape, cfg, exact,
-                                              cache=self.cache, advance=True, surveyed=sv)
+                                              cache=self.cache, advance=True, surveyed=sv,
+                                              lazy=lazy)
         except NonFiniteError as e:
             warnings.warn(f"{e}; writing an exact keyframe instead", RuntimeWarning, stacklevel=3)
             return self._keyframe(a, dt, u, "non-finite delta", defer_copy, new_base=False)

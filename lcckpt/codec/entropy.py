@@ -24,7 +24,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..util.pool import run_tasks
+from ..util.pool import run_tasks, threads
 from ..errors import InvalidArgumentError
 from .kernels import huffman as hk
 from .kernels import runs as rk
@@ -188,6 +188,7 @@ class Encoded:
     nbytes: np.ndarray         # int64 per chunk
     lengths: dict              # mode -> uint8 code lengths, for the coded modes in use
     parts: list                # the payload, in order: coded bytes and views of raw chunks
+                               # (``encode(lazy=True)``: an iterator coding them)
     mode_bits: dict            # mode -> total bits had every chunk used it (for stats)
 
     @property
@@ -221,9 +222,16 @@ def _chunk_bits(an: Analysis, mode: int, lengths) -> np.ndarray:
     raise ValueError(mode)
 
 
+LAZY_BATCH = 1 << 20    # coded bytes per batch of chunks when coding as the file is written
+
+
 def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None,
-           apply=None, nonzero=None) -> Encoded:
+           apply=None, nonzero=None, lazy: bool = False) -> Encoded:
     """Choose a mode per chunk (fewest bytes among ``modes``) and code the stream.
+
+    ``lazy``: sizes are planned here, but ``parts`` is an iterator coding the chunks a
+    batch at a time (:func:`_batches`) as a file takes them, once, so the tensor's coded
+    bytes are never all held; ``apply`` advances as they are coded. Raw modes refused.
 
     ``apply=(centroids, fout)``: while coding, add each nonzero symbol's centroid into
     ``fout`` (the delta encoder's reference update, exactly as the decoder makes it).
@@ -257,7 +265,9 @@ def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None,
     is_raw = chunk_modes == RAW
     coded_nbytes = np.where(is_raw, 0, nbytes)
     offsets = np.concatenate(([0], np.cumsum(coded_nbytes)))
-    coded = np.empty(int(offsets[-1]), np.uint8)
+    if lazy and RAW in modes:
+        raise ValueError("raw chunks are not coded lazily")
+    coded = np.empty(0 if lazy else int(offsets[-1]), np.uint8)
     g, S = group_size(b), 1 << b
     cs = an.chunk_size
 
@@ -266,9 +276,9 @@ def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None,
     if applying and RAW in modes:
         raise ValueError("raw chunks cannot advance a reference")
 
-    def task(c):
+    def task(c, coded=coded, base=0):
         lo, hi = c * cs, min(an.n, (c + 1) * cs)
-        m, pos = chunk_modes[c], int(offsets[c])
+        m, pos = chunk_modes[c], int(offsets[c]) - base
         if m == HUFFMAN:
             end = hk.encode_symbols(sym, lo, hi, codes[m], used[m], coded, pos, cent, fout,
                                     applying)
@@ -286,8 +296,10 @@ def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None,
             end = pos
             if applying and m == CONST and consts[c]:
                 fout[lo:hi] += cent[consts[c]]
-        if end != offsets[c + 1]:
+        if end != offsets[c + 1] - base:
             raise AssertionError(f"chunk {c}: wrote {end - pos} bytes, planned {nbytes[c]}")
+    if lazy:
+        return Encoded(chunk_modes, consts, nbytes, used, _batches(task, offsets), mode_bits)
     if not is_raw.all():
         run_tasks(task, an.nchunks)
     parts = _pieces(sym, coded, offsets, is_raw, cs, an.n)
@@ -314,6 +326,21 @@ def _chunk_bytes(an: Analysis, modes, lengths) -> tuple[np.ndarray, dict]:
         if m != CONST:
             mode_bits[m] = int(bits.sum())
     return np.stack([(x + 7) // 8 for x in bits_by_mode]), mode_bits
+
+
+def _batches(task, offsets: np.ndarray):
+    """Code chunks ``[c, d)`` at a time into a buffer of their own and yield it; batches
+    end where the coded bytes pass :data:`LAZY_BATCH`, but hold a chunk per thread at
+    least (a chunk is never split)."""
+    nch, c = offsets.size - 1, 0
+    while c < nch:
+        d = int(np.searchsorted(offsets, offsets[c] + LAZY_BATCH, side="right")) - 1
+        d = min(nch, max(d, c + threads()))
+        base = int(offsets[c])
+        buf = np.empty(int(offsets[d]) - base, np.uint8)
+        run_tasks(lambda k, c=c, buf=buf, base=base: task(c + k, buf, base), d - c)
+        yield buf
+        c = d
 
 
 def _pieces(sym, coded, offsets, is_raw, cs: int, n: int) -> list:

@@ -10,6 +10,7 @@ are delta.py's job.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,7 +24,7 @@ from .blob import LOSSLESS, UNIFORM, Parsed, parse
 from .config import CodecConfig
 from ..errors import ChecksumError, InvalidArgumentError, UnsupportedDtypeError
 from .quantize import SPLIT_SHARE, Quantized, quantize
-from .uniform import Uniform, uniform_quantize
+from .uniform import Uniform, escape_index_dtype, uniform_quantize
 
 __all__ = ["EncodeStats", "decode", "encode", "warmup"]
 
@@ -103,7 +104,7 @@ def encode(x, bits: int = 2, coder: str = "auto", *, lossless: bool = False,
 
 
 def guarded_encode(u, ref, dt, shape, cfg: CodecConfig, exact, cache=None, advance=False,
-                   surveyed=None):
+                   surveyed=None, lazy=False):
     """Lossy encode honouring ``cfg.error_bound``; returns (blob pieces, stats, lossy).
 
     The quantizer runs at ``cfg.bits``, then with more bits while the error exceeds the
@@ -111,10 +112,11 @@ def guarded_encode(u, ref, dt, shape, cfg: CodecConfig, exact, cache=None, advan
     lossless fallback (then ``lossy`` is False). ``advance``: ``ref`` becomes the
     decoder's reconstruction of ``u`` when a lossy blob is returned (the caller resets
     it otherwise). ``surveyed``: the uniform quantizer's survey of ``u`` and ``ref``, if
-    the caller took it.
+    the caller took it. ``lazy``: a uniform delta comes as a :class:`~lcckpt.codec.blob.LazyBlob`
+    (coded, and ``ref`` advanced, while a file takes it; see :func:`encode_uniform`).
     """
     if cfg.target is not None:
-        return _uniform_encode(u, ref, dt, shape, cfg, exact, cache, advance, surveyed)
+        return _uniform_encode(u, ref, dt, shape, cfg, exact, cache, advance, surveyed, lazy)
     tried = []
     top = 4 if cfg.error_bound is not None else cfg.bits
     cs = 1 << cfg.log2
@@ -140,7 +142,8 @@ _FINITE_MAX = {"F16": 65504.0, "BF16": 3.3895313892515355e38}   # narrower than 
 ESCAPE_SHARE = 0.5      # past this share of an exact blob's bytes in escapes, store exactly
 
 
-def _uniform_encode(u, ref, dt, shape, cfg: CodecConfig, exact, cache, advance, surveyed):
+def _uniform_encode(u, ref, dt, shape, cfg: CodecConfig, exact, cache, advance, surveyed,
+                    lazy=False):
     """The uniform quantizer's half of :func:`guarded_encode`."""
     uq = uniform_quantize(u, ref, cfg.target, 1 << cfg.log2, _FINITE_MAX.get(dt.name),
                           surveyed)
@@ -153,27 +156,39 @@ def _uniform_encode(u, ref, dt, shape, cfg: CodecConfig, exact, cache, advance, 
         parts = exact()
         return parts, EncodeStats(u.size, dt.name, "lossless", nbytes=_blob.nbytes(parts),
                                   fallback=why), False
-    parts, st = encode_uniform(uq, dt, shape, cfg, cache, ref if advance else None)
+    parts, st = encode_uniform(uq, dt, shape, cfg, cache, ref if advance else None, lazy)
     return parts, st, True
 
 
 def encode_uniform(uq: Uniform, dt: dtypes.DType, shape, cfg: CodecConfig, cache=None,
-                   ref: np.ndarray | None = None):
+                   ref: np.ndarray | None = None, lazy: bool = False):
     """Code a uniformly quantized delta; returns (blob pieces, EncodeStats).
 
     With ``ref`` the reference advances to the decoder's reconstruction while the symbols
     are coded (each nonzero symbol's table value added, as decoding adds it), then the
-    escapes are set: no pass of its own, and no reconstruction array."""
+    escapes are set: no pass of its own, and no reconstruction array.
+
+    ``lazy``: the pieces are a :class:`~lcckpt.codec.blob.LazyBlob`, the symbols coded a
+    batch at a time and the escapes listed a range at a time as it is read, so that a
+    file written as it is encoded never holds the tensor's coded bytes nor its escape
+    list; ``ref`` has advanced once it has been read to the end (the stats are known
+    before)."""
     cs = 1 << cfg.log2
     n = uq.sym.size
     modes = entropy.uniform_modes(cfg.coder, uq.bits)
     an = entropy.analyze(uq.sym, uq.sym_hist, cs, uq.bits, modes)
+    lazy = lazy and entropy.RAW not in modes
     enc = entropy.encode(uq.sym, an, modes, cache,
-                         apply=None if ref is None else (uq.table, ref))
-    if ref is not None:
-        ref[uq.esc_idx] = uq.esc_val
-    w = _blob.uniform_header(dt, shape, cfg.log2, uq.bits, uq.step, uq.esc_idx.size, enc)
-    parts = _blob.finish(w, enc.parts + _blob.escape_parts(n, uq.esc_idx, uq.esc_val))
+                         apply=None if ref is None else (uq.table, ref), lazy=lazy)
+    w = _blob.uniform_header(dt, shape, cfg.log2, uq.bits, uq.step, uq.escapes, enc)
+    if lazy:
+        esc_bytes = uq.escapes * (escape_index_dtype(n).itemsize + uq.source.dtype.itemsize)
+        parts = _blob.LazyBlob(w, itertools.chain(enc.parts, _blob.lazy_escapes(
+            n, uq.escf, uq.escapes, uq.source, ref)), enc.size + esc_bytes)
+    else:
+        if ref is not None:
+            ref[uq.esc_idx] = uq.esc_val
+        parts = _blob.finish(w, enc.parts + _blob.escape_parts(n, uq.esc_idx, uq.esc_val))
     st = EncodeStats(n, dt.name, "uniform", uq.bits, cfg.coder, _blob.nbytes(parts),
                      step=uq.step, escapes=uq.escapes)
     counts = uq.sym_hist.sum(axis=0)

@@ -34,7 +34,7 @@ import math
 import os
 import struct
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -146,10 +146,12 @@ def _build_header(sections, meta) -> tuple[bytes, list[list[memoryview]]]:
 
 
 def _section_views(name, data) -> list[memoryview]:
-    """A section's payload (bytes-like, or a list of pieces) as byte views."""
+    """A section's payload (bytes-like, a list of pieces, or an iterator of them, which is
+    read here: a file whose header comes first needs every length) as byte views."""
     if not isinstance(name, str) or not name:
         raise InvalidArgumentError(f"section name must be a non-empty str, got {name!r:.80}")
-    parts = data if isinstance(data, list) else [data]
+    parts = data if isinstance(data, list) else list(data) if isinstance(data, Iterator) \
+        else [data]
     try:
         return [memoryview(p).cast("B") for p in parts]
     except TypeError as e:

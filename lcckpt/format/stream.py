@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -38,11 +38,11 @@ from .sections import Encoded
 __all__ = ["STREAM_ABOVE", "SectionStream", "Spooled", "first_room", "fit_header"]
 
 MOVE_PIECE = 8 << 20             # bytes moved per read/write when the header outgrew its room
-# lcckpt.save to a path, and a chain's keyframe (a save's or a merge's), of at least this
-# many bytes of tensors are written as a stream: coded sections are ~0.8 of the state (a
-# chain's delta is not: its peak is its largest tensor's quantizer tries). A first file's
-# header room comes from its count of tensors (first_room), a later keyframe's from the
-# last one's need.
+# lcckpt.save to a path, and a chain's keyframe or delta (a save's or a merge's), of at
+# least this many bytes of tensors are written as a stream: a keyframe's coded sections
+# are ~0.8 of the state, a delta's uniform blobs are coded as the file takes them. A first
+# file's header room comes from its count of tensors (first_room), a later one's from the
+# last need of its kind.
 STREAM_ABOVE = 64 << 20
 HEADER_ROOM, HEADER_ROOM_PER_TENSOR = 8192, 160     # compressed: ~34 B per tensor seen
 
@@ -108,8 +108,11 @@ class SectionStream:
         return spooling
 
     def spool(self, name: str, payload) -> Spooled:
-        """Write ``payload`` (bytes-like or a list of pieces) as the next section ``name``."""
-        views = _section_views(name, payload)    # the name checked first
+        """Write ``payload`` (bytes-like, a list of pieces, or an iterator of byte views,
+        each written before the next is asked for) as the next section ``name``."""
+        lazy = isinstance(payload, Iterator)
+        views = _section_views(name, [] if lazy else payload)    # the name checked first
+        views = payload if lazy else views
         if name in self._names:
             raise InvalidArgumentError(f"duplicate section name {name!r}")
         offset = self._next_offset()
