@@ -637,3 +637,30 @@ def test_a_floored_tensor_aims_its_first_step_lower_and_still_meets_the_target(m
     assert first_step(u, v, U.FLOOR_AIM) < first_step(u, v, U.MODEL_AIM)
     signed, ref = u - 1e-4, v - 1e-4                      # the same deltas, not floored
     assert first_step(signed, ref, U.FLOOR_AIM) == first_step(signed, ref, U.MODEL_AIM)
+
+
+def test_a_search_whose_cheapest_try_is_not_the_last_returns_its_own_symbols(monkeypatch):
+    """The step search writes every try into one symbol buffer; when a later, dearer try
+    wrote over the cheapest one's symbols, that step is quantized again: the result is
+    what the cheapest try alone gives, bit for bit."""
+    from lcckpt.codec import uniform as U
+    rng = np.random.default_rng(5)
+    ref = rng.standard_normal(40_000).astype(np.float32)
+    u = ref + (1e-2 * rng.standard_normal(ref.size)).astype(np.float32)
+    u[::997] += 5.0                                  # some escapes too
+    steps = []
+    real = U._try_step
+
+    def spy(*a, **k):
+        steps.append(a[2])
+        return real(*a, **k)
+    monkeypatch.setattr(U, "_try_step", spy)
+    monkeypatch.setattr(U, "CLOSE_ENOUGH", 2.0)      # no try is close enough: all are made
+    monkeypatch.setattr(U, "_next_step", lambda *a: steps[-1] * 0.8)    # finer each time
+    uq = U.uniform_quantize(u, ref, 1e-3, 1 << 12)
+    assert len(steps) == U.STEP_TRIES + 1 and steps[-1] == steps[0]   # finer tries cost more
+    monkeypatch.setattr(U, "STEP_TRIES", 1)
+    alone = U.uniform_quantize(u, ref, 1e-3, 1 << 12)
+    assert uq.escapes > 0 and uq.step == alone.step and uq.escapes == alone.escapes
+    assert np.array_equal(uq.sym, alone.sym) and np.array_equal(uq.escf, alone.escf)
+    assert np.array_equal(uq.sym_hist, alone.sym_hist) and uq.residual_sq == alone.residual_sq

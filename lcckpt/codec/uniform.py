@@ -369,31 +369,40 @@ def _next_step(oks: list, misses: list, aim_sq: float, model: _ErrorModel, up: f
 
 def _search(u, ref, s, model: _ErrorModel, tol_sq: float, chunk_size: int, limit, floor):
     """The step search from the modelled step ``s``: ``(Uniform, estimated bytes)`` of the
-    cheapest try that met ``tol_sq``, or None (see :func:`uniform_quantize`)."""
+    cheapest try that met ``tol_sq``, or None (see :func:`uniform_quantize`).
+
+    Every try writes its symbols into the same buffer, so the search holds one tensor's
+    symbols, not two; when the cheapest try is not the last, its step is quantized again
+    (the same symbols, bit for bit: the kernels are deterministic), which the search's
+    exits make rare."""
     up = 1.0 - DEADZONE
     best, oks, misses = None, [], []
-    spare = None                         # a dropped try's symbols: the next try's buffer
+    buf, tries = None, 0
     for _ in range(STEP_TRIES):
-        uq, est = _try_step(u, ref, s, chunk_size, limit=limit, floor=floor,
-                            hist=model.symbol_histogram(s, up), rstep=model.recon_step(s, up),
-                            sym=spare)
+        key = (s, model.symbol_histogram(s, up), model.recon_step(s, up))
+        uq, est = _try_step(u, ref, s, chunk_size, limit=limit, floor=floor, hist=key[1],
+                            rstep=key[2], sym=buf)
+        buf, tries = uq.sym, tries + 1
         e = uq.residual_sq
         if e <= tol_sq:
             if best is None or est < best[1]:
-                spare = None if best is None else best[0].sym
-                best = (uq, est)
-            else:
-                spare = uq.sym
+                best = (uq, est, key, tries)
             if e >= CLOSE_ENOUGH * tol_sq:
                 break
             oks.append((s, e))
         else:
-            spare = uq.sym
             misses.append((s, e))
         s = _next_step(oks, misses, RETRY_AIM * tol_sq, model, up)
         if s is None:
             break
-    return best
+    if best is None:
+        return None
+    uq, est, key, when = best
+    if when != tries:                    # a later try wrote over its symbols
+        best = None
+        uq, est = _try_step(u, ref, key[0], chunk_size, limit=limit, floor=floor, hist=key[1],
+                            rstep=key[2], sym=buf)
+    return uq, est
 
 
 def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
