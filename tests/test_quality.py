@@ -664,3 +664,39 @@ def test_a_search_whose_cheapest_try_is_not_the_last_returns_its_own_symbols(mon
     assert uq.escapes > 0 and uq.step == alone.step and uq.escapes == alone.escapes
     assert np.array_equal(uq.sym, alone.sym) and np.array_equal(uq.escf, alone.escf)
     assert np.array_equal(uq.sym_hist, alone.sym_hist) and uq.residual_sq == alone.residual_sq
+
+
+@pytest.mark.parametrize("share", [0.01, 0.1])         # 8-bit symbols, and 5-bit ones
+def test_a_fused_replay_decodes_four_dense_chunks_side_by_side_as_one_by_one(monkeypatch, share):
+    """Dense Huffman chunks of a replay are decoded four at a time
+    (``StreamDecoder.chunks4``); every element gets the same adds, in the same order, as
+    decoding blob after blob chunk by chunk, escapes included."""
+    from lcckpt.codec import delta as D, streams
+    from lcckpt.codec.tensor import decode_symbols_into
+    rng = np.random.default_rng(11)
+    n = 300_000                                    # four times the multi-table threshold
+    scale = 1e-3
+    enc = DeltaEncoder(target=share * scale, chunk_size=1 << 14)    # a share of the delta
+    x = rng.standard_normal(n).astype(np.float32)
+    blobs = [enc.encode(x)]
+    for _ in range(3):
+        x = x + (scale * rng.standard_normal(n)).astype(np.float32)
+        x[rng.choice(n, 50, replace=False)] += 1.0           # escapes
+        blobs.append(enc.encode(x))
+    parsed = [parse(b) for b in blobs]
+    assert all(p.kind == 3 and p.esc_idx.size and p.bits > 4 for _, p in parsed[1:])
+    one = D.Reconstruction()
+    one.apply(blobs[0])
+    ref = one.value()
+    for buf, p in parsed[1:]:
+        decode_symbols_into(buf, p, ref)
+    fours = []
+    real = streams.StreamDecoder.chunks4
+    monkeypatch.setattr(streams.StreamDecoder, "chunks4",
+                        lambda self, c, block: fours.append(real(self, c, block)) or fours[-1])
+    fused = D.Reconstruction()
+    fused.apply(blobs[0])
+    out = fused.value()
+    D.replay(parsed[1:], out)
+    assert sum(fours) >= 3 * 4                      # dense groups took the four-stream path
+    assert same_bits(out, ref) and same_bits(out, enc.reference())

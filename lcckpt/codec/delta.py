@@ -405,15 +405,31 @@ def replay(deltas: list, ref: np.ndarray, base=None) -> None:
         return
     if not log2s:
         return
-    steps = [] if base is None else [exact_chunk_decoder(base[0], base[1], ref)]
+    cs = 1 << log2s.pop()
+    nch = -(-ref.size // cs)
+    steps = [] if base is None else [(exact_chunk_decoder(base[0], base[1], ref), None)]
     for buf, p in deltas:
-        chunk = StreamDecoder(buf, p.payload_base, p.layouts[0], p.n, 1 << p.log2,
-                              p.bits, None, "lcckpt blob", apply=(p.centroids, ref)).chunk
-        if p.esc_idx is not None and p.esc_idx.size:
-            chunk = _with_escapes(chunk, p, ref)
-        steps.append(chunk)
+        dec = StreamDecoder(buf, p.payload_base, p.layouts[0], p.n, cs, p.bits, None,
+                            "lcckpt blob", apply=(p.centroids, ref))
+        escaped = p.esc_idx is not None and p.esc_idx.size
+        steps.append((_with_escapes(dec.chunk, p, ref) if escaped else dec.chunk,
+                      (dec, p if escaped else None)))
+    # four chunks a task where a blob may have dense Huffman chunks (decoded side by side);
+    # else one, so the chunk a task adds into stays in the core's cache for every blob
+    group = 4 if nch >= 8 and any(f is not None and f[0].multi8 is not None
+                                  for _, f in steps) else 1
 
-    def task(c):
-        for step in steps:
-            step(c)
-    run_balanced(task, -(-ref.size // (1 << log2s.pop())))   # chunks differ in cost
+    def task(g):
+        lo, hi = g * group, min(nch, (g + 1) * group)
+        block = None
+        for chunk, four in steps:
+            if four is not None and hi - lo == 4:
+                block = np.empty(4 * cs + 8, np.uint8) if block is None else block
+                if four[0].chunks4(lo, block):
+                    if four[1] is not None:
+                        for c in range(lo, hi):
+                            apply_escapes(four[1], ref, c)
+                    continue
+            for c in range(lo, hi):
+                chunk(c)
+    run_balanced(task, -(-nch // group))    # chunks differ in cost

@@ -191,14 +191,51 @@ class StreamDecoder:
         self.rmulti = _NO_TABLE
         if RUNS in layout.lengths and n >= MULTI_MIN_SYMBOLS:
             self.rmulti = _runs_table(layout.lengths[RUNS].tobytes(), 1 << b)
+        self.multi8 = None                 # the 8-bit-letter multi table of four streams
+        if HUFFMAN in layout.lengths and n >= 4 * MULTI_MIN_SYMBOLS:
+            self.multi8 = self.multi if self.sym_bits == 8 else \
+                _multi_table(layout.lengths[HUFFMAN].tobytes(), 8)
         self.applying = apply is not None
         self.cent, self.fout = apply if self.applying else (NO_FLOATS, NO_FLOATS)
         self.sym = NO_SYMBOLS if self.applying else out
         self.clear = clear and self.applying
+        self.cz = None                     # additive centroids, for chunks4
 
     @property
     def nchunks(self) -> int:
         return -(-self.n // self.cs)
+
+    def chunks4(self, c: int, block: np.ndarray) -> bool:
+        """Add chunks ``c..c+3`` when all four are dense Huffman chunks: their four bit
+        streams decoded side by side into ``block`` (``4 * chunk_size + 8`` bytes;
+        :func:`lcckpt.codec.kernels.planes.decode_top4`, the exact codec's decoder, whose
+        letters are these symbols), then added; the same adds, in the same order, as
+        :meth:`chunk` of each (3.9x faster decoding than one stream at a time on a real
+        delta's 7-bit symbols). False, with nothing done, for any other four."""
+        lay, cs = self.layout, self.cs
+        if not self.applying or self.clear or self.multi8 is None or c + 4 > self.nchunks \
+                or np.any(lay.modes[c:c + 4] != HUFFMAN):
+            return False
+        start = self.base + lay.offsets[c:c + 4]
+        end = self.base + lay.offsets[c + 1:c + 5]
+        lo = np.arange(c, c + 4, dtype=np.int64) * cs
+        n = np.minimum(cs, self.n - lo)
+        if np.any((end - start) * 8 <= hk.SPARSE_BITS * n):   # sparse: adds between lookups
+            return False
+        table, tb = self.tables[HUFFMAN]
+        used = np.empty(4, np.int64)
+        pk.decode_top4(self.buf, start, end, n, self.multi8, table, tb, block,
+                       np.arange(4, dtype=np.int64) * cs, used)
+        bad = np.flatnonzero((used < 0) | ((used + 7) // 8 != end - start))
+        if bad.size:
+            raise CorruptDataError(
+                f"{self.what}: chunk {c + int(bad[0])} (huffman) does not decode to its "
+                "recorded size; the data is damaged")
+        if self.cz is None:
+            self.cz = hk.additive(self.cent)
+        for j in range(4):
+            hk.add_decoded(block, j * cs, int(n[j]), self.cz, self.fout, int(lo[j]))
+        return True
 
     def chunk(self, c: int, out: np.ndarray | None = None, shift: int = 0):
         """Decode chunk ``c``; symbols go to ``out[i - shift]`` (default: the stream's own

@@ -282,6 +282,14 @@ def decode_symbols_multi(buf, start, end, n, multi, sym_bits, single, table_bits
     return used
 
 
+@njit(cache=True, nogil=True)
+def add_decoded(sym, so, n, cz, fout, fo):
+    """``fout[fo + k] += cz[sym[so + k]]`` for ``k < n``: the second pass of a dense
+    chunk decoded apart from its adds (``cz``: :func:`additive` centroids)."""
+    for k in range(n):
+        fout[fo + k] += cz[sym[so + k]]
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _multi_into(buf, start, end, n, multi, sym_bits, single, table_bits, out, out_start,
                 cent, fout, apply):
