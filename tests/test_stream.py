@@ -351,3 +351,37 @@ def test_a_streamed_delta_holds_no_coded_tensor_and_loads_as_a_held_one(tmp_path
     assert all(b._it is not None and next(b._it, None) is None for b in made)   # read out
     for k in range(4):
         _check(ck.load(k), held.load(k))
+
+
+def test_a_streamed_delta_that_fails_midway_leaves_the_chain_whole(tmp_path, monkeypatch):
+    """A disk that fills while a lazy delta is being coded into the file: its reference
+    had advanced over part of the tensor, so the writer resyncs from disk; the step is
+    absent, and the next save continues a chain that restores as one never interrupted."""
+    from lcckpt.codec import entropy
+    monkeypatch.setattr(S, "STREAM_ABOVE", 0)
+    monkeypatch.setattr(entropy, "LAZY_BATCH", 2048)       # many batches per tensor
+    s = _state()
+    writes = []
+    real_write = S._write_all
+
+    def failing(f, data):
+        writes.append(memoryview(data).nbytes)
+        if armed and len(writes) == 6:
+            raise OSError(28, "No space left on device")
+        return real_write(f, data)
+    monkeypatch.setattr(S, "_write_all", failing)
+    armed = False
+    ck, held = C.DeltaCheckpointer(tmp_path / "ck"), C.DeltaCheckpointer(tmp_path / "held")
+    for k in range(2):
+        ck.save(k, _step(s, k))
+        held.save(k, _step(s, k))
+    armed, writes[:] = True, []
+    with pytest.raises(lcckpt.StorageError, match="No space left"):
+        ck.save(2, _step(s, 2))
+    assert ck.steps() == [0, 1] and len(writes) == 6
+    armed = False
+    for k in (2, 3):
+        ck.save(k, _step(s, k))
+        held.save(k, _step(s, k))
+    for k in range(4):
+        _check(ck.load(k), held.load(k))
