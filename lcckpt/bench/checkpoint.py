@@ -100,20 +100,26 @@ def _f64(t: torch.Tensor) -> np.ndarray:
 PIECE = 1 << 20          # elements widened to float64 at a time
 
 
-def _sums(truth, restored, previous) -> tuple[float, float, float]:
-    """``(||restored - truth||², ||truth - previous||², ||truth||²)`` in float64, a
-    million elements at a time (never a float64 copy of a whole large tensor);
-    ``previous=None`` counts the whole of ``truth`` as moved."""
-    t, r = truth.reshape(-1), restored.reshape(-1)
+def _moved(truth, previous) -> tuple[float, float]:
+    """``(||truth - previous||², ||truth||²)`` in float64, a million elements at a time
+    (never a float64 copy of a whole large tensor); ``previous=None`` counts the whole of
+    ``truth`` as moved."""
+    t = truth.reshape(-1)
     p = None if previous is None else previous.reshape(-1)
-    err = moved = norm = 0.0
+    moved = norm = 0.0
     for lo in range(0, t.numel(), PIECE):
         u = _f64(t[lo:lo + PIECE])
-        err += float(np.sum((_f64(r[lo:lo + PIECE]) - u) ** 2))
         sq = float(np.sum(u ** 2))
         norm += sq
         moved += sq if p is None else float(np.sum((u - _f64(p[lo:lo + PIECE])) ** 2))
-    return err, moved, norm
+    return moved, norm
+
+
+def _err(truth, restored) -> float:
+    """``||restored - truth||²`` in float64, a million elements at a time."""
+    t, r = truth.reshape(-1), restored.reshape(-1)
+    return sum(float(np.sum((_f64(r[lo:lo + PIECE]) - _f64(t[lo:lo + PIECE])) ** 2))
+               for lo in range(0, t.numel(), PIECE))
 
 
 def _raw_bytes(obj) -> int:
@@ -207,31 +213,59 @@ def single(obj, torch_file: bytes, label: str, runs: int = 3) -> dict:
 
 # --- a run of files ----------------------------------------------------------------------
 
-def _errors(restored, truth, previous) -> tuple[float, float, tuple[float, str]]:
+class Files:
+    """The states of a run as a sequence that loads file ``i`` when it is asked for (any
+    format lcckpt reads), so that a run of large checkpoints is never held at once:
+    :func:`stream` takes the states one or two at a time."""
+
+    def __init__(self, paths):
+        self.paths = list(paths)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int):
+        from lcckpt.interop.convert import read_checkpoint
+        return read_checkpoint(self.paths[i])[0]
+
+
+def _movements(truth: dict, previous: dict | None) -> dict[str, tuple[float, float]]:
+    """Per floating tensor ``(||truth - previous||², ||truth||²)`` (a tensor new since
+    ``previous``, or of another shape, moved all of it)."""
+    out = {}
+    for k, t in truth.items():
+        p = None if previous is None else previous.get(k)
+        out[k] = _moved(t, p if p is not None and p.shape == t.shape else None)
+    return out
+
+
+def _errors(restored, truth, moved) -> tuple[float, float, tuple[float, str]]:
     """``(error of the state, error over the step, (worst tensor's error over its step,
     its name))``: one number for all floating state can hide a tensor the delta lost,
-    when other tensors (an optimizer's moments) move much more."""
-    res = tgt = moved = 0.0
+    when other tensors (an optimizer's moments) move much more. ``moved``: the truth's
+    :func:`_movements`."""
+    res = tgt = step = 0.0
     worst = (0.0, "")
     for k, t in truth.items():
-        p = previous.get(k)
-        p = p if p is not None and p.shape == t.shape else None   # new: all of it moved
-        r, m, n = _sums(t, restored[k], p)
-        res, tgt, moved = res + r, tgt + n, moved + m
+        r = _err(t, restored[k])
+        m, n = moved[k]
+        res, tgt, step = res + r, tgt + n, step + m
         if r > 0:
             worst = max(worst, (math.sqrt(r / m) if m else math.inf, k))
     return (math.sqrt(res / tgt) if tgt else 0.0,
-            math.sqrt(res / moved) if moved else (0.0 if res == 0 else math.inf), worst)
+            math.sqrt(res / step) if step else (0.0 if res == 0 else math.inf), worst)
 
 
-def _chain_row(label, settings, objs, truths, accuracy, bar) -> dict:
-    """Write every state through a DeltaCheckpointer; measure size, speed and error."""
-    raw = [_raw_bytes(o) for o in objs]
+def _chain_row(label, settings, objs, raw, moved, accuracy, bar) -> dict:
+    """Write every state through a DeltaCheckpointer; measure size, speed and error.
+    ``objs`` is read in order, one state at a time (a :class:`Files` loads each here)."""
     with tempfile.TemporaryDirectory(prefix="lcckpt-bench-") as d:
         ck = lcckpt.DeltaCheckpointer(d, keyframe_every=None, **settings)
         save_s, sizes = [], []
-        for i, obj in enumerate(objs):
+        for i in range(len(objs)):
+            obj = objs[i]
             path, t = _timed(lambda: ck.save(i, obj))
+            del obj
             save_s.append(t)
             sizes.append(os.path.getsize(path))
             bar.update()
@@ -246,7 +280,7 @@ def _chain_row(label, settings, objs, truths, accuracy, bar) -> dict:
             (_, obj), t = _timed(lambda: next(it))
             load_s.append(t)
             if i:
-                ew, ec, wt = _errors(_floats(obj), truths[i], truths[i - 1])
+                ew, ec, wt = _errors(_floats(obj), _floats(objs[i]), moved[i])
                 err_w.append(ew)
                 err_c.append(ec)
                 worst.append(wt)
@@ -279,21 +313,19 @@ def _exact_rows(objs: list, raw: list, torch_files: list, zstandard, bar) -> lis
     rows = []
     # lcckpt lossless of every file, and zstd of every torch.save file
     sizes, te, td = [], [], []
-    for o, r in zip(objs[1:], raw[1:]):
-        buf = io.BytesIO()
-        _, t = _timed(lambda: lcckpt.save(o, buf, compress=True))
-        te.append(r / t / MB)
-        sizes.append(buf.tell())
-        with tempfile.NamedTemporaryFile(prefix="lcckpt-bench-") as f:
-            f.write(buf.getbuffer())    # the file's bytes leave memory before the load
-            f.flush()
-            buf = None
-            t = _timed(lambda: lcckpt.load(f.name))[1]
-        td.append(r / t / MB)
-        bar.update()
+    with tempfile.TemporaryDirectory(prefix="lcckpt-bench-") as d:
+        path = os.path.join(d, "file.lcc")
+        for i in range(1, len(objs)):
+            o, r = objs[i], raw[i]          # saved to a path: written as it is encoded
+            _, t = _timed(lambda: lcckpt.save(o, path, compress=True))
+            te.append(r / t / MB)
+            sizes.append(os.path.getsize(path))
+            o = None
+            td.append(r / _timed(lambda: lcckpt.load(path))[1] / MB)
+            bar.update()
     rows.append({"method": "lcckpt lossless (each file)", "bytes": sum(sizes),
                  "enc_MBps": _median(te), "dec_MBps": _median(td), "exact": True})
-    trim_heap()          # the coded sections, the file's bytes and the loaded state: freed
+    trim_heap()          # the loaded state and the reads' buffers: freed
     for level in (1, 3):
         c, d = zstandard.ZstdCompressor(level=level), zstandard.ZstdDecompressor()
         sizes, te, td = [], [], []
@@ -310,8 +342,9 @@ def _exact_rows(objs: list, raw: list, torch_files: list, zstandard, bar) -> lis
     # the exact delta of the floating tensors, zstd-3: what a generic tool gets from deltas
     c = zstandard.ZstdCompressor(level=3)
     sizes, te = [], []
-    for prev, cur in zip(objs, objs[1:]):
-        fp, fc = flat_tensors(prev), flat_tensors(cur)
+    fp = flat_tensors(objs[0])
+    for i in range(1, len(objs)):
+        fc = flat_tensors(objs[i])
         co, nz, nbytes, t = c.compressobj(), 0, 0, 0.0    # tensor by tensor: no joined copy
         for k in fc:
             piece = _bytes(fc[k] - fp[k]) if fc[k].dtype in FLOATS and k in fp \
@@ -321,6 +354,7 @@ def _exact_rows(objs: list, raw: list, torch_files: list, zstandard, bar) -> lis
         z, dt = _timed(co.flush)
         te.append(nbytes / (t + dt) / MB)
         sizes.append(nz + len(z))
+        fp = fc
     rows.append({"method": "zstd-3 of the exact delta", "bytes": sum(sizes),
                  "enc_MBps": _median(te), "exact": True})
     return rows
@@ -330,9 +364,9 @@ def stream(objs: list, torch_files: list[bytes], *, settings=None, error_bounds=
            accuracy: Callable[[Any], float] | None = None, desc: str = "bench") -> dict:
     """Files 2..n of a run as deltas, beside torch.save and zstd of the same files.
 
-    ``objs``: the loaded states, oldest first; ``torch_files``: their torch.save files, as
-    bytes or as paths (read one at a time when compressed: a run of large files is not
-    held in memory twice).
+    ``objs``: the states, oldest first: a list, or a :class:`Files` that loads each when
+    it is needed (every row reads them in order, holding one or two); ``torch_files``:
+    their torch.save files, as bytes or as paths (read one at a time when compressed).
     ``accuracy(obj) -> float``, if given, scores each restored state (and the true ones).
     """
     if len(objs) < 2:
@@ -341,23 +375,35 @@ def stream(objs: list, torch_files: list[bytes], *, settings=None, error_bounds=
     settings = list(settings if settings is not None else SETTINGS)
     settings += [(f"lcckpt b=2, error <= {eb:g}", {"bits": 2, "error_bound": eb})
                  for eb in error_bounds]
-    truths = [_floats(o) for o in objs]
-    for i in range(1, len(truths)):     # optimizer state may appear after the first step
-        a, b = truths[i - 1], truths[i]
-        if not any(k in a and a[k].shape == v.shape for k, v in b.items()):
-            raise InvalidArgumentError(
+    raw, moved, true_acc, last = [], [], [], None
+    n = len(objs) - 1
+    bar = progress(2 * len(objs) * len(settings) + 4 * n + 1, desc)
+    for i in range(len(objs)):          # what the rows compare with, one state at a time
+        o = objs[i]
+        truth = _floats(o)
+        if last is not None and not any(k in last and last[k].shape == v.shape
+                                        for k, v in truth.items()):
+            raise InvalidArgumentError(     # optimizer state may appear after the first step
                 f"checkpoints {i} and {i + 1} share no floating tensor (same name and shape): "
                 "a delta stream needs files of one run, oldest first")
-    raw = [_raw_bytes(o) for o in objs]
-    n = len(objs) - 1
-    bar = progress(2 * len(objs) * len(settings) + 3 * n, desc)
+        raw.append(_raw_bytes(o))
+        moved.append(_movements(truth, last))
+        if i == 0:
+            tensors = len(flat_tensors(o))
+        if i == n:
+            floats = int(sum(v.numel() for v in truth.values()))
+        if accuracy is not None:
+            true_acc.append(accuracy(o))
+        o, last = None, truth
+        bar.update()
+    last = truth = None
     rows = [{"method": "torch.save", "bytes": sum(map(_size, torch_files[1:])), "exact": True}]
     rows += _exact_rows(objs, raw, torch_files, zstandard, bar)
-    true_acc = [accuracy(o) for o in objs] if accuracy is not None else None
+    true_acc = true_acc if accuracy is not None else None
     for label, kw in settings:
         gc.collect()                     # the previous setting's chain and references,
         trim_heap()                      # given back to the system before the next one
-        row = _chain_row(label, kw, objs, truths, accuracy, bar)
+        row = _chain_row(label, kw, objs, raw, moved, accuracy, bar)
         if true_acc is not None:
             row["accuracy_drop_max"] = max(t - f["accuracy"]
                                            for t, f in zip(true_acc[1:], row["per_file"]))
@@ -367,8 +413,7 @@ def stream(objs: list, torch_files: list[bytes], *, settings=None, error_bounds=
     for r in rows:
         r["ratio"] = base / r["bytes"] if r["bytes"] else math.inf
     doc = {"files": len(objs), "deltas": n, "tensor_bytes": raw[0],
-           "tensors": len(flat_tensors(objs[0])), "float_elements":
-           int(sum(v.numel() for v in truths[-1].values())), "rows": rows}
+           "tensors": tensors, "float_elements": floats, "rows": rows}
     if true_acc is not None:
         doc["accuracy_true"] = true_acc[-1]
         doc["accuracy_true_per_file"] = true_acc
@@ -389,30 +434,34 @@ def table(rows: list[dict]) -> str:
 
 
 def run(paths: list[str], *, error_bounds=(), runs: int = 3, log=print) -> dict:
-    """Load the files (any format lcckpt reads) and benchmark them; returns the JSON doc."""
-    from lcckpt.interop.convert import read_checkpoint
-    objs, torch_files = [], []            # the torch files as paths, not bytes
-    bar = progress(len(paths), "loading")
-    for p in paths:
-        obj, _, fmt = read_checkpoint(p)
-        objs.append(obj)
-        if fmt == "torch":
-            torch_files.append(os.fspath(p))
-        else:
-            torch_files.append(_torch_bytes(obj))
-        bar.update()
-    bar.close()
+    """Benchmark the files (any format lcckpt reads); returns the JSON doc. A run of
+    files is read one state at a time (:class:`Files`): beside the writer's or reader's
+    references, the bench holds one or two states, however many files there are."""
+    from lcckpt.interop.convert import detect_format, read_checkpoint
     lcckpt.warmup()
     doc: dict[str, Any] = {"environment": environment(), "paths": list(paths)}
     if len(paths) == 1:
-        doc["single"] = single(objs[0], _contents(torch_files[0]), paths[0], runs)
+        obj, _, fmt = read_checkpoint(paths[0])
+        tfile = _contents(paths[0]) if fmt == "torch" else _torch_bytes(obj)
+        doc["single"] = single(obj, tfile, paths[0], runs)
         d = doc["single"]
         log(f"{paths[0]}: {d['tensors']} tensors, {d['tensor_bytes'] / MB:.2f} MB of tensor "
-            f"data; ratios against torch.save ({_size(torch_files[0]) / MB:.2f} MB)")
+            f"data; ratios against torch.save ({d['rows'][0]['bytes'] / MB:.2f} MB)")
         log(format_table(d["rows"], ["method", "bytes", "ratio", "exact", "enc_MBps",
                                      "dec_MBps"]))
         return doc
-    doc["stream"] = stream(objs, torch_files, error_bounds=error_bounds)
+    with tempfile.TemporaryDirectory(prefix="lcckpt-bench-") as d:
+        torch_files = []                  # paths: torch.save of the other formats' states
+        bar = progress(len(paths), "formats")
+        for i, p in enumerate(paths):
+            if detect_format(p) == "torch":
+                torch_files.append(os.fspath(p))
+            else:
+                torch_files.append(os.path.join(d, f"{i}.pt"))
+                torch.save(read_checkpoint(p)[0], torch_files[-1])
+            bar.update()
+        bar.close()
+        doc["stream"] = stream(Files(paths), torch_files, error_bounds=error_bounds)
     s = doc["stream"]
     log(f"{len(paths)} checkpoints, {s['tensors']} tensors ({s['float_elements']:,} floating "
         f"elements, {s['tensor_bytes'] / MB:.2f} MB each); the {s['deltas']} file(s) after "
