@@ -700,3 +700,39 @@ def test_a_fused_replay_decodes_four_dense_chunks_side_by_side_as_one_by_one(mon
     D.replay(parsed[1:], out)
     assert sum(fours) >= 3 * 4                      # dense groups took the four-stream path
     assert same_bits(out, ref) and same_bits(out, enc.reference())
+
+
+@pytest.mark.parametrize("n, chunk", [(70_000, 1 << 17), (300_000, 1 << 14)])
+def test_a_replay_decodes_the_dense_chunks_of_several_deltas_side_by_side(monkeypatch, n, chunk):
+    """A chunk's dense Huffman chunks of several deltas (each its own code) decode side by
+    side (``streams.decode_side_by_side``, four streams, fewer padded), then add in delta
+    order with each delta's escapes set before the next: bit for bit what decoding blob
+    after blob gives. Six deltas: a run of four and a run of two."""
+    from lcckpt.codec import delta as D, streams
+    from lcckpt.codec.tensor import decode_symbols_into
+    rng = np.random.default_rng(12)
+    enc = DeltaEncoder(target=1e-5, chunk_size=chunk)        # 1% of each delta
+    x = rng.standard_normal(n).astype(np.float32)
+    blobs = [enc.encode(x)]
+    for _ in range(6):
+        x = x + (1e-3 * rng.standard_normal(n)).astype(np.float32)
+        x[rng.choice(n, 40, replace=False)] += 1.0            # escapes
+        blobs.append(enc.encode(x))
+    parsed = [parse(b) for b in blobs]
+    assert all(p.kind == 3 and p.esc_idx.size and p.bits > 4 for _, p in parsed[1:])
+    one = D.Reconstruction()
+    one.apply(blobs[0])
+    want = one.value()
+    for buf, p in parsed[1:]:
+        decode_symbols_into(buf, p, want)
+    runs = []
+    real = streams.decode_side_by_side
+    monkeypatch.setattr(D, "decode_side_by_side",
+                        lambda decs, c, block: runs.append(len(decs)) or real(decs, c, block))
+    got = D.Reconstruction()
+    got.apply(blobs[0])
+    out = got.value()
+    D.replay(parsed[1:], out)
+    nch = -(-n // chunk)
+    assert sorted(set(runs)) == [2, 4] and len(runs) == 2 * nch
+    assert same_bits(out, want) and same_bits(out, enc.reference())

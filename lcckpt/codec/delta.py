@@ -31,7 +31,7 @@ from .tensor import (
 )
 from .config import CodecConfig
 from .entropy import CodeCache
-from .streams import StreamDecoder
+from .streams import StreamDecoder, decode_side_by_side
 from ..errors import (
     BrokenChainError, CorruptDataError, InvalidArgumentError, NonFiniteError,
     UnsupportedDtypeError,
@@ -414,14 +414,18 @@ def replay(deltas: list, ref: np.ndarray, base=None) -> None:
         escaped = p.esc_idx is not None and p.esc_idx.size
         steps.append((_with_escapes(dec.chunk, p, ref) if escaped else dec.chunk,
                       (dec, p if escaped else None)))
-    # four chunks a task where a blob may have dense Huffman chunks (decoded side by side);
-    # else one, so the chunk a task adds into stays in the core's cache for every blob
-    group = 4 if nch >= 8 and any(f is not None and f[0].multi8 is not None
-                                  for _, f in steps) else 1
+    # dense Huffman chunks decode four bit streams side by side: four deltas' streams of
+    # one chunk where the chain has four deltas or more (each chunk a task, in the core's
+    # cache for every blob), else four chunks of one delta (four chunks a task)
+    dense = [f is not None and f[0].multi8 is not None for _, f in steps]
+    group = 4 if nch >= 8 and 0 < sum(dense) < 4 else 1
 
     def task(g):
         lo, hi = g * group, min(nch, (g + 1) * group)
         block = None
+        if group == 1:
+            _replay_chunk(steps, lo, ref, cs)
+            return
         for chunk, four in steps:
             if four is not None and hi - lo == 4:
                 block = np.empty(4 * cs + 8, np.uint8) if block is None else block
@@ -433,3 +437,33 @@ def replay(deltas: list, ref: np.ndarray, base=None) -> None:
             for c in range(lo, hi):
                 chunk(c)
     run_balanced(task, -(-nch // group))    # chunks differ in cost
+
+
+def _replay_chunk(steps: list, c: int, ref: np.ndarray, cs: int) -> None:
+    """Chunk ``c`` of every step in order; runs of two to four deltas whose chunk is
+    dense are decoded side by side (:func:`lcckpt.codec.streams.decode_side_by_side`),
+    then added one after another, each delta's escapes set before the next adds."""
+    block, run = None, []
+
+    def flush():
+        nonlocal block
+        if len(run) == 1:
+            run[0][0](c)
+        elif run:
+            block = np.empty(4 * (cs + 8), np.uint8) if block is None else block
+            at = decode_side_by_side([f[0] for _, f in run], c, block)
+            for (_, (dec, p)), a in zip(run, at):
+                dec.add_block(c, block, a)
+                if p is not None:
+                    apply_escapes(p, ref, c)
+        run.clear()
+    for step in steps:
+        four = step[1]
+        if four is not None and four[0].dense(c):
+            run.append(step)
+            if len(run) == 4:
+                flush()
+            continue
+        flush()
+        step[0](c)
+    flush()

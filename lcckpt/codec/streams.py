@@ -22,6 +22,7 @@ from .kernels import buckets as bk
 from .kernels import huffman as hk
 from .kernels import planes as pk
 from .kernels import runs as rk
+from .kernels import side as sk
 from .kernels import tables as tk
 
 
@@ -192,7 +193,7 @@ class StreamDecoder:
         if RUNS in layout.lengths and n >= MULTI_MIN_SYMBOLS:
             self.rmulti = _runs_table(layout.lengths[RUNS].tobytes(), 1 << b)
         self.multi8 = None                 # the 8-bit-letter multi table of four streams
-        if HUFFMAN in layout.lengths and n >= 4 * MULTI_MIN_SYMBOLS:
+        if HUFFMAN in layout.lengths and n >= MULTI_MIN_SYMBOLS:
             self.multi8 = self.multi if self.sym_bits == 8 else \
                 _multi_table(layout.lengths[HUFFMAN].tobytes(), 8)
         self.applying = apply is not None
@@ -236,6 +237,23 @@ class StreamDecoder:
         for j in range(4):
             hk.add_decoded(block, j * cs, int(n[j]), self.cz, self.fout, int(lo[j]))
         return True
+
+    def dense(self, c: int) -> bool:
+        """Whether chunk ``c`` is a dense Huffman chunk that :func:`decode_side_by_side`
+        may decode (one added two passes: symbols, then adds)."""
+        if not self.applying or self.clear or self.multi8 is None \
+                or self.layout.modes[c] != HUFFMAN:
+            return False
+        n = min(self.cs, self.n - c * self.cs)
+        return (int(self.layout.offsets[c + 1]) - int(self.layout.offsets[c])) * 8 \
+            > hk.SPARSE_BITS * n
+
+    def add_block(self, c: int, block: np.ndarray, at: int) -> None:
+        """Add chunk ``c``'s symbols, decoded into ``block[at:]``, as :meth:`chunk` would."""
+        if self.cz is None:
+            self.cz = hk.additive(self.cent)
+        lo = c * self.cs
+        hk.add_decoded(block, at, min(self.cs, self.n - lo), self.cz, self.fout, lo)
 
     def chunk(self, c: int, out: np.ndarray | None = None, shift: int = 0):
         """Decode chunk ``c``; symbols go to ``out[i - shift]`` (default: the stream's own
@@ -293,6 +311,29 @@ class StreamDecoder:
             raise CorruptDataError(
                 f"{self.what}: chunk {c} ({MODE_NAMES[m]}) does not decode to its recorded "
                 "size; the data is damaged")
+
+
+def decode_side_by_side(decs: list, c: int, block: np.ndarray) -> list[int]:
+    """Chunk ``c`` of two to four decoders whose chunk is :meth:`StreamDecoder.dense`
+    (the deltas of one tensor, each its own blob and code), their bit streams decoded
+    side by side (:func:`lcckpt.codec.kernels.side.decode4`; fewer than four repeat the
+    last) into ``block`` (``4 * (chunk_size + 8)`` bytes); returns where each one's
+    symbols start, for :meth:`StreamDecoder.add_block` in their order."""
+    pad = list(decs) + [decs[-1]] * (4 - len(decs))
+    d0 = pad[0]
+    n = min(d0.cs, d0.n - c * d0.cs)
+    s = np.array([d.base + int(d.layout.offsets[c]) for d in pad], np.int64)
+    e = np.array([d.base + int(d.layout.offsets[c + 1]) for d in pad], np.int64)
+    o = np.arange(4, dtype=np.int64) * (d0.cs + 8)
+    used = np.empty(4, np.int64)
+    sk.decode4(tuple(d.buf for d in pad), s, e, np.full(4, n, np.int64),
+               tuple(d.multi8 for d in pad), tuple(d.tables[HUFFMAN][0] for d in pad),
+               np.array([d.tables[HUFFMAN][1] for d in pad], np.int64), block, o, used)
+    for j, d in enumerate(decs):
+        if used[j] < 0 or (used[j] + 7) // 8 != e[j] - s[j]:
+            raise CorruptDataError(f"{d.what}: chunk {c} (huffman) does not decode to its "
+                                   "recorded size; the data is damaged")
+    return [int(x) for x in o[:len(decs)]]
 
 
 def decode(buf: np.ndarray, base: int, layout: StreamLayout, n: int, chunk_size: int, b: int,
