@@ -666,40 +666,46 @@ def test_a_search_whose_cheapest_try_is_not_the_last_returns_its_own_symbols(mon
     assert np.array_equal(uq.sym_hist, alone.sym_hist) and uq.residual_sq == alone.residual_sq
 
 
+def _dense_chain(seed, n, chunk, share, deltas, outliers):
+    """A keyframe and ``deltas`` dense uniform deltas with escapes, parsed; the state
+    that decoding them blob after blob gives; and the encoder (its reference)."""
+    from lcckpt.codec import delta as D
+    from lcckpt.codec.tensor import decode_symbols_into
+    rng = np.random.default_rng(seed)
+    scale = 1e-3
+    enc = DeltaEncoder(target=share * scale, chunk_size=chunk)      # a share of the delta
+    x = rng.standard_normal(n).astype(np.float32)
+    blobs = [enc.encode(x)]
+    for _ in range(deltas):
+        x = x + (scale * rng.standard_normal(n)).astype(np.float32)
+        x[rng.choice(n, outliers, replace=False)] += 1.0           # escapes
+        blobs.append(enc.encode(x))
+    parsed = [parse(b) for b in blobs]
+    assert all(p.kind == 3 and p.esc_idx.size and p.bits > 4 for _, p in parsed[1:])
+    one = D.Reconstruction()
+    one.apply(blobs[0])
+    want = one.value()
+    for buf, p in parsed[1:]:
+        decode_symbols_into(buf, p, want)
+    fused = D.Reconstruction()
+    fused.apply(blobs[0])
+    return parsed[1:], fused.value(), want, enc
+
+
 @pytest.mark.parametrize("share", [0.01, 0.1])         # 8-bit symbols, and 5-bit ones
 def test_a_fused_replay_decodes_four_dense_chunks_side_by_side_as_one_by_one(monkeypatch, share):
     """Dense Huffman chunks of a replay are decoded four at a time
     (``StreamDecoder.chunks4``); every element gets the same adds, in the same order, as
     decoding blob after blob chunk by chunk, escapes included."""
     from lcckpt.codec import delta as D, streams
-    from lcckpt.codec.tensor import decode_symbols_into
-    rng = np.random.default_rng(11)
-    n = 300_000                                    # four times the multi-table threshold
-    scale = 1e-3
-    enc = DeltaEncoder(target=share * scale, chunk_size=1 << 14)    # a share of the delta
-    x = rng.standard_normal(n).astype(np.float32)
-    blobs = [enc.encode(x)]
-    for _ in range(3):
-        x = x + (scale * rng.standard_normal(n)).astype(np.float32)
-        x[rng.choice(n, 50, replace=False)] += 1.0           # escapes
-        blobs.append(enc.encode(x))
-    parsed = [parse(b) for b in blobs]
-    assert all(p.kind == 3 and p.esc_idx.size and p.bits > 4 for _, p in parsed[1:])
-    one = D.Reconstruction()
-    one.apply(blobs[0])
-    ref = one.value()
-    for buf, p in parsed[1:]:
-        decode_symbols_into(buf, p, ref)
+    deltas, out, want, enc = _dense_chain(11, 300_000, 1 << 14, share, 3, 50)
     fours = []
     real = streams.StreamDecoder.chunks4
     monkeypatch.setattr(streams.StreamDecoder, "chunks4",
                         lambda self, c, block: fours.append(real(self, c, block)) or fours[-1])
-    fused = D.Reconstruction()
-    fused.apply(blobs[0])
-    out = fused.value()
-    D.replay(parsed[1:], out)
+    D.replay(deltas, out)
     assert sum(fours) >= 3 * 4                      # dense groups took the four-stream path
-    assert same_bits(out, ref) and same_bits(out, enc.reference())
+    assert same_bits(out, want) and same_bits(out, enc.reference())
 
 
 @pytest.mark.parametrize("n, chunk", [(70_000, 1 << 17), (300_000, 1 << 14)])
@@ -709,30 +715,12 @@ def test_a_replay_decodes_the_dense_chunks_of_several_deltas_side_by_side(monkey
     order with each delta's escapes set before the next: bit for bit what decoding blob
     after blob gives. Six deltas: a run of four and a run of two."""
     from lcckpt.codec import delta as D, streams
-    from lcckpt.codec.tensor import decode_symbols_into
-    rng = np.random.default_rng(12)
-    enc = DeltaEncoder(target=1e-5, chunk_size=chunk)        # 1% of each delta
-    x = rng.standard_normal(n).astype(np.float32)
-    blobs = [enc.encode(x)]
-    for _ in range(6):
-        x = x + (1e-3 * rng.standard_normal(n)).astype(np.float32)
-        x[rng.choice(n, 40, replace=False)] += 1.0            # escapes
-        blobs.append(enc.encode(x))
-    parsed = [parse(b) for b in blobs]
-    assert all(p.kind == 3 and p.esc_idx.size and p.bits > 4 for _, p in parsed[1:])
-    one = D.Reconstruction()
-    one.apply(blobs[0])
-    want = one.value()
-    for buf, p in parsed[1:]:
-        decode_symbols_into(buf, p, want)
+    deltas, out, want, enc = _dense_chain(12, n, chunk, 0.01, 6, 40)
     runs = []
     real = streams.decode_side_by_side
     monkeypatch.setattr(D, "decode_side_by_side",
                         lambda decs, c, block: runs.append(len(decs)) or real(decs, c, block))
-    got = D.Reconstruction()
-    got.apply(blobs[0])
-    out = got.value()
-    D.replay(parsed[1:], out)
+    D.replay(deltas, out)
     nch = -(-n // chunk)
     assert sorted(set(runs)) == [2, 4] and len(runs) == 2 * nch
     assert same_bits(out, want) and same_bits(out, enc.reference())
