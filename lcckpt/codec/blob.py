@@ -183,7 +183,7 @@ class Parsed:
     layouts: list = field(default_factory=list)
     rotate: bool = False
     step: float = 0.0
-    esc_idx: np.ndarray | None = None    # uniform: escaped elements (int64) ...
+    esc_idx: np.ndarray | None = None    # uniform: escaped elements (stored index dtype) ...
     esc_val: np.ndarray | None = None    # ... and their exact values (work dtype)
 
 
@@ -300,7 +300,7 @@ def _uniform_header(r: Reader, p: Parsed, version: int) -> None:
     if not np.all(np.isfinite(p.centroids)):
         raise CorruptDataError("lcckpt blob: uniform step overflows the table")
     p.layouts = [streams.read_tables(r, p.n, 1 << p.log2, p.bits, entropy.uniform_modes("auto", p.bits))]
-    p.esc_idx = np.zeros(nesc, np.int64)      # located after the header checksum
+    p.esc_idx = np.zeros(nesc, escape_index_dtype(p.n))   # located after the header checksum
     p.esc_val = np.zeros(nesc, work)
 
 
@@ -360,11 +360,13 @@ def lazy_escapes(n: int, escf: np.ndarray, count: int, source: np.ndarray, ref):
 
 
 def _read_escapes(buf, at: int, p: Parsed) -> None:
+    """The escapes as views of the blob's bytes where the machine is little-endian (no
+    copy: a delta early in Adam's run holds millions of them)."""
     k = p.esc_idx.size
     it = escape_index_dtype(p.n)
-    idx = np.frombuffer(buf, it, k, at).astype(np.int64)
+    idx = np.frombuffer(buf, it, k, at).astype(it.newbyteorder("="), copy=False)
     val = np.frombuffer(buf, p.esc_val.dtype.newbyteorder("<"), k, at + k * it.itemsize)
-    val = val.astype(p.esc_val.dtype)
+    val = val.astype(p.esc_val.dtype, copy=False)
     if not tk.escapes_valid(idx, p.n, val):
         raise CorruptDataError("lcckpt blob: escape indices out of range or out of order, "
                                "or a non-finite escape value")

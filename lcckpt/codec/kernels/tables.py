@@ -186,9 +186,10 @@ def escapes_valid(idx, n, val):
     finite values."""
     prev = -1
     for i in range(idx.size):
-        if idx[i] <= prev or idx[i] >= n:
+        x = np.int64(idx[i])                 # uint32 or uint64 (below 2**63: checked here)
+        if x <= prev or x >= n:
             return False
-        prev = idx[i]
+        prev = x
     for i in range(val.size):
         if not np.isfinite(val[i]):
             return False
