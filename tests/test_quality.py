@@ -719,7 +719,7 @@ def test_a_replay_decodes_the_dense_chunks_of_several_deltas_side_by_side(monkey
     runs = []
     real = streams.decode_side_by_side
     monkeypatch.setattr(D, "decode_side_by_side",
-                        lambda decs, c, block: runs.append(len(decs)) or real(decs, c, block))
+                        lambda chunks, block: runs.append(len(chunks)) or real(chunks, block))
     D.replay(deltas, out)
     nch = -(-n // chunk)
     assert sorted(set(runs)) == [2, 4] and len(runs) == 2 * nch

@@ -428,7 +428,7 @@ def replay(deltas: list, ref: np.ndarray, base=None) -> None:
             return
         for chunk, four in steps:
             if four is not None and hi - lo == 4:
-                block = np.empty(4 * cs + 8, np.uint8) if block is None else block
+                block = np.empty(4 * (cs + 8), np.uint8) if block is None else block
                 if four[0].chunks4(lo, block):
                     if four[1] is not None:
                         for c in range(lo, hi):
@@ -451,7 +451,7 @@ def _replay_chunk(steps: list, c: int, ref: np.ndarray, cs: int) -> None:
             run[0][0](c)
         elif run:
             block = np.empty(4 * (cs + 8), np.uint8) if block is None else block
-            at = decode_side_by_side([f[0] for _, f in run], c, block)
+            at = decode_side_by_side([(f[0], c) for _, f in run], block)
             for (_, (dec, p)), a in zip(run, at):
                 dec.add_block(c, block, a)
                 if p is not None:

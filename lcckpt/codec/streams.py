@@ -22,7 +22,6 @@ from .kernels import buckets as bk
 from .kernels import huffman as hk
 from .kernels import planes as pk
 from .kernels import runs as rk
-from .kernels import side as sk
 from .kernels import tables as tk
 
 
@@ -207,35 +206,16 @@ class StreamDecoder:
         return -(-self.n // self.cs)
 
     def chunks4(self, c: int, block: np.ndarray) -> bool:
-        """Add chunks ``c..c+3`` when all four are dense Huffman chunks: their four bit
-        streams decoded side by side into ``block`` (``4 * chunk_size + 8`` bytes;
-        :func:`lcckpt.codec.kernels.planes.decode_top4`, the exact codec's decoder, whose
-        letters are these symbols), then added; the same adds, in the same order, as
-        :meth:`chunk` of each (3.9x faster decoding than one stream at a time on a real
-        delta's 7-bit symbols). False, with nothing done, for any other four."""
-        lay, cs = self.layout, self.cs
-        if not self.applying or self.clear or self.multi8 is None or c + 4 > self.nchunks \
-                or np.any(lay.modes[c:c + 4] != HUFFMAN):
+        """Add chunks ``c..c+3`` when all four are :meth:`dense`: their four bit streams
+        decoded side by side (:func:`decode_side_by_side`), then added; the same adds, in
+        the same order, as :meth:`chunk` of each (3.9x faster decoding than one stream at
+        a time on a real delta's 7-bit symbols). False, with nothing done, for any other
+        four."""
+        if c + 4 > self.nchunks or not all(self.dense(c + j) for j in range(4)):
             return False
-        start = self.base + lay.offsets[c:c + 4]
-        end = self.base + lay.offsets[c + 1:c + 5]
-        lo = np.arange(c, c + 4, dtype=np.int64) * cs
-        n = np.minimum(cs, self.n - lo)
-        if np.any((end - start) * 8 <= hk.SPARSE_BITS * n):   # sparse: adds between lookups
-            return False
-        table, tb = self.tables[HUFFMAN]
-        used = np.empty(4, np.int64)
-        pk.decode_top4(self.buf, start, end, n, self.multi8, table, tb, block,
-                       np.arange(4, dtype=np.int64) * cs, used)
-        bad = np.flatnonzero((used < 0) | ((used + 7) // 8 != end - start))
-        if bad.size:
-            raise CorruptDataError(
-                f"{self.what}: chunk {c + int(bad[0])} (huffman) does not decode to its "
-                "recorded size; the data is damaged")
-        if self.cz is None:
-            self.cz = hk.additive(self.cent)
+        at = decode_side_by_side([(self, c + j) for j in range(4)], block)
         for j in range(4):
-            hk.add_decoded(block, j * cs, int(n[j]), self.cz, self.fout, int(lo[j]))
+            self.add_block(c + j, block, at[j])
         return True
 
     def dense(self, c: int) -> bool:
@@ -313,27 +293,26 @@ class StreamDecoder:
                 "size; the data is damaged")
 
 
-def decode_side_by_side(decs: list, c: int, block: np.ndarray) -> list[int]:
-    """Chunk ``c`` of two to four decoders whose chunk is :meth:`StreamDecoder.dense`
-    (the deltas of one tensor, each its own blob and code), their bit streams decoded
-    side by side (:func:`lcckpt.codec.kernels.side.decode4`; fewer than four repeat the
-    last) into ``block`` (``4 * (chunk_size + 8)`` bytes); returns where each one's
-    symbols start, for :meth:`StreamDecoder.add_block` in their order."""
-    pad = list(decs) + [decs[-1]] * (4 - len(decs))
-    d0 = pad[0]
-    n = min(d0.cs, d0.n - c * d0.cs)
-    s = np.array([d.base + int(d.layout.offsets[c]) for d in pad], np.int64)
-    e = np.array([d.base + int(d.layout.offsets[c + 1]) for d in pad], np.int64)
-    o = np.arange(4, dtype=np.int64) * (d0.cs + 8)
+def decode_side_by_side(chunks: list, block: np.ndarray) -> list[int]:
+    """Two to four ``(decoder, chunk)`` whose chunk is :meth:`StreamDecoder.dense` (four
+    chunks of one delta, or one chunk of several deltas, each its own blob and code), their
+    bit streams decoded side by side (:func:`lcckpt.codec.kernels.planes.decode4`; fewer
+    than four repeat the last) into ``block`` (``4 * (chunk_size + 8)`` bytes); returns
+    where each one's symbols start, for :meth:`StreamDecoder.add_block` in their order."""
+    pad = list(chunks) + [chunks[-1]] * (4 - len(chunks))
+    s = np.array([d.base + int(d.layout.offsets[c]) for d, c in pad], np.int64)
+    e = np.array([d.base + int(d.layout.offsets[c + 1]) for d, c in pad], np.int64)
+    n = np.array([min(d.cs, d.n - c * d.cs) for d, c in pad], np.int64)
+    o = np.arange(4, dtype=np.int64) * (pad[0][0].cs + 8)
     used = np.empty(4, np.int64)
-    sk.decode4(tuple(d.buf for d in pad), s, e, np.full(4, n, np.int64),
-               tuple(d.multi8 for d in pad), tuple(d.tables[HUFFMAN][0] for d in pad),
-               np.array([d.tables[HUFFMAN][1] for d in pad], np.int64), block, o, used)
-    for j, d in enumerate(decs):
+    pk.decode4(tuple(d.buf for d, _ in pad), s, e, n, tuple(d.multi8 for d, _ in pad),
+               tuple(d.tables[HUFFMAN][0] for d, _ in pad),
+               tuple(int(d.tables[HUFFMAN][1]) for d, _ in pad), block, o, used)
+    for j, (d, c) in enumerate(chunks):
         if used[j] < 0 or (used[j] + 7) // 8 != e[j] - s[j]:
             raise CorruptDataError(f"{d.what}: chunk {c} (huffman) does not decode to its "
                                    "recorded size; the data is damaged")
-    return [int(x) for x in o[:len(decs)]]
+    return [int(x) for x in o[:len(chunks)]]
 
 
 def decode(buf: np.ndarray, base: int, layout: StreamLayout, n: int, chunk_size: int, b: int,

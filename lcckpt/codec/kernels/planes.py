@@ -11,8 +11,9 @@ These kernels make that in as few passes over memory as possible:
 * ``decode_top``/``decode_top4`` read the exponent code with a branch-free 64-bit
   window, one or four chunks at a time (independent bit streams keep the core busy while
   one waits on its table lookup: four ran 1.9x faster than one, two 1.6x),
-  into a small buffer the merge consumes while in cache; ``decode_top4`` makes four
-  lookups per 8-byte load, as ``pairs_decode`` does.
+  into a small buffer the merge consumes while in cache; ``decode4``, under
+  ``decode_top4``, makes four lookups per 8-byte load, as ``pairs_decode`` does, and
+  also takes four buffers with their own tables (a replay's four deltas of one chunk).
 
 * ``pairs_encode``/``pairs_decode`` code one chunk of exponents with a code of its own
   over pairs of exponent ranks (chunk mode "pairs", layout below), four streams per
@@ -246,11 +247,16 @@ def decode_top(buf, start, end, n, multi, single, tb, out, o):
 
 
 @njit(cache=True, nogil=True)
-def decode_top4(buf, s, e, n, multi, single, tb, out, o, used):
-    """Four chunks at once (``s``, ``e``, ``n``, ``o``: int64[4] of starts, ends, letter
-    counts and output offsets); ``used[j]`` gets the bits chunk ``j`` consumed, -1 if
-    invalid. Four chains hide the table lookup's latency better than two. ``o`` keeps
-    ``n[j]`` bytes of ``out`` apart per chunk."""
+def decode4(bufs, s, e, n, multis, singles, tbs, out, o, used):
+    """Four Huffman streams of byte letters side by side: stream ``j`` is
+    ``bufs[j][s[j]:e[j]]`` (``n[j]`` letters, multi table ``multis[j]``, single table
+    ``singles[j]`` of ``tbs[j]`` bits), decoded into ``out[o[j]:]``; ``used[j]`` gets the
+    bits it consumed, -1 if invalid. ``o`` keeps ``n[j]`` bytes of ``out`` apart per
+    stream. Four chains hide the table lookup's latency better than two. Each stream
+    has its buffer and tables (one chunk of four deltas, each its own blob and code, in a
+    chain's replay), or all share them (:func:`decode_top4`)."""
+    buf0, buf1, buf2, buf3 = bufs
+    m0, m1, m2, m3 = multis
     b0 = np.uint64(8 * s[0])
     b1 = np.uint64(8 * s[1])
     b2 = np.uint64(8 * s[2])
@@ -273,7 +279,7 @@ def decode_top4(buf, s, e, n, multi, single, tb, out, o, used):
     while ok:
         # as in pairs_decode: four lookups per 8-byte load (<= 48 bits, <= 24 letters,
         # stores reaching 26 bytes on), the safe number of steps without a test; an
-        # invalid code stalls its chunk, which _fast then reports
+        # invalid code stalls its stream, which _fast then reports
         room = min(min(n[0] - i0, n[1] - i1), min(n[2] - i2, n[3] - i3)) - 26
         bits = min(min(np.int64(l0) - np.int64(b0), np.int64(l1) - np.int64(b1)),
                    min(np.int64(l2) - np.int64(b2), np.int64(l3) - np.int64(b3)))
@@ -281,15 +287,15 @@ def decode_top4(buf, s, e, n, multi, single, tb, out, o, used):
             break
         before = i0 + i1 + i2 + i3
         for _ in range(min(room // 24, bits // 48) + 1):
-            w0 = load64(buf, b0 >> np.uint64(3)) << (b0 & np.uint64(7))
-            w1 = load64(buf, b1 >> np.uint64(3)) << (b1 & np.uint64(7))
-            w2 = load64(buf, b2 >> np.uint64(3)) << (b2 & np.uint64(7))
-            w3 = load64(buf, b3 >> np.uint64(3)) << (b3 & np.uint64(7))
+            w0 = load64(buf0, b0 >> np.uint64(3)) << (b0 & np.uint64(7))
+            w1 = load64(buf1, b1 >> np.uint64(3)) << (b1 & np.uint64(7))
+            w2 = load64(buf2, b2 >> np.uint64(3)) << (b2 & np.uint64(7))
+            w3 = load64(buf3, b3 >> np.uint64(3)) << (b3 & np.uint64(7))
             for _k in range(4):
-                x0 = _put_entry(w0, multi, out, o0 + i0)
-                x1 = _put_entry(w1, multi, out, o1 + i1)
-                x2 = _put_entry(w2, multi, out, o2 + i2)
-                x3 = _put_entry(w3, multi, out, o3 + i3)
+                x0 = _put_entry(w0, m0, out, o0 + i0)
+                x1 = _put_entry(w1, m1, out, o1 + i1)
+                x2 = _put_entry(w2, m2, out, o2 + i2)
+                x3 = _put_entry(w3, m3, out, o3 + i3)
                 w0 <<= x0 & f4
                 w1 <<= x1 & f4
                 w2 <<= x2 & f4
@@ -302,19 +308,36 @@ def decode_top4(buf, s, e, n, multi, single, tb, out, o, used):
                 i1 += np.int64((x1 >> np.uint64(4)) & f4)
                 i2 += np.int64((x2 >> np.uint64(4)) & f4)
                 i3 += np.int64((x3 >> np.uint64(4)) & f4)
-        if i0 + i1 + i2 + i3 == before:              # every chunk stalled
+        if i0 + i1 + i2 + i3 == before:              # every stream stalled
             bad = True
             break
-    bps = (b0, b1, b2, b3)
-    iss = (i0, i1, i2, i3)
     for j in range(4):
         used[j] = -1
     if bad:
         return
-    for j in range(4):
-        bp, i = _fast(buf, bps[j], e[j], iss[j], n[j], multi, out, o[j])
-        if i >= 0:
-            used[j] = _tail(buf, s[j], bp, e[j], i, n[j], single, tb, out, o[j])
+    t0, t1, t2, t3 = singles             # unpacked, as the buffers: they need not share a
+    used[0] = _finish(buf0, s[0], b0, e[0], i0, n[0], m0, t0, tbs[0], out, o0)   # type
+    used[1] = _finish(buf1, s[1], b1, e[1], i1, n[1], m1, t1, tbs[1], out, o1)
+    used[2] = _finish(buf2, s[2], b2, e[2], i2, n[2], m2, t2, tbs[2], out, o2)
+    used[3] = _finish(buf3, s[3], b3, e[3], i3, n[3], m3, t3, tbs[3], out, o3)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _finish(buf, start, bp, end, i, n, multi, single, tb, out, o):
+    """One stream's rest: fast lookups while eight bytes can be loaded, then the careful
+    reader; the bits consumed in all, or -1."""
+    bp, i = _fast(buf, bp, end, i, n, multi, out, o)
+    if i < 0:
+        return -1
+    return _tail(buf, start, bp, end, i, n, single, tb, out, o)
+
+
+@njit(cache=True, nogil=True)
+def decode_top4(buf, s, e, n, multi, single, tb, out, o, used):
+    """Four chunks of one buffer and code at once (:func:`decode4`; ``s``, ``e``, ``n``,
+    ``o``: int64[4] of starts, ends, letter counts and output offsets)."""
+    decode4((buf, buf, buf, buf), s, e, n, (multi, multi, multi, multi),
+            (single, single, single, single), (tb, tb, tb, tb), out, o, used)
 
 
 # --- chunk mode "pairs": a code of its own per chunk, one letter per two exponents -----
