@@ -118,3 +118,20 @@ def test_story_puts_the_error_beside_every_lossy_ratio():
         assert cells[-7].endswith("x") and float(cells[-6]) >= 0 and float(cells[-5]) >= 0
         assert cells[-4].endswith("%") and cells[-2] == "pt" and "/" in cells[-1]
     assert max(len(ln) for ln in text.splitlines()) <= 100
+
+
+def test_exact_delta_pieces_are_the_whole_difference(monkeypatch):
+    """The zstd-of-the-exact-delta row streams each tensor's difference a piece at a time
+    through one buffer: joined, the pieces are the bytes of the whole difference, in the
+    tensor's own dtype, and a tensor without a like-shaped previous one goes whole."""
+    monkeypatch.setattr(cb, "PIECE", 1000)
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        cur, prev = (torch.randn(3, 1234, generator=g).to(dtype) for _ in range(2))
+        pieces = [bytes(p) for p in cb._delta_pieces(cur, prev)]
+        assert len(pieces) == 4
+        assert b"".join(pieces) == bytes(cb._bytes(cur - prev))
+    ints = torch.arange(2500)
+    assert b"".join(bytes(p) for p in cb._delta_pieces(ints, ints)) == bytes(cb._bytes(ints))
+    assert b"".join(bytes(p) for p in cb._delta_pieces(cur, None)) == bytes(cb._bytes(cur))
+    assert b"".join(bytes(p) for p in cb._delta_pieces(cur, prev[:, :5])) == bytes(cb._bytes(cur))

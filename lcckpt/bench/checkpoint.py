@@ -339,18 +339,18 @@ def _exact_rows(objs: list, raw: list, torch_files: list, zstandard, bar) -> lis
         rows.append({"method": f"zstd-{level} of torch.save", "bytes": sum(sizes),
                      "enc_MBps": _median(te), "dec_MBps": _median(td), "exact": True})
         bar.update(n)
+    trim_heap()          # the compressed files' buffers: freed
     # the exact delta of the floating tensors, zstd-3: what a generic tool gets from deltas
     c = zstandard.ZstdCompressor(level=3)
     sizes, te = [], []
     fp = flat_tensors(objs[0])
     for i in range(1, len(objs)):
         fc = flat_tensors(objs[i])
-        co, nz, nbytes, t = c.compressobj(), 0, 0, 0.0    # tensor by tensor: no joined copy
+        co, nz, nbytes, t = c.compressobj(), 0, 0, 0.0    # piece by piece: no joined copy
         for k in fc:
-            piece = _bytes(fc[k] - fp[k]) if fc[k].dtype in FLOATS and k in fp \
-                and fp[k].shape == fc[k].shape else _bytes(fc[k])
-            z, dt = _timed(lambda: co.compress(piece))
-            nz, nbytes, t = nz + len(z), nbytes + len(piece), t + dt
+            for piece in _delta_pieces(fc[k], fp.get(k)):
+                z, dt = _timed(lambda: co.compress(piece))
+                nz, nbytes, t = nz + len(z), nbytes + len(piece), t + dt
         z, dt = _timed(co.flush)
         te.append(nbytes / (t + dt) / MB)
         sizes.append(nz + len(z))
@@ -358,6 +358,21 @@ def _exact_rows(objs: list, raw: list, torch_files: list, zstandard, bar) -> lis
     rows.append({"method": "zstd-3 of the exact delta", "bytes": sum(sizes),
                  "enc_MBps": _median(te), "exact": True})
     return rows
+
+
+def _delta_pieces(cur: torch.Tensor, prev: torch.Tensor | None):
+    """The bytes of ``cur - prev`` (of ``cur`` where ``prev`` is missing, of another
+    shape, or not floating), :data:`PIECE` elements at a time through one buffer: a
+    whole-tensor difference would hold another copy of the largest tensor."""
+    if cur.dtype not in FLOATS or prev is None or prev.shape != cur.shape:
+        yield _bytes(cur)
+        return
+    c, p = cur.detach().reshape(-1), prev.detach().reshape(-1).to(cur.dtype)
+    buf = torch.empty(min(PIECE, c.numel()), dtype=cur.dtype)
+    for lo in range(0, c.numel(), PIECE):
+        n = min(PIECE, c.numel() - lo)
+        torch.sub(c[lo:lo + n], p[lo:lo + n], out=buf[:n])
+        yield _bytes(buf[:n])
 
 
 def stream(objs: list, torch_files: list[bytes], *, settings=None, error_bounds=(),

@@ -196,12 +196,14 @@ class _Loader:
         self.map_location = map_location
         self.sections: dict[int, Any] = {}  # section index -> decoded value
         self.objects: dict[tuple, Any] = {}  # (section, obj) -> tensor object
-        self.handlers = {
-            "int": self.int_, "float": self.float_, "tuple": self.tuple_, "dict": self.dict_,
-            "odict": self.dict_, "tensor": self.tensor, "ndarray": self.ndarray,
-            "bytes": self.bytes_, "npscalar": self.npscalar, "dtype": self.dtype,
-            "size": self.size, "device": self.device,
-        }  # fmt: skip
+
+    # node tag -> method name: a table of bound methods would make each loader a reference
+    # cycle, and keep every tensor it decoded alive until the garbage collector ran
+    HANDLERS = {
+        "int": "int_", "float": "float_", "tuple": "tuple_", "dict": "dict_", "odict": "dict_",
+        "tensor": "tensor", "ndarray": "ndarray", "bytes": "bytes_", "npscalar": "npscalar",
+        "dtype": "dtype", "size": "size", "device": "device",
+    }  # fmt: skip
 
     def node(self, j, path: str, depth: int):
         if depth > MAX_DEPTH:
@@ -211,9 +213,9 @@ class _Loader:
             return j
         if t is list:
             return [self.node(x, f"{path}[{i}]", depth + 1) for i, x in enumerate(j)]
-        if t is not dict or type(j.get("$")) is not str or j["$"] not in self.handlers:
+        if t is not dict or type(j.get("$")) is not str or j["$"] not in self.HANDLERS:
             _bad(path, f"unknown node {reprlib.repr(j)}")
-        return self.handlers[j["$"]](j, path, depth)
+        return getattr(self, self.HANDLERS[j["$"]])(j, path, depth)
 
     def int_(self, j, path, depth):
         _fields(j, path, ("hex",))
