@@ -123,3 +123,43 @@ def read_lengths_ref(data: bytes, size: int, max_len: int):
     except ValueError:
         return "corrupt"
     return lengths, pos
+
+
+def model_errors_ref(model, steps, up: float) -> np.ndarray:
+    """The uniform quantizer's modelled error of each step in numpy expressions (the
+    compiled ``kernels.model.errors_sq`` must give these bits exactly)."""
+    st = np.asarray(steps, np.float64).reshape(-1, 1)
+    q_lo, q_hi, q = model_levels_ref(model, st, up, edges=True)
+    qs1 = (q * model.s1).sum(axis=1, keepdims=True)
+    qq = (model.cnt * q * q).sum(axis=1, keepdims=True)
+    r = np.where(qq > 0, qs1 / np.where(qq > 0, qq, 1), st)
+    e = model.s2 - 2 * q * r * model.s1 + model.cnt * (q * r) ** 2
+    f = ((1 - up) ** 3 + up ** 3) / 3
+    e = np.where(q_hi - q_lo >= 2, model.cnt * f * st * st, e)
+    return e.sum(axis=1)
+
+
+def model_levels_ref(model, step, up: float, edges: bool = False):
+    """Each magnitude bin's level at ``step`` (a column of steps: a row each)."""
+    q_lo = np.floor(model.lo / step + up)
+    q_hi = np.floor(np.minimum(model.hi, 1e300) / step + up)
+    q = np.where(q_lo == q_hi, q_lo, np.floor(model.mean / step + up))
+    return (q_lo, q_hi, q) if edges else q
+
+
+def choose_ref(score: np.ndarray, coded: list, table: dict) -> np.ndarray:
+    """The per-chunk mode choice in numpy (what ``entropy._choose`` computed before it
+    was compiled): every subset of the ``coded`` rows, per column the cheapest allowed
+    row, plus ``table[row]`` once per row used; the first cheapest subset wins."""
+    cols = np.arange(score.shape[1])
+    best, best_choice = np.inf, None
+    for subset in range(1 << len(coded)):
+        masked = score.copy()
+        for k, i in enumerate(coded):
+            if not subset >> k & 1:
+                masked[i] = np.inf
+        choice = np.argmin(masked, axis=0)
+        total = masked[choice, cols].sum() + sum(table.get(i, 0) for i in np.unique(choice))
+        if total < best:
+            best, best_choice = total, choice
+    return np.argmin(score, axis=0) if best_choice is None else best_choice

@@ -17,7 +17,7 @@ from lcckpt.codec.quantize import quantize
 NOF = np.zeros(1, np.float32)                       # no centroids: store symbols
 NOT = np.zeros(0, np.uint64)                        # no multi-item table
 
-from oracles import canonical_code_table, huffman_cost, quantize_ref
+from oracles import canonical_code_table, choose_ref, huffman_cost, quantize_ref
 
 counts_st = arrays(np.int64, st.integers(1, 300),
                    elements=st.one_of(st.just(0), st.integers(1, 10**9)))
@@ -653,3 +653,31 @@ def test_code_length_tables_parse_like_the_reference(size, counts, tail, seed, h
         return
     assert not isinstance(want, str), want
     assert got.tolist() == want[0].tolist() and r.pos == want[1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 40), st.integers(0, 2**31), st.integers(0, 3))
+def test_compiled_mode_choice_matches_numpys(m, nch, seed, kind):
+    """The per-chunk mode choice (``entropy._choose``) runs compiled; it must pick what
+    the numpy version picked: the same ties (few distinct sizes), infinite and huge
+    entries (a constant mode that does not apply), and fractional scores (raw chunks
+    weighted by their margin), summed in numpy's order."""
+    from lcckpt.codec.kernels.sums import choose_modes
+    rng = np.random.default_rng(seed)
+    score = rng.integers(0, 4 if kind == 0 else 10**6, (m, nch)).astype(np.float64)
+    if kind == 1:
+        score[rng.random((m, nch)) < 0.3] = np.iinfo(np.int64).max // 4
+    if kind == 2:
+        score *= rng.choice([1.0, 0.97], (m, 1))
+    if kind == 3:
+        score[rng.random((m, nch)) < 0.2] = np.inf
+    coded = sorted(rng.choice(m, rng.integers(0, min(m, 3) + 1), replace=False).tolist())
+    table = {i: int(rng.integers(0, 60)) for i in coded}
+    want = choose_ref(score, coded, table)
+    got = np.empty(nch, np.int64)
+    tab = np.zeros(m, np.int64)
+    for i, t in table.items():
+        tab[i] = t
+    if not choose_modes(score, np.array(coded, np.int64), tab, got):
+        got = np.argmin(score, axis=0)
+    assert np.array_equal(got, want)

@@ -445,6 +445,35 @@ def test_the_error_model_predicts_the_measured_error(n, seed, rel_step):
     assert abs(model.error_sq(step, up) - measured) <= 0.05 * measured + 1e-12
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 30000), st.integers(0, 2**31), st.sampled_from([0.4, 0.5]))
+def test_the_compiled_error_model_gives_numpys_bits(n, seed, up):
+    """The error model runs compiled (kernels/model.py) and must choose the same steps as
+    the numpy expressions it replaced: every modelled error, level and least-squares step
+    equal to the last bit, sums in numpy's pairwise order included (a sequential sum
+    differs in the last bits, and would move steps and change blobs)."""
+    from oracles import model_errors_ref, model_levels_ref
+
+    from lcckpt.codec.kernels.sums import pairwise_sum
+    from lcckpt.codec.uniform import survey
+    rng = np.random.default_rng(seed)
+    ref = rng.standard_normal(n).astype(np.float32)
+    scale = 10.0 ** rng.uniform(-6, 0, n)            # many octaves: thousands of bins
+    u = (ref + rng.standard_normal(n) * scale).astype(np.float32)
+    model = survey(u, ref).model
+    rms = float(np.sqrt(np.mean((u - ref).astype(np.float64) ** 2))) or 1.0
+    steps = rms * 10.0 ** rng.uniform(-7, 2, 25)
+    assert np.array_equal(model.errors_sq(steps, up), model_errors_ref(model, steps, up))
+    for s in steps[:4]:
+        q = model_levels_ref(model, s, up)
+        assert np.array_equal(model.levels(s, up), q)
+        qq = float(np.sum(model.cnt * q * q))
+        assert model.recon_step(s, up) == (float(np.sum(q * model.s1)) / qq if qq > 0 else s)
+    for k in (0, 1, 7, 8, 9, 127, 128, 129, 300, 9000):
+        a = rng.standard_normal(k) * 10.0 ** rng.integers(-8, 8, k)
+        assert pairwise_sum(a) == np.sum(a)
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.integers(1, 5000), st.integers(0, 2**31), st.booleans(), st.sampled_from([0, 1, 2]))
 def test_survey_histogram_and_sketch_match_numpy_references(n, seed, with_ref, threads):

@@ -28,6 +28,7 @@ from ..util.pool import run_tasks, threads
 from ..errors import InvalidArgumentError
 from .kernels import huffman as hk
 from .kernels import runs as rk
+from .kernels import sums as sk
 
 HUFFMAN, GROUPED, RUNS, RAW, CONST, PAIRS = range(6)
 MODE_NAMES = ("huffman", "grouped", "runs", "raw", "const", "pairs")
@@ -361,24 +362,17 @@ def _choose(score: np.ndarray, modes, lengths: dict) -> np.ndarray:
 
     Every subset of the coded modes is tried (at most 2**3): per chunk the cheapest mode
     in the subset, plus the tables of the modes it uses. On a small tensor a 40-byte
-    table can outweigh everything its mode saves.
+    table can outweigh everything its mode saves. (Compiled: in numpy this took more
+    time than coding a small tensor.)
     """
-    cols = np.arange(score.shape[1])
-    coded = [i for i, m in enumerate(modes) if m in CODED_MODES]
-    tables = {i: lengths_size(lengths[modes[i]]) for i in coded}
-    best, best_choice = np.inf, None
-    for subset in range(1 << len(coded)):
-        masked = score.copy()
-        for k, i in enumerate(coded):
-            if not subset >> k & 1:
-                masked[i] = np.inf
-        choice = np.argmin(masked, axis=0)
-        total = masked[choice, cols].sum() + sum(tables.get(i, 0) for i in np.unique(choice))
-        if total < best:
-            best, best_choice = total, choice
-    if best_choice is None:                   # nothing finite: let argmin decide
-        best_choice = np.argmin(score, axis=0)
-    return best_choice
+    coded = np.array([i for i, m in enumerate(modes) if m in CODED_MODES], np.int64)
+    table = np.zeros(len(modes), np.int64)
+    for i in coded:
+        table[i] = lengths_size(lengths[modes[i]])
+    choice = np.empty(score.shape[1], np.int64)
+    if not sk.choose_modes(np.ascontiguousarray(score, np.float64), coded, table, choice):
+        choice = np.argmin(score, axis=0)       # nothing finite: let argmin decide
+    return choice
 
 
 def _uvar_size(v: np.ndarray) -> np.ndarray:

@@ -450,6 +450,7 @@ def warmup():
         for coder in ("huffman", "grouped", "runs", "auto"):
             decode(encode(x, bits=2, coder=coder))
         decode(encode(x, lossless=True))
+        decode(encode(x, target=0.01))                  # the uniform quantizer and its model
     for dt in (np.int64, np.float16, np.uint8):
         decode(encode(np.arange(64).astype(dt), lossless=True))
     for dt in (np.float32, np.float16):                 # the fused float path

@@ -16,6 +16,7 @@ import numpy as np
 from ..util import memory as _memory
 from ..util.pool import run_tasks, threads
 from ..errors import NonFiniteError
+from .kernels import model as mk
 from .kernels import uniform as uk
 
 
@@ -245,16 +246,11 @@ class _ErrorModel:
         self.lo, self.hi = bounds[keep], bounds[keep + 1]
         self.mean = self.s1 / self.cnt
 
-    def _bounds_levels(self, step, up: float):
-        """``(level of each bin's lower edge, of its upper edge, of the bin)``."""
-        q_lo = np.floor(self.lo / step + up)
-        q_hi = np.floor(np.minimum(self.hi, 1e300) / step + up)
-        return q_lo, q_hi, np.where(q_lo == q_hi, q_lo, np.floor(self.mean / step + up))
-
-    def levels(self, step, up: float) -> np.ndarray:
-        """Level magnitude per bin (straddling bins at their mean); ``step`` may be a
-        column of steps, giving one row per step."""
-        return self._bounds_levels(step, up)[2]
+    def levels(self, step: float, up: float) -> np.ndarray:
+        """Level magnitude per bin (straddling bins at their mean)."""
+        q = np.empty(self.lo.size)
+        mk.bin_levels(self.lo, self.hi, self.mean, float(step), float(up), q)
+        return q
 
     def recon_step(self, step: float, up: float) -> float:
         """The least-squares step to restore levels decided with ``step``:
@@ -270,18 +266,14 @@ class _ErrorModel:
     def errors_sq(self, steps: np.ndarray, up: float) -> np.ndarray:
         """Modelled ``||u - ũ||²`` for each decision step of ``steps``, its levels
         restored with their least-squares step (:meth:`recon_step`)."""
-        st = np.asarray(steps, np.float64).reshape(-1, 1)
-        q_lo, q_hi, q = self._bounds_levels(st, up)
-        qs1 = (q * self.s1).sum(axis=1, keepdims=True)
-        qq = (self.cnt * q * q).sum(axis=1, keepdims=True)
-        r = np.where(qq > 0, qs1 / np.where(qq > 0, qq, 1), st)
-        e = self.s2 - 2 * q * r * self.s1 + self.cnt * (q * r) ** 2
+        st = np.ascontiguousarray(steps, np.float64).reshape(-1)
         # a bin wider than a level holds every rounding offset: the mean error of a
         # uniform offset under the dead zone, ∫ min(f, 1-f past 1-up)² = (1-up)³/3 + up³/3
-        wide = q_hi - q_lo >= 2
         f = ((1 - up) ** 3 + up ** 3) / 3
-        e = np.where(wide, self.cnt * f * st * st, e)
-        return e.sum(axis=1)
+        out = np.empty(st.size)
+        mk.errors_sq(self.lo, self.hi, self.mean, self.cnt, self.s1, self.s2, st, float(up),
+                     float(f), out)
+        return out
 
     def error_sq(self, step: float, up: float) -> float:
         """:meth:`errors_sq` of one step."""

@@ -1,0 +1,62 @@
+"""The uniform quantizer's error model, compiled (``lcckpt.codec.uniform._ErrorModel``).
+
+The step search evaluates the model a few times per tensor over its magnitude bins (up to
+:data:`lcckpt.codec.kernels.uniform.MAG_BINS`, a few thousand nonzero). In numpy each
+evaluation is a dozen array expressions, and a state of hundreds of small tensors spent
+more time there than quantizing them. These loops compute the same numbers bit for bit:
+the same operations in the same order per bin, and every sum in numpy's own pairwise
+order (:func:`lcckpt.codec.kernels.sums.pairwise_sum`), so the chosen steps, and the
+blobs, do not change.
+"""
+
+import numpy as np
+from numba import njit
+
+from .sums import pairwise_sum
+
+_HUGE = 1e300          # an infinite bin edge, capped as the numpy code caps it
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _bin_level(lo, hi, mean, step, up):
+    """``(level of the bin, True when it spans two levels or more)``: the level of its
+    edges where both round alike, else of its mean."""
+    q_lo = np.floor(lo / step + up)
+    q_hi = np.floor(min(hi, _HUGE) / step + up)
+    q = q_lo if q_lo == q_hi else np.floor(mean / step + up)
+    return q, q_hi - q_lo >= 2
+
+
+@njit(cache=True, nogil=True)
+def bin_levels(lo, hi, mean, step, up, q):
+    """Each bin's level at ``step`` into ``q`` (``_ErrorModel.levels``)."""
+    for j in range(lo.size):
+        q[j] = _bin_level(lo[j], hi[j], mean[j], step, up)[0]
+
+
+@njit(cache=True, nogil=True)
+def errors_sq(lo, hi, mean, cnt, s1, s2, steps, up, wide_err, out):
+    """``_ErrorModel.errors_sq``: the modelled ``||u - ũ||²`` of each decision step,
+    its levels restored with their least-squares step, into ``out``; a bin wider than a
+    level errs by ``wide_err·step²`` per element (computed by the caller, as before)."""
+    k = lo.size
+    q = np.empty(k)
+    wide = np.empty(k, np.bool_)
+    a = np.empty(k)
+    b = np.empty(k)
+    for t in range(steps.size):
+        st = steps[t]
+        for j in range(k):
+            q[j], wide[j] = _bin_level(lo[j], hi[j], mean[j], st, up)
+            a[j] = q[j] * s1[j]
+            b[j] = cnt[j] * q[j] * q[j]
+        qs1 = pairwise_sum(a)
+        qq = pairwise_sum(b)
+        r = qs1 / qq if qq > 0 else st
+        for j in range(k):
+            if wide[j]:
+                a[j] = cnt[j] * wide_err * st * st
+            else:
+                qr = q[j] * r
+                a[j] = s2[j] - 2 * q[j] * r * s1[j] + cnt[j] * (qr * qr)
+        out[t] = pairwise_sum(a)

@@ -1,0 +1,115 @@
+"""numpy's float64 sum, bit for bit, for compiled code that must reproduce a numpy
+expression's result exactly (a sequential sum differs in the last bits, and a step or a
+mode chosen by comparing such sums could then change)."""
+
+import numpy as np
+from numba import njit
+
+_BLOCK = 128           # numpy's PW_BLOCKSIZE
+
+
+@njit(cache=True, nogil=True)
+def _block_sum(a, lo, n):
+    """numpy's pairwise summation of at most 128 elements: in order below 8, else 8
+    interleaved accumulators, joined pairwise, then the tail in order."""
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    i = 8
+    m = n - n % 8
+    while i < m:
+        r0 += a[lo + i]
+        r1 += a[lo + i + 1]
+        r2 += a[lo + i + 2]
+        r3 += a[lo + i + 3]
+        r4 += a[lo + i + 4]
+        r5 += a[lo + i + 5]
+        r6 += a[lo + i + 6]
+        r7 += a[lo + i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += a[lo + i]
+        i += 1
+    return res
+
+
+@njit(cache=True, nogil=True)
+def pairwise_sum(a):
+    """``np.sum(a)`` of a contiguous float64 array, bit for bit: numpy's
+    ``pairwise_sum`` (blocks of at most 128 elements, longer spans halved on a multiple
+    of 8, the halves' sums added), its recursion unrolled onto a stack (numba's cache
+    does not keep recursive functions)."""
+    lo_s = np.empty(128, np.int64)       # spans to sum: start, length, halves done
+    n_s = np.empty(128, np.int64)
+    done = np.empty(128, np.int64)
+    vals = np.empty(128)                 # sums of finished spans, innermost last
+    sp, vp = 1, 0
+    lo_s[0], n_s[0], done[0] = 0, a.size, 0
+    while sp:
+        lo, n = lo_s[sp - 1], n_s[sp - 1]
+        if n <= _BLOCK:
+            sp -= 1
+            vals[vp] = _block_sum(a, lo, n)
+            vp += 1
+            continue
+        n2 = n // 2
+        n2 -= n2 % 8
+        if done[sp - 1] < 2:             # the first half, then the second
+            first = done[sp - 1] == 0
+            done[sp - 1] += 1
+            lo_s[sp] = lo if first else lo + n2
+            n_s[sp] = n2 if first else n - n2
+            done[sp] = 0
+            sp += 1
+        else:
+            sp -= 1
+            vp -= 1
+            vals[vp - 1] = vals[vp - 1] + vals[vp]
+    return 0.0 + vals[0]
+
+
+@njit(cache=True, nogil=True)
+def choose_modes(score, coded, table, out):
+    """``entropy._choose``, compiled: for every subset of the coded modes (rows
+    ``coded``), each chunk (column of ``score``) takes its cheapest allowed row (the
+    first on a tie, as ``np.argmin``), and the subset costs its chunks' sum (numpy's
+    order) plus ``table[r]`` once per row it uses; the first cheapest subset's choice
+    goes to ``out``. Returns False when no subset is finite (``out`` untouched)."""
+    m, nch = score.shape
+    allowed = np.empty(m, np.bool_)
+    used = np.empty(m, np.bool_)
+    choice = np.empty(nch, np.int64)
+    vals = np.empty(nch)
+    best = np.inf
+    found = False
+    for subset in range(1 << coded.size):
+        allowed[:] = True
+        for k in range(coded.size):
+            if not (subset >> k) & 1:
+                allowed[coded[k]] = False
+        used[:] = False
+        for c in range(nch):
+            bi = 0
+            bv = score[0, c] if allowed[0] else np.inf
+            for r in range(1, m):
+                v = score[r, c] if allowed[r] else np.inf
+                if v < bv:
+                    bv, bi = v, r
+            choice[c] = bi
+            vals[c] = bv
+            used[bi] = True
+        extra = 0
+        for r in range(m):
+            if used[r]:
+                extra += table[r]
+        total = pairwise_sum(vals) + extra
+        if total < best:
+            best = total
+            out[:] = choice
+            found = True
+    return found
