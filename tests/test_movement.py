@@ -57,6 +57,31 @@ def test_movement_estimate_is_a_slight_underestimate_whatever_the_change(n, seed
     assert 0.93 * true <= moved <= 1.001 * true, (moved, true)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("deferred", [True, False])
+def test_a_keyframes_base_is_sketched_by_its_reference_copy(dtype, deferred, monkeypatch):
+    """A keyframe's movement base is sketched in the same read as its reference copy
+    (chunk by chunk, on the pool, or at once): the sketch must be Movement(u)'s bit for
+    bit, over several chunks, and the base cannot be measured before the copy ends."""
+    import lcckpt.codec.movement as mv
+    from lcckpt import DeltaEncoder
+    monkeypatch.setattr(mv, "CHUNK", 5000)
+    rng = np.random.default_rng(3)
+    u = rng.standard_normal(23_456).astype(dtype)
+    enc = DeltaEncoder(target=0.01, relative_to="movement")
+    enc.encode_parts(u, keyframe=True, defer_copy=deferred)
+    if deferred:
+        assert enc.movement.parts is not None and enc.movement.parts.shape[0] == 5
+        with pytest.raises(RuntimeError, match="not finished"):
+            enc.movement.measure(u)
+        enc.start_copy()
+    enc.settle()
+    assert np.array_equal(enc.ref, u)
+    assert np.array_equal(enc.movement._base, Movement(u)._base)
+    moved, norm = enc.movement.measure(u * 1.01)
+    assert moved > 0 and norm == pytest.approx(1.01 * _norm(u))
+
+
 def test_small_tensors_and_zero_bases_are_measured_exactly():
     rng = np.random.default_rng(1)
     k = rng.standard_normal(BUCKETS).astype(np.float32)

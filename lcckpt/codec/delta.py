@@ -36,7 +36,7 @@ from ..errors import (
     BrokenChainError, CorruptDataError, InvalidArgumentError, NonFiniteError,
     UnsupportedDtypeError,
 )
-from .movement import LOG2, Movement
+from .movement import BUCKETS, LOG2, Movement, copy_sketched
 from .uniform import survey
 
 __all__ = ["DeltaDecoder", "DeltaEncoder", "Reconstruction", "replay", "settle"]
@@ -191,23 +191,29 @@ class DeltaEncoder:
         """An exact blob; ``new_base``: movement counts from it (a keyframe, not an exact
         fallback inside a chain, unless the tensor has no base of its size)."""
         parts = encode_exact(a, dt, self.config.log2, self.raw_keyframes)
+        base = None
         if self.relative_to == "movement" and (new_base or self.movement is None
                                                or self.movement.n != u.size):
-            self.movement = Movement(u)
-        self._set_ref(u, defer_copy)
+            self.settle()                    # a copy still to finish names its own base
+            # a large base's sketch is added by the reference copy, in the same read
+            base = Movement.pending(u.size) if u.size > BUCKETS else Movement(u)
+            self.movement = base
+        self._set_ref(u, defer_copy, base if base is not None and base.parts is not None
+                      else None)
         self.dtype, self.shape = dt, a.shape
         return parts, EncodeStats(u.size, dt.name, "lossless", nbytes=_blob.nbytes(parts),
                                   fallback=why)
 
-    def _set_ref(self, u: np.ndarray, defer: bool = False) -> None:
+    def _set_ref(self, u: np.ndarray, defer: bool = False, base: Movement | None = None) -> None:
         """The reference becomes a copy of ``u``: into the old reference's memory when it
         fits (a keyframe of a tracked tensor: no fresh pages to fault in), in chunks on
         the thread pool, since the copy of a large state is a visible part of a keyframe.
-        ``defer``: only noted here; :meth:`start_copy` or :meth:`settle` makes it."""
+        ``defer``: only noted here; :meth:`start_copy` or :meth:`settle` makes it.
+        ``base``: a :meth:`Movement.pending` whose sketch of ``u`` the copy adds."""
         ref = self.ref
         if ref is None or ref.shape != u.shape or ref.dtype != u.dtype or ref is u:
             ref = _memory.bulk_empty(u.shape, u.dtype)
-        self._ref, self._copy = None, (ref, u, None)
+        self._ref, self._copy = None, (ref, u, None, base)
         if not defer:
             self.settle()
 
@@ -215,22 +221,30 @@ class DeltaEncoder:
         """Start a deferred reference copy on the thread pool (nothing if none waits)."""
         if self._copy is None or self._copy[2] is not None:
             return
-        ref, u, _ = self._copy
-        per = _pool.COPY_CHUNK
-        self._copy = (ref, u, [submit(np.copyto, ref[c * per:(c + 1) * per],
-                                      u[c * per:(c + 1) * per])
-                               for c in range(-(-u.size // per))])
+        ref, u, _, base = self._copy
+        if base is not None:
+            tasks = [submit(copy_sketched, ref, u, base.parts, c)
+                     for c in range(base.parts.shape[0])]
+        else:
+            per = _pool.COPY_CHUNK
+            tasks = [submit(np.copyto, ref[c * per:(c + 1) * per], u[c * per:(c + 1) * per])
+                     for c in range(-(-u.size // per))]
+        self._copy = (ref, u, tasks, base)
 
     def settle(self) -> None:
         """Finish a deferred reference copy: wait for it, or make it now if not started."""
         if self._copy is None:
             return
-        ref, u, futures = self._copy
-        if futures is None:
-            _pool.copy(ref, u)
-        else:
+        ref, u, futures, base = self._copy
+        if futures is not None:
             for f in futures:
                 f.result()
+        elif base is not None:
+            run_tasks(lambda c: copy_sketched(ref, u, base.parts, c), base.parts.shape[0])
+        else:
+            _pool.copy(ref, u)
+        if base is not None:
+            base.finish()
         self._copy, self._ref = None, ref
 
     def reference(self):

@@ -21,32 +21,39 @@ import numpy as np
 from ..util.pool import run_tasks
 from .kernels import sketch as sk
 
-__all__ = ["Movement", "BUCKETS", "LOG2", "SAFETY"]
+__all__ = ["Movement", "BUCKETS", "CHUNK", "LOG2", "SAFETY", "copy_sketched"]
 
 LOG2 = 12
 BUCKETS = 1 << LOG2         # sketch size; tensors this small keep their base exactly
 SAFETY = 1 - 3 * np.sqrt(2 / BUCKETS) / 2   # ~0.967: a lower estimate of the norm
-_CHUNK = 1 << 20             # elements per sketch task
+CHUNK = 1 << 20              # elements per sketch task (a part of its own)
 
 
 def sketch(x: np.ndarray) -> tuple[np.ndarray, float]:
     """The :data:`BUCKETS`-value sketch of flat ``x`` and its squared norm (fp64)."""
     n = x.size
-    nch = max(1, -(-n // _CHUNK))
+    nch = max(1, -(-n // CHUNK))
     parts = np.zeros((nch, BUCKETS))
-    ss = run_tasks(lambda c: sk.add_sketch(x, c * _CHUNK, min(n, (c + 1) * _CHUNK),
+    ss = run_tasks(lambda c: sk.add_sketch(x, c * CHUNK, min(n, (c + 1) * CHUNK),
                                            parts[c], LOG2), nch)
     return parts.sum(axis=0), float(sum(ss))
+
+
+def copy_sketched(dst: np.ndarray, src: np.ndarray, parts: np.ndarray, c: int) -> None:
+    """Chunk ``c`` of ``dst[:] = src`` with its part of :func:`sketch` of ``src``."""
+    lo, hi = c * CHUNK, min(src.size, (c + 1) * CHUNK)
+    sk.copy_sketch(dst, src, lo, hi, parts[c], LOG2)
 
 
 class Movement:
     """The base (keyframe) of one tracked tensor, kept to measure ``||u - base||₂``."""
 
-    __slots__ = ("n", "_base")
+    __slots__ = ("n", "_base", "parts")
 
     def __init__(self, base: np.ndarray | None, n: int | None = None):
         """``base``: the flat keyframe values (None: zeros of ``n`` elements)."""
         self.n = base.size if base is not None else int(n)
+        self.parts = None
         if base is None:
             self._base = None
         elif base.size <= BUCKETS:
@@ -54,15 +61,31 @@ class Movement:
         else:
             self._base = sketch(base)[0]
 
+    @classmethod
+    def pending(cls, n: int) -> "Movement":
+        """The base of a large tensor whose sketch is still to be added, a chunk of
+        :data:`CHUNK` elements at a time, into :attr:`parts` (a keyframe's reference
+        copy takes it in the same read: :func:`copy_sketched`); :meth:`finish` then
+        makes it what ``Movement(base)`` would be, bit for bit."""
+        m = cls(None, n)
+        m.parts = np.zeros((max(1, -(-n // CHUNK)), BUCKETS))
+        return m
+
+    def finish(self) -> None:
+        if self.parts is not None:
+            self._base, self.parts = self.parts.sum(axis=0), None
+
     @property
     def sketched(self) -> bool:
         """Whether :meth:`measure` needs the sketch of ``u`` (a large tensor's base)."""
-        return self._base is not None and self.n > BUCKETS
+        return (self._base is not None or self.parts is not None) and self.n > BUCKETS
 
     def measure(self, u: np.ndarray, sketch_of_u: tuple | None = None) -> tuple[float, float]:
         """``(movement, ||u||)`` for flat ``u``: the movement exact for a zero or small
         base, else the sketch's lower estimate. ``sketch_of_u``: :func:`sketch` of ``u``,
         when the caller took it already (in the delta's one read of the state)."""
+        if self.parts is not None:
+            raise RuntimeError("the base's sketch is not finished (Movement.finish)")
         if self._base is None:
             if u.size <= BUCKETS:
                 norm = float(np.sqrt(np.dot(u.astype(np.float64), u.astype(np.float64))))

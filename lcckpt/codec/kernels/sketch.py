@@ -35,3 +35,16 @@ def add_sketch(x, start, stop, out, log2m):
         # (3x slower); v * -1.0 is -v exactly, so the sums are the same bit for bit
         out[np.int64(h >> shift)] += np.float64(2 * np.int64(h & np.uint64(1)) - 1) * v
     return ss
+
+
+@njit(cache=True, nogil=True)
+def copy_sketch(dst, src, start, stop, out, log2m):
+    """``dst[start:stop] = src[start:stop]`` and :func:`add_sketch` of ``src`` over the
+    range, in one read (a keyframe's reference copy and its movement base: the same
+    buckets, signs and adds, bit for bit)."""
+    shift = np.uint64(64 - log2m)
+    for i in range(start, stop):
+        x = src[i]
+        dst[i] = x
+        h = _mix(i)
+        out[np.int64(h >> shift)] += np.float64(2 * np.int64(h & np.uint64(1)) - 1) * np.float64(x)
