@@ -13,8 +13,8 @@ from .errors import (
 __version__ = "0.1.0"
 
 from .codec.config import CodecConfig
-from .codec.tensor import EncodeStats, decode, encode, warmup
-from .codec.delta import DeltaDecoder, DeltaEncoder
+from .codec.tensor import EncodeStats, decode, encode
+from .codec.delta import DeltaDecoder, DeltaEncoder, warmup
 from .format.serialization import load, read_metadata, register_codec, register_section_codec, save
 from .format.safetensors_io import load_safetensors, save_safetensors
 from .interop.convert import convert

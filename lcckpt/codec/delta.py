@@ -27,7 +27,7 @@ from ..util.pool import run_balanced, run_tasks, submit
 from .blob import LOSSLESS, Parsed, parse
 from .tensor import (
     EncodeStats, apply_escapes, decode_exact, decode_symbols_into, encode_exact,
-    exact_chunk_decoder, guarded_encode,
+    exact_chunk_decoder, guarded_encode, warmup as _tensor_warmup,
 )
 from .config import CodecConfig
 from .entropy import CodeCache
@@ -481,3 +481,18 @@ def _replay_chunk(steps: list, c: int, ref: np.ndarray, cs: int) -> None:
         flush()
         step[0](c)
     flush()
+
+
+def warmup():
+    """Load (or compile, on the very first run) every kernel, so later calls are fast.
+
+    Numba caches compiled kernels on disk; the first call in a process still pays for
+    loading them. Call this at start-up to move that cost out of the first checkpoint.
+    (The codec's kernels, :func:`lcckpt.codec.tensor.warmup`, then a delta encoder's
+    keyframe: its reference copy with the movement sketch.)
+    """
+    _tensor_warmup()
+    rng = np.random.default_rng(0)
+    for dt in (np.float32, np.float64):
+        DeltaEncoder(target=0.01, relative_to="movement").encode(
+            rng.standard_normal(2 * BUCKETS).astype(dt), keyframe=True)

@@ -455,7 +455,3 @@ def warmup():
         decode(encode(np.arange(64).astype(dt), lossless=True))
     for dt in (np.float32, np.float16):                 # the fused float path
         decode(encode(rng.standard_normal(lossless.FAST_MIN_WORDS).astype(dt), lossless=True))
-    from .delta import DeltaEncoder                     # a keyframe's copy with its sketch
-    for dt in (np.float32, np.float64):
-        DeltaEncoder(target=0.01, relative_to="movement").encode(
-            rng.standard_normal(8192).astype(dt), keyframe=True)
