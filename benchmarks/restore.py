@@ -1,14 +1,17 @@
-"""Restore time of a default chain's newest step against ``torch.load`` of the same state.
+"""Restore time of a default chain's steps against ``torch.load`` of the same state.
 
-    python benchmarks/restore.py [--model mlp|minilm] [--deltas 10] [--rounds 5] [--json OUT]
+    python benchmarks/restore.py [--model mlp|minilm] [--deltas 10] [--rounds 5]
+                                 [--every-step] [--json OUT]
 
 The state is ``benchmarks/save.py``'s: the ~20M-parameter MLP under Adam (or the MiniLM-L6
 fine-tune under AdamW), a keyframe and ``--deltas`` deltas written by a default
-``DeltaCheckpointer``, and ``torch.save`` of the last state. Then ``--rounds`` rounds in
-which ``DeltaCheckpointer.load()`` and ``torch.load`` take turns, files in the page cache;
-medians, and the median of the per-round ratios. To compare two versions of lcckpt, write
-the chain once (``--dir D --keep``) and time it with each (``--dir D --reuse``, the
-other version first on ``PYTHONPATH``), taking turns.
+``DeltaCheckpointer``, and ``torch.save`` of each step's state. Then ``--rounds`` rounds in
+which ``DeltaCheckpointer.load()`` of the newest step and ``torch.load`` of its state take
+turns, files in the page cache; medians, and the median of the per-round ratios. With
+``--every-step``, every step of the chain so (the keyframe and each delta), then the
+median over the steps of their ratios and the worst step. To compare two versions of
+lcckpt, write the chain once (``--dir D --keep``) and time it with each (``--dir D
+--reuse``, the other version first on ``PYTHONPATH``), taking turns.
 """
 
 import argparse
@@ -29,33 +32,51 @@ from save import _trajectory  # noqa: E402
 
 
 def write(d: str, model: str, deltas: int) -> None:
-    """The chain (keyframe + ``deltas`` deltas) and ``last.pt`` into ``d``."""
+    """The chain (keyframe + ``deltas`` deltas) and ``torch.save`` of each step's state
+    (``torch-<step>.pt``) into ``d``."""
     snaps, _, _ = _trajectory(model, deltas)
     snaps = snaps[1: deltas + 2]             # the optimizer's state exists from here on
     with lcckpt.DeltaCheckpointer(os.path.join(d, "chain")) as ck:
         for step, state in snaps:
             ck.save(step, state)
-    torch.save(snaps[-1][1], os.path.join(d, "last.pt"))
+            torch.save(state, _torch_file(d, step))
 
 
-def measure(d: str, rounds: int) -> dict:
-    ck = lcckpt.DeltaCheckpointer(os.path.join(d, "chain"))
-    ck.load()                                # the files into the page cache, kernels loaded
-    torch.load(os.path.join(d, "last.pt"), weights_only=True)
+def _torch_file(d: str, step: int) -> str:
+    return os.path.join(d, f"torch-{step}.pt")
+
+
+def measure_step(ck, path: str, step: int, rounds: int) -> dict:
+    """``ck.load(step)`` and ``torch.load(path)`` taking turns, after one untimed each
+    (the files into the page cache, kernels loaded)."""
+    load = lambda: torch.load(path, weights_only=True)      # noqa: E731
+    ck.load(step)
+    load()
     times = {"restore": [], "torch.load": []}
     for _ in range(rounds):
-        for k, fn in (("restore", ck.load),
-                      ("torch.load", lambda: torch.load(os.path.join(d, "last.pt"),
-                                                        weights_only=True))):
+        for k, fn in (("restore", lambda: ck.load(step)), ("torch.load", load)):
             t = time.perf_counter()
             out = fn()
             times[k].append(time.perf_counter() - t)
             del out
     ratios = [a / b for a, b in zip(times["restore"], times["torch.load"])]
-    return {"steps": ck.steps(), "restore_s": statistics.median(times["restore"]),
+    return {"step": step, "restore_s": statistics.median(times["restore"]),
             "torch_load_s": statistics.median(times["torch.load"]),
             "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
             "ratio_max": max(ratios), "rounds": times}
+
+
+def measure(d: str, rounds: int, every_step: bool = False) -> dict:
+    ck = lcckpt.DeltaCheckpointer(os.path.join(d, "chain"))
+    steps = ck.steps()
+    rows = [measure_step(ck, _torch_file(d, s), s, rounds)
+            for s in (steps if every_step else steps[-1:])]
+    out = {"steps": steps, **rows[-1], "per_step": rows}
+    if every_step:
+        worst = max(rows, key=lambda r: r["ratio_median"])
+        out.update(ratio_over_steps=statistics.median(r["ratio_median"] for r in rows),
+                   worst_step=worst["step"], worst_ratio=worst["ratio_median"])
+    return out
 
 
 def main(argv=None) -> int:
@@ -66,6 +87,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", default=None, help="where the chain is written (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep --dir afterwards")
     ap.add_argument("--reuse", action="store_true", help="time the chain already in --dir")
+    ap.add_argument("--every-step", action="store_true",
+                    help="time every step of the chain, not only the newest")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     if a.reuse and a.dir is None:
@@ -77,14 +100,20 @@ def main(argv=None) -> int:
             write(d, a.model, a.deltas)
         lcckpt.warmup()
         torch.set_num_threads(max(1, torch.get_num_threads()))
-        res = measure(d, a.rounds)
+        res = measure(d, a.rounds, a.every_step)
     finally:
         if not (a.keep or a.reuse):
             shutil.rmtree(d, ignore_errors=True)
-    print(f"{a.model}: restore of step {res['steps'][-1]} (keyframe + {len(res['steps']) - 1} "
-          f"deltas) {res['restore_s']:.3f} s, torch.load {res['torch_load_s']:.3f} s; per round "
-          f"{res['ratio_median']:.2f}x ({res['ratio_min']:.2f}-{res['ratio_max']:.2f}x), "
-          f"median of {a.rounds}")
+    steps = res["steps"]
+    for r in res["per_step"]:
+        depth = steps.index(r["step"])
+        print(f"{a.model}: restore of step {r['step']} (keyframe + {depth} deltas) "
+              f"{r['restore_s']:.3f} s, torch.load {r['torch_load_s']:.3f} s; per round "
+              f"{r['ratio_median']:.2f}x ({r['ratio_min']:.2f}-{r['ratio_max']:.2f}x), "
+              f"median of {a.rounds}")
+    if a.every_step:
+        print(f"{a.model}: over the {len(steps)} steps, median {res['ratio_over_steps']:.2f}x "
+              f"torch.load; worst step {res['worst_step']}, {res['worst_ratio']:.2f}x")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"environment": environment(), "model": a.model, **res}, f, indent=1)
