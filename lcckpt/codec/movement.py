@@ -72,6 +72,7 @@ class Movement:
         return m
 
     def finish(self) -> None:
+        """The parts summed into the base, once all were added (a no-op after)."""
         if self.parts is not None:
             self._base, self.parts = self.parts.sum(axis=0), None
 

@@ -42,8 +42,8 @@ def _block_sum(a, lo, n):
 def pairwise_sum(a):
     """``np.sum(a)`` of a contiguous float64 array, bit for bit: numpy's
     ``pairwise_sum`` (blocks of at most 128 elements, longer spans halved on a multiple
-    of 8, the halves' sums added), its recursion unrolled onto a stack (numba's cache
-    does not keep recursive functions)."""
+    of 8, the halves' sums added), its recursion unrolled onto a stack (a recursive
+    kernel crashed the interpreter when numba loaded it from its disk cache)."""
     lo_s = np.empty(128, np.int64)       # spans to sum: start, length, halves done
     n_s = np.empty(128, np.int64)
     done = np.empty(128, np.int64)
