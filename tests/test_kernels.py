@@ -681,3 +681,33 @@ def test_compiled_mode_choice_matches_numpys(m, nch, seed, kind):
     if not choose_modes(score, np.array(coded, np.int64), tab, got):
         got = np.argmin(score, axis=0)
     assert np.array_equal(got, want)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 5000), st.floats(0.0, 1.0), st.integers(0, 2**31),
+       st.sampled_from([np.uint32, np.uint64]), st.sampled_from([np.float32, np.float64]),
+       st.integers(6, 12))
+def test_escapes_are_set_as_numpys_fancy_assignment_sets_them(n, density, seed, it, ft, log2):
+    """A uniform blob's escapes are set (and an encoder's taken) by compiled loops: the
+    same elements as ``out[idx] = val`` and ``src[idx]``, chunk by chunk through the
+    binary search, at every density (the chunk edges included); an index past the array
+    is counted, not written."""
+    from lcckpt.codec.kernels import uniform as uk
+    rng = np.random.default_rng(seed)
+    idx = np.flatnonzero(rng.random(n) < density).astype(it)
+    val = rng.standard_normal(idx.size).astype(ft)
+    base = rng.standard_normal(n).astype(ft)
+    want = base.copy()
+    want[idx] = val
+    got = base.copy()
+    assert uk.set_escapes(got, idx, val) == 0 and np.array_equal(got, want)
+    got = base.copy()
+    cs = 1 << log2
+    for c in range(-(-n // cs)):
+        assert uk.set_range_escapes(got, idx, val, c * cs, (c + 1) * cs) == 0
+    assert np.array_equal(got, want)
+    taken = np.empty(idx.size, ft)
+    assert uk.take(want, idx, taken) == 0 and np.array_equal(taken, want[idx])
+    past = np.array([n, n + 7], it)
+    assert uk.set_escapes(got, past, np.zeros(2, ft)) == 2 and np.array_equal(got, want)
+    assert uk.take(want, past, np.zeros(2, ft)) == 2

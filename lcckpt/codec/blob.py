@@ -352,11 +352,12 @@ def lazy_escapes(n: int, escf: np.ndarray, count: int, source: np.ndarray, ref):
         yield idx
     if total != count:
         raise AssertionError(f"escapes: listed {total}, counted {count}")
+    vals = np.empty(min(count, ESCAPE_RANGE), source.dtype)
     for idx in listed():
-        val = source[idx]
-        if ref is not None:
-            ref[idx] = val
-        yield val.astype(val.dtype.newbyteorder("<"), copy=False)
+        val = vals[:idx.size]
+        if uk.take(source, idx, val) or (ref is not None and uk.set_escapes(ref, idx, val)):
+            raise AssertionError("escapes: an index past the tensor")
+        yield val.astype(val.dtype.newbyteorder("<"), copy=False)   # valid until the next
 
 
 def _read_escapes(buf, at: int, p: Parsed) -> None:

@@ -22,8 +22,11 @@ from .. import limits
 from ..util.pool import run_tasks
 from .blob import LOSSLESS, UNIFORM, Parsed, parse
 from .config import CodecConfig
-from ..errors import ChecksumError, InvalidArgumentError, UnsupportedDtypeError
+from ..errors import (
+    ChecksumError, CorruptDataError, InvalidArgumentError, UnsupportedDtypeError,
+)
 from .quantize import SPLIT_SHARE, Quantized, quantize
+from .kernels import uniform as uk
 from .uniform import Uniform, escape_index_dtype, uniform_quantize
 
 __all__ = ["EncodeStats", "decode", "encode", "warmup"]
@@ -187,7 +190,7 @@ def encode_uniform(uq: Uniform, dt: dtypes.DType, shape, cfg: CodecConfig, cache
             n, uq.escf, uq.escapes, uq.source, ref)), enc.size + esc_bytes)
     else:
         if ref is not None:
-            ref[uq.esc_idx] = uq.esc_val
+            set_escapes(ref, uq.esc_idx, uq.esc_val)
         parts = _blob.finish(w, enc.parts + _blob.escape_parts(n, uq.esc_idx, uq.esc_val))
     st = EncodeStats(n, dt.name, "uniform", uq.bits, cfg.coder, _blob.nbytes(parts),
                      step=uq.step, escapes=uq.escapes)
@@ -358,7 +361,14 @@ def decode_symbols_into(buf, p: Parsed, out: np.ndarray, clear: bool = False):
     streams.decode(buf, p.payload_base, p.layouts[0], p.n, 1 << p.log2, p.bits, None,
                    "lcckpt blob", apply=(p.centroids, out), clear=clear)
     if p.kind == UNIFORM and p.esc_idx.size:
-        out[p.esc_idx] = p.esc_val
+        set_escapes(out, p.esc_idx, p.esc_val)
+
+
+def set_escapes(out: np.ndarray, idx: np.ndarray, val: np.ndarray) -> None:
+    """``out[idx] = val`` for a uniform blob's escapes, compiled (see
+    :func:`lcckpt.codec.kernels.uniform.set_escapes`)."""
+    if uk.set_escapes(out, idx, val):
+        raise CorruptDataError(f"escape index past the end of {out.size} elements")
 
 
 def apply_escapes(p: Parsed, out: np.ndarray, c: int) -> None:
@@ -366,9 +376,8 @@ def apply_escapes(p: Parsed, out: np.ndarray, c: int) -> None:
     if p.esc_idx is None or not p.esc_idx.size:
         return
     cs = 1 << p.log2
-    a, b = np.searchsorted(p.esc_idx, (c * cs, (c + 1) * cs))
-    if b > a:
-        out[p.esc_idx[a:b]] = p.esc_val[a:b]
+    if uk.set_range_escapes(out, p.esc_idx, p.esc_val, c * cs, (c + 1) * cs):
+        raise CorruptDataError(f"escape index past the end of {out.size} elements")
 
 
 def exact_chunk_decoder(buf, p: Parsed, a: np.ndarray):

@@ -89,7 +89,9 @@ class Uniform:
         if self._listed is None:     # indices in the blob's own dtype: no second copy
             idx = np.empty(self.escapes, escape_index_dtype(self.sym.size))
             idx = idx[:uk.list_bits(self.escf, self.sym.size, idx)]
-            self._listed = (idx, self.source[idx])
+            val = np.empty(idx.size, self.source.dtype)
+            uk.take(self.source, idx, val)
+            self._listed = (idx, val)
         return self._listed
 
     def reconstruction(self, ref: np.ndarray | None) -> np.ndarray:
