@@ -191,15 +191,13 @@ class DeltaEncoder:
         """An exact blob; ``new_base``: movement counts from it (a keyframe, not an exact
         fallback inside a chain, unless the tensor has no base of its size)."""
         parts = encode_exact(a, dt, self.config.log2, self.raw_keyframes)
-        base = None
+        pending = None
         if self.relative_to == "movement" and (new_base or self.movement is None
                                                or self.movement.n != u.size):
-            self.settle()                    # a copy still to finish names its own base
             # a large base's sketch is added by the reference copy, in the same read
-            base = Movement.pending(u.size) if u.size > BUCKETS else Movement(u)
-            self.movement = base
-        self._set_ref(u, defer_copy, base if base is not None and base.parts is not None
-                      else None)
+            pending = Movement.pending(u.size) if u.size > BUCKETS else None
+            self.movement = pending or Movement(u)
+        self._set_ref(u, defer_copy, pending)
         self.dtype, self.shape = dt, a.shape
         return parts, EncodeStats(u.size, dt.name, "lossless", nbytes=_blob.nbytes(parts),
                                   fallback=why)

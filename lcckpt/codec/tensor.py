@@ -367,7 +367,11 @@ def decode_symbols_into(buf, p: Parsed, out: np.ndarray, clear: bool = False):
 def set_escapes(out: np.ndarray, idx: np.ndarray, val: np.ndarray) -> None:
     """``out[idx] = val`` for a uniform blob's escapes, compiled (see
     :func:`lcckpt.codec.kernels.uniform.set_escapes`)."""
-    if uk.set_escapes(out, idx, val):
+    _escapes_set(uk.set_escapes(out, idx, val), out)
+
+
+def _escapes_set(outside: int, out: np.ndarray) -> None:
+    if outside:
         raise CorruptDataError(f"escape index past the end of {out.size} elements")
 
 
@@ -376,8 +380,7 @@ def apply_escapes(p: Parsed, out: np.ndarray, c: int) -> None:
     if p.esc_idx is None or not p.esc_idx.size:
         return
     cs = 1 << p.log2
-    if uk.set_range_escapes(out, p.esc_idx, p.esc_val, c * cs, (c + 1) * cs):
-        raise CorruptDataError(f"escape index past the end of {out.size} elements")
+    _escapes_set(uk.set_range_escapes(out, p.esc_idx, p.esc_val, c * cs, (c + 1) * cs), out)
 
 
 def exact_chunk_decoder(buf, p: Parsed, a: np.ndarray):

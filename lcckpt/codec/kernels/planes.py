@@ -315,8 +315,9 @@ def decode4(bufs, s, e, n, multis, singles, tbs, out, o, used):
         used[j] = -1
     if bad:
         return
-    t0, t1, t2, t3 = singles             # unpacked, as the buffers: they need not share a
-    used[0] = _finish(buf0, s[0], b0, e[0], i0, n[0], m0, t0, tbs[0], out, o0)   # type
+    # unpacked, as the buffers: the four tables need not share a type
+    t0, t1, t2, t3 = singles
+    used[0] = _finish(buf0, s[0], b0, e[0], i0, n[0], m0, t0, tbs[0], out, o0)
     used[1] = _finish(buf1, s[1], b1, e[1], i1, n[1], m1, t1, tbs[1], out, o1)
     used[2] = _finish(buf2, s[2], b2, e[2], i2, n[2], m2, t2, tbs[2], out, o2)
     used[3] = _finish(buf3, s[3], b3, e[3], i3, n[3], m3, t3, tbs[3], out, o3)

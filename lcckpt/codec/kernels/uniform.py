@@ -370,17 +370,23 @@ def survey_range(u, ref, use_ref, start, stop, out, sketch, log2m, cnt, s1, s2):
     out[2] = min(min(m0, m1), min(m2, m3))
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _index(idx, i, n):
+    """``idx[i]`` as an int64, or -1 when it falls outside ``[0, n)``."""
+    j = np.int64(idx[i])
+    return j if 0 <= j < n else np.int64(-1)
+
+
 @njit(cache=True, nogil=True)
 def set_escapes(out, idx, val):
     """``out[idx[i]] = val[i]``: a uniform blob's escaped elements set (numpy's fancy
     assignment converts the indices and holds the GIL: 21 ms for the 3.2M escapes of a
     delta early in Adam's run, 4.4 ms here). Returns how many indices fall outside
     ``out`` (not set; a parsed blob's were checked already)."""
-    n = out.size
     bad = 0
     for i in range(idx.size):
-        j = np.int64(idx[i])
-        if j < 0 or j >= n:
+        j = _index(idx, i, out.size)
+        if j < 0:
             bad += 1
         else:
             out[j] = val[i]
@@ -391,11 +397,10 @@ def set_escapes(out, idx, val):
 def take(src, idx, out):
     """``out[i] = src[idx[i]]`` (the escaped elements' values), bounds checked as
     :func:`set_escapes`."""
-    n = src.size
     bad = 0
     for i in range(idx.size):
-        j = np.int64(idx[i])
-        if j < 0 or j >= n:
+        j = _index(idx, i, src.size)
+        if j < 0:
             bad += 1
         else:
             out[i] = src[j]
