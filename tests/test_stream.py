@@ -307,9 +307,9 @@ def test_a_lazy_uniform_blob_is_the_eager_one_and_advances_the_same_reference(mo
     cfg = CodecConfig(target=3e-5, chunk_size=1024)
     dt = dtypes.of(u)
     outs = []
-    for lazy in (False, True):
-        uq = uniform_quantize(u, ref, cfg.target, cfg.chunk_size)
-        assert uq.escapes >= 300
+    for lazy, count in ((False, None), (True, None), (True, entropy.uniform_modes("auto", 4))):
+        uq = uniform_quantize(u, ref, cfg.target, cfg.chunk_size, count=count)
+        assert uq.escapes >= 300 and (uq.sym is None) == (count is not None)
         r = ref.copy()
         parts, st = encode_uniform(uq, dt, u.shape, cfg, None, r, lazy=lazy)
         if lazy:
@@ -321,22 +321,72 @@ def test_a_lazy_uniform_blob_is_the_eager_one_and_advances_the_same_reference(mo
         blob = b"".join(pieces)
         assert len(blob) == B.nbytes(parts) == st.nbytes
         outs.append((blob, r))
-    assert outs[0][0] == outs[1][0] and np.array_equal(outs[0][1], outs[1][1])
+    for blob, r in outs[1:]:
+        assert blob == outs[0][0] and np.array_equal(r, outs[0][1])
     assert not np.array_equal(outs[1][1], ref)
+
+
+@pytest.mark.parametrize("kind", ["dense", "sparse", "nonneg", "no-ref", "fp16"])
+@pytest.mark.parametrize("share", [0.02, 0.3, 0.9])
+def test_a_delta_that_holds_no_symbols_codes_the_held_ones_bytes(kind, share):
+    """Quantized without holding its symbols (each chunk's quantized again as it is
+    coded, the coder's counts taken by the quantizing pass): the same blob, bit for bit,
+    and the same reference, across symbol widths, the grouped, runs and const modes,
+    escapes, the floor of a tensor without negative values and fp16's limit."""
+    from lcckpt.codec import blob as B, dtypes, entropy
+    from lcckpt.codec.config import CodecConfig
+    from lcckpt.codec.tensor import encode_uniform
+    from lcckpt.codec.uniform import uniform_quantize
+    rng = np.random.default_rng(int(share * 100) + len(kind))
+    n = 3 * 4096 + 777                                  # a ragged last chunk
+    ref = rng.standard_normal(n).astype(np.float32)
+    d = (0.01 * rng.laplace(size=n)).astype(np.float32)
+    if kind == "sparse":
+        d[rng.random(n) < 0.95] = 0
+    d[::500] *= 300                                     # escapes at fine steps
+    u = ref + d
+    limit, dt = None, dtypes.of(u)
+    if kind == "nonneg":
+        u, ref = np.abs(u), np.abs(ref)
+    elif kind == "fp16":
+        u, ref = u * 3e4, ref * 3e4                     # near fp16's largest value
+        limit, dt = 65504.0, dtypes.BY_NAME["F16"]
+    if kind == "no-ref":
+        ref, target = None, share
+    else:
+        target = float(share * np.linalg.norm(u - ref) / np.linalg.norm(u))
+    cfg = CodecConfig(target=target, chunk_size=4096)
+    outs = []
+    for count in (None, entropy.uniform_modes("auto", 4)):
+        uq = uniform_quantize(u, ref, target, 4096, limit, count=count)
+        r = None if ref is None else ref.copy()
+        parts, st = encode_uniform(uq, dt, u.shape, cfg, None, r, lazy=True)
+        outs.append((b"".join(bytes(p) for p in parts), r, st.chunk_modes))
+    assert outs[0][0] == outs[1][0]
+    assert ref is None or np.array_equal(outs[0][1], outs[1][1])
+    with pytest.raises(ValueError, match="lazily"):       # nothing to code it from at once
+        encode_uniform(uniform_quantize(u, ref, target, 4096, limit,
+                                        count=entropy.uniform_modes("auto", 4)),
+                       dt, u.shape, cfg, None, None if ref is None else ref.copy())
+    assert B.nbytes(parts) == len(outs[1][0])
 
 
 def test_a_streamed_delta_holds_no_coded_tensor_and_loads_as_a_held_one(tmp_path, monkeypatch):
     """A large state's delta is coded while the file takes it: each uniform blob a
-    LazyBlob read to its end by the file, and the chain loads bit for bit as one
-    written whole."""
-    from lcckpt.codec import blob as B, entropy
+    LazyBlob read to its end by the file, its large tensors' symbols never held, and the
+    chain loads bit for bit as one written whole."""
+    from lcckpt.codec import blob as B, entropy, tensor as T
     monkeypatch.setattr(entropy, "LAZY_BATCH", 4096)
+    monkeypatch.setattr(T, "HELD_SYMBOLS", 2000)
     s = _state()
     _, nbytes = census(s)
-    made = []
+    made, free = [], []
     real = B.LazyBlob.__init__
     monkeypatch.setattr(B.LazyBlob, "__init__",
                         lambda self, *a: (made.append(self), real(self, *a))[1])
+    quantize = T.uniform_quantize
+    monkeypatch.setattr(T, "uniform_quantize", lambda *a, **k: (
+        free.append(k["count"] is not None), quantize(*a, **k))[1])
     held = C.DeltaCheckpointer(tmp_path / "held")
     monkeypatch.setattr(S, "STREAM_ABOVE", nbytes)
     ck = C.DeltaCheckpointer(tmp_path / "streamed")
@@ -349,6 +399,7 @@ def test_a_streamed_delta_holds_no_coded_tensor_and_loads_as_a_held_one(tmp_path
         monkeypatch.setattr(S, "STREAM_ABOVE", nbytes)
     assert len(made) >= 3 and len(made) % 3 == 0         # each delta's uniform blobs
     assert all(b._it is not None and next(b._it, None) is None for b in made)   # read out
+    assert any(free) and not all(free)          # the largest streamed tensors held none
     for k in range(4):
         _check(ck.load(k), held.load(k))
 

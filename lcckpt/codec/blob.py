@@ -328,19 +328,22 @@ def escape_parts(n: int, idx: np.ndarray, val: np.ndarray) -> list:
             np.ascontiguousarray(val).astype(val.dtype.newbyteorder("<"), copy=False)]
 
 
-ESCAPE_RANGE = 1 << 23     # elements whose escapes are listed at a time (lazy_escapes)
+ESCAPE_RANGE = 1 << 20     # elements whose escapes are listed at a time (lazy_escapes)
 
 
 def lazy_escapes(n: int, escf: np.ndarray, count: int, source: np.ndarray, ref):
     """:func:`escape_parts` made range by range from the escape bitmap (bit ``i % 8`` of
     byte ``i // 8``), never listing all ``count`` escapes at once: first their indices,
     then their values, which are also set in ``ref`` (the encoder's reference; None:
-    nothing set)."""
+    nothing set). One index buffer serves both passes, sized for the range with the
+    most escapes."""
     it = escape_index_dtype(n)
     step = ESCAPE_RANGE // 8
+    most = max((int(uk.count_bits(escf[j:j + step])) for j in range(0, escf.size, step)),
+               default=0)
+    buf = np.empty(most, it)
 
     def listed():
-        buf = np.empty(min(count, ESCAPE_RANGE), it)
         for j in range(0, escf.size, step):
             k = uk.list_bits(escf[j:j + step], min(n - 8 * j, ESCAPE_RANGE), buf)
             if k:
@@ -352,7 +355,7 @@ def lazy_escapes(n: int, escf: np.ndarray, count: int, source: np.ndarray, ref):
         yield idx
     if total != count:
         raise AssertionError(f"escapes: listed {total}, counted {count}")
-    vals = np.empty(min(count, ESCAPE_RANGE), source.dtype)
+    vals = np.empty(most, source.dtype)
     for idx in listed():
         val = vals[:idx.size]
         if uk.take(source, idx, val) or (ref is not None and uk.set_escapes(ref, idx, val)):

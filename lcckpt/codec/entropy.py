@@ -19,6 +19,7 @@ This module knows nothing of floats: the quantizer and the lossless codec feed i
 The stream's wire format (code tables, chunk table) and its decoder are streams.py's.
 """
 
+import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -37,6 +38,7 @@ BYTES_READ = (HUFFMAN, RAW, CONST, PAIRS)   # what a byte plane may hold (pairs:
 CODED_MODES = (HUFFMAN, GROUPED, RUNS)
 CACHE_SLACK = 1.01          # reuse a cached code while it costs at most 1% more
 RAW_MARGIN = 0.97           # code a byte chunk only if that saves at least 3% over raw
+LETTERS = np.int32          # a chunk's letter counts (a chunk holds at most 2**24 symbols)
 DENSE_ZEROS = 4             # a chunk under 1/4 zeros counts its runs letters by its zeros
 
 
@@ -97,50 +99,71 @@ class Analysis:
 
 
 def analyze(sym: np.ndarray, sym_hist: np.ndarray, chunk_size: int, b: int, modes,
-            runs=None) -> Analysis:
+            runs=None, counted: dict | None = None) -> Analysis:
     """Collect the histograms ``modes`` need; ``sym_hist`` is the per-chunk symbol histogram,
     ``runs`` the runs coder's ``(letter counts, extra bits)`` per chunk if already counted.
-
     Grouped letters cost at least one bit each, so when the runs code is sure to take
     fewer than ``n / g`` bits (sparse streams) the grouped histogram is not collected
     and that mode drops out of the choice. ``sym`` may be a callable returning the
-    symbols, called only if a histogram needs them.
+    symbols, called only if a histogram needs them. ``counted``: what
+    :func:`count_chunk` counted already, chunk by chunk, as the symbols were made.
     """
+    counted = counted or {}
     n = int(sym_hist.sum()) if callable(sym) else sym.size
     get = sym if callable(sym) else (lambda: sym)
     nchunks = -(-n // chunk_size)
     hist = {HUFFMAN: sym_hist}
     extra = None
-    g = group_size(b)
+    runs = counted.get("runs", runs)
     if RUNS in modes and runs is not None and runs[0] is not None:
         hist[RUNS], extra = runs
     elif RUNS in modes:
-        hist[RUNS] = np.zeros((nchunks, alphabet(RUNS, b)), np.int64)
+        hist[RUNS] = np.zeros((nchunks, alphabet(RUNS, b)), LETTERS)
         extra = np.zeros(nchunks, np.int64)
-        sym = get()
-
-        def runs(c):
-            lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
-            if sym_hist[c, 0] * DENSE_ZEROS < hi - lo:       # few zeros: walk those
-                extra[c] = rk.runs_histogram_dense(sym, lo, hi, 1 << b, hist[RUNS][c],
-                                                   sym_hist[c])
-            else:
-                extra[c] = rk.runs_histogram(sym, lo, hi, 1 << b, hist[RUNS][c])
-        run_tasks(runs, nchunks)
+        _count_all(get(), n, chunk_size, b, {"runs": (hist[RUNS], extra)}, sym_hist)
     if GROUPED in modes:
         if RUNS in modes:
             counts = hist[RUNS].sum(axis=0)
             runs_most = entropy_bits(counts) + counts.sum() + extra.sum()   # Huffman < H + 1
-            if len(modes) > 1 and runs_most <= n / g:
+            if len(modes) > 1 and runs_most <= n / group_size(b):
                 return Analysis(n, chunk_size, b, hist, extra)
-        hist[GROUPED] = np.zeros((nchunks, alphabet(GROUPED, b)), np.int64)
-        sym = get()
-
-        def grouped(c):
-            lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
-            rk.grouped_histogram(sym, lo, hi, g, b, hist[GROUPED][c])
-        run_tasks(grouped, nchunks)
+        if "grouped" in counted:
+            hist[GROUPED] = counted["grouped"]
+        else:
+            hist[GROUPED] = np.zeros((nchunks, alphabet(GROUPED, b)), LETTERS)
+            _count_all(get(), n, chunk_size, b, {"grouped": hist[GROUPED]}, sym_hist)
     return Analysis(n, chunk_size, b, hist, extra)
+
+
+def count_chunk(sym: np.ndarray, lo: int, hi: int, b: int, counts: dict, c: int,
+                sym_hist: np.ndarray) -> None:
+    """Chunk ``c``'s letters (``sym[lo:hi]``) into ``counts``: ``"runs"`` ``(letter counts,
+    extra bits)`` and ``"grouped"`` letter counts, each ``[nchunks, ...]`` if present."""
+    if "runs" in counts:
+        hist, extra = counts["runs"]
+        if sym_hist[c, 0] * DENSE_ZEROS < hi - lo:       # few zeros: walk those
+            extra[c] = rk.runs_histogram_dense(sym, lo, hi, 1 << b, hist[c], sym_hist[c])
+        else:
+            extra[c] = rk.runs_histogram(sym, lo, hi, 1 << b, hist[c])
+    if "grouped" in counts:
+        rk.grouped_histogram(sym, lo, hi, group_size(b), b, counts["grouped"][c])
+
+
+_scratch = threading.local()
+
+
+def chunk_buffer(n: int) -> np.ndarray:
+    """A per-thread byte buffer of ``n`` bytes, kept between calls (one chunk's symbols,
+    quantized again where a stream's symbols are not held)."""
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.size < n:
+        buf = _scratch.buf = np.empty(n, np.uint8)
+    return buf[:n]
+
+
+def _count_all(sym, n: int, chunk_size: int, b: int, counts: dict, sym_hist) -> None:
+    run_tasks(lambda c: count_chunk(sym, c * chunk_size, min(n, (c + 1) * chunk_size), b,
+                                    counts, c, sym_hist), -(-n // chunk_size))
 
 
 def entropy_bits(counts: np.ndarray) -> float:
@@ -227,7 +250,7 @@ LAZY_BATCH = 1 << 20    # coded bytes per batch of chunks when coding as the fil
 
 
 def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None,
-           apply=None, nonzero=None, lazy: bool = False) -> Encoded:
+           apply=None, nonzero=None, lazy: bool = False, chunks=None) -> Encoded:
     """Choose a mode per chunk (fewest bytes among ``modes``) and code the stream.
 
     ``lazy``: sizes are planned here, but ``parts`` is an iterator coding the chunks a
@@ -240,22 +263,18 @@ def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None,
     ``c``'s at ``listed[starts[c]:starts[c + 1]]`` (see
     :func:`lcckpt.codec.kernels.runs.encode_runs_listed`); runs chunks are then coded from
     the list alone. ``sym`` may be a callable returning the symbols (see
-    :func:`analyze`), called only if some chunk's mode reads them.
+    :func:`analyze`), called only if some chunk's mode reads them. ``chunks(c, out)``
+    (with ``lazy``, ``sym`` unused): writes chunk ``c``'s symbols into ``out`` just
+    before it is coded, so no more than a chunk per thread is ever held.
     """
+    _check(modes, apply, nonzero, lazy, chunks)
     b = an.b
     modes = [m for m in modes if m not in CODED_MODES or m in an.hist]   # analyzed ones
-    lengths = _code_lengths(an, modes, cache)
-    stacked, mode_bits = _chunk_bytes(an, modes, lengths)
-    score = stacked.astype(np.float64)
-    if RAW in modes:                 # coding must pay for its slower decode
-        score[list(modes).index(RAW)] *= RAW_MARGIN
-    choice = _choose(score, modes, lengths)
-    chunk_modes = np.asarray(modes, np.uint8)[choice]
+    chunk_modes, nbytes, lengths, mode_bits = _plan(an, modes, cache)
     if callable(sym):
         listed = RUNS if nonzero is not None else -1
         reads = ~np.isin(chunk_modes, (CONST, listed))   # modes that read every symbol
         sym = sym() if reads.any() else NO_SYMBOLS
-    nbytes = stacked[choice, np.arange(an.nchunks)].astype(np.int64)
     consts = np.zeros(an.nchunks, np.uint8)
     if CONST in modes:
         is_c = chunk_modes == CONST
@@ -266,37 +285,40 @@ def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None,
     is_raw = chunk_modes == RAW
     coded_nbytes = np.where(is_raw, 0, nbytes)
     offsets = np.concatenate(([0], np.cumsum(coded_nbytes)))
-    if lazy and RAW in modes:
-        raise ValueError("raw chunks are not coded lazily")
     coded = np.empty(0 if lazy else int(offsets[-1]), np.uint8)
     g, S = group_size(b), 1 << b
     cs = an.chunk_size
 
     applying = apply is not None
     cent, fout = apply if applying else (NO_FLOATS, NO_FLOATS)
-    if applying and RAW in modes:
-        raise ValueError("raw chunks cannot advance a reference")
+
+    sym_all = sym
 
     def task(c, coded=coded, base=0):
         lo, hi = c * cs, min(an.n, (c + 1) * cs)
         m, pos = chunk_modes[c], int(offsets[c]) - base
+        if chunks is not None and m != CONST:     # this chunk's symbols, at 0..hi-lo
+            sym, f = chunks(c, chunk_buffer(cs)), fout[lo:hi] if applying else fout
+            lo, hi = 0, hi - lo
+        else:
+            sym, f = sym_all, fout
         if m == HUFFMAN:
-            end = hk.encode_symbols(sym, lo, hi, codes[m], used[m], coded, pos, cent, fout,
+            end = hk.encode_symbols(sym, lo, hi, codes[m], used[m], coded, pos, cent, f,
                                     applying)
         elif m == GROUPED:
-            end = rk.encode_grouped(sym, lo, hi, g, b, codes[m], used[m], coded, pos, cent, fout,
+            end = rk.encode_grouped(sym, lo, hi, g, b, codes[m], used[m], coded, pos, cent, f,
                                     applying)
         elif m == RUNS and nonzero is not None:
             nz = nonzero[0][nonzero[1][c]:nonzero[1][c + 1]]
             end = rk.encode_runs_listed(sym, lo, hi, nz, S, codes[m], used[m], coded, pos, cent,
-                                        fout, applying)
+                                        f, applying)
         elif m == RUNS:
-            end = rk.encode_runs(sym, lo, hi, S, codes[m], used[m], coded, pos, cent, fout,
+            end = rk.encode_runs(sym, lo, hi, S, codes[m], used[m], coded, pos, cent, f,
                                  applying)
         else:
             end = pos
             if applying and m == CONST and consts[c]:
-                fout[lo:hi] += cent[consts[c]]
+                f[lo:hi] += cent[consts[c]]
         if end != offsets[c + 1] - base:
             raise AssertionError(f"chunk {c}: wrote {end - pos} bytes, planned {nbytes[c]}")
     if lazy:
@@ -305,6 +327,26 @@ def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None,
         run_tasks(task, an.nchunks)
     parts = _pieces(sym, coded, offsets, is_raw, cs, an.n)
     return Encoded(chunk_modes, consts, nbytes, used, parts, mode_bits)
+
+
+def _check(modes, apply, nonzero, lazy: bool, chunks) -> None:
+    if RAW in modes and (lazy or apply is not None):
+        raise ValueError("raw chunks are not coded lazily, nor advance a reference")
+    if chunks is not None and (not lazy or nonzero is not None):
+        raise ValueError("symbols made chunk by chunk are coded lazily, without a list")
+
+
+def _plan(an: Analysis, modes, cache) -> tuple:
+    """``(mode of every chunk, its bytes, each coded mode's code lengths, total bits per
+    mode)``: per chunk the mode of fewest bytes (see :func:`_choose`)."""
+    lengths = _code_lengths(an, modes, cache)
+    stacked, mode_bits = _chunk_bytes(an, modes, lengths)
+    score = stacked.astype(np.float64)
+    if RAW in modes:                 # coding must pay for its slower decode
+        score[list(modes).index(RAW)] *= RAW_MARGIN
+    choice = _choose(score, modes, lengths)
+    nbytes = stacked[choice, np.arange(an.nchunks)].astype(np.int64)
+    return np.asarray(modes, np.uint8)[choice], nbytes, lengths, mode_bits
 
 
 def _code_lengths(an: Analysis, modes, cache) -> dict:

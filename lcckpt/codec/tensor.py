@@ -142,14 +142,21 @@ def guarded_encode(u, ref, dt, shape, cfg: CodecConfig, exact, cache=None, advan
 
 
 _FINITE_MAX = {"F16": 65504.0, "BF16": 3.3895313892515355e38}   # narrower than the work dtype
+# A streamed delta (``lazy``) of a tensor of more elements than this holds no symbols:
+# each chunk's are quantized again as it is coded (one more quantizing pass, ~0.08 s per
+# 20M elements and thread), so that it never holds a byte per element beside the state
+# and the reference (docs/benchmarks.md, memory).
+HELD_SYMBOLS = 1 << 22
 ESCAPE_SHARE = 0.5      # past this share of an exact blob's bytes in escapes, store exactly
 
 
 def _uniform_encode(u, ref, dt, shape, cfg: CodecConfig, exact, cache, advance, surveyed,
                     lazy=False):
     """The uniform quantizer's half of :func:`guarded_encode`."""
+    modes = entropy.uniform_modes(cfg.coder, 4)
+    free = lazy and u.size > HELD_SYMBOLS and entropy.RAW not in modes
     uq = uniform_quantize(u, ref, cfg.target, 1 << cfg.log2, _FINITE_MAX.get(dt.name),
-                          surveyed)
+                          surveyed, count=modes if free else None)
     why = None
     if uq is None:
         why = f"no step meets the target {cfg.target:g} (fp rounding): stored exactly"
@@ -177,12 +184,17 @@ def encode_uniform(uq: Uniform, dt: dtypes.DType, shape, cfg: CodecConfig, cache
     list; ``ref`` has advanced once it has been read to the end (the stats are known
     before)."""
     cs = 1 << cfg.log2
-    n = uq.sym.size
+    n = uq.source.size
     modes = entropy.uniform_modes(cfg.coder, uq.bits)
-    an = entropy.analyze(uq.sym, uq.sym_hist, cs, uq.bits, modes)
+    held = uq.sym is not None
+    an = entropy.analyze(uq.sym if held else uq.symbols, uq.sym_hist, cs, uq.bits, modes,
+                         counted=uq.counted)
     lazy = lazy and entropy.RAW not in modes
+    if not (held or lazy):
+        raise ValueError("a quantization that holds no symbols is coded lazily")
     enc = entropy.encode(uq.sym, an, modes, cache,
-                         apply=None if ref is None else (uq.table, ref), lazy=lazy)
+                         apply=None if ref is None else (uq.table, ref), lazy=lazy,
+                         chunks=None if held else uq.chunk_symbols)
     w = _blob.uniform_header(dt, shape, cfg.log2, uq.bits, uq.step, uq.escapes, enc)
     if lazy:
         esc_bytes = uq.escapes * (escape_index_dtype(n).itemsize + uq.source.dtype.itemsize)

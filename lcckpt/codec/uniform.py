@@ -1,7 +1,7 @@
 """The error-bounded uniform quantizer: a delta -> symbols of one step, the coarsest step
 whose restored error meets the target (docs/algorithm.md §7b).
 
-A magnitude histogram of the delta (:class:`_ErrorModel`, from the one read of the state
+A magnitude histogram of the delta (:class:`ErrorModel`, from the one read of the state
 that :func:`survey` makes) predicts the error and the symbol counts of any step; the
 step is solved from it, then one quantization pass
 writes the symbols and the reconstruction the decoder will make, measuring the error
@@ -16,7 +16,8 @@ import numpy as np
 from ..util import memory as _memory
 from ..util.pool import run_tasks, threads
 from ..errors import NonFiniteError
-from .kernels import model as mk
+from . import entropy
+from .errmodel import ErrorModel
 from .kernels import uniform as uk
 
 
@@ -62,8 +63,13 @@ class Uniform:
     """A delta coded by the uniform quantizer, with the reconstruction it leads to. Its
     escapes are a bitmap until :attr:`esc_idx` or :attr:`esc_val` is asked for: a try the
     search drops, or one with so many escapes that the tensor is stored exactly, never
-    lists them (12 bytes each: an early Adam delta peaked while its tries listed theirs)."""
-    sym: np.ndarray            # uint8 [n]
+    lists them (12 bytes each: an early Adam delta peaked while its tries listed theirs).
+
+    Without held symbols (``sym`` None: ``uniform_quantize(..., hold=False)``) a chunk's
+    symbols are quantized again when it is coded (:meth:`chunk_symbols`), and the
+    histograms the entropy coder's analysis needs were counted by the quantizing pass
+    (:attr:`counted`)."""
+    sym: np.ndarray | None     # uint8 [n], or None (see above)
     sym_hist: np.ndarray       # int64 [nchunks, 2**bits]
     bits: int
     step: float
@@ -74,6 +80,25 @@ class Uniform:
     residual_sq: float         # ||u - ũ||^2, measured on the reconstruction itself
     target_sq: float           # ||u||^2
     _listed: tuple | None = None
+    quantizer: "_Chunks | None" = None   # how to quantize a chunk again (``sym`` None)
+    counted: dict | None = None          # the analysis' counts (``sym`` None; see
+                                         # lcckpt.codec.entropy.count_chunk)
+
+    def chunk_symbols(self, c: int, out: np.ndarray) -> np.ndarray:
+        """Chunk ``c``'s symbols, written into ``out`` (at least a chunk long; ``sym``
+        None only). Call it before the reference advances over that chunk."""
+        self.quantizer.symbols(c, out)
+        return out
+
+    def symbols(self) -> np.ndarray:
+        """Every symbol (quantized again into a new array when they are not held)."""
+        if self.sym is not None:
+            return self.sym
+        n, cs = self.source.size, self.quantizer.chunk_size
+        out = np.empty(n, np.uint8)
+        for c in range(-(-n // cs)):
+            self.quantizer.symbols(c, out[c * cs:min(n, (c + 1) * cs)])
+        return out
 
     @property
     def esc_idx(self) -> np.ndarray:
@@ -87,8 +112,9 @@ class Uniform:
 
     def _escaped(self) -> tuple:
         if self._listed is None:     # indices in the blob's own dtype: no second copy
-            idx = np.empty(self.escapes, escape_index_dtype(self.sym.size))
-            idx = idx[:uk.list_bits(self.escf, self.sym.size, idx)]
+            n = self.source.size
+            idx = np.empty(self.escapes, escape_index_dtype(n))
+            idx = idx[:uk.list_bits(self.escf, n, idx)]
             val = np.empty(idx.size, self.source.dtype)
             uk.take(self.source, idx, val)
             self._listed = (idx, val)
@@ -98,9 +124,10 @@ class Uniform:
         """What the decoder restores from ``ref`` (None: zeros), as a new array. The
         encoder itself never builds it: the reference advances while the symbols are
         entropy-coded (:func:`lcckpt.codec.tensor.encode_uniform`)."""
-        out = np.zeros(self.sym.size, self.table.dtype) if ref is None else ref.copy()
-        nz = self.sym != 0
-        out[nz] += self.table[self.sym[nz]]
+        sym = self.symbols()
+        out = np.zeros(sym.size, self.table.dtype) if ref is None else ref.copy()
+        nz = sym != 0
+        out[nz] += self.table[sym[nz]]
         out[self.esc_idx] = self.esc_val
         return out
 
@@ -118,8 +145,31 @@ def _entropy(counts: np.ndarray) -> float:
     return float(-(c * np.log2(c / t)).sum()) if t else 0.0
 
 
+@dataclass
+class _Chunks:
+    """One try's quantization, kept to be run again a chunk at a time (the same kernel
+    call on the chunk's slices: the same symbols, bit for bit)."""
+    u: np.ndarray
+    ref: np.ndarray
+    use_ref: bool
+    chunk_size: int
+    args: tuple         # step, up, floor, rstep, S, table, limit, use_limit
+
+    def symbols(self, c: int, out: np.ndarray, esc=None, hist=None) -> np.ndarray:
+        """Chunk ``c``'s symbols into ``out[:len]`` (escape flags and counts into ``esc``
+        and ``hist`` if given, else thrown away); returns the error² of the chunk."""
+        cs, n = self.chunk_size, self.u.size
+        lo, hi = c * cs, min(n, (c + 1) * cs)
+        if esc is None:
+            esc = np.zeros(-(-(hi - lo) // 8), np.uint8)
+        if hist is None:
+            hist = np.zeros(self.args[4], np.int64)
+        return uk.quantize_range(self.u[lo:hi], self.ref[lo:hi], self.use_ref, 0, hi - lo,
+                                 *self.args, out, esc, hist)
+
+
 def _try_step(u, ref, step, chunk_size, deadzone=DEADZONE, limit=None, floor=0.0, hist=None,
-              rstep=None, sym=None):
+              rstep=None, sym=None, count=None):
     """Quantize ``u - ref`` with ``step``: the symbol width of fewest estimated bytes,
     escapes for levels beyond it; returns (Uniform, estimated bytes). Two chunk-parallel
     passes: the level histogram, then symbols and reconstruction.
@@ -130,10 +180,12 @@ def _try_step(u, ref, step, chunk_size, deadzone=DEADZONE, limit=None, floor=0.0
     ``floor``: for a tensor without negative values, no element restores below ``floor``
     times its value (levels are raised; see :mod:`lcckpt.codec.kernels.uniform`).
     ``hist``: the symbol histogram (``[257]``, the last bin all beyond) when the caller
-    has it already (:class:`_ErrorModel`); then one pass. ``rstep``: the step levels are
-    restored with (default ``step``; see :meth:`_ErrorModel.recon_step`). ``sym``: a
+    has it already (:class:`ErrorModel`); then one pass. ``rstep``: the step levels are
+    restored with (default ``step``; see :meth:`ErrorModel.recon_step`). ``sym``: a
     buffer of ``u.size`` bytes to write the symbols into (a dropped try's, so that a
-    later try faults in no fresh pages)."""
+    later try faults in no fresh pages). ``count``: the entropy coder's modes; hold no
+    symbols (each chunk's go to a per-thread buffer and are dropped), but count what
+    the coder's analysis of them needs (:func:`lcckpt.codec.entropy.count_chunk`)."""
     rstep = step if rstep is None else rstep
     n = u.size
     nch = -(-n // chunk_size)
@@ -162,20 +214,37 @@ def _try_step(u, ref, step, chunk_size, deadzone=DEADZONE, limit=None, floor=0.0
     est, b, _ = best
     S = 1 << b
     table = uniform_table(rstep, b, u.dtype)
-    sym = _memory.bulk_empty(n, np.uint8) if sym is None else sym   # every byte is written
     escf = np.zeros(-(-n // 8), np.uint8)               # escape flags, a bit each
     sym_hist = np.zeros((nch, S), np.int64)
     errs = np.zeros(nch)
     lim = float(limit) if limit is not None else 0.0
+    args = (float(step), up, floor, float(rstep), S, table, lim, limit is not None)
+    chunks = counted = None
+    if count is None:
+        sym = _memory.bulk_empty(n, np.uint8) if sym is None else sym   # every byte is written
 
-    def pass2(c):
-        errs[c] = uk.quantize_range(u, r, use_ref, c * chunk_size,
-                                    min(n, (c + 1) * chunk_size), float(step), up, floor,
-                                    float(rstep), S, table, lim, limit is not None, sym, escf,
-                                    sym_hist[c])
+        def pass2(c):
+            errs[c] = uk.quantize_range(u, r, use_ref, c * chunk_size,
+                                        min(n, (c + 1) * chunk_size), *args, sym, escf,
+                                        sym_hist[c])
+    else:
+        sym, chunks, counted = None, _Chunks(u, r, use_ref, chunk_size, args), {}
+        if entropy.RUNS in count:
+            counted["runs"] = (np.zeros((nch, entropy.alphabet(entropy.RUNS, b)),
+                                        entropy.LETTERS), np.zeros(nch, np.int64))
+        if entropy.GROUPED in count and b <= 4:
+            counted["grouped"] = np.zeros((nch, entropy.alphabet(entropy.GROUPED, b)),
+                                          entropy.LETTERS)
+
+        def pass2(c):
+            lo = c * chunk_size
+            k = min(n, lo + chunk_size) - lo
+            buf = entropy.chunk_buffer(chunk_size)
+            errs[c] = chunks.symbols(c, buf, escf[lo // 8:(lo + k + 7) // 8], sym_hist[c])
+            entropy.count_chunk(buf, 0, k, b, counted, c, sym_hist)
     run_tasks(pass2, nch)
     uq = Uniform(sym, sym_hist, b, float(rstep), table, escf, int(uk.count_bits(escf)), u,
-                 float(errs.sum()), 0.0)
+                 float(errs.sum()), 0.0, quantizer=chunks, counted=counted)
     return uq, est
 
 
@@ -192,7 +261,7 @@ class Survey:
     norm_sq: float
     least: float
     sketch: np.ndarray | None
-    model: "_ErrorModel"
+    model: "ErrorModel"
 
 
 def survey(u: np.ndarray, ref: np.ndarray | None, sketch_log2: int = 0) -> Survey:
@@ -211,120 +280,13 @@ def survey(u: np.ndarray, ref: np.ndarray | None, sketch_log2: int = 0) -> Surve
     r = ref if use_ref else u
     run_tasks(lambda t: uk.survey_range(u, r, use_ref, t * per, min(n, (t + 1) * per), out[t],
                                         sk[t], sketch_log2, cnt[t], s1[t], s2[t]), tasks)
-    model = _ErrorModel(n, cnt.sum(axis=0), s1.sum(axis=0), s2.sum(axis=0))
+    model = ErrorModel(n, cnt.sum(axis=0), s1.sum(axis=0), s2.sum(axis=0))
     finite = bool(np.all(out[:, 0] == 0.0))
     return Survey(finite, float(out[:, 1].sum()), float(out[:, 2].min()) if n else 0.0,
                   sk.sum(axis=0) if sketch_log2 else None, model)
 
 
-@lru_cache(maxsize=None)
-def _bin_bounds() -> np.ndarray:
-    """The magnitude bins' edges as floats (``MAG_BINS + 1``, read-only; computed once:
-    a small tensor's delta would otherwise spend a fifth of its survey on them)."""
-    edges = (np.arange(uk.MAG_BINS + 1, dtype=np.uint64) << np.uint64(17)).astype(np.uint32)
-    with np.errstate(invalid="ignore"):
-        bounds = edges.view(np.float32).astype(np.float64)
-    bounds[~np.isfinite(bounds)] = np.inf       # inf and NaN bit patterns: the top
-    bounds.flags.writeable = False
-    return bounds
-
-
-class _ErrorModel:
-    """The restored error and level counts of any step, from the magnitude histogram of
-    the delta that :func:`survey` takes.
-
-    Within a bin that one level covers, the error ``sum (|d| - q·step)²`` is exact from
-    the bin's count and sums; a bin that straddles a rounding boundary (a few per level
-    with 64 bins per octave) is taken at its mean. So the step search costs one pass to
-    build the model and one to quantize, instead of two passes per tried step."""
-
-    def __init__(self, n: int, cnt: np.ndarray, s1: np.ndarray, s2: np.ndarray):
-        """From a :class:`Survey`'s histogram of ``n`` elements (bins ``[:MAG_BINS]``)."""
-        c = cnt[:uk.MAG_BINS]
-        keep = np.flatnonzero(c)
-        self.n, self.cnt = n, c[keep].astype(np.float64)
-        self.s1, self.s2 = s1[keep], s2[keep]
-        bounds = _bin_bounds()
-        self.lo, self.hi = bounds[keep], bounds[keep + 1]
-        self.mean = self.s1 / self.cnt
-
-    def levels(self, step: float, up: float) -> np.ndarray:
-        """Level magnitude per bin (straddling bins at their mean)."""
-        q = np.empty(self.lo.size)
-        mk.bin_levels(self.lo, self.hi, self.mean, float(step), float(up), q)
-        return q
-
-    def recon_step(self, step: float, up: float) -> float:
-        """The least-squares step to restore levels decided with ``step``:
-        ``sum q·|d| / sum q²``. Rounding with a dead zone drops the small changes, which
-        mostly point the way training moves, so plain ``q·step`` leaves the restored
-        model behind; the fitted step makes the error orthogonal to what was sent,
-        lowering both the error (a coarser decision step meets the target: fewer bits)
-        and the loss of the restored model (docs/algorithm.md §7b)."""
-        q = self.levels(step, up)
-        qq = float(np.sum(self.cnt * q * q))
-        return float(np.sum(q * self.s1)) / qq if qq > 0 else step
-
-    def errors_sq(self, steps: np.ndarray, up: float) -> np.ndarray:
-        """Modelled ``||u - ũ||²`` for each decision step of ``steps``, its levels
-        restored with their least-squares step (:meth:`recon_step`)."""
-        st = np.ascontiguousarray(steps, np.float64).reshape(-1)
-        # a bin wider than a level holds every rounding offset: the mean error of a
-        # uniform offset under the dead zone, ∫ min(f, 1-f past 1-up)² = (1-up)³/3 + up³/3
-        f = ((1 - up) ** 3 + up ** 3) / 3
-        out = np.empty(st.size)
-        mk.errors_sq(self.lo, self.hi, self.mean, self.cnt, self.s1, self.s2, st, float(up),
-                     float(f), out)
-        return out
-
-    def error_sq(self, step: float, up: float) -> float:
-        """:meth:`errors_sq` of one step."""
-        return float(self.errors_sq(np.array([step]), up)[0])
-
-    def symbol_histogram(self, step: float, up: float) -> np.ndarray:
-        """Zigzag symbol counts (``[257]``, the last bin all beyond 255), each nonzero
-        level split evenly between its two signs: enough to choose the symbol width."""
-        q = self.levels(step, up)
-        big = q > 128
-        h = np.zeros(257)
-        h[256] = self.cnt[big].sum()
-        small = ~big
-        lv = np.bincount(q[small].astype(np.int64), weights=self.cnt[small], minlength=129)
-        h[0] = lv[0] + (self.n - self.cnt.sum())
-        h[1:257:2] += lv[1:129] / 2              # -1, -2, ...: symbols 1, 3, ...
-        h[2:257:2] += lv[1:129] / 2              # +1, +2, ...: symbols 2, 4, ...
-        return h
-
-    def step_for(self, tol_sq: float, up: float, start: float) -> float:
-        """About the largest step whose modelled error stays within ``tol_sq``: a grid
-        of steps around ``start`` (factors of √2, widened while the answer is at its
-        edge), then two finer grids inside the bracket found, each evaluated in one
-        vectorized call (within about 0.5%)."""
-        top = 2 * float(np.max(self.mean)) if self.cnt.size else start  # all levels 0 past it
-        if top <= 0 or self.error_sq(top, up) <= tol_sq:
-            return min(start, top) if top > 0 else start
-        lo_exp = -16                                     # in half-octaves from ``start``
-        for _ in range(20):
-            grid = np.minimum(start * 2.0 ** (np.arange(lo_exp, lo_exp + 25) / 2), top)
-            ok = self.errors_sq(grid, up) <= tol_sq
-            if not ok[0]:
-                lo_exp -= 24                             # even the finest misses: go finer
-            elif ok[-1] and grid[-1] < top:
-                lo_exp += 24                             # even the coarsest meets it: coarser
-            else:
-                break
-        else:
-            return float(grid[0])
-        for _ in range(2):
-            i = int(np.flatnonzero(ok)[-1])
-            if i == grid.size - 1:
-                return float(grid[i])
-            grid = np.linspace(grid[i], grid[i + 1], 9)
-            ok = self.errors_sq(grid, up) <= tol_sq
-        return float(grid[int(np.flatnonzero(ok)[-1])])
-
-
-def _next_step(oks: list, misses: list, aim_sq: float, model: _ErrorModel, up: float):
+def _next_step(oks: list, misses: list, aim_sq: float, model: ErrorModel, up: float):
     """The step to try next, from the tries so far (``(step, measured error²)`` that met
     the target, and that missed it), or None when they leave nothing to try.
 
@@ -361,21 +323,22 @@ def _next_step(oks: list, misses: list, aim_sq: float, model: _ErrorModel, up: f
     return float(s * (min(0.98, max(1 / 64, f)) if misses else min(4.0, max(1.02, f))))
 
 
-def _search(u, ref, s, model: _ErrorModel, tol_sq: float, chunk_size: int, limit, floor):
+def _search(u, ref, s, model: ErrorModel, tol_sq: float, chunk_size: int, limit, floor,
+            count=None):
     """The step search from the modelled step ``s``: ``(Uniform, estimated bytes)`` of the
     cheapest try that met ``tol_sq``, or None (see :func:`uniform_quantize`).
 
     Every try writes its symbols into the same buffer, so the search holds one tensor's
     symbols, not two; when the cheapest try is not the last, its step is quantized again
     (the same symbols, bit for bit: the kernels are deterministic), which the search's
-    exits make rare."""
+    exits make rare. With ``count`` (see :func:`_try_step`) no try holds symbols."""
     up = 1.0 - DEADZONE
     best, oks, misses = None, [], []
     buf, tries = None, 0
     for _ in range(STEP_TRIES):
         key = (s, model.symbol_histogram(s, up), model.recon_step(s, up))
         uq, est = _try_step(u, ref, s, chunk_size, limit=limit, floor=floor, hist=key[1],
-                            rstep=key[2], sym=buf)
+                            rstep=key[2], sym=buf, count=count)
         buf, tries = uq.sym, tries + 1
         e = uq.residual_sq
         if e <= tol_sq:
@@ -386,13 +349,14 @@ def _search(u, ref, s, model: _ErrorModel, tol_sq: float, chunk_size: int, limit
             oks.append((s, e))
         else:
             misses.append((s, e))
+        uq = None                        # the next try's arrays replace, not join, these
         s = _next_step(oks, misses, RETRY_AIM * tol_sq, model, up)
         if s is None:
             break
     if best is None:
         return None
     uq, est, key, when = best
-    if when != tries:                    # a later try wrote over its symbols
+    if when != tries and count is None:  # a later try wrote over its symbols
         best = None
         uq, est = _try_step(u, ref, key[0], chunk_size, limit=limit, floor=floor, hist=key[1],
                             rstep=key[2], sym=buf)
@@ -401,14 +365,14 @@ def _search(u, ref, s, model: _ErrorModel, tol_sq: float, chunk_size: int, limit
 
 def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
                      chunk_size: int, limit: float | None = None,
-                     surveyed: Survey | None = None) -> Uniform:
+                     surveyed: Survey | None = None, count=None) -> Uniform:
     """Code ``u - ref`` so that the *restored* tensor meets ``||u - ũ||₂ <= target·||u||₂``.
 
     ``ũ = ref + level·step`` (levels are integers, magnitudes rounded with a small dead
     zone, :data:`DEADZONE`), so every element is off by at most ``0.6·step`` and,
     because ``ref`` is the decoder's own reconstruction, the error does not build up
     along a chain: each step measures it afresh against the true ``u``. The step is
-    searched: first the one the error model predicts (:class:`_ErrorModel`), then steps
+    searched: first the one the error model predicts (:class:`ErrorModel`), then steps
     solved from the errors the tries measure (:func:`_next_step`), at most
     :data:`STEP_TRIES` quantizations, until one meets the target with an error² of at
     least :data:`CLOSE_ENOUGH` of the target's; ``2·target·rms(u)`` (for which the max-error bound alone guarantees the
@@ -428,7 +392,8 @@ def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
     tries landed at 0.86-0.93 of it, at the same bytes).
 
     ``surveyed``: the :func:`survey` of ``u`` and ``ref`` when the caller took it already
-    (a chain's delta takes it once, with the movement sketch).
+    (a chain's delta takes it once, with the movement sketch). ``count``: hold no
+    symbols, for a delta coded as a file takes it (see :func:`_try_step`).
     """
     n = u.size
     sv = survey(u, ref) if surveyed is None else surveyed
@@ -442,15 +407,16 @@ def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
     floor = NONNEG_FLOOR if n and sv.least >= 0 else 0.0
     best = None
     if target == 0 or rms == 0:                  # every change an escape
-        uq, est = _try_step(u, ref, 0.0, chunk_size, limit=limit, floor=floor)
+        uq, est = _try_step(u, ref, 0.0, chunk_size, limit=limit, floor=floor, count=count)
         if uq.residual_sq <= tol_sq:
             best = (uq, est)
     else:                               # the modelled step, then steps solved from what
         aim = FLOOR_AIM if floor > 0 else MODEL_AIM     # the tries measure
         s = sv.model.step_for(aim * tol_sq, 1.0 - DEADZONE, SQRT12 * target * rms)
-        best = _search(u, ref, s, sv.model, tol_sq, chunk_size, limit, floor)
+        best = _search(u, ref, s, sv.model, tol_sq, chunk_size, limit, floor, count)
     if best is None and target > 0 and rms > 0:          # the guaranteed step
-        uq, est = _try_step(u, ref, 2 * target * rms, chunk_size, 0.5, limit, floor)
+        uq, est = _try_step(u, ref, 2 * target * rms, chunk_size, 0.5, limit, floor,
+                            count=count)
         if uq.residual_sq <= tol_sq:
             best = (uq, est)
     if best is None:

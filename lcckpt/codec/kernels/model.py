@@ -1,4 +1,4 @@
-"""The uniform quantizer's error model, compiled (``lcckpt.codec.uniform._ErrorModel``).
+"""The uniform quantizer's error model, compiled (``lcckpt.codec.errmodel.ErrorModel``).
 
 The step search evaluates the model a few times per tensor over its magnitude bins (up to
 :data:`lcckpt.codec.kernels.uniform.MAG_BINS`, a few thousand nonzero). In numpy each
@@ -29,14 +29,14 @@ def _bin_level(lo, hi, mean, step, up):
 
 @njit(cache=True, nogil=True)
 def bin_levels(lo, hi, mean, step, up, q):
-    """Each bin's level at ``step`` into ``q`` (``_ErrorModel.levels``)."""
+    """Each bin's level at ``step`` into ``q`` (``ErrorModel.levels``)."""
     for j in range(lo.size):
         q[j] = _bin_level(lo[j], hi[j], mean[j], step, up)[0]
 
 
 @njit(cache=True, nogil=True)
 def errors_sq(lo, hi, mean, cnt, s1, s2, steps, up, wide_err, out):
-    """``_ErrorModel.errors_sq``: the modelled ``||u - ũ||²`` of each decision step,
+    """``ErrorModel.errors_sq``: the modelled ``||u - ũ||²`` of each decision step,
     its levels restored with their least-squares step, into ``out``; a bin wider than a
     level errs by ``wide_err·step²`` per element (computed by the caller, as before)."""
     k = lo.size
