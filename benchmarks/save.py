@@ -21,7 +21,8 @@ Measured (medians of several runs, page cache warm for loads):
   (checksums checked, nothing decoded), the loads taking turns round by round (a slow
   spell of the machine then hits all of them);
 * quantization passes of each delta save: the elements the uniform quantizer's step
-  search quantized, over the floats tracked (0 with ``--bits``);
+  search quantized, and those quantized again as they are coded (tensors whose symbols
+  are not held), over the floats tracked (0 with ``--bits``);
 * bytes on disk of each, split into parameters, exp_avg, exp_avg_sq and the rest (step
   counters, param_groups, header), from the per-section sizes in the container header
   (torch.save stores tensor bytes as they are: its parts are the tensors' sizes).
@@ -121,16 +122,23 @@ def round_ratios(per_round: list, a: str, b: str) -> dict:
 
 
 def _count_quantized() -> list:
-    """Count the elements the uniform quantizer quantizes (its step search's tries) into
-    the returned one-element list, for the rest of the process: per save, over the
-    floats tracked, the number of quantization passes the search needed."""
+    """Count the elements the uniform quantizer quantizes (its step search's tries, and
+    the chunks of a tensor whose symbols are not held, quantized again as they are coded)
+    into the returned one-element list, for the rest of the process: per save, over the
+    floats tracked, the number of quantization passes."""
     count = [0]
-    real = _uniform._try_step
+    real, again = _uniform._try_step, _uniform.Uniform.chunk_symbols
 
     def counting(u, *args, **kwargs):
         count[0] += u.size
         return real(u, *args, **kwargs)
+
+    def counting_again(self, c, out):
+        cs = self.quantizer.chunk_size
+        count[0] += min(cs, self.source.size - c * cs)
+        return again(self, c, out)
     _uniform._try_step = counting
+    _uniform.Uniform.chunk_symbols = counting_again
     return count
 
 
