@@ -191,6 +191,24 @@ def chain(rank, world, root):
     flat.update({f"model.{k}": v.full_tensor() for k, v in target["model"].items()})
     for p, t in ck.references().items():
         assert torch.equal(piece_slice(flat, p.key, p.start, p.stop), t), p
+
+    # merge step 5 once step 6 is on it: step 6's chains, and those of the writers' next
+    # delta, start at step 5's keyframes; step 6 still loads onto the references
+    step_update(state, model, 6)
+    ck.save(6, full)
+    assert ck.merge(5) == 5
+    md = ld.CompressedReader(ck.path(6)).read_metadata()
+    chains = [i.chain for i in md.storage_data.values() if i.codec == "delta"]
+    assert chains and all(len(c) == 1 and "step_0000000005" in c[0][0] for c in chains), chains
+    assert ck.load(target) == 6
+    flat = flatten(target["state"], "state.")
+    flat.update({f"model.{k}": v.full_tensor() for k, v in target["model"].items()})
+    for p, t in ck.references().items():
+        assert torch.equal(piece_slice(flat, p.key, p.start, p.stop), t), p
+    step_update(state, model, 7)
+    md = ck.save(7, full)
+    chains = [i.chain for i in md.storage_data.values() if i.codec == "delta"]
+    assert chains and all(len(c) == 2 and "step_0000000005" in c[0][0] for c in chains), chains
     dist.barrier()
 
 

@@ -208,6 +208,48 @@ def test_merge_makes_the_newest_step_a_keyframe_that_restores_the_same(tmp_path)
             assert torch.equal(ref, plain.references()[piece]), (step, piece)
 
 
+def test_merge_of_an_older_step_rebases_the_later_ones(tmp_path):
+    """merge(step) of a step before the newest: it becomes a keyframe of what it
+    restores, every later step's chains start there instead of at the old keyframe (so
+    retention drops the steps before it), and every step, later saves included, loads
+    as on a chain never merged."""
+    def states():
+        g = torch.Generator().manual_seed(6)
+        s = various_state()
+        for step in range(7):
+            for k in ("f32", "bf16", "f16", "f64"):
+                s[k] = s[k] + (torch.randn(s[k].shape, generator=g) * 1e-2).to(s[k].dtype)
+            yield step, {k: (dict(v) if isinstance(v, dict) else v) for k, v in s.items()}
+
+    plain = ld.DistributedCheckpointer(tmp_path / "plain", bits=2, keyframe_every=10)
+    merged = ld.DistributedCheckpointer(tmp_path / "merged", bits=2, keyframe_every=10,
+                                        keep_last=2)
+    for step, state in states():
+        plain.save(step, state)
+        merged.save(step, state)
+        if step == 1:
+            assert merged.steps() == [0, 1]
+        if step == 4:
+            assert merged.steps() == [0, 1, 2, 3, 4]     # every chain reaches step 0
+            with pytest.raises(InvalidArgumentError, match="not committed"):
+                merged.merge(7)
+            assert merged.merge(2) == 2
+            assert merged.steps() == [2, 3, 4]           # 0 and 1: nothing needs them
+            for later in (3, 4):
+                md = CompressedReader(merged.path(later)).read_metadata()
+                chains = [i.chain for i in md.storage_data.values() if i.codec == "delta"]
+                assert chains and all(c[0][0].startswith(os.path.join("..", "step_0000000002"))
+                                      for c in chains), chains
+        for s in merged.steps():
+            want, got = zeros_like_state(state), zeros_like_state(state)
+            plain.load(want, step=s)
+            merged.load(got, step=s)
+            assert_equal_state(got, want)
+        for piece, ref in merged.references().items():
+            assert torch.equal(ref, plain.references()[piece]), (step, piece)
+    assert merged.steps() == [2, 3, 4, 5, 6]             # later deltas still need step 2
+
+
 class _BrokenWriter(ld.CompressedWriter):
     """Writes part of its file, then fails: a disk filling up half-way."""
 
@@ -422,7 +464,7 @@ def test_two_ranks_save_fail_delta_load_and_reshard_to_one(two_ranks):
     target = {"state": zeros_like_state(state), "model": zeros_like_state(model.state_dict())}
     target["state"]["meta"] = {"epoch": 0, "tag": "", "lr": [0.0, 0.0]}
     ck = ld.DistributedCheckpointer(root)
-    assert ck.steps() == [0, 1, 3, 4, 5]      # 4 merged by the workers, 5 a delta on it
+    assert ck.steps() == [0, 1, 3, 4, 5, 6, 7]   # 4 and then 5 merged by the workers
     ck.load(target, step=3)
     flat = W.flatten(target)
     n = 0

@@ -77,6 +77,31 @@ def test_memory_filesystem_save_load_and_chain_are_bit_exact(tmp_path, monkeypat
     fsspec.filesystem("memory").rm(f"/lcckpt-test/{os.getpid()}", recursive=True)
 
 
+def test_an_older_step_merges_on_the_memory_filesystem(tmp_path, monkeypatch):
+    """merge(step) of a step before the newest, on a store: the later steps' chains are
+    rewritten to start at its keyframe, the steps before it go, and every step (a save
+    after the merge included) loads back bit for bit."""
+    monkeypatch.chdir(tmp_path)
+    url = f"memory://lcckpt-test/older{os.getpid()}"
+    state, g, refs = _state(), torch.Generator().manual_seed(2), {}
+    ck = ld.DistributedCheckpointer(url, keyframe_every=10, keep_last=2)
+    for step in range(6):
+        state["w"] += 0.01 * torch.randn(300, 64, generator=g)
+        ck.save(step, state)
+        refs[step] = ck.references()
+        if step == 4:
+            assert ck.steps() == [0, 1, 2, 3, 4] and ck.merge(2) == 2
+            assert ck.steps() == [2, 3, 4]
+    assert ck.steps() == [2, 3, 4, 5]
+    again = ld.DistributedCheckpointer(url)
+    for step in again.steps():
+        target = _empty()
+        assert again.load(target, step) == step
+        assert torch.equal(target["w"], next(t for p, t in refs[step].items() if p.key == "w"))
+    assert os.listdir(tmp_path) == []
+    fsspec.filesystem("memory").rm(f"/lcckpt-test/older{os.getpid()}", recursive=True)
+
+
 def test_an_upload_that_lost_bytes_fails_the_save_and_keeps_the_previous(monkeypatch):
     url = f"memory://lcckpt-test/short{os.getpid()}"
     old = _state(0)

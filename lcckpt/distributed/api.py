@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 
 from ..errors import DistributedCheckpointError, InvalidArgumentError, LcckptError
 from .exchange import PeerFailedError
-from .merge import merge_step
+from .merge import merge_step, rebase_step
 from .planner import BalancedSavePlanner, SafeLoadPlanner
 from .retention import apply_retention
 from .storage import CompressedReader, CompressedWriter
@@ -341,22 +341,31 @@ class DistributedCheckpointer:
              storage_options=self.storage_options)
         return step
 
-    def merge(self) -> int:
-        """Rewrite the newest committed step's delta items as keyframes of exactly what
-        they restore (lcckpt/distributed/merge.py): loads of it and of later deltas give
-        the same tensors, and need no earlier step, so that retention (``keep_last``) may
-        delete those. Rank 0 writes; call it on every rank. Returns the step."""
+    def merge(self, step: int | None = None) -> int:
+        """Rewrite a committed step's (default: the newest) delta items as keyframes of
+        exactly what they restore (lcckpt/distributed/merge.py): loads of it and of later
+        deltas give the same tensors, and need no earlier step, so that retention
+        (``keep_last``) may delete those; the later steps' chains are made to start at
+        the new keyframes. Rank 0 writes; call it on every rank. Returns the step."""
         self.wait()
         steps = self.steps()
         if not steps:
             raise InvalidArgumentError(f"no committed checkpoint in {self.directory}")
-        step, no_dist = steps[-1], _no_dist(self.process_group)
+        if step is None:
+            step = steps[-1]
+        elif step not in steps:
+            raise InvalidArgumentError(f"step {step} is not committed in {self.directory}; "
+                                       f"committed: {steps}")
+        no_dist = _no_dist(self.process_group)
         rank = 0 if no_dist else dist.get_rank(self.process_group)
         outcome: list = [None]
         error: BaseException | None = None
         if rank == 0:
             try:
                 outcome[0] = merge_step(self.files, self.path(step), self.storage_options)
+                for later in (s for s in steps if s > step):
+                    rebase_step(self.files, self.path(later), outcome[0],
+                                self.storage_options)
             except Exception as e:       # every rank raises, this one its own error
                 error, outcome[0] = e, f"{type(e).__name__}: {e}"
         if not no_dist:

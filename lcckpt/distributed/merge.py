@@ -1,4 +1,4 @@
-"""Merging a distributed chain's newest step: each delta item rewritten as a keyframe of
+"""Merging a step of a distributed chain: each delta item rewritten as a keyframe of
 exactly what it restores, so that no load of it, or of a later step, needs the steps
 before it (then retention may delete them), as ``DeltaCheckpointer.merge`` does.
 
@@ -10,7 +10,10 @@ are stored with codec ``"delta"`` and an empty chain, the reader told each item'
 One process writes: the merged blobs go to a new file in the step's directory, then a new
 ``.metadata`` replaces the old by a rename. A crash before the rename leaves the step as
 it was, beside an unreferenced file; the old files stay, since the step's other items
-still lie in them.
+still lie in them. A step older than the newest is merged the same way, then every later
+step's chains that pass through its old blobs are made to start at the new keyframes
+(:func:`rebase_step`), each step's ``.metadata`` replaced by a rename of its own: a crash
+in between leaves later steps on their old chains, whose blobs are all still on disk.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from ..codec.delta import Reconstruction
 from .storage import SUFFIX, CompressedReader, dtype_name
 from .store import check_size
 
-__all__ = ["merge_step"]
+__all__ = ["merge_step", "rebase_step"]
 
 
 def merge_step(files, path: str, storage_options: dict | None = None) -> dict:
@@ -59,6 +62,31 @@ def merge_step(files, path: str, storage_options: dict | None = None) -> dict:
         _sync(files, f)
     check_size(files, target, at)
     md.storage_data = {**md.storage_data, **new}
+    _replace_metadata(files, path, md)
+    return moved
+
+
+def rebase_step(files, path: str, moved: dict, storage_options: dict | None = None) -> int:
+    """Make the chains of step ``path`` that pass through a merged blob (``moved``, as
+    :func:`merge_step` returns it) start at its keyframe; returns how many changed."""
+    md = CompressedReader(path, storage_options=storage_options).read_metadata()
+    new = {}
+    for idx, info in (md.storage_data or {}).items():
+        chain = tuple(getattr(info, "chain", ()) or ())
+        at = [(files.absolute(files.join(path, rel)), off, n) for rel, off, n in chain]
+        hit = [i for i, blob in enumerate(at) if blob in moved]
+        if hit:
+            i = hit[-1]
+            head, off, n = moved[at[i]]
+            new[idx] = dataclasses.replace(
+                info, chain=((files.relative(head, path), off, n),) + chain[i + 1:])
+    if new:
+        md.storage_data = {**md.storage_data, **new}
+        _replace_metadata(files, path, md)
+    return len(new)
+
+
+def _replace_metadata(files, path: str, md) -> None:
     buf = io.BytesIO()
     pickle.dump(md, buf)
     tmp = files.join(path, ".metadata.merge.tmp")
@@ -66,7 +94,6 @@ def merge_step(files, path: str, storage_options: dict | None = None) -> dict:
         f.write(buf.getvalue())
         _sync(files, f)
     files.rename(tmp, files.join(path, ".metadata"))
-    return moved
 
 
 def _sync(files, f) -> None:

@@ -303,12 +303,14 @@ class CompressedWriter(FileSystemWriter):
         self._written = []
 
     def rebase(self, moved: dict, mine: int) -> None:
-        """Chains ending at a merged blob (``{old: new}``, merge.py) start at its keyframe; if
+        """Chains through a merged blob (``{old: new}``, merge.py) start at its keyframe; if
         fewer than ``mine`` do (references kept elsewhere), all go: a keyframe comes next."""
-        ends = [p for p, r in self._refs.items() if r.chain and r.chain[-1] in moved]
-        for p in ends:
-            self._refs[p] = _Ref(self._refs[p].encoder, (moved[self._refs[p].chain[-1]],))
-        if len(ends) < mine:
+        through = [p for p, r in self._refs.items() if any(b in moved for b in r.chain)]
+        for p in through:
+            r = self._refs[p]
+            i = max(i for i, b in enumerate(r.chain) if b in moved)
+            self._refs[p] = _Ref(r.encoder, (moved[r.chain[i]],) + r.chain[i + 1:])
+        if len(through) < mine:
             self._refs, self.writer_id = {}, uuid.uuid4().hex
 
     def references(self) -> dict[Piece, torch.Tensor]:
@@ -362,9 +364,7 @@ def _as_tensor(x) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x
     a = np.asarray(x)
-    if not a.flags.writeable:
-        a = a.copy()
-    return torch.from_numpy(a)
+    return torch.from_numpy(a if a.flags.writeable else a.copy())
 
 
 def _narrow(t: torch.Tensor, offsets, lengths) -> torch.Tensor:
