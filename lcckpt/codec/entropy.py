@@ -102,6 +102,7 @@ def analyze(sym: np.ndarray, sym_hist: np.ndarray, chunk_size: int, b: int, mode
             runs=None, counted: dict | None = None) -> Analysis:
     """Collect the histograms ``modes`` need; ``sym_hist`` is the per-chunk symbol histogram,
     ``runs`` the runs coder's ``(letter counts, extra bits)`` per chunk if already counted.
+
     Grouped letters cost at least one bit each, so when the runs code is sure to take
     fewer than ``n / g`` bits (sparse streams) the grouped histogram is not collected
     and that mode drops out of the choice. ``sym`` may be a callable returning the

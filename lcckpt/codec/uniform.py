@@ -65,10 +65,10 @@ class Uniform:
     search drops, or one with so many escapes that the tensor is stored exactly, never
     lists them (12 bytes each: an early Adam delta peaked while its tries listed theirs).
 
-    Without held symbols (``sym`` None: ``uniform_quantize(..., hold=False)``) a chunk's
+    Without held symbols (``sym`` None: ``uniform_quantize(..., count=modes)``) a chunk's
     symbols are quantized again when it is coded (:meth:`chunk_symbols`), and the
     histograms the entropy coder's analysis needs were counted by the quantizing pass
-    (:attr:`counted`)."""
+    (:attr:`counted`). Either reads the reference, so both come before it advances."""
     sym: np.ndarray | None     # uint8 [n], or None (see above)
     sym_hist: np.ndarray       # int64 [nchunks, 2**bits]
     bits: int
@@ -91,7 +91,8 @@ class Uniform:
         return out
 
     def symbols(self) -> np.ndarray:
-        """Every symbol (quantized again into a new array when they are not held)."""
+        """Every symbol (quantized again into a new array when they are not held, from
+        the reference as it is before it advances)."""
         if self.sym is not None:
             return self.sym
         n, cs = self.source.size, self.quantizer.chunk_size
