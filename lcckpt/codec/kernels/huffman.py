@@ -276,9 +276,7 @@ def decode_symbols_multi(buf, start, end, n, multi, sym_bits, single, table_bits
         used = _multi_into(buf, start, end, n, multi, 4, single, table_bits, sym, 0,
                            cent, fout, False)
     if used >= 0:
-        cz = additive(cent)
-        for k in range(n):
-            fout[out_start + k] += cz[sym[k]]
+        add_decoded(sym, 0, n, additive(cent), fout, out_start)
     return used
 
 
@@ -286,8 +284,9 @@ def decode_symbols_multi(buf, start, end, n, multi, sym_bits, single, table_bits
 def add_decoded(sym, so, n, cz, fout, fo):
     """``fout[fo + k] += cz[sym[so + k]]`` for ``k < n``: the second pass of a dense
     chunk decoded apart from its adds (``cz``: :func:`additive` centroids)."""
+    f, s = fout[fo:fo + n], sym[so:so + n]      # views from 0: the loop vectorizes
     for k in range(n):
-        fout[fo + k] += cz[sym[so + k]]
+        f[k] += cz[s[k]]
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -121,10 +121,10 @@ def _levels(u, ref, b0, nb, inv, up, floor, rstep, inv_r, S, limit, use_floor, u
     infinite one)."""
     fS = np.float64(S)
     flagged = 0
-    for j in range(nb):
-        i = b0 + j
-        ui = u[i]
-        r = ref[i] if use_ref else ui - ui          # +0.0 in the work dtype (u is finite)
+    ub, rb, sb = u[b0:b0 + nb], ref[b0:b0 + nb], sym[b0:b0 + nb]   # indexed from 0: plain
+    for j in range(nb):                                           # vector loads, no gathers
+        ui = ub[j]
+        r = rb[j] if use_ref else ui - ui          # +0.0 in the work dtype (u is finite)
         a = np.float64(ui - r) * inv
         t = abs(a) + up
         m = np.floor(t)
@@ -156,7 +156,7 @@ def _levels(u, ref, b0, nb, inv, up, floor, rstep, inv_r, S, limit, use_floor, u
         e = e | ((q > 0) & (abs(v) > limit))
         if use_floor:
             e = e | (np.float64(v) < floor * np.float64(ui))
-        sym[i] = 0 if e else z
+        sb[j] = 0 if e else z
         x = np.float64(ui) - np.float64(v)
         x = 0.0 if e else x
         x2[j] = x * x
