@@ -155,17 +155,17 @@ def encode_symbols(sym, start, stop, codes, lengths, out, pos, cent, fout, apply
     Returns the end byte position. ``out`` must hold the exact size computed from the
     symbol counts and code lengths. With ``apply`` each nonzero symbol also adds its
     centroid, ``fout[i] += cent[s]``: the encoder's reference update, the very add the
-    decoder makes, done while the symbol is at hand.
+    decoder makes, in a loop of its own that vectorizes (:func:`add_decoded`).
     """
     acc = Z
     nb = Z
     p = pos
     for i in range(start, stop):
         s = sym[i]
-        if apply and s != 0:
-            fout[i] += cent[s]
         ln = np.uint64(lengths[s])
         acc, nb, p = put(acc, nb, np.uint64(codes[s]), ln, out, p)
+    if apply:
+        add_decoded(sym, start, stop - start, additive(cent), fout, start)
     return flush(acc, nb, out, p)
 
 
