@@ -99,7 +99,7 @@ class Analysis:
 
 
 def analyze(sym: np.ndarray, sym_hist: np.ndarray, chunk_size: int, b: int, modes,
-            runs=None, counted: dict | None = None) -> Analysis:
+            runs=None, counted: dict | None = None, chunks=None) -> Analysis:
     """Collect the histograms ``modes`` need; ``sym_hist`` is the per-chunk symbol histogram,
     ``runs`` the runs coder's ``(letter counts, extra bits)`` per chunk if already counted.
 
@@ -107,11 +107,13 @@ def analyze(sym: np.ndarray, sym_hist: np.ndarray, chunk_size: int, b: int, mode
     fewer than ``n / g`` bits (sparse streams) the grouped histogram is not collected
     and that mode drops out of the choice. ``sym`` may be a callable returning the
     symbols, called only if a histogram needs them. ``counted``: what
-    :func:`count_chunk` counted already, chunk by chunk, as the symbols were made.
+    :func:`count_chunk` counted already, chunk by chunk, as the symbols were made;
+    ``chunks(c, out)`` (``sym`` None): writes chunk ``c``'s symbols into ``out``, for
+    what is still to count.
     """
     counted = counted or {}
-    n = int(sym_hist.sum()) if callable(sym) else sym.size
-    get = sym if callable(sym) else (lambda: sym)
+    n = int(sym_hist.sum()) if callable(sym) or sym is None else sym.size
+    get = sym if callable(sym) else (lambda: sym if chunks is None else chunks)
     nchunks = -(-n // chunk_size)
     hist = {HUFFMAN: sym_hist}
     extra = None
@@ -163,8 +165,14 @@ def chunk_buffer(n: int) -> np.ndarray:
 
 
 def _count_all(sym, n: int, chunk_size: int, b: int, counts: dict, sym_hist) -> None:
-    run_tasks(lambda c: count_chunk(sym, c * chunk_size, min(n, (c + 1) * chunk_size), b,
-                                    counts, c, sym_hist), -(-n // chunk_size))
+    """Count every chunk; ``sym``: the symbols, or ``chunks(c, out)`` making a chunk's."""
+    def one(c):
+        lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
+        if callable(sym):
+            count_chunk(sym(c, chunk_buffer(chunk_size)), 0, hi - lo, b, counts, c, sym_hist)
+        else:
+            count_chunk(sym, lo, hi, b, counts, c, sym_hist)
+    run_tasks(one, -(-n // chunk_size))
 
 
 def entropy_bits(counts: np.ndarray) -> float:

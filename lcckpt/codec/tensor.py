@@ -187,8 +187,8 @@ def encode_uniform(uq: Uniform, dt: dtypes.DType, shape, cfg: CodecConfig, cache
     n = uq.source.size
     modes = entropy.uniform_modes(cfg.coder, uq.bits)
     held = uq.sym is not None
-    an = entropy.analyze(uq.sym if held else uq.symbols, uq.sym_hist, cs, uq.bits, modes,
-                         counted=uq.counted)
+    an = entropy.analyze(uq.sym, uq.sym_hist, cs, uq.bits, modes, counted=uq.counted,
+                         chunks=None if held else uq.chunk_symbols)
     lazy = lazy and entropy.RAW not in modes
     if not (held or lazy):
         raise ValueError("a quantization that holds no symbols is coded lazily")

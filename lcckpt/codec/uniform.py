@@ -185,8 +185,9 @@ def _try_step(u, ref, step, chunk_size, deadzone=DEADZONE, limit=None, floor=0.0
     restored with (default ``step``; see :meth:`ErrorModel.recon_step`). ``sym``: a
     buffer of ``u.size`` bytes to write the symbols into (a dropped try's, so that a
     later try faults in no fresh pages). ``count``: the entropy coder's modes; hold no
-    symbols (each chunk's go to a per-thread buffer and are dropped), but count what
-    the coder's analysis of them needs (:func:`lcckpt.codec.entropy.count_chunk`)."""
+    symbols (each chunk's go to a per-thread buffer and are dropped), but count the
+    runs letters the coder's analysis needs (:func:`lcckpt.codec.entropy.count_chunk`;
+    grouped letters, seldom needed, are counted later from the chunks made again)."""
     rstep = step if rstep is None else rstep
     n = u.size
     nch = -(-n // chunk_size)
@@ -233,9 +234,6 @@ def _try_step(u, ref, step, chunk_size, deadzone=DEADZONE, limit=None, floor=0.0
         if entropy.RUNS in count:
             counted["runs"] = (np.zeros((nch, entropy.alphabet(entropy.RUNS, b)),
                                         entropy.LETTERS), np.zeros(nch, np.int64))
-        if entropy.GROUPED in count and b <= 4:
-            counted["grouped"] = np.zeros((nch, entropy.alphabet(entropy.GROUPED, b)),
-                                          entropy.LETTERS)
 
         def pass2(c):
             lo = c * chunk_size
