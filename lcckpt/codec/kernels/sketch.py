@@ -11,6 +11,8 @@ Numba over one element range, so callers fan chunks out over the thread pool.
 import numpy as np
 from numba import njit
 
+BLOCK = 1024        # elements whose mixes are computed before their adds (L1-resident)
+
 
 @njit(cache=True, nogil=True)
 def _mix(i):
@@ -41,10 +43,20 @@ def add_sketch(x, start, stop, out, log2m):
 def copy_sketch(dst, src, start, stop, out, log2m):
     """``dst[start:stop] = src[start:stop]`` and :func:`add_sketch` of ``src`` over the
     range, in one read (a keyframe's reference copy and its movement base: the same
-    buckets, signs and adds, bit for bit)."""
+    buckets, signs and adds, bit for bit). Block by block: the copy, the mixes and the
+    signed values in a loop that vectorizes (views indexed from 0), then the scattered
+    adds in element order."""
     shift = np.uint64(64 - log2m)
-    for i in range(start, stop):
-        x = src[i]
-        dst[i] = x
-        h = _mix(i)
-        out[np.int64(h >> shift)] += np.float64(2 * np.int64(h & np.uint64(1)) - 1) * np.float64(x)
+    bucket = np.empty(BLOCK, np.int64)
+    signed = np.empty(BLOCK)
+    for b0 in range(start, stop, BLOCK):
+        nb = min(stop, b0 + BLOCK) - b0
+        s, d = src[b0:b0 + nb], dst[b0:b0 + nb]
+        for j in range(nb):
+            x = s[j]
+            d[j] = x
+            h = _mix(np.uint64(b0) + np.uint64(j))
+            bucket[j] = np.int64(h >> shift)
+            signed[j] = np.float64(2 * np.int64(h & np.uint64(1)) - 1) * np.float64(x)
+        for j in range(nb):
+            out[bucket[j]] += signed[j]
