@@ -143,7 +143,7 @@ def guarded_encode(u, ref, dt, shape, cfg: CodecConfig, exact, cache=None, advan
 
 _FINITE_MAX = {"F16": 65504.0, "BF16": 3.3895313892515355e38}   # narrower than the work dtype
 # A streamed delta (``lazy``) of a tensor of more elements than this holds no symbols:
-# each chunk's are quantized again as it is coded (one more quantizing pass, ~0.08 s per
+# each chunk's are quantized again as it is coded (one more quantizing pass, ~0.04 s per
 # 20M elements and thread), so that it never holds a byte per element beside the state
 # and the reference (docs/benchmarks.md, memory).
 HELD_SYMBOLS = 1 << 22
