@@ -145,12 +145,7 @@ def chain(rank, world, root):
         if isinstance(t, torch.Tensor):
             t.zero_()
     target["state"]["meta"] = {"epoch": 0, "tag": "", "lr": [0.0, 0.0]}
-    assert ck.load(target) == 3
-    flat = flatten(target["state"], "state.")
-    flat.update({f"model.{k}": v.full_tensor() for k, v in target["model"].items()})
-    for p, t in ck.references().items():
-        got = piece_slice(flat, p.key, p.start, p.stop)
-        assert torch.equal(got, t), p
+    flat = _loads_as_referenced(ck, target, 3)
     assert torch.equal(flat["state.ids"], torch.arange(100))
     assert target["state"]["meta"] == {"epoch": 3, "tag": "run", "lr": [0.1, 0.01]}
 
@@ -159,11 +154,7 @@ def chain(rank, world, root):
     fut = ck.async_save(4, full)
     md = fut.result(timeout=60)
     assert ck.steps() == [0, 1, 3, 4]
-    assert ck.load(target) == 4
-    flat = flatten(target["state"], "state.")
-    flat.update({f"model.{k}": v.full_tensor() for k, v in target["model"].items()})
-    for p, t in ck.references().items():
-        assert torch.equal(piece_slice(flat, p.key, p.start, p.stop), t), p
+    flat = _loads_as_referenced(ck, target, 4)
     if rank == 0:           # what step 4 restores to, for loads at other world sizes
         torch.save({k: v for k, v in flat.items() if isinstance(v, torch.Tensor)},
                    f"{root}/restored4.pt")
@@ -177,20 +168,12 @@ def chain(rank, world, root):
     for t in flatten(target["state"]).values():
         if isinstance(t, torch.Tensor) and t.is_floating_point():
             t.zero_()
-    assert ck.load(target) == 4
-    flat = flatten(target["state"], "state.")
-    flat.update({f"model.{k}": v.full_tensor() for k, v in target["model"].items()})
-    for p, t in ck.references().items():
-        assert torch.equal(piece_slice(flat, p.key, p.start, p.stop), t), p
+    _loads_as_referenced(ck, target, 4)
     step_update(state, model, 5)
     md = ck.save(5, full)
-    chains = [i.chain for i in md.storage_data.values() if i.codec == "delta"]
+    chains = _delta_chains(md)
     assert chains and all(len(c) == 1 and "step_0000000004" in c[0][0] for c in chains), chains
-    assert ck.load(target) == 5
-    flat = flatten(target["state"], "state.")
-    flat.update({f"model.{k}": v.full_tensor() for k, v in target["model"].items()})
-    for p, t in ck.references().items():
-        assert torch.equal(piece_slice(flat, p.key, p.start, p.stop), t), p
+    _loads_as_referenced(ck, target, 5)
 
     # merge step 5 once step 6 is on it: step 6's chains, and those of the writers' next
     # delta, start at step 5's keyframes; step 6 still loads onto the references
@@ -198,18 +181,29 @@ def chain(rank, world, root):
     ck.save(6, full)
     assert ck.merge(5) == 5
     md = ld.CompressedReader(ck.path(6)).read_metadata()
-    chains = [i.chain for i in md.storage_data.values() if i.codec == "delta"]
+    chains = _delta_chains(md)
     assert chains and all(len(c) == 1 and "step_0000000005" in c[0][0] for c in chains), chains
-    assert ck.load(target) == 6
+    _loads_as_referenced(ck, target, 6)
+    step_update(state, model, 7)
+    md = ck.save(7, full)
+    chains = _delta_chains(md)
+    assert chains and all(len(c) == 2 and "step_0000000005" in c[0][0] for c in chains), chains
+    dist.barrier()
+
+
+def _loads_as_referenced(ck, target, step):
+    """Load the newest step (``step``) into ``target``: every piece equals the writer's
+    reference. Returns the loaded state, flat."""
+    assert ck.load(target) == step
     flat = flatten(target["state"], "state.")
     flat.update({f"model.{k}": v.full_tensor() for k, v in target["model"].items()})
     for p, t in ck.references().items():
         assert torch.equal(piece_slice(flat, p.key, p.start, p.stop), t), p
-    step_update(state, model, 7)
-    md = ck.save(7, full)
-    chains = [i.chain for i in md.storage_data.values() if i.codec == "delta"]
-    assert chains and all(len(c) == 2 and "step_0000000005" in c[0][0] for c in chains), chains
-    dist.barrier()
+    return flat
+
+
+def _delta_chains(md) -> list:
+    return [i.chain for i in md.storage_data.values() if i.codec == "delta"]
 
 
 def reshard(rank, world, src):

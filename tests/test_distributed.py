@@ -171,22 +171,25 @@ def test_keep_last_deletes_only_what_no_kept_step_needs(tmp_path):
         ld.DistributedCheckpointer(tmp_path, keep_last=0)
 
 
+def _drifting_states(seed: int, steps: int):
+    """``(step, state)`` of :func:`various_state` whose float tensors drift a little each
+    step (a fresh tree each time, sharing the tensors that did not change)."""
+    g = torch.Generator().manual_seed(seed)
+    s = various_state()
+    for step in range(steps):
+        for k in ("f32", "bf16", "f16", "f64"):
+            s[k] = s[k] + (torch.randn(s[k].shape, generator=g) * 1e-2).to(s[k].dtype)
+        yield step, {k: (dict(v) if isinstance(v, dict) else v) for k, v in s.items()}
+
+
 def test_merge_makes_the_newest_step_a_keyframe_that_restores_the_same(tmp_path):
     """merge() rewrites the newest step's deltas as keyframes of what they restore
     (widened: bf16 items keep their fp32 references), so retention may drop the steps
     before it, and later deltas load exactly as on a chain that was never merged."""
-    def states():
-        g = torch.Generator().manual_seed(5)
-        s = various_state()
-        for step in range(6):
-            for k in ("f32", "bf16", "f16", "f64"):
-                s[k] = s[k] + (torch.randn(s[k].shape, generator=g) * 1e-2).to(s[k].dtype)
-            yield step, {k: (dict(v) if isinstance(v, dict) else v) for k, v in s.items()}
-
     plain = ld.DistributedCheckpointer(tmp_path / "plain", bits=2, keyframe_every=10)
     merged = ld.DistributedCheckpointer(tmp_path / "merged", bits=2, keyframe_every=10,
                                         keep_last=1)
-    for step, state in states():
+    for step, state in _drifting_states(seed=5, steps=6):
         plain.save(step, state)
         merged.save(step, state)
         if step == 3:
@@ -213,18 +216,10 @@ def test_merge_of_an_older_step_rebases_the_later_ones(tmp_path):
     restores, every later step's chains start there instead of at the old keyframe (so
     retention drops the steps before it), and every step, later saves included, loads
     as on a chain never merged."""
-    def states():
-        g = torch.Generator().manual_seed(6)
-        s = various_state()
-        for step in range(7):
-            for k in ("f32", "bf16", "f16", "f64"):
-                s[k] = s[k] + (torch.randn(s[k].shape, generator=g) * 1e-2).to(s[k].dtype)
-            yield step, {k: (dict(v) if isinstance(v, dict) else v) for k, v in s.items()}
-
     plain = ld.DistributedCheckpointer(tmp_path / "plain", bits=2, keyframe_every=10)
     merged = ld.DistributedCheckpointer(tmp_path / "merged", bits=2, keyframe_every=10,
                                         keep_last=2)
-    for step, state in states():
+    for step, state in _drifting_states(seed=6, steps=7):
         plain.save(step, state)
         merged.save(step, state)
         if step == 1:
