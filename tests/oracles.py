@@ -139,6 +139,46 @@ def model_errors_ref(model, steps, up: float) -> np.ndarray:
     return e.sum(axis=1)
 
 
+def error_model_ref(cnt, s1, s2):
+    """An error model's per-bin arrays from a survey's histogram in numpy (what
+    ``ErrorModel.__init__`` computed before one compiled call did): the nonzero bins among
+    the first ``MAG_BINS``, as (count, sum, sum of squares, lower edge, upper edge, mean)."""
+    from lcckpt.codec.errmodel import bin_bounds
+    from lcckpt.codec.kernels.uniform import MAG_BINS
+    c = cnt[:MAG_BINS]
+    keep = np.flatnonzero(c)
+    cf = c[keep].astype(np.float64)
+    bounds = bin_bounds()
+    return cf, s1[keep], s2[keep], bounds[keep], bounds[keep + 1], s1[keep] / cf
+
+
+def step_for_ref(model, tol_sq: float, up: float, start: float) -> float:
+    """``ErrorModel.step_for`` as numpy code (before its grids were searched in compiled
+    calls): the model's ``errors_sq``, numpy's ``linspace`` and ``flatnonzero``."""
+    top = 2 * float(np.max(model.mean)) if model.cnt.size else start
+    if top <= 0 or model.error_sq(top, up) <= tol_sq:
+        return min(start, top) if top > 0 else start
+    lo_exp = -16
+    for _ in range(20):
+        grid = np.minimum(start * 2.0 ** (np.arange(lo_exp, lo_exp + 25) / 2), top)
+        ok = model.errors_sq(grid, up) <= tol_sq
+        if not ok[0]:
+            lo_exp -= 24
+        elif ok[-1] and grid[-1] < top:
+            lo_exp += 24
+        else:
+            break
+    else:
+        return float(grid[0])
+    for _ in range(2):
+        i = int(np.flatnonzero(ok)[-1])
+        if i == grid.size - 1:
+            return float(grid[i])
+        grid = np.linspace(grid[i], grid[i + 1], 9)
+        ok = model.errors_sq(grid, up) <= tol_sq
+    return float(grid[int(np.flatnonzero(ok)[-1])])
+
+
 def model_levels_ref(model, step, up: float, edges: bool = False):
     """Each magnitude bin's level at ``step`` (a column of steps: a row each)."""
     q_lo = np.floor(model.lo / step + up)

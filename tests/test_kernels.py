@@ -655,6 +655,32 @@ def test_code_length_tables_parse_like_the_reference(size, counts, tail, seed, h
     assert got.tolist() == want[0].tolist() and r.pos == want[1]
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 300), st.integers(1, 300), st.integers(0, 2**32 - 1))
+def test_each_code_table_layout_is_as_long_as_its_size_says(size, used, seed):
+    """The compiled size of each code-table layout is the length of that layout written
+    (every layout forced in turn, and read back), and the chosen one is the smallest: the
+    entropy coder plans chunk modes with these sizes."""
+    from lcckpt.codec import entropy, streams
+    from lcckpt.codec.kernels import tables as tk
+    from lcckpt.util.wire import Reader, Writer
+
+    rng = np.random.default_rng(seed)
+    counts = np.zeros(size, np.int64)
+    counts[rng.choice(size, min(used, size), replace=False)] = rng.integers(1, 10**6, min(used, size))
+    lengths = hk.code_lengths(counts, hk.MAX_CODE_LEN)
+    sizes = tk.layout_sizes(lengths)
+    for kind in range(3):
+        w = Writer()
+        streams._write_lengths(w, lengths, kind)
+        assert len(w.buf) == 1 + sizes[kind]
+        assert np.array_equal(streams._read_lengths(Reader(bytes(w.buf), what="t"), size),
+                              lengths)
+    w = Writer()
+    streams._write_lengths(w, lengths)
+    assert len(w.buf) == entropy.lengths_size(lengths) == 1 + min(sizes)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.integers(1, 5), st.integers(1, 40), st.integers(0, 2**31), st.integers(0, 3))
 def test_compiled_mode_choice_matches_numpys(m, nch, seed, kind):

@@ -474,6 +474,34 @@ def test_the_compiled_error_model_gives_numpys_bits(n, seed, up):
         assert pairwise_sum(a) == np.sum(a)
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 30000), st.integers(0, 2**31), st.sampled_from([0.4, 0.5]))
+def test_the_compiled_step_search_chooses_numpys_steps(n, seed, up):
+    """The first step of the search (``ErrorModel.step_for``: a grid of steps, two finer
+    grids inside its bracket, evaluated in compiled calls) is the one the numpy code chose,
+    to the last bit, for targets from below every grid to above the largest step; and the
+    model's per-bin arrays are numpy's fancy indexing of the survey's histogram."""
+    from oracles import error_model_ref, step_for_ref
+
+    from lcckpt.codec.errmodel import ErrorModel
+    from lcckpt.codec.kernels.uniform import MAG_BINS
+    from lcckpt.codec.uniform import survey
+    rng = np.random.default_rng(seed)
+    ref = rng.standard_normal(n).astype(np.float32)
+    u = (ref + rng.standard_normal(n) * 10.0 ** rng.uniform(-6, 0, n)).astype(np.float32)
+    model = survey(u, ref).model
+    rms = float(np.sqrt(np.mean((u - ref).astype(np.float64) ** 2))) or 1.0
+    for aim in 10.0 ** rng.uniform(-14, 1, 10):
+        tol_sq = aim * n * rms * rms
+        start = rms * 10.0 ** rng.uniform(-4, 4)
+        assert model.step_for(tol_sq, up, start) == step_for_ref(model, tol_sq, up, start)
+    cnt = rng.integers(0, 3, MAG_BINS + 1) * rng.integers(0, 10**6, MAG_BINS + 1)
+    s1, s2 = rng.random(MAG_BINS + 1) * cnt, rng.random(MAG_BINS + 1) * cnt
+    m = ErrorModel(int(cnt.sum()), cnt, s1, s2)
+    for got, want in zip((m.cnt, m.s1, m.s2, m.lo, m.hi, m.mean), error_model_ref(cnt, s1, s2)):
+        assert np.array_equal(got, want)
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.integers(1, 5000), st.integers(0, 2**31), st.booleans(), st.sampled_from([0, 1, 2]))
 def test_survey_histogram_and_sketch_match_numpy_references(n, seed, with_ref, threads):

@@ -21,7 +21,6 @@ The stream's wire format (code tables, chunk table) and its decoder are streams.
 
 import threading
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 
@@ -30,6 +29,7 @@ from ..errors import InvalidArgumentError
 from .kernels import huffman as hk
 from .kernels import runs as rk
 from .kernels import sums as sk
+from .kernels import tables as tk
 
 HUFFMAN, GROUPED, RUNS, RAW, CONST, PAIRS = range(6)
 MODE_NAMES = ("huffman", "grouped", "runs", "raw", "const", "pairs")
@@ -426,29 +426,10 @@ def _choose(score: np.ndarray, modes, lengths: dict) -> np.ndarray:
     return choice
 
 
-def _uvar_size(v: np.ndarray) -> np.ndarray:
-    """Bytes of each value as an unsigned LEB128 varint."""
-    v = np.asarray(v, np.int64)
-    return 1 + (v >= 1 << 7) + (v >= 1 << 14) + (v >= 1 << 21) + (v >= 1 << 28)
-
-
-def layout_sizes(lengths: np.ndarray, used: np.ndarray) -> list:
-    """Bytes of the three code table layouts (see :func:`_write_lengths`), kind byte aside."""
-    gaps = np.diff(used, prepend=-1) - 1
-    sparse = int(_uvar_size([used.size])[0] + _uvar_size(gaps).sum() + used.size)
-    return [(lengths.size + 1) // 2, (lengths.size + 7) // 8 + (used.size + 1) // 2, sparse]
-
-
 def lengths_size(lengths: np.ndarray) -> int:
-    """Bytes :func:`_write_lengths` spends on a code table (by its bytes, cached: a chain
-    codes the same tables save after save)."""
-    return _lengths_size(np.ascontiguousarray(lengths, np.uint8).tobytes())
-
-
-@lru_cache(maxsize=256)
-def _lengths_size(key: bytes) -> int:
-    lengths = np.frombuffer(key, np.uint8)
-    return 1 + min(layout_sizes(lengths, np.flatnonzero(lengths)))
+    """Bytes :func:`lcckpt.codec.streams._write_lengths` spends on a code table: the kind
+    byte and the smallest of its layouts."""
+    return 1 + min(tk.layout_sizes(np.ascontiguousarray(lengths, np.uint8)))
 
 
 NO_SYMBOLS = np.zeros(1, np.uint8)

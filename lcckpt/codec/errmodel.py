@@ -23,6 +23,13 @@ def bin_bounds() -> np.ndarray:
     return bounds
 
 
+def _wide_err(up: float) -> float:
+    """The squared error per element, in units of step², of a bin wider than a level: it
+    holds every rounding offset, so the mean over a uniform offset under the dead zone,
+    ∫ min(f, 1-f past 1-up)² = (1-up)³/3 + up³/3."""
+    return float(((1 - up) ** 3 + up ** 3) / 3)
+
+
 class ErrorModel:
     """The restored error and level counts of any step, from the magnitude histogram of
     the delta that :func:`survey` takes.
@@ -34,13 +41,9 @@ class ErrorModel:
 
     def __init__(self, n: int, cnt: np.ndarray, s1: np.ndarray, s2: np.ndarray):
         """From a :class:`Survey`'s histogram of ``n`` elements (bins ``[:MAG_BINS]``)."""
-        c = cnt[:uk.MAG_BINS]
-        keep = np.flatnonzero(c)
-        self.n, self.cnt = n, c[keep].astype(np.float64)
-        self.s1, self.s2 = s1[keep], s2[keep]
-        bounds = bin_bounds()
-        self.lo, self.hi = bounds[keep], bounds[keep + 1]
-        self.mean = self.s1 / self.cnt
+        self.n = n
+        self.cnt, self.s1, self.s2, self.lo, self.hi, self.mean = mk.compact(
+            cnt, s1, s2, bin_bounds())
 
     def levels(self, step: float, up: float) -> np.ndarray:
         """Level magnitude per bin (straddling bins at their mean)."""
@@ -63,12 +66,9 @@ class ErrorModel:
         """Modelled ``||u - ũ||²`` for each decision step of ``steps``, its levels
         restored with their least-squares step (:meth:`recon_step`)."""
         st = np.ascontiguousarray(steps, np.float64).reshape(-1)
-        # a bin wider than a level holds every rounding offset: the mean error of a
-        # uniform offset under the dead zone, ∫ min(f, 1-f past 1-up)² = (1-up)³/3 + up³/3
-        f = ((1 - up) ** 3 + up ** 3) / 3
         out = np.empty(st.size)
         mk.errors_sq(self.lo, self.hi, self.mean, self.cnt, self.s1, self.s2, st, float(up),
-                     float(f), out)
+                     _wide_err(up), out)
         return out
 
     def error_sq(self, step: float, up: float) -> float:
@@ -98,21 +98,17 @@ class ErrorModel:
         if top <= 0 or self.error_sq(top, up) <= tol_sq:
             return min(start, top) if top > 0 else start
         lo_exp = -16                                     # in half-octaves from ``start``
+        args = (self.lo, self.hi, self.mean, self.cnt, self.s1, self.s2)
+        f, err = _wide_err(up), np.empty(25)
         for _ in range(20):
             grid = np.minimum(start * 2.0 ** (np.arange(lo_exp, lo_exp + 25) / 2), top)
-            ok = self.errors_sq(grid, up) <= tol_sq
-            if not ok[0]:
+            last = mk.last_within(*args, grid, float(up), f, float(tol_sq), err)
+            if not err[0] <= tol_sq:
                 lo_exp -= 24                             # even the finest misses: go finer
-            elif ok[-1] and grid[-1] < top:
+            elif last == grid.size - 1 and grid[-1] < top:
                 lo_exp += 24                             # even the coarsest meets it: coarser
             else:
                 break
         else:
             return float(grid[0])
-        for _ in range(2):
-            i = int(np.flatnonzero(ok)[-1])
-            if i == grid.size - 1:
-                return float(grid[i])
-            grid = np.linspace(grid[i], grid[i + 1], 9)
-            ok = self.errors_sq(grid, up) <= tol_sq
-        return float(grid[int(np.flatnonzero(ok)[-1])])
+        return float(mk.refine(*args, grid, last, float(up), f, float(tol_sq)))

@@ -16,7 +16,7 @@ from ..util.wire import Reader, Writer
 from ..errors import CorruptDataError, TruncatedError
 from .entropy import (
     NO_FLOATS, NO_SYMBOLS, CODED_MODES, CONST, GROUPED, HUFFMAN, MODE_NAMES, PAIRS, RAW,
-    RUNS, Encoded, layout_sizes, alphabet, group_size,
+    RUNS, Encoded, alphabet, group_size,
 )
 from .kernels import buckets as bk
 from .kernels import huffman as hk
@@ -51,14 +51,18 @@ def _nibbles(values: np.ndarray) -> bytes:
     return ((padded[0::2] << 4) | padded[1::2]).astype(np.uint8).tobytes()
 
 
-def _write_lengths(w: Writer, lengths: np.ndarray):
-    """Code lengths in the smallest of three layouts (a table costs bytes in every blob).
+def _write_lengths(w: Writer, lengths: np.ndarray, kind: int | None = None):
+    """Code lengths in the smallest of three layouts (a table costs bytes in every blob),
+    or in layout ``kind``.
 
     0: a nibble per letter; 1: bitmap of the letters used, then their nibbles;
     2: count, then (gap, length) per letter used.
     """
+    lengths = np.ascontiguousarray(lengths, np.uint8)
     used = np.flatnonzero(lengths)
-    kind = int(np.argmin(layout_sizes(lengths, used)))
+    if kind is None:
+        sizes = tk.layout_sizes(lengths)
+        kind = sizes.index(min(sizes))
     w.u8(kind)
     if kind == 0:
         w.raw(_nibbles(lengths))

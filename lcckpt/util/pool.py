@@ -16,17 +16,22 @@ import numpy as np
 _lock = threading.Lock()
 _pool = None
 _local = threading.local()       # .worker is True on the pool's own threads
+_cpus = None                     # usable CPUs, once asked
 
 
 def threads() -> int:
-    """Worker count: ``LCCKPT_THREADS`` if set, else the number of usable CPUs."""
+    """Worker count: ``LCCKPT_THREADS`` if set, else the number of usable CPUs (asked
+    once per process: a save of hundreds of small tensors asked thousands of times)."""
     env = os.environ.get("LCCKPT_THREADS")
     if env:
         return max(1, int(env))
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:                       # pragma: no cover - non-Linux
-        return max(1, os.cpu_count() or 1)
+    global _cpus
+    if _cpus is None:
+        try:
+            _cpus = max(1, len(os.sched_getaffinity(0)))
+        except AttributeError:                   # pragma: no cover - non-Linux
+            _cpus = max(1, os.cpu_count() or 1)
+    return _cpus
 
 
 def _get_pool():
@@ -56,9 +61,10 @@ def submit(fn, *args) -> Future:
 
 
 def _forget_pool():
-    global _pool, _lock
+    global _pool, _lock, _cpus
     _pool = None
     _lock = threading.Lock()
+    _cpus = None
 
 
 os.register_at_fork(after_in_child=_forget_pool)

@@ -17,6 +17,35 @@ from .sums import pairwise_sum
 _HUGE = 1e300          # an infinite bin edge, capped as the numpy code caps it
 
 
+@njit(cache=True, nogil=True)
+def compact(cnt, s1, s2, bounds):
+    """The histogram's nonzero bins among the first ``bounds.size - 1``: ``(count as
+    float, sum, sum of squares, lower edge, upper edge, mean)`` per bin, in bin order (as
+    numpy's ``flatnonzero`` and fancy indexing gave them, in one call instead of eight)."""
+    nb = bounds.size - 1
+    k = 0
+    for j in range(nb):
+        if cnt[j] != 0:
+            k += 1
+    c = np.empty(k)
+    a = np.empty(k)
+    b = np.empty(k)
+    lo = np.empty(k)
+    hi = np.empty(k)
+    mean = np.empty(k)
+    i = 0
+    for j in range(nb):
+        if cnt[j] != 0:
+            c[i] = np.float64(cnt[j])
+            a[i] = s1[j]
+            b[i] = s2[j]
+            lo[i] = bounds[j]
+            hi[i] = bounds[j + 1]
+            mean[i] = s1[j] / c[i]
+            i += 1
+    return c, a, b, lo, hi, mean
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _bin_level(lo, hi, mean, step, up):
     """``(level of the bin, True when it spans two levels or more)``: the level of its
@@ -60,3 +89,36 @@ def errors_sq(lo, hi, mean, cnt, s1, s2, steps, up, wide_err, out):
                 qr = q[j] * r
                 a[j] = s2[j] - 2 * q[j] * r * s1[j] + cnt[j] * (qr * qr)
         out[t] = pairwise_sum(a)
+
+
+@njit(cache=True, nogil=True)
+def last_within(lo, hi, mean, cnt, s1, s2, steps, up, wide_err, tol_sq, out):
+    """:func:`errors_sq` of ``steps`` into ``out``; the index of the last step whose error
+    is within ``tol_sq`` (-1 if none)."""
+    errors_sq(lo, hi, mean, cnt, s1, s2, steps, up, wide_err, out)
+    last = -1
+    for t in range(steps.size):
+        if out[t] <= tol_sq:
+            last = t
+    return last
+
+
+@njit(cache=True, nogil=True)
+def refine(lo, hi, mean, cnt, s1, s2, grid, i, up, wide_err, tol_sq):
+    """``ErrorModel.step_for``'s two finer grids: 9 steps from ``grid[i]`` (within
+    ``tol_sq``) to ``grid[i + 1]`` (not), as ``np.linspace`` spaces them, twice; the
+    last step within ``tol_sq``. One call instead of six numpy ones per grid."""
+    fine = np.empty(9)
+    out = np.empty(9)
+    for _ in range(2):
+        if i == grid.size - 1:
+            return grid[i]
+        a, b = grid[i], grid[i + 1]
+        delta = b - a
+        step = delta / 8
+        for k in range(9):              # np.linspace's arithmetic, the end point exact
+            fine[k] = (np.float64(k) / 8) * delta + a if step == 0 else np.float64(k) * step + a
+        fine[8] = b
+        i = max(0, last_within(lo, hi, mean, cnt, s1, s2, fine, up, wide_err, tol_sq, out))
+        grid = fine.copy()
+    return grid[i]
