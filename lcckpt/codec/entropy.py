@@ -94,8 +94,10 @@ class Analysis:
     def nchunks(self) -> int:
         return -(-self.n // self.chunk_size)
 
-    def chunk_len(self, c: int) -> int:
-        return min(self.chunk_size, self.n - c * self.chunk_size)
+    def chunk_lens(self) -> np.ndarray:
+        """Every chunk's length (int64)."""
+        return np.minimum(self.chunk_size,
+                          self.n - np.arange(self.nchunks, dtype=np.int64) * self.chunk_size)
 
 
 def analyze(sym: np.ndarray, sym_hist: np.ndarray, chunk_size: int, b: int, modes,
@@ -240,13 +242,12 @@ def raw_stream(sym: np.ndarray, chunk_size: int) -> Encoded:
 
 def _chunk_bits(an: Analysis, mode: int, lengths) -> np.ndarray:
     """Exact coded size in bits of every chunk under ``mode``."""
-    nch = an.nchunks
     if mode in CODED_MODES:
         bits = _cost(an.hist[mode], lengths[mode])
         if mode == RUNS:
             bits = bits + an.extra_bits
         return bits
-    sizes = np.array([an.chunk_len(c) for c in range(nch)], np.int64)
+    sizes = an.chunk_lens()
     if mode == RAW:
         return sizes * 8
     if mode == CONST:
