@@ -27,6 +27,7 @@ This module writes and reads every header byte; it codes nothing (tensor.py does
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass, field
 
@@ -223,7 +224,7 @@ def parse(blob, check_payload: bool = True, size: int | None = None) -> tuple[np
     dt = dtypes.BY_CODE[code]
     ndim = r.uvar(MAX_NDIM, "ndim")
     shape = tuple(r.uvar(1 << 48, "dimension") for _ in range(ndim))
-    n = int(np.prod(shape, dtype=object)) if shape else 1
+    n = math.prod(shape)                 # exact: Python ints, 1 for a scalar
     log2 = r.u8()
     if not MIN_CHUNK_LOG2 <= log2 <= MAX_CHUNK_LOG2:
         raise CorruptDataError(f"lcckpt blob: chunk size 2**{log2} out of range")

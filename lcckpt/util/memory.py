@@ -22,6 +22,7 @@ caller's. Lazily read parts of a tensor (lcckpt.interop.reader) are not faulted 
 pages nobody asks for should stay untouched.
 """
 
+import math
 import mmap
 
 import numpy as np
@@ -64,7 +65,7 @@ def bulk_zeros(shape, dtype) -> np.ndarray:
     """Zeros on 4 KiB pages when large, faulted in by whichever thread writes them first
     (several at once are fine on small pages); also :func:`bulk_empty`."""
     dt = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    nbytes = (math.prod(shape) if isinstance(shape, (tuple, list)) else int(shape)) * dt.itemsize
     if nbytes < PREFAULT_MIN:
         return np.zeros(shape, dt)
     return _small_pages(nbytes).view(dt).reshape(shape)
