@@ -41,6 +41,7 @@ SETTINGS = {            # name -> DeltaCheckpointer keywords (keyframe_every=50 
     "default": dict(),
     "default, keyframe_every=20": dict(keyframe_every=20),
     "default, keyframe_every=10": dict(keyframe_every=10),
+    "weights 0.001 of movement": dict(target=RolePolicy(weight=0.001)),
     "weights 0.005 of movement": dict(target=RolePolicy(weight=0.005)),
     "weights 0.01 of movement": dict(target=RolePolicy(weight=0.01)),
     "weights 0.02 of movement": dict(target=RolePolicy(weight=0.02)),
