@@ -667,7 +667,8 @@ def test_each_code_table_layout_is_as_long_as_its_size_says(size, used, seed):
 
     rng = np.random.default_rng(seed)
     counts = np.zeros(size, np.int64)
-    counts[rng.choice(size, min(used, size), replace=False)] = rng.integers(1, 10**6, min(used, size))
+    k = min(used, size)
+    counts[rng.choice(size, k, replace=False)] = rng.integers(1, 10**6, k)
     lengths = hk.code_lengths(counts, hk.MAX_CODE_LEN)
     sizes = tk.layout_sizes(lengths)
     for kind in range(3):
