@@ -5,7 +5,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from lcckpt import DeltaCheckpointer
@@ -119,6 +119,10 @@ def _steps(n, rel, count, seed, kind):
 @given(st.sampled_from([100, 5000, 40_000]), st.sampled_from([1e-4, 1e-3, 1e-2, 0.3]),
        st.integers(0, 2**31), st.sampled_from(["drift", "walk", "rows"]),
        st.sampled_from([0.01, 0.05, 0.3]))
+@example(n=5000, rel=1e-4, seed=1527, kind="rows", t=0.01).xfail(
+    raises=AssertionError,
+    reason="known, open: 64 changed elements, two large ones in one sketch bucket; the "
+           "movement is estimated 3.6% high and step 1 restores at 1.0098% of it")
 def test_no_update_is_dropped_silently(tmp_path_factory, n, rel, seed, kind, t):
     """Every restored step's movement (restored - keyframe) is within the target of the
     true movement, for updates down to 1e-4 of the tensor's norm."""

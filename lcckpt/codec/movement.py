@@ -10,8 +10,9 @@ Keeping ``k`` would cost the writer a third copy of the state. A :class:`Movemen
 (:mod:`lcckpt.codec.kernels.sketch`, :data:`BUCKETS` fp64 values) and estimates the movement
 from the sketch of ``u``: unbiased in the square, with a relative standard deviation
 below ``sqrt(2/BUCKETS)`` (2.2%, so about 1.1% on the norm) whatever the values, and
-scaled down by :data:`SAFETY` (three of those deviations) so the target is not
-overestimated. It knows nothing of files or chains.
+scaled down by :data:`SAFETY` (three of those deviations) so the target is seldom
+overestimated (with few changed elements a collision of two large ones can pass that:
+docs/chain.md). It knows nothing of files or chains.
 """
 
 from __future__ import annotations
