@@ -122,7 +122,8 @@ def _steps(n, rel, count, seed, kind):
 @example(n=5000, rel=1e-4, seed=1527, kind="rows", t=0.01).xfail(
     raises=AssertionError,
     reason="known, open: 64 changed elements, two large ones in one sketch bucket; the "
-           "movement is estimated 3.6% high and step 1 restores at 1.0098% of it")
+           "scaled-down movement estimate is 3.6% above the true movement, and step 1 "
+           "restores at 1.0098% of it")
 def test_no_update_is_dropped_silently(tmp_path_factory, n, rel, seed, kind, t):
     """Every restored step's movement (restored - keyframe) is within the target of the
     true movement, for updates down to 1e-4 of the tensor's norm."""
