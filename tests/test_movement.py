@@ -202,3 +202,20 @@ def test_an_update_under_the_dtypes_precision_warns_naming_step_and_tensor(tmp_p
     ck.save(0, {"w": k})
     with pytest.warns(RuntimeWarning, match=r'step 1: obj\["w"\].*movement since the keyframe'):
         ck.save(1, {"w": u})
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 5000), st.integers(0, 5000), st.integers(0, 2**31))
+def test_a_keyframe_copy_sketches_its_range_as_the_plain_sketch_does(a, b, seed):
+    """``copy_sketch`` (a keyframe's reference copy, blocked) copies its range and adds the
+    same buckets and signs as ``add_sketch`` element by element, bit for bit, on ranges
+    that start and end inside a block."""
+    from lcckpt.codec.kernels import sketch as sk
+    lo, hi = min(a, b), max(a, b)
+    x = (np.random.default_rng(seed).standard_normal(5000) * 1e3).astype(np.float32)
+    want, got = np.zeros(1 << 6), np.zeros(1 << 6)
+    sk.add_sketch(x, lo, hi, want, 6)
+    dst = np.zeros_like(x)
+    sk.copy_sketch(dst, x, lo, hi, got, 6)
+    assert np.array_equal(got, want)
+    assert np.array_equal(dst[lo:hi], x[lo:hi]) and not dst[:lo].any() and not dst[hi:].any()

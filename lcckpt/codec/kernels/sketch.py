@@ -39,24 +39,32 @@ def add_sketch(x, start, stop, out, log2m):
     return ss
 
 
+@njit(cache=True, nogil=True, inline="always")
+def signed_buckets(x, b0, nb, shift, bucket, signed, copy_to, copy):
+    """Bucket and signed value of ``x[j]``, element ``b0 + j`` of the sketched range, for
+    ``j < nb`` (``x`` indexed from 0, so the loop vectorizes); ``copy``: also
+    ``copy_to[j] = x[j]`` in the same loop. The caller adds them in element order (the
+    same sums as :func:`add_sketch`, bit for bit)."""
+    for j in range(nb):
+        v = x[j]
+        if copy:
+            copy_to[j] = v
+        h = _mix(np.uint64(b0) + np.uint64(j))
+        bucket[j] = np.int64(h >> shift)
+        signed[j] = np.float64(2 * np.int64(h & np.uint64(1)) - 1) * np.float64(v)
+
+
 @njit(cache=True, nogil=True)
 def copy_sketch(dst, src, start, stop, out, log2m):
     """``dst[start:stop] = src[start:stop]`` and :func:`add_sketch` of ``src`` over the
     range, in one read (a keyframe's reference copy and its movement base: the same
-    buckets, signs and adds, bit for bit). Block by block: the copy, the mixes and the
-    signed values in a loop that vectorizes (views indexed from 0), then the scattered
-    adds in element order."""
+    buckets, signs and adds, bit for bit). Block by block: :func:`signed_buckets` with
+    the copy, then the scattered adds in element order."""
     shift = np.uint64(64 - log2m)
     bucket = np.empty(BLOCK, np.int64)
     signed = np.empty(BLOCK)
     for b0 in range(start, stop, BLOCK):
         nb = min(stop, b0 + BLOCK) - b0
-        s, d = src[b0:b0 + nb], dst[b0:b0 + nb]
-        for j in range(nb):
-            x = s[j]
-            d[j] = x
-            h = _mix(np.uint64(b0) + np.uint64(j))
-            bucket[j] = np.int64(h >> shift)
-            signed[j] = np.float64(2 * np.int64(h & np.uint64(1)) - 1) * np.float64(x)
+        signed_buckets(src[b0:b0 + nb], b0, nb, shift, bucket, signed, dst[b0:b0 + nb], True)
         for j in range(nb):
             out[bucket[j]] += signed[j]

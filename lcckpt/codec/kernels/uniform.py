@@ -15,7 +15,7 @@ second moment.
 import numpy as np
 from numba import njit
 
-from .sketch import _mix
+from .sketch import signed_buckets
 
 BIG = 1 << 62          # the zigzag value of an escape forced by step 0 or by a huge level
 
@@ -363,10 +363,8 @@ def survey_range(u, ref, use_ref, start, stop, out, sketch, log2m, cnt, s1, s2):
             d = np.float64(ub[j] - rb[j]) if use_ref else np.float64(ub[j])
             mag[j] = abs(d)
             mag32[j] = abs(d)
-            if do_sketch:
-                h = _mix(np.uint64(b0) + np.uint64(j))
-                bucket[j] = np.int64(h >> shift)
-                signed[j] = np.float64(2 * np.int64(h & np.uint64(1)) - 1) * np.float64(ub[j])
+        if do_sketch:
+            signed_buckets(ub, b0, nb, shift, bucket, signed, ub, False)
         for j in range(nb):
             if do_sketch:
                 sketch[bucket[j]] += signed[j]
