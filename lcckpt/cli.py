@@ -194,7 +194,8 @@ _ROLE_COLUMNS = {"weight": "w_err/move", "first_moment": "m1_err/move",
 MOVEMENT_LEGEND = (
     "w_err/move, m1_err/move, m2_err/move: the worst restored error of the weights, first "
     "and second moments, as a share of their movement since the keyframe (each is held "
-    "to its target: see settings.target in --json); max_rel_error: the worst error as a "
+    "to its target, the role's share or a share of the update its delta sends: "
+    "DeltaCheckpointer.info(step)['tensors']); max_rel_error: the worst error as a "
     "share of the tensor's norm; missed: tensors whose update was mostly not kept")
 
 

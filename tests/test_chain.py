@@ -190,7 +190,7 @@ def test_keyframe_cadence(tmp_path):
     assert meta["settings"]["bits"] == 2 and meta["settings"]["coder"] == "auto"
     st = meta["tensors"]['obj["model"]["w"]']
     assert st["kind"] == "uniform" and 0 < st["bits_per_element"] < 8    # the default target
-    assert st["target"] == lcckpt.RolePolicy().weight
+    assert st["target"] >= lcckpt.RolePolicy().weight      # or the update share, if more
     assert 0 < st["error_vs_movement"] <= st["target"] * (1 + 1e-3)
     with pytest.raises(lcckpt.InvalidArgumentError):
         ck.save(45, _state(10))                      # steps must increase

@@ -33,7 +33,8 @@ def _chain_delta(steps: int, every: int):
     snaps = [flat_float_params(s) for _, s in traj.snapshots[-3:]]
     name = max(snaps[0], key=lambda k: snaps[0][k].size)
     key, prev, u = (np.ascontiguousarray(s[name].reshape(-1)) for s in snaps)
-    enc = DeltaEncoder(target=RolePolicy().weight, relative_to="movement")
+    enc = DeltaEncoder(target=RolePolicy().weight, relative_to="movement",
+                       update_share=RolePolicy().update)
     enc.encode_parts(key)
     enc.encode_parts(prev)
     return name, enc, u
@@ -132,7 +133,8 @@ def default_encode(steps, every, runs, log):
     gbps = 4 * n / t["whole"][0] / 1e9
     log(f"\n## default: the default encoder on {name} of the wide MLP under Adam, "
         f"{n:,} fp32 elements, {threads} threads, median of {runs} interleaved rounds")
-    log(f"target {RolePolicy().weight:g} of the movement = {info['share']:.3g} of ||u||; "
+    log(f"target {RolePolicy().weight:g} of the movement or {RolePolicy().update:g} of the "
+        f"update, whichever allows more = {info['share']:.3g} of ||u||; "
         f"{info['bits']}-bit symbols, {100 * info['nonzero']:.1f}% nonzero, "
         f"{info['escapes']} escapes, {info['bytes'] / 1e6:.2f} MB "
         f"({8 * info['bytes'] / n:.2f} bits/element), restored rel. error "

@@ -115,7 +115,8 @@ class DeltaCheckpointer:
     ``||u - ũ||₂ <= t·||u - k||₂`` of the tensor ``u`` that was saved, ``k`` being the
     tensor at the chain's keyframe (zeros for one first saved after it) and ``t`` its
     role's share (weights 0.003, first moments 0.8, second moments 0.1): a share of what
-    training changed, never finer than the dtype's precision, with a warning naming step
+    training changed, or of the update a delta sends where that allows more (0.05 of
+    ``||u - ũ_prev||₂``), never finer than the dtype's precision, with a warning naming step
     and tensor when an update goes unkept (lcckpt/codec/movement.py). The uniform quantizer
     picks per tensor and per checkpoint the coarsest step that meets it; floating tensors
     under ``min_delta_elements`` (default 8: scalars such as step counts) are
@@ -388,7 +389,8 @@ class DeltaCheckpointer:
         if target is not None:
             return DeltaEncoder(coder=self.coder, target=target,
                                 keyframe_coding=self.keyframe_coding,
-                                relative_to="movement" if self._movement_targets() else "norm")
+                                relative_to="movement" if self._movement_targets() else "norm",
+                                update_share=getattr(self.target, "update", 0.0))
         bits = self.bits(key) if callable(self.bits) else self.bits
         return DeltaEncoder(bits, self.coder, error_bound=self.error_bound,
                             keyframe_coding=self.keyframe_coding)

@@ -100,17 +100,20 @@ class SaveSession:
         return Encoded(DELTA, parts, params)
 
     def _note_movement(self, path: str, rec: dict, enc: DeltaEncoder, st) -> None:
-        """Report a movement target's terms, relative to ``||u||``. The dtype's precision
-        floor may let the error pass ``target x movement``; past :data:`MISSED` of the
-        movement too, the update is reported as missed."""
-        moved, norm = enc.last_movement
+        """Report a movement target's terms: ``movement`` relative to ``||u||``, the
+        ``target`` as the error allowed relative to the movement (the role's share, or
+        the update share where that allows more). The dtype's precision floor may let
+        the error pass it; past :data:`MISSED` of the movement too, the update is
+        reported as missed."""
+        moved, norm, kept = enc.last_movement
         rec["movement"] = finite(moved / norm if norm else 0.0)
         err = st.rel_error * norm
+        target = kept / moved if moved > 0 else enc.config.target
+        rec["target"] = finite(target)
         if moved > 0:
             rec["error_vs_movement"] = finite(err / moved)
-        if err > max(enc.config.target, MISSED) * moved * (1 + 1e-6) and err > 0:
-            self.missed.append((path, err / moved if moved else float("inf"),
-                                enc.config.target))
+        if err > max(target, MISSED) * moved * (1 + 1e-6) and err > 0:
+            self.missed.append((path, err / moved if moved else float("inf"), target))
 
 
 def finite(x):

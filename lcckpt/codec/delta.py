@@ -59,13 +59,17 @@ class DeltaEncoder:
     def __init__(self, bits: int = 2, coder: str = "auto", *, error_bound: float | None = None,
                  midpoint: bool = False, chunk_size: int | None = None,
                  keyframe_coding: str = "lossless", config: CodecConfig | None = None,
-                 target: float | None = None, relative_to: str = "norm"):
+                 target: float | None = None, relative_to: str = "norm",
+                 update_share: float = 0.0):
         """``config`` replaces the coding keywords. ``target``: the uniform quantizer,
         bounding each restored state (see :class:`~lcckpt.codec.config.CodecConfig`).
         ``relative_to``: "norm" bounds ``||u - ũ||₂`` by ``target·||u||₂``; "movement"
         by ``target·||u - k||₂``, ``k`` the last keyframe (zeros for a tensor coded
         from zero), never finer than the dtype's :data:`PRECISION` (see
-        :mod:`lcckpt.codec.movement`). ``keyframe_coding``: "lossless" (coded byte planes,
+        :mod:`lcckpt.codec.movement`); with "movement", ``update_share`` lets the error
+        reach that share of ``||u - ref||₂`` too, the update this delta sends, whatever the
+        movement (:class:`~lcckpt.chain.policy.RolePolicy`'s ``update``).
+        ``keyframe_coding``: "lossless" (coded byte planes,
         ~1.2x smaller) or "raw" (the planes uncoded) for the exact blobs: the first one
         and every keyframe."""
         if keyframe_coding not in KEYFRAME_CODINGS:
@@ -80,9 +84,14 @@ class DeltaEncoder:
             raise InvalidArgumentError("config must be a lossy CodecConfig")
         if relative_to == "movement" and self.config.target is None:
             raise InvalidArgumentError("relative_to='movement' needs a target")
+        if isinstance(update_share, bool) or not isinstance(update_share, (int, float)) \
+                or not 0 <= update_share < 1:
+            raise InvalidArgumentError(f"update_share must be in [0, 1), got {update_share!r}")
         self.relative_to = relative_to
+        self.update_share = float(update_share) if relative_to == "movement" else 0.0
         self.movement: Movement | None = None   # the keyframe, for "movement" targets
-        self.last_movement: tuple | None = None  # (movement, ||u||) of the last delta
+        self.last_movement: tuple | None = None  # (movement, ||u||, error allowed but
+        #                                         for the precision floor) of the last delta
         self.raw_keyframes = keyframe_coding == "raw"
         self.cache = CodeCache()
         self._ref: np.ndarray | None = None    # flat working-precision reconstruction
@@ -166,6 +175,8 @@ class DeltaEncoder:
         except NonFiniteError as e:
             warnings.warn(f"{e}; writing an exact keyframe instead", RuntimeWarning, stacklevel=3)
             return self._keyframe(a, dt, u, "non-finite delta", defer_copy, new_base=False)
+        if self.movement is not None:
+            self.movement.at_base = False           # the reference has moved on
         if not lossy:
             self._set_ref(u, defer_copy)
         return parts, st
@@ -181,9 +192,12 @@ class DeltaEncoder:
             self.movement = Movement(None, u.size)       # no keyframe known: from zero
         moved, norm = self.movement.measure(
             u, None if sv is None or (sv.sketch is None and self.movement.sketched)
-            else (sv.sketch, sv.norm_sq))
-        allowed = max(self.config.target * moved, PRECISION[dt.name] * norm)
-        self.last_movement = (moved, norm)
+            else (sv.sketch, sv.norm_sq), None if sv is None else sv.model.total_sq())
+        kept = self.config.target * moved                # what the update must keep
+        if self.update_share and sv is not None:    # or a share of what this delta sends
+            kept = max(kept, self.update_share * float(np.sqrt(sv.model.total_sq())))
+        allowed = max(kept, PRECISION[dt.name] * norm)
+        self.last_movement = (moved, norm, kept)
         share = min(allowed / norm, MAX_TARGET) if norm > 0 else 0.0
         return dataclasses.replace(self.config, target=share)
 
@@ -197,6 +211,8 @@ class DeltaEncoder:
             # a large base's sketch is added by the reference copy, in the same read
             pending = Movement.pending(u.size) if u.size > BUCKETS else None
             self.movement = pending or Movement(u)
+        elif self.movement is not None:
+            self.movement.at_base = False           # an exact fallback inside the chain
         self._set_ref(u, defer_copy, pending)
         self.dtype, self.shape = dt, a.shape
         return parts, EncodeStats(u.size, dt.name, "lossless", nbytes=_blob.nbytes(parts),
@@ -323,6 +339,8 @@ class Reconstruction:
             raise BrokenChainError(
                 f"{what}: delta for {p.dt.name}{list(p.shape)} does not fit the reference "
                 f"{self.dt.name}{list(self.shape)}")
+        if self.movement is not None:
+            self.movement.at_base = False
         self.pending.append((buf, p))
 
     def _keyframe(self, buf, p: Parsed, name: str, what: str) -> None:

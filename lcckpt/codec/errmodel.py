@@ -45,6 +45,10 @@ class ErrorModel:
         self.cnt, self.s1, self.s2, self.lo, self.hi, self.mean = mk.compact(
             cnt, s1, s2, bin_bounds())
 
+    def total_sq(self) -> float:
+        """``||d||²``, the whole delta's square (exact: every bin's sum of squares)."""
+        return float(self.s2.sum())
+
     def levels(self, step: float, up: float) -> np.ndarray:
         """Level magnitude per bin (straddling bins at their mean)."""
         q = np.empty(self.lo.size)

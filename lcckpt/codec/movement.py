@@ -12,7 +12,10 @@ from the sketch of ``u``: unbiased in the square, with a relative standard devia
 below ``sqrt(2/BUCKETS)`` (2.2%, so about 1.1% on the norm) whatever the values, and
 scaled down by :data:`SAFETY` (three of those deviations) so the target is seldom
 overestimated (with few changed elements a collision of two large ones can pass that:
-docs/chain.md). It knows nothing of files or chains.
+docs/chain.md). While the reference a delta is coded against is still the base (the
+first delta after a keyframe or a merge), the movement is that delta's own norm, which
+the delta's survey measures exactly: no estimate, and no sketch of ``u`` to take.
+It knows nothing of files or chains.
 """
 
 from __future__ import annotations
@@ -49,12 +52,15 @@ def copy_sketched(dst: np.ndarray, src: np.ndarray, parts: np.ndarray, c: int) -
 class Movement:
     """The base (keyframe) of one tracked tensor, kept to measure ``||u - base||₂``."""
 
-    __slots__ = ("n", "_base", "parts")
+    __slots__ = ("n", "_base", "parts", "at_base")
 
     def __init__(self, base: np.ndarray | None, n: int | None = None):
         """``base``: the flat keyframe values (None: zeros of ``n`` elements)."""
         self.n = base.size if base is not None else int(n)
         self.parts = None
+        # the reference deltas are coded against is still ``base`` itself; the owner
+        # clears this once a delta advances it
+        self.at_base = base is not None
         if base is None:
             self._base = None
         elif base.size <= BUCKETS:
@@ -70,6 +76,7 @@ class Movement:
         makes it what ``Movement(base)`` would be, bit for bit."""
         m = cls(None, n)
         m.parts = np.zeros((max(1, -(-n // CHUNK)), BUCKETS))
+        m.at_base = True
         return m
 
     def finish(self) -> None:
@@ -79,15 +86,25 @@ class Movement:
 
     @property
     def sketched(self) -> bool:
-        """Whether :meth:`measure` needs the sketch of ``u`` (a large tensor's base)."""
-        return (self._base is not None or self.parts is not None) and self.n > BUCKETS
+        """Whether :meth:`measure` needs the sketch of ``u`` (a large tensor's base that
+        the reference has moved away from)."""
+        return (self._base is not None or self.parts is not None) and self.n > BUCKETS \
+            and not self.at_base
 
-    def measure(self, u: np.ndarray, sketch_of_u: tuple | None = None) -> tuple[float, float]:
+    def measure(self, u: np.ndarray, sketch_of_u: tuple | None = None,
+                to_ref_sq: float | None = None) -> tuple[float, float]:
         """``(movement, ||u||)`` for flat ``u``: the movement exact for a zero or small
-        base, else the sketch's lower estimate. ``sketch_of_u``: :func:`sketch` of ``u``,
-        when the caller took it already (in the delta's one read of the state)."""
+        base, or while the reference is the base, else the sketch's lower estimate.
+        ``sketch_of_u``: :func:`sketch` of ``u`` (or ``(None, ||u||²)`` when not
+        :attr:`sketched`), when the caller took it already (in the delta's one read of
+        the state); ``to_ref_sq``: ``||u - ref||²`` against the delta's reference, which
+        is the movement's square while :attr:`at_base`."""
         if self.parts is not None:
             raise RuntimeError("the base's sketch is not finished (Movement.finish)")
+        if self.at_base and to_ref_sq is not None and u.size > BUCKETS:
+            if sketch_of_u is None:
+                return float(np.sqrt(to_ref_sq)), float(np.linalg.norm(u.astype(np.float64)))
+            return float(np.sqrt(to_ref_sq)), float(np.sqrt(sketch_of_u[1]))
         if self._base is None:
             if u.size <= BUCKETS:
                 norm = float(np.sqrt(np.dot(u.astype(np.float64), u.astype(np.float64))))
