@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from lcckpt import DeltaCheckpointer
 from lcckpt.codec.movement import BUCKETS, Movement, sketch
+from lcckpt.bench.movement import states as _steps
 from lcckpt.chain.policy import RolePolicy
 
 KEY = 'obj["w"]'
@@ -90,29 +91,6 @@ def test_small_tensors_and_zero_bases_are_measured_exactly():
     assert moved == pytest.approx(_norm(u.astype(np.float64) - k), rel=1e-12)
     big = rng.standard_normal(3 * BUCKETS).astype(np.float32)
     assert Movement(None, big.size).measure(big) == pytest.approx((_norm(big),) * 2, rel=1e-9)
-
-
-def _steps(n, rel, count, seed, kind):
-    """States of one tensor moving by ``rel`` of its norm per step: a drift, a random
-    walk, or a few rows (an embedding)."""
-    rng = np.random.default_rng(seed)
-    k = rng.standard_normal(n).astype(np.float32)
-    scale = rel * _norm(k) / np.sqrt(n)
-    u = k.copy()
-    drift = rng.standard_normal(n)
-    out = []
-    for _ in range(count):
-        if kind == "drift":
-            step = drift
-        elif kind == "walk":
-            step = rng.standard_normal(n)
-        else:
-            step = np.zeros(n)
-            r = rng.integers(0, n // 64)
-            step[r * 64:(r + 1) * 64] = rng.standard_normal(64) * np.sqrt(n / 64)
-        u = (u + scale * step).astype(np.float32)
-        out.append(u.copy())
-    return k, out
 
 
 @settings(max_examples=12, deadline=None)

@@ -190,12 +190,13 @@ class DeltaEncoder:
             return self.config
         if self.movement is None or self.movement.n != u.size:
             self.movement = Movement(None, u.size)       # no keyframe known: from zero
+        update_sq = None if sv is None else sv.model.total_sq()     # ||u - ref||²
         moved, norm = self.movement.measure(
             u, None if sv is None or (sv.sketch is None and self.movement.sketched)
-            else (sv.sketch, sv.norm_sq), None if sv is None else sv.model.total_sq())
+            else (sv.sketch, sv.norm_sq), update_sq)
         kept = self.config.target * moved                # what the update must keep
-        if self.update_share and sv is not None:    # or a share of what this delta sends
-            kept = max(kept, self.update_share * float(np.sqrt(sv.model.total_sq())))
+        if self.update_share and update_sq is not None:  # or a share of what it sends
+            kept = max(kept, self.update_share * float(np.sqrt(update_sq)))
         allowed = max(kept, PRECISION[dt.name] * norm)
         self.last_movement = (moved, norm, kept)
         share = min(allowed / norm, MAX_TARGET) if norm > 0 else 0.0
