@@ -42,6 +42,7 @@ SETTINGS = {            # name -> DeltaCheckpointer keywords (keyframe_every=50 
     "default, keyframe_every=20": dict(keyframe_every=20),
     "default, keyframe_every=10": dict(keyframe_every=10),
     "default, update 0.1": dict(target=RolePolicy(update=0.1)),
+    "weights 0.003 (the default before)": dict(target=RolePolicy(weight=0.003)),
     # the family below is held to its movement alone (no update share)
     "movement alone (update 0)": dict(target=RolePolicy(update=0.0)),
     "weights 0.001 of movement": dict(target=RolePolicy(weight=0.001, update=0.0)),

@@ -62,6 +62,7 @@ from . import restore as _restore
 from .directory import ChainDirectory, file_name
 from .links import CHAIN_VERSION
 from .lock import WriterLock
+from .moments import first_moments
 from .policy import DEFAULT_POLICY
 from .retention import apply_retention, write_merged
 from .session import SaveSession
@@ -114,11 +115,13 @@ class DeltaCheckpointer:
     every restored tracked tensor ``ũ`` of every step stays within
     ``||u - ũ||₂ <= t·||u - k||₂`` of the tensor ``u`` that was saved, ``k`` being the
     tensor at the chain's keyframe (zeros for one first saved after it) and ``t`` its
-    role's share (weights 0.003, first moments 0.8, second moments 0.1): a share of what
+    role's share (weights 0.007, first moments 0.8, second moments 0.1): a share of what
     training changed, or of the update a delta sends where that allows more (0.05 of
     ``||u - ũ_prev||₂``), never finer than the dtype's precision, with a warning naming step
     and tensor when an update goes unkept (lcckpt/codec/movement.py). The uniform quantizer
-    picks per tensor and per checkpoint the coarsest step that meets it; floating tensors
+    picks per tensor and per checkpoint the coarsest step that meets it (a weight's error
+    made orthogonal to its optimizer's first moment where the state holds one:
+    lcckpt/chain/moments.py); floating tensors
     under ``min_delta_elements`` (default 8: scalars such as step counts) are
     delta-coded exactly (an unchanged one costs a few bytes). ``target`` may also be a
     number (a share of each tensor's *norm*, ``||u - ũ||₂ <= target·||u||₂``) or a
@@ -287,7 +290,9 @@ class DeltaCheckpointer:
         session = SaveSession(self._encoders, self._new_encoder,
                                self._track or self._size_rule, keyframe,
                                None if self.target is None else self._small, self._exact_of,
-                               self.warn_error, self.min_delta_elements, lazy=streamed)
+                               self.warn_error, self.min_delta_elements, lazy=streamed,
+                               directions=None if keyframe or self.target is None
+                               else first_moments(obj))
         path = self.path(step)
         copying: list = []
         kind = "keyframe" if keyframe else "delta"

@@ -6,16 +6,19 @@ lcckpt/codec/movement.py) or of its own norm (``"norm"``). Movement is what trai
 a fine-tune moves a pretrained encoder by about 1% of its norm, so a share of the norm
 would let the error swallow the fine-tune, while a share of the movement keeps it, and
 for a model trained from scratch, which moves by its own size, the two agree. Weights
-are held to 0.003 of their movement: late in a run from scratch, when the movement since
-the keyframe is about the tensor's size and the loss is small, 0.005 let the held-out
-loss of a restore drift by up to 1.04% (a digits CNN) and 0.01 by up to 3% (docs/chain.md).
-Early in a chain the movement is an update or two, and 0.003 of it held each early delta
-to 0.003 of itself (a digits CNN's weights: 18 bits an element in its first delta, 10 in
-its third), where the restores moved the loss by hundredths of a percent. Every tensor's
-error may therefore also reach ``update`` (0.05) of the update its delta sends,
+are held to 0.007 of their movement. Their restored error is steered orthogonal to their
+optimizer's first moment where the state holds one (lcckpt/chain/moments.py): with the
+least-squares restore step, late in a run from scratch, when the movement since the
+keyframe is about the tensor's size and the loss is small, 0.005 let the held-out loss
+of a restore drift by up to 1.04% (a digits CNN) and 0.01 by up to 3%; steered, 0.007
+by 0.80% and 0.01 by 1.06% (docs/chain.md, docs/algorithm.md §7b). Early in a chain the
+movement is an update or two, and a share of it held each early delta to that share of
+itself (at 0.003, a digits CNN's weights took 18 bits an element in its first delta, 10
+in its third), where the restores moved the loss by hundredths of a percent. Every
+tensor's error may therefore also reach ``update`` (0.05) of the update its delta sends,
 ``||u - ũ_prev||₂``: the first delta of a digits CNN from scratch costs a quarter of what
 it did, a MiniLM fine-tune's 7.9 MB instead of 30 MB, with the same worst accuracy drop
-(docs/chain.md). Once the movement passes 17 updates, 0.003 of it rules.
+(docs/chain.md). Once the movement passes 7 updates, 0.007 of it rules.
 
 A model's weights decide the accuracy of a restored model; an optimizer's first moment
 (SGD's ``momentum_buffer``, Adam's ``exp_avg``) is renewed within a few dozen steps after
@@ -57,7 +60,7 @@ class RolePolicy:
     (``relative_to="norm"``). With movement, ``update``: whatever the role, the error may
     also reach this share of the update the delta sends (0: the movement alone)."""
 
-    weight: float = 0.003
+    weight: float = 0.007
     first_moment: float = 0.8
     second_moment: float = 0.1
     relative_to: str = "movement"

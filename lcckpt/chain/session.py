@@ -28,8 +28,10 @@ class SaveSession:
 
     def __init__(self, encoders: dict, make: Callable, track: Callable, keyframe: bool,
                  small: Callable | None = None, exact_of: dict | None = None,
-                 warn_error: float | None = None, pack_below: int = 0, lazy: bool = False):
+                 warn_error: float | None = None, pack_below: int = 0, lazy: bool = False,
+                 directions: dict | None = None):
         self.encoders, self.make, self.track, self.keyframe = encoders, make, track, keyframe
+        self.directions = directions or {}      # weight path -> its first moment (moments.py)
         self.lazy = lazy          # deltas coded while the file takes them (streamed saves)
         self.pack_below = pack_below
         self.small, self.warn_error = small, warn_error
@@ -73,7 +75,8 @@ class SaveSession:
             and enc.config.target is not None
         # the copy of a keyframe into the reference waits: it runs while the file is written
         parts, st = enc.encode_parts(t, keyframe=self.keyframe, from_zero=from_zero,
-                                     defer_copy=True, lazy=self.lazy)
+                                     defer_copy=True, lazy=self.lazy,
+                                     direction=None if exact else self.directions.get(path))
         nbytes = _blob.nbytes(parts)
         self.stats[path] = rec = {
             "kind": st.kind,

@@ -33,7 +33,7 @@ from .config import CodecConfig
 from .entropy import CodeCache
 from .streams import StreamDecoder, decode_side_by_side
 from ..errors import (
-    BrokenChainError, CorruptDataError, InvalidArgumentError, NonFiniteError,
+    BrokenChainError, CorruptDataError, InvalidArgumentError, LcckptError, NonFiniteError,
     UnsupportedDtypeError,
 )
 from .movement import BUCKETS, LOG2, Movement, copy_sketched
@@ -136,7 +136,8 @@ class DeltaEncoder:
         return (blob, st) if report else blob
 
     def encode_parts(self, x, *, keyframe: bool = False, from_zero: bool = False,
-                     defer_copy: bool = False, lazy: bool = False) -> tuple[list, EncodeStats]:
+                     defer_copy: bool = False, lazy: bool = False,
+                     direction=None) -> tuple[list, EncodeStats]:
         """:meth:`encode` as ``(pieces, stats)``: a container writes the pieces one after
         another, so an exact blob of a large tensor is never joined into one copy.
 
@@ -150,6 +151,9 @@ class DeltaEncoder:
         ``lazy``: a uniform delta comes as a :class:`~lcckpt.codec.blob.LazyBlob`, coded
         while it is read; the reference has advanced, and ``x`` may change, only once it
         has been read to the end (a file written as it is encoded reads it at once).
+        ``direction``: a tensor of ``x``'s shape (a weight's first moment) that a uniform
+        delta's restored error is made orthogonal to (:meth:`ErrorModel.recon_step`);
+        ignored where it does not fit.
         """
         a, dt = dtypes.to_numpy(x)
         if not _tracked(dt):
@@ -166,7 +170,7 @@ class DeltaEncoder:
         if self.config.target is not None:      # one read of u and ref for all that follows
             big = self.relative_to == "movement" and self.movement is not None \
                 and self.movement.sketched and self.movement.n == u.size
-            sv = survey(u, self.ref, LOG2 if big else 0)
+            sv = survey(u, self.ref, LOG2 if big else 0, _direction(direction, a.shape))
         cfg = self._config_for(u, dt, sv)
         try:
             parts, st, lossy = guarded_encode(u, self.ref, dt, a.shape, cfg, exact,
@@ -267,6 +271,18 @@ class DeltaEncoder:
         if self.ref is None:
             return None
         return dtypes.from_float_work(self.ref.reshape(self.shape).copy(), self.dtype)
+
+
+def _direction(m, shape) -> np.ndarray | None:
+    """``m`` as a flat float array if it is a floating tensor of ``shape`` (a NaN in it
+    makes the steered step NaN, which :meth:`ErrorModel.recon_step` does not take)."""
+    if m is None or tuple(getattr(m, "shape", ())) != tuple(shape):
+        return None
+    try:
+        a, dt = dtypes.to_numpy(m)
+    except LcckptError:
+        return None
+    return dtypes.to_float_work(a, dt).reshape(-1) if _tracked(dt) else None
 
 
 class Reconstruction:

@@ -10,6 +10,8 @@ import numpy as np
 from .kernels import model as mk
 from .kernels import uniform as uk
 
+STEER_RANGE = 2.0   # a steered restore step stays within this factor of the least-squares one
+
 
 @lru_cache(maxsize=None)
 def bin_bounds() -> np.ndarray:
@@ -44,6 +46,14 @@ class ErrorModel:
         self.n = n
         self.cnt, self.s1, self.s2, self.lo, self.hi, self.mean = mk.compact(
             cnt, s1, s2, bin_bounds())
+        self.direction = None       # per bin: sums of m·sign(d) and of m·d (steer)
+
+    def steer(self, a: np.ndarray, b: np.ndarray, cnt: np.ndarray) -> None:
+        """Restore levels so that the error is orthogonal to a direction ``m``:
+        ``a``/``b``, per bin of the survey's histogram ``cnt``, the sums of ``m·sign(d)``
+        and of ``m·d`` (:func:`lcckpt.codec.kernels.uniform.direction_range`)."""
+        nz = np.flatnonzero(cnt[:uk.MAG_BINS])
+        self.direction = (a[nz], b[nz])
 
     def total_sq(self) -> float:
         """``||d||²``, the whole delta's square (exact: every bin's sum of squares)."""
@@ -56,15 +66,31 @@ class ErrorModel:
         return q
 
     def recon_step(self, step: float, up: float) -> float:
-        """The least-squares step to restore levels decided with ``step``:
-        ``sum q·|d| / sum q²``. Rounding with a dead zone drops the small changes, which
-        mostly point the way training moves, so plain ``q·step`` leaves the restored
-        model behind; the fitted step makes the error orthogonal to what was sent,
-        lowering both the error (a coarser decision step meets the target: fewer bits)
-        and the loss of the restored model (docs/algorithm.md §7b)."""
+        """The step to restore levels decided with ``step``. Without a direction, the
+        least-squares one, ``sum q·|d| / sum q²``: rounding with a dead zone drops the
+        small changes, which mostly point the way training moves, so plain ``q·step``
+        leaves the restored model behind; the fitted step makes the error orthogonal to
+        what was sent, lowering the error (a coarser decision step meets the target:
+        fewer bits). With a direction ``m`` (:meth:`steer`; a weight's first moment, the
+        way training moves), the step that makes the error orthogonal to ``m``,
+        ``sum m·d / sum m·q``: the loss of the restored model then has no first-order
+        term along it (docs/algorithm.md §7b). That step is kept within
+        :data:`STEER_RANGE` of the least-squares one (where ``m`` is nearly orthogonal
+        to the levels, it would swing far for little); the error it leaves is measured
+        on the reconstruction like any other. Levels past 127 (escapes at any width)
+        are left out of both sums."""
         q = self.levels(step, up)
         qq = float(np.sum(self.cnt * q * q))
-        return float(np.sum(q * self.s1)) / qq if qq > 0 else step
+        r = float(np.sum(q * self.s1)) / qq if qq > 0 else step
+        if self.direction is not None and qq > 0:
+            a, b = self.direction
+            sent = q <= 127
+            mq = float(np.sum((q * a)[sent]))
+            if mq != 0:
+                rm = float(np.sum(b[sent])) / mq
+                if r / STEER_RANGE < rm < r * STEER_RANGE:
+                    r = rm
+        return r
 
     def errors_sq(self, steps: np.ndarray, up: float) -> np.ndarray:
         """Modelled ``||u - ũ||²`` for each decision step of ``steps``, its levels

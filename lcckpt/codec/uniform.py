@@ -263,9 +263,12 @@ class Survey:
     model: "ErrorModel"
 
 
-def survey(u: np.ndarray, ref: np.ndarray | None, sketch_log2: int = 0) -> Survey:
+def survey(u: np.ndarray, ref: np.ndarray | None, sketch_log2: int = 0,
+           direction: np.ndarray | None = None) -> Survey:
     """:class:`Survey` of flat ``u`` against ``ref`` (None: zeros), on the thread pool;
-    ``sketch_log2``: the sketch's log2 size (0: no sketch)."""
+    ``sketch_log2``: the sketch's log2 size (0: no sketch); ``direction``: a flat array
+    of ``u``'s size that the restored error is to be orthogonal to (one more read, of
+    it, ``u`` and ``ref``: :meth:`ErrorModel.steer`)."""
     n = u.size
     tasks = max(1, min(threads(), -(-n // SURVEY_MIN)))
     per = -(-n // tasks)
@@ -282,6 +285,12 @@ def survey(u: np.ndarray, ref: np.ndarray | None, sketch_log2: int = 0) -> Surve
     hist = (h[0] if tasks == 1 else h.sum(axis=0) for h in (cnt, s1, s2))   # one: no copy
     model = ErrorModel(n, *hist)
     finite = bool(np.all(out[:, 0] == 0.0))
+    if direction is not None and finite and n:
+        a = np.zeros((tasks, uk.MAG_BINS + 1))
+        b = np.zeros((tasks, uk.MAG_BINS + 1))
+        run_tasks(lambda t: uk.direction_range(u, r, use_ref, direction, t * per,
+                                               min(n, (t + 1) * per), a[t], b[t]), tasks)
+        model.steer(a.sum(axis=0), b.sum(axis=0), cnt.sum(axis=0))
     return Survey(finite, float(out[:, 1].sum()), float(out[:, 2].min()) if n else 0.0,
                   sk.sum(axis=0) if sketch_log2 else None, model)
 
@@ -405,6 +414,8 @@ def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
     tol_sq = target * target * norm_u
     rms = np.sqrt(norm_u / n) if n else 0.0
     floor = NONNEG_FLOOR if n and sv.least >= 0 else 0.0
+    if floor > 0:
+        sv.model.direction = None       # raised levels: the steered step's sums miss them
     best = None
     if target == 0 or rms == 0:                  # every change an escape
         uq, est = _try_step(u, ref, 0.0, chunk_size, limit=limit, floor=floor, count=count)

@@ -85,7 +85,7 @@ def census(obj: Any, limit: int = MAX_DEPTH) -> tuple[int, int]:
     return count, nbytes
 
 
-def _key_repr(k) -> str:
+def key_repr(k) -> str:
     if type(k) is not str:
         return repr(k)
     if _PLAIN_KEY.fullmatch(k):          # what json.dumps would leave as it is, quoted
@@ -184,7 +184,7 @@ class _Saver:
     def items(self, d: dict, path: str, depth: int) -> list:
         out = []
         for k, v in d.items():
-            sub = f"{path}[{_key_repr(k)}]"
+            sub = f"{path}[{key_repr(k)}]"
             out.append([self.key(k, sub, depth + 1), self.node(v, sub, depth + 1)])
         return out
 

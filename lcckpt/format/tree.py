@@ -36,7 +36,7 @@ from ..errors import (
     CorruptDataError, InvalidArgumentError, LcckptError,
 )
 from .flatten import (
-    MAX_DEPTH, LeafEncoder, PackRule, _dense_strides, _key_repr, flatten, pack_name,
+    MAX_DEPTH, LeafEncoder, PackRule, _dense_strides, key_repr, flatten, pack_name,
 )   # the save half (flatten.py), one tree API for both halves
 
 __all__ = ["MAX_DEPTH", "LeafDecoder", "LeafEncoder", "PackRule", "flatten", "leaves",
@@ -76,7 +76,7 @@ def leaves(tree: Any) -> list[tuple[tuple, str, dict]]:
                 if type(item) is not list or len(item) != 2:
                     _bad(path, "dict item is not a [key, value] pair")
                 k = walker.key(item[0], path, depth + 1)
-                kids.append((item[1], parts + (k,), f"{path}[{_key_repr(k)}]"))
+                kids.append((item[1], parts + (k,), f"{path}[{key_repr(k)}]"))
         else:
             if tag in ("tensor", "ndarray"):
                 out.append((parts, path, j))
@@ -262,7 +262,7 @@ class _Loader:
             if type(item) is not list or len(item) != 2:
                 _bad(path, "dict item is not a [key, value] pair")
             k = self.key(item[0], path, depth + 1)
-            sub = f"{path}[{_key_repr(k)}]"
+            sub = f"{path}[{key_repr(k)}]"
             if k in out:
                 _bad(sub, "duplicate key")
             out[k] = self.node(item[1], sub, depth + 1)

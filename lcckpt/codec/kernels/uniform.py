@@ -379,6 +379,32 @@ def survey_range(u, ref, use_ref, start, stop, out, sketch, log2m, cnt, s1, s2):
     out[2] = min(min(m0, m1), min(m2, m3))
 
 
+@njit(cache=True, nogil=True)
+def direction_range(u, ref, use_ref, m, start, stop, a, b):
+    """Per magnitude bin of ``|d|`` (the bins of :func:`survey_range`), ``d = u - ref``,
+    over ``[start, stop)``: the sum of ``m·sign(d)`` into ``a`` and of ``m·d`` into
+    ``b`` (fp64; ``m``: the direction the restored error is to be orthogonal to,
+    ``lcckpt.codec.errmodel.ErrorModel.recon_step``)."""
+    mag32 = np.empty(BLOCK, np.float32)
+    bits = mag32.view(np.uint32)
+    sd = np.empty(BLOCK)
+    for b0 in range(start, stop, BLOCK):
+        b1 = min(stop, b0 + BLOCK)
+        nb = b1 - b0
+        ub, rb, mb = u[b0:b1], ref[b0:b1], m[b0:b1]
+        for j in range(nb):
+            d = np.float64(ub[j] - rb[j]) if use_ref else np.float64(ub[j])
+            mag32[j] = abs(d)
+            sd[j] = d
+        for j in range(nb):
+            d = sd[j]
+            if d != 0.0:
+                k = np.int64(bits[j] >> np.uint32(17))
+                w = np.float64(mb[j])
+                a[k] += w if d > 0 else -w
+                b[k] += w * d
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _index(idx, i, n):
     """``idx[i]`` as an int64, or -1 when it falls outside ``[0, n)``."""
