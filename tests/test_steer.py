@@ -136,6 +136,8 @@ def test_no_pairing_where_the_state_leaves_a_doubt():
     other = {k: v for k, v in sd.items() if not k.startswith("head.")}  # a weight missing
     assert first_moments({"model": other, "optim": osd}) == {}
     assert first_moments({"model": sd}) == {}
+    odd = {"state": osd["state"], "param_groups": [{"params": [[0], {"a": 1}]}]}
+    assert first_moments({"model": sd, "optim": odd}) == {}             # not indices
 
 
 def test_a_chain_steers_its_weights_and_restores_what_the_writer_holds(tmp_path, monkeypatch):

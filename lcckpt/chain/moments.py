@@ -77,6 +77,8 @@ def first_moments(obj) -> dict[str, torch.Tensor]:
     out, j = {}, 0
     for group in opt["param_groups"]:
         for p in group["params"]:
+            if isinstance(p, bool) or not isinstance(p, (int, str)):   # not an index
+                return {}
             m = _first_moment(opt["state"].get(p))
             if m is None:
                 return {}

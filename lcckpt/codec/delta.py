@@ -33,7 +33,7 @@ from .config import CodecConfig
 from .entropy import CodeCache
 from .streams import StreamDecoder, decode_side_by_side
 from ..errors import (
-    BrokenChainError, CorruptDataError, InvalidArgumentError, LcckptError, NonFiniteError,
+    BrokenChainError, CorruptDataError, InvalidArgumentError, NonFiniteError,
     UnsupportedDtypeError,
 )
 from .movement import BUCKETS, LOG2, Movement, copy_sketched
@@ -170,7 +170,7 @@ class DeltaEncoder:
         if self.config.target is not None:      # one read of u and ref for all that follows
             big = self.relative_to == "movement" and self.movement is not None \
                 and self.movement.sketched and self.movement.n == u.size
-            sv = survey(u, self.ref, LOG2 if big else 0, _direction(direction, a.shape))
+            sv = survey(u, self.ref, LOG2 if big else 0, dtypes.work_flat(direction, a.shape))
         cfg = self._config_for(u, dt, sv)
         try:
             parts, st, lossy = guarded_encode(u, self.ref, dt, a.shape, cfg, exact,
@@ -271,18 +271,6 @@ class DeltaEncoder:
         if self.ref is None:
             return None
         return dtypes.from_float_work(self.ref.reshape(self.shape).copy(), self.dtype)
-
-
-def _direction(m, shape) -> np.ndarray | None:
-    """``m`` as a flat float array if it is a floating tensor of ``shape`` (a NaN in it
-    makes the steered step NaN, which :meth:`ErrorModel.recon_step` does not take)."""
-    if m is None or tuple(getattr(m, "shape", ())) != tuple(shape):
-        return None
-    try:
-        a, dt = dtypes.to_numpy(m)
-    except LcckptError:
-        return None
-    return dtypes.to_float_work(a, dt).reshape(-1) if _tracked(dt) else None
 
 
 class Reconstruction:

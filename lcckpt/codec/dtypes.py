@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import UnsupportedDtypeError
+from ..errors import LcckptError, UnsupportedDtypeError
 
 
 # torch dtype attribute -> name; those this torch build lacks are skipped
@@ -124,3 +124,15 @@ def from_carrier(a: np.ndarray, dt: DType):
     if dt.native:
         return a.view(dt.numpy)
     return torch.from_numpy(a).view(dt.torch)
+
+
+def work_flat(x, shape) -> np.ndarray | None:
+    """``x`` as flat working floats (:func:`to_float_work`) if it is a floating tensor or
+    array of ``shape``, else None (a delta's direction: ``DeltaEncoder.encode_parts``)."""
+    if x is None or tuple(getattr(x, "shape", ())) != tuple(shape):
+        return None
+    try:
+        a, dt = to_numpy(x)
+        return to_float_work(a, dt).reshape(-1) if dt.kind == "float" else None
+    except LcckptError:
+        return None
