@@ -79,9 +79,13 @@ class ErrorModel:
         to the levels, it would swing far for little); the error it leaves is measured
         on the reconstruction like any other. Levels past 127 (escapes at any width)
         are left out of both sums."""
+        return self._steps(step, up)[1]
+
+    def _steps(self, step: float, up: float) -> tuple[float, float, float]:
+        """``(least-squares step, the step recon_step takes, sum q²)``."""
         q = self.levels(step, up)
         qq = float(np.sum(self.cnt * q * q))
-        r = float(np.sum(q * self.s1)) / qq if qq > 0 else step
+        ls = r = float(np.sum(q * self.s1)) / qq if qq > 0 else step
         if self.direction is not None and qq > 0:
             a, b = self.direction
             sent = q <= 127
@@ -90,7 +94,14 @@ class ErrorModel:
                 rm = float(np.sum(b[sent])) / mq
                 if r / STEER_RANGE < rm < r * STEER_RANGE:
                     r = rm
-        return r
+        return ls, r, qq
+
+    def steered_excess_sq(self, step: float, up: float) -> float:
+        """What steering adds to the modelled error² of ``step``: ``(r − r_ls)²·Σq²``
+        (the error is least at the least-squares step and grows as a parabola away from
+        it; :meth:`errors_sq` models the least-squares step)."""
+        ls, r, qq = self._steps(step, up)
+        return (r - ls) ** 2 * qq
 
     def errors_sq(self, steps: np.ndarray, up: float) -> np.ndarray:
         """Modelled ``||u - ũ||²`` for each decision step of ``steps``, its levels

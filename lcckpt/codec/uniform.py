@@ -423,7 +423,13 @@ def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
             best = (uq, est)
     else:                               # the modelled step, then steps solved from what
         aim = FLOOR_AIM if floor > 0 else MODEL_AIM     # the tries measure
-        s = sv.model.step_for(aim * tol_sq, 1.0 - DEADZONE, SQRT12 * target * rms)
+        up, start = 1.0 - DEADZONE, SQRT12 * target * rms
+        s = sv.model.step_for(aim * tol_sq, up, start)
+        if sv.model.direction is not None:      # a steered step errs more than modelled
+            base = sv.model.error_sq(s, up)
+            more = sv.model.steered_excess_sq(s, up)
+            if more > 0 and base > 0:
+                s = sv.model.step_for(aim * tol_sq * base / (base + more), up, start)
         best = _search(u, ref, s, sv.model, tol_sq, chunk_size, limit, floor, count)
     if best is None and target > 0 and rms > 0:          # the guaranteed step
         uq, est = _try_step(u, ref, 2 * target * rms, chunk_size, 0.5, limit, floor,
