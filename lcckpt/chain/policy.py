@@ -11,7 +11,7 @@ optimizer's first moment where the state holds one (lcckpt/chain/moments.py): wi
 least-squares restore step, late in a run from scratch, when the movement since the
 keyframe is about the tensor's size and the loss is small, 0.005 let the held-out loss
 of a restore drift by up to 1.04% (a digits CNN) and 0.01 by up to 3%; steered, 0.007
-by 0.80% and 0.01 by 1.06% (docs/chain.md, docs/algorithm.md §7b). Early in a chain the
+by 0.65% and 0.01 by 0.70% (docs/chain.md, docs/algorithm.md §7b). Early in a chain the
 movement is an update or two, and a share of it held each early delta to that share of
 itself (at 0.003, a digits CNN's weights took 18 bits an element in its first delta, 10
 in its third), where the restores moved the loss by hundredths of a percent. Every
