@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from lcckpt import DeltaCheckpointer
 from lcckpt.chain import moments
 from lcckpt.chain.moments import first_moments
+from lcckpt.codec.kernels import uniform as uk
 from lcckpt.codec.kernels.uniform import MAG_BINS
 from lcckpt.codec.uniform import survey, uniform_quantize
 
@@ -75,6 +76,7 @@ def test_direction_sums_match_numpy(n, seed, with_ref):
     rng = np.random.default_rng(seed)
     u = (rng.standard_normal(n) * 10.0 ** rng.integers(-30, 20, n)).astype(np.float32)
     u[rng.random(n) < 0.1] = 0
+    u[0] = -1.0                         # a tensor without negative values is not steered
     ref = (u + rng.standard_normal(n).astype(np.float32)) if with_ref else None
     m = rng.standard_normal(n)
     model = survey(u, ref, 0, m).model
@@ -86,6 +88,23 @@ def test_direction_sums_match_numpy(n, seed, with_ref):
     b_want = np.bincount(b, weights=m[nz] * d[nz], minlength=MAG_BINS)[keep]
     np.testing.assert_allclose(model.direction[0], a_want, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(model.direction[1], b_want, rtol=1e-9, atol=1e-300)
+
+
+
+def test_a_tensor_without_negative_values_skips_the_direction_pass(monkeypatch):
+    """Its levels are floored, which the steered step's sums do not see, so the survey
+    does not read the direction at all; one negative value brings the pass back."""
+    calls = []
+    real = uk.direction_range
+    monkeypatch.setattr(uk, "direction_range",
+                        lambda *a: calls.append(1) or real(*a))
+    rng = np.random.default_rng(0)
+    u = rng.random(5000).astype(np.float32)
+    ref = (u * 0.9).astype(np.float32)
+    m = rng.standard_normal(5000)
+    assert survey(u, ref, 0, m).model.direction is None and not calls
+    u[7] = -1e-3
+    assert survey(u, ref, 0, m).model.direction is not None and calls
 
 
 class _Net(torch.nn.Module):

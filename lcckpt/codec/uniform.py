@@ -285,13 +285,14 @@ def survey(u: np.ndarray, ref: np.ndarray | None, sketch_log2: int = 0,
     hist = (h[0] if tasks == 1 else h.sum(axis=0) for h in (cnt, s1, s2))   # one: no copy
     model = ErrorModel(n, *hist)
     finite = bool(np.all(out[:, 0] == 0.0))
-    if direction is not None and finite and n:
+    least = float(out[:, 2].min()) if n else 0.0
+    if direction is not None and finite and least < 0:    # floored tensors: not steered
         a = np.zeros((tasks, uk.MAG_BINS + 1))
         b = np.zeros((tasks, uk.MAG_BINS + 1))
         run_tasks(lambda t: uk.direction_range(u, r, use_ref, direction, t * per,
                                                min(n, (t + 1) * per), a[t], b[t]), tasks)
         model.steer(a.sum(axis=0), b.sum(axis=0), cnt.sum(axis=0))
-    return Survey(finite, float(out[:, 1].sum()), float(out[:, 2].min()) if n else 0.0,
+    return Survey(finite, float(out[:, 1].sum()), least,
                   sk.sum(axis=0) if sketch_log2 else None, model)
 
 
