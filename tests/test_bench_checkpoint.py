@@ -78,6 +78,10 @@ def test_stream_of_files(run_files, capsys):
     assert bound["err_state"] <= 0.001 * (1 + 1e-4) + 1e-6
     # more bits never give a larger error on these states
     assert rows["LC b=4"]["err_state"] <= rows["LC b=2"]["err_state"]
+    # the default's deltas are uniform blobs, LC's lossy ones: both counted as lossy
+    for label in ("lcckpt default", "LC b=2"):
+        lossy, tracked = map(int, rows[label]["lossy_tensors"].split("/"))
+        assert 0 < lossy <= tracked
     assert png.stat().st_size > 0
 
 

@@ -269,7 +269,7 @@ def _chain_row(label, settings, objs, raw, moved, accuracy, bar) -> dict:
             save_s.append(t)
             sizes.append(os.path.getsize(path))
             bar.update()
-        lossy = sum(t.get("kind") == "lossy" for i in range(1, len(objs))
+        lossy = sum(t.get("kind") in ("lossy", "uniform") for i in range(1, len(objs))
                     for t in ck.info(i).get("tensors", {}).values())
         tracked = sum(len(ck.info(i).get("tensors", {})) for i in range(1, len(objs)))
         ck.close()
