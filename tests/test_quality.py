@@ -326,6 +326,10 @@ def test_quality_benchmark_measures_a_short_trajectory():
     assert RolePolicy().weight * 1.001 < default["worst_error"]["weight"]["movement"] \
         <= RolePolicy().update * 1.001
     assert default["ratio"] > moved["ratio"]
+    # lcckpt.distributed's chain (one process) codes every tensor as DeltaCheckpointer does
+    dist = chain_quality(traj, dict(distributed=True))
+    assert dist["worst_error"] == default["worst_error"]
+    assert dist["worst_drop_points"] == default["worst_drop_points"]
 
 
 @settings(max_examples=30, deadline=None)

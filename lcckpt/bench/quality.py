@@ -9,13 +9,14 @@ Four training runs, model and optimizer state checkpointed together, 41 checkpoi
   (lcckpt/bench/finetune.py), a checkpoint every 3 of 120 steps;
 - ``minilm-scratch``: the same network from random weights with a 10x learning rate.
 
-Every setting is written as a real :class:`~lcckpt.DeltaCheckpointer` chain (or the
-ExCP-style baseline, lcckpt/bench/excp.py, on the AdamW/Adam runs), every step is
-restored, and the restored model's held-out accuracy and loss are compared with the true
-model's. Reported per setting: the delta files against the fp32 bytes of the state they
-hold, the whole run (keyframes included) against ``torch.save`` of every checkpoint, the
-worst accuracy drop, the worst loss change, and the worst restored error against the
-movement since the keyframe (the default's bound), per role.
+Every setting is written as a real :class:`~lcckpt.DeltaCheckpointer` chain (the
+"distributed" settings as a ``lcckpt.distributed.DistributedCheckpointer`` chain in one
+process, or the ExCP-style baseline, lcckpt/bench/excp.py, on the AdamW/Adam runs), every
+step is restored, and the restored model's held-out accuracy and loss are compared with
+the true model's. Reported per setting: the delta files against the fp32 bytes of the
+state they hold, the whole run (keyframes included) against ``torch.save`` of every
+checkpoint, the worst accuracy drop, the worst loss change, and the worst restored error
+against the movement since the keyframe (the default's bound), per role.
 
 The resume experiment trains once without interruption and again restoring model and
 optimizer from the default chain 10 times, for 5 seeds, and reports the final held-out
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import sys
 import tempfile
 
@@ -55,6 +57,9 @@ SETTINGS = {            # name -> DeltaCheckpointer keywords (keyframe_every=50 
     "lc b=3": dict(bits=3, target=None),
     "lc b=4": dict(bits=4, target=None),
     "lossless (every save a keyframe)": dict(keyframe_every=1),
+    # the same run through lcckpt.distributed's chain on DCP (one process)
+    "distributed default": dict(distributed=True),
+    "distributed lc b=2": dict(distributed=True, bits=2),
 }
 QUICK_SETTINGS = ("default", "0.01 of the norm (first default)", "lc b=2", "lc b=4",
                   "lossless (every save a keyframe)")
@@ -160,6 +165,8 @@ def chain_quality(traj, settings: dict, torch_sizes: list[int] | None = None,
     kw = dict(keyframe_every=keyframe_every)
     kw.update(settings)
     torch_sizes = torch_sizes or torch_bytes(traj)
+    if kw.pop("distributed", False):
+        return _distributed_quality(traj, kw, torch_sizes)
     scores = _Scores(traj)
     with tempfile.TemporaryDirectory() as d:
         ck = DeltaCheckpointer(d, **kw)
@@ -176,6 +183,43 @@ def chain_quality(traj, settings: dict, torch_sizes: list[int] | None = None,
                 key = dict(traj.snapshots)[step]
             scores.add(step, obj, key)
     return scores.result(delta_bytes, fp32_bytes, total, sum(torch_sizes))
+
+
+def _distributed_quality(traj, kw: dict, torch_sizes: list[int]) -> dict:
+    """:func:`chain_quality` through ``lcckpt.distributed.DistributedCheckpointer`` (no
+    process group: one rank writes every piece), each step loaded into a zeroed copy."""
+    import warnings
+    import lcckpt.distributed as ld
+    scores = _Scores(traj)
+    with tempfile.TemporaryDirectory() as d, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*single process")    # DCP's, each call
+        ck = ld.DistributedCheckpointer(d, **kw)
+        delta_bytes = fp32_bytes = total = 0
+        for i, (step, snap) in enumerate(traj.snapshots):
+            ck.save(step, snap)
+            where = ck.path(step)
+            nbytes = sum(os.path.getsize(os.path.join(where, f)) for f in os.listdir(where))
+            total += nbytes
+            if i % kw["keyframe_every"]:
+                delta_bytes += nbytes
+                fp32_bytes += _fp32_bytes(snap)
+        key = None
+        for i, (step, snap) in enumerate(traj.snapshots):
+            back = _zeroed(snap)
+            ck.load(back, step=step)
+            key = snap if i % kw["keyframe_every"] == 0 else key
+            scores.add(step, back, key)
+    return scores.result(delta_bytes, fp32_bytes, total, sum(torch_sizes))
+
+
+def _zeroed(v):
+    if isinstance(v, torch.Tensor):
+        return torch.zeros_like(v)
+    if isinstance(v, dict):
+        return {k: _zeroed(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_zeroed(x) for x in v]
+    return v
 
 
 def excp_quality(traj, alpha: float, beta: float, names: list[str],
@@ -341,7 +385,7 @@ def _plot(result: dict, path: str) -> None:
     fig, axes = plt.subplots(rows_n, cols, figsize=(6.2 * cols, 4.6 * rows_n), squeeze=False)
     for ax, w in zip(axes.flat, ws):
         for name, r in result["workloads"][w].items():
-            if "keyframe_every" in name:
+            if "keyframe_every" in name or name.startswith("distributed"):
                 continue
             mk = "o" if name.startswith("lc") else "s" if "lossless" in name else \
                 "D" if name.startswith("excp") else "*" if name == "default" else "^"

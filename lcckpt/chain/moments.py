@@ -37,22 +37,26 @@ def _is_optimizer(v) -> bool:
         isinstance(g, Mapping) and isinstance(g.get("params"), (list, tuple)) for g in groups)
 
 
-def _walk(v, path: str, depth: int, weights: list, optimizers: list) -> None:
-    """The floating tensors outside optimizers, as ``(path, tensor)`` in the order a
-    save visits them, and the optimizers' state dicts."""
+def _walk(v, parts: tuple, depth: int, weights: list, optimizers: list) -> None:
+    """The floating weights outside optimizers, as ``(path's keys, tensor)`` in the order
+    a save visits them, and the optimizers' state dicts."""
     if depth > MAX_DEPTH:
         return
     if isinstance(v, torch.Tensor):
-        if v.is_floating_point() and role_of(path) == "weight":
-            weights.append((path, v))
+        if v.is_floating_point() and role_of(_key_path(parts)) == "weight":
+            weights.append((parts, v))
     elif _is_optimizer(v):
         optimizers.append(v)
     elif isinstance(v, Mapping):
         for k, x in v.items():
-            _walk(x, f"{path}[{key_repr(k)}]", depth + 1, weights, optimizers)
+            _walk(x, parts + (k,), depth + 1, weights, optimizers)
     elif isinstance(v, (list, tuple)):
         for i, x in enumerate(v):
-            _walk(x, f"{path}[{i}]", depth + 1, weights, optimizers)
+            _walk(x, parts + (i,), depth + 1, weights, optimizers)
+
+
+def _key_path(parts: tuple) -> str:
+    return "obj" + "".join(f"[{key_repr(k)}]" for k in parts)
 
 
 def _first_moment(entry) -> torch.Tensor | None:
@@ -65,12 +69,13 @@ def _first_moment(entry) -> torch.Tensor | None:
     return None
 
 
-def first_moments(obj) -> dict[str, torch.Tensor]:
+def first_moments(obj, *, dotted: bool = False) -> dict[str, torch.Tensor]:
     """``{weight's key path: its first moment}`` for the state ``obj`` (see above);
     empty unless exactly one optimizer's every parameter has a first moment that a
-    weight of its shape takes, in order."""
+    weight of its shape takes, in order. ``dotted``: keyed by the path's keys joined by
+    dots instead (``torch.distributed.checkpoint``'s names of a flattened state)."""
     weights, optimizers = [], []
-    _walk(obj, "obj", 0, weights, optimizers)
+    _walk(obj, (), 0, weights, optimizers)
     if len(optimizers) != 1:
         return {}
     opt = optimizers[0]
@@ -79,13 +84,17 @@ def first_moments(obj) -> dict[str, torch.Tensor]:
         for p in group["params"]:
             if isinstance(p, bool) or not isinstance(p, (int, str)):   # not an index
                 return {}
-            m = _first_moment(opt["state"].get(p))
+            entry = opt["state"].get(p)
+            if entry is None and isinstance(p, int):    # keys made strings (DCP's flattening)
+                entry = opt["state"].get(str(p))
+            m = _first_moment(entry)
             if m is None:
                 return {}
             while j < len(weights) and weights[j][1].shape != m.shape:
                 j += 1
             if j == len(weights):
                 return {}
-            out[weights[j][0]] = m
+            parts = weights[j][0]
+            out[".".join(map(str, parts)) if dotted else _key_path(parts)] = m
             j += 1
     return out

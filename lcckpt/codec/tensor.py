@@ -37,7 +37,7 @@ class EncodeStats:
     """What one encode did; every number comes from the passes the encode made anyway."""
     n: int
     dtype: str
-    kind: str                          # "lossy" or "lossless"
+    kind: str                          # "lossy" (LC), "uniform" or "lossless"
     bits: int | None = None            # bits actually used (the guard may raise them)
     coder: str | None = None
     nbytes: int = 0

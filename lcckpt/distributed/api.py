@@ -190,9 +190,12 @@ class DistributedCheckpointer:
     changed rank, shape or dtype). Delta steps need the earlier step directories of their
     chains. ``keep_last``: after each committed save, rank 0 deletes the step directories
     that none of the newest ``keep_last`` steps needs (:mod:`.retention`); None keeps all.
+    Deltas are held to ``target`` (default :data:`lcckpt.DEFAULT_POLICY`, as
+    ``DeltaCheckpointer``'s), or coded with LC-Checkpoint's ``bits`` (1..4) instead.
     """
 
-    def __init__(self, directory, *, bits: int = 2, keyframe_every: int = 20,
+    def __init__(self, directory, *, bits: int | None = None, target=None,
+                 keyframe_every: int = 20,
                  process_group=None, planner: BalancedSavePlanner | None = None,
                  sync_files: bool = True, keep_last: int | None = None,
                  storage_options: dict | None = None):
@@ -203,8 +206,9 @@ class DistributedCheckpointer:
         self.directory = str(self.files.init_path(os.fspath(directory)))
         self.storage_options = storage_options
         self.process_group = process_group
-        self.writer = CompressedWriter(self.directory, bits=bits, keyframe_every=keyframe_every,
-                                       sync_files=sync_files, storage_options=storage_options)
+        self.writer = CompressedWriter(self.directory, chain=True, bits=bits, target=target,
+                                       keyframe_every=keyframe_every, sync_files=sync_files,
+                                       storage_options=storage_options)
         # a delta's encode time follows its raw bytes (~4x faster per byte than a lossless
         # keyframe), not its tiny encoded size: weigh raw bytes in, so that the relative
         # costs, and with them the plan and the references, stay put across keyframes and deltas

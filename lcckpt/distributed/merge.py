@@ -24,8 +24,7 @@ import os
 import pickle
 import uuid
 
-from ..codec.delta import Reconstruction
-from .storage import SUFFIX, CompressedReader, dtype_name
+from .storage import SUFFIX, CompressedReader
 from .store import check_size
 
 __all__ = ["merge_step", "rebase_step"]
@@ -46,16 +45,13 @@ def merge_step(files, path: str, storage_options: dict | None = None) -> dict:
     new, moved, at = {}, {}, 0
     with files.create_stream(target, "wb") as f:
         for idx, info in deltas:
-            rec = Reconstruction()
-            for rel, off, n in tuple(info.chain) + ((info.relative_path, info.offset,
-                                                     info.length),):
-                rec.apply(reader._read(rel, off, n), dtype=dtype_name(info))
+            rec = info.replay(reader._read)
             n = 0
             for piece in rec.exact_blob():
                 f.write(piece)
                 n += memoryview(piece).nbytes
             new[idx] = dataclasses.replace(info, relative_path=name, offset=at, length=n,
-                                           chain=())
+                                           chain=(), zero_base=False)
             moved[(files.absolute(files.join(path, info.relative_path)), info.offset,
                    info.length)] = (files.absolute(target), at, n)
             at += n
@@ -78,8 +74,9 @@ def rebase_step(files, path: str, moved: dict, storage_options: dict | None = No
         if hit:
             i = hit[-1]
             head, off, n = moved[at[i]]
-            new[idx] = dataclasses.replace(
-                info, chain=((files.relative(head, path), off, n),) + chain[i + 1:])
+            new[idx] = dataclasses.replace(      # now from the merged keyframe
+                info, chain=((files.relative(head, path), off, n),) + chain[i + 1:],
+                zero_base=False)
     if new:
         md.storage_data = {**md.storage_data, **new}
         _replace_metadata(files, path, md)

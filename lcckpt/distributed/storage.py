@@ -1,7 +1,7 @@
 """DCP storage with lcckpt's codecs: each rank encodes the items it was given and writes one file.
 
 :class:`CompressedWriter` (a ``FileSystemWriter``) stores every tensor item as an lcckpt blob:
-an exact keyframe, or, with ``bits`` set, a lossy delta against this rank's reference of that
+an exact keyframe, or, in a chain, a lossy delta against this rank's reference of that
 piece (the decoder's reconstruction of the piece's last committed state). Each item's
 :class:`LcckptStorageInfo` records its codec, dtype, shape, raw size, owner rank and, for a
 delta, where the earlier blobs of its chain lie. References advance only in :meth:`commit`,
@@ -21,10 +21,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import io
-import os
 import pickle
 import re
-import threading
 import time
 import uuid
 import warnings
@@ -41,14 +39,15 @@ from torch.distributed.checkpoint.planner import (LoadPlan, LoadPlanner,
 from torch.distributed.checkpoint.storage import WriteResult
 
 from ..codec.tensor import decode, encode
+from ..chain.policy import RolePolicy
 from ..codec.delta import DeltaEncoder, Reconstruction
 from ..errors import (
     BrokenChainError, CorruptDataError, InvalidArgumentError, TruncatedError,
     UnsafeObjectError,
 )
-from . import exchange
+from . import exchange, targets
 from .partition import Piece
-from .store import check_size, files_for
+from .store import Flusher, check_size, files_for
 
 SUFFIX = ".distcp"
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -75,6 +74,17 @@ class LcckptStorageInfo:
     shape: tuple = ()
     chain: tuple = ()          # earlier blobs of a delta, keyframe first: (path, offset, length),
                                # paths relative to this checkpoint's directory
+    zero_base: bool = False    # the chain's first blob is a delta against zeros, not a keyframe
+
+    def replay(self, read) -> Reconstruction:
+        """The item's chain applied, keyframe (or the delta from zero) first; ``read(path,
+        offset, length)`` gives a blob's bytes."""
+        rec = Reconstruction()          # the whole chain replayed at once, chunk by chunk
+        blobs = tuple(self.chain) + ((self.relative_path, self.offset, self.length),)
+        for i, (rel, off, n) in enumerate(blobs):
+            rec.apply(read(rel, off, n), dtype=dtype_name(self),
+                      zero_base=self.zero_base and i == 0)
+        return rec
 
 
 @dataclass(frozen=True)
@@ -99,60 +109,34 @@ _BACKGROUND: dict[str, _Background] = {}
 class _Ref:
     encoder: DeltaEncoder      # its reference = the decoder's reconstruction of the piece
     chain: tuple               # (absolute file, offset, length) of every blob, keyframe first
-
-
-class _Flusher:
-    """Moves written bytes to the disk while the next items are encoded.
-
-    Once ``FLUSH_BYTES`` more bytes are written, the file's data is flushed by
-    ``os.fdatasync`` on a thread of its own (it releases the GIL), so the disk works
-    while the CPU encodes instead of after it; :meth:`finish` waits for it and makes the
-    file durable with ``os.fsync``.
-    """
-
-    FLUSH_BYTES = 16 << 20
-
-    def __init__(self):
-        self.pending_bytes = 0
-        self.thread = None
-
-    def written(self, f, n: int) -> None:
-        self.pending_bytes += n
-        if self.pending_bytes < self.FLUSH_BYTES or (self.thread and self.thread.is_alive()):
-            return
-        self.pending_bytes = 0
-        f.flush()
-        self.thread = threading.Thread(target=os.fdatasync, args=(f.fileno(),), daemon=True)
-        self.thread.start()
-
-    def finish(self, f) -> None:
-        if self.thread is not None:
-            self.thread.join()
-        os.fsync(f.fileno())
+    zero_base: bool = False    # the first blob is a delta against zeros
 
 
 class CompressedWriter(FileSystemWriter):
     """DCP storage writer that encodes each item with lcckpt's codecs.
 
-    ``bits=None``: every tensor is an exact keyframe and no reference is kept. ``bits=1..4``:
-    floating tensors become deltas against this rank's committed reference of the same piece
-    (a keyframe when there is none, when the layout changed, or every ``keyframe_every``
-    blobs). Reuse one writer across saves for deltas, and call :meth:`commit` /
-    :meth:`abort` after each (the ``lcckpt.distributed`` functions do).
+    ``chain=False`` (the default): every tensor is an exact keyframe and no reference is
+    kept. ``chain=True``: floating tensors become deltas against this rank's committed
+    reference of the same piece (a keyframe when there is none, when the layout changed, or
+    every ``keyframe_every`` blobs), held to ``target`` (default :data:`DEFAULT_POLICY`),
+    or LC-Checkpoint's ``bits=1..4`` (:mod:`.targets`). Reuse one writer across saves for
+    deltas, and call :meth:`commit` / :meth:`abort` after each (the ``lcckpt.distributed``
+    functions do).
     """
 
-    def __init__(self, path, *, bits: int | None = None, keyframe_every: int = 20,
-                 sync_files: bool = True, storage_options: dict | None = None):
+    def __init__(self, path, *, chain: bool = False, bits: int | None = None, target=None,
+                 keyframe_every: int = 20, sync_files: bool = True,
+                 storage_options: dict | None = None):
         files = files_for(path, storage_options)
         super().__init__("." if files.remote else path, single_file_per_rank=True,
                          sync_files=sync_files, thread_count=1, overwrite=True)
         self.fs = files
         self.path = files.init_path(path)
-        if bits is not None and bits not in (1, 2, 3, 4):
-            raise InvalidArgumentError(f"bits must be None or 1..4, got {bits!r}")
+        chain = chain or bits is not None or target is not None
+        self.target = targets.check(bits, target) if chain else None
         if keyframe_every < 1:
             raise InvalidArgumentError(f"keyframe_every must be >= 1, got {keyframe_every}")
-        self.bits, self.keyframe_every = bits, keyframe_every
+        self.chain, self.bits, self.keyframe_every = chain, bits, keyframe_every
         self.force_keyframe = False
         self._refs: dict[Piece, _Ref] = {}
         self._pending: dict[Piece, _Ref] | None = None
@@ -212,14 +196,15 @@ class CompressedWriter(FileSystemWriter):
         raw_total = 0
         self._written.append(path)
         order = sorted(plan.items, key=lambda wi: wi.type != WriteItemType.BYTE_IO)
-        flusher = _Flusher() if self.sync_files and not self.fs.remote else None
+        flusher = Flusher() if self.sync_files and not self.fs.remote else None
+        dirs = targets.directions(planner) if isinstance(self.target, RolePolicy) else {}
         with self.fs.create_stream(path, "wb") as f:
             for wi in order:
                 piece = _piece(planner, wi)
                 data = planner.resolve_data(wi)
                 offset = f.tell()
                 info = self._encode_into(f, wi, piece, data, pending,
-                                         self.fs.absolute(path), offset)
+                                         self.fs.absolute(path), offset, dirs)
                 info = LcckptStorageInfo(name, offset, f.tell() - offset, rank=rank,
                                          piece=(piece.key, piece.start, piece.stop), **info)
                 raw_total += info.raw_nbytes
@@ -232,7 +217,7 @@ class CompressedWriter(FileSystemWriter):
                 flusher.finish(f)
             written = f.tell()
         check_size(self.fs, path, written)      # a remote upload completes on close
-        self._pending = pending if self.bits is not None else None
+        self._pending = pending if self.chain else None
         if self._bg is not None:
             self._bg.pending, self._bg.pending_save = self._pending, self.save_id
         self.last_write_stats = {"rank": rank, "items": len(results), "raw_bytes": raw_total,
@@ -242,7 +227,8 @@ class CompressedWriter(FileSystemWriter):
         fut.set_result(results)
         return fut
 
-    def _encode_into(self, f, wi: WriteItem, piece: Piece, data, pending, abs_path, offset):
+    def _encode_into(self, f, wi: WriteItem, piece: Piece, data, pending, abs_path, offset,
+                     dirs):
         if wi.type == WriteItemType.BYTE_IO:
             buf = data.getbuffer()
             f.write(buf)
@@ -252,20 +238,27 @@ class CompressedWriter(FileSystemWriter):
             t = t.cpu()
         meta = {"raw_nbytes": t.numel() * t.element_size(), "dtype": str(t.dtype),
                 "shape": tuple(t.shape)}
-        if self.bits is None or t.dtype not in _FLOATS or t.numel() == 0:
-            f.write(encode(t, lossless=True))
+        if not self.chain or t.dtype not in _FLOATS or t.numel() < targets.MIN_ELEMENTS:
+            f.write(encode(t, lossless=True))       # and scalars such as step counts
             return {"codec": "exact", **meta}
         prev = self._refs.get(piece)
         fresh = prev is None or self.force_keyframe or len(prev.chain) >= self.keyframe_every
-        enc = DeltaEncoder(bits=self.bits) if fresh else copy.deepcopy(prev.encoder)
-        blob, st = enc.encode(t, keyframe=fresh, report=True)
-        f.write(blob)
-        here = ((abs_path, offset, len(blob)),)
-        if st.kind == "lossy":
-            pending[piece] = _Ref(enc, prev.chain + here)
+        # a moment new to a chain under way (an optimizer's first step): a delta from zero
+        zero = prev is None and not self.force_keyframe and bool(self._refs) \
+            and self.target is not None and targets.starts_at_zero(piece.key)
+        enc = targets.new_encoder(self.bits, self.target, piece.key) if fresh \
+            else copy.deepcopy(prev.encoder)
+        parts, st = enc.encode_parts(t, keyframe=fresh and not zero, from_zero=zero,
+                                     direction=targets.direction_of(dirs, piece, t))
+        for part in parts:
+            f.write(part)
+        here = ((abs_path, offset, f.tell() - offset),)
+        if st.kind != "lossless":                # a delta: "lossy" (LC) or "uniform"
+            before, zero = ((), True) if zero else (prev.chain, prev.zero_base)
+            pending[piece] = _Ref(enc, before + here, zero)
             base = self.fs.dirname(abs_path)     # this rank's own view of the directory
-            chain = tuple((self.fs.relative(p, base), o, n) for p, o, n in prev.chain)
-            return {"codec": "delta", "chain": chain, **meta}
+            chain = tuple((self.fs.relative(p, base), o, n) for p, o, n in before)
+            return {"codec": "delta", "chain": chain, "zero_base": zero, **meta}
         pending[piece] = _Ref(enc, here)
         return {"codec": "exact", **meta}
 
@@ -309,7 +302,7 @@ class CompressedWriter(FileSystemWriter):
         for p in through:
             r = self._refs[p]
             i = max(i for i, b in enumerate(r.chain) if b in moved)
-            self._refs[p] = _Ref(r.encoder, (moved[r.chain[i]],) + r.chain[i + 1:])
+            self._refs[p] = _Ref(r.encoder, (moved[r.chain[i]],) + r.chain[i + 1:], False)
         if len(through) < mine:
             self._refs, self.writer_id = {}, uuid.uuid4().hex
 
@@ -507,11 +500,7 @@ class CompressedReader(FileSystemReader):
             out = _as_tensor(decode(self._read(info.relative_path, info.offset, info.length),
                                     out=out))
         elif info.codec == "delta":
-            rec = Reconstruction()          # the whole chain replayed at once, chunk by chunk
-            for rel, off, n in tuple(info.chain) + ((info.relative_path, info.offset,
-                                                     info.length),):
-                rec.apply(self._read(rel, off, n), dtype=dtype_name(info))
-            out = _as_tensor(rec.value(copy=False))
+            out = _as_tensor(info.replay(self._read).value(copy=False))
         else:
             raise CorruptDataError(f"unknown codec {info.codec!r} in checkpoint metadata")
         if str(out.dtype) != info.dtype or tuple(out.shape) != tuple(info.shape):
