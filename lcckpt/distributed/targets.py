@@ -24,7 +24,8 @@ from ..codec.delta import DeltaEncoder
 from ..errors import InvalidArgumentError
 from .partition import Piece
 
-__all__ = ["check", "starts_at_zero", "new_encoder", "directions", "direction_of"]
+__all__ = ["MIN_ELEMENTS", "check", "direction_of", "directions", "fqn", "new_encoder", "role_path",
+           "starts_at_zero"]
 
 MIN_ELEMENTS = 8     # smaller floating pieces (step counts) are stored exactly, every save
 
