@@ -10,6 +10,7 @@ from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
 import lcckpt.distributed as ld
 from lcckpt import DEFAULT_POLICY, RolePolicy
+from lcckpt.bench.quality import zeroed
 from lcckpt.distributed import targets
 from lcckpt.distributed.partition import Piece
 from lcckpt.errors import InvalidArgumentError
@@ -33,17 +34,6 @@ def _state(net, opt):
     return {"model": net.state_dict(), "optim": opt.state_dict()}
 
 
-def _zeros(v):
-    """The same state with every tensor zeroed (what a load fills in)."""
-    if isinstance(v, torch.Tensor):
-        return torch.zeros_like(v)
-    if isinstance(v, dict):
-        return {k: _zeros(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_zeros(x) for x in v]
-    return v
-
-
 def _flat(state):
     return {k: v.clone() for k, v in flatten_state_dict(state)[0].items()
             if isinstance(v, torch.Tensor) and v.is_floating_point()}
@@ -61,7 +51,7 @@ def test_the_default_chain_holds_each_role_to_its_target(tmp_path):
         true = _flat(_state(net, opt))
         md = ck.save(step, _state(net, opt))
         codecs.append({k.fqn: i.codec for k, i in md.storage_data.items()}["model.0.weight"])
-        back = _zeros(_state(net, opt))
+        back = zeroed(_state(net, opt))
         assert ck.load(back) == step
         got = _flat(back)
         refs = {p.key: t for p, t in ck.references().items()}
@@ -155,7 +145,7 @@ def test_moments_new_to_a_chain_start_from_zero_and_a_new_weight_exactly(tmp_pat
             state["extra.weight"] = torch.full((7, 3), float(step))
         md = ck.save(step, state)
         infos.append({k.fqn: i for k, i in md.storage_data.items()})
-        back = _zeros(state)
+        back = zeroed(state)
         assert ck.load(back, step) == step
         got = _flat(back)
         for p, ref in ck.references().items():
@@ -170,13 +160,12 @@ def test_moments_new_to_a_chain_start_from_zero_and_a_new_weight_exactly(tmp_pat
     assert infos[3]["model.0.weight"].codec == "delta" and not infos[3]["model.0.weight"].zero_base
     # the newest step merged into a keyframe: its chains start there, not from zero
     assert ck.merge() == 3
-    back = _zeros(_state(net, opt) | {"extra.weight": torch.zeros(7, 3)})
     _train(net, opt, 1, g)
     state = _state(net, opt) | {"extra.weight": torch.full((7, 3), 4.0)}
     md = ck.save(4, state)
     info = {k.fqn: i for k, i in md.storage_data.items()}["optim.state.0.exp_avg"]
     assert info.codec == "delta" and not info.zero_base and len(info.chain) == 1
-    back = _zeros(state)
+    back = zeroed(state)
     assert ck.load(back, 4) == 4
     got = _flat(back)
     for p, ref in ck.references().items():

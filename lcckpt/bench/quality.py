@@ -205,20 +205,21 @@ def _distributed_quality(traj, kw: dict, torch_sizes: list[int]) -> dict:
                 fp32_bytes += _fp32_bytes(snap)
         key = None
         for i, (step, snap) in enumerate(traj.snapshots):
-            back = _zeroed(snap)
+            back = zeroed(snap)
             ck.load(back, step=step)
             key = snap if i % kw["keyframe_every"] == 0 else key
             scores.add(step, back, key)
     return scores.result(delta_bytes, fp32_bytes, total, sum(torch_sizes))
 
 
-def _zeroed(v):
+def zeroed(v):
+    """The state ``v`` with every tensor zeroed, other values kept (what a load fills in)."""
     if isinstance(v, torch.Tensor):
         return torch.zeros_like(v)
     if isinstance(v, dict):
-        return {k: _zeroed(x) for k, x in v.items()}
+        return {k: zeroed(x) for k, x in v.items()}
     if isinstance(v, list):
-        return [_zeroed(x) for x in v]
+        return [zeroed(x) for x in v]
     return v
 
 

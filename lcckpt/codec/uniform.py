@@ -286,7 +286,9 @@ def survey(u: np.ndarray, ref: np.ndarray | None, sketch_log2: int = 0,
     model = ErrorModel(n, *hist)
     finite = bool(np.all(out[:, 0] == 0.0))
     least = float(out[:, 2].min()) if n else 0.0
-    if direction is not None and finite and least < 0:    # floored tensors: not steered
+    # a tensor without negative values is floored (raised levels, which the steered
+    # step's sums miss): not steered
+    if direction is not None and finite and least < 0:
         a = np.zeros((tasks, uk.MAG_BINS + 1))
         b = np.zeros((tasks, uk.MAG_BINS + 1))
         run_tasks(lambda t: uk.direction_range(u, r, use_ref, direction, t * per,
@@ -414,9 +416,7 @@ def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
     norm_u = sv.norm_sq
     tol_sq = target * target * norm_u
     rms = np.sqrt(norm_u / n) if n else 0.0
-    floor = NONNEG_FLOOR if n and sv.least >= 0 else 0.0
-    if floor > 0:
-        sv.model.direction = None       # raised levels: the steered step's sums miss them
+    floor = NONNEG_FLOOR if n and sv.least >= 0 else 0.0   # never steered (survey)
     best = None
     if target == 0 or rms == 0:                  # every change an escape
         uq, est = _try_step(u, ref, 0.0, chunk_size, limit=limit, floor=floor, count=count)
