@@ -375,8 +375,9 @@ def test_the_next_step_solves_the_error_law_of_two_tries(k, tried):
 
 def test_adam_second_moment_meets_its_target_in_few_passes(monkeypatch):
     """A second moment (no negative values: floored, which the error model does not see)
-    against the reference of its previous step: at most three quantization passes, and
-    the restored error lands close under the target, not far below it (bits wasted)."""
+    against the reference of its previous step: the step found on a sample first, so that
+    one full quantization pass (and under half a pass of sampled tries) meets the target,
+    and the restored error lands close under it, not far below (bits wasted)."""
     import lcckpt.codec.uniform as q
     rng = np.random.default_rng(5)
     n, target = 400_000, 0.1
@@ -387,9 +388,9 @@ def test_adam_second_moment_meets_its_target_in_few_passes(monkeypatch):
     ref[rng.random(n) < 0.01] *= 3                   # the decoder's reference is off a bit
     tries = []
     real = q._try_step
-    monkeypatch.setattr(q, "_try_step", lambda *a, **kw: tries.append(a[2]) or real(*a, **kw))
+    monkeypatch.setattr(q, "_try_step", lambda *a, **kw: tries.append(a[0].size) or real(*a, **kw))
     uq = q.uniform_quantize(u, ref, target, 1 << 16)
-    assert uq is not None and len(tries) <= 3
+    assert uq is not None and tries.count(n) == 1 and sum(tries) <= 1.5 * n
     assert 0.9 * target <= uq.rel_error <= target
 
 

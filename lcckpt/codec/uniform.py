@@ -32,6 +32,13 @@ FLOOR_AIM = 0.865     # the first aim of a floored tensor (see uniform_quantize)
 NONNEG_FLOOR = 0.25  # a tensor without negative values restores each element >= 1/4 of it
 DEADZONE = 0.6     # round magnitudes up only past 0.6 of a step: more zeros, ~5% fewer bits
                    # than rounding to nearest at equal error on real deltas
+SAMPLE_MIN = 1 << 17    # a floored tensor this large searches its step on a sample first
+SAMPLE_BLOCK = 1024     # elements per sampled block (every SAMPLE_EVERY-th block)
+SAMPLE_EVERY = 8
+SAMPLE_MAX = 1 << 21    # elements in a sample at most (the stride grows beyond)
+SAMPLE_TRIES = 5        # quantizations of the sample, at most
+SAMPLE_AIM = 0.92       # the sample's step aims this far under the target, and is taken
+SAMPLE_CLOSE = 0.8      # once a sample's scaled error² lands within this share of it
 
 
 @lru_cache(maxsize=None)
@@ -375,6 +382,54 @@ def _search(u, ref, s, model: ErrorModel, tol_sq: float, chunk_size: int, limit,
     return uq, est
 
 
+def _sample(u, ref):
+    """Every :data:`SAMPLE_EVERY`-th block of ``u`` (and ``ref``), copied together
+    (:data:`SAMPLE_MAX` elements at most), and the factor that scales its error² to the
+    whole tensor's."""
+    nb = u.size // SAMPLE_BLOCK
+    every = max(SAMPLE_EVERY, -(-nb * SAMPLE_BLOCK // SAMPLE_MAX))
+    blocks = u[:nb * SAMPLE_BLOCK].reshape(nb, SAMPLE_BLOCK)[::every]
+    us = np.ascontiguousarray(blocks).reshape(-1)
+    rs = None
+    if ref is not None:
+        rs = np.ascontiguousarray(ref[:nb * SAMPLE_BLOCK].reshape(nb, SAMPLE_BLOCK)[::every])
+        rs = rs.reshape(-1)
+    return us, rs, u.size / us.size
+
+
+def _sampled_step(u, ref, s, model: ErrorModel, tol_sq: float, chunk_size: int, limit,
+                  floor):
+    """The step the full search should start from, solved on a sample of the tensor.
+
+    The error model does not see the floor of a tensor without negative values: on a
+    fine-tuned transformer's second moments (AdamW) the modelled step missed the target
+    by 2-5x at the median and by hundreds of times at the tail, and the search spent
+    three full quantizations a tensor on average. Tries of an eighth of the tensor's
+    blocks find the step first (at most :data:`SAMPLE_TRIES`), each with the symbol width
+    the whole tensor's histogram picks, so the full try that follows usually lands within
+    the target at once. A sample that misses the tensor's worst elements only costs that
+    full try's miss: the search goes on from there as before.
+    """
+    us, rs, scale = _sample(u, ref)
+    up = 1.0 - DEADZONE
+    oks, misses = [], []
+    for _ in range(SAMPLE_TRIES):
+        uq, _est = _try_step(us, rs, s, chunk_size, limit=limit, floor=floor,
+                             hist=model.symbol_histogram(s, up), rstep=model.recon_step(s, up))
+        e = uq.residual_sq * scale
+        if e <= tol_sq:
+            oks.append((s, e))
+            if e >= SAMPLE_CLOSE * SAMPLE_AIM * tol_sq:
+                break
+        else:
+            misses.append((s, e))
+        nxt = _next_step(oks, misses, SAMPLE_AIM * tol_sq, model, up)
+        if nxt is None:
+            break
+        s = nxt
+    return max(oks)[0] if oks else s
+
+
 def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
                      chunk_size: int, limit: float | None = None,
                      surveyed: Survey | None = None, count=None) -> Uniform:
@@ -431,6 +486,8 @@ def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
             more = sv.model.steered_excess_sq(s, up)
             if more > 0 and base > 0:
                 s = sv.model.step_for(aim * tol_sq * base / (base + more), up, start)
+        if floor > 0 and n >= SAMPLE_MIN:
+            s = _sampled_step(u, ref, s, sv.model, tol_sq, chunk_size, limit, floor)
         best = _search(u, ref, s, sv.model, tol_sq, chunk_size, limit, floor, count)
     if best is None and target > 0 and rms > 0:          # the guaranteed step
         uq, est = _try_step(u, ref, 2 * target * rms, chunk_size, 0.5, limit, floor,
