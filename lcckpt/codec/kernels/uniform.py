@@ -327,12 +327,14 @@ def survey_range(u, ref, use_ref, start, stop, out, sketch, log2m, cnt, s1, s2):
     m0 = m1 = m2 = m3 = out[2]
     for b0 in range(start, stop, BLOCK):
         b1 = min(stop, b0 + BLOCK)
-        last = b1 - (b1 - b0) % 4
-        for i in range(b0, last, 4):
-            a = np.float64(u[i])
-            b = np.float64(u[i + 1])
-            c = np.float64(u[i + 2])
-            d = np.float64(u[i + 3])
+        nb = b1 - b0
+        ub, rb = u[b0:b1], ref[b0:b1]           # indexed from 0: these loops vectorize;
+        last = nb - nb % 4
+        for i in range(0, last, 4):
+            a = np.float64(ub[i])
+            b = np.float64(ub[i + 1])
+            c = np.float64(ub[i + 2])
+            d = np.float64(ub[i + 3])
             s0 += a * a
             s1_ += b * b
             s2_ += c * c
@@ -346,19 +348,17 @@ def survey_range(u, ref, use_ref, start, stop, out, sketch, log2m, cnt, s1, s2):
             z2 += c * 0.0
             z3 += d * 0.0
             if use_ref:
-                z0 += _nan_if_inf(ref[i])
-                z1 += _nan_if_inf(ref[i + 1])
-                z2 += _nan_if_inf(ref[i + 2])
-                z3 += _nan_if_inf(ref[i + 3])
-        for i in range(last, b1):
-            a = np.float64(u[i])
+                z0 += _nan_if_inf(rb[i])
+                z1 += _nan_if_inf(rb[i + 1])
+                z2 += _nan_if_inf(rb[i + 2])
+                z3 += _nan_if_inf(rb[i + 3])
+        for i in range(last, nb):
+            a = np.float64(ub[i])
             s0 += a * a
             m0 = a if a < m0 else m0
             z0 += a * 0.0
             if use_ref:
-                z0 += _nan_if_inf(ref[i])
-        nb = b1 - b0
-        ub, rb = u[b0:b1], ref[b0:b1]           # indexed from 0: these loops vectorize;
+                z0 += _nan_if_inf(rb[i])
         for j in range(nb):                     # the scattered adds below stay in order
             d = np.float64(ub[j] - rb[j]) if use_ref else np.float64(ub[j])
             mag[j] = abs(d)
