@@ -37,8 +37,8 @@ SAMPLE_BLOCK = 1024     # elements per sampled block (every SAMPLE_EVERY-th bloc
 SAMPLE_EVERY = 8
 SAMPLE_MAX = 1 << 21    # elements in a sample at most (the stride grows beyond)
 SAMPLE_TRIES = 5        # quantizations of the sample, at most
-SAMPLE_AIM = 0.92       # the sample's step aims this far under the target, and is taken
-SAMPLE_CLOSE = 0.8      # once a sample's scaled error² lands within this share of it
+SAMPLE_AIM = 0.94       # the sample's step aims this far under the target, and is taken
+SAMPLE_CLOSE = 0.9      # once a sample's scaled error² lands within this share of it
 
 
 @lru_cache(maxsize=None)
