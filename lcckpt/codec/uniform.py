@@ -456,7 +456,9 @@ def uniform_quantize(u: np.ndarray, ref: np.ndarray | None, target: float,
     does not see that floor: on the save benchmark's second moments its first step missed
     the target by 1-13% and took a second quantization pass nearly every time, so a
     floored tensor's first aim is :data:`FLOOR_AIM` of the target (after which its first
-    tries landed at 0.86-0.93 of it, at the same bytes).
+    tries landed at 0.86-0.93 of it, at the same bytes). On a fine-tune's second moments
+    it missed by far more, so a large floored tensor finds its step on a sample first
+    (:func:`_sampled_step`).
 
     ``surveyed``: the :func:`survey` of ``u`` and ``ref`` when the caller took it already
     (a chain's delta takes it once, with the movement sketch). ``count``: hold no
