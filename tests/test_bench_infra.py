@@ -139,3 +139,32 @@ def test_layouts_paths_and_a_small_run_that_restores_bit_for_bit():
         assert len(rows) == 6 and all(n > 0 and t >= 0 for n, t in rows)
         sizes[layout] = sum(n for n, _ in rows)
     assert sizes["keyframe"] > sizes["chain"]
+
+
+def test_quality_plot_merges_runs_and_draws_every_point(tmp_path, monkeypatch):
+    """The bytes-vs-drop plot of merged runs: one marker per setting (the distributed and
+    keyframe-interval rows left out), each at its whole-run ratio and drop."""
+    pytest.importorskip("matplotlib")
+    import json
+    from lcckpt.bench import quality
+    rows = {"default": (16.5, 0.22), "lc b=2": (19.8, 20.2),
+            "lossless (every save a keyframe)": (1.2, 0.0),
+            "default, keyframe_every=10": (6.4, 0.22), "distributed default": (5.8, 0.22)}
+    paths = []
+    for i, (name, (x, y)) in enumerate(rows.items()):
+        p = tmp_path / f"{i}.json"
+        p.write_text(json.dumps({"workloads": {"cnn-sgd": {name: {"whole_run_ratio": x,
+                                                                   "worst_drop_points": y}}},
+                                 "resume": {}}))
+        paths.append(str(p))
+    merged = quality.merge(paths)
+    assert list(merged["workloads"]["cnn-sgd"]) == list(rows)
+    import matplotlib.pyplot as plt
+    drawn = []
+    real = plt.Axes.scatter
+    monkeypatch.setattr(plt.Axes, "scatter",
+                        lambda self, x, y, **kw: drawn.append((x, y)) or real(self, x, y, **kw))
+    quality._plot(merged, str(tmp_path / "q.png"))
+    assert sorted(drawn) == sorted(v for k, v in rows.items() if "keyframe_every" not in k
+                                   and not k.startswith("distributed"))
+    assert (tmp_path / "q.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

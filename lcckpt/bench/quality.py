@@ -378,19 +378,21 @@ def _plot(result: dict, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     ws = list(result["workloads"])
     cols = min(2, len(ws))
     rows_n = -(-len(ws) // cols)
     fig, axes = plt.subplots(rows_n, cols, figsize=(6.2 * cols, 4.6 * rows_n), squeeze=False)
     for ax, w in zip(axes.flat, ws):
+        top = 1.0
         for name, r in result["workloads"][w].items():
             if "keyframe_every" in name or name.startswith("distributed"):
                 continue
             mk = "o" if name.startswith("lc") else "s" if "lossless" in name else \
                 "D" if name.startswith("excp") else "*" if name == "default" else "^"
             x, y = r["whole_run_ratio"], max(r["worst_drop_points"], 0.0)
+            top = max(top, y)
             ax.scatter(x, y, marker=mk, s=90 if name == "default" else 30)
             ax.annotate(name.replace(" of movement", "").replace(" (every save a keyframe)", "")
                         .replace("0.01 of the norm (first default)", "1% of norm"), (x, y),
@@ -398,8 +400,10 @@ def _plot(result: dict, path: str) -> None:
         ax.axhline(0.5, color="grey", lw=0.6, ls="--")
         ax.set_xscale("log")
         ax.set_yscale("symlog", linthresh=1.0)
-        ax.set_ylim(bottom=-0.05)
-        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.set_ylim(bottom=-0.05, top=2.5 * top)     # room for the top point's name
+        ax.margins(x=0.12)
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("whole run vs torch.save (x, log)")
         ax.set_ylabel("worst accuracy drop (points)")
