@@ -388,13 +388,12 @@ def _sample(u, ref):
     whole tensor's."""
     nb = u.size // SAMPLE_BLOCK
     every = max(SAMPLE_EVERY, -(-nb * SAMPLE_BLOCK // SAMPLE_MAX))
-    blocks = u[:nb * SAMPLE_BLOCK].reshape(nb, SAMPLE_BLOCK)[::every]
-    us = np.ascontiguousarray(blocks).reshape(-1)
-    rs = None
-    if ref is not None:
-        rs = np.ascontiguousarray(ref[:nb * SAMPLE_BLOCK].reshape(nb, SAMPLE_BLOCK)[::every])
-        rs = rs.reshape(-1)
-    return us, rs, u.size / us.size
+
+    def pick(a):
+        blocks = a[:nb * SAMPLE_BLOCK].reshape(nb, SAMPLE_BLOCK)[::every]
+        return np.ascontiguousarray(blocks).reshape(-1)
+    us = pick(u)
+    return us, None if ref is None else pick(ref), u.size / us.size
 
 
 def _sampled_step(u, ref, s, model: ErrorModel, tol_sq: float, chunk_size: int, limit,
