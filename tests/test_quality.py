@@ -330,6 +330,20 @@ def test_quality_benchmark_measures_a_short_trajectory():
     dist = chain_quality(traj, dict(distributed=True))
     assert dist["worst_error"] == default["worst_error"]
     assert dist["worst_drop_points"] == default["worst_drop_points"]
+    # every restore is reported beside the true model, and the worst figures come from them
+    from lcckpt.bench.quality import step_table
+    for r in (exact, lossy, default, dist):
+        steps = r["per_step"]
+        assert [s["step"] for s in steps] == [s for s, _ in traj.snapshots]
+        drops = [100 * (s["accuracy"] - s["restored_accuracy"]) for s in steps]
+        assert max(drops) == pytest.approx(r["worst_drop_points"])
+        rises = [100 * (s["restored_loss"] - s["loss"]) / s["loss"] for s in steps]
+        assert max(rises) == pytest.approx(r["worst_loss_rise_pct"])
+    assert all(s["restored_loss"] == s["loss"] for s in exact["per_step"])
+    assert any(s["restored_loss"] != s["loss"] for s in lossy["per_step"])
+    text = step_table({"workloads": {"cnn-adam": {"lossy": lossy}}}, ["lossy", "absent"])
+    assert text.count("\n") == len(traj.snapshots) + 2      # title, header, rule, rows
+    assert f"{len(traj.snapshots)} restores" in text
 
 
 @settings(max_examples=30, deadline=None)

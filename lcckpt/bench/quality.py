@@ -16,7 +16,9 @@ step is restored, and the restored model's held-out accuracy and loss are compar
 the true model's. Reported per setting: the delta files against the fp32 bytes of the
 state they hold, the whole run (keyframes included) against ``torch.save`` of every
 checkpoint, the worst accuracy drop, the worst loss change, and the worst restored error
-against the movement since the keyframe (the default's bound), per role.
+against the movement since the keyframe (the default's bound), per role; and every
+restore's accuracy and loss beside the true model's (``per_step`` in the JSON, printed
+with ``--steps``).
 
 The resume experiment trains once without interruption and again restoring model and
 optimizer from the default chain 10 times, for 5 seeds, and reports the final held-out
@@ -130,7 +132,7 @@ class _Scores:
     def __init__(self, traj):
         self.traj = traj
         self.truth = _TRUTH.setdefault(id(traj), (traj, {}))[1]   # shared by the settings
-        self.drops, self.loss_changes, self.errors = [], [], {}
+        self.drops, self.loss_changes, self.errors, self.steps = [], [], {}, []
 
     def add(self, step, restored, key):
         true = dict(self.traj.snapshots)[step]
@@ -140,6 +142,8 @@ class _Scores:
         racc, rloss = _evaluate(self.traj, restored["model"])
         self.drops.append(100 * (acc - racc))
         self.loss_changes.append(100 * (rloss - loss) / loss if loss else 0.0)
+        self.steps.append({"step": step, "accuracy": float(acc), "restored_accuracy": float(racc),
+                           "loss": float(loss), "restored_loss": float(rloss)})
         for role, e in _errors(true, restored, key).items():
             r = self.errors.setdefault(role, {"norm": 0.0, "movement": 0.0})
             for k in r:
@@ -152,7 +156,8 @@ class _Scores:
                 "worst_drop_points": float(max(self.drops)),
                 "worst_loss_rise_pct": float(max(self.loss_changes)),
                 "worst_abs_loss_change_pct": float(max(np.abs(self.loss_changes))),
-                "worst_error": self.errors}
+                "worst_error": self.errors,
+                "per_step": self.steps}
 
 
 def _evaluate(traj, model_state) -> tuple[float, float]:
@@ -380,6 +385,31 @@ def table(result: dict) -> str:
     return "\n".join(out)
 
 
+def step_table(result: dict, names) -> str:
+    """Every restore of the settings ``names``: the true and the restored model's held-out
+    accuracy and loss, step by step (runs written before these were kept have none)."""
+    out = []
+    for w, rows in result["workloads"].items():
+        for name in names:
+            steps = rows.get(name, {}).get("per_step")
+            if not steps:
+                continue
+            lines = [{"step": r["step"], "accuracy %": f"{100 * r['accuracy']:.2f}",
+                      "restored %": f"{100 * r['restored_accuracy']:.2f}",
+                      "drop (points)": f"{100 * (r['accuracy'] - r['restored_accuracy']):.2f}",
+                      "loss": f"{r['loss']:.4f}", "restored loss": f"{r['restored_loss']:.4f}",
+                      "loss change %": f"{_change(r):+.2f}"} for r in steps]
+            lost = sum(r["restored_accuracy"] < r["accuracy"] for r in steps)
+            gained = sum(r["restored_accuracy"] > r["accuracy"] for r in steps)
+            out.append(f"{w}, {name}: {len(steps)} restores, {lost} below the true model's "
+                       f"accuracy, {gained} above\n" + format_table(lines, list(lines[0])))
+    return "\n".join(out) if out else "no per-step results for those settings"
+
+
+def _change(r: dict) -> float:
+    return 100 * (r["restored_loss"] - r["loss"]) / r["loss"] if r["loss"] else 0.0
+
+
 def _plot(result: dict, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -437,6 +467,9 @@ def main(argv=None) -> int:
     ap.add_argument("--merge", nargs="+", metavar="JSON",
                     help="measure nothing: print (and --plot) the results of earlier runs "
                          "(their --json files) together")
+    ap.add_argument("--steps", nargs="+", metavar="NAME",
+                    help="also print every restore of these settings (true and restored "
+                         "accuracy and loss, step by step)")
     ap.add_argument("--json", help="write the result here")
     ap.add_argument("--plot", help="write the bytes-vs-drop plot here (png)")
     args = ap.parse_args(argv)
@@ -450,6 +483,8 @@ def main(argv=None) -> int:
         if args.plot:
             _plot(result, args.plot)
         print(table(result))
+        if args.steps:
+            print(step_table(result, args.steps))
         return 0
     settings = None if args.settings is None else {k: SETTINGS[k] for k in args.settings}
     excp = None if args.excp is None else {k: EXCP[k] for k in args.excp}
@@ -458,4 +493,6 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
     print(table(result))
+    if args.steps:
+        print(step_table(result, args.steps))
     return 0
