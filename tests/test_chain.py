@@ -5,6 +5,7 @@ import contextlib
 import copy
 import errno
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -574,3 +575,28 @@ def test_a_failing_directory_sync_after_the_rename_is_a_storage_error(tmp_path, 
     monkeypatch.setattr(_durable, "fsync_dir", eio)
     with pytest.raises(lcckpt.StorageError, match="was written, but syncing"):
         lcckpt.save({"w": torch.ones(3)}, tmp_path / "x.lcc")
+
+
+def test_a_file_stores_no_sizes_its_sections_give_and_info_puts_them_back(tmp_path):
+    """The per-tensor stats of every delta file would repeat each tensor's size and bits
+    per element, which its section's length and shape give: header bytes in every file of
+    a small model. ``info`` puts them back from the sections, for deltas and merges."""
+    from lcckpt.format.container import read_container
+    ck = DeltaCheckpointer(tmp_path, keyframe_every=None)
+    for step in range(3):
+        ck.save(step, _state(step))
+    ck.merge(1)
+    for step, kind in ((1, "keyframe"), (2, "delta")):
+        with read_container(ck.path(step)) as c:
+            stored = c.meta["lcckpt_chain"]["tensors"]
+            length = {s["meta"]["codec_params"]["key"]: (s["length"], s["meta"]["shape"])
+                      for s in c.sections if s["meta"].get("codec") == "delta"}
+        info = ck.info(step)
+        assert info["kind"] == kind and set(info["tensors"]) == set(stored) == set(length)
+        for key, st in info["tensors"].items():
+            assert "nbytes" not in stored[key] and "bits_per_element" not in stored[key]
+            nbytes, shape = length[key]
+            assert st["nbytes"] == nbytes > 0
+            assert st["bits_per_element"] == pytest.approx(8 * nbytes / math.prod(shape), rel=1e-3)
+            assert {k: v for k, v in st.items() if k not in ("nbytes", "bits_per_element")} \
+                == stored[key]

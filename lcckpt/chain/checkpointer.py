@@ -65,7 +65,7 @@ from .lock import WriterLock
 from .moments import first_moments
 from .policy import DEFAULT_POLICY
 from .retention import apply_retention, write_merged
-from .session import SaveSession
+from .session import SaveSession, stored_stats, with_sizes
 
 __all__ = ["DeltaCheckpointer", "file_name"]
 
@@ -260,7 +260,12 @@ class DeltaCheckpointer:
 
     def info(self, step: int) -> dict:
         """The chain metadata of ``step``'s file (kind, base, settings, per-tensor stats)."""
-        return dict(self._dir.link(step).meta)
+        info = dict(self._dir.link(step).meta)
+        tensors = info.get("tensors")
+        if isinstance(tensors, dict) and any(isinstance(t, dict) and "nbytes" not in t
+                                             for t in tensors.values()):
+            info["tensors"] = with_sizes(tensors, self._dir.path(step))
+        return info
 
     # ------------------------------------------------------------------ saving
 
@@ -365,7 +370,7 @@ class DeltaCheckpointer:
                                            "state_id": self._last["state_id"]},
             "depth": 0 if keyframe else self._last["depth"] + 1,
             "settings": self._settings(),
-            "tensors": session.stats,
+            "tensors": stored_stats(session.stats),
         }
 
     def _settings(self) -> dict:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import warnings
 
-from ..codec import blob as _blob
 from ..errors import BrokenChainError, LcckptError, StorageError
 from ..format import stream as _stream
 from ..format.container import read_container, write_container
@@ -14,7 +13,6 @@ from ..format.sections import DELTA, section_key
 from ..util import durable as _durable
 from .directory import ChainDirectory
 from .links import Link
-from .session import finite
 
 
 def write_merged(d: ChainDirectory, upto: int, tracks: dict, state_id: str) -> None:
@@ -51,10 +49,8 @@ def _merge_into(f, d: ChainDirectory, upto: int, tracks: dict, state_id: str,
             if meta.get("codec") == DELTA:
                 key = section_key(meta)
                 data = tracks[key].exact_blob()
-                n = _blob.nbytes(data)
-                stats[key] = {"kind": "lossless", "bits": None,
-                              "bits_per_element": finite(8 * n / max(1, tracks[key].ref.size)),
-                              "rel_error": 0.0, "nbytes": n}
+                # its size and bits per element come from its section (DeltaCheckpointer.info)
+                stats[key] = {"kind": "lossless", "bits": None, "rel_error": 0.0}
             else:
                 data = c.data(i)
             sections.append((s["name"], meta, data if stream is None
