@@ -140,10 +140,11 @@ class _Scores:
             self.truth[step] = _evaluate(self.traj, true["model"])
         acc, loss = self.truth[step]
         racc, rloss = _evaluate(self.traj, restored["model"])
+        rec = {"step": step, "accuracy": float(acc), "restored_accuracy": float(racc),
+               "loss": float(loss), "restored_loss": float(rloss)}
+        self.steps.append(rec)
         self.drops.append(100 * (acc - racc))
-        self.loss_changes.append(100 * (rloss - loss) / loss if loss else 0.0)
-        self.steps.append({"step": step, "accuracy": float(acc), "restored_accuracy": float(racc),
-                           "loss": float(loss), "restored_loss": float(rloss)})
+        self.loss_changes.append(_change(rec))
         for role, e in _errors(true, restored, key).items():
             r = self.errors.setdefault(role, {"norm": 0.0, "movement": 0.0})
             for k in r:

@@ -65,7 +65,7 @@ from .lock import WriterLock
 from .moments import first_moments
 from .policy import DEFAULT_POLICY
 from .retention import apply_retention, write_merged
-from .session import SaveSession, stored_stats, with_sizes
+from .session import SaveSession, stored_stats
 
 __all__ = ["DeltaCheckpointer", "file_name"]
 
@@ -260,12 +260,7 @@ class DeltaCheckpointer:
 
     def info(self, step: int) -> dict:
         """The chain metadata of ``step``'s file (kind, base, settings, per-tensor stats)."""
-        info = dict(self._dir.link(step).meta)
-        tensors = info.get("tensors")
-        if isinstance(tensors, dict) and any(isinstance(t, dict) and "nbytes" not in t
-                                             for t in tensors.values()):
-            info["tensors"] = with_sizes(tensors, self._dir.path(step))
-        return info
+        return dict(self._dir.link(step).meta)
 
     # ------------------------------------------------------------------ saving
 

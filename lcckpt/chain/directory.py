@@ -9,7 +9,7 @@ import re
 
 from ..errors import NotFoundError, StorageError
 from ..format.container import read_container
-from .links import Link
+from .links import Link, with_sizes
 from .lock import LOCK_NAME
 
 NAME_RE = re.compile(r"step-(\d{12,})\.lcc")
@@ -95,7 +95,7 @@ class ChainDirectory:
         if hit is not None and hit[0] == key:
             return hit[1]
         with read_container(path) as c:
-            link = Link(c.meta.get("lcckpt_chain"), step, path)
+            link = Link(with_sizes(c.meta.get("lcckpt_chain"), c.sections), step, path)
         self._headers[path] = (key, link)
         return link
 

@@ -12,6 +12,7 @@ from ..codec.delta import Reconstruction, settle as _settle
 from ..errors import CorruptDataError, UnsupportedVersionError
 from ..format.sections import DELTA, section_key, section_zero_base
 from ..format import sections as _sections
+from .session import finite
 
 __all__ = ["CHAIN_VERSION", "FileReplay", "Link", "delta_key", "elements", "is_keyframe"]
 
@@ -106,6 +107,28 @@ class FileReplay:
 def is_keyframe(c) -> bool:
     info = c.meta.get("lcckpt_chain")
     return isinstance(info, dict) and info.get("kind") == "keyframe"
+
+
+def with_sizes(info, sections: list):
+    """A file's chain metadata with each tensor's ``nbytes`` and ``bits_per_element`` in
+    its stats, from its section's length and shape where the file leaves them out (see
+    ``session.stored_stats``), as the writer computed them; anything else as it is."""
+    tensors = info.get("tensors") if isinstance(info, dict) else None
+    if not isinstance(tensors, dict):
+        return info
+    sizes = {}
+    for s in sections:
+        m = s["meta"]
+        params = m.get("codec_params")
+        if m.get("codec") == DELTA and type(params) is dict and type(params.get("key")) is str:
+            sizes[params["key"]] = (s["length"], elements(m))
+    out = {}
+    for k, st in tensors.items():
+        if isinstance(st, dict) and k in sizes and "nbytes" not in st:
+            nbytes, n = sizes[k]
+            st = {**st, "nbytes": nbytes, "bits_per_element": finite(8 * nbytes / n if n else 0.0)}
+        out[k] = st
+    return {**info, "tensors": out}
 
 
 def elements(meta: dict) -> int:

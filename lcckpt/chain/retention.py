@@ -49,7 +49,7 @@ def _merge_into(f, d: ChainDirectory, upto: int, tracks: dict, state_id: str,
             if meta.get("codec") == DELTA:
                 key = section_key(meta)
                 data = tracks[key].exact_blob()
-                # its size and bits per element come from its section (DeltaCheckpointer.info)
+                # its size and bits per element come from its section (links.with_sizes)
                 stats[key] = {"kind": "lossless", "bits": None, "rel_error": 0.0}
             else:
                 data = c.data(i)

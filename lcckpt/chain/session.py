@@ -128,30 +128,6 @@ def stored_stats(stats: dict) -> dict:
     return {k: {f: v for f, v in st.items() if f not in SIZE_STATS} for k, st in stats.items()}
 
 
-def with_sizes(stats: dict, path: str) -> dict:
-    """``stats`` as read from the file at ``path``, each tensor's ``nbytes`` and
-    ``bits_per_element`` put back from its section (as the writer computed them)."""
-    from ..format.container import read_container
-    from ..format.sections import DELTA
-    from .links import elements
-    sizes = {}
-    with read_container(path) as c:
-        for s in c.sections:
-            m = s["meta"]
-            params = m.get("codec_params")
-            if m.get("codec") == DELTA and type(params) is dict and type(params.get("key")) is str:
-                sizes[params["key"]] = (s["length"], elements(m))
-    out = {}
-    for k, st in stats.items():
-        st = dict(st) if isinstance(st, dict) else st
-        if isinstance(st, dict) and k in sizes and "nbytes" not in st:
-            nbytes, n = sizes[k]
-            st["nbytes"] = nbytes
-            st["bits_per_element"] = finite(8 * nbytes / n if n else 0.0)
-        out[k] = st
-    return out
-
-
 def finite(x):
     """A stat for the header: 4 significant digits (every digit is header bytes in
     every delta file), None for NaN/Inf."""
