@@ -21,6 +21,7 @@ from lcckpt import BrokenChainError, ChecksumError, DeltaCheckpointer, DeltaDeco
 from lcckpt.chain.directory import file_name
 from lcckpt.chain.lock import LOCK_NAME
 from lcckpt.format.container import read_container
+from lcckpt.format import stream
 
 from helpers import assert_same, drifting_state, kill_while_writing, same_bits, train_steps
 
@@ -363,6 +364,25 @@ def test_link_from_another_run_is_detected(tmp_path):
         a.load(4)
     msg = str(e.value)
     assert "step 4" in msg and file_name(2) in msg and "state" in msg
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_equal_saves_write_equal_files(tmp_path, monkeypatch, streamed):
+    """A state's id is a digest of its file's step, base and sections, not a random one
+    (which compressed differently in every header and moved sizes by 16 bytes now and then)."""
+    if streamed:                        # written as encoded, the header into its room
+        monkeypatch.setattr(stream, "STREAM_ABOVE", 0)
+    a, b = _chain(tmp_path / "a"), _chain(tmp_path / "b")
+    for ck in (a, b):
+        ck.merge(3)                     # a merged keyframe keeps the state's id
+    for step in range(6):
+        assert open(a.path(step), "rb").read() == open(b.path(step), "rb").read(), step
+    ids = [a.info(step)["state_id"] for step in range(6)]
+    assert len(set(ids)) == 6 and all(len(i) == 16 for i in ids)
+    c = _chain(tmp_path / "c", n=3)
+    c.save(3, _state(4))                # another state at step 3: another id
+    assert c.info(3)["state_id"] != ids[3]
+    assert a.info(4)["base"]["state_id"] == ids[3]
 
 
 def test_writer_resumes_with_a_keyframe_after_a_broken_chain(tmp_path):

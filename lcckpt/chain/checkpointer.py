@@ -13,10 +13,10 @@ values) is stored exactly in every file, so a file's object tree is always compl
 only its tracked tensors depend on earlier files.
 
 Each file's header ``meta["lcckpt_chain"]`` names its base (the previous step) by step,
-file name and ``state_id``, a random id given to each reconstructed state when it is
-first written; a delta whose base file carries another id is refused. :meth:`merge`
-rewrites a delta as a keyframe of the very same reconstructed state (stored losslessly,
-in the tracking precision), so it keeps the state id and later deltas still apply.
+file name and ``state_id``, a digest of the file's step, its base's id and its sections'
+checksums; a delta whose base file carries another id is refused. :meth:`merge` rewrites
+a delta as a keyframe of the very same reconstructed state (stored losslessly, in the
+tracking precision), so it keeps the state id and later deltas still apply.
 
 Tracked sections use the section codec ``"delta"``: its blob is a lossless tensor blob
 (keyframes, and tensors new in a delta) or a lossy delta blob. A save passes its own
@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import operator
 import os
-import secrets
 import threading
 import warnings
 from collections.abc import Callable
@@ -60,7 +59,7 @@ from ..format import stream as _stream
 from ..util import durable as _durable
 from . import restore as _restore
 from .directory import ChainDirectory, file_name
-from .links import CHAIN_VERSION
+from .links import CHAIN_VERSION, stamp_state_id
 from .lock import WriterLock
 from .moments import first_moments
 from .policy import DEFAULT_POLICY
@@ -88,7 +87,8 @@ def _file_bytes(path: str) -> int | None:
 # --------------------------------------------------------------------------- checkpointer
 
 
-def _write_streamed(f, obj, encode, session: SaveSession, start_copies, room: int) -> tuple:
+def _write_streamed(f, obj, encode, session: SaveSession, start_copies, room: int,
+                    stamp) -> tuple:
     """A file written as it is encoded; each tensor's reference copy (a keyframe's) starts
     as soon as its section is in the file. Returns the file's size and its header's need."""
     stream = _stream.SectionStream(f, room)
@@ -105,7 +105,7 @@ def _write_streamed(f, obj, encode, session: SaveSession, start_copies, room: in
         return leaf
     meta, sections = encode(spooling(session.encode_leaf), spooling(session.encode_pack))
     start_copies()                 # those not started yet
-    return stream.finish(meta, sections, renumber_sections), stream.header_need
+    return stream.finish(meta, sections, renumber_sections, stamp), stream.header_need
 
 
 class DeltaCheckpointer:
@@ -302,14 +302,15 @@ class DeltaCheckpointer:
                                   encode_pack=encode_pack)
             for key in set(self._encoders) - set(session.stats):   # no longer present
                 del self._encoders[key]
-            meta["lcckpt_chain"] = self._chain_meta(step, keyframe, state_id, session)
+            meta["lcckpt_chain"] = self._chain_meta(step, keyframe, session)
             copying.extend(e for e in self._encoders.values() if isinstance(e, DeltaEncoder))
             return meta, sections
 
         def start_copies():        # references copied while the file is written, synced
             for e in copying:
                 e.start_copy()
-        state_id = secrets.token_hex(8)
+        ids: list[str] = []        # the state id, stamped once the sections' checksums are known
+        stamp = lambda entries, meta: ids.append(stamp_state_id(meta["lcckpt_chain"], entries))
         unsynced, written = None, []
         try:
             try:
@@ -319,11 +320,12 @@ class DeltaCheckpointer:
                         need = 3 * self._header_need[True] // 2   # a first delta's stats
                     room = _stream.first_room(count) if need is None else need + need // 32
                     _durable.atomic_write(path, lambda f: written.append(
-                        _write_streamed(f, obj, encode, session, start_copies, room)))
+                        _write_streamed(f, obj, encode, session, start_copies, room, stamp)))
                     nbytes, self._header_need[keyframe] = written[0]
                 else:
                     meta, sections = encode(session.encode_leaf, session.encode_pack)
-                    nbytes = write_container(path, sections, meta, before_write=start_copies)
+                    nbytes = write_container(path, sections, meta, before_write=start_copies,
+                                             stamp=stamp)
             except _durable.UnsyncedError as e:    # in place: the step is saved
                 unsynced, nbytes = e, _file_bytes(path)
             finally:
@@ -337,7 +339,7 @@ class DeltaCheckpointer:
                           f"({unsynced.strerror}): the step may not survive a power loss; the "
                           "next save syncs the directory again (as every save does)", RuntimeWarning, stacklevel=2)
         depth = 0 if keyframe else self._last["depth"] + 1
-        self._last = {"step": step, "state_id": state_id, "depth": depth}
+        self._last = {"step": step, "state_id": ids[-1], "depth": depth}
         self._force_keyframe = False
         for key, ratio, t in session.missed:
             warnings.warn(f"step {step}: {key} restores with an error of {ratio:.3g}x its "
@@ -353,13 +355,13 @@ class DeltaCheckpointer:
         apply_retention(self._dir, self.keep_last)
         return path
 
-    def _chain_meta(self, step: int, keyframe: bool, state_id: str, session) -> dict:
+    def _chain_meta(self, step: int, keyframe: bool, session) -> dict:
         """What a chain file says of itself (docs/chain.md, "Chain metadata")."""
         return {
             "version": CHAIN_VERSION,
             "step": step,
             "kind": "keyframe" if keyframe else "delta",
-            "state_id": state_id,
+            "state_id": "",
             "base": None if keyframe else {"step": self._last["step"],
                                            "file": file_name(self._last["step"]),
                                            "state_id": self._last["state_id"]},

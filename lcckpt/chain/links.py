@@ -8,6 +8,9 @@ step before it by the file's ``"delta"`` sections, as a leaf decoder of
 
 from __future__ import annotations
 
+import hashlib
+import struct
+
 from ..codec.delta import Reconstruction, settle as _settle
 from ..errors import CorruptDataError, UnsupportedVersionError
 from ..format.sections import DELTA, section_key, section_zero_base
@@ -102,6 +105,22 @@ class FileReplay:
             _settle(self.after.values())
             self.settled = True
         return self.after
+
+
+def stamp_state_id(chain: dict, entries: list[dict]) -> str:
+    """Set and return the id of the state a chain file reconstructs (16 hex digits): a
+    digest of its step, its base's id and its sections' names, lengths and checksums, so
+    that equal saves write equal files. (A random id compressed a byte or two differently
+    in every process's headers, and moved a file's size by its 16-byte alignment now and
+    then.)"""
+    base = chain["base"]
+    h = hashlib.blake2b(f"{chain['step']}/{base['state_id'] if base else ''}".encode(),
+                        digest_size=8)
+    for e in entries:
+        name = e["name"].encode()
+        h.update(struct.pack("<IQI", len(name), e["length"], e["crc32c"]) + name)
+    chain["state_id"] = h.hexdigest()
+    return chain["state_id"]
 
 
 def is_keyframe(c) -> bool:

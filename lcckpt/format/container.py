@@ -78,6 +78,7 @@ def write_container(
     *,
     compress_header: bool = True,
     before_write: Callable[[], None] | None = None,
+    stamp: Callable[[list[dict], dict], None] | None = None,
 ) -> int:
     """Write ``sections`` (``(name, section_meta, data)`` triples) and ``meta``.
 
@@ -90,9 +91,12 @@ def write_container(
     when that is smaller, unless ``compress_header=False`` (a header readable as plain
     text in the file). ``before_write`` is called once the header and checksums are
     computed, just before the first byte goes out: work started there runs while the file
-    is written and synced. Returns the number of bytes written.
+    is written and synced. ``stamp(entries, meta)``, called with the sections' header
+    entries (name, length, checksum) before the header is built, may put into ``meta``
+    what depends on the bytes (a chain file's state id). Returns the number of bytes
+    written.
     """
-    header, payloads = _build_header(sections, meta)
+    header, payloads = _build_header(sections, meta, stamp)
     header, flags = _pack_header(header, compress_header)
     if before_write is not None:
         before_write()
@@ -113,7 +117,7 @@ def _pack_header(header: bytes, compress: bool) -> tuple[bytes, int]:
     return header, 0
 
 
-def _build_header(sections, meta) -> tuple[bytes, list[list[memoryview]]]:
+def _build_header(sections, meta, stamp=None) -> tuple[bytes, list[list[memoryview]]]:
     entries, payloads, names = [], [], set()
     offset = 0
     for item in sections:
@@ -142,6 +146,8 @@ def _build_header(sections, meta) -> tuple[bytes, list[list[memoryview]]]:
         )
         payloads.append(views)
         offset = _align(offset + length)
+    if stamp is not None:
+        stamp(entries, meta)
     return _header_json(entries, meta), payloads
 
 

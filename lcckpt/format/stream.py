@@ -134,9 +134,11 @@ class SectionStream:
         _write_all(self._f, bytes(offset - self._end))
         return offset
 
-    def finish(self, meta: dict, sections: list, renumber: Callable[[dict, dict], None]) -> int:
+    def finish(self, meta: dict, sections: list, renumber: Callable[[dict, dict], None],
+               stamp: Callable[[list[dict], dict], None] | None = None) -> int:
         """Write the sections not spooled yet and the header; returns the file's size.
-        ``renumber(meta, old_to_new)`` points the tree at the sections' places in the file."""
+        ``renumber(meta, old_to_new)`` points the tree at the sections' places in the file;
+        ``stamp`` is :func:`~lcckpt.format.container.write_container`'s."""
         spooled = sorted((i for i, s in enumerate(sections) if isinstance(s[2], Spooled)),
                          key=lambda i: sections[i][2].index)
         if [sections[i][2].index for i in spooled] != list(range(self._count)):
@@ -154,6 +156,8 @@ class SectionStream:
             sp = self.spool(name, payload)
             entries.append({"name": name, "offset": sp.offset, "length": sp.length,
                             "crc32c": sp.crc, "meta": smeta})
+        if stamp is not None:
+            stamp(entries, meta)
         header = _header_json(entries, meta)
         body = _deflated(header)
         self.header_need = 2 + len(body) + 4 + 5
