@@ -18,8 +18,10 @@ demo: $(STAMP)
 	mkdir -p bench-out
 	$(PY) -m lcckpt bench --quick --json bench-out/demo.json --plot bench-out/demo.png
 
+# Test files spread over up to 4 processes (one per core), each file whole in one of them,
+# so that a module's fixture (two ranks, a training run) runs once.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
 bench: $(STAMP)
 	mkdir -p bench-out
