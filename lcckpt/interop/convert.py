@@ -97,6 +97,9 @@ def check_torch_crcs(path: str | os.PathLike) -> None:
             z = zipfile.ZipFile(fh)
         except (zipfile.BadZipFile, ValueError, EOFError):
             return                        # the legacy format: nothing to check
+        except NotImplementedError as e:  # a zip version, encryption: not torch.save's
+            raise CorruptDataError(f"{os.fspath(path)}: the zip directory declares what "
+                                   f"torch.save never writes ({e}): the file is damaged") from None
         with z:
             infos = z.infolist()
             if infos and all(i.CRC == 0 for i in infos if i.file_size):
@@ -112,7 +115,7 @@ def check_torch_crcs(path: str | os.PathLike) -> None:
                 except zipfile.BadZipFile as e:
                     raise ChecksumError(f"{os.fspath(path)}: member {info.filename!r}: {e}; "
                                         "the file is damaged") from None
-                except (zlib.error, EOFError, ValueError) as e:
+                except (zlib.error, EOFError, ValueError, NotImplementedError) as e:
                     raise CorruptDataError(
                         f"{os.fspath(path)}: member {info.filename!r} cannot be read: {e}") from None
                 except OSError as e:

@@ -633,6 +633,49 @@ def test_a_flipped_bit_in_torch_data_fails_verify(tmp_path):
     assert main(["verify", str(path)]) == 0
 
 
+@pytest.mark.parametrize("field,value", [(6, 64), (8, 0x40), (10, 99)],
+                         ids=["zip-version-6.4", "strong-encryption", "compression-99"])
+def test_zip_features_torch_never_writes_are_damage_not_other_errors(tmp_path, field, value):
+    """One flipped byte of a torch.save zip's directory made Python's zipfile raise
+    NotImplementedError, past the LcckptError hierarchy, from load and verify (found by
+    fuzz_large.py). torch itself loads the first file; its members' sizes would go
+    unchecked against the limit, so it is refused as damaged."""
+    from lcckpt.interop.convert import check_torch_crcs
+    path = tmp_path / "a.pt"
+    torch.save({"w": torch.arange(1000.0)}, path)
+    raw = bytearray(path.read_bytes())
+    raw[raw.find(b"PK\x01\x02") + field] = value         # the first central directory entry
+    path.write_bytes(bytes(raw))
+    with pytest.raises(lcckpt.CorruptDataError):
+        lcckpt.load(str(path))
+    with pytest.raises(lcckpt.CorruptDataError):
+        check_torch_crcs(path)
+
+
+def test_a_member_marked_a_directory_is_damage_not_other_data(tmp_path):
+    """A flipped bit in a member's external attributes (the DOS directory bit) made torch's
+    zip reader take the member for a directory with no data, and load other numbers,
+    while Python's zipfile, which ignores the bit, found every CRC right: the file loaded
+    wrong and passed verify (found by fuzz_large.py)."""
+    from lcckpt.cli import main
+    path = tmp_path / "a.pt"
+    w = torch.arange(1000.0)
+    torch.save({"w": w}, path)
+    raw = bytearray(path.read_bytes())
+    entry = raw.find(b"PK\x01\x02")                        # the central directory
+    while not raw[entry + 46:entry + 46 + raw[entry + 28]].endswith(b"/data/0"):  # tensor's
+        entry = raw.find(b"PK\x01\x02", entry + 4)
+        assert entry > 0
+    raw[entry + 38] |= 0x10                                  # external attributes
+    path.write_bytes(bytes(raw))
+    assert not torch.equal(torch.load(path)["w"], w)        # what torch itself gives
+    with pytest.raises(lcckpt.CorruptDataError, match="directory"):
+        lcckpt.load(str(path))
+    with pytest.raises(lcckpt.CorruptDataError, match="directory"):
+        lcckpt.load(io.BytesIO(bytes(raw)))
+    assert main(["verify", str(path)]) == 1
+
+
 _RSS_FOREIGN = """
 import io, resource, sys, zipfile
 sys.path[:0] = sys.argv[1:3]
