@@ -4,7 +4,7 @@ restore step), and the pairing of weights with their moments in a saved state.""
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from lcckpt import DeltaCheckpointer
@@ -33,6 +33,7 @@ def _case(n, seed, noise=0.3):
 
 @settings(max_examples=20, deadline=None)
 @given(st.integers(3000, 30000), st.integers(0, 2**31), st.sampled_from([0.2, 0.4, 0.6]))
+@example(4116, 174128742, 0.2)                      # a cosine of 0.0213 left
 def test_a_steered_error_is_orthogonal_to_its_direction(n, seed, share):
     """The least-squares restore step leaves the error along the move (the dead zone drops
     small changes); with the direction, the error has (nearly) no component along it, and
@@ -45,7 +46,10 @@ def test_a_steered_error_is_orthogonal_to_its_direction(n, seed, share):
     e_plain = u.astype(np.float64) - plain.reconstruction(ref)
     e_steered = u.astype(np.float64) - steered.reconstruction(ref)
     assert _cos(e_plain, m) > 0.1                    # what there is to remove
-    assert abs(_cos(e_steered, m)) < 0.02
+    # the step is fitted on the survey's bins, not on each element: over 3,000 random
+    # cases the cosine left was 0.0034 at the median and 0.0218 at most (plain: 0.169 at
+    # least), and one case in 3,000 passed the 0.02 this bound once was
+    assert abs(_cos(e_steered, m)) < 0.03
     for uq, e in ((plain, e_plain), (steered, e_steered)):
         assert np.linalg.norm(e) <= target * np.linalg.norm(u.astype(np.float64)) * (1 + 1e-9)
         assert uq.residual_sq == pytest.approx(float(e @ e), rel=1e-6)

@@ -33,6 +33,7 @@ from ..errors import (
     UnsafeObjectError, UnsupportedVersionError,
 )
 from .safetensors_io import is_safetensors, load_safetensors
+from .torchzip import check_before_load
 from .sections import register_codec, register_section_codec
 
 __all__ = ["load", "pack", "read_metadata", "register_codec", "register_section_codec", "save",
@@ -191,7 +192,7 @@ def _load_foreign(fmt: str, f, map_location, weights_only, mmap, pickle_load_arg
                   max_bytes=limits.DEFAULT):
     """A torch.save or safetensors file, by what :func:`_sniff` found."""
     if fmt == "torch":
-        _check_torch_zip(f, max_bytes)
+        check_before_load(f, max_bytes)
         return _torch_load(f, map_location, weights_only, mmap, pickle_load_args)
     return _safetensors_load(f, map_location, mmap)
 
@@ -245,43 +246,6 @@ def _sniff(head: bytes) -> str:
     if is_safetensors(head):
         return "safetensors"
     return "lcckpt"  # let the container reader name the problem (empty, truncated, bad magic)
-
-
-def _check_torch_zip(f, max_bytes) -> None:
-    """A torch.save zip's members against ``max_bytes`` before torch reads them: what
-    they inflate to, as the zip's directory declares it, against the file's size (a
-    deflated member of zeros is a zip bomb; torch.save itself stores them uncompressed,
-    so its files always fit); and what torch.save never writes but torch's reader would
-    misread (a member marked a directory). A file that is no zip (the legacy format) is
-    left to torch."""
-    import zipfile
-    own = isinstance(f, (str, os.PathLike))
-    fh = open_file(os.fspath(f)) if own else f
-    try:
-        pos = fh.tell()
-        size = fh.seek(0, os.SEEK_END)
-        fh.seek(pos)
-        try:
-            with zipfile.ZipFile(fh) as z:
-                infos = z.infolist()
-        except (zipfile.BadZipFile, ValueError, OSError, EOFError):
-            return
-        except NotImplementedError as e:    # unchecked, it could hide a bomb from the limit
-            raise CorruptDataError(f"the torch.save file's zip directory declares what "
-                                   f"torch.save never writes ({e}): the file is damaged") from None
-        finally:
-            fh.seek(pos)
-        # torch's zip reader takes a member marked a directory (a DOS attribute bit that
-        # Python's zipfile ignores) for one with no data: it would load other numbers
-        folder = next((i.filename for i in infos if i.external_attr & 0x10
-                       or i.filename.endswith("/")), None)
-        if folder is not None:
-            raise CorruptDataError(f"member {folder!r} of the torch.save file is marked a "
-                                   "directory, which torch.save never writes: the file is damaged")
-        limits.check(sum(i.file_size for i in infos), size, max_bytes, "the torch.save file")
-    finally:
-        if own:
-            fh.close()
 
 
 def _torch_load(f, map_location, weights_only, mmap, pickle_load_args):

@@ -27,9 +27,8 @@ import torch
 from .. import limits
 from ..format import serialization
 from ..format.container import open_file
-from ..errors import (
-    ChecksumError, CorruptDataError, InvalidArgumentError, StorageError, UnsafeObjectError,
-)
+from ..format.torchzip import read_members
+from ..errors import CorruptDataError, InvalidArgumentError, UnsafeObjectError
 from ..format.safetensors_io import is_safetensors, read_safetensors, save_safetensors
 
 __all__ = ["FORMATS", "convert", "detect_format", "flat_tensors", "format_for_path",
@@ -91,7 +90,6 @@ def check_torch_crcs(path: str | os.PathLike) -> None:
     ``torch.serialization.set_crc32_options(False)`` carry no CRCs and are not checked;
     a legacy (non-zip) file has none. Raises :class:`ChecksumError` naming the member."""
     import zipfile
-    import zlib
     with open_file(os.fspath(path)) as fh:
         try:
             z = zipfile.ZipFile(fh)
@@ -105,22 +103,9 @@ def check_torch_crcs(path: str | os.PathLike) -> None:
             if infos and all(i.CRC == 0 for i in infos if i.file_size):
                 return                    # written without CRCs
             limit = limits.resolve(limits.DEFAULT, os.fstat(fh.fileno()).st_size)
-            for info in infos:
-                if limit is not None and info.file_size > limit:
-                    continue              # the load refuses it, with the limit's message
-                try:                      # reading to the end checks the member's CRC-32
-                    with z.open(info) as m:
-                        while m.read(1 << 24):
-                            pass
-                except zipfile.BadZipFile as e:
-                    raise ChecksumError(f"{os.fspath(path)}: member {info.filename!r}: {e}; "
-                                        "the file is damaged") from None
-                except (zlib.error, EOFError, ValueError, NotImplementedError) as e:
-                    raise CorruptDataError(
-                        f"{os.fspath(path)}: member {info.filename!r} cannot be read: {e}") from None
-                except OSError as e:
-                    raise StorageError(e.errno, f"cannot read member {info.filename!r}: "
-                                       f"{e.strerror}", os.fspath(path)) from None
+            # a member past the limit is left to the load, which refuses it with its message
+            read_members(z, [i for i in infos if limit is None or i.file_size <= limit],
+                         os.fspath(path))
 
 
 def read_checkpoint(path: str | os.PathLike, *, step: int | None = None,

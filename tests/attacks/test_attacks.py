@@ -676,6 +676,27 @@ def test_a_member_marked_a_directory_is_damage_not_other_data(tmp_path):
     assert main(["verify", str(path)]) == 1
 
 
+def test_a_compressed_member_is_read_through_its_crc_before_torch_reads_it(tmp_path):
+    """torch's zip reader inflates a member without checking its CRC-32: the compression
+    method of a stored member flipped to deflate loaded zeros (found by
+    torch_zip_sweep.py). torch.save stores every member, so a compressed one (a re-zipped
+    file, or that flip) is read to its end before the load, which checks its CRC-32."""
+    w = torch.arange(1000.0)
+    path = tmp_path / "a.pt"
+    torch.save({"w": w}, path)
+    raw = bytearray(path.read_bytes())
+    entry = raw.find(b"PK\x01\x02")
+    while not raw[entry + 46:entry + 46 + raw[entry + 28]].endswith(b"/data/0"):
+        entry = raw.find(b"PK\x01\x02", entry + 4)
+    raw[entry + 10] |= 0x08                                 # method: stored -> deflated
+    path.write_bytes(bytes(raw))
+    assert not torch.equal(torch.load(path)["w"], w)        # what torch itself gives
+    with pytest.raises((lcckpt.ChecksumError, lcckpt.CorruptDataError), match="data/0"):
+        lcckpt.load(str(path))
+    rezipped = _deflated_torch_file(tmp_path / "z.pt", 1 << 16)   # valid, deflated
+    assert torch.equal(lcckpt.load(str(rezipped))["w"], torch.zeros(1 << 14))
+
+
 _RSS_FOREIGN = """
 import io, resource, sys, zipfile
 sys.path[:0] = sys.argv[1:3]

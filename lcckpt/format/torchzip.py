@@ -1,0 +1,80 @@
+"""A torch.save zip, checked before torch reads it.
+
+torch's zip reader (miniz) checks no CRC-32 and reads some directory fields that Python's
+zipfile ignores, so damage it cannot see loads as other numbers. Before a load, the
+zip's directory is read here: what its members inflate to is held to ``max_bytes``;
+what torch.save never writes (a member marked a directory, a zip feature Python's
+zipfile does not read) is damage; and members torch.save would have stored but that are
+compressed (a re-zipped file, or a flipped compression method) are read to their ends,
+which checks their CRC-32s. Stored members, all of a torch.save file, are not read:
+their data is checked by :func:`read_members` in ``lcckpt verify``, as ``torch.load``
+does not.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+import zlib
+
+from .. import limits
+from ..errors import ChecksumError, CorruptDataError, StorageError
+from .container import open_file
+
+__all__ = ["check_before_load", "read_members"]
+
+PIECE = 1 << 24         # bytes read at a time from a member
+
+
+def check_before_load(f, max_bytes) -> None:
+    """Check the torch.save zip ``f`` (a path, or a binary file whose position is kept)
+    as the module says; a file that is no zip (the legacy format) is left to torch."""
+    own = isinstance(f, (str, os.PathLike))
+    fh = open_file(os.fspath(f)) if own else f
+    pos = fh.tell()
+    try:
+        size = fh.seek(0, os.SEEK_END)
+        fh.seek(pos)
+        try:
+            z = zipfile.ZipFile(fh)
+        except (zipfile.BadZipFile, ValueError, OSError, EOFError):
+            return
+        except NotImplementedError as e:    # unchecked, it could hide a bomb from the limit
+            raise CorruptDataError(f"the torch.save file's zip directory declares what "
+                                   f"torch.save never writes ({e}): the file is damaged") from None
+        with z:
+            infos = z.infolist()
+            # torch's reader takes a member marked a directory (a DOS attribute bit that
+            # Python's zipfile ignores) for one without data: it would load other numbers
+            folder = next((i.filename for i in infos if i.external_attr & 0x10
+                           or i.filename.endswith("/")), None)
+            if folder is not None:
+                raise CorruptDataError(f"member {folder!r} of the torch.save file is marked a "
+                                       "directory, which torch.save never writes: the file "
+                                       "is damaged")
+            limits.check(sum(i.file_size for i in infos), size, max_bytes, "the torch.save file")
+            read_members(z, [i for i in infos if i.compress_type != zipfile.ZIP_STORED],
+                         "the torch.save file")
+    finally:
+        fh.seek(pos)
+        if own:
+            fh.close()
+
+
+def read_members(z: zipfile.ZipFile, infos: list, where: str) -> None:
+    """Read each member of ``infos`` to its end, which checks its CRC-32; damage raises
+    :class:`ChecksumError` or :class:`CorruptDataError` naming ``where`` and the member."""
+    for info in infos:
+        try:
+            with z.open(info) as m:
+                while m.read(PIECE):
+                    pass
+        except zipfile.BadZipFile as e:
+            raise ChecksumError(f"{where}: member {info.filename!r}: {e}; the file is "
+                                "damaged") from None
+        except (zlib.error, EOFError, ValueError, NotImplementedError) as e:
+            raise CorruptDataError(
+                f"{where}: member {info.filename!r} cannot be read: {e}") from None
+        except OSError as e:
+            raise StorageError(e.errno, f"cannot read member {info.filename!r}: "
+                               f"{e.strerror}", where) from None
