@@ -6,13 +6,15 @@ zip's directory is read here: what its members inflate to is held to ``max_bytes
 what torch.save never writes (a member marked a directory, a zip feature Python's
 zipfile does not read) is damage; and members torch.save would have stored but that are
 compressed (a re-zipped file, or a flipped compression method) are read to their ends,
-which checks their CRC-32s. Stored members, all of a torch.save file, are not read:
-their data is checked by :func:`read_members` in ``lcckpt verify``, as ``torch.load``
-does not.
+which checks their CRC-32s. Of stored members, all of a torch.save file, only the local
+headers are read (torch finds the data by their lengths; 15-17 µs a member, against
+about 200 µs for ``torch.load``'s own work on each of 100,000 tiny tensors): their data
+is checked by :func:`read_members` in ``lcckpt verify``, as ``torch.load`` does not.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import zipfile
 import zlib
@@ -53,6 +55,8 @@ def check_before_load(f, max_bytes) -> None:
                                        "directory, which torch.save never writes: the file "
                                        "is damaged")
             limits.check(sum(i.file_size for i in infos), size, max_bytes, "the torch.save file")
+            stored = [i for i in infos if i.compress_type == zipfile.ZIP_STORED]
+            read_members(z, stored, "the torch.save file", data=False)
             read_members(z, [i for i in infos if i.compress_type != zipfile.ZIP_STORED],
                          "the torch.save file")
     finally:
@@ -61,20 +65,25 @@ def check_before_load(f, max_bytes) -> None:
             fh.close()
 
 
-def read_members(z: zipfile.ZipFile, infos: list, where: str) -> None:
-    """Read each member of ``infos`` to its end, which checks its CRC-32; damage raises
+def read_members(z: zipfile.ZipFile, infos: list, where: str, data: bool = True) -> None:
+    """Read each member of ``infos`` to its end, which checks its CRC-32 (``data=False``:
+    only its local header, which must sit where the directory says and name the same
+    member; torch's reader finds the data by that header's lengths); damage raises
     :class:`ChecksumError` or :class:`CorruptDataError` naming ``where`` and the member."""
     for info in infos:
         try:
             with z.open(info) as m:
-                while m.read(PIECE):
+                while data and m.read(PIECE):
                     pass
         except zipfile.BadZipFile as e:
             raise ChecksumError(f"{where}: member {info.filename!r}: {e}; the file is "
                                 "damaged") from None
-        except (zlib.error, EOFError, ValueError, NotImplementedError) as e:
+        except (zlib.error, EOFError, ValueError, NotImplementedError, RuntimeError) as e:
             raise CorruptDataError(
                 f"{where}: member {info.filename!r} cannot be read: {e}") from None
         except OSError as e:
+            if e.errno == errno.EINVAL:     # a seek before the file's start
+                raise CorruptDataError(f"{where}: member {info.filename!r} lies outside the "
+                                       "file, by the zip's directory: the file is damaged") from None
             raise StorageError(e.errno, f"cannot read member {info.filename!r}: "
                                f"{e.strerror}", where) from None

@@ -697,6 +697,24 @@ def test_a_compressed_member_is_read_through_its_crc_before_torch_reads_it(tmp_p
     assert torch.equal(lcckpt.load(str(rezipped))["w"], torch.zeros(1 << 14))
 
 
+def test_a_local_header_torch_would_misread_is_damage(tmp_path):
+    """torch's reader finds a member's data by its local header's lengths: a name one byte
+    longer loaded other numbers (found by torch_zip_sweep.py). Each stored member's local
+    header is read before the load; it must name the member the directory names."""
+    import zipfile
+    w = torch.arange(1000.0)
+    path = tmp_path / "a.pt"
+    torch.save({"w": w}, path)
+    raw = bytearray(path.read_bytes())
+    with zipfile.ZipFile(io.BytesIO(bytes(raw))) as z:
+        h = next(i for i in z.infolist() if i.filename.endswith("/data/0")).header_offset
+    raw[h + 26] += 1                                        # the local name's length
+    path.write_bytes(bytes(raw))
+    assert not torch.equal(torch.load(path)["w"], w)        # what torch itself gives
+    with pytest.raises(lcckpt.ChecksumError, match="data/0"):
+        lcckpt.load(str(path))
+
+
 _RSS_FOREIGN = """
 import io, resource, sys, zipfile
 sys.path[:0] = sys.argv[1:3]
