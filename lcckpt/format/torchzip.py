@@ -23,7 +23,7 @@ from .. import limits
 from ..errors import ChecksumError, CorruptDataError, StorageError
 from .container import open_file
 
-__all__ = ["check_before_load", "read_members"]
+__all__ = ["check_before_load", "open_zip", "read_members"]
 
 PIECE = 1 << 24         # bytes read at a time from a member
 
@@ -37,13 +37,9 @@ def check_before_load(f, max_bytes) -> None:
     try:
         size = fh.seek(0, os.SEEK_END)
         fh.seek(pos)
-        try:
-            z = zipfile.ZipFile(fh)
-        except (zipfile.BadZipFile, ValueError, OSError, EOFError):
+        z = open_zip(fh, "the torch.save file")
+        if z is None:
             return
-        except NotImplementedError as e:    # unchecked, it could hide a bomb from the limit
-            raise CorruptDataError(f"the torch.save file's zip directory declares what "
-                                   f"torch.save never writes ({e}): the file is damaged") from None
         with z:
             infos = z.infolist()
             # torch's reader takes a member marked a directory (a DOS attribute bit that
@@ -63,6 +59,24 @@ def check_before_load(f, max_bytes) -> None:
         fh.seek(pos)
         if own:
             fh.close()
+
+
+def open_zip(fh, where: str) -> zipfile.ZipFile | None:
+    """The zip directory of ``fh``; None where it is no zip (the legacy format, or damage
+    left to torch). A feature Python's zipfile does not read is damage: unread, the
+    directory could hide a bomb from the limit."""
+    try:
+        return zipfile.ZipFile(fh)
+    except (zipfile.BadZipFile, ValueError, EOFError):
+        return None
+    except OSError as e:
+        if e.errno == errno.EINVAL:     # a seek before the file's start: damage
+            return None
+        raise StorageError(e.errno, f"cannot read the zip directory: {e.strerror}",
+                           where) from None
+    except NotImplementedError as e:    # a zip version, strong encryption
+        raise CorruptDataError(f"{where}: the zip directory declares what torch.save never "
+                               f"writes ({e}): the file is damaged") from None
 
 
 def read_members(z: zipfile.ZipFile, infos: list, where: str, data: bool = True) -> None:

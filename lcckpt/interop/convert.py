@@ -27,7 +27,7 @@ import torch
 from .. import limits
 from ..format import serialization
 from ..format.container import open_file
-from ..format.torchzip import read_members
+from ..format.torchzip import open_zip, read_members
 from ..errors import CorruptDataError, InvalidArgumentError, UnsafeObjectError
 from ..format.safetensors_io import is_safetensors, read_safetensors, save_safetensors
 
@@ -89,15 +89,10 @@ def check_torch_crcs(path: str | os.PathLike) -> None:
     flipped bit in tensor data loads silently). Files written with
     ``torch.serialization.set_crc32_options(False)`` carry no CRCs and are not checked;
     a legacy (non-zip) file has none. Raises :class:`ChecksumError` naming the member."""
-    import zipfile
     with open_file(os.fspath(path)) as fh:
-        try:
-            z = zipfile.ZipFile(fh)
-        except (zipfile.BadZipFile, ValueError, EOFError):
+        z = open_zip(fh, os.fspath(path))
+        if z is None:
             return                        # the legacy format: nothing to check
-        except NotImplementedError as e:  # a zip version, encryption: not torch.save's
-            raise CorruptDataError(f"{os.fspath(path)}: the zip directory declares what "
-                                   f"torch.save never writes ({e}): the file is damaged") from None
         with z:
             infos = z.infolist()
             if infos and all(i.CRC == 0 for i in infos if i.file_size):
