@@ -652,6 +652,15 @@ def test_zip_features_torch_never_writes_are_damage_not_other_errors(tmp_path, f
         check_torch_crcs(path)
 
 
+def _directory_entry(raw: bytes, suffix: bytes) -> int:
+    """Where the central directory entry of the zip member named ``...suffix`` starts."""
+    entry = raw.find(b"PK\x01\x02")
+    while not raw[entry + 46:entry + 46 + raw[entry + 28]].endswith(suffix):
+        entry = raw.find(b"PK\x01\x02", entry + 4)
+        assert entry > 0, suffix
+    return entry
+
+
 def test_a_member_marked_a_directory_is_damage_not_other_data(tmp_path):
     """A flipped bit in a member's external attributes (the DOS directory bit) made torch's
     zip reader take the member for a directory with no data, and load other numbers,
@@ -662,10 +671,7 @@ def test_a_member_marked_a_directory_is_damage_not_other_data(tmp_path):
     w = torch.arange(1000.0)
     torch.save({"w": w}, path)
     raw = bytearray(path.read_bytes())
-    entry = raw.find(b"PK\x01\x02")                        # the central directory
-    while not raw[entry + 46:entry + 46 + raw[entry + 28]].endswith(b"/data/0"):  # tensor's
-        entry = raw.find(b"PK\x01\x02", entry + 4)
-        assert entry > 0
+    entry = _directory_entry(raw, b"/data/0")               # the tensor's
     raw[entry + 38] |= 0x10                                  # external attributes
     path.write_bytes(bytes(raw))
     assert not torch.equal(torch.load(path)["w"], w)        # what torch itself gives
@@ -685,9 +691,7 @@ def test_a_compressed_member_is_read_through_its_crc_before_torch_reads_it(tmp_p
     path = tmp_path / "a.pt"
     torch.save({"w": w}, path)
     raw = bytearray(path.read_bytes())
-    entry = raw.find(b"PK\x01\x02")
-    while not raw[entry + 46:entry + 46 + raw[entry + 28]].endswith(b"/data/0"):
-        entry = raw.find(b"PK\x01\x02", entry + 4)
+    entry = _directory_entry(raw, b"/data/0")               # the tensor's
     raw[entry + 10] |= 0x08                                 # method: stored -> deflated
     path.write_bytes(bytes(raw))
     assert not torch.equal(torch.load(path)["w"], w)        # what torch itself gives

@@ -28,14 +28,12 @@ import torch  # noqa: E402
 import lcckpt  # noqa: E402
 from lcckpt.cli import verify_file  # noqa: E402
 from lcckpt.errors import LcckptError  # noqa: E402
-from _fuzz_foreign import _same, _state  # noqa: E402
+from _fuzz_foreign import _same, _state, _zip_directory_start  # noqa: E402
 
 
 def regions(raw: bytes) -> dict[str, list[tuple[int, int]]]:
     """Byte ranges of the zip's structure: the central directory to the end, and each
     member's local header and data descriptor."""
-    end = raw.rfind(b"PK\x05\x06")
-    directory = struct.unpack("<I", raw[end + 16:end + 20])[0]
     local = []
     for info in zipfile.ZipFile(io.BytesIO(raw)).infolist():
         h = info.header_offset
@@ -44,7 +42,7 @@ def regions(raw: bytes) -> dict[str, list[tuple[int, int]]]:
         local.append((h, data))
         if info.flag_bits & 0x08:                       # a data descriptor follows
             local.append((data + info.compress_size, data + info.compress_size + 16))
-    return {"directory": [(directory, len(raw))], "local headers": local}
+    return {"directory": [(_zip_directory_start(raw), len(raw))], "local headers": local}
 
 
 def outcome(data: bytes, state: dict, scratch: str) -> tuple[str, bool]:
