@@ -400,12 +400,47 @@ def test_adam_second_moment_meets_its_target_in_few_passes(monkeypatch):
     new = 0.999 * old + 1e-3 * (g + 0.3 * rng.standard_normal(n)) ** 2
     ref, u = old.astype(np.float32), new.astype(np.float32)
     ref[rng.random(n) < 0.01] *= 3                   # the decoder's reference is off a bit
-    tries = []
-    real = q._try_step
+    import lcckpt.codec.sample as smp
+    tries, sampled = [], []
+    real, real_sample = q._try_step, smp.error_sq
     monkeypatch.setattr(q, "_try_step", lambda *a, **kw: tries.append(a[0].size) or real(*a, **kw))
+    monkeypatch.setattr(smp, "error_sq", lambda *a: sampled.append(a[4] * a[2]) or real_sample(*a))
     uq = q.uniform_quantize(u, ref, target, 1 << 16)
-    assert uq is not None and tries.count(n) == 1 and sum(tries) <= 1.5 * n
+    assert uq is not None and tries == [n] and 0 < sum(sampled) <= 0.5 * n
     assert 0.9 * target <= uq.rel_error <= target
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(0, 40_000), every=st.integers(1, 9), most=st.sampled_from([1024, 8192, 1 << 21]),
+       log2=st.integers(10, 13), bits=st.integers(2, 8), floor=st.sampled_from([0.0, 0.25]),
+       with_ref=st.booleans(), seed=st.integers(0, 2 ** 32 - 1))
+def test_a_gathered_sample_measures_what_a_copied_one_does(n, every, most, log2, bits, floor,
+                                                           with_ref, seed):
+    """The sampled tries gather each chunk's blocks as they quantize them: the error is
+    that of the same try on a copy of the sample, bit for bit, for any stride, chunk,
+    width and tail (the oracle: ``_try_step`` of the copied blocks)."""
+    import lcckpt.codec.sample as smp
+    import lcckpt.codec.uniform as q
+    rng = np.random.default_rng(seed)
+    ref = (rng.lognormal(0, 1, n) * 1e-3).astype(np.float32)
+    u = (ref * (1 + 0.1 * rng.standard_normal(n))).astype(np.float32)
+    if floor == 0.0:
+        u -= np.float32(1e-3)
+    ref = ref if with_ref else None
+    block, step = 1024, 2e-4
+    stride, sampled = smp.blocks(n, block, every, most)
+
+    def pick(a):
+        return a[:n // block * block].reshape(-1, block)[::stride].reshape(-1)
+    assert pick(u).size == sampled * block
+    hist = np.zeros(257, np.int64)
+    hist[:1 << bits] = 1                              # picks this width
+    copied, _ = q._try_step(pick(u), None if ref is None else pick(ref), step, 1 << log2,
+                            floor=floor, hist=hist, rstep=0.9 * step)
+    _, b, args = q._try_args(hist, step, 1.0 - q.DEADZONE, floor, 0.9 * step, None, u.dtype)
+    assert b == bits == copied.bits
+    got = smp.error_sq(u, ref, block, stride, sampled, 1 << log2, args)
+    assert got == copied.residual_sq
 
 
 def test_a_sample_blind_to_the_worst_elements_still_meets_the_target(monkeypatch):
@@ -421,12 +456,14 @@ def test_a_sample_blind_to_the_worst_elements_still_meets_the_target(monkeypatch
     hidden = (np.arange(n) // bs) % q.SAMPLE_EVERY == 3      # never in the sample
     u[hidden] = 1e-9                                         # lifted by the floor: a
     ref[hidden] = 0.0                                        # step's error each
-    sizes = []
-    real = q._try_step
+    import lcckpt.codec.sample as smp
+    sizes, sampled = [], []
+    real, real_sample = q._try_step, smp.error_sq
     monkeypatch.setattr(q, "_try_step", lambda *a, **kw: sizes.append(a[0].size) or real(*a, **kw))
+    monkeypatch.setattr(smp, "error_sq", lambda *a: sampled.append(a[4]) or real_sample(*a))
     uq = q.uniform_quantize(u, ref, target, 1 << 16)
     assert uq is not None and uq.rel_error <= target
-    assert sizes[0] < n and sizes.count(n) >= 2              # sampled, then a full miss
+    assert sampled and sizes.count(n) >= 2                   # sampled, then a full miss
     restored = ref + uq.table[uq.sym.astype(np.int64)]
     restored[uq.esc_idx.astype(np.int64)] = uq.esc_val
     assert np.linalg.norm(restored - u) <= target * np.linalg.norm(u) * (1 + 1e-6)

@@ -16,7 +16,7 @@ import numpy as np
 from ..util import memory as _memory
 from ..util.pool import run_tasks, threads
 from ..errors import NonFiniteError
-from . import entropy
+from . import entropy, sample
 from .errmodel import ErrorModel
 from .kernels import uniform as uk
 
@@ -176,6 +176,27 @@ class _Chunks:
                                  *self.args, out, esc, hist)
 
 
+def _try_args(hist, step, up, floor, rstep, limit, dtype) -> tuple:
+    """``(estimated bytes, bits, args)`` of a try with the level histogram ``hist``: the
+    symbol width of fewest estimated bytes, and the quantizer's arguments from ``step`` on
+    (:func:`lcckpt.codec.kernels.uniform.quantize_range`)."""
+    best = None
+    for b in UNIFORM_BITS:
+        S = 1 << b
+        h = hist[:S].copy()
+        esc = int(hist[S:].sum())
+        h[0] += esc
+        est = _entropy(h) / 8 + esc * (4 + np.dtype(dtype).itemsize) + (S if b > 4 else 0) / 2
+        if best is None or est < best[0]:
+            best = (est, b)
+        if esc == 0:
+            break
+    est, b = best
+    lim = float(limit) if limit is not None else 0.0
+    return est, b, (float(step), up, floor, float(rstep), 1 << b,
+                    uniform_table(rstep, b, dtype), lim, limit is not None)
+
+
 def _try_step(u, ref, step, chunk_size, deadzone=DEADZONE, limit=None, floor=0.0, hist=None,
               rstep=None, sym=None, count=None):
     """Quantize ``u - ref`` with ``step``: the symbol width of fewest estimated bytes,
@@ -209,25 +230,12 @@ def _try_step(u, ref, step, chunk_size, deadzone=DEADZONE, limit=None, floor=0.0
                                float(step), up, floor, float(rstep), levels[c])
         run_tasks(pass1, nch)
         hist = levels.sum(axis=0)
-    best = None
-    for b in UNIFORM_BITS:
-        S = 1 << b
-        h = hist[:S].copy()
-        esc = int(hist[S:].sum())
-        h[0] += esc
-        est = _entropy(h) / 8 + esc * (4 + u.dtype.itemsize) + (S if b > 4 else 0) / 2
-        if best is None or est < best[0]:
-            best = (est, b, esc)
-        if esc == 0:
-            break
-    est, b, _ = best
+    est, b, args = _try_args(hist, step, up, floor, rstep, limit, u.dtype)
     S = 1 << b
-    table = uniform_table(rstep, b, u.dtype)
+    table = args[5]
     escf = np.zeros(-(-n // 8), np.uint8)               # escape flags, a bit each
     sym_hist = np.zeros((nch, S), np.int64)
     errs = np.zeros(nch)
-    lim = float(limit) if limit is not None else 0.0
-    args = (float(step), up, floor, float(rstep), S, table, lim, limit is not None)
     chunks = counted = None
     if count is None:
         sym = _memory.bulk_empty(n, np.uint8) if sym is None else sym   # every byte is written
@@ -382,20 +390,6 @@ def _search(u, ref, s, model: ErrorModel, tol_sq: float, chunk_size: int, limit,
     return uq, est
 
 
-def _sample(u, ref):
-    """Every :data:`SAMPLE_EVERY`-th block of ``u`` (and ``ref``), copied together
-    (:data:`SAMPLE_MAX` elements at most), and the factor that scales its error² to the
-    whole tensor's."""
-    nb = u.size // SAMPLE_BLOCK
-    every = max(SAMPLE_EVERY, -(-nb * SAMPLE_BLOCK // SAMPLE_MAX))
-
-    def pick(a):
-        blocks = a[:nb * SAMPLE_BLOCK].reshape(nb, SAMPLE_BLOCK)[::every]
-        return np.ascontiguousarray(blocks).reshape(-1)
-    us = pick(u)
-    return us, None if ref is None else pick(ref), u.size / us.size
-
-
 def _sampled_step(u, ref, s, model: ErrorModel, tol_sq: float, chunk_size: int, limit,
                   floor):
     """The step the full search should start from, solved on a sample of the tensor.
@@ -407,15 +401,17 @@ def _sampled_step(u, ref, s, model: ErrorModel, tol_sq: float, chunk_size: int, 
     blocks find the step first (at most :data:`SAMPLE_TRIES`), each with the symbol width
     the whole tensor's histogram picks, so the full try that follows usually lands within
     the target at once. A sample that misses the tensor's worst elements only costs that
-    full try's miss: the search goes on from there as before.
+    full try's miss: the search goes on from there as before. The sample is gathered
+    chunk by chunk as each try quantizes it (:mod:`lcckpt.codec.sample`), never copied.
     """
-    us, rs, scale = _sample(u, ref)
+    stride, sampled = sample.blocks(u.size, SAMPLE_BLOCK, SAMPLE_EVERY, SAMPLE_MAX)
+    scale = u.size / (sampled * SAMPLE_BLOCK)
     up = 1.0 - DEADZONE
     oks, misses = [], []
     for _ in range(SAMPLE_TRIES):
-        uq, _est = _try_step(us, rs, s, chunk_size, limit=limit, floor=floor,
-                             hist=model.symbol_histogram(s, up), rstep=model.recon_step(s, up))
-        e = uq.residual_sq * scale
+        _est, _b, args = _try_args(model.symbol_histogram(s, up), s, up, floor,
+                                   model.recon_step(s, up), limit, u.dtype)
+        e = sample.error_sq(u, ref, SAMPLE_BLOCK, stride, sampled, chunk_size, args) * scale
         if e <= tol_sq:
             oks.append((s, e))
             if e >= SAMPLE_CLOSE * SAMPLE_AIM * tol_sq:
