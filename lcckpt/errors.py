@@ -67,6 +67,12 @@ class ConcurrentWriteError(LcckptError):
     directory; one writer at a time is allowed."""
 
 
+class StateChangedError(LcckptError):
+    """A tensor was changed in place, by something other than an optimizer's step, while
+    a checkpoint was written from the live state (``CheckpointManager(...,
+    background="overlap")``); that checkpoint was removed."""
+
+
 class DistributedCheckpointError(LcckptError):
     """A distributed save or load failed on some rank; ``failures`` maps rank -> exception.
 

@@ -82,7 +82,7 @@ class _Job:
 
 def run(hidden: int = 1024, steps: int = 3000, block: int = 250, batch: int = 128,
         mtbf: float = 100.0, policy: str = "convergence", every: int | None = None,
-        threads: int = 1, seed: int = 0) -> dict[str, Any]:
+        threads: int = 1, seed: int = 0, background: bool | str = True) -> dict[str, Any]:
     """Train with and without the manager in alternating blocks; returns a JSON-able dict.
 
     Two identical jobs (same seed, same batches) advance ``block`` iterations in turn, the
@@ -92,6 +92,7 @@ def run(hidden: int = 1024, steps: int = 3000, block: int = 250, batch: int = 12
     torch.set_num_threads(threads)
     x, y = _data()
     kwargs: dict[str, Any] = {"policy": policy, "mtbf": mtbf} if every is None else {"every": every}
+    kwargs["background"] = background
     with tempfile.TemporaryDirectory() as tmp:      # untimed: load the compiled kernels
         warm = _Job(x, y, hidden, batch, seed, {"every": 10, "backpressure": "wait"}, tmp)
         warm.run(40)
@@ -111,7 +112,8 @@ def run(hidden: int = 1024, steps: int = 3000, block: int = 250, batch: int = 12
         return {
             "benchmark": "manager", "environment": environment(), "threads": threads,
             "settings": {"hidden": hidden, "params": params, "steps": n, "block": block,
-                         "batch": batch, "mtbf_s": mtbf, "policy": policy, "every": every},
+                         "batch": batch, "mtbf_s": mtbf, "policy": policy, "every": every,
+                         "background": background},
             "baseline_ms_per_it": base.total("wall") / n * 1e3,
             "manager_ms_per_it": man.total("wall") / n * 1e3,
             "overhead_wall_pct": (man.total("wall") / base.total("wall") - 1) * 100,
@@ -122,6 +124,7 @@ def run(hidden: int = 1024, steps: int = 3000, block: int = 250, batch: int = 12
             "checkpoints": mgr.stats["checkpoints"], "deferred": mgr.stats["deferred"],
             "plans": mgr.stats["plans"], "stall_ms_total": mgr.stats["stall_s"] * 1e3,
             "snapshot_ms": costs["snapshot"] * 1e3, "persist_ms": costs["persist"] * 1e3,
+            "interference_ms": costs["interference"] * 1e3,
             "planned_gap": None if plan is None else plan["gap"],
             "young_daly_gap": None if plan is None else plan["young_daly_gap"],
             "policy_used": None if plan is None else plan["policy"],
@@ -140,14 +143,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", type=int, default=None, help="fixed interval instead of a plan")
     ap.add_argument("--block", type=int, default=250, help="iterations per alternating block")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the loop")
+    ap.add_argument("--background", choices=("true", "false", "overlap"), default="true",
+                    help="the manager's background mode")
     ap.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     args = ap.parse_args(argv)
+    background = {"true": True, "false": False}.get(args.background, args.background)
     res = run(args.hidden, args.steps, args.block, args.batch, args.mtbf, args.policy,
-              args.every, args.threads)
+              args.every, args.threads, background=background)
     s = res["settings"]
     print(f"MLP {s['params']:,} parameters + Adam, {s['steps']} iterations of batch {s['batch']}, "
           f"{res['threads']} torch thread(s); policy {s['policy']}, MTBF {s['mtbf_s']:g} s"
-          + (f", every {s['every']}" if s["every"] else ""))
+          + (f", every {s['every']}" if s["every"] else "") + f", background={s['background']!r}")
     rows = [{"": "per iteration, ms", "without": res["baseline_ms_per_it"],
              "with manager": res["manager_ms_per_it"], "added %": res["overhead_wall_pct"]},
             {"": "median block ratio", "added %": res["overhead_wall_median_block_pct"]},
@@ -156,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(rows, ["", "without", "with manager", "added %"]))
     print(f"{res['checkpoints']} checkpoints ({res['deferred']} deferred, {res['plans']} plans), "
           f"snapshot {res['snapshot_ms']:.3g} ms (stall), persist {res['persist_ms']:.3g} ms "
-          f"(background); planned gap {res['planned_gap']} iterations, Young/Daly "
+          f"(background), stalls {res['stall_ms_total']:.4g} ms in all, interference "
+          f"{res['interference_ms']:.3g} ms; planned gap {res['planned_gap']} iterations, "
+          f"Young/Daly "
           f"{res['young_daly_gap']}; same final loss: {res['same_final_loss']}")
     print(res["explain"])
     if args.json:

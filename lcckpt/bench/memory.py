@@ -16,6 +16,8 @@ the call's own and not the loading's). Cases:
   three checkpoints (a keyframe, two deltas) taken by ``step()`` and written in the
   background from a snapshot, each waited for; ``manager-sync``: the same with
   ``background=False`` (written in ``step()`` from the live state, no snapshot);
+  ``manager-overlap``: with ``background="overlap"`` (written in the background from the
+  live state, the optimizer's next step waiting for it);
 * ``bench``: ``lcckpt bench --checkpoint`` of two of the torch files.
 
 Each case's "extra" is peak minus what the process held before (its states, or for
@@ -69,7 +71,7 @@ elif case == "restore":
     before = status("VmRSS"); reset_peak()
     state = ck.load()
     out["calls"] = "DeltaCheckpointer.load (newest: keyframe + 2 deltas)"
-elif case in ("manager", "manager-sync"):
+elif case.startswith("manager"):
     from lcckpt.bench.trajectory import _MODELS
     sd = torch.load(f"{d}/s2.pt")
     model = _MODELS["mlp"]()
@@ -78,17 +80,18 @@ elif case in ("manager", "manager-sync"):
     opt.load_state_dict(sd["optim"])
     del sd
     before = status("VmRSS"); reset_peak()
-    m = lcckpt.CheckpointManager(f"{d}/{case}", model, opt, every=1,
-                                 background=case == "manager")
+    background = {"manager": True, "manager-sync": False, "manager-overlap": "overlap"}[case]
+    m = lcckpt.CheckpointManager(f"{d}/{case}", model, opt, every=1, background=background)
     for _ in range(3):                   # a keyframe, then two deltas
         m.step()                         # every=1: each step takes one
         m.wait()
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(1e-4)
-    out["calls"] = ("CheckpointManager: keyframe + 2 delta checkpoints, " +
-                    ("written in the background, each waited for" if case == "manager"
-                     else "background=False (written in step())"))
+    out["calls"] = "CheckpointManager: keyframe + 2 delta checkpoints, " + {
+        "manager": "written in the background, each waited for",
+        "manager-sync": "background=False (written in step())",
+        "manager-overlap": "background='overlap' (from the live state), each waited for"}[case]
     m.close()
 elif case == "bench":
     from lcckpt.cli import main
@@ -104,7 +107,7 @@ out.update(before=before, peak=status("VmHWM"))
 print(json.dumps(out))
 """
 
-CASES = ("save", "delta", "restore", "manager", "manager-sync", "bench")
+CASES = ("save", "delta", "restore", "manager", "manager-sync", "manager-overlap", "bench")
 
 
 def prepare(d: str, steps: int = 6) -> dict:
@@ -145,7 +148,8 @@ def run(cases=CASES, directory: str | None = None) -> dict:
     # beyond the process's own state: a save or a restore at most the reference + 10% of
     # the state (a save's "before" holds both already; a restore makes the state itself)
     bars = {"save": ref + 0.1 * s, "delta": 0.1 * s, "restore": s + ref + 0.1 * s,
-            "manager": 1.5 * s, "manager-sync": 1.5 * s, "bench": 3 * s}
+            "manager": 1.5 * s, "manager-sync": 1.5 * s, "manager-overlap": 1.5 * s,
+            "bench": 3 * s}
     for r in rows:
         r["bar"] = bars[r["case"]]
         r["extra_over_state"] = r["extra"] / s

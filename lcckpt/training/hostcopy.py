@@ -16,28 +16,39 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from ..format.flatten import key_repr
+
 
 class HostBuffers:
-    """Reusable host copies of the tensors of a state tree, keyed by tree path."""
+    """Reusable host copies of the tensors of a state tree, keyed by tree path (as a
+    file names it: ``obj["model"]["fc.weight"]``)."""
 
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
         self.nbytes = 0           # bytes held in buffers
+        self._live = self._kept = None
 
-    def snapshot(self, tree: Any) -> Any:
+    def snapshot(self, tree: Any, live: Callable[[torch.Tensor], bool] | None = None,
+                 kept: list | None = None) -> Any:
         """A copy of ``tree`` whose tensors live in this object's host buffers.
 
         Containers (dict, OrderedDict, list, tuple) are rebuilt, tensors are copied into
         the buffer of their path, anything else is ``copy.deepcopy``-ed. Returns after
         every device copy has finished, so the caller may let training continue.
+        A tensor for which ``live(t)`` is true is not copied: it stays in the copy as it
+        is (detached), and ``(path, tensor)`` is appended to ``kept``.
         """
         seen: set[str] = set()
         devices: set[torch.device] = set()
-        out = self._copy(tree, "", seen, devices)
+        self._live, self._kept = live, kept
+        try:
+            out = self._copy(tree, "obj", seen, devices)
+        finally:
+            self._live = self._kept = None
         for dev in devices:
             torch.cuda.synchronize(dev)
         for path in set(self._buffers) - seen:       # tensors that disappeared
@@ -46,12 +57,16 @@ class HostBuffers:
 
     def _copy(self, v: Any, path: str, seen: set, devices: set) -> Any:
         if isinstance(v, torch.Tensor):
+            if self._live is not None and self._live(v):
+                self._kept.append((path, v.detach()))
+                return self._kept[-1][1]
             return self._tensor(v, path, seen, devices)
         if isinstance(v, dict):
-            items = [(k, self._copy(x, f"{path}/{k!r}", seen, devices)) for k, x in v.items()]
+            items = [(k, self._copy(x, f"{path}[{key_repr(k)}]", seen, devices))
+                     for k, x in v.items()]
             return OrderedDict(items) if isinstance(v, OrderedDict) else dict(items)
         if type(v) in (list, tuple):
-            items = [self._copy(x, f"{path}/{i}", seen, devices) for i, x in enumerate(v)]
+            items = [self._copy(x, f"{path}[{i}]", seen, devices) for i, x in enumerate(v)]
             return items if type(v) is list else tuple(items)
         return copy.deepcopy(v)
 

@@ -39,6 +39,7 @@ from .costs import Costs
 from .explain import explain
 from .options import check_arguments, default_bits
 from .hostcopy import HostBuffers
+from .overlap import LiveState, remove_newest, torn
 from .losscurve import LossCurve
 from .signals import SigtermHook
 from ..chain.checkpointer import DEFAULT_KEYFRAME_EVERY, DeltaCheckpointer
@@ -78,7 +79,10 @@ class CheckpointManager:
     host copy of it (the process holds the state, the writer's reference and small
     buffers, where a background write also holds the copy), and the loop stalls for the
     whole write, which the plan counts as the checkpoint's cost. ``checkpoint(wait=True)``
-    always writes that way.
+    always writes that way. ``background="overlap"`` writes in the background from the
+    live parameters and optimizer state (no copy of them); the optimizer's next ``step()``
+    waits for the write, and only it may change them in place meanwhile
+    (:class:`~lcckpt.errors.StateChangedError` otherwise; docs/manager.md).
     ``sigterm=True`` installs a SIGTERM handler (main thread only): at the next ``step()``
     the manager writes a checkpoint of that iteration and waits until it is durable, then
     calls the handler that was installed before, or exits with status 143 (SystemExit).
@@ -96,13 +100,13 @@ class CheckpointManager:
                  scheduler: Any = None, scaler: Any = None,
                  objects: Mapping[str, Any] | None = None, extra: dict | None = None,
                  downtime: float = 0.0, restart_cost: float | None = None,
-                 profile_at: int = 20, backpressure: str = "defer", background: bool = True,
+                 profile_at: int = 20, backpressure: str = "defer", background: bool | str = True,
                  sigterm: bool = False,
                  bits: int | Callable[[str], int] | None = None,
                  keyframe_every: int | None = DEFAULT_KEYFRAME_EVERY,
                  keep_last: int | None = 3, checkpointer_options: Mapping[str, Any] | None = None):
         check_arguments(model, policy, mtbf, every, total_steps, objects, extra, downtime,
-                         restart_cost, profile_at, backpressure, background)
+                         restart_cost, profile_at, backpressure, background, optimizer)
         self._capture = Capture(model, optimizer, scheduler, scaler, objects, extra)
         self.directory = os.fspath(directory)
         self.policy, self.mtbf, self.every = policy, mtbf, every
@@ -132,6 +136,8 @@ class CheckpointManager:
         self.stats = {"checkpoints": 0, "deferred": 0, "waited_s": 0.0, "stall_s": 0.0, "plans": 0}
 
         self._sigterm = SigtermHook() if sigterm else None
+        self._live = None if background != "overlap" else LiveState(   # optimizers' hooks
+            model, [optimizer, *self._capture.objects.values()], self._before_optimizer_step)
 
     # ---------------------------------------------------------------- the loop
 
@@ -193,6 +199,8 @@ class CheckpointManager:
         self._closed = True
         if self._sigterm is not None:
             self._sigterm.uninstall()
+        if self._live is not None:
+            self._live.remove_hooks()
         try:
             self._join()
         finally:
@@ -375,7 +383,9 @@ class CheckpointManager:
                     "restore() to continue that run, or use another directory")
         self._curve.flush()
         tree = self._collect()
-        snap = self._buffers.snapshot(tree) if background else tree
+        live = background == "overlap"
+        snap = (self._live.take(tree, self._buffers) if live else
+                self._buffers.snapshot(tree) if background else tree)
         before, step = self.last_checkpoint, self.iteration
         self.last_checkpoint = step
         if self.every is not None:
@@ -389,7 +399,7 @@ class CheckpointManager:
         self.stats["checkpoints"] += 1
         if background:
             self._record_stall(time.perf_counter() - t0)
-            self._start(self._persist, args)
+            self._start(self._persist_live if live else self._persist, args)
             return
         try:
             self._persist(*args)
@@ -429,6 +439,26 @@ class CheckpointManager:
             inputs = replace(inputs, persist_time=self._costs.cost("persist"))
             if not following or _replan.moved(self._basis, inputs, self._decision):
                 self._plan_job(inputs)
+
+    def _persist_live(self, step: int, snap: dict, *args) -> None:
+        """:meth:`_persist` from the live state; a step whose tensors changed while it
+        was written is removed, the writer resuming from the step before (overlap.py)."""
+        before = self.durable_step
+        try:
+            self._persist(step, snap, *args)
+        finally:
+            changed = self._live.finish()
+        if changed:
+            self._ck, self.durable_step = remove_newest(self._ck, step, self._ck_args), before
+            raise torn(changed, step)
+
+    def _before_optimizer_step(self) -> None:
+        """The optimizers' step pre-hook: wait for a write from the live state (the wait
+        counts as the write's interference with this iteration: costs.py)."""
+        if self._live.writing and self._job is not None:
+            t0 = time.perf_counter()
+            self._job.join()
+            self.stats["stall_s"] += time.perf_counter() - t0
 
     def _plan_job(self, inputs: _replan.Inputs) -> None:
         if not math.isfinite(inputs.iter_time):

@@ -22,14 +22,21 @@ def default_bits(key: str) -> int:
 
 
 def check_arguments(model, policy, mtbf, every, total_steps, objects, extra, downtime,
-                     restart_cost, profile_at, backpressure, background=True) -> None:
+                     restart_cost, profile_at, backpressure, background=True,
+                     optimizer=None) -> None:
     """CheckpointManager's arguments, refused with what is wrong before anything is built."""
     if policy not in POLICIES:
         raise InvalidArgumentError(f"policy must be one of {POLICIES}, got {policy!r}")
     if backpressure not in BACKPRESSURE:
         raise InvalidArgumentError(f"backpressure must be one of {BACKPRESSURE}, got {backpressure!r}")
-    if type(background) is not bool:
-        raise InvalidArgumentError(f"background must be True or False, got {background!r}")
+    overlap = type(background) is str and background == "overlap"
+    if not (type(background) is bool or overlap):
+        raise InvalidArgumentError(
+            f"background must be True, False or 'overlap', got {background!r}")
+    if overlap and optimizer is None:
+        raise InvalidArgumentError(
+            "background='overlap' needs the optimizer: its step() is what waits for the "
+            "write from the live state")
     if every is not None and (type(every) is not int or every < 1):
         raise InvalidArgumentError(f"every must be a positive int or None, got {every!r}")
     if every is None:

@@ -1,0 +1,101 @@
+"""``background="overlap"``: a checkpoint written from the live state while the next
+forward and backward passes run, the optimizer's next step waiting for the write.
+
+The default background mode copies the whole state into host buffers first, so a process
+holds the state, that copy and the writer's reference: twice the state beside it. Here the
+tensors only an optimizer changes (the model's parameters and the optimizers' state) go
+to the writer as they are, and every other value (buffers, which a forward pass may
+change, and the other objects) is copied as in the default mode. A step pre-hook on each
+optimizer the manager knows waits for the write before the optimizer changes anything.
+
+Anything else that changes such a tensor in place while it is written (a mask applied
+before the optimizer's step, say) bumps the tensor's version counter; the manager then
+removes the step it wrote and raises :class:`~lcckpt.errors.StateChangedError`, so a torn
+checkpoint is never left to restore.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import torch
+
+from ..chain.checkpointer import DeltaCheckpointer
+from ..errors import StateChangedError, StorageError
+from ..util.durable import fsync_dir
+from .hostcopy import HostBuffers
+
+
+def _key(t: torch.Tensor) -> tuple:
+    return (t.device, t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
+
+
+class LiveState:
+    """The optimizers' hooks, and the tensors of the checkpoint being written with their
+    version counters as the snapshot found them."""
+
+    def __init__(self, model: torch.nn.Module, objects: list, before_step: Callable):
+        """``objects``: the manager's optimizer and objects, of which the optimizers count."""
+        self.model = model
+        self.optimizers = [o for o in objects if isinstance(o, torch.optim.Optimizer)]
+        self._kept: list[tuple[str, torch.Tensor, int]] = []
+        self.writing = False            # from take() until the write's finish()
+        self._hooks = [opt.register_step_pre_hook(lambda *_: before_step())
+                       for opt in self.optimizers]
+
+    def _live_keys(self) -> set:
+        tensors = list(self.model.parameters())
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                tensors += group["params"]
+            tensors += [v for st in opt.state.values() for v in st.values()
+                        if isinstance(v, torch.Tensor)]
+        return {_key(t) for t in tensors if t.numel()}
+
+    def take(self, tree: Any, buffers: HostBuffers) -> Any:
+        """``tree`` as the writer gets it: the optimizers' tensors as they are, the rest
+        copied into ``buffers``."""
+        keys, kept = self._live_keys(), []
+        snap = buffers.snapshot(tree, live=lambda t: t.numel() > 0 and _key(t) in keys,
+                                kept=kept)
+        self._kept = [(path, t, t._version) for path, t in kept]
+        self.writing = True
+        return snap
+
+    def finish(self) -> list[str]:
+        """The tree paths of the written tensors changed in place since :meth:`take`;
+        lets them go."""
+        changed = [path for path, t, version in self._kept if t._version != version]
+        self._kept, self.writing = [], False
+        return changed
+
+    def remove_hooks(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+
+def remove_newest(ck: DeltaCheckpointer, step: int, options: dict) -> DeltaCheckpointer:
+    """Remove ``step``, the newest step of ``ck``'s directory, and return a new writer
+    there, which continues the chain from the step before it (as after a restart)."""
+    path = ck.path(step)
+    ck.close()
+    try:
+        os.remove(path)
+        fsync_dir(ck.directory)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise StorageError(e.errno, f"cannot remove the torn checkpoint: {e.strerror}",
+                           path) from None
+    return DeltaCheckpointer(ck.directory, **options)
+
+
+def torn(changed: list[str], step: int) -> StateChangedError:
+    more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+    return StateChangedError(
+        f"{changed[0]}{more} changed in place while checkpoint {step} was written from the "
+        "live state (background='overlap'), so the checkpoint was removed. Only an "
+        "optimizer's step may change the parameters and the optimizer state between "
+        "manager.step() and that optimizer step; otherwise use background=True")

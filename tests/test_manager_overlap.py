@@ -1,0 +1,146 @@
+"""CheckpointManager(background="overlap"): checkpoints written from the live state, the
+optimizers' next step waiting for the write, and a torn checkpoint removed."""
+
+import threading
+
+import pytest
+import torch
+
+import lcckpt
+from lcckpt.errors import InvalidArgumentError, StateChangedError
+from lcckpt.training.manager import CheckpointManager
+
+EXACT = {"keyframe_every": 1, "checkpointer_options": {"keyframe_coding": "raw"}}
+
+
+def _setup(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16),
+                                torch.nn.Linear(16, 3))
+    return model, torch.optim.Adam(model.parameters(), lr=1e-2)
+
+
+def _train(model, opt, gen):
+    x = torch.randn(4, 8, generator=gen)
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def _state(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+class _Gate:
+    """Holds DeltaCheckpointer.save until released."""
+
+    def __init__(self, monkeypatch):
+        self.release, self.entered = threading.Event(), threading.Event()
+        original = lcckpt.DeltaCheckpointer.save
+
+        def save(ck, step, obj):
+            self.entered.set()
+            assert self.release.wait(10)
+            return original(ck, step, obj)
+        monkeypatch.setattr(lcckpt.DeltaCheckpointer, "save", save)
+
+
+def test_overlap_writes_what_a_copy_writes_and_copies_no_parameter(tmp_path):
+    states = {}
+    for background in (True, "overlap"):
+        model, opt = _setup()
+        gen = torch.Generator().manual_seed(1)
+        d = tmp_path / str(background)
+        with CheckpointManager(d, model, opt, every=2, background=background,
+                               backpressure="wait") as mgr:
+            for _ in range(7):
+                mgr.step(_train(model, opt, gen))
+                copied = set(mgr._buffers._buffers)
+        ck = lcckpt.DeltaCheckpointer(d)
+        states[background] = [(s, ck.load(s)) for s in ck.steps()]
+        if background == "overlap":        # the parameters and moments went as they are
+            assert copied and not any('["model"]' in k and "weight" in k for k in copied)
+            assert not any('["optimizer"]' in k for k in copied)
+            assert any("running_mean" in k for k in copied)     # a forward pass changes it
+    assert [s for s, _ in states[True]] == [s for s, _ in states["overlap"]] == [2, 4, 6]
+    for (_, a), (_, b) in zip(states[True], states["overlap"]):
+        assert a["model"].keys() == b["model"].keys()
+        assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+        for i, st in a["optimizer"]["state"].items():
+            assert all(torch.equal(v, b["optimizer"]["state"][i][k]) for k, v in st.items())
+
+
+def test_the_optimizer_step_waits_for_the_write_of_the_live_state(tmp_path, monkeypatch):
+    gate = _Gate(monkeypatch)
+    model, opt = _setup()
+    gen = torch.Generator().manual_seed(1)
+    mgr = CheckpointManager(tmp_path, model, opt, every=2, background="overlap", **EXACT)
+    seen = []
+    opt.register_step_pre_hook(lambda *_: seen.append(mgr.durable_step))   # after the manager's
+    mgr.step(_train(model, opt, gen))
+    mgr.step(_train(model, opt, gen))
+    saved = _state(model)
+    assert gate.entered.wait(5)
+    threading.Timer(0.2, gate.release.set).start()
+    _train(model, opt, gen)             # its forward and backward run; its step waits
+    assert seen[-1] == 2                # the write was durable before the optimizer moved
+    mgr.close()
+    back = lcckpt.DeltaCheckpointer(tmp_path).load(2)["model"]
+    assert all(torch.equal(back[k], v) for k, v in saved.items())
+    assert mgr.stats["stall_s"] > 0
+
+
+def test_a_tensor_changed_in_place_during_the_write_removes_the_checkpoint(tmp_path,
+                                                                          monkeypatch):
+    model, opt = _setup()
+    gen = torch.Generator().manual_seed(1)
+    mgr = CheckpointManager(tmp_path, model, opt, every=2, background="overlap", **EXACT)
+    for _ in range(2):
+        mgr.step(_train(model, opt, gen))
+    mgr.wait()
+    gate = _Gate(monkeypatch)
+    for _ in range(2):
+        mgr.step(_train(model, opt, gen))
+    assert gate.entered.wait(5)
+    with torch.no_grad():
+        model[0].weight.mul_(0.5)           # not the optimizer: the write may be torn
+    gate.release.set()
+    with pytest.raises(StateChangedError, match=r'obj\["model"\]\["0.weight"\] changed .* 4'):
+        mgr.wait()
+    assert lcckpt.DeltaCheckpointer(tmp_path).steps() == [2] and mgr.durable_step == 2
+    monkeypatch.undo()
+    for _ in range(2):                      # the chain goes on from step 2
+        mgr.step(_train(model, opt, gen))
+    mgr.close()
+    ck = lcckpt.DeltaCheckpointer(tmp_path)
+    assert ck.steps() == [2, 6]
+    back = ck.load(6)["model"]
+    assert all(torch.equal(back[k], v) for k, v in _state(model).items())
+
+
+def test_an_optimizer_among_the_objects_waits_too(tmp_path, monkeypatch):
+    model, opt = _setup()
+    head = torch.nn.Linear(3, 2)
+    other = torch.optim.SGD(head.parameters(), lr=0.1)
+    gate = _Gate(monkeypatch)
+    mgr = CheckpointManager(tmp_path, model, opt, every=1, background="overlap",
+                            objects={"head_opt": other}, **EXACT)
+    seen = []
+    other.register_step_pre_hook(lambda *_: seen.append(mgr.durable_step))
+    mgr.step(1.0)
+    assert gate.entered.wait(5)
+    threading.Timer(0.2, gate.release.set).start()
+    head(torch.randn(2, 3)).sum().backward()
+    other.step()
+    assert seen == [1]
+    mgr.close()
+
+
+def test_overlap_needs_the_optimizer(tmp_path):
+    model, _ = _setup()
+    with pytest.raises(InvalidArgumentError, match="overlap"):
+        CheckpointManager(tmp_path, model, None, every=2, background="overlap")
+    with pytest.raises(InvalidArgumentError, match="background"):
+        CheckpointManager(tmp_path, model, None, every=2, background="Overlap")
