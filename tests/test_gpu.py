@@ -40,14 +40,20 @@ def _close(restored, true, rel):
         assert err <= rel * t.double().norm().item() + 1e-12, (k, err)
 
 
+@pytest.mark.parametrize("background", [True, "overlap"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_manager_snapshots_device_state_to_host_and_restores_it_in_place(tmp_path, device):
+def test_manager_snapshots_device_state_to_host_and_restores_it_in_place(tmp_path, device,
+                                                                        background):
     model, opt = _model(device)
-    with CheckpointManager(tmp_path, model, opt, every=3, backpressure="wait") as mgr:
+    with CheckpointManager(tmp_path, model, opt, every=3, backpressure="wait",
+                           background=background) as mgr:
         for _ in range(9):
             mgr.step(_train(model, opt, 1, device))
         mgr.wait()
-        if device == "cuda":           # every CUDA tensor copied by DMA into pinned memory
+        if background == "overlap":    # written from the device tensors themselves
+            assert not any('["model"]' in k or '["optimizer"]' in k
+                           for k in mgr._buffers._buffers)
+        elif device == "cuda":         # every CUDA tensor copied by DMA into pinned memory
             on_gpu = [t for t in [*model.state_dict().values(), *(
                 v for s in opt.state.values() for v in s.values())] if t.is_cuda]
             pinned = [b for b in mgr._buffers._buffers.values() if b.is_pinned()]
