@@ -96,7 +96,7 @@ def test_a_tensor_changed_in_place_during_the_write_removes_the_checkpoint(tmp_p
                                                                           monkeypatch):
     model, opt = _setup()
     gen = torch.Generator().manual_seed(1)
-    mgr = CheckpointManager(tmp_path, model, opt, every=2, background="overlap", **EXACT)
+    mgr = CheckpointManager(tmp_path, model, opt, every=2, background="overlap")
     for _ in range(2):
         mgr.step(_train(model, opt, gen))
     mgr.wait()
@@ -105,7 +105,7 @@ def test_a_tensor_changed_in_place_during_the_write_removes_the_checkpoint(tmp_p
         mgr.step(_train(model, opt, gen))
     assert gate.entered.wait(5)
     with torch.no_grad():
-        model[0].weight.mul_(0.5)           # not the optimizer: the write may be torn
+        model[0].weight.mul_(1.0)           # not the optimizer: counted, whatever it does
     gate.release.set()
     with pytest.raises(StateChangedError, match=r'obj\["model"\]\["0.weight"\] changed .* 4'):
         mgr.wait()
@@ -115,9 +115,11 @@ def test_a_tensor_changed_in_place_during_the_write_removes_the_checkpoint(tmp_p
         mgr.step(_train(model, opt, gen))
     mgr.close()
     ck = lcckpt.DeltaCheckpointer(tmp_path)
-    assert ck.steps() == [2, 6]
-    back = ck.load(6)["model"]
-    assert all(torch.equal(back[k], v) for k, v in _state(model).items())
+    assert ck.steps() == [2, 6] and ck.info(6)["kind"] == "delta"   # against step 2
+    key, back = ck.load(2)["model"], ck.load(6)["model"]
+    for k, v in _state(model).items():           # within the chain's targets: a share of
+        moved = (v.double() - key[k].double()).norm()      # the movement since step 2
+        assert (back[k].double() - v.double()).norm() <= 0.05 * moved + 1e-12, k
 
 
 def test_an_optimizer_among_the_objects_waits_too(tmp_path, monkeypatch):
