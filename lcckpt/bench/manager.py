@@ -164,8 +164,7 @@ def main(argv: list[str] | None = None) -> int:
           f"snapshot {res['snapshot_ms']:.3g} ms (stall), persist {res['persist_ms']:.3g} ms "
           f"(background), stalls {res['stall_ms_total']:.4g} ms in all, interference "
           f"{res['interference_ms']:.3g} ms; planned gap {res['planned_gap']} iterations, "
-          f"Young/Daly "
-          f"{res['young_daly_gap']}; same final loss: {res['same_final_loss']}")
+          f"Young/Daly {res['young_daly_gap']}; same final loss: {res['same_final_loss']}")
     print(res["explain"])
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
