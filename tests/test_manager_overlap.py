@@ -122,6 +122,25 @@ def test_a_tensor_changed_in_place_during_the_write_removes_the_checkpoint(tmp_p
         assert (back[k].double() - v.double()).norm() <= 0.05 * moved + 1e-12, k
 
 
+def test_a_torn_step_is_kept_when_retention_left_no_other(tmp_path, monkeypatch):
+    model, opt = _setup()
+    gen = torch.Generator().manual_seed(1)
+    mgr = CheckpointManager(tmp_path, model, opt, every=1, background="overlap", keep_last=1,
+                            **EXACT)              # every step a keyframe: none needs another
+    mgr.step(_train(model, opt, gen))
+    mgr.wait()
+    gate = _Gate(monkeypatch)
+    mgr.step(_train(model, opt, gen))
+    assert gate.entered.wait(5)
+    with torch.no_grad():
+        model[2].bias.add_(0.0)
+    gate.release.set()
+    with pytest.raises(StateChangedError, match="only one left, was kept"):
+        mgr.wait()
+    assert lcckpt.DeltaCheckpointer(tmp_path).steps() == [2] and mgr.durable_step == 2
+    mgr.close()
+
+
 def test_an_optimizer_among_the_objects_waits_too(tmp_path, monkeypatch):
     model, opt = _setup()
     head = torch.nn.Linear(3, 2)

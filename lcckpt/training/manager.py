@@ -441,20 +441,20 @@ class CheckpointManager:
                 self._plan_job(inputs)
 
     def _persist_live(self, step: int, snap: dict, *args) -> None:
-        """:meth:`_persist` from the live state; a step whose tensors changed while it
-        was written is removed, the writer resuming from the step before (overlap.py)."""
+        """:meth:`_persist` from the live state; a torn step is removed (overlap.py)."""
         before = self.durable_step
         try:
             self._persist(step, snap, *args)
         finally:
             changed = self._live.finish()
         if changed:
-            self._ck, self.durable_step = remove_newest(self._ck, step, self._ck_args), before
-            raise torn(changed, step)
+            self._ck, removed = remove_newest(self._ck, step, self._ck_args, before)
+            self.durable_step = before if removed else step
+            raise torn(changed, step, removed)
 
     def _before_optimizer_step(self) -> None:
-        """The optimizers' step pre-hook: wait for a write from the live state (the wait
-        counts as the write's interference with this iteration: costs.py)."""
+        """The optimizers' step pre-hook: wait for a write from the live state (costs.py
+        counts the wait as the write's interference with this iteration)."""
         if self._live.writing and self._job is not None:
             t0 = time.perf_counter()
             self._job.join()

@@ -11,7 +11,8 @@ optimizer the manager knows waits for the write before the optimizer changes any
 Anything else that changes such a tensor in place while it is written (a mask applied
 before the optimizer's step, say) bumps the tensor's version counter; the manager then
 removes the step it wrote and raises :class:`~lcckpt.errors.StateChangedError`, so a torn
-checkpoint is never left to restore.
+checkpoint is not left to restore (unless retention has removed every step before it,
+``keep_last=1``: then it is kept, and the error says so).
 """
 
 from __future__ import annotations
@@ -76,9 +77,13 @@ class LiveState:
         self._hooks = []
 
 
-def remove_newest(ck: DeltaCheckpointer, step: int, options: dict) -> DeltaCheckpointer:
-    """Remove ``step``, the newest step of ``ck``'s directory, and return a new writer
-    there, which continues the chain from the step before it (as after a restart)."""
+def remove_newest(ck: DeltaCheckpointer, step: int, options: dict, before) -> tuple:
+    """Remove ``step``, the newest step of ``ck``'s directory, unless retention has removed
+    the durable step ``before`` it (``keep_last=1``): then nothing would be left. Returns a
+    writer for the directory, which continues the chain from the step before it (as
+    after a restart), and whether ``step`` was removed."""
+    if before is not None and ck.steps() == [step]:
+        return ck, False
     path = ck.path(step)
     ck.close()
     try:
@@ -89,13 +94,15 @@ def remove_newest(ck: DeltaCheckpointer, step: int, options: dict) -> DeltaCheck
     except OSError as e:
         raise StorageError(e.errno, f"cannot remove the torn checkpoint: {e.strerror}",
                            path) from None
-    return DeltaCheckpointer(ck.directory, **options)
+    return DeltaCheckpointer(ck.directory, **options), True
 
 
-def torn(changed: list[str], step: int) -> StateChangedError:
+def torn(changed: list[str], step: int, removed: bool) -> StateChangedError:
     more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+    what = ("so the checkpoint was removed" if removed else "and the checkpoint, the only "
+            "one left, was kept: it may hold values from before and after the change")
     return StateChangedError(
         f"{changed[0]}{more} changed in place while checkpoint {step} was written from the "
-        "live state (background='overlap'), so the checkpoint was removed. Only an "
-        "optimizer's step may change the parameters and the optimizer state between "
-        "manager.step() and that optimizer step; otherwise use background=True")
+        f"live state (background='overlap'), {what}. Only an optimizer's step may change "
+        "the parameters and the optimizer state between manager.step() and that optimizer "
+        "step; otherwise use background=True")
