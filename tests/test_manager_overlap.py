@@ -64,6 +64,11 @@ def test_overlap_writes_what_a_copy_writes_and_copies_no_parameter(tmp_path):
             assert copied and not any('["model"]' in k and "weight" in k for k in copied)
             assert not any('["optimizer"]' in k for k in copied)
             assert any("running_mean" in k for k in copied)     # a forward pass changes it
+            with CheckpointManager(tmp_path / "explicit", model, opt, every=100,
+                                   background=background) as mgr:
+                mgr.step(_train(model, opt, gen))
+                mgr.checkpoint()            # taken now, in the manager's own mode
+                assert not any('["optimizer"]' in k for k in mgr._buffers._buffers)
     assert [s for s, _ in states[True]] == [s for s, _ in states["overlap"]] == [2, 4, 6]
     for (_, a), (_, b) in zip(states[True], states["overlap"]):
         assert a["model"].keys() == b["model"].keys()

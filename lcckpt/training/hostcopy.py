@@ -30,7 +30,6 @@ class HostBuffers:
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
         self.nbytes = 0           # bytes held in buffers
-        self._live = self._kept = None
 
     def snapshot(self, tree: Any, live: Callable[[torch.Tensor], bool] | None = None,
                  kept: list | None = None) -> Any:
@@ -44,31 +43,26 @@ class HostBuffers:
         """
         seen: set[str] = set()
         devices: set[torch.device] = set()
-        self._live, self._kept = live, kept
-        try:
-            out = self._copy(tree, "obj", seen, devices)
-        finally:
-            self._live = self._kept = None
+
+        def walk(v: Any, path: str) -> Any:
+            if isinstance(v, torch.Tensor):
+                if live is not None and live(v):
+                    kept.append((path, v.detach()))
+                    return kept[-1][1]
+                return self._tensor(v, path, seen, devices)
+            if isinstance(v, dict):
+                items = [(k, walk(x, f"{path}[{key_repr(k)}]")) for k, x in v.items()]
+                return OrderedDict(items) if isinstance(v, OrderedDict) else dict(items)
+            if type(v) in (list, tuple):
+                items = [walk(x, f"{path}[{i}]") for i, x in enumerate(v)]
+                return items if type(v) is list else tuple(items)
+            return copy.deepcopy(v)
+        out = walk(tree, "obj")
         for dev in devices:
             torch.cuda.synchronize(dev)
         for path in set(self._buffers) - seen:       # tensors that disappeared
             self.nbytes -= _size(self._buffers.pop(path))
         return out
-
-    def _copy(self, v: Any, path: str, seen: set, devices: set) -> Any:
-        if isinstance(v, torch.Tensor):
-            if self._live is not None and self._live(v):
-                self._kept.append((path, v.detach()))
-                return self._kept[-1][1]
-            return self._tensor(v, path, seen, devices)
-        if isinstance(v, dict):
-            items = [(k, self._copy(x, f"{path}[{key_repr(k)}]", seen, devices))
-                     for k, x in v.items()]
-            return OrderedDict(items) if isinstance(v, OrderedDict) else dict(items)
-        if type(v) in (list, tuple):
-            items = [self._copy(x, f"{path}[{i}]", seen, devices) for i, x in enumerate(v)]
-            return items if type(v) is list else tuple(items)
-        return copy.deepcopy(v)
 
     def _tensor(self, t: torch.Tensor, path: str, seen: set, devices: set) -> torch.Tensor:
         seen.add(path)

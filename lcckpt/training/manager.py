@@ -177,7 +177,7 @@ class CheckpointManager:
         if self.last_checkpoint != self.iteration:
             self._join()
             t0 = time.perf_counter()
-            self._snapshot_and_persist(background=self.background and not wait)
+            self._snapshot_and_persist(background=False if wait else self.background)
             if wait and self.background:        # not the plan's cost: the caller's choice
                 self.stats["waited_s"] += time.perf_counter() - t0
             if self._last_t is not None:        # the write is not an iteration's time
