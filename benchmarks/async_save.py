@@ -1,7 +1,8 @@
 """Background saves of a distributed chain: what the training loop waits for (the stall:
 staging the state to host), the whole save, and the training process's peak resident
 memory, with the staging buffers reused from save to save (lcckpt) against a fresh copy
-per save (DCP's default stager), in a thread and in DCP's background process.
+per save (DCP's default stager), in a thread and in DCP's background process, and with no
+staging at all (``staging="live"``, a thread only: the save reads the state itself).
 
 ``python benchmarks/async_save.py [--mb 256] [--saves 6] [--rounds 2]``: each case runs in
 its own child process (one rank, gloo), the cases taking turns round by round; medians
@@ -78,7 +79,8 @@ def child(staging: str, mode: str, coding: str, kind: str, mb: int, saves: int) 
         for step in range(saves):
             move(step)
             t0 = time.perf_counter()
-            fut = ck.async_save(step, state, process=mode == "process")
+            fut = ck.async_save(step, state, process=mode == "process",
+                                staging="live" if staging == "live" else "copy")
             t1 = time.perf_counter()
             fut.result()
             stalls.append(t1 - t0)
@@ -102,8 +104,8 @@ def main(argv=None) -> int:
                     help="lc: bits=2; default: the default targets")
     ap.add_argument("--modes", nargs="+", choices=("thread", "process"),
                     default=["thread", "process"])
-    ap.add_argument("--stagings", nargs="+", choices=("fresh", "reused"),
-                    default=["fresh", "reused"])
+    ap.add_argument("--stagings", nargs="+", choices=("fresh", "reused", "live"),
+                    default=["fresh", "reused", "live"], help="live: a thread only")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -117,6 +119,8 @@ def main(argv=None) -> int:
     for _ in range(args.rounds):
         for mode in args.modes:
             for staging in args.stagings:
+                if staging == "live" and mode == "process":
+                    continue
                 for coding in args.codings:
                     out = subprocess.run(
                         [sys.executable, __file__, "--mb", str(args.mb), "--saves",

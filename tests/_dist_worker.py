@@ -390,6 +390,50 @@ def steered_shards(rank, world, root):
         assert torch.equal(got, ref), piece
 
 
+def live_staging(rank, world, root):
+    """``staging="live"``: saves read the state itself (no host copy). A tensor changed in
+    place on one rank while its share is written fails the save on every rank with
+    StateChangedError, nothing committed; the references it advanced are read back from
+    the committed files, and the next save commits deltas that load as they say."""
+    import lcckpt.distributed as ld
+    from lcckpt.distributed import storage
+    from lcckpt.errors import StateChangedError
+    state = replicated_state()
+    ck = ld.DistributedCheckpointer(os.path.join(root, "live"), bits=2)
+    for step in range(2):
+        if step:
+            step_update(state, None, step)
+        ck.async_save(step, state, staging="live").result(timeout=120)
+    step_update(state, None, 2)
+    real = storage.CompressedWriter._encode_into
+    if rank == 1:                 # an optimizer step racing the write, on one rank only
+        def racing(self, f, wi, piece, data, *args):
+            out = real(self, f, wi, piece, data, *args)
+            state["emb"].add_(1e-3)
+            return out
+        storage.CompressedWriter._encode_into = racing
+    try:
+        ck.async_save(2, state, staging="live").result(timeout=120)
+        raised = None
+    except StateChangedError as e:
+        raised = e
+    finally:
+        storage.CompressedWriter._encode_into = real
+    assert raised is not None and "state['emb']" in str(raised), raised
+    assert ck.steps() == [0, 1], ck.steps()
+    step_update(state, None, 3)
+    md = ck.async_save(3, state, staging="live").result(timeout=120)
+    assert ck.steps() == [0, 1, 3], ck.steps()
+    assert "delta" in {i.codec for i in md.storage_data.values()}
+    target = replicated_state()
+    assert ck.load(target) == 3
+    for p, t in ck.references().items():
+        assert torch.equal(piece_slice(flatten(target), p.key, p.start, p.stop), t), p
+    with open(os.path.join(root, f"live{rank}"), "w") as f:
+        f.write("ok")
+    dist.barrier()
+
+
 def two_rank_worker(rank, world, port, root, src):
     """One spawn for every 2-process check (process start-up dominates their time)."""
     _init(rank, world, port, log_dir=root)
@@ -398,6 +442,7 @@ def two_rank_worker(rank, world, port, root, src):
     reshard(rank, world, src)
     cooperative(rank, world, root)
     process_mode(rank, world, root)
+    live_staging(rank, world, root)
     dist.destroy_process_group()
 
 

@@ -4,6 +4,7 @@ import math
 import os
 import pickle
 import socket
+import threading
 import warnings
 import sys
 
@@ -21,7 +22,7 @@ from lcckpt.distributed.storage import CompressedReader
 from lcckpt.distributed.targets import MIN_ELEMENTS
 from lcckpt.errors import (
     CorruptDataError, DistributedCheckpointError, InvalidArgumentError, LcckptError,
-    UnsafeObjectError,
+    StateChangedError, UnsafeObjectError,
 )
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -499,6 +500,12 @@ def test_process_mode_async_saves_write_deltas_and_survive_a_killed_saver(two_ra
             assert f.read() == "raised", rank       # the kill came before the commit
 
 
+@pytest.mark.slow
+def test_a_live_save_changed_on_one_rank_fails_on_every_rank(two_ranks):
+    root, _ = two_ranks     # the workers checked it (_dist_worker.live_staging)
+    assert all(os.path.exists(os.path.join(root, f"live{r}")) for r in range(2))
+
+
 @pytest.fixture(scope="module")
 def three_ranks(two_ranks, tmp_path_factory):
     """Three ranks load what two wrote (2 -> 3), save their own, and two of them load that
@@ -556,3 +563,136 @@ def test_a_process_group_failure_is_a_distributed_checkpoint_error(tmp_path, mon
     target = {"w": torch.zeros(50, 8)}
     ld.load(target, tmp_path / "one")
     assert torch.equal(target["w"], keep["w"])
+
+
+def test_a_live_async_save_reads_the_state_itself(tmp_path):
+    """staging="live": no host copy; the chain loads as the references say; a wrong
+    staging, or a live save in a process, is refused."""
+    ck = ld.DistributedCheckpointer(tmp_path, bits=2)
+    w = torch.randn(300, 7)
+    for step in range(3):
+        w += 0.01                                        # in place, as an optimizer step
+        ck.async_save(step, {"w": w}, staging="live").result(timeout=60)
+    assert ck._stagers == {} and ck.writer.live is None
+    target = {"w": torch.zeros(300, 7)}
+    assert ck.load(target) == 2
+    assert torch.equal(target["w"], next(iter(ck.references().values())))
+    assert 0 < (target["w"] - w).abs().max() < 0.01
+    with pytest.raises(InvalidArgumentError, match="'copy' or 'live'"):
+        ck.async_save(3, {"w": w}, staging="none")
+    with pytest.raises(InvalidArgumentError, match="process=False"):
+        ck.async_save(3, {"w": w}, staging="live", process=True)
+    with pytest.raises(InvalidArgumentError, match="process=False"):
+        ld.async_save({"w": w}, tmp_path / "one", staging="live", process=True)
+    ld.async_save({"w": w}, tmp_path / "one", staging="live").result(timeout=60)
+    target = {"w": torch.zeros(300, 7)}
+    ld.load(target, tmp_path / "one")
+    assert torch.equal(target["w"], w)
+
+
+def _loads_as_referenced(ck, step):
+    """The newest step of ``ck``'s {"a", "b"} chain is ``step`` and loads as the writer's
+    references say."""
+    target = {"a": torch.zeros(400, 8), "b": torch.zeros(400, 8)}
+    assert ck.load(target) == step
+    refs = {p.key: t for p, t in ck.references().items()}
+    assert torch.equal(target["a"], refs["a"]) and torch.equal(target["b"], refs["b"])
+
+
+def test_a_live_save_whose_state_changed_commits_nothing(tmp_path, monkeypatch):
+    """A tensor changed in place while a live save writes it: StateChangedError, the step
+    is not committed, and the references the failed save advanced are read back from the
+    committed files, so the chain goes on with deltas."""
+    from lcckpt.distributed import storage
+    ck = ld.DistributedCheckpointer(tmp_path, bits=2)
+    state = {"a": torch.randn(400, 8), "b": torch.randn(400, 8)}
+    ck.save(0, state)
+    before = {p.key: t.clone() for p, t in ck.references().items()}
+    real = storage.CompressedWriter._encode_into
+
+    def racing(self, f, wi, piece, data, *args):
+        out = real(self, f, wi, piece, data, *args)
+        if piece.key == "a":                 # b is written after a, and is then left alone
+            state["b"].add_(1e-3)
+        return out
+    monkeypatch.setattr(storage.CompressedWriter, "_encode_into", racing)
+    state["a"] += 0.01
+    with pytest.raises(StateChangedError, match=r"state\['b'\] changed in place while step 1"):
+        ck.async_save(1, state, staging="live").result(timeout=60)
+    monkeypatch.setattr(storage.CompressedWriter, "_encode_into", real)
+    assert ck.steps() == [0] and os.listdir(ck.path(1)) == []
+    refs = {p.key: t for p, t in ck.references().items()}       # both were advanced
+    assert all(torch.equal(refs[k], before[k]) for k in "ab")
+    md = ck.async_save(1, state, staging="live").result(timeout=60)
+    assert {i.codec for i in md.storage_data.values()} == {"delta"}
+    state["a"] += 0.01
+    md = ck.save(2, state)
+    assert {i.codec for i in md.storage_data.values()} == {"delta"}
+    _loads_as_referenced(ck, 2)
+
+
+def test_a_failed_save_reads_back_the_references_it_advanced(tmp_path):
+    """A save that fails after it encoded some pieces (here: the second piece's encode
+    raises) sets the reference it advanced back to the committed one, from the files;
+    one whose files are gone is dropped (a warning), and its next blob is a keyframe."""
+    ck = ld.DistributedCheckpointer(tmp_path, bits=2)
+    state = {"a": torch.randn(400, 8), "b": torch.randn(400, 8)}
+    ck.save(0, state)
+    before = {p.key: t.clone() for p, t in ck.references().items()}
+    real = ck.writer._encode_into
+    calls = []
+
+    def failing(f, wi, piece, data, *args):
+        calls.append(piece.key)
+        if len(calls) == 2:
+            raise OSError("no space left on device (injected)")
+        return real(f, wi, piece, data, *args)
+    ck.writer._encode_into = failing
+    state["a"] += 0.01
+    state["b"] += 0.01
+    with pytest.raises(DistributedCheckpointError, match="no space left"):
+        ck.save(1, state)
+    del ck.writer._encode_into
+    first, second = calls
+    refs = {p.key: t for p, t in ck.references().items()}
+    assert all(torch.equal(refs[k], before[k]) for k in "ab")
+    md = ck.save(1, state)
+    assert {i.codec for i in md.storage_data.values()} == {"delta"}
+    _loads_as_referenced(ck, 1)
+    # the same failure with the committed blobs gone: that piece starts over
+    ck.writer._encode_into = failing
+    calls.clear()
+    for name in os.listdir(ck.path(1)):
+        if name.endswith(".distcp"):
+            os.remove(os.path.join(ck.path(1), name))
+    state["a"] += 0.01
+    with pytest.warns(RuntimeWarning, match=f"piece {first}.*cannot be read back"), \
+            pytest.raises(DistributedCheckpointError):
+        ck.save(2, state)
+    del ck.writer._encode_into
+    assert [p.key for p in ck.references()] == [second]
+    md = ck.save(2, state)
+    codecs = {i.piece[0]: i.codec for i in md.storage_data.values()}
+    assert codecs == {first: "exact", second: "delta"}
+
+
+def test_wait_before_makes_an_optimizer_step_wait_for_the_save(tmp_path, monkeypatch):
+    from lcckpt.distributed import storage
+    model = nn.Linear(64, 32)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ck = ld.DistributedCheckpointer(tmp_path, bits=2)
+    handle = ck.wait_before(opt)
+    gate = threading.Event()
+    real = storage.CompressedWriter.write_data
+
+    def slow(self, plan, planner):
+        gate.wait(timeout=30)                # the write holds until the test lets it go
+        return real(self, plan, planner)
+    monkeypatch.setattr(storage.CompressedWriter, "write_data", slow)
+    fut = ck.async_save(0, {"model": model.state_dict()}, staging="live")
+    model(torch.randn(4, 64)).sum().backward()
+    assert not fut.done()
+    threading.Timer(0.2, gate.set).start()
+    opt.step()                               # waits for the save, which then commits
+    assert fut.done() and fut.exception() is None and ck.steps() == [0]
+    handle.remove()

@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 
 from ..errors import DistributedCheckpointError, InvalidArgumentError, LcckptError
 from .exchange import PeerFailedError
+from .live import LiveStager, Versions
 from .merge import merge_step, rebase_step
 from .planner import BalancedSavePlanner, SafeLoadPlanner
 from .retention import apply_retention
@@ -100,6 +101,7 @@ def _save(state, writer: CompressedWriter, planner: BalancedSavePlanner, process
 
 
 def _finish_async(fut: Future, writer, planner, out: Future, on_done=None):
+    writer.live = None
     try:
         md = fut.result()
     except BaseException as e:
@@ -155,12 +157,36 @@ def save(state, directory, *, process_group=None, planner: BalancedSavePlanner |
 
 def async_save(state, directory, *, process_group=None,
                planner: BalancedSavePlanner | None = None,
-               storage_options: dict | None = None, process: bool = False) -> Future:
+               storage_options: dict | None = None, process: bool = False,
+               staging: str = "copy") -> Future:
     """:func:`save` in a background thread, or with ``process=True`` in DCP's background
-    process (the training process's GIL stays free); the state is staged to CPU first. The
-    future gives the metadata, or raises DistributedCheckpointError."""
-    return _async(state, CompressedWriter(directory, storage_options=storage_options),
-                  planner or BalancedSavePlanner(), process_group, process=process)
+    process (the training process's GIL stays free); the state is staged to CPU first, or
+    with ``staging="live"`` (a thread only) read as it is: see
+    :meth:`DistributedCheckpointer.async_save`. The future gives the metadata, or raises
+    DistributedCheckpointError (StateChangedError for a live save whose state changed)."""
+    writer = CompressedWriter(directory, storage_options=storage_options)
+    stager = _live(writer, state, _check_staging(staging, process), 0)
+    return _async(state, writer, planner or BalancedSavePlanner(), process_group,
+                  process=process, stager=stager)
+
+
+def _check_staging(staging, process: bool) -> bool:
+    """Whether ``staging`` asks for a live save (and may)."""
+    if staging not in ("copy", "live"):
+        raise InvalidArgumentError(f"staging must be 'copy' or 'live', got {staging!r}")
+    if staging == "live" and process:
+        raise InvalidArgumentError("staging='live' reads the state in this process, so it "
+                                   "runs in a thread: use process=False, or staging='copy'")
+    return staging == "live"
+
+
+def _live(writer: CompressedWriter, state, live: bool, step: int):
+    """The stager of a live save (None otherwise), the writer set to check the state's
+    version counters before the save commits."""
+    if not live:
+        return None
+    writer.live = Versions(state, step)
+    return LiveStager()
 
 
 def load(state, directory, *, process_group=None, storage_options: dict | None = None,
@@ -259,15 +285,22 @@ class DistributedCheckpointer:
         return md
 
     def async_save(self, step: int, state, *, keyframe: bool = False,
-                   process: bool = False) -> Future:
+                   process: bool = False, staging: str = "copy") -> Future:
         """:meth:`save` in a background thread, or with ``process=True`` in DCP's background
         process, where this writer's references then live (deltas as in a thread; if that
         process dies, the next save is a keyframe). The next save or load waits for it.
-        The state is first copied into staging buffers reused from save to save (``close``
-        frees them)."""
+
+        ``staging="copy"``: the state is first copied into staging buffers reused from
+        save to save (``close`` frees them). ``staging="live"`` (a thread only): no copy;
+        the save reads the tensors as they are, so leave them alone until it is done
+        (:meth:`wait_before` an optimizer's step). A tensor changed in place meanwhile
+        fails the save on every rank with StateChangedError, before it commits
+        (:mod:`lcckpt.distributed.live`)."""
+        live = _check_staging(staging, process)
         self._prepare(step, keyframe)
+        stager = _live(self.writer, state, live, step) or self._stager(process)
         fut = _async(state, self.writer, self.planner, self.process_group, process=process,
-                     stager=self._stager(process))
+                     stager=stager)
         if self.keep_last is not None:
             fut = self._then_retain(fut)
         self._inflight = fut
@@ -312,6 +345,11 @@ class DistributedCheckpointer:
             return []
         return sorted(s for s in map(_step_of, self.files.listdir(self.directory))
                       if s is not None)
+
+    def wait_before(self, optimizer: torch.optim.Optimizer):
+        """Make every ``optimizer.step()`` first wait for the save in flight (what a live
+        save needs); returns the hook's handle (``.remove()`` undoes it)."""
+        return optimizer.register_step_pre_hook(lambda *_: self.wait())
 
     def wait(self) -> None:
         """Wait for an in-flight :meth:`async_save` (its errors are the future's, not ours)."""

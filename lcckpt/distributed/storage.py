@@ -18,8 +18,8 @@ Not here: which rank writes what (``planner.py``) and the save/commit protocol (
 
 from __future__ import annotations
 
-import copy
 import dataclasses
+from functools import partial
 import io
 import pickle
 import re
@@ -40,12 +40,13 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from ..codec.tensor import decode, encode
 from ..chain.policy import RolePolicy
-from ..codec.delta import DeltaEncoder, Reconstruction
+from ..codec.delta import Reconstruction
 from ..errors import (
     BrokenChainError, CorruptDataError, InvalidArgumentError, TruncatedError,
     UnsafeObjectError,
 )
 from . import exchange, targets
+from .refs import BACKGROUND, Background, Ref, read_blob, resync
 from .partition import Piece
 from .store import Flusher, check_size, files_for
 
@@ -93,25 +94,6 @@ class FilePrefix:
     prefix: str
 
 
-class _Background:
-    """A writer's references in DCP's async-save background process (see __getstate__)."""
-
-    def __init__(self):
-        self.refs: dict = {}
-        self.pending: dict | None = None
-        self.pending_save: str | None = None
-
-
-_BACKGROUND: dict[str, _Background] = {}
-
-
-@dataclass
-class _Ref:
-    encoder: DeltaEncoder      # its reference = the decoder's reconstruction of the piece
-    chain: tuple               # (absolute file, offset, length) of every blob, keyframe first
-    zero_base: bool = False    # the first blob is a delta against zeros
-
-
 class CompressedWriter(FileSystemWriter):
     """DCP storage writer that encodes each item with lcckpt's codecs.
 
@@ -138,30 +120,35 @@ class CompressedWriter(FileSystemWriter):
             raise InvalidArgumentError(f"keyframe_every must be >= 1, got {keyframe_every}")
         self.chain, self.bits, self.keyframe_every = chain, bits, keyframe_every
         self.force_keyframe = False
-        self._refs: dict[Piece, _Ref] = {}
-        self._pending: dict[Piece, _Ref] | None = None
+        self._refs: dict[Piece, Ref] = {}
+        self._pending: dict[Piece, Ref] | None = None
         self.writer_id = uuid.uuid4().hex
         self._last_committed: str | None = None      # save_id of the last committed save
-        self._bg: _Background | None = None           # set in a background process
+        self._bg: Background | None = None           # set in a background process
         self._written: list = []
+        self._advanced: set = set()        # pieces whose references this save advanced
+        self.live = None                   # a live save's Versions, checked before it commits
         self.last_write_stats: dict = {}
 
     # DCP's process-based async_save pickles the writer into its background process for
-    # every save. The references live there, in ``_BACKGROUND`` under this writer's id: a
+    # every save. The references live there, in ``BACKGROUND`` under this writer's id: a
     # save's new references become the ones deltas use when the next copy arrives saying
     # that save committed (``_last_committed``, set by :meth:`commit` here). A background
     # process that died takes them along: the next save there is a keyframe.
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_refs"], state["_pending"], state["_bg"] = {}, None, None
+        state["_advanced"], state["live"] = set(), None
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        bg = _BACKGROUND.setdefault(self.writer_id, _Background())
+        bg = BACKGROUND.setdefault(self.writer_id, Background())
         if bg.pending is not None and bg.pending_save == self._last_committed:
             bg.refs = bg.pending
-        bg.pending = None
+        else:                   # that save failed: what it advanced is read back from disk
+            bg.refs = resync(bg.refs, bg.advanced, partial(read_blob, self.fs))
+        bg.pending, bg.advanced = None, set()
         self._refs, self._bg = bg.refs, bg
 
     # -- DCP hooks -------------------------------------------------------------------------
@@ -171,10 +158,12 @@ class CompressedWriter(FileSystemWriter):
             raise InvalidArgumentError("CompressedWriter needs use_collectives=True: the "
                                        "balanced plan is made by the coordinator")
         if self._pending is not None:
-            warnings.warn("the previous save was neither committed nor aborted; its references "
-                          "are dropped (call commit() after a save returns on every rank)",
+            warnings.warn("the previous save was neither committed nor aborted; the references "
+                          "it advanced are read back from the committed files (call commit() "
+                          "after a save returns on every rank)",
                           RuntimeWarning, stacklevel=2)
-            self._pending = None
+            self._refs = resync(self._refs, self._advanced, partial(read_blob, self.fs))
+            self._pending, self._advanced = None, set()
         self._written = []
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
@@ -191,10 +180,14 @@ class CompressedWriter(FileSystemWriter):
         name = f"{plan.storage_data.prefix}0{SUFFIX}"
         path = self.fs.concat_path(self.path, name)
         rank = self.rank or 0
-        pending: dict[Piece, _Ref] = {}
+        pending: dict[Piece, Ref] = {}
         results = []
         raw_total = 0
         self._written.append(path)
+        self._advanced = set()
+        if self._bg is not None:
+            self._bg.pending, self._bg.pending_save = None, self.save_id
+            self._bg.advanced = self._advanced
         order = sorted(plan.items, key=lambda wi: wi.type != WriteItemType.BYTE_IO)
         flusher = Flusher() if self.sync_files and not self.fs.remote else None
         dirs = targets.directions(planner) if isinstance(self.target, RolePolicy) else {}
@@ -217,9 +210,11 @@ class CompressedWriter(FileSystemWriter):
                 flusher.finish(f)
             written = f.tell()
         check_size(self.fs, path, written)      # a remote upload completes on close
+        if self.live is not None:
+            self.live.check()
         self._pending = pending if self.chain else None
         if self._bg is not None:
-            self._bg.pending, self._bg.pending_save = self._pending, self.save_id
+            self._bg.pending = self._pending
         self.last_write_stats = {"rank": rank, "items": len(results), "raw_bytes": raw_total,
                                  "bytes": written, "seconds": time.perf_counter() - t0,
                                  "cpu_seconds": time.process_time() - c0}
@@ -246,8 +241,11 @@ class CompressedWriter(FileSystemWriter):
         # a moment new to a chain under way (an optimizer's first step): a delta from zero
         zero = prev is None and not self.force_keyframe and bool(self._refs) \
             and self.target is not None and targets.starts_at_zero(piece.key)
-        enc = targets.new_encoder(self.bits, self.target, piece.key) if fresh \
-            else copy.deepcopy(prev.encoder)
+        if fresh:
+            enc = targets.new_encoder(self.bits, self.target, piece.key)
+        else:               # advanced in place: a failed save reads it back (abort)
+            enc = prev.encoder
+            self._advanced.add(piece)
         parts, st = enc.encode_parts(t, keyframe=fresh and not zero, from_zero=zero,
                                      direction=targets.direction_of(dirs, piece, t))
         for part in parts:
@@ -255,11 +253,11 @@ class CompressedWriter(FileSystemWriter):
         here = ((abs_path, offset, f.tell() - offset),)
         if st.kind != "lossless":                # a delta: "lossy" (LC) or "uniform"
             before, zero = ((), True) if zero else (prev.chain, prev.zero_base)
-            pending[piece] = _Ref(enc, before + here, zero)
+            pending[piece] = Ref(enc, before + here, zero)
             base = self.fs.dirname(abs_path)     # this rank's own view of the directory
             chain = tuple((self.fs.relative(p, base), o, n) for p, o, n in before)
             return {"codec": "delta", "chain": chain, "zero_base": zero, **meta}
-        pending[piece] = _Ref(enc, here)
+        pending[piece] = Ref(enc, here)
         return {"codec": "exact", **meta}
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
@@ -279,14 +277,16 @@ class CompressedWriter(FileSystemWriter):
         """The save committed on every rank: its references become the ones deltas use."""
         if self._pending is not None:
             self._refs = self._pending
-        self._pending = None
+        self._pending, self._advanced = None, set()
         self._written = []
         self.force_keyframe = False
         self._last_committed = self.save_id
 
     def abort(self) -> None:
-        """The save failed somewhere: keep the old references, remove this rank's files."""
-        self._pending = None
+        """The save failed somewhere: remove this rank's files, and rebuild the references
+        the save advanced from their committed blobs (:func:`.refs.resync`)."""
+        self._refs = resync(self._refs, self._advanced, partial(read_blob, self.fs))
+        self._pending, self._advanced = None, set()
         for p in self._written + [self.fs.concat_path(self.path, ".metadata.tmp")]:
             try:
                 if self.fs.exists(p):
@@ -302,7 +302,7 @@ class CompressedWriter(FileSystemWriter):
         for p in through:
             r = self._refs[p]
             i = max(i for i, b in enumerate(r.chain) if b in moved)
-            self._refs[p] = _Ref(r.encoder, (moved[r.chain[i]],) + r.chain[i + 1:], False)
+            self._refs[p] = Ref(r.encoder, (moved[r.chain[i]],) + r.chain[i + 1:], False)
         if len(through) < mine:
             self._refs, self.writer_id = {}, uuid.uuid4().hex
 

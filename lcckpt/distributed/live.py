@@ -1,0 +1,79 @@
+"""Background saves from the live state (``async_save(..., staging="live")``).
+
+DCP's async saves stage the state first: a host copy of every tensor, which the save then
+works from while training goes on. For a rank whose state fills its host memory that copy
+is what does not fit. A live save skips it: the background thread encodes the tensors as
+they are, one piece at a time (a device tensor is copied to the host piece by piece), and
+the training loop must leave them alone until the save is done, which
+:meth:`~lcckpt.distributed.DistributedCheckpointer.wait_before` arranges for an optimizer.
+
+Anything that changes a tensor in place meanwhile bumps its version counter. Each rank
+compares the counters once it has written its share, before the save commits; a change
+fails the save on every rank with :class:`~lcckpt.errors.StateChangedError`, so no torn
+step becomes visible, and the previous step stays the newest.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import StateChangedError
+
+
+class LiveStager:
+    """A DCP ``AsyncStager`` that stages nothing: the save reads the state itself."""
+
+    _synchronize_after_execute = False
+
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        return False
+
+    def stage(self, state_dict):
+        return state_dict
+
+    def synchronize_staging(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t._local_tensor if hasattr(t, "_local_tensor") else t    # a DTensor's shard
+
+
+def _walk(obj: Any, path: str, out: list) -> None:
+    if isinstance(obj, torch.Tensor):
+        out.append((path, _local(obj)))
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _walk(v, f"{path}[{k!r}]", out)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            _walk(v, f"{path}[{i}]", out)
+    elif hasattr(obj, "state_dict") and callable(obj.state_dict):   # a DCP Stateful
+        _walk(obj.state_dict(), path, out)
+
+
+class Versions:
+    """The version counters of every tensor of a state, as a live save found them."""
+
+    def __init__(self, state: Any, step: int):
+        tensors: list = []
+        _walk(state, "state", tensors)
+        self.step = step
+        self._seen = [(path, t, t._version) for path, t in tensors]
+
+    def check(self) -> None:
+        """Raise :class:`StateChangedError` if a tensor changed in place since."""
+        changed = [path for path, t, v in self._seen if t._version != v]
+        if changed:
+            more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+            raise StateChangedError(
+                f"{changed[0]}{more} changed in place while step {self.step} was written from "
+                "the live state (staging='live'), so the step was not committed. Leave the "
+                "state alone until the save is done (wait_before(optimizer), or wait()), or "
+                "use staging='copy'")

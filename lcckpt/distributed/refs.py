@@ -1,0 +1,68 @@
+"""A distributed writer's references: one per piece, the encoder whose reference is what
+a load of the piece's chain gives, and the blobs of that chain. A delta save advances them
+in place; a save that fails puts back, from the committed files, those it advanced."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+from ..codec.delta import DeltaEncoder, Reconstruction
+from ..errors import LcckptError, TruncatedError
+
+
+class Background:
+    """A writer's references in DCP's async-save background process (see __getstate__)."""
+
+    def __init__(self):
+        self.refs: dict = {}
+        self.pending: dict | None = None
+        self.pending_save: str | None = None
+        self.advanced: set = set()
+
+
+BACKGROUND: dict[str, Background] = {}
+
+
+@dataclass
+class Ref:
+    encoder: DeltaEncoder      # its reference = the decoder's reconstruction of the piece
+    chain: tuple               # (absolute file, offset, length) of every blob, keyframe first
+    zero_base: bool = False    # the first blob is a delta against zeros
+
+
+def resync(refs: dict, advanced: set, read) -> dict:
+    """``refs`` with the pieces a failed save advanced in place set back to their
+    committed chains, replayed from disk (bit for bit what the encoder held: a load gives
+    the same); a piece whose chain cannot be read is dropped, and its next blob is a
+    keyframe. Copying every reference before a save instead cost a state of memory."""
+    out = dict(refs)
+    for piece in advanced:
+        r = refs.get(piece)
+        if r is None:
+            continue
+        try:
+            rec = Reconstruction()
+            for i, (path, off, n) in enumerate(r.chain):
+                first = i == 0
+                rec.apply(read(path, off, n), dtype=r.encoder.dtype.name,
+                          zero_base=first and r.zero_base, movement=first and not r.zero_base)
+            rec.ref                                  # the pending blobs, replayed
+            r.encoder.resume(rec)
+        except (LcckptError, OSError) as e:
+            warnings.warn(f"piece {piece.key}[{piece.start}:{piece.stop}]: its reference "
+                          f"cannot be read back after a failed save ({e}); its next save "
+                          "is a keyframe", RuntimeWarning, stacklevel=3)
+            del out[piece]
+    return out
+
+
+def read_blob(fs, path: str, offset: int, length: int) -> bytes:
+    """``length`` bytes of ``path`` at ``offset``, on the writer's filesystem."""
+    with fs.create_stream(path, "rb") as f:
+        f.seek(offset)
+        data = f.read(length)
+    if len(data) != length:
+        raise TruncatedError(f"{path}: {length} bytes expected at offset {offset}, "
+                             f"got {len(data)}")
+    return data
