@@ -860,11 +860,11 @@ def test_a_replay_decodes_the_dense_chunks_of_several_deltas_side_by_side(monkey
     side (``streams.decode_side_by_side``, four streams, fewer padded), then add in delta
     order with each delta's escapes set before the next: bit for bit what decoding blob
     after blob gives. Six deltas: a run of four and a run of two."""
-    from lcckpt.codec import delta as D, streams
+    from lcckpt.codec import delta as D, replay, streams
     deltas, out, want, enc = _dense_chain(12, n, chunk, 0.01, 6, 40)
     runs = []
     real = streams.decode_side_by_side
-    monkeypatch.setattr(D, "decode_side_by_side",
+    monkeypatch.setattr(replay, "decode_side_by_side",
                         lambda chunks, block: runs.append(len(chunks)) or real(chunks, block))
     D.replay(deltas, out)
     nch = -(-n // chunk)

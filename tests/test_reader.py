@@ -177,8 +177,7 @@ def test_a_lossless_slice_reads_only_its_chunks(tmp_path, monkeypatch):
     """The slice reads the blob's header and its chunks' bytes: damage in another chunk
     goes unnoticed by it (get_tensor checks the section whole), damage in the header is
     caught, and a header longer than the first read is read whole."""
-    from lcckpt.codec import blob as _blob
-    from lcckpt.interop import reader
+    from lcckpt.codec import blob as _blob, streamed
 
     g = torch.Generator().manual_seed(2)
     x = torch.randn(4096, 256, generator=g)                     # four 2**18-word chunks
@@ -191,7 +190,7 @@ def test_a_lossless_slice_reads_only_its_chunks(tmp_path, monkeypatch):
     raw = bytearray(path.read_bytes())
     raw[start + last] ^= 0xFF
     path.write_bytes(raw)
-    monkeypatch.setattr(reader, "HEADER_PREFIX", 64)           # the header takes several reads
+    monkeypatch.setattr(streamed, "HEADER_PREFIX", 64)         # the header takes several reads
     with lc_open(path) as f:
         assert torch.equal(f.get_slice("x")[:16], x[:16])
         assert not torch.equal(f.get_slice("x")[4000:], x[4000:])   # unchecked, like raw rows

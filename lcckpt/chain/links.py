@@ -12,6 +12,7 @@ import hashlib
 import struct
 
 from ..codec.delta import Reconstruction, settle as _settle
+from ..codec.streamed import STREAM_MIN, streamed
 from ..errors import CorruptDataError, UnsupportedVersionError
 from ..format.sections import DELTA, section_key, section_zero_base
 from ..format import sections as _sections
@@ -69,8 +70,12 @@ class FileReplay:
     """Loading one file of a chain: ``"delta"`` sections advance the reconstructions of
     the previous step (``before``) into ``after``; other sections decode as anywhere."""
 
-    def __init__(self, before: dict, copy: bool = True, movement: bool = False):
+    def __init__(self, before: dict, copy: bool = True, movement: bool = False,
+                 origin: tuple | None = None):
+        """``origin``: ``(step, path)`` of the file, which errors of its keyframes decoded
+        later, while another file is replayed, carry (``.origin``)."""
         self.before, self.after, self.copy, self.movement = before, {}, copy, movement
+        self.origin = origin
         self.settled = False
 
     def advance(self, c, i: int, meta: dict) -> Reconstruction:
@@ -80,7 +85,8 @@ class FileReplay:
         # exact fallback inside a chain does not move the base, as for the writer
         base = self.movement and (rec.movement is None or is_keyframe(c)
                                   or rec.movement.n != elements(meta))
-        rec.apply(c.data(i), dtype=meta.get("dtype"), shape=tuple(meta.get("shape", ())),
+        rec.apply(_blob_of(c, i, meta, key, self.origin), dtype=meta.get("dtype"),
+                  shape=tuple(meta.get("shape", ())),
                   check_payload=False, what=key, zero_base=section_zero_base(meta),
                   movement=base)
         self.after[key] = rec
@@ -105,6 +111,20 @@ class FileReplay:
             _settle(self.after.values())
             self.settled = True
         return self.after
+
+
+def _blob_of(c, i: int, meta: dict, key: str, origin):
+    """Section ``i``'s blob: a large keyframe in the tracking precision to be read as it is
+    decoded (:mod:`lcckpt.codec.streamed`), anything else read and checked whole."""
+    if c.sections[i]["length"] >= STREAM_MIN:
+        part = c.part_reader(i)
+        if part is not None:
+            work = "F64" if meta.get("dtype") == "F64" else "F32"
+            blob = streamed(part, work, key, origin)
+            if blob is not None:
+                return blob
+            part.close()
+    return c.data(i)
 
 
 def stamp_state_id(chain: dict, entries: list[dict]) -> str:

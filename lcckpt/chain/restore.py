@@ -75,15 +75,18 @@ def restore(d: ChainDirectory, step: int, *, build: bool, map_location=None, kno
         obj = None
         for i, (c, link, path) in enumerate(links):
             try:
+                origin = (link.step, path)
                 if build and i == len(links) - 1:
-                    replay = FileReplay(tracks, copy=keep_tracks and not share)
+                    replay = FileReplay(tracks, copy=keep_tracks and not share, origin=origin)
                     replay.advance_all(c, settle=True)
                     obj = unpack(c, map_location, decode_leaf=replay.decode_leaf)
                     tracks = replay.after
                 else:
-                    tracks = FileReplay(tracks, movement=movement).advance_all(c)
+                    tracks = FileReplay(tracks, movement=movement, origin=origin).advance_all(c)
             except (LcckptError, OSError) as e:
-                raise fault(step, link.step, path, e) from e
+                # a keyframe read as it is decoded fails when a later file needs it
+                at, where = getattr(e, "origin", None) or (link.step, path)
+                raise fault(step, at, where, e) from e
         return obj, [(c, link) for c, link, _ in links], tracks
 
 

@@ -422,10 +422,12 @@ def chunk_spans(p: Parsed, k0: int, k1: int) -> list[tuple[int, int]]:
     return spans
 
 
-def decode_exact_chunks(p: Parsed, k0: int, k1: int, data: np.ndarray) -> np.ndarray:
+def decode_exact_chunks(p: Parsed, k0: int, k1: int, data: np.ndarray,
+                        out: np.ndarray | None = None) -> np.ndarray:
     """Chunks ``k0 .. k1-1`` of lossless blob ``p`` alone, from ``data`` (the bytes of
-    :func:`chunk_spans`, in order), into a fresh flat carrier array of their elements:
-    the chunks as a blob of their own, so the decoders run unchanged."""
+    :func:`chunk_spans`, in order), into a fresh flat carrier array of their elements (or
+    ``out``, a contiguous one of exactly their size): the chunks as a blob of their own,
+    so the decoders run unchanged."""
     cs = 1 << p.log2
     per = 2 if p.dt.kind == "complex" else 1             # words per element
     words = min(_blob.words_n(p.n, p.dt), k1 * cs) - k0 * cs
@@ -438,7 +440,12 @@ def decode_exact_chunks(p: Parsed, k0: int, k1: int, data: np.ndarray) -> np.nda
         raise InvalidArgumentError("decode_exact_chunks: data is not the chunks' spans")
     sub = Parsed(p.kind, p.dt, (words // per,), words // per, p.log2, 0, layouts=layouts,
                  rotate=p.rotate)
-    a = np.empty(words // per, p.dt.numpy)
+    if out is None:
+        a = np.empty(words // per, p.dt.numpy)
+    elif out.dtype != p.dt.numpy or out.shape != (words // per,) or not out.flags.c_contiguous:
+        raise InvalidArgumentError("decode_exact_chunks: out is not the chunks' carrier array")
+    else:
+        a = out
     task = exact_chunk_decoder(data, sub, a)
     for k in range(k1 - k0):
         task(k)

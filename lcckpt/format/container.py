@@ -50,7 +50,7 @@ from .header import (    # the prefix and header layout
     _PREFIX, ALIGNMENT, ALIGNMENTS, CHECK_KEY, FLAG_HEADER_ZLIB, FORMAT_VERSION,
     HEADER_ZLIB_LEVEL, MAGIC, MAX_HEADER_SIZE, MAX_JSON_DEPTH, PREFIX_SIZE, _align,
 )
-from .sources import BufferSource, FileSource
+from .sources import BufferSource, FileSource, PartReader
 
 __all__ = [
     "ALIGNMENT",
@@ -306,6 +306,11 @@ class Container:
 
     def close(self) -> None:
         self._source.close()
+
+    def part_reader(self, i: int) -> PartReader | None:
+        """Unchecked reads of section ``i`` (:meth:`PartReader.of`; its CRC is the caller's)."""
+        s = self.sections[i]
+        return PartReader.of(self._source, self.data_start + s["offset"], s["length"])
 
     def index(self, name: str) -> int:
         """Position of the section called ``name`` (KeyError if absent)."""

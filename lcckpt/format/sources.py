@@ -1,11 +1,15 @@
 """Where a container's bytes come from: a buffer in memory, or a file read at offsets
 (positional reads, safe from the pool's threads)."""
 
+from __future__ import annotations
+
 import os
 import threading
 from typing import BinaryIO
 
 import numpy as np
+
+from ..errors import CorruptDataError, TruncatedError
 
 
 class BufferSource:
@@ -64,3 +68,41 @@ class FileSource:
     def close(self) -> None:
         if self.owned:
             self.f.close()
+
+
+class PartReader:
+    """Positional reads of one span of a file lcckpt opened, through a descriptor of its
+    own: it outlives the container it came from (a keyframe decoded after its chain's
+    files were closed), and is closed by :meth:`close` or when collected."""
+
+    def __init__(self, fd: int, start: int, length: int):
+        self.fd, self.start, self.length = os.dup(fd), start, length
+
+    @staticmethod
+    def of(source, start: int, length: int) -> PartReader | None:
+        """Reads of ``length`` bytes from ``start`` of a container's ``source``, where it
+        is a file lcckpt opened itself (and ``os.preadv`` exists); else None."""
+        if not isinstance(source, FileSource) or not source.owned or not hasattr(os, "preadv"):
+            return None
+        return PartReader(source.f.fileno(), source.base + start, length)
+
+    def read(self, offset: int, out) -> None:
+        """Fill ``out`` with the span's bytes from ``offset`` on."""
+        view = memoryview(out).cast("B")
+        if not 0 <= offset <= offset + view.nbytes <= self.length:
+            raise CorruptDataError(f"bytes {offset}..{offset + view.nbytes} asked for, the "
+                                   f"section holds {self.length}")
+        got = 0
+        while got < view.nbytes:
+            n = os.preadv(self.fd, [view[got:]], self.start + offset + got)
+            if not n:
+                raise TruncatedError("the file ends inside a section: it was truncated or "
+                                     "changed while being read")
+            got += n
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    __del__ = close

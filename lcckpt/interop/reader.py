@@ -40,17 +40,17 @@ from ..format import sections as _sections
 from ..format import tree as _tree
 from ..chain import restore as _restore
 from ..chain.directory import ChainDirectory
+from ..codec.streamed import read_header
 from ..codec.tensor import chunk_spans, decode_exact_chunks
 from ..format.container import Container, read_container
 from ..codec.delta import Reconstruction
 from ..errors import (
-    CorruptDataError, InvalidArgumentError, TruncatedError, UnsupportedVersionError,
+    CorruptDataError, InvalidArgumentError, UnsupportedVersionError,
 )
 from ..format.serialization import tree_of
 
 __all__ = ["Reader", "Slice", "open"]
 
-HEADER_PREFIX = 1 << 16      # bytes of a blob read first for its header (grown as needed)
 
 
 def open(path: str | os.PathLike, *, step: int | None = None, map_location=None,
@@ -334,19 +334,8 @@ class Slice:
 
     @staticmethod
     def _blob_header(c: Container, s: int):
-        """The parsed header of section ``s``'s blob: a prefix is read, grown until the
-        header and its checksum are whole."""
-        length = c.sections[s]["length"]
-        want = min(length, HEADER_PREFIX)
-        while True:
-            head = np.empty(want, np.uint8)
-            c.read_part(s, 0, head)
-            try:
-                return _blob.parse(head, check_payload=False, size=length)[1]
-            except TruncatedError:
-                if want == length:
-                    raise
-            want = min(length, 4 * want)
+        """The parsed header of section ``s``'s blob."""
+        return read_header(lambda off, out: c.read_part(s, off, out), c.sections[s]["length"])
 
 
 def _delta_sections(c: Container) -> dict:

@@ -1,0 +1,153 @@
+"""Replaying parsed blobs onto a reference: a keyframe and its deltas, chunk by chunk.
+
+A chain's restore decodes the keyframe and adds every pending delta while each chunk of
+the reference is in cache, so N deltas over a state larger than the cache cost one pass
+over memory, not N (:func:`replay`); many small tensors replay side by side
+(:func:`settle`). :class:`~lcckpt.codec.delta.Reconstruction` calls them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from ..errors import CorruptDataError
+from ..util.pool import run_balanced, run_tasks
+from .blob import Parsed
+from .streamed import StreamedBlob
+from .streams import StreamDecoder, decode_side_by_side
+from .tensor import apply_escapes, decode_symbols_into, exact_chunk_decoder
+
+
+def _with_escapes(chunk, p: Parsed, ref: np.ndarray):
+    def step(c):
+        chunk(c)
+        apply_escapes(p, ref, c)
+    return step
+
+
+def settle(recs) -> None:
+    """Apply the pending blobs of many reconstructions: those of a single chunk side by
+    side on the pool, a task each (a state of many small tensors would otherwise replay
+    them one at a time on one thread), then the larger ones, each over the pool's chunks."""
+    small, large = [], []
+    for rec in recs:
+        head = rec._key if rec._key is not None else (rec.pending[0] if rec.pending else None)
+        if head is not None:
+            (small if head[1].n <= 1 << head[1].log2 else large).append(rec)
+    run_balanced(lambda k: small[k].ref, len(small))
+    for rec in large:
+        rec.ref
+
+
+def replay(deltas: list, ref: np.ndarray, base=None) -> None:
+    """Add several parsed lossy blobs to ``ref`` in order, chunk by chunk across them.
+
+    The result is bit-identical to decoding them one after another (each element sees the
+    same adds in the same order), but every chunk of ``ref`` is loaded into cache once
+    for all blobs instead of once per blob: replaying N deltas over a model larger than
+    the cache costs one pass over memory, not N.
+
+    ``base``: a lossless blob ``(buf, parsed)`` holding exactly ``ref``'s dtype and size
+    (a keyframe), decoded into ``ref`` chunk by chunk before the deltas, in the same pass.
+    """
+    log2s = {p.log2 for _, p in deltas}
+    if base is not None:
+        if base[1].dt.numpy != ref.dtype or base[1].n != ref.size:
+            raise ValueError("the base blob does not hold the reference's dtype and size")
+        log2s.add(base[1].log2)
+    if len(log2s) > 1:                           # different chunking: one blob at a time
+        if base is not None:
+            with _checked(base):
+                run_tasks(_base_decoder(base, ref), -(-ref.size // (1 << base[1].log2)))
+        for buf, p in deltas:
+            decode_symbols_into(buf, p, ref)
+        return
+    if not log2s:
+        return
+    cs = 1 << log2s.pop()
+    nch = -(-ref.size // cs)
+    steps = [] if base is None else [(_base_decoder(base, ref), None)]
+    for buf, p in deltas:
+        dec = StreamDecoder(buf, p.payload_base, p.layouts[0], p.n, cs, p.bits, None,
+                            "lcckpt blob", apply=(p.centroids, ref))
+        escaped = p.esc_idx is not None and p.esc_idx.size
+        steps.append((_with_escapes(dec.chunk, p, ref) if escaped else dec.chunk,
+                      (dec, p if escaped else None)))
+    # dense Huffman chunks decode four bit streams side by side: four deltas' streams of
+    # one chunk where the chain has four deltas or more (each chunk a task, in the core's
+    # cache for every blob), else four chunks of one delta (four chunks a task)
+    dense = [f is not None and f[0].multi8 is not None for _, f in steps]
+    group = 4 if nch >= 8 and 0 < sum(dense) < 4 else 1
+
+    def task(g):
+        lo, hi = g * group, min(nch, (g + 1) * group)
+        block = None
+        if group == 1:
+            _replay_chunk(steps, lo, ref, cs)
+            return
+        for chunk, four in steps:
+            if four is not None and hi - lo == 4:
+                block = np.empty(4 * (cs + 8), np.uint8) if block is None else block
+                if four[0].chunks4(lo, block):
+                    if four[1] is not None:
+                        for c in range(lo, hi):
+                            apply_escapes(four[1], ref, c)
+                    continue
+            for c in range(lo, hi):
+                chunk(c)
+    with _checked(base):
+        run_balanced(task, -(-nch // group))    # chunks differ in cost
+
+
+def _base_decoder(base, ref: np.ndarray):
+    """Per-chunk task decoding the keyframe ``(buf or StreamedBlob, parsed)`` into ``ref``."""
+    if isinstance(base[0], StreamedBlob):
+        return base[0].chunk_decoder(ref)
+    return exact_chunk_decoder(base[0], base[1], ref)
+
+
+@contextlib.contextmanager
+def _checked(base):
+    """A streamed keyframe's payload checksum, once every chunk was read and decoded (or,
+    if a decode failed, of the whole payload: damage is a ChecksumError on either path)."""
+    streamed = base is not None and isinstance(base[0], StreamedBlob)
+    try:
+        yield
+    except CorruptDataError:
+        if streamed:
+            base[0].check_whole()
+        raise
+    if streamed:
+        base[0].verify()
+
+
+def _replay_chunk(steps: list, c: int, ref: np.ndarray, cs: int) -> None:
+    """Chunk ``c`` of every step in order; runs of two to four deltas whose chunk is
+    dense are decoded side by side (:func:`lcckpt.codec.streams.decode_side_by_side`),
+    then added one after another, each delta's escapes set before the next adds."""
+    block, run = None, []
+
+    def flush():
+        nonlocal block
+        if len(run) == 1:
+            run[0][0](c)
+        elif run:
+            block = np.empty(4 * (cs + 8), np.uint8) if block is None else block
+            at = decode_side_by_side([(f[0], c) for _, f in run], block)
+            for (_, (dec, p)), a in zip(run, at):
+                dec.add_block(c, block, a)
+                if p is not None:
+                    apply_escapes(p, ref, c)
+        run.clear()
+    for step in steps:
+        four = step[1]
+        if four is not None and four[0].dense(c):
+            run.append(step)
+            if len(run) == 4:
+                flush()
+            continue
+        flush()
+        step[0](c)
+    flush()

@@ -1,0 +1,136 @@
+"""A lossless keyframe decoded straight from its file, chunk by chunk.
+
+A restore used to read a keyframe's section whole into a fresh buffer, check its CRC,
+and then decode it. On the 2-core VM the benchmarks ran on, first-touching the pages of
+that buffer cost more than the copy itself: reading a 206 MB keyframe into fresh memory
+took 0.25-0.35 s on one thread, into a reused 1 MB buffer 0.03-0.13 s. Here each task
+reads the bytes of its chunk (one span per byte plane, :func:`chunk_spans`) into a
+buffer of its thread that is reused, decodes them into the output while they are in
+cache, and keeps their CRCs; the blob's own checksums, of its header (when it is
+parsed) and of its payload (combined from the pieces once every chunk is decoded), then
+vouch for every byte, as the section's CRC does on the other path. The output holds
+garbage if that last check fails, and the restore raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Callable
+
+import numpy as np
+
+from ..errors import ChecksumError, LcckptError, TruncatedError
+from ..util import crc as _crc
+from . import blob as _blob
+from .tensor import chunk_spans, decode_exact_chunks
+
+STREAM_MIN = 8 << 20        # sections smaller than this are read whole, as before
+HEADER_PREFIX = 1 << 16     # bytes of a blob read first for its header (grown as needed)
+
+
+def read_header(read: Callable, size: int) -> _blob.Parsed:
+    """The parsed header of a blob of ``size`` bytes that ``read(offset, out)`` gives: a
+    prefix is read, grown until the header and its checksum are whole."""
+    want = min(size, HEADER_PREFIX)
+    while True:
+        head = np.empty(want, np.uint8)
+        read(0, head)
+        try:
+            return _blob.parse(head, check_payload=False, size=size)[1]
+        except TruncatedError:
+            if want == size:
+                raise
+        want = min(size, 4 * want)
+
+
+class StreamedBlob:
+    """A lossless blob whose header is ``parsed``, read through ``part`` (a
+    :class:`~lcckpt.format.sources.PartReader`, closed once the blob is decoded). Its
+    errors carry ``origin`` (the file's step and path, for the caller) as ``.origin``."""
+
+    def __init__(self, parsed: _blob.Parsed, part, what: str, origin=None):
+        self.parsed, self.part, self.what, self.origin = parsed, part, what, origin
+        self.read, size = part.read, part.length
+        p = parsed
+        self.nch = -(-_blob.words_n(p.n, p.dt) // (1 << p.log2))
+        self.crcs = np.zeros((len(p.layouts), self.nch), np.int64)
+        tail = np.empty(4, np.uint8)
+        self.read(size - 4, tail)
+        self.stored_crc = int.from_bytes(tail.tobytes(), "little")
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def _marked(self):
+        """Errors inside say which file they came from (``.origin``)."""
+        try:
+            yield
+        except (LcckptError, OSError) as e:
+            e.origin = self.origin
+            raise
+
+    def _buffer(self, n: int) -> np.ndarray:
+        buf = getattr(self._local, "buf", None)
+        if buf is None or buf.size < n:
+            buf = self._local.buf = np.empty(max(n, 1 << 20), np.uint8)
+        return buf[:n]
+
+    def chunk_decoder(self, a: np.ndarray) -> Callable[[int], None]:
+        """Per-chunk task decoding chunk ``c`` into the flat carrier array ``a``."""
+        p = self.parsed
+        cs = 1 << p.log2
+        per = 2 if p.dt.kind == "complex" else 1
+
+        def chunk(c: int) -> None:
+            spans = chunk_spans(p, c, c + 1)
+            data = self._buffer(sum(n for _, n in spans))
+            pos = 0
+            with self._marked():
+                for k, (off, n) in enumerate(spans):
+                    piece = data[pos:pos + n]
+                    self.read(off, piece)
+                    self.crcs[k, c] = _crc.piece_crc32(piece)
+                    pos += n
+                lo = c * cs // per
+                decode_exact_chunks(p, c, c + 1, data, out=a[lo:lo + len_of(c)])
+
+        def len_of(c: int) -> int:
+            return (min(_blob.words_n(p.n, p.dt), (c + 1) * cs) - c * cs) // per
+        return chunk
+
+    def check_whole(self) -> None:
+        """Read the whole payload and raise :class:`ChecksumError` if its CRC is wrong
+        (after a decode failed: damage is reported as such, as on the other path)."""
+        p, crc = self.parsed, 0
+        end = p.payload_base + sum(int(lay.offsets[-1]) for lay in p.layouts)
+        with self._marked():
+            for off in range(p.payload_base, end, 1 << 22):
+                piece = self._buffer(min(1 << 22, end - off))
+                self.read(off, piece)
+                crc = _crc.piece_crc32(piece, crc)
+            if crc != self.stored_crc:
+                raise self._damaged()
+
+    def _damaged(self) -> ChecksumError:
+        return ChecksumError(f"{self.what}: payload checksum mismatch; the blob is damaged")
+
+    def verify(self) -> None:
+        """Raise :class:`ChecksumError` unless the pieces read make the stored payload
+        CRC; the file is let go either way."""
+        self.part.close()
+        sizes = [np.diff(lay.offsets.astype(np.int64)) for lay in self.parsed.layouts]
+        if _crc.combine_all(self.crcs, sizes) != self.stored_crc:
+            with self._marked():
+                raise self._damaged()
+
+
+def streamed(part, work: str, what: str, origin=None) -> StreamedBlob | None:
+    """The blob that ``part`` (a :class:`~lcckpt.format.sources.PartReader`) reads, as a
+    :class:`StreamedBlob` if it is streamed: large, lossless, and stored in the tracking
+    precision ``work`` (decoded into the reference itself); else None."""
+    if part.length < STREAM_MIN:
+        return None
+    p = read_header(part.read, part.length)
+    if p.kind != _blob.LOSSLESS or p.dt.name != work:
+        return None
+    return StreamedBlob(p, part, what, origin)

@@ -1,0 +1,127 @@
+"""A large keyframe is read as it is decoded (lcckpt/codec/streamed.py): the same
+restores as reading it whole, damage reported as on that path, and a keyframe whose
+chain's files were closed still decodes."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import lcckpt
+from lcckpt.chain import links
+from lcckpt.codec import streamed
+from lcckpt.errors import BrokenChainError, ChecksumError, TruncatedError
+from lcckpt.format.container import read_container
+
+N = 3_000_000        # ~11 MB of fp32 keyframe: above STREAM_MIN
+KEY = 'obj["w"]'
+
+
+def _chain(d, deltas=2):
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(N, generator=g) * 0.02
+    ck = lcckpt.DeltaCheckpointer(d)
+    states = []
+    for step in range(deltas + 1):
+        if step:
+            w = w + torch.randn(N, generator=g) * 1e-4
+        state = {"w": w, "b": torch.randn(300, generator=g)}
+        ck.save(step, state)
+        states.append(state)
+    return ck, states
+
+
+def _loads(ck, step, monkeypatch, stream: bool):
+    monkeypatch.setattr(links, "STREAM_MIN", streamed.STREAM_MIN if stream else 1 << 62)
+    seen = []
+    real = streamed.StreamedBlob.verify
+    monkeypatch.setattr(streamed.StreamedBlob, "verify",
+                        lambda self: seen.append(self.what) or real(self))
+    out = ck.load(step)
+    assert seen == ([KEY] if stream else [])
+    return out
+
+
+@pytest.mark.parametrize("step", [0, 2])
+def test_a_streamed_keyframe_restores_what_a_whole_read_does(tmp_path, monkeypatch, step):
+    ck, states = _chain(tmp_path)
+    with read_container(ck.path(0)) as c:
+        assert c.sections[c.index(KEY)]["length"] >= streamed.STREAM_MIN
+    a = _loads(ck, step, monkeypatch, stream=True)
+    b = _loads(ck, step, monkeypatch, stream=False)
+    assert torch.equal(a["w"], b["w"]) and torch.equal(a["b"], b["b"])
+    if step == 0:
+        assert torch.equal(a["w"], states[0]["w"])
+
+
+def _damage(path, where: int, byte: int = 0x5A):
+    with open(path, "r+b") as f:
+        f.seek(where)
+        old = f.read(1)[0]
+        f.seek(where)
+        f.write(bytes([old ^ byte]))
+
+
+def _payload_at(path) -> int:
+    """A file offset inside the keyframe section's payload (past its blob header)."""
+    with read_container(path) as c:
+        i = c.index(KEY)
+        start = c.data_start + c.sections[i]["offset"]
+        part = c.part_reader(i)
+        p = streamed.read_header(part.read, part.length)
+        part.close()
+    return start + p.payload_base + (c.sections[i]["length"] - p.payload_base) // 2
+
+
+def test_damage_in_a_streamed_keyframe_is_a_checksum_error(tmp_path, monkeypatch):
+    ck, _ = _chain(tmp_path)
+    _damage(ck.path(0), _payload_at(ck.path(0)))
+    with pytest.raises(ChecksumError, match="payload checksum"):
+        _loads(ck, 0, monkeypatch, stream=True)
+    with pytest.raises(BrokenChainError) as e:
+        ck.load(2)
+    assert isinstance(e.value.__cause__, ChecksumError)
+
+
+def test_damage_that_stops_the_decode_is_a_checksum_error(tmp_path):
+    """Every byte of a chunk's exponent stream garbled: the decode itself fails, and the
+    whole payload's CRC names the damage."""
+    ck, _ = _chain(tmp_path)
+    path = ck.path(0)
+    with read_container(path) as c:
+        i = c.index(KEY)
+        part = c.part_reader(i)
+        p = streamed.read_header(part.read, part.length)
+        part.close()
+        start = c.data_start + c.sections[i]["offset"]
+    (off, n), = streamed.chunk_spans(p, 0, 1)[-1:]      # the top (coded) plane of chunk 0
+    with open(path, "r+b") as f:
+        f.seek(start + off)
+        f.write(bytes(n))
+    with pytest.raises(ChecksumError):
+        ck.load(0)
+
+
+def test_a_truncated_streamed_keyframe(tmp_path):
+    ck, _ = _chain(tmp_path, deltas=0)
+    size = os.path.getsize(ck.path(0))
+    with open(ck.path(0), "r+b") as f:
+        f.truncate(size - 4096)
+    with pytest.raises((TruncatedError, ChecksumError)):
+        ck.load(0)
+
+
+def test_a_keyframe_decoded_after_its_files_were_closed(tmp_path):
+    """A writer reopening a chain restores its references without building the state:
+    the keyframe waits, undecoded, until the next delta needs it, after the restore
+    closed the chain's files. Its own descriptor still reads it."""
+    ck, states = _chain(tmp_path)
+    ck.close()
+    again = lcckpt.DeltaCheckpointer(tmp_path)
+    w = states[-1]["w"] + 1e-4
+    again.save(3, {"w": w, "b": states[-1]["b"]})
+    got = again.load(3)
+    assert np.abs(got["w"].numpy() - w.numpy()).max() < 1e-3
+    fresh = lcckpt.DeltaCheckpointer(tmp_path).load(3)
+    assert torch.equal(fresh["w"], got["w"])
