@@ -45,7 +45,9 @@ def explain(*, every, iteration, last_checkpoint, durable_step, next_at, costs: 
             except Exception as e:        # explanation is best effort
                 lines.append(f"(the plan could not explain itself: {e!r})")
     s = stats
-    lines.append(f"{s['checkpoints']} checkpoints, stalled {s['stall_s']:.3g} s in snapshots, "
+    # the stall: host copies, writes in step() (background=False), and the optimizer's
+    # waits for a write from the live state (background="overlap")
+    lines.append(f"{s['checkpoints']} checkpoints, stalled {s['stall_s']:.3g} s taking them, "
                  f"{s['deferred']} deferred and {s['waited_s']:.3g} s waited for a busy writer "
                  f"(backpressure={backpressure!r})")
     return "\n".join(lines)
