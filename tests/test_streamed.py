@@ -125,3 +125,26 @@ def test_a_keyframe_decoded_after_its_files_were_closed(tmp_path):
     assert np.abs(got["w"].numpy() - w.numpy()).max() < 1e-3
     fresh = lcckpt.DeltaCheckpointer(tmp_path).load(3)
     assert torch.equal(fresh["w"], got["w"])
+
+
+def test_no_descriptor_is_left_open_and_none_left_to_take_is_no_error(tmp_path, monkeypatch):
+    """Each file's spans share one duplicate descriptor, closed once they are done; where
+    none can be taken (EMFILE), the keyframe is read whole, as before."""
+    ck, _ = _chain(tmp_path)
+    fds = lambda: len(os.listdir("/proc/self/fd"))        # noqa: E731
+    ck.load(2)
+    before = fds()
+    a = _loads(ck, 2, monkeypatch, stream=True)
+    assert fds() == before
+    import errno
+    from lcckpt.format import sources
+
+    def no_more(fd):
+        raise OSError(errno.EMFILE, "Too many open files")
+    monkeypatch.setattr(sources.os, "dup", no_more)
+    made = []
+    real = streamed.StreamedBlob.__init__
+    monkeypatch.setattr(streamed.StreamedBlob, "__init__",
+                        lambda self, *args: made.append(1) or real(self, *args))
+    b = ck.load(2)                                     # STREAM_MIN as shipped
+    assert made == [] and torch.equal(a["w"], b["w"])

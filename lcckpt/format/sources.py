@@ -37,6 +37,7 @@ class FileSource:
     def __init__(self, f: BinaryIO, base: int, owned: bool):
         self.f, self.base, self.owned = f, base, owned
         self.size = f.seek(0, os.SEEK_END) - base
+        self.dup = None              # a descriptor shared by PartReaders (PartReader.of)
         self.lock = threading.Lock()
 
     def read(self, offset: int, n: int) -> memoryview:
@@ -66,25 +67,45 @@ class FileSource:
             return got
 
     def close(self) -> None:
+        self.dup = None              # its PartReaders keep it while they read
         if self.owned:
             self.f.close()
 
 
-class PartReader:
-    """Positional reads of one span of a file lcckpt opened, through a descriptor of its
-    own: it outlives the container it came from (a keyframe decoded after its chain's
-    files were closed), and is closed by :meth:`close` or when collected."""
+class _Dup:
+    """A duplicate of a file's descriptor, closed when the last holder lets it go."""
 
-    def __init__(self, fd: int, start: int, length: int):
-        self.fd, self.start, self.length = os.dup(fd), start, length
+    def __init__(self, fd: int):
+        self.fd = -1
+        self.fd = os.dup(fd)
+
+    def __del__(self):
+        if self.fd >= 0:
+            os.close(self.fd)
+
+
+class PartReader:
+    """Positional reads of one span of a file lcckpt opened, through a duplicate of its
+    descriptor (one per file, shared by its spans): it outlives the container it came
+    from (a keyframe decoded after its chain's files were closed), and lets it go on
+    :meth:`close` or when collected."""
+
+    def __init__(self, dup: _Dup, start: int, length: int):
+        self._dup, self.start, self.length = dup, start, length
 
     @staticmethod
     def of(source, start: int, length: int) -> PartReader | None:
         """Reads of ``length`` bytes from ``start`` of a container's ``source``, where it
-        is a file lcckpt opened itself (and ``os.preadv`` exists); else None."""
+        is a file lcckpt opened itself (and ``os.preadv`` exists); else None (also when
+        no descriptor is left to duplicate: the caller reads the span whole)."""
         if not isinstance(source, FileSource) or not source.owned or not hasattr(os, "preadv"):
             return None
-        return PartReader(source.f.fileno(), source.base + start, length)
+        if source.dup is None:
+            try:
+                source.dup = _Dup(source.f.fileno())
+            except OSError:
+                return None
+        return PartReader(source.dup, source.base + start, length)
 
     def read(self, offset: int, out) -> None:
         """Fill ``out`` with the span's bytes from ``offset`` on."""
@@ -92,17 +113,15 @@ class PartReader:
         if not 0 <= offset <= offset + view.nbytes <= self.length:
             raise CorruptDataError(f"bytes {offset}..{offset + view.nbytes} asked for, the "
                                    f"section holds {self.length}")
+        if self._dup is None:
+            raise ValueError("read from a closed PartReader")
         got = 0
         while got < view.nbytes:
-            n = os.preadv(self.fd, [view[got:]], self.start + offset + got)
+            n = os.preadv(self._dup.fd, [view[got:]], self.start + offset + got)
             if not n:
                 raise TruncatedError("the file ends inside a section: it was truncated or "
                                      "changed while being read")
             got += n
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-    __del__ = close
+        self._dup = None
