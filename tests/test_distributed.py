@@ -588,6 +588,21 @@ def test_a_live_async_save_reads_the_state_itself(tmp_path):
     target = {"w": torch.zeros(300, 7)}
     ld.load(target, tmp_path / "one")
     assert torch.equal(target["w"], w)
+    # a live save that fails to start leaves no version check behind for the next save
+    from lcckpt.distributed import api
+
+    def no_start(*args, **kwargs):
+        raise RuntimeError("cannot start (injected)")
+    real, api._async = api._async, no_start
+    try:
+        with pytest.raises(RuntimeError, match="injected"):
+            ck.async_save(3, {"w": w}, staging="live")
+    finally:
+        api._async = real
+    assert ck.writer.live is None
+    w += 0.01
+    ck.save(3, {"w": w})
+    assert ck.steps() == [0, 1, 2, 3]
 
 
 def _loads_as_referenced(ck, step):

@@ -299,8 +299,12 @@ class DistributedCheckpointer:
         live = _check_staging(staging, process)
         self._prepare(step, keyframe)
         stager = _live(self.writer, state, live, step) or self._stager(process)
-        fut = _async(state, self.writer, self.planner, self.process_group, process=process,
-                     stager=stager)
+        try:
+            fut = _async(state, self.writer, self.planner, self.process_group,
+                         process=process, stager=stager)
+        except BaseException:
+            self.writer.live = None          # not left to fail a later save's check
+            raise
         if self.keep_last is not None:
             fut = self._then_retain(fut)
         self._inflight = fut
