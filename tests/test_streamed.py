@@ -148,3 +148,33 @@ def test_no_descriptor_is_left_open_and_none_left_to_take_is_no_error(tmp_path, 
                         lambda self, *args: made.append(1) or real(self, *args))
     b = ck.load(2)                                     # STREAM_MIN as shipped
     assert made == [] and torch.equal(a["w"], b["w"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64])
+def test_lcckpt_load_streams_a_large_lossless_section(tmp_path, monkeypatch, dtype):
+    """``lcckpt.load`` of a compressed file decodes a large lossless section as it reads
+    it, straight into the tensor: the same values as a whole read; damage raises."""
+    from lcckpt.format import sections
+    g = torch.Generator().manual_seed(3)
+    n = 8_000_000 if dtype in (torch.bfloat16, torch.float16) else N
+    x = (torch.randn(n, generator=g) * 3).to(dtype) if dtype.is_floating_point \
+        else torch.randint(-2**40, 2**40, (n,), generator=g)
+    path = tmp_path / "x.lc"
+    lcckpt.save({"x": x, "small": torch.ones(3)}, path, compress=True)
+    with read_container(path) as c:
+        assert c.sections[c.index('obj["x"]')]["length"] >= streamed.STREAM_MIN
+    made = []
+    real = streamed.StreamedBlob.verify
+    monkeypatch.setattr(streamed.StreamedBlob, "verify",
+                        lambda self: made.append(self.what) or real(self))
+    got = lcckpt.load(path)
+    assert made == ['obj["x"]'] and got["x"].dtype == dtype and torch.equal(got["x"], x)
+    monkeypatch.setattr(sections, "STREAM_MIN", 1 << 62)
+    assert torch.equal(lcckpt.load(path)["x"], x)
+    monkeypatch.setattr(sections, "STREAM_MIN", streamed.STREAM_MIN)
+    with read_container(path) as c:
+        i = c.index('obj["x"]')
+        at = c.data_start + c.sections[i]["offset"] + c.sections[i]["length"] // 2
+    _damage(path, at)
+    with pytest.raises(ChecksumError):
+        lcckpt.load(path)

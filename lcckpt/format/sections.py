@@ -29,6 +29,8 @@ from ..codec.tensor import decode as _decode_blob
 from ..codec.tensor import encode_exact
 from ..codec.config import CodecConfig
 from ..codec.delta import Reconstruction
+from ..codec.replay import replay
+from ..codec.streamed import STREAM_MIN, streamed
 from ..errors import (
     BrokenChainError, CorruptDataError, InvalidArgumentError, UnsupportedDtypeError,
     UnsupportedVersionError,
@@ -187,12 +189,43 @@ def decode_leaf(path: str, c, index: int, meta: dict):
         t = torch.empty(meta["shape"], dtype=dtypes.NAME_TORCH[meta["dtype"]])
         c.read_into(index, t.reshape(-1).view(torch.uint8).numpy() if nbytes else bytearray())
         return t
+    if name == LOSSLESS and c.sections[index]["length"] >= STREAM_MIN:
+        t = _streamed_lossless(path, c, index, meta)
+        if t is not None:
+            return t
     codec = get(name)
     if codec is None:
         raise UnsupportedVersionError(
             f"{path} was written with codec {name!r:.40}, which this build does not have; "
             "upgrade lcckpt or register that codec with lcckpt.register_section_codec")
     return codec.decode(c.data(index), meta)
+
+
+def _streamed_lossless(path: str, c, index: int, meta: dict):
+    """A large lossless section decoded as it is read (:mod:`lcckpt.codec.streamed`),
+    straight into the tensor; None where it is read whole instead (a file lcckpt did not
+    open, a dtype whose tensor is not its blob's carrier array, a complex one)."""
+    part = c.part_reader(index)
+    if part is None:
+        return None
+    blob = streamed(part, meta["dtype"], path)
+    if blob is None or blob.parsed.dt.kind == "complex":
+        part.close()
+        return None
+    if list(blob.parsed.shape) != list(meta["shape"]):
+        part.close()
+        raise CorruptDataError(f"invalid object tree at {path}: the section's blob holds shape "
+                               f"{list(blob.parsed.shape)}, its header says {meta['shape']}")
+    out = torch.empty(meta["shape"], dtype=dtypes.NAME_TORCH[meta["dtype"]])
+    if out.dtype == torch.bfloat16:
+        carrier = out.reshape(-1).view(torch.int16).numpy().view(np.uint16)
+    else:
+        carrier = out.reshape(-1).numpy()
+    if carrier.dtype != blob.parsed.dt.numpy:
+        part.close()
+        return None
+    replay([], carrier, base=(blob, blob.parsed))
+    return out
 
 
 def section_zero_base(meta: dict) -> bool:
