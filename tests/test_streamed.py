@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import lcckpt
-from lcckpt.chain import links
+from lcckpt.format import sections
 from lcckpt.codec import streamed
 from lcckpt.errors import BrokenChainError, ChecksumError, TruncatedError
 from lcckpt.format.container import read_container
@@ -33,7 +33,7 @@ def _chain(d, deltas=2):
 
 
 def _loads(ck, step, monkeypatch, stream: bool):
-    monkeypatch.setattr(links, "STREAM_MIN", streamed.STREAM_MIN if stream else 1 << 62)
+    monkeypatch.setattr(sections, "STREAM_MIN", streamed.STREAM_MIN if stream else 1 << 62)
     seen = []
     real = streamed.StreamedBlob.verify
     monkeypatch.setattr(streamed.StreamedBlob, "verify",
@@ -154,7 +154,6 @@ def test_no_descriptor_is_left_open_and_none_left_to_take_is_no_error(tmp_path, 
 def test_lcckpt_load_streams_a_large_lossless_section(tmp_path, monkeypatch, dtype):
     """``lcckpt.load`` of a compressed file decodes a large lossless section as it reads
     it, straight into the tensor: the same values as a whole read; damage raises."""
-    from lcckpt.format import sections
     g = torch.Generator().manual_seed(3)
     n = 8_000_000 if dtype in (torch.bfloat16, torch.float16) else N
     x = (torch.randn(n, generator=g) * 3).to(dtype) if dtype.is_floating_point \

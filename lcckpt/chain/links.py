@@ -12,7 +12,6 @@ import hashlib
 import struct
 
 from ..codec.delta import Reconstruction, settle as _settle
-from ..codec.streamed import STREAM_MIN, streamed
 from ..errors import CorruptDataError, UnsupportedVersionError
 from ..format.sections import DELTA, section_key, section_zero_base
 from ..format import sections as _sections
@@ -115,16 +114,9 @@ class FileReplay:
 
 def _blob_of(c, i: int, meta: dict, key: str, origin):
     """Section ``i``'s blob: a large keyframe in the tracking precision to be read as it is
-    decoded (:mod:`lcckpt.codec.streamed`), anything else read and checked whole."""
-    if c.sections[i]["length"] >= STREAM_MIN:
-        part = c.part_reader(i)
-        if part is not None:
-            work = "F64" if meta.get("dtype") == "F64" else "F32"
-            blob = streamed(part, work, key, origin)
-            if blob is not None:
-                return blob
-            part.close()
-    return c.data(i)
+    decoded (:func:`~lcckpt.format.sections.streamed_section`), else read and checked whole."""
+    work = "F64" if meta.get("dtype") == "F64" else "F32"
+    return _sections.streamed_section(c, i, work, key, origin) or c.data(i)
 
 
 def stamp_state_id(chain: dict, entries: list[dict]) -> str:

@@ -3,7 +3,8 @@
 A restore used to read a keyframe's section whole into a fresh buffer, check its CRC,
 and then decode it. On the 2-core VM the benchmarks ran on, first-touching the pages of
 that buffer cost more than the copy itself: reading a 206 MB keyframe into fresh memory
-took 0.25-0.35 s on one thread, into a reused 1 MB buffer 0.03-0.13 s. Here each task
+took 0.25-0.35 s on one thread, into a reused 1 MB buffer 0.03-0.13 s (``os.preadv`` of
+the file from the page cache, three tries each). Here each task
 reads the bytes of its chunk (one span per byte plane, :func:`chunk_spans`) into a
 buffer of its thread that is reused, decodes them into the output while they are in
 cache, and keeps their CRCs; the blob's own checksums, of its header (when it is
@@ -25,7 +26,7 @@ from ..util import crc as _crc
 from . import blob as _blob
 from .tensor import chunk_spans, decode_exact_chunks
 
-STREAM_MIN = 8 << 20        # sections smaller than this are read whole, as before
+STREAM_MIN = 8 << 20        # sections smaller than this are read whole (format/sections.py)
 HEADER_PREFIX = 1 << 16     # bytes of a blob read first for its header (grown as needed)
 
 
@@ -126,10 +127,8 @@ class StreamedBlob:
 
 def streamed(part, work: str, what: str, origin=None) -> StreamedBlob | None:
     """The blob that ``part`` (a :class:`~lcckpt.format.sources.PartReader`) reads, as a
-    :class:`StreamedBlob` if it is streamed: large, lossless, and stored in the tracking
-    precision ``work`` (decoded into the reference itself); else None."""
-    if part.length < STREAM_MIN:
-        return None
+    :class:`StreamedBlob` if it is lossless and stored as ``work`` (a chain's keyframe:
+    the tracking precision, decoded into the reference itself); else None."""
     p = read_header(part.read, part.length)
     if p.kind != _blob.LOSSLESS or p.dt.name != work:
         return None

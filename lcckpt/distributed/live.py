@@ -25,8 +25,6 @@ from ..errors import StateChangedError
 class LiveStager:
     """A DCP ``AsyncStager`` that stages nothing: the save reads the state itself."""
 
-    _synchronize_after_execute = False
-
     @property
     def should_synchronize_after_execute(self) -> bool:
         return False

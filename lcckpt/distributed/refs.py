@@ -47,8 +47,7 @@ def resync(refs: dict, advanced: set, read) -> dict:
                 first = i == 0
                 rec.apply(read(path, off, n), dtype=r.encoder.dtype.name,
                           zero_base=first and r.zero_base, movement=first and not r.zero_base)
-            rec.ref                                  # the pending blobs, replayed
-            r.encoder.resume(rec)
+            r.encoder.resume(rec)                    # replays the pending blobs
         except (LcckptError, OSError) as e:
             warnings.warn(f"piece {piece.key}[{piece.start}:{piece.stop}]: its reference "
                           f"cannot be read back after a failed save ({e}); its next save "

@@ -189,7 +189,7 @@ def decode_leaf(path: str, c, index: int, meta: dict):
         t = torch.empty(meta["shape"], dtype=dtypes.NAME_TORCH[meta["dtype"]])
         c.read_into(index, t.reshape(-1).view(torch.uint8).numpy() if nbytes else bytearray())
         return t
-    if name == LOSSLESS and c.sections[index]["length"] >= STREAM_MIN:
+    if name == LOSSLESS:
         t = _streamed_lossless(path, c, index, meta)
         if t is not None:
             return t
@@ -201,30 +201,42 @@ def decode_leaf(path: str, c, index: int, meta: dict):
     return codec.decode(c.data(index), meta)
 
 
-def _streamed_lossless(path: str, c, index: int, meta: dict):
-    """A large lossless section decoded as it is read (:mod:`lcckpt.codec.streamed`),
-    straight into the tensor; None where it is read whole instead (a file lcckpt did not
-    open, a dtype whose tensor is not its blob's carrier array, a complex one)."""
+def streamed_section(c, index: int, work: str, what: str, origin=None):
+    """Section ``index`` of container ``c`` as a :class:`~lcckpt.codec.streamed.StreamedBlob`
+    where it is decoded as it is read (:mod:`lcckpt.codec.streamed`: a lossless blob of
+    :data:`STREAM_MIN` bytes or more, of dtype ``work``, in a file lcckpt opened); else
+    None, and the caller reads it whole."""
+    if c.sections[index]["length"] < STREAM_MIN:
+        return None
     part = c.part_reader(index)
     if part is None:
         return None
-    blob = streamed(part, meta["dtype"], path)
-    if blob is None or blob.parsed.dt.kind == "complex":
+    blob = streamed(part, work, what, origin)
+    if blob is None:
         part.close()
+    return blob
+
+
+def _streamed_lossless(path: str, c, index: int, meta: dict):
+    """A large lossless section decoded as it is read, straight into the tensor; None
+    where it is read whole instead (:func:`streamed_section`, or a dtype whose tensor is
+    not its blob's carrier array, a complex one)."""
+    blob = streamed_section(c, index, meta["dtype"], path)
+    if blob is None:
         return None
-    if list(blob.parsed.shape) != list(meta["shape"]):
-        part.close()
+    p = blob.parsed
+    if list(p.shape) != list(meta["shape"]):
+        blob.part.close()
         raise CorruptDataError(f"invalid object tree at {path}: the section's blob holds shape "
-                               f"{list(blob.parsed.shape)}, its header says {meta['shape']}")
+                               f"{list(p.shape)}, its header says {meta['shape']}")
     out = torch.empty(meta["shape"], dtype=dtypes.NAME_TORCH[meta["dtype"]])
-    if out.dtype == torch.bfloat16:
-        carrier = out.reshape(-1).view(torch.int16).numpy().view(np.uint16)
-    else:
-        carrier = out.reshape(-1).numpy()
-    if carrier.dtype != blob.parsed.dt.numpy:
-        part.close()
+    flat = out.reshape(-1)
+    carrier = flat.view(torch.int16).numpy().view(np.uint16) if out.dtype == torch.bfloat16 \
+        else flat.numpy() if p.dt.kind != "complex" else None
+    if carrier is None or carrier.dtype != p.dt.numpy:
+        blob.part.close()
         return None
-    replay([], carrier, base=(blob, blob.parsed))
+    replay([], carrier, base=(blob, p))
     return out
 
 
