@@ -606,6 +606,7 @@ def test_a_file_stores_no_sizes_its_sections_give_and_info_puts_them_back(tmp_pa
     for step in range(3):
         ck.save(step, _state(step))
     ck.merge(1)
+    moved = 0
     for step, kind in ((1, "keyframe"), (2, "delta")):
         with read_container(ck.path(step)) as c:
             stored = c.meta["lcckpt_chain"]["tensors"]
@@ -613,10 +614,15 @@ def test_a_file_stores_no_sizes_its_sections_give_and_info_puts_them_back(tmp_pa
                       for s in c.sections if s["meta"].get("codec") == "delta"}
         info = ck.info(step)
         assert info["kind"] == kind and set(info["tensors"]) == set(stored) == set(length)
+        derived = ("nbytes", "bits_per_element", "error_vs_movement")
         for key, st in info["tensors"].items():
-            assert "nbytes" not in stored[key] and "bits_per_element" not in stored[key]
+            assert not set(derived) & set(stored[key])
             nbytes, shape = length[key]
             assert st["nbytes"] == nbytes > 0
             assert st["bits_per_element"] == pytest.approx(8 * nbytes / math.prod(shape), rel=1e-3)
-            assert {k: v for k, v in st.items() if k not in ("nbytes", "bits_per_element")} \
-                == stored[key]
+            if st.get("movement"):         # the error's share of the movement, put back
+                assert st["error_vs_movement"] == pytest.approx(
+                    st["rel_error"] / st["movement"], rel=1e-3)
+                moved += 1
+            assert {k: v for k, v in st.items() if k not in derived} == stored[key]
+    assert moved

@@ -273,3 +273,18 @@ def test_max_bytes_on_every_reading_command(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["verify", str(tmp_path / "ck"), "--max-bytes", "lots"])
     assert lcckpt.limits.get_max_bytes() == "auto"          # restored after the command
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path):
+    """``lcckpt inspect BIG | head -1``: the reader goes away, the command stops without an
+    error line (exit status 141, as for SIGPIPE)."""
+    import subprocess
+    import sys
+    path = tmp_path / "many.lcc"
+    lcckpt.save({f"t{i}": torch.zeros(2) for i in range(3000)}, path)
+    p = subprocess.Popen([sys.executable, "-m", "lcckpt", "inspect", str(path)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.readline()
+    p.stdout.close()                            # before the table is written
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 141 and err == ""

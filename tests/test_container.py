@@ -21,6 +21,8 @@ from helpers import NonSeekableStream
 
 from lcckpt.util import crc as _crc, durable as _durable
 from lcckpt.format import container as C
+from lcckpt.format import header as H
+from lcckpt.format.header_dict import HEADER_DICT
 from lcckpt.format.verify import verify_file
 from lcckpt.errors import (
     ChecksumError, CorruptDataError, InvalidArgumentError, LcckptError, ResourceLimitError,
@@ -61,9 +63,19 @@ def _craft(header, data=b"", version=1, flags=0, raw_header=None):
     return head + bytes(-len(head) % (16 if version >= 3 else 64)) + data
 
 
-def _reference(sections, meta, version=3, compress=True):
+def _deflate(header: bytes, version: int) -> bytes:
+    """zlib level 6; from version 4 on starting from the preset dictionary."""
+    if version < 4:
+        return zlib.compress(header, 6)
+    c = zlib.compressobj(6, zlib.DEFLATED, 15, zdict=HEADER_DICT)
+    return c.compress(header) + c.flush()
+
+
+def _reference(sections, meta, version=4, compress=True):
     """A container of ``version`` built from docs/format.md alone: 64-byte alignment in
-    versions 1 and 2, 16 in version 3, whose header is zlib level 6 when that is smaller."""
+    versions 1 and 2, 16 from version 3 on, whose header is zlib level 6 when that is
+    smaller (from version 4 on, deflated from the preset dictionary, the offsets and the
+    keys that equal their section's name left out)."""
     align = 16 if version >= 3 else 64
     key = "crc32" if version == 1 else "crc32c"
     entries, data = [], b""
@@ -71,14 +83,23 @@ def _reference(sections, meta, version=3, compress=True):
         if i:
             data += bytes(-len(data) % align)
         check = zlib.crc32(payload) if version == 1 else _section_check(i, name, payload)
-        entries.append({"name": name, "offset": len(data), "length": len(payload), key: check,
-                        "meta": m})
+        params = m.get("codec_params")
+        if version >= 4 and m.get("codec") == "delta" and type(params) is dict \
+                and params.get("key") == name:       # implied by the name
+            params = {k: v for k, v in params.items() if k != "key"}
+            m = {k: v for k, v in m.items() if k != "codec_params"}
+            m = {**m, "codec_params": params} if params else m
+        entry = {"name": name, "offset": len(data), "length": len(payload), key: check,
+                 "meta": m}
+        if version >= 4:                             # implied by the layout
+            del entry["offset"]
+        entries.append(entry)
         data += payload
     header = json.dumps({"version": version, "meta": meta, "sections": entries},
                         separators=(",", ":")).encode()
     flags = 0
-    if version >= 3 and compress and len(zlib.compress(header, 6)) < len(header):
-        header, flags = zlib.compress(header, 6), 1
+    if version >= 3 and compress and len(_deflate(header, version)) < len(header):
+        header, flags = _deflate(header, version), 1
     head = struct.pack("<6sHQII", b"LCCKPT", version, len(header), zlib.crc32(header), flags)
     head += header
     return head + bytes(-len(head) % align) + data
@@ -115,14 +136,17 @@ def test_byte_layout(compress):
     raw = _bytes(meta=meta, compress_header=compress)
     assert raw == _reference(SECTIONS, meta, compress=compress)
     magic, version, hlen, hcrc, flags = struct.unpack_from("<6sHQII", raw)
-    assert (magic, version, flags) == (b"LCCKPT", 3, int(compress))
+    assert (magic, version, flags) == (b"LCCKPT", 4, int(compress))
     stored = raw[24 : 24 + hlen]
     assert zlib.crc32(stored) == hcrc
-    header = zlib.decompress(stored) if compress else stored
+    header = zlib.decompressobj(zdict=HEADER_DICT).decompress(stored) if compress else stored
     assert len(stored) < len(header) if compress else stored == header
     start = -(-(24 + hlen) // 16) * 16
     assert raw[24 + hlen : start] == bytes(start - 24 - hlen)
     sections = json.loads(header)["sections"]
+    assert not any("offset" in s for s in sections)                # the layout fixes them
+    with C.read_container(raw) as c:
+        sections = c.sections
     assert [s["offset"] for s in sections] == [0, 16, 128, 128]     # 5 -> 16, 16 + 100 -> 128
     for i, (s, (name, _, data)) in enumerate(zip(sections, SECTIONS)):
         assert raw[start + s["offset"] : start + s["offset"] + s["length"]] == data
@@ -130,13 +154,14 @@ def test_byte_layout(compress):
     last = sections[-1]
     assert len(raw) == start + last["offset"] + last["length"]
     with C.read_container(raw) as c:
-        assert (c.version, c.header_compressed, c.header_bytes) == (3, compress, hlen)
+        assert (c.version, c.header_compressed, c.header_bytes) == (4, compress, hlen)
         assert (c.header_json_bytes, c.data_start) == (len(header), start)
 
 
 def test_header_is_compressed_only_when_smaller():
-    with C.read_container(_bytes([], {})) as c:     # 36 bytes of JSON: zlib is longer
-        assert not c.header_compressed and c.header_bytes == c.header_json_bytes
+    with C.read_container(_bytes([], {})) as c:     # 36 bytes: the dictionary has them
+        assert c.header_compressed and c.header_bytes < c.header_json_bytes
+    assert H.pack(b"{}", True) == (b"{}", 0)         # zlib's own bytes are longer
     many = [(f"obj[\"model\"][\"layer{i}.weight\"]", {"kind": "tensor", "dtype": "F32"}, b"x")
             for i in range(3000)]                   # a header of many deflate blocks
     raw = _bytes(many, {"m": 1})
@@ -148,16 +173,52 @@ def test_header_is_compressed_only_when_smaller():
     assert raw == _reference(many, {"m": 1})
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+def test_the_header_dictionary_never_changes():
+    """Version 4 readers need exactly these bytes: a new dictionary is a new version."""
+    assert (len(HEADER_DICT), zlib.adler32(HEADER_DICT)) == (2583, 0x219F730B)
+
+
+def test_a_header_from_the_dictionary_is_smaller():
+    sections = [(f'obj["model"]["layer{i}.weight"]', {"kind": "tensor", "dtype": "F32",
+                 "shape": [64, 64], "codec": "raw", "device": "cpu"}, b"x") for i in range(8)]
+    raw = _bytes(sections, {"m": 1})
+    plain = _reference(sections, {"m": 1}, version=3)
+    assert raw == _reference(sections, {"m": 1})
+    with C.read_container(raw) as c, C.read_container(plain) as p:
+        assert c.meta == p.meta and c.sections == p.sections
+        assert c.header_bytes < 0.8 * p.header_bytes
+
+
+def _delta(name, params):
+    return (name, {"kind": "tensor", "codec": "delta", "codec_params": params}, b"x")
+
+
+def test_a_delta_sections_key_is_left_out_where_it_is_the_name():
+    sections = [_delta("a", {"key": "a"}), _delta("b", {"key": "other"}),
+                _delta("c", {"key": "c", "base": "zero"}), ("d", {"codec": "raw"}, b"x")]
+    raw = _bytes(sections, {})
+    assert raw == _reference(sections, {})
+    stored = json.loads(zlib.decompressobj(zdict=HEADER_DICT).decompress(
+        raw[24:24 + struct.unpack_from("<Q", raw, 8)[0]]))["sections"]
+    assert [s["meta"].get("codec_params") for s in stored] == [
+        None, {"key": "other"}, {"base": "zero"}, None]
+    with C.read_container(raw) as c:                # read back as written
+        assert [s["meta"] for s in c.sections] == [m for _, m, _ in sections]
+    old = _reference([_delta("a", {})], {}, version=3)
+    with C.read_container(old) as c:                # version 3 implied nothing
+        assert c.sections[0]["meta"]["codec_params"] == {}
+
+
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 @pytest.mark.parametrize("compress", [True, False])
 def test_every_version_reads(version, compress):
     """Files as each version's writer wrote them (64-byte aligned before version 3)."""
     raw = _reference(SECTIONS, {"m": [1] * 50}, version, compress)
     with C.read_container(raw) as c:
         assert c.version == version and c.meta == {"m": [1] * 50}
-        assert c.header_compressed == (compress and version == 3)
+        assert c.header_compressed == (compress and version >= 3)
         assert [bytes(c.data(i)) for i in range(len(c))] == [d for _, _, d in SECTIONS]
-        assert c.sections[1]["offset"] == (16 if version == 3 else 64)
+        assert c.sections[1]["offset"] == (16 if version >= 3 else 64)
         c.verify()
 
 
@@ -220,14 +281,14 @@ def test_prefix_checks():
     with pytest.raises(TruncatedError):
         C.read_container(raw[:10])
     with pytest.raises(UnsupportedVersionError, match="upgrade"):
-        C.read_container(raw[:6] + struct.pack("<H", 4) + raw[8:])
+        C.read_container(raw[:6] + struct.pack("<H", 5) + raw[8:])
     with pytest.raises(CorruptDataError):
         C.read_container(raw[:6] + struct.pack("<H", 0) + raw[8:])
     for version in (1, 2):                          # the field is reserved: 0, not flags
         old = _reference(SECTIONS, {"m": 1}, version)
         with pytest.raises(CorruptDataError, match="reserved"):
             C.read_container(old[:20] + b"\x01" + old[21:])
-    for bit in range(1, 32):                        # version 3 defines bit 0 only
+    for bit in range(1, 32):                        # versions 3 and 4 define bit 0 only
         flags = struct.unpack_from("<I", raw, 20)[0] | 1 << bit
         with pytest.raises(CorruptDataError, match="flags"):
             C.read_container(raw[:20] + struct.pack("<I", flags) + raw[24:])
@@ -303,7 +364,7 @@ def test_verify_file_reports_the_version_and_the_header(tmp_path, version):
     assert any("format version 1" in w for w in r["warnings"]) == (version == 1)
 
 
-@pytest.mark.parametrize("version, offset", [(3, 64), (3, 8), (2, 16), (1, 16)])
+@pytest.mark.parametrize("version, offset", [(4, 64), (4, 8), (3, 64), (3, 8), (2, 16), (1, 16)])
 def test_sections_must_be_at_their_versions_alignment(version, offset):
     key = "crc32" if version == 1 else "crc32c"
     a, b = _section(length=10), _section("b", offset=offset, length=0)
@@ -313,9 +374,9 @@ def test_sections_must_be_at_their_versions_alignment(version, offset):
     else:
         a[key] = zlib.crc32(bytes(10))
     header = {"version": version, "meta": {}, "sections": [a, b]}
-    with pytest.raises(CorruptDataError, match=f"next {16 if version == 3 else 64}-byte boundary"):
+    with pytest.raises(CorruptDataError, match=f"next {16 if version >= 3 else 64}-byte boundary"):
         C.read_container(_craft(header, bytes(offset), version))
-    b["offset"] = 16 if version == 3 else 64
+    b["offset"] = 16 if version >= 3 else 64
     with C.read_container(_craft(header, bytes(b["offset"]), version)) as c:
         c.verify()
 
@@ -427,7 +488,7 @@ def test_any_content_round_trips_as_the_spec_says(sections, meta, compress, data
     raw = _bytes(sections, meta, compress_header=compress)
     assert raw == _reference(sections, meta, compress=compress)
     with C.read_container(raw) as c:
-        assert c.meta == meta and c.version == 3
+        assert c.meta == meta and c.version == 4
         assert [(s["name"], s["meta"]) for s in c.sections] == [(n, m) for n, m, _ in sections]
         assert [bytes(c.data(i)) for i in range(len(c))] == [d for _, _, d in sections]
         assert all(s["offset"] % 16 == 0 for s in c.sections)

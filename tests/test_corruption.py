@@ -97,7 +97,7 @@ def test_every_truncation_of_the_fixed_prefix(tmp_path):
 
 @pytest.mark.parametrize("compress", [True, False])
 def test_every_bit_flip_and_truncation_of_a_small_file(compress):
-    """Every byte of a version 3 file (prefix and flags, the header stored compressed or
+    """Every byte of a version 4 file (prefix and flags, the header stored compressed or
     plain, the 16-byte padding after it, sections and the gaps between them) is a fixed
     field, under a checksum, or a required zero: no flip of any bit loads, and neither
     does any truncation."""
@@ -106,7 +106,7 @@ def test_every_bit_flip_and_truncation_of_a_small_file(compress):
     write_container(f, sections, meta, compress_header=compress)
     raw = f.getvalue()
     with read_container(raw) as c:
-        assert c.version == 3 and c.header_compressed == compress
+        assert c.version == 4 and c.header_compressed == compress
         assert c.data_start > 24 + c.header_bytes and c.sections[1]["offset"] == 32
     assert S.load(io.BytesIO(raw))["b"] == b"xyz"
     for bit in range(len(raw) * 8):

@@ -17,7 +17,7 @@ from lcckpt.chain import checkpointer as C
 from lcckpt.format import stream as S
 from lcckpt.format.container import read_container
 from lcckpt.format.flatten import census
-from lcckpt.format.header import _inflate_header
+from lcckpt.format.header import FORMAT_VERSION, _inflate_header
 from lcckpt.format.verify import verify_file
 
 from helpers import same_bits
@@ -31,11 +31,11 @@ from helpers import same_bits
        st.integers(0, 200_000))
 def test_a_fitted_header_is_exactly_its_room_and_inflates_to_the_json(obj, extra):
     header = json.dumps({"v": obj}).encode()
-    low = 2 + len(S._deflated(header)) + 4 + 5          # the least room it fits
+    low = 6 + len(S._deflated(header)) + 4 + 5          # the least room it fits
     assert S.fit_header(header, low - 1) is None
     stored = S.fit_header(header, low + extra)
     assert len(stored) == low + extra
-    text = _inflate_header(stored)                      # the reader's own inflate
+    text = _inflate_header(stored, FORMAT_VERSION)      # the reader's own inflate
     assert text[:len(header)] == header and not text[len(header):].strip()
     assert json.loads(text) == {"v": obj}
 

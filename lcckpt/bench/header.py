@@ -6,8 +6,10 @@ Two measurements:
   ``snapshot_every`` steps a snapshot goes into a ``DeltaCheckpointer`` with default
   settings. For each delta file: its size, the header as stored and as JSON, and the size
   the same header and sections would take laid out as format version 2 (header not
-  compressed, 64-byte alignment; computed exactly from the parsed header, whose JSON
-  differs from version 2's only in the version digit and the section offsets).
+  compressed, 64-byte alignment) and as version 3 (zlib without the preset dictionary,
+  every delta section's key and every stat written out); computed from the parsed header,
+  whose JSON differs from theirs only in the version digit, the section offsets, and
+  for version 3 the keys and stats that version 4 leaves out.
 - **Big headers.** A container of ``tensors`` small sections with chain-like metadata is
   written to memory and read back, with the header compressed and plain, interleaved
   (medians over ``reps``): what compressing and inflating a header of that size costs.
@@ -28,7 +30,9 @@ import zlib
 
 import torch
 
+from ..chain.session import finite
 from ..format import container as C
+from ..format import header as H
 from ..format import serialization
 from ..chain.checkpointer import DeltaCheckpointer
 from .timing import environment, format_table
@@ -40,18 +44,38 @@ def _align(n: int, a: int) -> int:
 
 def layout(c: C.Container, version: int, compress: bool) -> tuple[int, int]:
     """File size and stored header size of ``c``'s header and sections laid out as
-    ``version`` (2 or 3)."""
+    ``version`` (2, 3 or 4)."""
     a = C.ALIGNMENTS[version]
-    sections, offset = [], 0
+    sections, offset, end = [], 0, 0
     for s in c.sections:
-        sections.append({**s, "offset": offset})
-        offset = _align(offset + s["length"], a)
-    header = json.dumps({"version": version, "meta": c.meta, "sections": sections},
+        s = {**s, "offset": offset}
+        sections.append(H.stored_entry(s) if version >= H.DICT_VERSION else s)
+        end = offset + s["length"]
+        offset = _align(end, a)
+    meta = c.meta if version >= H.DICT_VERSION else _with_derived(c.meta)
+    header = json.dumps({"version": version, "meta": meta, "sections": sections},
                         ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
-    if compress and len(z := zlib.compress(header, C.HEADER_ZLIB_LEVEL)) < len(header):
+    if version >= H.DICT_VERSION:
+        header = H.pack(header, compress)[0]
+    elif compress and len(z := zlib.compress(header, H.HEADER_ZLIB_LEVEL)) < len(header):
         header = z
-    end = sections[-1]["offset"] + sections[-1]["length"] if sections else 0
     return _align(C.PREFIX_SIZE + len(header), a) + end, len(header)
+
+
+def _with_derived(meta: dict) -> dict:
+    """A chain file's meta with the stat versions 2 and 3 wrote and 4 derives."""
+    chain = meta.get("lcckpt_chain")
+    if not isinstance(chain, dict) or not isinstance(chain.get("tensors"), dict):
+        return meta
+    tensors = {}
+    for k, st in chain["tensors"].items():
+        if st.get("movement"):
+            at = list(st).index("movement") + 1          # where the writer put it
+            items = list(st.items())
+            items.insert(at, ("error_vs_movement", finite(st["rel_error"] / st["movement"])))
+            st = dict(items)
+        tensors[k] = st
+    return {**meta, "lcckpt_chain": {**chain, "tensors": tensors}}
 
 
 def chain_files(steps: int = 200, snapshot_every: int = 10, directory: str | None = None) -> dict:
@@ -71,12 +95,14 @@ def chain_files(steps: int = 200, snapshot_every: int = 10, directory: str | Non
             with C.read_container(ck.path(step)) as c:
                 data = sum(s["length"] for s in c.sections)
                 v2_bytes, v2_header = layout(c, 2, False)
+                v3_bytes, v3_header = layout(c, 3, True)
                 rows.append({"step": step, "file_bytes": c.size, "v2_bytes": v2_bytes,
-                             "header_stored": c.header_bytes, "header_json": c.header_json_bytes,
-                             "v2_header": v2_header, "section_bytes": data, "sections": len(c),
+                             "v3_bytes": v3_bytes, "header_stored": c.header_bytes,
+                             "header_json": c.header_json_bytes, "v2_header": v2_header,
+                             "v3_header": v3_header, "section_bytes": data, "sections": len(c),
                              "padding": c.size - C.PREFIX_SIZE - c.header_bytes - data,
                              "v2_padding": v2_bytes - C.PREFIX_SIZE - v2_header - data})
-                assert (c.size, c.header_bytes) == layout(c, 3, True)
+                assert (c.size, c.header_bytes) == layout(c, C.FORMAT_VERSION, True)
                 assert c.size == os.path.getsize(ck.path(step))
         ck.close()
     mean = {k: statistics.fmean(r[k] for r in rows) for k in rows[0] if k != "step"} if rows else {}
@@ -111,7 +137,7 @@ def big_header(tensors: int = 20_000, reps: int = 5) -> dict:
     plain = files[False][C.PREFIX_SIZE:C.PREFIX_SIZE + json_bytes]
     for _ in range(reps):
         t0 = time.perf_counter()
-        zlib.compress(plain, C.HEADER_ZLIB_LEVEL)
+        H.pack(plain, True)
         t_zlib.append(time.perf_counter() - t0)
     rows = [{"op": op, "header": "zlib" if z else "plain", "header_bytes": stored[z],
              "median_s": statistics.median(times[op, z]), "min_s": min(times[op, z])}
@@ -140,18 +166,20 @@ def main(argv=None) -> int:
     ch = res["chain"]
     print(f"digits CNN, SGD momentum, {ch['steps']} steps, a snapshot every "
           f"{ch['snapshot_every']}: {ch['deltas']} delta files")
-    print(format_table(ch["files"], ["step", "file_bytes", "v2_bytes", "header_stored",
-                                     "v2_header", "section_bytes", "padding", "v2_padding"]))
+    print(format_table(ch["files"], ["step", "file_bytes", "v2_bytes", "v3_bytes",
+                                     "header_stored", "v2_header", "v3_header",
+                                     "section_bytes", "padding", "v2_padding"]))
     m = ch["mean"]
     if m:
         print(f"mean delta file: {m['file_bytes']:,.0f} bytes (as format v2: {m['v2_bytes']:,.0f}, "
-              f"{m['file_bytes'] / m['v2_bytes']:.1%}); header {m['header_stored']:,.0f} stored "
-              f"of {m['header_json']:,.0f} JSON bytes (v2: {m['v2_header']:,.0f}); padding "
+              f"{m['file_bytes'] / m['v2_bytes']:.1%}; as v3: {m['v3_bytes']:,.0f}); header "
+              f"{m['header_stored']:,.0f} stored of {m['header_json']:,.0f} JSON bytes (v2: "
+              f"{m['v2_header']:,.0f}, v3: {m['v3_header']:,.0f}); padding "
               f"{m['padding']:,.0f} (v2: {m['v2_padding']:,.0f}); "
               f"sections {m['section_bytes']:,.0f}")
     b = res["big_header"]
     print(f"\n{b['tensors']:,} tensors: header {b['header_json_bytes']:,} bytes of JSON, "
-          f"{b['header_zlib_bytes']:,} compressed (zlib level {C.HEADER_ZLIB_LEVEL} alone: "
+          f"{b['header_zlib_bytes']:,} compressed (zlib level {H.HEADER_ZLIB_LEVEL} alone: "
           f"{b['zlib_compress_s'] * 1e3:.1f} ms)")
     print(format_table(b["rows"], ["op", "header", "header_bytes", "median_s", "min_s"]))
     if args.json:

@@ -142,8 +142,9 @@ def is_keyframe(c) -> bool:
 
 def with_sizes(info, sections: list):
     """A file's chain metadata with each tensor's ``nbytes`` and ``bits_per_element`` in
-    its stats, from its section's length and shape where the file leaves them out (see
-    ``session.stored_stats``), as the writer computed them; anything else as it is."""
+    its stats, from its section's length and shape, and its ``error_vs_movement`` (the
+    error's share of the movement: ``rel_error / movement``), where the file leaves them
+    out (see ``session.stored_stats``); anything else as it is."""
     tensors = info.get("tensors") if isinstance(info, dict) else None
     if not isinstance(tensors, dict):
         return info
@@ -158,6 +159,10 @@ def with_sizes(info, sections: list):
         if isinstance(st, dict) and k in sizes and "nbytes" not in st:
             nbytes, n = sizes[k]
             st = {**st, "nbytes": nbytes, "bits_per_element": finite(8 * nbytes / n if n else 0.0)}
+        if isinstance(st, dict) and "error_vs_movement" not in st:
+            err, moved = st.get("rel_error"), st.get("movement")
+            if type(err) is float and type(moved) is float and moved > 0:
+                st = {**st, "error_vs_movement": finite(err / moved)}
         out[k] = st
     return {**info, "tensors": out}
 

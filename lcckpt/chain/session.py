@@ -119,13 +119,16 @@ class SaveSession:
             self.missed.append((path, err / moved if moved else float("inf"), target))
 
 
-SIZE_STATS = ("nbytes", "bits_per_element")   # what a file's sections say already
+# what a file says already: its sections' sizes, and rel_error / movement
+DERIVED_STATS = ("nbytes", "bits_per_element", "error_vs_movement")
 
 
 def stored_stats(stats: dict) -> dict:
-    """The per-tensor stats as a file stores them: without the sizes, which its sections
-    give (every delta file of a small model carries them, header bytes each time)."""
-    return {k: {f: v for f, v in st.items() if f not in SIZE_STATS} for k, st in stats.items()}
+    """The per-tensor stats as a file stores them: without what the reader derives
+    (links.with_sizes; every delta file of a small model carries them, header bytes each
+    time)."""
+    return {k: {f: v for f, v in st.items() if f not in DERIVED_STATS}
+            for k, st in stats.items()}
 
 
 def finite(x):

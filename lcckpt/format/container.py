@@ -11,10 +11,11 @@ Section checksums (since format version 2) are CRC-32C of the section's index an
 followed by its bytes: they bind each section's content and identity, so no swap or
 substitution of equal-length sections passes (a tensor blob ends with the CRC-32 of its
 own payload, which makes a plain CRC-32 of it content-blind; version 1 files still load,
-with that weakness). Format version 3 stores the header zlib-compressed when that is smaller and
-aligns sections to 16 bytes instead of 64: a small model's delta file was mostly header
-and padding. The header's stored size, inflated size and shape are bounded before it is
-parsed; versions 1 and 2 (uncompressed, 64-byte aligned) still load.
+with that weakness). Format version 3 stores the header zlib-compressed when that is smaller,
+and aligns sections to 16 bytes instead of 64: a small model's delta file was mostly
+header and padding. Version 4 deflates it from a preset dictionary (header_dict.py) and
+leaves out a delta section's tracking key where it is the name. The header's stored
+size, inflated size and shape are bounded before it is parsed; earlier versions load.
 
 Writes to a path are atomic: a temp file in the same directory is written, fsynced and
 renamed over the target, then the directory is fsynced. A crash leaves either the old
@@ -48,7 +49,7 @@ from ..errors import (
 from . import header as _header
 from .header import (    # the prefix and header layout
     _PREFIX, ALIGNMENT, ALIGNMENTS, CHECK_KEY, FLAG_HEADER_ZLIB, FORMAT_VERSION,
-    HEADER_ZLIB_LEVEL, MAGIC, MAX_HEADER_SIZE, MAX_JSON_DEPTH, PREFIX_SIZE, _align,
+    MAGIC, MAX_HEADER_SIZE, MAX_JSON_DEPTH, PREFIX_SIZE, _align,
 )
 from .sources import BufferSource, FileSource, PartReader
 
@@ -97,7 +98,7 @@ def write_container(
     written.
     """
     header, payloads = _build_header(sections, meta, stamp)
-    header, flags = _pack_header(header, compress_header)
+    header, flags = _header.pack(header, compress_header)
     if before_write is not None:
         before_write()
     if isinstance(dest, (str, os.PathLike)):
@@ -106,15 +107,6 @@ def write_container(
     else:
         _write_all_parts(dest, header, flags, payloads)
     return _file_size(len(header), [sum(v.nbytes for v in p) for p in payloads])
-
-
-def _pack_header(header: bytes, compress: bool) -> tuple[bytes, int]:
-    """The header as stored, and the prefix flags saying how: compressed if smaller."""
-    if compress:
-        packed = zlib.compress(header, HEADER_ZLIB_LEVEL)
-        if len(packed) < len(header):
-            return packed, FLAG_HEADER_ZLIB
-    return header, 0
 
 
 def _build_header(sections, meta, stamp=None) -> tuple[bytes, list[list[memoryview]]]:
@@ -174,7 +166,8 @@ def _header_json(entries: list[dict], meta) -> bytes:
     for entry in entries:
         if not isinstance(entry["meta"], dict):
             raise InvalidArgumentError(f"meta of section {entry['name']!r} must be a dict")
-    header_obj = {"version": FORMAT_VERSION, "meta": meta, "sections": entries}
+    header_obj = {"version": FORMAT_VERSION, "meta": meta,
+                  "sections": [_header.stored_entry(e) for e in entries]}
     try:       # what JSON would change (int keys, tuples, NaN) fails the round trip, in C
         header = json.dumps(header_obj, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
         same = json.loads(header) == header_obj

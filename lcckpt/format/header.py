@@ -6,17 +6,20 @@ import struct
 import zlib
 
 from .. import limits
+from .header_dict import HEADER_DICT
 from ..errors import (
     ChecksumError, CorruptDataError, ResourceLimitError, TruncatedError, UnsupportedVersionError,
 )
 
 MAGIC = b"LCCKPT"
-FORMAT_VERSION = 3              # written; every version from 1 up to it is read
-CHECK_KEY = {1: "crc32", 2: "crc32c", 3: "crc32c"}   # a section entry's checksum field
-ALIGNMENTS = {1: 64, 2: 64, 3: 16}     # section and data-start alignment, per version
+FORMAT_VERSION = 4              # written; every version from 1 up to it is read
+CHECK_KEY = {1: "crc32", 2: "crc32c", 3: "crc32c", 4: "crc32c"}  # a section's checksum field
+ALIGNMENTS = {1: 64, 2: 64, 3: 16, 4: 16}  # section and data-start alignment, per version
 ALIGNMENT = ALIGNMENTS[FORMAT_VERSION]  # what the writer uses: every dtype's item size divides it
 FLAG_HEADER_ZLIB = 1                   # prefix flag (v3): the header bytes are a zlib stream
-KNOWN_FLAGS = {1: 0, 2: 0, 3: FLAG_HEADER_ZLIB}   # v1/v2: the field is reserved, must be 0
+KNOWN_FLAGS = {1: 0, 2: 0, 3: FLAG_HEADER_ZLIB, 4: FLAG_HEADER_ZLIB}  # v1/v2: reserved, 0
+DICT_VERSION = 4                       # from it on, a zlib header may use HEADER_DICT
+DELTA_CODEC = "delta"                  # v4: a delta section's tracking key defaults to its name
 HEADER_ZLIB_LEVEL = 6                  # ~35 ms for the 8 MB header of 20,000 tensors
 MAX_HEADER_SIZE = limits.MAX_HEADER_BYTES   # bytes of the header, stored and inflated
 MAX_JSON_DEPTH = 512  # writers refuse deeper metadata; JSON parsers recurse
@@ -65,7 +68,7 @@ def parse(src) -> tuple:
     raw = src.read(PREFIX_SIZE, header_len)
     if zlib.crc32(raw) != header_crc:
         raise ChecksumError("header checksum mismatch: the file is damaged; restore a good copy")
-    raw = _inflate_header(raw) if flags & FLAG_HEADER_ZLIB else bytes(raw)
+    raw = _inflate_header(raw, version) if flags & FLAG_HEADER_ZLIB else bytes(raw)
     _check_header_size(raw)
     header = _parse_json(raw)
     meta, sections = _validate_header(header, version)
@@ -78,11 +81,24 @@ def _not_ours(prefix: bytes) -> str:
     return f"not an lcckpt file: it starts with {prefix[:8]!r}, expected {MAGIC!r}"
 
 
-def _inflate_header(stored) -> bytes:
+def pack(header: bytes, compress: bool) -> tuple[bytes, int]:
+    """The header as stored, and the prefix flags saying how: deflated from the preset
+    dictionary if that is smaller."""
+    if compress:
+        c = zlib.compressobj(HEADER_ZLIB_LEVEL, zlib.DEFLATED, 15, zdict=HEADER_DICT)
+        packed = c.compress(header) + c.flush()
+        if len(packed) < len(header):
+            return packed, FLAG_HEADER_ZLIB
+    return header, 0
+
+
+def _inflate_header(stored, version: int) -> bytes:
     """The JSON of a compressed header (whose CRC-32 has been checked), inflating at most
     ``MAX_HEADER_SIZE`` bytes: a small stored header cannot make the reader allocate more.
-    The stream must end (adler32 checked) exactly at the end of the stored bytes."""
-    d = zlib.decompressobj()                        # RFC 1950: zlib wrapper and adler32
+    The stream must end (adler32 checked) exactly at the end of the stored bytes. From
+    version 4 on it may start from the preset dictionary (header_dict.py)."""
+    # RFC 1950: zlib wrapper and adler32; a stream naming another dictionary fails here
+    d = zlib.decompressobj(zdict=HEADER_DICT) if version >= DICT_VERSION else zlib.decompressobj()
     try:
         out = d.decompress(stored, MAX_HEADER_SIZE + 1)
     except zlib.error as e:
@@ -162,8 +178,11 @@ def _validate_header(header, version: int) -> tuple[dict, list[dict]]:
         if type(s) is not dict:
             bad(f"section {i} is not an object")
         ck = CHECK_KEY[version]
+        if version >= DICT_VERSION and type(s) is dict and "offset" not in s:
+            s["offset"] = expected               # v4 leaves it out: the layout fixes it
         if set(s) != {"name", "offset", "length", ck, "meta"}:
-            bad(f"section {i} keys are {sorted(s)}, expected {ck}, length, meta, name, offset")
+            bad(f"section {i} keys are {sorted(s)}, expected {ck}, length, meta, name"
+                + ("" if version >= DICT_VERSION else ", offset"))
         name = s["name"]
         if type(name) is not str or not name:
             bad(f"section {i} name is not a non-empty string")
@@ -183,4 +202,30 @@ def _validate_header(header, version: int) -> tuple[dict, list[dict]]:
                 f"stored in order, each at the next {alignment}-byte boundary"
             )
         expected = _align(s["offset"] + s["length"], alignment)
+        if version >= DICT_VERSION and s["meta"].get("codec") == DELTA_CODEC:
+            _implied_key(s)
     return header["meta"], sections
+
+
+def stored_entry(entry: dict) -> dict:
+    """``entry`` as a version 4 header stores it: without its offset, which the layout
+    fixes (each section at the next aligned boundary after the one before), and without a
+    delta section's tracking key where it is the section's name (the reader puts both
+    back: _validate_header, _implied_key)."""
+    entry = {k: v for k, v in entry.items() if k != "offset"}
+    meta = entry["meta"]
+    params = meta.get("codec_params")
+    if meta.get("codec") != DELTA_CODEC or type(params) is not dict \
+            or params.get("key") != entry["name"]:
+        return entry
+    params = {k: v for k, v in params.items() if k != "key"}
+    meta = {k: v for k, v in meta.items() if k != "codec_params"}
+    return {**entry, "meta": {**meta, "codec_params": params} if params else meta}
+
+
+def _implied_key(s: dict) -> None:
+    """A version 4 writer leaves out a delta section's tracking key where it is the
+    section's name (most of them: the key path of the tensor); put it back."""
+    params = s["meta"].get("codec_params", {})
+    if type(params) is dict and "key" not in params:
+        s["meta"]["codec_params"] = {**params, "key": s["name"]}

@@ -33,6 +33,7 @@ from .header import (
     _PREFIX, FLAG_HEADER_ZLIB, FORMAT_VERSION, HEADER_ZLIB_LEVEL, MAGIC, MAX_HEADER_SIZE,
     PREFIX_SIZE, _align,
 )
+from .header_dict import HEADER_DICT, HEADER_DICT_ID
 from .sections import Encoded
 
 __all__ = ["STREAM_ABOVE", "SectionStream", "Spooled", "first_room", "fit_header"]
@@ -61,8 +62,13 @@ class Spooled:
     crc: int                      # its section checksum at ``index``
 
 
+# RFC 1950 stream header: deflate with a 32K window, default level, FDICT set (then the
+# dictionary's Adler-32), its check bits making the first two bytes a multiple of 31
+_ZLIB_HEAD = b"\x78\xbb" + struct.pack(">I", HEADER_DICT_ID)
+
+
 def _deflated(header: bytes) -> bytes:
-    c = zlib.compressobj(HEADER_ZLIB_LEVEL, zlib.DEFLATED, -15)      # raw deflate
+    c = zlib.compressobj(HEADER_ZLIB_LEVEL, zlib.DEFLATED, -15, zdict=HEADER_DICT)  # raw
     return c.compress(header) + c.flush(zlib.Z_SYNC_FLUSH)          # ends on a byte
 
 
@@ -72,12 +78,12 @@ def fit_header(header: bytes, size: int, body: bytes | None = None) -> bytes | N
     ignores trailing whitespace), the last one final, then the Adler-32 of all of it
     (RFC 1950/1951)."""
     body = _deflated(header) if body is None else body
-    pad = size - (2 + len(body) + 4)
+    pad = size - (len(_ZLIB_HEAD) + len(body) + 4)
     if pad < 5:
         return None
     blocks = -(-pad // 65540)             # 5 bytes of block header, at most 65535 of spaces
     spaces = pad - 5 * blocks
-    out = [b"\x78\x9c", body]
+    out = [_ZLIB_HEAD, body]
     for k in range(blocks):
         n = spaces // blocks + (k < spaces % blocks)
         out.append(bytes([k == blocks - 1]) + struct.pack("<HH", n, n ^ 0xFFFF) + b" " * n)
@@ -160,7 +166,7 @@ class SectionStream:
             stamp(entries, meta)
         header = _header_json(entries, meta)
         body = _deflated(header)
-        self.header_need = 2 + len(body) + 4 + 5
+        self.header_need = len(_ZLIB_HEAD) + len(body) + 4 + 5
         spaces = self.data_start - PREFIX_SIZE - self.header_need
         # outgrew its room: move the sections up; or the spaces would inflate the header
         # past the readers' limit: down
