@@ -28,7 +28,6 @@ import uuid
 import warnings
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.futures import Future
@@ -45,7 +44,9 @@ from ..errors import (
     BrokenChainError, CorruptDataError, InvalidArgumentError, TruncatedError,
     UnsafeObjectError,
 )
+from ..codec.streamed import StreamedBlob
 from . import exchange, targets
+from .blobs import as_tensor, decode_exact, streamed_blob
 from .refs import BACKGROUND, Background, Ref, read_blob, resync
 from .partition import Piece
 from .store import Flusher, check_size, files_for
@@ -77,14 +78,16 @@ class LcckptStorageInfo:
                                # paths relative to this checkpoint's directory
     zero_base: bool = False    # the chain's first blob is a delta against zeros, not a keyframe
 
-    def replay(self, read) -> Reconstruction:
+    def replay(self, read, work: str | None = None) -> Reconstruction:
         """The item's chain applied, keyframe (or the delta from zero) first; ``read(path,
-        offset, length)`` gives a blob's bytes."""
+        offset, length)`` gives a blob's bytes, ``read(..., stream_as=work)`` the first
+        one's, which it may give as a blob read as it is decoded (a keyframe)."""
         rec = Reconstruction()          # the whole chain replayed at once, chunk by chunk
         blobs = tuple(self.chain) + ((self.relative_path, self.offset, self.length),)
         for i, (rel, off, n) in enumerate(blobs):
-            rec.apply(read(rel, off, n), dtype=dtype_name(self),
-                      zero_base=self.zero_base and i == 0)
+            first = i == 0 and not self.zero_base and work is not None
+            rec.apply(read(rel, off, n, stream_as=work) if first else read(rel, off, n),
+                      dtype=dtype_name(self), zero_base=self.zero_base and i == 0)
         return rec
 
 
@@ -308,7 +311,7 @@ class CompressedWriter(FileSystemWriter):
 
     def references(self) -> dict[Piece, torch.Tensor]:
         """This rank's committed references: what a load of its pieces will return."""
-        return {p: _as_tensor(r.encoder.reference()) for p, r in self._refs.items()}
+        return {p: as_tensor(r.encoder.reference()) for p, r in self._refs.items()}
 
     def _remove_stale(self, keep: set) -> None:
         try:
@@ -351,13 +354,6 @@ def _piece(planner, wi: WriteItem) -> Piece:
         return planner.piece_of(wi)
     from .planner import whole_piece  # noqa: PLC0415
     return whole_piece(wi)
-
-
-def _as_tensor(x) -> torch.Tensor:
-    if isinstance(x, torch.Tensor):
-        return x
-    a = np.asarray(x)
-    return torch.from_numpy(a if a.flags.writeable else a.copy())
 
 
 def _narrow(t: torch.Tensor, offsets, lengths) -> torch.Tensor:
@@ -481,26 +477,35 @@ class CompressedReader(FileSystemReader):
         out = exchange.whole_target(info, reqs, planner) if info.codec == "exact" else None
         return self._decode(info, out)
 
-    def _read(self, rel: str, offset: int, length: int) -> bytes:
+    def _read(self, rel: str, offset: int, length: int, stream_as: str | None = None):
+        """The blob's bytes; or, for a large lossless one stored as ``stream_as`` in a local
+        file, a :class:`~lcckpt.codec.streamed.StreamedBlob` (blobs.py)."""
         path = self.fs.join(self.path, rel)
         if not self.fs.exists(path):
             raise BrokenChainError(f"{path} is missing: a checkpoint this one depends on "
                                    "was deleted or moved")
-        with self.fs.create_stream(path, "rb") as f:
-            f.seek(offset)
-            data = f.read(length)
-        if len(data) != length:
-            raise TruncatedError(f"{path}: {length} bytes expected at offset {offset}, "
-                                 f"got {len(data)}")
+        data = None if self.fs.remote else streamed_blob(path, offset, length, stream_as, rel)
+        if data is None:
+            with self.fs.create_stream(path, "rb") as f:
+                f.seek(offset)
+                data = f.read(length)
+            if len(data) != length:
+                raise TruncatedError(f"{path}: {length} bytes expected at offset {offset}, "
+                                     f"got {len(data)}")
         self.bytes_read += length
         return data
 
     def _decode(self, info: LcckptStorageInfo, out: torch.Tensor | None = None) -> torch.Tensor:
         if info.codec == "exact":
-            out = _as_tensor(decode(self._read(info.relative_path, info.offset, info.length),
-                                    out=out))
+            args = info.relative_path, info.offset, info.length
+            blob = self._read(*args, stream_as=dtype_name(info))
+            if isinstance(blob, StreamedBlob):       # None: read it whole after all
+                got = decode_exact(blob, info.shape, exchange._dtype(info.dtype), out)
+                blob = got if got is not None else self._read(*args)
+            out = blob if isinstance(blob, torch.Tensor) else as_tensor(decode(blob, out=out))
         elif info.codec == "delta":
-            out = _as_tensor(info.replay(self._read).value(copy=False))
+            work = "F64" if info.dtype == str(torch.float64) else "F32"
+            out = as_tensor(info.replay(self._read, work).value(copy=False))
         else:
             raise CorruptDataError(f"unknown codec {info.codec!r} in checkpoint metadata")
         if str(out.dtype) != info.dtype or tuple(out.shape) != tuple(info.shape):

@@ -229,11 +229,18 @@ def _streamed_lossless(path: str, c, index: int, meta: dict):
         blob.part.close()
         raise CorruptDataError(f"invalid object tree at {path}: the section's blob holds shape "
                                f"{list(p.shape)}, its header says {meta['shape']}")
-    out = torch.empty(meta["shape"], dtype=dtypes.NAME_TORCH[meta["dtype"]])
-    flat = out.reshape(-1)
+    return decode_streamed(blob, torch.empty(meta["shape"], dtype=dtypes.NAME_TORCH[meta["dtype"]]))
+
+
+def decode_streamed(blob, out: torch.Tensor) -> torch.Tensor | None:
+    """Decode a streamed lossless blob into ``out`` (a contiguous CPU tensor of its shape
+    and dtype) and return it; None, with nothing read, where ``out``'s memory is not the
+    blob's carrier array (a complex dtype): the caller reads the blob whole."""
+    flat = out.view(-1)
+    p = blob.parsed
     carrier = flat.view(torch.int16).numpy().view(np.uint16) if out.dtype == torch.bfloat16 \
         else flat.numpy() if p.dt.kind != "complex" else None
-    if carrier is None or carrier.dtype != p.dt.numpy:
+    if carrier is None or carrier.dtype != p.dt.numpy or carrier.size != p.n:
         blob.part.close()
         return None
     replay([], carrier, base=(blob, p))

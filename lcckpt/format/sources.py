@@ -107,6 +107,23 @@ class PartReader:
                 return None
         return PartReader(source.dup, source.base + start, length)
 
+    @staticmethod
+    def of_path(path: str, start: int, length: int) -> PartReader | None:
+        """Reads of ``length`` bytes from ``start`` of the local file ``path`` (None where
+        ``os.preadv`` is missing or the file cannot be opened: the caller reads whole)."""
+        if not hasattr(os, "preadv"):
+            return None
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        except OSError:
+            return None
+        try:
+            return PartReader(_Dup(fd), start, length)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
     def read(self, offset: int, out) -> None:
         """Fill ``out`` with the span's bytes from ``offset`` on."""
         view = memoryview(out).cast("B")

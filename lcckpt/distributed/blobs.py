@@ -1,0 +1,59 @@
+"""A large lossless blob of a local checkpoint file, decoded as it is read.
+
+An exact item (and a distributed chain's keyframe) used to be read whole into fresh
+memory, then decoded: a transient copy of the item's coded bytes, and page faults that
+cost more than the decode on a small machine (docs/chain.md, lcckpt/codec/streamed.py).
+Here a lossless blob of :data:`~lcckpt.codec.streamed.STREAM_MIN` bytes or more in a
+local file is read chunk by chunk into per-thread buffers and decoded straight into its
+target, its own header and payload CRCs checked as it goes. Remote files (fsspec) are
+read whole, as before.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..codec.streamed import STREAM_MIN, StreamedBlob, streamed
+from ..errors import CorruptDataError
+from ..format.sections import decode_streamed
+from ..format.sources import PartReader
+
+
+def streamed_blob(path: str, offset: int, length: int, work: str | None,
+                  what: str) -> StreamedBlob | None:
+    """The blob at ``offset`` of the local file ``path`` as a :class:`StreamedBlob`, if it
+    is large, lossless and stored as ``work`` (a codec dtype name); else None, nothing
+    held open, and the caller reads it whole."""
+    if work is None or length < STREAM_MIN:
+        return None
+    part = PartReader.of_path(path, offset, length)
+    if part is None:
+        return None
+    try:
+        blob = streamed(part, work, what)
+    except BaseException:
+        part.close()
+        raise
+    if blob is None:
+        part.close()
+    return blob
+
+
+def decode_exact(blob: StreamedBlob, shape: tuple, dtype: torch.dtype,
+                 out: torch.Tensor | None) -> torch.Tensor | None:
+    """``blob`` decoded into ``out`` (or a new tensor of ``shape`` and ``dtype``); None
+    where its dtype cannot be decoded in place (complex), with nothing read."""
+    if tuple(blob.parsed.shape) != tuple(shape):
+        blob.part.close()
+        raise CorruptDataError(f"{blob.what}: the blob holds shape {list(blob.parsed.shape)}, "
+                               f"the checkpoint's metadata says {list(shape)}")
+    return decode_streamed(blob, out if out is not None else torch.empty(shape, dtype=dtype))
+
+
+def as_tensor(x) -> torch.Tensor:
+    """A decoded item as a tensor (a read-only array is copied: a tensor may be written)."""
+    if isinstance(x, torch.Tensor):
+        return x
+    a = np.asarray(x)
+    return torch.from_numpy(a if a.flags.writeable else a.copy())

@@ -1,0 +1,106 @@
+"""Large lossless items of a distributed checkpoint are decoded as they are read
+(lcckpt/distributed/blobs.py): the same values as a whole read, damage still caught."""
+
+import os
+
+import pytest
+import torch
+
+import lcckpt.distributed as ld
+from lcckpt.codec.streamed import STREAM_MIN, StreamedBlob
+from lcckpt.distributed import api, storage
+from lcckpt.errors import CorruptDataError
+
+
+def _state():
+    g = torch.Generator().manual_seed(0)
+    return {"w": torch.randn(3_000_000, generator=g),                     # ~10 MB coded
+            "h": torch.randn(4_000, 2_000, generator=g).bfloat16(),       # ~10 MB coded
+            "small": torch.randn(100, generator=g), "ids": torch.arange(5)}
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Which blobs came back streamed, and a switch that turns streaming off."""
+    seen, state = [], {"off": False}
+    real = storage.streamed_blob
+
+    def wrapped(*a, **k):
+        got = None if state["off"] else real(*a, **k)
+        seen.append(isinstance(got, StreamedBlob))
+        return got
+    monkeypatch.setattr(storage, "streamed_blob", wrapped)
+    return seen, state
+
+
+def _zeros(state):
+    return {k: torch.zeros_like(v) for k, v in state.items()}
+
+
+def test_large_exact_items_stream_into_their_targets_bit_for_bit(tmp_path, spy, monkeypatch):
+    seen, switch = spy
+    state = _state()
+    ld.save(state, tmp_path / "c")
+    readers = []
+
+    class Counted(storage.CompressedReader):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            readers.append(self)
+    monkeypatch.setattr(api, "CompressedReader", Counted)
+    target = _zeros(state)
+    ld.load(target, tmp_path / "c")
+    assert seen.count(True) == 2                        # w and h; the rest read whole
+    assert all(torch.equal(target[k], state[k]) for k in state)
+    switch["off"] = True                                # the same load, read whole
+    whole = _zeros(state)
+    ld.load(whole, tmp_path / "c")
+    assert all(torch.equal(whole[k], state[k]) for k in state)
+    assert readers[0].bytes_read == readers[1].bytes_read > 0   # each byte counted once
+
+
+def test_a_target_of_another_dtype_gets_a_streamed_item_too(tmp_path, spy):
+    seen, _ = spy
+    state = _state()
+    ld.save(state, tmp_path / "c")
+    target = {**_zeros(state), "w": torch.zeros(3_000_000, dtype=torch.float64)}
+    ld.load(target, tmp_path / "c")
+    assert seen.count(True) == 2 and torch.equal(target["w"], state["w"].double())
+
+
+def test_a_chains_large_keyframe_streams_and_restores_what_a_whole_read_does(tmp_path, spy):
+    seen, switch = spy
+    g = torch.Generator().manual_seed(1)
+    state = {"w": torch.randn(3_000_000, generator=g)}
+    ck = ld.DistributedCheckpointer(tmp_path)
+    for step in range(3):
+        state["w"] += 1e-3 * torch.randn(3_000_000, generator=g)
+        ck.save(step, state)
+    got = {"w": torch.zeros(3_000_000)}
+    assert ck.load(got) == 2
+    assert True in seen
+    seen.clear()
+    switch["off"] = True
+    whole = {"w": torch.zeros(3_000_000)}
+    ck.load(whole)
+    assert not any(seen) and torch.equal(got["w"], whole["w"])
+    ref = next(iter(ck.references().values()))
+    assert torch.equal(got["w"], ref)
+
+
+def test_damage_in_a_streamed_item_is_caught(tmp_path, spy):
+    seen, _ = spy
+    state = _state()
+    ld.save(state, tmp_path / "c")
+    name = next(n for n in os.listdir(tmp_path / "c") if n.endswith(".distcp"))
+    path = tmp_path / "c" / name
+    size = path.stat().st_size
+    assert size > 2 * STREAM_MIN
+    with open(path, "r+b") as f:                        # a byte in the middle of the data
+        f.seek(size // 3)
+        b = f.read(1)
+        f.seek(size // 3)
+        f.write(bytes([b[0] ^ 0x10]))
+    with pytest.raises(CorruptDataError):
+        ld.load(_zeros(state), tmp_path / "c")
+    assert True in seen
