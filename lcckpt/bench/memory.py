@@ -18,13 +18,17 @@ the call's own and not the loading's). Cases:
   ``background=False`` (written in ``step()`` from the live state, no snapshot);
   ``manager-overlap``: with ``background="overlap"`` (written in the background from the
   live state, the optimizer's next step waiting for it);
-* ``bench``: ``lcckpt bench --checkpoint`` of two of the torch files.
+* ``bench``: ``lcckpt bench --checkpoint`` of two of the torch files;
+* ``dist-restore``: ``lcckpt.distributed.load`` of an exact distributed checkpoint of the
+  newest state (``lcckpt.distributed.save``, one process) into that state's tensors,
+  which the process holds already.
 
 Each case's "extra" is peak minus what the process held before (its states, or for
 ``restore`` and ``bench`` the imported interpreter alone), against the bars of the plan:
 beyond the state, a save or restore at most the reference plus 10% of the state (for
-``delta`` the reference is resident before; a restore makes the state), the manager at
-most 1.5x the state, ``bench`` at most 3x one state.
+``delta`` the reference is resident before; a restore makes the state; ``dist-restore``
+keeps no reference and loads into tensors it holds), the manager at most 1.5x the
+state, ``bench`` at most 3x one state.
 """
 
 from __future__ import annotations
@@ -103,18 +107,28 @@ elif case == "bench":
         finally:
             sys.stdout = old
     out["calls"] = "lcckpt bench --checkpoint s1.pt s2.pt"
+elif case == "dist-restore":
+    import lcckpt.distributed as ld
+    target = torch.load(f"{d}/s2.pt")
+    before = status("VmRSS"); reset_peak()
+    ld.load(target, f"{d}/dist")
+    out["calls"] = "lcckpt.distributed.load of an exact checkpoint into the state's tensors"
 out.update(before=before, peak=status("VmHWM"))
 print(json.dumps(out))
 """
 
-CASES = ("save", "delta", "restore", "manager", "manager-sync", "manager-overlap", "bench")
+CASES = ("save", "delta", "restore", "manager", "manager-sync", "manager-overlap", "bench",
+         "dist-restore")
 
 
 def prepare(d: str, steps: int = 6) -> dict:
     """Three snapshots of the MLP under Adam as torch files, and a default chain of them."""
     import torch
 
+    import warnings
+
     import lcckpt
+    import lcckpt.distributed as ld
     from ..interop.convert import flat_tensors
     from .trajectory import train_trajectory
     traj = train_trajectory(model="mlp", optimizer="adam", steps=steps,
@@ -124,6 +138,9 @@ def prepare(d: str, steps: int = 6) -> dict:
         for i, s in enumerate(snaps):
             torch.save(s, os.path.join(d, f"s{i}.pt"))
             ck.save(i, s)
+    with warnings.catch_warnings():          # DCP: no process group, one process saves
+        warnings.simplefilter("ignore", UserWarning)
+        ld.save(snaps[-1], os.path.join(d, "dist"))
     tensors = flat_tensors(snaps[-1]).values()
     return {"state_bytes": sum(v.numel() * v.element_size() for v in tensors),
             "fp32_tracked_bytes": sum(v.numel() * 4 for v in tensors
@@ -149,7 +166,7 @@ def run(cases=CASES, directory: str | None = None) -> dict:
     # the state (a save's "before" holds both already; a restore makes the state itself)
     bars = {"save": ref + 0.1 * s, "delta": 0.1 * s, "restore": s + ref + 0.1 * s,
             "manager": 1.5 * s, "manager-sync": 1.5 * s, "manager-overlap": 1.5 * s,
-            "bench": 3 * s}
+            "bench": 3 * s, "dist-restore": 0.1 * s}
     for r in rows:
         r["bar"] = bars[r["case"]]
         r["extra_over_state"] = r["extra"] / s
