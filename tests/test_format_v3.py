@@ -87,6 +87,8 @@ def test_header_benchmark_reports_both_layouts():
     assert ch["deltas"] == 2 and len(ch["files"]) == 2
     for r in ch["files"]:
         assert r["header_stored"] < r["header_json"] and r["padding"] < r["v2_padding"]
+        assert r["header_stored"] < r["v3_header"] and r["file_bytes"] < r["v3_bytes"]
+        assert 20 * r["sections"] < r["blob_headers"] < r["section_bytes"]   # ~20+ B a blob
         assert r["file_bytes"] == 24 + r["header_stored"] + r["section_bytes"] + r["padding"]
         assert r["v2_bytes"] == 24 + r["v2_header"] + r["section_bytes"] + r["v2_padding"]
     assert big["header_zlib_bytes"] < big["header_json_bytes"]

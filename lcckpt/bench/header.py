@@ -2,9 +2,11 @@
 
 Two measurements:
 
-- **Small files.** The digits CNN trains with SGD (momentum) for ``steps`` steps; every
-  ``snapshot_every`` steps a snapshot goes into a ``DeltaCheckpointer`` with default
-  settings. For each delta file: its size, the header as stored and as JSON, and the size
+- **Small files.** The digits CNN trains with SGD (momentum), or Adam, for ``steps`` steps;
+  every ``snapshot_every`` steps a snapshot goes into a ``DeltaCheckpointer`` with default
+  settings. For each delta file: its size, the header as stored and as JSON, what its
+  blobs spend on their own headers (fields, code tables and CRCs) and on coded data, and
+  the size
   the same header and sections would take laid out as format version 2 (header not
   compressed, 64-byte alignment) and as version 3 (zlib without the preset dictionary,
   every delta section's key and every stat written out); computed from the parsed header,
@@ -31,6 +33,7 @@ import zlib
 import torch
 
 from ..chain.session import finite
+from ..errors import LcckptError
 from ..format import container as C
 from ..format import header as H
 from ..format import serialization
@@ -78,11 +81,24 @@ def _with_derived(meta: dict) -> dict:
     return {**meta, "lcckpt_chain": {**chain, "tensors": tensors}}
 
 
-def chain_files(steps: int = 200, snapshot_every: int = 10, directory: str | None = None) -> dict:
+def _blob_headers(c: C.Container) -> int:
+    """Bytes of ``c``'s sections that are their blobs' headers and CRCs, not coded data."""
+    from ..codec.blob import parse
+    n = 0
+    for i in range(len(c)):
+        try:
+            n += parse(bytes(c.data(i)), check_payload=False)[1].payload_base + 4
+        except LcckptError:                 # not a blob
+            pass
+    return n
+
+
+def chain_files(steps: int = 200, snapshot_every: int = 10, directory: str | None = None,
+                optimizer: str = "sgd") -> dict:
     """Sizes of the delta files of the digits CNN chain (default DeltaCheckpointer)."""
     from .trajectory import train_trajectory
 
-    traj = train_trajectory(model="cnn", optimizer="sgd", steps=steps,
+    traj = train_trajectory(model="cnn", optimizer=optimizer, steps=steps,
                             snapshot_every=snapshot_every)
     rows = []
     with tempfile.TemporaryDirectory(dir=directory) as d:
@@ -100,14 +116,15 @@ def chain_files(steps: int = 200, snapshot_every: int = 10, directory: str | Non
                              "v3_bytes": v3_bytes, "header_stored": c.header_bytes,
                              "header_json": c.header_json_bytes, "v2_header": v2_header,
                              "v3_header": v3_header, "section_bytes": data, "sections": len(c),
+                             "blob_headers": _blob_headers(c),
                              "padding": c.size - C.PREFIX_SIZE - c.header_bytes - data,
                              "v2_padding": v2_bytes - C.PREFIX_SIZE - v2_header - data})
                 assert (c.size, c.header_bytes) == layout(c, C.FORMAT_VERSION, True)
                 assert c.size == os.path.getsize(ck.path(step))
         ck.close()
     mean = {k: statistics.fmean(r[k] for r in rows) for k in rows[0] if k != "step"} if rows else {}
-    return {"steps": steps, "snapshot_every": snapshot_every, "deltas": len(rows),
-            "files": rows, "mean": mean}
+    return {"steps": steps, "snapshot_every": snapshot_every, "optimizer": optimizer,
+            "deltas": len(rows), "files": rows, "mean": mean}
 
 
 def big_header(tensors: int = 20_000, reps: int = 5) -> dict:
@@ -148,9 +165,10 @@ def big_header(tensors: int = 20_000, reps: int = 5) -> dict:
 
 
 def run(steps: int = 200, snapshot_every: int = 10, tensors: int = 20_000, reps: int = 5,
-        directory: str | None = None) -> dict:
+        directory: str | None = None, optimizer: str = "sgd") -> dict:
     """Both measurements; a JSON-able dict."""
-    return {"environment": environment(), "chain": chain_files(steps, snapshot_every, directory),
+    return {"environment": environment(),
+            "chain": chain_files(steps, snapshot_every, directory, optimizer),
             "big_header": big_header(tensors, reps)}
 
 
@@ -160,15 +178,18 @@ def main(argv=None) -> int:
     ap.add_argument("--snapshot-every", type=int, default=10)
     ap.add_argument("--tensors", type=int, default=20_000, help="sections of the big header")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     ap.add_argument("--json", default=None, help="also write the result here")
     args = ap.parse_args(argv)
-    res = run(args.steps, args.snapshot_every, args.tensors, args.reps)
+    res = run(args.steps, args.snapshot_every, args.tensors, args.reps, optimizer=args.optimizer)
     ch = res["chain"]
-    print(f"digits CNN, SGD momentum, {ch['steps']} steps, a snapshot every "
+    opt = "SGD momentum" if ch["optimizer"] == "sgd" else "Adam"
+    print(f"digits CNN, {opt}, {ch['steps']} steps, a snapshot every "
           f"{ch['snapshot_every']}: {ch['deltas']} delta files")
     print(format_table(ch["files"], ["step", "file_bytes", "v2_bytes", "v3_bytes",
                                      "header_stored", "v2_header", "v3_header",
-                                     "section_bytes", "padding", "v2_padding"]))
+                                     "section_bytes", "blob_headers", "padding",
+                                     "v2_padding"]))
     m = ch["mean"]
     if m:
         print(f"mean delta file: {m['file_bytes']:,.0f} bytes (as format v2: {m['v2_bytes']:,.0f}, "
@@ -176,7 +197,8 @@ def main(argv=None) -> int:
               f"{m['header_stored']:,.0f} stored of {m['header_json']:,.0f} JSON bytes (v2: "
               f"{m['v2_header']:,.0f}, v3: {m['v3_header']:,.0f}); padding "
               f"{m['padding']:,.0f} (v2: {m['v2_padding']:,.0f}); "
-              f"sections {m['section_bytes']:,.0f}")
+              f"sections {m['section_bytes']:,.0f}, of which blob headers "
+              f"{m['blob_headers']:,.0f}")
     b = res["big_header"]
     print(f"\n{b['tensors']:,} tensors: header {b['header_json_bytes']:,} bytes of JSON, "
           f"{b['header_zlib_bytes']:,} compressed (zlib level {H.HEADER_ZLIB_LEVEL} alone: "
