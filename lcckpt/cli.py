@@ -421,7 +421,7 @@ def _guarded(command: str, run) -> int:
         return 130
     except BrokenPipeError:      # the reader went away (`| head`): stop quietly, as cat does
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())   # so the interpreter's final flush fails not
+        os.dup2(devnull, sys.stdout.fileno())   # the interpreter's last flush must not fail
         os.close(devnull)
         return 141 if os.name == "posix" else 1  # the shell's code for SIGPIPE
     except (LcckptError, OSError, ImportError) as e:

@@ -123,9 +123,9 @@ CASES = ("save", "delta", "restore", "manager", "manager-sync", "manager-overlap
 
 def prepare(d: str, steps: int = 6) -> dict:
     """Three snapshots of the MLP under Adam as torch files, and a default chain of them."""
-    import torch
-
     import warnings
+
+    import torch
 
     import lcckpt
     import lcckpt.distributed as ld

@@ -14,8 +14,9 @@ own payload, which makes a plain CRC-32 of it content-blind; version 1 files sti
 with that weakness). Format version 3 stores the header zlib-compressed when that is smaller,
 and aligns sections to 16 bytes instead of 64: a small model's delta file was mostly
 header and padding. Version 4 deflates it from a preset dictionary (header_dict.py) and
-leaves out a delta section's tracking key where it is the name. The header's stored
-size, inflated size and shape are bounded before it is parsed; earlier versions load.
+leaves out what the layout implies: each section's offset, and a delta section's
+tracking key where it is the name. The header's stored size, inflated size and shape
+are bounded before it is parsed; earlier versions load.
 
 Writes to a path are atomic: a temp file in the same directory is written, fsynced and
 renamed over the target, then the directory is fsynced. A crash leaves either the old

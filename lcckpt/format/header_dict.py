@@ -1,8 +1,8 @@
 """The preset dictionary of compressed headers (container format version 4).
 
-A delta file of a small model is mostly header: the CNN of the quality benchmark writes
-about 1.5-2 KB of compressed JSON beside 14-18 KB of blobs, and most of it is the same
-keys, optimizer settings and section fields in every file. Deflate can start from a
+A small model's delta file carries a sizeable header: the CNN of the quality benchmark
+wrote 1.5-2 KB of compressed JSON beside 14-18 KB of blobs, most of it the same keys,
+optimizer settings and section fields in every file. Deflate can start from a
 dictionary of such text (RFC 1950 ``FDICT``): the stream then names it by its Adler-32,
 and the first occurrence of each fragment costs a back reference instead of its letters.
 
