@@ -104,3 +104,21 @@ def test_damage_in_a_streamed_item_is_caught(tmp_path, spy):
     with pytest.raises(CorruptDataError):
         ld.load(_zeros(state), tmp_path / "c")
     assert True in seen
+
+
+def test_a_streamed_blob_of_another_shape_than_the_metadata_says_is_refused(tmp_path):
+    from lcckpt.codec.tensor import encode
+    from lcckpt.distributed.blobs import decode_exact, streamed_blob
+    x = torch.randn(3_000_000, generator=torch.Generator().manual_seed(2))
+    blob = encode(x, lossless=True)
+    path = tmp_path / "b.bin"
+    path.write_bytes(b"\0" * 7 + blob)                  # at an offset, as in a data file
+    got = streamed_blob(str(path), 7, len(blob), "F32", "w")
+    assert isinstance(got, StreamedBlob)
+    with pytest.raises(CorruptDataError, match="shape"):
+        decode_exact(got, (1_000_000, 3), torch.float32, None)
+    out = decode_exact(streamed_blob(str(path), 7, len(blob), "F32", "w"), (3_000_000,),
+                       torch.float32, None)
+    assert torch.equal(out, x)
+    assert streamed_blob(str(path), 7, len(blob), "BF16", "w") is None   # stored as F32
+    assert streamed_blob(str(tmp_path / "gone"), 7, len(blob), "F32", "w") is None
