@@ -668,3 +668,19 @@ def test_stale_temps_of_dead_writers_are_removed(tmp_path):
     C.write_container(tmp_path / "ck.lc", [], {})
     assert not stale.exists() and not other_file.exists()    # dead writers', of any name
     assert live.exists() and other_host.exists()
+
+
+def test_a_version_4_entry_may_leave_out_its_offset_and_nothing_else():
+    raw = _bytes([("a", {}, b"abc"), ("b", {}, b"")], {})
+    with C.read_container(raw) as c:
+        assert [s["offset"] for s in c.sections] == [0, 16]
+    entry = {"name": "a", "length": 0, "crc32c": _section_check(0, "a", b""), "meta": {}}
+    for extra in ({"x": 1}, {"offset": 16}):                # unknown key; a wrong offset
+        header = {"version": 4, "meta": {}, "sections": [{**entry, **extra}]}
+        with pytest.raises(CorruptDataError) as e:
+            C.read_container(_craft(header, version=4))
+        msg = str(e.value)                                  # the file's keys, as they are
+        assert "'x']," in msg and "'offset'" not in msg if "x" in extra else "boundary" in msg
+    header = {"version": 4, "meta": {}, "sections": [entry]}
+    with C.read_container(_craft(header, version=4)) as c:
+        assert c.sections[0]["offset"] == 0 and c.sections[0]["length"] == 0

@@ -178,11 +178,13 @@ def _validate_header(header, version: int) -> tuple[dict, list[dict]]:
         if type(s) is not dict:
             bad(f"section {i} is not an object")
         ck = CHECK_KEY[version]
-        if version >= DICT_VERSION and type(s) is dict and "offset" not in s:
-            s["offset"] = expected               # v4 leaves it out: the layout fixes it
-        if set(s) != {"name", "offset", "length", ck, "meta"}:
+        keys, required = set(s), {"name", "length", ck, "meta"}
+        implied = version >= DICT_VERSION and keys == required   # v4: the layout fixes it
+        if keys != required | {"offset"} and not implied:
             bad(f"section {i} keys are {sorted(s)}, expected {ck}, length, meta, name"
-                + ("" if version >= DICT_VERSION else ", offset"))
+                + (" (and offset, if any)" if version >= DICT_VERSION else ", offset"))
+        if implied:
+            s["offset"] = expected
         name = s["name"]
         if type(name) is not str or not name:
             bad(f"section {i} name is not a non-empty string")
