@@ -128,8 +128,14 @@ class StreamedBlob:
 def streamed(part, work: str, what: str, origin=None) -> StreamedBlob | None:
     """The blob that ``part`` (a :class:`~lcckpt.format.sources.PartReader`) reads, as a
     :class:`StreamedBlob` if it is lossless and stored as ``work`` (a chain's keyframe:
-    the tracking precision, decoded into the reference itself); else None."""
-    p = read_header(part.read, part.length)
+    the tracking precision, decoded into the reference itself); else None, ``part``
+    closed (as it is when its header is damaged)."""
+    try:
+        p = read_header(part.read, part.length)
+    except BaseException:
+        part.close()
+        raise
     if p.kind != _blob.LOSSLESS or p.dt.name != work:
+        part.close()
         return None
     return StreamedBlob(p, part, what, origin)

@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from ..codec.streamed import STREAM_MIN, StreamedBlob, streamed
-from ..errors import CorruptDataError
 from ..format.sections import decode_streamed
 from ..format.sources import PartReader
 
@@ -28,26 +27,13 @@ def streamed_blob(path: str, offset: int, length: int, work: str | None,
     if work is None or length < STREAM_MIN:
         return None
     part = PartReader.of_path(path, offset, length)
-    if part is None:
-        return None
-    try:
-        blob = streamed(part, work, what)
-    except BaseException:
-        part.close()
-        raise
-    if blob is None:
-        part.close()
-    return blob
+    return None if part is None else streamed(part, work, what)
 
 
 def decode_exact(blob: StreamedBlob, shape: tuple, dtype: torch.dtype,
                  out: torch.Tensor | None) -> torch.Tensor | None:
     """``blob`` decoded into ``out`` (or a new tensor of ``shape`` and ``dtype``); None
     where its dtype cannot be decoded in place (complex), with nothing read."""
-    if tuple(blob.parsed.shape) != tuple(shape):
-        blob.part.close()
-        raise CorruptDataError(f"{blob.what}: the blob holds shape {list(blob.parsed.shape)}, "
-                               f"the checkpoint's metadata says {list(shape)}")
     return decode_streamed(blob, out if out is not None else torch.empty(shape, dtype=dtype))
 
 

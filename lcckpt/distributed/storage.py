@@ -41,7 +41,7 @@ from ..codec.tensor import decode, encode
 from ..chain.policy import RolePolicy
 from ..codec.delta import Reconstruction
 from ..errors import (
-    BrokenChainError, CorruptDataError, InvalidArgumentError, TruncatedError,
+    BrokenChainError, CorruptDataError, InvalidArgumentError,
     UnsafeObjectError,
 )
 from ..codec.streamed import StreamedBlob
@@ -486,12 +486,7 @@ class CompressedReader(FileSystemReader):
                                    "was deleted or moved")
         data = None if self.fs.remote else streamed_blob(path, offset, length, stream_as, rel)
         if data is None:
-            with self.fs.create_stream(path, "rb") as f:
-                f.seek(offset)
-                data = f.read(length)
-            if len(data) != length:
-                raise TruncatedError(f"{path}: {length} bytes expected at offset {offset}, "
-                                     f"got {len(data)}")
+            data = read_blob(self.fs, path, offset, length)
         self.bytes_read += length
         return data
 

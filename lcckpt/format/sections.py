@@ -209,12 +209,7 @@ def streamed_section(c, index: int, work: str, what: str, origin=None):
     if c.sections[index]["length"] < STREAM_MIN:
         return None
     part = c.part_reader(index)
-    if part is None:
-        return None
-    blob = streamed(part, work, what, origin)
-    if blob is None:
-        part.close()
-    return blob
+    return None if part is None else streamed(part, work, what, origin)
 
 
 def _streamed_lossless(path: str, c, index: int, meta: dict):
@@ -224,20 +219,20 @@ def _streamed_lossless(path: str, c, index: int, meta: dict):
     blob = streamed_section(c, index, meta["dtype"], path)
     if blob is None:
         return None
-    p = blob.parsed
-    if list(p.shape) != list(meta["shape"]):
-        blob.part.close()
-        raise CorruptDataError(f"invalid object tree at {path}: the section's blob holds shape "
-                               f"{list(p.shape)}, its header says {meta['shape']}")
     return decode_streamed(blob, torch.empty(meta["shape"], dtype=dtypes.NAME_TORCH[meta["dtype"]]))
 
 
 def decode_streamed(blob, out: torch.Tensor) -> torch.Tensor | None:
-    """Decode a streamed lossless blob into ``out`` (a contiguous CPU tensor of its shape
-    and dtype) and return it; None, with nothing read, where ``out``'s memory is not the
-    blob's carrier array (a complex dtype): the caller reads the blob whole."""
-    flat = out.view(-1)
+    """Decode a streamed lossless blob into ``out`` (a contiguous CPU tensor of the shape
+    and dtype its metadata says) and return it; None, with nothing read, where ``out``'s
+    memory is not the blob's carrier array (a complex dtype): the caller reads the blob
+    whole. A blob of another shape is damage."""
     p = blob.parsed
+    if tuple(p.shape) != tuple(out.shape):
+        blob.part.close()
+        raise CorruptDataError(f"{blob.what}: the blob holds shape {list(p.shape)}, its "
+                               f"metadata says {list(out.shape)}")
+    flat = out.view(-1)
     carrier = flat.view(torch.int16).numpy().view(np.uint16) if out.dtype == torch.bfloat16 \
         else flat.numpy() if p.dt.kind != "complex" else None
     if carrier is None or carrier.dtype != p.dt.numpy or carrier.size != p.n:
