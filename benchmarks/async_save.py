@@ -8,6 +8,11 @@ staging at all (``staging="live"``, a thread only: the save reads the state itse
 its own child process (one rank, gloo), the cases taking turns round by round; medians
 over the saves after the first (the first allocates the buffers).
 
+"held s": from the call to ``async_save`` until an optimizer step made right after it
+returns, its optimizer hooked with ``wait_before``: all of the save with a staged copy
+(which no step has to wait for; the hook waits anyway), the save's reading of the state
+with ``staging="live"``.
+
 ``--state mlp --codings lc default --modes thread --stagings reused``: instead of a
 drifting random state, the save benchmark's real snapshots (the ~20M-parameter MLP with
 Adam after steps 2, 4, ..., 22: a keyframe and 10 deltas, each copied into the state in
@@ -64,24 +69,29 @@ def _steps(kind: str, mb: int):
 
 
 def child(staging: str, mode: str, coding: str, kind: str, mb: int, saves: int) -> dict:
+    import torch
     import torch.distributed as dist
     import lcckpt.distributed as ld
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}",
                             rank=0, world_size=1)
     state, move = _steps(kind, mb)
-    stalls, totals, sizes = [], [], []
+    stalls, totals, sizes, held = [], [], [], []
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)   # steps nothing
     with tempfile.TemporaryDirectory() as d:
         ck = ld.DistributedCheckpointer(d, keyframe_every=100,
                                         **({"bits": 2} if coding == "lc" else {}))
         if staging == "fresh":                 # DCP's default: a new host copy per save
             ck._stager = lambda process: None
+        ck.wait_before(opt)
         for step in range(saves):
             move(step)
             t0 = time.perf_counter()
             fut = ck.async_save(step, state, process=mode == "process",
                                 staging="live" if staging == "live" else "copy")
             t1 = time.perf_counter()
+            opt.step()
+            held.append(time.perf_counter() - t0)
             fut.result()
             stalls.append(t1 - t0)
             totals.append(time.perf_counter() - t0)
@@ -90,7 +100,8 @@ def child(staging: str, mode: str, coding: str, kind: str, mb: int, saves: int) 
         ck.close()
     dist.destroy_process_group()
     return {"stall_s": statistics.median(stalls[1:]), "first_stall_s": stalls[0],
-            "save_s": statistics.median(totals[1:]), "delta_mb": statistics.median(sizes[1:]) / 1e6,
+            "save_s": statistics.median(totals[1:]), "held_s": statistics.median(held[1:]),
+            "delta_mb": statistics.median(sizes[1:]) / 1e6,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -114,7 +125,7 @@ def main(argv=None) -> int:
     what = "the MLP's 11 snapshots (245 MB)" if args.state == "mlp" else f"{args.mb} MB fp32"
     print(f"state {what}, {args.saves} saves, one rank")
     print(f"{'mode':8} {'staging':8} {'coding':8} {'stall s':>8} {'first s':>8} {'save s':>7} "
-          f"{'delta MB':>8} {'peak MB':>8}")
+          f"{'held s':>7} {'delta MB':>8} {'peak MB':>8}")
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     for _ in range(args.rounds):
         for mode in args.modes:
@@ -128,7 +139,8 @@ def main(argv=None) -> int:
                         capture_output=True, text=True, env=env, check=True)
                     r = json.loads(out.stdout.strip().splitlines()[-1])
                     print(f"{mode:8} {staging:8} {coding:8} {r['stall_s']:8.3f} "
-                          f"{r['first_stall_s']:8.3f} {r['save_s']:7.3f} {r['delta_mb']:8.2f} "
+                          f"{r['first_stall_s']:8.3f} {r['save_s']:7.3f} {r['held_s']:7.3f} "
+                          f"{r['delta_mb']:8.2f} "
                           f"{r['peak_rss_mb']:8.0f}", flush=True)
     return 0
 

@@ -13,13 +13,24 @@ lcckpt/bench/quality.py), this prints the median over checkpoints of that figure
 predictors: the previous delta, Adam's direction (the run's optimizer state at the previous
 checkpoint; momentum for SGD), and both together.
 
+``--coded`` measures the first predictor with the real encoder instead: the run is saved
+as a default chain twice, as the library codes it and with every tracked delta coded
+against ``ref + a·p`` (``p`` the previous restored delta, ``ref - ref_prev``; ``a`` fitted
+per tensor and step), each held to the same target (its update share still a share of
+``u - ref``, what the delta sends). It prints the delta and whole-run bytes of both. The
+predicted chain exists only in the writer (no reader knows the prediction): its files
+are counted, not restored.
+
     python benchmarks/predict.py [--workloads cnn-adam cnn-sgd minilm-finetune minilm-scratch]
-                                 [--minilm-steps 30]
+                                 [--minilm-steps 30] [--coded]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import tempfile
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -69,13 +80,78 @@ def measure(workload: str, minilm_steps: int = 30, min_elements: int = 1000,
     return rows
 
 
+@contextlib.contextmanager
+def _predicted():
+    """Every ``DeltaEncoder`` delta coded against ``ref + a·(ref - ref_prev)`` (the
+    writer's side only), its target computed from ``u - ref`` as without it."""
+    from lcckpt.codec import delta as dm
+    encode, config_for = dm.DeltaEncoder.encode_parts, dm.DeltaEncoder._config_for
+
+    def encode_parts(self, x, *, keyframe=False, **kw):
+        a, dt = dm.dtypes.to_numpy(x)
+        u = dm.dtypes.to_float_work(a, dt).reshape(-1)
+        is_delta = not (keyframe or self.ref is None or dt != self.dtype
+                        or a.shape != self.shape)
+        before = None if self.ref is None else self.ref.copy()
+        prev, self._update_sq = getattr(self, "_prev", None), None
+        if is_delta and prev is not None and prev.shape == u.shape:
+            p = self.ref - prev
+            d = u - self.ref
+            pp = float(p.astype(np.float64) @ p)
+            if pp > 0:
+                self._update_sq = float(d.astype(np.float64) @ d)
+                self.ref += np.float32(float(d.astype(np.float64) @ p) / pp) * p
+        out = encode(self, x, keyframe=keyframe, **kw)
+        self._prev = before if is_delta else None
+        return out
+
+    def _config_for(self, u, dt, sv=None):
+        update_sq = getattr(self, "_update_sq", None)
+        if update_sq is not None and sv is not None:     # the update is u - ref, as unpredicted
+            sv.model.total_sq = lambda: update_sq
+        return config_for(self, u, dt, sv)
+    dm.DeltaEncoder.encode_parts, dm.DeltaEncoder._config_for = encode_parts, _config_for
+    try:
+        yield
+    finally:
+        dm.DeltaEncoder.encode_parts, dm.DeltaEncoder._config_for = encode, config_for
+
+
+def coded(workload: str, minilm_steps: int = 30) -> dict:
+    """Delta and whole-run bytes of a default chain, without and with the prediction."""
+    from lcckpt import DeltaCheckpointer
+    from lcckpt.bench.quality import torch_bytes
+    snaps = _trajectory(workload, minilm_steps)
+    out = {"torch": sum(torch_bytes(SimpleNamespace(snapshots=snaps)))}
+    for kind in ("as coded", "predicted"):
+        with tempfile.TemporaryDirectory() as d, \
+                (_predicted() if kind == "predicted" else contextlib.nullcontext()):
+            ck = DeltaCheckpointer(d, keyframe_every=50)
+            deltas = total = 0
+            for step, snap in snaps:
+                ck.save(step, snap)
+                total += ck.last_save["nbytes"]
+                deltas += ck.last_save["nbytes"] if ck.last_save["kind"] == "delta" else 0
+            ck.close()
+        out[kind] = (deltas, total)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     ap.add_argument("--minilm-steps", type=int, default=30,
                     help="fine-tune steps of the MiniLM runs (a checkpoint every 3)")
+    ap.add_argument("--coded", action="store_true",
+                    help="code the runs with the previous delta as predictor (see above)")
     args = ap.parse_args(argv)
     for w in args.workloads:
+        if args.coded:
+            r = coded(w, args.minilm_steps)
+            (d0, t0), (d1, t1) = r["as coded"], r["predicted"]
+            print(f"{w}: delta bytes {d0:,} -> {d1:,} ({d1 / d0 - 1:+.1%}), whole run "
+                  f"{r['torch'] / t0:.2f}x -> {r['torch'] / t1:.2f}x torch.save")
+            continue
         print(f"\n{w}: median bits per element saved, over checkpoints")
         print(f"{'tensor':55s} {'elements':>9s} {'previous':>9s} {'adam dir':>9s} {'both':>6s}")
         for name, n, prev, direction, both in measure(w, args.minilm_steps):

@@ -385,6 +385,27 @@ def test_equal_saves_write_equal_files(tmp_path, monkeypatch, streamed):
     assert a.info(4)["base"]["state_id"] == ids[3]
 
 
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_save_releases_its_state_before_the_commit(tmp_path, monkeypatch, streamed):
+    """``save(..., released=f)``: ``f`` runs once every byte is written and before the
+    file is in place; tensors changed from then on do not reach the file."""
+    if streamed:
+        monkeypatch.setattr(stream, "STREAM_ABOVE", 0)
+    plain = DeltaCheckpointer(tmp_path / "plain")
+    live = DeltaCheckpointer(tmp_path / "live")
+    for step in range(4):                   # a keyframe, then deltas
+        plain.save(step, drifting_state(step))
+        state, calls = drifting_state(step), []
+
+        def scramble(state=state, calls=calls, step=step):
+            calls.append(os.path.exists(live.path(step)))
+            for t in state["model"].values():
+                t.mul_(-3.0)                # what an optimizer's step may do now
+        live.save(step, state, released=scramble)
+        assert calls == [False], step       # once, before the file was committed
+        assert open(plain.path(step), "rb").read() == open(live.path(step), "rb").read()
+
+
 def test_writer_resumes_with_a_keyframe_after_a_broken_chain(tmp_path):
     ck = _chain(tmp_path)
     ck.close()                                # one writer at a time: hand it over

@@ -704,10 +704,41 @@ def test_wait_before_makes_an_optimizer_step_wait_for_the_save(tmp_path, monkeyp
         gate.wait(timeout=30)                # the write holds until the test lets it go
         return real(self, plan, planner)
     monkeypatch.setattr(storage.CompressedWriter, "write_data", slow)
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
     fut = ck.async_save(0, {"model": model.state_dict()}, staging="live")
     model(torch.randn(4, 64)).sum().backward()
     assert not fut.done()
     threading.Timer(0.2, gate.set).start()
-    opt.step()                               # waits for the save, which then commits
-    assert fut.done() and fut.exception() is None and ck.steps() == [0]
+    opt.step()                               # waits until the save has read the state
+    assert fut.result(timeout=60) is not None and ck.steps() == [0]
+    back = {"model": {k: torch.zeros_like(v) for k, v in saved.items()}}
+    ck.load(back, 0)
+    assert all(torch.equal(back["model"][k], v) for k, v in saved.items())
     handle.remove()
+
+
+def test_wait_before_lets_the_step_go_before_the_save_commits(tmp_path, monkeypatch):
+    """A live save reads the state no more once this rank's share is written: the
+    optimizer's step need not wait for the sync and the commit."""
+    from lcckpt.distributed import storage
+    model = nn.Linear(64, 32)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ck = ld.DistributedCheckpointer(tmp_path, bits=2)
+    ck.wait_before(opt)
+    stepped, seen = threading.Event(), []
+    real = storage.CompressedWriter.finish
+
+    def held(self, *args, **kw):             # the commit waits for the optimizer's step
+        stepped.wait(timeout=30)
+        return real(self, *args, **kw)
+    monkeypatch.setattr(storage.CompressedWriter, "finish", held)
+    opt.register_step_post_hook(lambda *_: (seen.append(ck.steps()), stepped.set()))
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    fut = ck.async_save(0, {"model": model.state_dict()}, staging="live")
+    model(torch.randn(4, 64)).sum().backward()
+    opt.step()
+    fut.result(timeout=60)
+    assert seen == [[]] and ck.steps() == [0]    # it stepped before step 0 was committed
+    back = {"model": {k: torch.zeros_like(v) for k, v in saved.items()}}
+    ck.load(back, 0)
+    assert all(torch.equal(back["model"][k], v) for k, v in saved.items())

@@ -1,12 +1,14 @@
 """CheckpointManager(background="overlap"): checkpoints written from the live state, the
-optimizers' next step waiting for the write, and a torn checkpoint removed."""
+optimizers' next step waiting until the write has read it, and a torn checkpoint removed."""
 
+import os
 import threading
 
 import pytest
 import torch
 
 import lcckpt
+from lcckpt.chain.directory import file_name
 from lcckpt.errors import InvalidArgumentError, StateChangedError
 from lcckpt.training.manager import CheckpointManager
 
@@ -40,10 +42,10 @@ class _Gate:
         self.release, self.entered = threading.Event(), threading.Event()
         original = lcckpt.DeltaCheckpointer.save
 
-        def save(ck, step, obj):
+        def save(ck, step, obj, **kw):
             self.entered.set()
             assert self.release.wait(10)
-            return original(ck, step, obj)
+            return original(ck, step, obj, **kw)
         monkeypatch.setattr(lcckpt.DeltaCheckpointer, "save", save)
 
 
@@ -83,18 +85,60 @@ def test_the_optimizer_step_waits_for_the_write_of_the_live_state(tmp_path, monk
     gen = torch.Generator().manual_seed(1)
     mgr = CheckpointManager(tmp_path, model, opt, every=2, background="overlap", **EXACT)
     seen = []
-    opt.register_step_pre_hook(lambda *_: seen.append(mgr.durable_step))   # after the manager's
+    opt.register_step_pre_hook(lambda *_: seen.append(gate.release.is_set()))  # after the manager's
     mgr.step(_train(model, opt, gen))
     mgr.step(_train(model, opt, gen))
     saved = _state(model)
     assert gate.entered.wait(5)
     threading.Timer(0.2, gate.release.set).start()
     _train(model, opt, gen)             # its forward and backward run; its step waits
-    assert seen[-1] == 2                # the write was durable before the optimizer moved
+    assert seen[-1] is True             # the write had started before the optimizer moved
     mgr.close()
     back = lcckpt.DeltaCheckpointer(tmp_path).load(2)["model"]
     assert all(torch.equal(back[k], v) for k, v in saved.items())
     assert mgr.stats["stall_s"] > 0
+
+
+def test_the_optimizer_steps_once_the_state_is_read_before_the_file_is_synced(tmp_path,
+                                                                              monkeypatch):
+    model, opt = _setup()
+    gen = torch.Generator().manual_seed(1)
+    mgr = CheckpointManager(tmp_path, model, opt, every=2, background="overlap")
+    stepped, seen, fsync = threading.Event(), [], os.fsync
+
+    def held_fsync(fd):                 # a write's syncs wait for the optimizer's step
+        stepped.wait(10)
+        return fsync(fd)
+    newest = lambda: mgr.last_checkpoint and (tmp_path / file_name(mgr.last_checkpoint)).exists()  # noqa: E731,E501
+    opt.register_step_post_hook(lambda *_: (seen.append(newest()), stepped.set()))
+    mgr.step(_train(model, opt, gen))
+    stepped.set()                       # the first iteration's step, before any checkpoint
+    mgr.step(_train(model, opt, gen))   # a keyframe at step 2, from the live state
+    saved = _state(model)
+    stepped.clear()
+    monkeypatch.setattr(os, "fsync", held_fsync)
+    _train(model, opt, gen)             # its step runs before the file is synced
+    mgr.wait()
+    monkeypatch.undo()
+    assert seen[-1] is False            # step 2 was not committed yet when the optimizer moved
+    assert mgr.durable_step == 2
+    back = lcckpt.DeltaCheckpointer(tmp_path).load(2)["model"]
+    assert all(torch.equal(back[k], v) for k, v in saved.items())
+    for _ in range(2):                  # a delta at step 4, the same way
+        mgr.step(_train(model, opt, gen))
+    saved = _state(model)
+    stepped.clear()
+    monkeypatch.setattr(os, "fsync", held_fsync)
+    _train(model, opt, gen)
+    mgr.close()
+    monkeypatch.undo()
+    assert seen[-1] is False
+    ck = lcckpt.DeltaCheckpointer(tmp_path)
+    assert ck.steps() == [2, 4] and ck.info(4)["kind"] == "delta"
+    key, back = ck.load(2)["model"], ck.load(4)["model"]
+    for k, v in saved.items():
+        moved = (v.double() - key[k].double()).norm()
+        assert (back[k].double() - v.double()).norm() <= 0.05 * moved + 1e-12, k
 
 
 def test_a_tensor_changed_in_place_during_the_write_removes_the_checkpoint(tmp_path,
@@ -154,13 +198,13 @@ def test_an_optimizer_among_the_objects_waits_too(tmp_path, monkeypatch):
     mgr = CheckpointManager(tmp_path, model, opt, every=1, background="overlap",
                             objects={"head_opt": other}, **EXACT)
     seen = []
-    other.register_step_pre_hook(lambda *_: seen.append(mgr.durable_step))
+    other.register_step_pre_hook(lambda *_: seen.append(gate.release.is_set()))
     mgr.step(1.0)
     assert gate.entered.wait(5)
     threading.Timer(0.2, gate.release.set).start()
     head(torch.randn(2, 3)).sum().backward()
     other.step()
-    assert seen == [1]
+    assert seen == [True]               # it waited for the write to start, and to read
     mgr.close()
 
 

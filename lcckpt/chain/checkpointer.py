@@ -53,7 +53,7 @@ from ..codec.delta import DeltaEncoder, Reconstruction
 from ..codec.movement import Movement
 from ..errors import ConcurrentWriteError, InvalidArgumentError, LcckptError, StorageError
 from ..format.container import write_container
-from ..format.flatten import census, renumber_sections
+from ..format.flatten import census
 from ..format.serialization import pack
 from ..format import stream as _stream
 from ..util import durable as _durable
@@ -64,7 +64,7 @@ from .lock import WriterLock
 from .moments import first_moments
 from .policy import DEFAULT_POLICY
 from .retention import apply_retention, write_merged
-from .session import SaveSession, stored_stats
+from .session import SaveSession, stored_stats, write_streamed
 
 __all__ = ["DeltaCheckpointer", "file_name"]
 
@@ -85,27 +85,6 @@ def _file_bytes(path: str) -> int | None:
 
 
 # --------------------------------------------------------------------------- checkpointer
-
-
-def _write_streamed(f, obj, encode, session: SaveSession, start_copies, room: int,
-                    stamp) -> tuple:
-    """A file written as it is encoded; each tensor's reference copy (a keyframe's) starts
-    as soon as its section is in the file. Returns the file's size and its header's need."""
-    stream = _stream.SectionStream(f, room)
-
-    def spooling(encode_fn):
-        spool = stream.wrap(encode_fn)
-
-        def leaf(path, t, *args, **kw):
-            out = spool(path, t, *args, **kw)
-            enc = session.encoders.get(path)
-            if isinstance(enc, DeltaEncoder):
-                enc.start_copy()
-            return out
-        return leaf
-    meta, sections = encode(spooling(session.encode_leaf), spooling(session.encode_pack))
-    start_copies()                 # those not started yet
-    return stream.finish(meta, sections, renumber_sections, stamp), stream.header_need
 
 
 class DeltaCheckpointer:
@@ -264,8 +243,12 @@ class DeltaCheckpointer:
 
     # ------------------------------------------------------------------ saving
 
-    def save(self, step: int, obj: Any) -> str:
-        """Store ``obj`` as ``step`` (a keyframe or a delta); returns the file's path."""
+    def save(self, step: int, obj: Any, *, released: Callable[[], None] | None = None) -> str:
+        """Store ``obj`` as ``step`` (a keyframe or a delta); returns the file's path.
+
+        ``released``: called once, from this thread, as soon as ``obj``'s tensors are no
+        longer read, before the file is synced and committed: a caller saving live tensors
+        from another thread may let training change them from then on."""
         step = self._check_step(step)
         try:
             os.makedirs(self.directory, exist_ok=True)
@@ -273,9 +256,9 @@ class DeltaCheckpointer:
             raise StorageError(e.errno, f"cannot create the checkpoint directory: {e.strerror}",
                                self.directory) from None
         with self._writing():
-            return self._save(step, obj)
+            return self._save(step, obj, released)
 
-    def _save(self, step: int, obj: Any) -> str:
+    def _save(self, step: int, obj: Any, released) -> str:
         if self._encoders is None:
             self._resume()
         if self._last is not None and step <= self._last["step"]:
@@ -309,6 +292,12 @@ class DeltaCheckpointer:
         def start_copies():        # references copied while the file is written, synced
             for e in copying:
                 e.start_copy()
+
+        def release():             # every byte written: obj is read no more
+            if released is not None:
+                for e in copying:
+                    e.settle()
+                released()
         ids: list[str] = []        # the state id, stamped once the sections' checksums are known
         stamp = lambda entries, meta: ids.append(stamp_state_id(meta["lcckpt_chain"], entries))
         unsynced, written = None, []
@@ -319,13 +308,14 @@ class DeltaCheckpointer:
                     if need is None and self._header_need[True] is not None:
                         need = 3 * self._header_need[True] // 2   # a first delta's stats
                     room = _stream.first_room(count) if need is None else need + need // 32
-                    _durable.atomic_write(path, lambda f: written.append(
-                        _write_streamed(f, obj, encode, session, start_copies, room, stamp)))
+                    _durable.atomic_write(path, lambda f: (written.append(
+                        write_streamed(f, obj, encode, session, start_copies, room, stamp)),
+                        release()))
                     nbytes, self._header_need[keyframe] = written[0]
                 else:
                     meta, sections = encode(session.encode_leaf, session.encode_pack)
                     nbytes = write_container(path, sections, meta, before_write=start_copies,
-                                             stamp=stamp)
+                                             stamp=stamp, after_write=release)
             except _durable.UnsyncedError as e:    # in place: the step is saved
                 unsynced, nbytes = e, _file_bytes(path)
             finally:
@@ -341,15 +331,7 @@ class DeltaCheckpointer:
         depth = 0 if keyframe else self._last["depth"] + 1
         self._last = {"step": step, "state_id": ids[-1], "depth": depth}
         self._force_keyframe = False
-        for key, ratio, t in session.missed:
-            warnings.warn(f"step {step}: {key} restores with an error of {ratio:.3g}x its "
-                          f"movement since the keyframe (target {t:g}): most of the update is "
-                          "under the dtype's precision and was not kept; merge() this step "
-                          "into a keyframe if it matters", RuntimeWarning, stacklevel=2)
-        for key, err in session.drifted:
-            warnings.warn(f"step {step}: {key} restores with relative error {err:.3g}, past "
-                          f"warn_error={self.warn_error:g}; raise its bits or set a target",
-                          RuntimeWarning, stacklevel=2)
+        session.warn(step, stacklevel=4)
         self.last_save = {"step": step, "kind": kind, "path": path,
                           "nbytes": nbytes}
         apply_retention(self._dir, self.keep_last)

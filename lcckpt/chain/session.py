@@ -3,6 +3,7 @@ with the stats its file's header reports (docs/chain.md, "What each file reports
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -11,6 +12,8 @@ import torch
 from ..codec import blob as _blob
 from ..codec.delta import DeltaEncoder, Reconstruction
 from ..format import sections as _sections
+from ..format import stream as _stream
+from ..format.flatten import renumber_sections
 from ..format.sections import DELTA, TRACKABLE, Encoded
 
 MISSED = 0.5            # a restored error past this share of a step's movement is warned of
@@ -39,6 +42,19 @@ class SaveSession:
         self.missed: list[tuple[str, float, float]] = []   # (path, error/movement, target)
         self.exact_of = {} if exact_of is None else exact_of   # path -> its encoder is exact
         self.stats: dict[str, dict] = {}
+
+    def warn(self, step: int, stacklevel: int) -> None:
+        """The saved step's warnings: updates under the precision, restores past
+        ``warn_error``."""
+        for key, ratio, t in self.missed:
+            warnings.warn(f"step {step}: {key} restores with an error of {ratio:.3g}x its "
+                          f"movement since the keyframe (target {t:g}): most of the update is "
+                          "under the dtype's precision and was not kept; merge() this step "
+                          "into a keyframe if it matters", RuntimeWarning, stacklevel=stacklevel)
+        for key, err in self.drifted:
+            warnings.warn(f"step {step}: {key} restores with relative error {err:.3g}, past "
+                          f"warn_error={self.warn_error:g}; raise its bits or set a target",
+                          RuntimeWarning, stacklevel=stacklevel)
 
     def packs(self, path: str, t: torch.Tensor) -> bool:
         """Whether ``t`` joins its dtype's pack: a small tensor no rule tracks (one
@@ -136,3 +152,24 @@ def finite(x):
     every delta file), None for NaN/Inf."""
     x = float(x)
     return float(f"{x:.4g}") if np.isfinite(x) else None
+
+
+def write_streamed(f, obj, encode, session: SaveSession, start_copies, room: int,
+                   stamp) -> tuple:
+    """A file written as it is encoded; each tensor's reference copy (a keyframe's) starts
+    as soon as its section is in the file. Returns the file's size and its header's need."""
+    stream = _stream.SectionStream(f, room)
+
+    def spooling(encode_fn):
+        spool = stream.wrap(encode_fn)
+
+        def leaf(path, t, *args, **kw):
+            out = spool(path, t, *args, **kw)
+            enc = session.encoders.get(path)
+            if isinstance(enc, DeltaEncoder):
+                enc.start_copy()
+            return out
+        return leaf
+    meta, sections = encode(spooling(session.encode_leaf), spooling(session.encode_pack))
+    start_copies()                 # those not started yet
+    return stream.finish(meta, sections, renumber_sections, stamp), stream.header_need

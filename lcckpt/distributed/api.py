@@ -241,6 +241,7 @@ class DistributedCheckpointer:
         self.planner = planner or BalancedSavePlanner(raw_weight=0.25)
         self._busy = threading.Lock()
         self._inflight: Future | None = None
+        self._versions = None              # the live save in flight's version check
         self._stagers: dict[bool, DefaultStager] = {}
 
     def _stager(self, process: bool) -> DefaultStager:
@@ -299,6 +300,7 @@ class DistributedCheckpointer:
         live = _check_staging(staging, process)
         self._prepare(step, keyframe)
         stager = _live(self.writer, state, live, step) or self._stager(process)
+        self._versions = self.writer.live
         try:
             fut = _async(state, self.writer, self.planner, self.process_group,
                          process=process, stager=stager)
@@ -352,8 +354,16 @@ class DistributedCheckpointer:
 
     def wait_before(self, optimizer: torch.optim.Optimizer):
         """Make every ``optimizer.step()`` first wait for the save in flight (what a live
-        save needs); returns the hook's handle (``.remove()`` undoes it)."""
-        return optimizer.register_step_pre_hook(lambda *_: self.wait())
+        save needs): a live save only until this rank has written its share, not for its
+        sync and commit. Returns the hook's handle (``.remove()`` undoes it)."""
+        return optimizer.register_step_pre_hook(lambda *_: self._wait_read())
+
+    def _wait_read(self) -> None:
+        fut, versions = self._inflight, self._versions
+        if versions is None:
+            return self.wait()
+        if fut is not None:
+            versions.wait(done=fut.done)
 
     def wait(self) -> None:
         """Wait for an in-flight :meth:`async_save` (its errors are the future's, not ours)."""

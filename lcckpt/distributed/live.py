@@ -8,9 +8,11 @@ the training loop must leave them alone until the save is done, which
 :meth:`~lcckpt.distributed.DistributedCheckpointer.wait_before` arranges for an optimizer.
 
 Anything that changes a tensor in place meanwhile bumps its version counter. Each rank
-compares the counters once it has written its share, before the save commits; a change
-fails the save on every rank with :class:`~lcckpt.errors.StateChangedError`, so no torn
-step becomes visible, and the previous step stays the newest.
+compares the counters once it has written its share (its last byte, before that is
+synced and the save commits); a change fails the save on every rank with
+:class:`~lcckpt.errors.StateChangedError`, so no torn step becomes visible, and the
+previous step stays the newest. From then on this rank no longer reads the state, and
+``wait_before`` lets its optimizer step while the save syncs and commits.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 
 from ..errors import StateChangedError
+from ..util.versions import VersionWatch
 
 
 class LiveStager:
@@ -56,18 +59,19 @@ def _walk(obj: Any, path: str, out: list) -> None:
         _walk(obj.state_dict(), path, out)
 
 
-class Versions:
+class Versions(VersionWatch):
     """The version counters of every tensor of a state, as a live save found them."""
 
     def __init__(self, state: Any, step: int):
         tensors: list = []
         _walk(state, "state", tensors)
+        super().__init__(tensors)
         self.step = step
-        self._seen = [(path, t, t._version) for path, t in tensors]
 
     def check(self) -> None:
-        """Raise :class:`StateChangedError` if a tensor changed in place since."""
-        changed = [path for path, t, v in self._seen if t._version != v]
+        """Raise :class:`StateChangedError` if a tensor changed in place before
+        :meth:`release` (which this calls, if nothing did)."""
+        changed = self.release()
         if changed:
             more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
             raise StateChangedError(

@@ -208,6 +208,8 @@ class CompressedWriter(FileSystemWriter):
                                            storage_data=info))
                 if flusher is not None:
                     flusher.written(f, info.length)
+            if self.live is not None:           # every byte written: the state is read no more
+                self.live.release()
             f.flush()
             if flusher is not None:
                 flusher.finish(f)

@@ -81,6 +81,7 @@ def write_container(
     compress_header: bool = True,
     before_write: Callable[[], None] | None = None,
     stamp: Callable[[list[dict], dict], None] | None = None,
+    after_write: Callable[[], None] | None = None,
 ) -> int:
     """Write ``sections`` (``(name, section_meta, data)`` triples) and ``meta``.
 
@@ -95,18 +96,22 @@ def write_container(
     computed, just before the first byte goes out: work started there runs while the file
     is written and synced. ``stamp(entries, meta)``, called with the sections' header
     entries (name, length, checksum) before the header is built, may put into ``meta``
-    what depends on the bytes (a chain file's state id). Returns the number of bytes
-    written.
+    what depends on the bytes (a chain file's state id). ``after_write`` is called once
+    the last byte is written, before the file is synced (a path) or returned: the data
+    the sections point into is no longer read. Returns the number of bytes written.
     """
     header, payloads = _build_header(sections, meta, stamp)
     header, flags = _header.pack(header, compress_header)
     if before_write is not None:
         before_write()
+    def write(f) -> None:
+        _write_all_parts(f, header, flags, payloads)
+        if after_write is not None:
+            after_write()
     if isinstance(dest, (str, os.PathLike)):
-        _durable.atomic_write(os.fspath(dest),
-                              lambda f: _write_all_parts(f, header, flags, payloads))
+        _durable.atomic_write(os.fspath(dest), write)
     else:
-        _write_all_parts(dest, header, flags, payloads)
+        write(dest)
     return _file_size(len(header), [sum(v.nbytes for v in p) for p in payloads])
 
 

@@ -427,9 +427,9 @@ class CheckpointManager:
                 "loss_curve": self._curve.state()}
 
     def _persist(self, step: int, snap: dict, inputs: _replan.Inputs | None,
-                 following: bool) -> None:
+                 following: bool, released: Callable | None = None) -> None:
         t0 = time.perf_counter()
-        self._ck.save(step, snap)
+        self._ck.save(step, snap, **({} if released is None else {"released": released}))
         if self._persists == 1:         # the first save of a process compiles kernels: not typical
             self._costs.clear("persist")
         self._persists += 1
@@ -444,7 +444,7 @@ class CheckpointManager:
         """:meth:`_persist` from the live state; a torn step is removed (overlap.py)."""
         before = self.durable_step
         try:
-            self._persist(step, snap, *args)
+            self._persist(step, snap, *args, released=self._live.release)
         finally:
             changed = self._live.finish()
         if changed:
@@ -453,11 +453,11 @@ class CheckpointManager:
             raise torn(changed, step, removed)
 
     def _before_optimizer_step(self) -> None:
-        """The optimizers' step pre-hook: wait for a write from the live state (costs.py
-        counts the wait as the write's interference with this iteration)."""
+        """The optimizers' step pre-hook: wait until a write from the live state has read
+        it (costs.py counts the wait as the write's interference with this iteration)."""
         if self._live.writing and self._job is not None:
             t0 = time.perf_counter()
-            self._job.join()
+            self._live.wait_released(self._job)
             self.stats["stall_s"] += time.perf_counter() - t0
 
     def _plan_job(self, inputs: _replan.Inputs) -> None:

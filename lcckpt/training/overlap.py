@@ -6,7 +6,8 @@ holds the state, that copy and the writer's reference: twice the state beside it
 tensors only an optimizer changes (the model's parameters and the optimizers' state) go
 to the writer as they are, and every other value (buffers, which a forward pass may
 change, and the other objects) is copied as in the default mode. A step pre-hook on each
-optimizer the manager knows waits for the write before the optimizer changes anything.
+optimizer the manager knows waits until the writer has read the state (its last byte is
+written; the file's sync and commit come after) before the optimizer changes anything.
 
 Anything else that changes such a tensor in place while it is written (a mask applied
 before the optimizer's step, say) bumps the tensor's version counter; the manager then
@@ -18,6 +19,7 @@ checkpoint is not left to restore (unless retention has removed every step befor
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any, Callable
 
 import torch
@@ -25,6 +27,7 @@ import torch
 from ..chain.checkpointer import DeltaCheckpointer
 from ..errors import StateChangedError, StorageError
 from ..util.durable import fsync_dir
+from ..util.versions import VersionWatch
 from .hostcopy import HostBuffers
 
 
@@ -40,7 +43,7 @@ class LiveState:
         """``objects``: the manager's optimizer and objects, of which the optimizers count."""
         self.model = model
         self.optimizers = [o for o in objects if isinstance(o, torch.optim.Optimizer)]
-        self._kept: list[tuple[str, torch.Tensor, int]] = []
+        self._watch: VersionWatch | None = None     # the write's live tensors
         self.writing = False            # from take() until the write's finish()
         self._hooks = [opt.register_step_pre_hook(lambda *_: before_step())
                        for opt in self.optimizers]
@@ -60,15 +63,26 @@ class LiveState:
         keys, kept = self._live_keys(), []
         snap = buffers.snapshot(tree, live=lambda t: t.numel() > 0 and _key(t) in keys,
                                 kept=kept)
-        self._kept = [(path, t, t._version) for path, t in kept]
+        self._watch = VersionWatch(kept)
         self.writing = True
         return snap
 
+    def release(self) -> None:
+        """The writer reads the live tensors no more (``DeltaCheckpointer.save``'s
+        ``released``): note those changed in place since :meth:`take`, and let the
+        optimizers step."""
+        self._watch.release()
+
+    def wait_released(self, job: threading.Thread) -> None:
+        """Until the write releases the state, or its thread ``job`` is gone."""
+        if self._watch is not None:
+            self._watch.wait(busy=job)
+
     def finish(self) -> list[str]:
-        """The tree paths of the written tensors changed in place since :meth:`take`;
-        lets them go."""
-        changed = [path for path, t, version in self._kept if t._version != version]
-        self._kept, self.writing = [], False
+        """The write is over (or failed): the tree paths of the written tensors that
+        changed in place before it released them."""
+        changed = self._watch.release()
+        self._watch, self.writing = None, False
         return changed
 
     def remove_hooks(self) -> None:
