@@ -308,9 +308,11 @@ class DeltaCheckpointer:
                     if need is None and self._header_need[True] is not None:
                         need = 3 * self._header_need[True] // 2   # a first delta's stats
                     room = _stream.first_room(count) if need is None else need + need // 32
-                    _durable.atomic_write(path, lambda f: (written.append(
-                        write_streamed(f, obj, encode, session, start_copies, room, stamp)),
-                        release()))
+                    def write(f):
+                        written.append(write_streamed(f, obj, encode, session, start_copies,
+                                                      room, stamp))
+                        release()
+                    _durable.atomic_write(path, write)
                     nbytes, self._header_need[keyframe] = written[0]
                 else:
                     meta, sections = encode(session.encode_leaf, session.encode_pack)

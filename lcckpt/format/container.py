@@ -104,6 +104,7 @@ def write_container(
     header, flags = _header.pack(header, compress_header)
     if before_write is not None:
         before_write()
+
     def write(f) -> None:
         _write_all_parts(f, header, flags, payloads)
         if after_write is not None:
