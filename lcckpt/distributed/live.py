@@ -4,7 +4,7 @@ DCP's async saves stage the state first: a host copy of every tensor, which the 
 works from while training goes on. For a rank whose state fills its host memory that copy
 is what does not fit. A live save skips it: the background thread encodes the tensors as
 they are, one piece at a time (a device tensor is copied to the host piece by piece), and
-the training loop must leave them alone until the save is done, which
+the training loop must leave them alone until the save has read them, which
 :meth:`~lcckpt.distributed.DistributedCheckpointer.wait_before` arranges for an optimizer.
 
 Anything that changes a tensor in place meanwhile bumps its version counter. Each rank

@@ -81,7 +81,7 @@ class CheckpointManager:
     whole write, which the plan counts as the checkpoint's cost. ``checkpoint(wait=True)``
     always writes that way. ``background="overlap"`` writes in the background from the
     live parameters and optimizer state (no copy of them); the optimizer's next ``step()``
-    waits for the write, and only it may change them in place meanwhile
+    waits until the write has read them, and only it may change them in place meanwhile
     (:class:`~lcckpt.errors.StateChangedError` otherwise; docs/manager.md).
     ``sigterm=True`` installs a SIGTERM handler (main thread only): at the next ``step()``
     the manager writes a checkpoint of that iteration and waits until it is durable, then
