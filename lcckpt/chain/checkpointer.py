@@ -247,8 +247,9 @@ class DeltaCheckpointer:
         """Store ``obj`` as ``step`` (a keyframe or a delta); returns the file's path.
 
         ``released``: called once, from this thread, as soon as ``obj``'s tensors are no
-        longer read, before the file is synced and committed: a caller saving live tensors
-        from another thread may let training change them from then on."""
+        longer read, before the file is synced and committed (not at all if the save fails
+        first): a caller saving live tensors from another thread may let training change
+        them from then on."""
         step = self._check_step(step)
         try:
             os.makedirs(self.directory, exist_ok=True)
