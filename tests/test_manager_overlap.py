@@ -141,6 +141,39 @@ def test_the_optimizer_steps_once_the_state_is_read_before_the_file_is_synced(tm
         assert (back[k].double() - v.double()).norm() <= 0.05 * moved + 1e-12, k
 
 
+def test_a_write_that_fails_after_it_released_the_state_loses_only_its_step(tmp_path,
+                                                                           monkeypatch):
+    """The optimizer may step before the file is synced; if the sync then fails, the
+    error reaches the loop, the step is not stored, and the chain goes on."""
+    model, opt = _setup()
+    gen = torch.Generator().manual_seed(1)
+    mgr = CheckpointManager(tmp_path, model, opt, every=2, background="overlap")
+    for _ in range(2):
+        mgr.step(_train(model, opt, gen))
+    mgr.wait()
+    fsync = os.fsync
+
+    def failing(fd):
+        raise OSError(5, "Input/output error (injected)")
+    monkeypatch.setattr(os, "fsync", failing)
+    for _ in range(2):
+        mgr.step(_train(model, opt, gen))
+    _train(model, opt, gen)                 # its step goes on once the state was read
+    with pytest.raises(lcckpt.StorageError, match="injected"):
+        mgr.wait()
+    monkeypatch.setattr(os, "fsync", fsync)
+    assert lcckpt.DeltaCheckpointer(tmp_path).steps() == [2] and mgr.durable_step == 2
+    for _ in range(2):
+        mgr.step(_train(model, opt, gen))
+    mgr.close()
+    ck = lcckpt.DeltaCheckpointer(tmp_path)
+    assert ck.steps() == [2, 6] and ck.info(6)["kind"] == "delta"
+    key, back = ck.load(2)["model"], ck.load(6)["model"]
+    for k, v in _state(model).items():
+        moved = (v.double() - key[k].double()).norm()
+        assert (back[k].double() - v.double()).norm() <= 0.05 * moved + 1e-12, k
+
+
 def test_a_tensor_changed_in_place_during_the_write_removes_the_checkpoint(tmp_path,
                                                                           monkeypatch):
     model, opt = _setup()
