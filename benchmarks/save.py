@@ -15,7 +15,10 @@ Measured (medians of several runs, page cache warm for loads):
 
 * save time of a DeltaCheckpointer delta step (the 10 deltas after the keyframe) and of a
   keyframe; of ``lcckpt.save`` raw and with ``compress=True``; of ``torch.save`` (plain,
-  and followed by an fsync, since every lcckpt write is fsynced and atomic);
+  and followed by an fsync, since every lcckpt write is fsynced and atomic); and how far
+  into a DeltaCheckpointer save its state was released (``save(..., released=)``: read
+  no more, so a writer from the live state may let training go on; the file's sync and
+  commit follow);
 * restore time of the keyframe plus 10 deltas (``DeltaCheckpointer.load`` of the last
   step) against ``torch.load`` and ``lcckpt.load``, and the time to read those 11 files
   (checksums checked, nothing decoded), the loads taking turns round by round (a slow
@@ -199,12 +202,17 @@ def run(model: str = "mlp", bits: int | None = None, deltas: int = 10,
         ck.save(k_step, snaps[0][1])
         key_parts = lcckpt_parts(ck.path(k_step))
         delta_times, delta_parts, delta_errors, delta_passes = [], [], [], []
+        released = {"delta": [], "keyframe": [], "later keyframe": []}   # s into the save
+
+        def timing(kind):
+            t0 = time.perf_counter()
+            return lambda: released[kind].append(time.perf_counter() - t0)
         quantized = _count_quantized()
         for step, snap in snaps[1:]:
             os.sync()
             quantized[0] = 0
             t = time.perf_counter()
-            ck.save(step, snap)
+            ck.save(step, snap, released=timing("delta"))
             delta_times.append(time.perf_counter() - t)
             delta_passes.append(quantized[0] / sum(elements.values()))
             delta_parts.append(lcckpt_parts(ck.path(step)))
@@ -248,8 +256,10 @@ def run(model: str = "mlp", bits: int | None = None, deltas: int = 10,
         saves = measure_interleaved({
             "keyframe": lambda: lcckpt.DeltaCheckpointer(
                 kf_dir, bits=bits, error_bound=error_bound,
-                keyframe_coding=keyframe_coding).save(k_step, snaps[0][1]),
-            "later keyframe": lambda: running.save(next(later_step), snaps[0][1]),
+                keyframe_coding=keyframe_coding).save(k_step, snaps[0][1],
+                                                      released=timing("keyframe")),
+            "later keyframe": lambda: running.save(next(later_step), snaps[0][1],
+                                                   released=timing("later keyframe")),
             "torch+fsync": lambda: _fsync_save(state, paths["tf.pt"]),
             "torch": lambda: torch.save(state, paths["t.pt"]),
             "raw": lambda: lcckpt.save(state, paths["raw.lcc"]),
@@ -301,6 +311,7 @@ def run(model: str = "mlp", bits: int | None = None, deltas: int = 10,
                 "deltas": deltas, "steps": [s for s, _ in snaps], "state_bytes": raw_bytes,
                 "elements": elements, "train_s": train_s},
         delta_save_s=delta_times,
+        released_s={k: statistics.median(v) for k, v in released.items()},
         delta_passes=delta_passes,
         delta_errors=delta_errors,
         restored_rel_error=rel,
@@ -347,6 +358,8 @@ def report(res: dict) -> str:
                       for v in res["versus"]], ["what", "against", "median", "min", "max"]),
         "",
         "delta save times (s): " + ", ".join(f"{t:.3f}" for t in res["delta_save_s"]),
+        "state released (read no more; the sync and commit follow) after, median s: "
+        + ", ".join(f"{k} {v:.3f}" for k, v in res["released_s"].items()),
         "quantization passes per delta save (elements quantized / floats tracked): "
         + ", ".join(f"{p:.2f}" for p in res["delta_passes"]),
         "restored last step vs true state, relative L2 error: "
