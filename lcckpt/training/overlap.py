@@ -75,8 +75,9 @@ class LiveState:
 
     def wait_released(self, job: threading.Thread) -> None:
         """Until the write releases the state, or its thread ``job`` is gone."""
-        if self._watch is not None:
-            self._watch.wait(busy=job)
+        watch = self._watch             # finish() may let it go meanwhile
+        if watch is not None:
+            watch.wait(busy=job)
 
     def finish(self) -> list[str]:
         """The write is over (or failed): the tree paths of the written tensors that
