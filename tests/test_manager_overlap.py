@@ -35,6 +35,28 @@ def _state(model):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def _after_first_checkpoint(tmp_path):
+    """A manager writing from the live state every 2 steps, its step 2 written."""
+    model, opt = _setup()
+    gen = torch.Generator().manual_seed(1)
+    mgr = CheckpointManager(tmp_path, model, opt, every=2, background="overlap")
+    for _ in range(2):
+        mgr.step(_train(model, opt, gen))
+    mgr.wait()
+    return model, opt, gen, mgr
+
+
+def _a_delta_within_targets(directory, step, state):
+    """``step`` of the chain is a delta against step 2, within the targets: a share of
+    the movement since step 2."""
+    ck = lcckpt.DeltaCheckpointer(directory)
+    assert ck.steps() == [2, step] and ck.info(step)["kind"] == "delta"
+    key, back = ck.load(2)["model"], ck.load(step)["model"]
+    for k, v in state.items():
+        moved = (v.double() - key[k].double()).norm()
+        assert (back[k].double() - v.double()).norm() <= 0.05 * moved + 1e-12, k
+
+
 class _Gate:
     """Holds DeltaCheckpointer.save until released."""
 
@@ -133,24 +155,14 @@ def test_the_optimizer_steps_once_the_state_is_read_before_the_file_is_synced(tm
     mgr.close()
     monkeypatch.undo()
     assert seen[-1] is False
-    ck = lcckpt.DeltaCheckpointer(tmp_path)
-    assert ck.steps() == [2, 4] and ck.info(4)["kind"] == "delta"
-    key, back = ck.load(2)["model"], ck.load(4)["model"]
-    for k, v in saved.items():
-        moved = (v.double() - key[k].double()).norm()
-        assert (back[k].double() - v.double()).norm() <= 0.05 * moved + 1e-12, k
+    _a_delta_within_targets(tmp_path, 4, saved)
 
 
 def test_a_write_that_fails_after_it_released_the_state_loses_only_its_step(tmp_path,
                                                                            monkeypatch):
     """The optimizer may step before the file is synced; if the sync then fails, the
     error reaches the loop, the step is not stored, and the chain goes on."""
-    model, opt = _setup()
-    gen = torch.Generator().manual_seed(1)
-    mgr = CheckpointManager(tmp_path, model, opt, every=2, background="overlap")
-    for _ in range(2):
-        mgr.step(_train(model, opt, gen))
-    mgr.wait()
+    model, opt, gen, mgr = _after_first_checkpoint(tmp_path)
     fsync = os.fsync
 
     def failing(fd):
@@ -166,22 +178,12 @@ def test_a_write_that_fails_after_it_released_the_state_loses_only_its_step(tmp_
     for _ in range(2):
         mgr.step(_train(model, opt, gen))
     mgr.close()
-    ck = lcckpt.DeltaCheckpointer(tmp_path)
-    assert ck.steps() == [2, 6] and ck.info(6)["kind"] == "delta"
-    key, back = ck.load(2)["model"], ck.load(6)["model"]
-    for k, v in _state(model).items():
-        moved = (v.double() - key[k].double()).norm()
-        assert (back[k].double() - v.double()).norm() <= 0.05 * moved + 1e-12, k
+    _a_delta_within_targets(tmp_path, 6, _state(model))
 
 
 def test_a_tensor_changed_in_place_during_the_write_removes_the_checkpoint(tmp_path,
                                                                           monkeypatch):
-    model, opt = _setup()
-    gen = torch.Generator().manual_seed(1)
-    mgr = CheckpointManager(tmp_path, model, opt, every=2, background="overlap")
-    for _ in range(2):
-        mgr.step(_train(model, opt, gen))
-    mgr.wait()
+    model, opt, gen, mgr = _after_first_checkpoint(tmp_path)
     gate = _Gate(monkeypatch)
     for _ in range(2):
         mgr.step(_train(model, opt, gen))
@@ -196,12 +198,7 @@ def test_a_tensor_changed_in_place_during_the_write_removes_the_checkpoint(tmp_p
     for _ in range(2):                      # the chain goes on from step 2
         mgr.step(_train(model, opt, gen))
     mgr.close()
-    ck = lcckpt.DeltaCheckpointer(tmp_path)
-    assert ck.steps() == [2, 6] and ck.info(6)["kind"] == "delta"   # against step 2
-    key, back = ck.load(2)["model"], ck.load(6)["model"]
-    for k, v in _state(model).items():           # within the chain's targets: a share of
-        moved = (v.double() - key[k].double()).norm()      # the movement since step 2
-        assert (back[k].double() - v.double()).norm() <= 0.05 * moved + 1e-12, k
+    _a_delta_within_targets(tmp_path, 6, _state(model))
 
 
 def test_a_torn_step_is_kept_when_retention_left_no_other(tmp_path, monkeypatch):
