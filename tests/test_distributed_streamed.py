@@ -108,7 +108,8 @@ def test_damage_in_a_streamed_item_is_caught(tmp_path, spy):
 
 def test_a_streamed_blob_of_another_shape_than_the_metadata_says_is_refused(tmp_path):
     from lcckpt.codec.tensor import encode
-    from lcckpt.distributed.blobs import decode_exact, streamed_blob
+    from lcckpt.distributed.blobs import streamed_blob
+    from lcckpt.format.sections import decode_streamed
     x = torch.randn(3_000_000, generator=torch.Generator().manual_seed(2))
     blob = encode(x, lossless=True)
     path = tmp_path / "b.bin"
@@ -116,9 +117,13 @@ def test_a_streamed_blob_of_another_shape_than_the_metadata_says_is_refused(tmp_
     got = streamed_blob(str(path), 7, len(blob), "F32", "w")
     assert isinstance(got, StreamedBlob)
     with pytest.raises(CorruptDataError, match="shape"):
-        decode_exact(got, (1_000_000, 3), torch.float32, None)
-    out = decode_exact(streamed_blob(str(path), 7, len(blob), "F32", "w"), (3_000_000,),
-                       torch.float32, None)
+        decode_streamed(got, torch.empty(1_000_000, 3))
+    out = decode_streamed(streamed_blob(str(path), 7, len(blob), "F32", "w"),
+                          torch.empty(3_000_000))
     assert torch.equal(out, x)
     assert streamed_blob(str(path), 7, len(blob), "BF16", "w") is None   # stored as F32
     assert streamed_blob(str(tmp_path / "gone"), 7, len(blob), "F32", "w") is None
+    zc = torch.randn(1_500_000, dtype=torch.complex64, generator=torch.Generator().manual_seed(3))
+    cblob = encode(zc, lossless=True)                   # not decoded in place: read whole
+    path.write_bytes(b"\0" * 7 + cblob)
+    assert len(cblob) >= 8 << 20 and streamed_blob(str(path), 7, len(cblob), "C64", "w") is None

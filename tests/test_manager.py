@@ -135,10 +135,10 @@ class _Gate:
         self.entered = threading.Event()
         original = lcckpt.DeltaCheckpointer.save
 
-        def save(ck, step, obj):
+        def save(ck, step, obj, **kw):
             self.entered.set()
             self.release.wait(10)
-            return original(ck, step, obj)
+            return original(ck, step, obj, **kw)
         monkeypatch.setattr(lcckpt.DeltaCheckpointer, "save", save)
 
 
@@ -196,10 +196,10 @@ def test_checkpoint_wait_writes_the_live_state_without_a_host_copy(tmp_path, mon
     seen = []
     original = lcckpt.DeltaCheckpointer.save
 
-    def save(ck, step, obj):
+    def save(ck, step, obj, **kw):
         seen.append((threading.current_thread() is threading.main_thread(),
                      obj["model"]["0.weight"].data_ptr()))
-        return original(ck, step, obj)
+        return original(ck, step, obj, **kw)
     monkeypatch.setattr(lcckpt.DeltaCheckpointer, "save", save)
     _train(model, opt)
     mgr.step(1.0)
@@ -230,7 +230,7 @@ def test_a_failed_synchronous_checkpoint_raises_and_can_be_retried(tmp_path, mon
     mgr.step(1.0)
     original = lcckpt.DeltaCheckpointer.save
     monkeypatch.setattr(lcckpt.DeltaCheckpointer, "save",
-                        lambda ck, step, obj: (_ for _ in ()).throw(OSError("disk full")))
+                        lambda ck, step, obj, **kw: (_ for _ in ()).throw(OSError("disk full")))
     with pytest.raises(OSError, match="disk full"):
         mgr.checkpoint(wait=True)
     assert mgr.last_checkpoint is None and mgr.durable_step is None

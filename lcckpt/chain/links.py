@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import struct
 
+from ..codec import dtypes
 from ..codec.delta import Reconstruction, settle as _settle
 from ..errors import CorruptDataError, UnsupportedVersionError
 from ..format.sections import DELTA, section_key, section_zero_base
@@ -115,7 +116,7 @@ class FileReplay:
 def _blob_of(c, i: int, meta: dict, key: str, origin):
     """Section ``i``'s blob: a large keyframe in the tracking precision to be read as it is
     decoded (:func:`~lcckpt.format.sections.streamed_section`), else read and checked whole."""
-    work = "F64" if meta.get("dtype") == "F64" else "F32"
+    work = dtypes.work_name(meta.get("dtype"))
     return _sections.streamed_section(c, i, work, key, origin) or c.data(i)
 
 

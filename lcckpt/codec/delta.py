@@ -352,7 +352,7 @@ class Reconstruction:
         self.pending.append((buf, p))
 
     def _keyframe(self, buf, p: Parsed, name: str, what: str) -> None:
-        work = "F64" if name == "F64" else "F32"
+        work = dtypes.work_name(name)
         if p.dt.name != name and p.dt.name != work:
             raise CorruptDataError(f"{what}: blob dtype {p.dt.name} for a {name} tensor")
         if not _tracked(p.dt) or name not in dtypes.BY_NAME or not _tracked(dtypes.BY_NAME[name]):

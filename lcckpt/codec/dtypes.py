@@ -101,6 +101,12 @@ def to_numpy(x) -> tuple[np.ndarray, DType]:
     return np.asarray(x, order="C"), dt          # (ascontiguousarray would make 0-d 1-d)
 
 
+def work_name(name: str | None) -> str:
+    """The name of the working float of the dtype named ``name`` (:func:`to_float_work`):
+    what a chain's references, and its keyframes, hold."""
+    return "F64" if name == "F64" else "F32"
+
+
 def to_float_work(a: np.ndarray, dt: DType) -> np.ndarray:
     """The values as the quantizer's working float (fp64 stays fp64, the rest fp32)."""
     if dt.name in ("F32", "F64"):

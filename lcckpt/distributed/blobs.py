@@ -14,27 +14,20 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..codec import dtypes
 from ..codec.streamed import STREAM_MIN, StreamedBlob, streamed
-from ..format.sections import decode_streamed
 from ..format.sources import PartReader
 
 
 def streamed_blob(path: str, offset: int, length: int, work: str | None,
                   what: str) -> StreamedBlob | None:
     """The blob at ``offset`` of the local file ``path`` as a :class:`StreamedBlob`, if it
-    is large, lossless and stored as ``work`` (a codec dtype name); else None, nothing
-    held open, and the caller reads it whole."""
-    if work is None or length < STREAM_MIN:
+    is large, lossless and stored as ``work`` (a codec dtype name, not complex: those are
+    not decoded in place); else None, nothing held open, and the caller reads it whole."""
+    if work is None or length < STREAM_MIN or dtypes.BY_NAME[work].kind == "complex":
         return None
     part = PartReader.of_path(path, offset, length)
     return None if part is None else streamed(part, work, what)
-
-
-def decode_exact(blob: StreamedBlob, shape: tuple, dtype: torch.dtype,
-                 out: torch.Tensor | None) -> torch.Tensor | None:
-    """``blob`` decoded into ``out`` (or a new tensor of ``shape`` and ``dtype``); None
-    where its dtype cannot be decoded in place (complex), with nothing read."""
-    return decode_streamed(blob, out if out is not None else torch.empty(shape, dtype=dtype))
 
 
 def as_tensor(x) -> torch.Tensor:

@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.planner import (LoadPlan, LoadPlanner,
                                                   WriteItemType)
 from torch.distributed.checkpoint.storage import WriteResult
 
+from ..codec import dtypes
 from ..codec.tensor import decode, encode
 from ..chain.policy import RolePolicy
 from ..codec.delta import Reconstruction
@@ -46,7 +47,8 @@ from ..errors import (
 )
 from ..codec.streamed import StreamedBlob
 from . import exchange, targets
-from .blobs import as_tensor, decode_exact, streamed_blob
+from ..format.sections import decode_streamed
+from .blobs import as_tensor, streamed_blob
 from .refs import BACKGROUND, Background, Ref, read_blob, resync
 from .partition import Piece
 from .store import Flusher, check_size, files_for
@@ -497,11 +499,12 @@ class CompressedReader(FileSystemReader):
             args = info.relative_path, info.offset, info.length
             blob = self._read(*args, stream_as=dtype_name(info))
             if isinstance(blob, StreamedBlob):       # None: read it whole after all
-                got = decode_exact(blob, info.shape, exchange._dtype(info.dtype), out)
+                got = decode_streamed(blob, out if out is not None else
+                                      torch.empty(info.shape, dtype=exchange._dtype(info.dtype)))
                 blob = got if got is not None else self._read(*args)
             out = blob if isinstance(blob, torch.Tensor) else as_tensor(decode(blob, out=out))
         elif info.codec == "delta":
-            work = "F64" if info.dtype == str(torch.float64) else "F32"
+            work = dtypes.work_name(dtype_name(info))
             out = as_tensor(info.replay(self._read, work).value(copy=False))
         else:
             raise CorruptDataError(f"unknown codec {info.codec!r} in checkpoint metadata")

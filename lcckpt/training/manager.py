@@ -429,7 +429,7 @@ class CheckpointManager:
     def _persist(self, step: int, snap: dict, inputs: _replan.Inputs | None,
                  following: bool, released: Callable | None = None) -> None:
         t0 = time.perf_counter()
-        self._ck.save(step, snap, **({} if released is None else {"released": released}))
+        self._ck.save(step, snap, released=released)
         if self._persists == 1:         # the first save of a process compiles kernels: not typical
             self._costs.clear("persist")
         self._persists += 1
