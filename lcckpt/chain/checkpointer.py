@@ -20,7 +20,7 @@ tracking precision), so it keeps the state id and later deltas still apply.
 
 Tracked sections use the section codec ``"delta"``: its blob is a lossless tensor blob
 (keyframes, and tensors new in a delta) or a lossy delta blob. A save passes its own
-leaf encoder to :func:`~lcckpt.format.serialization.pack` (``_SaveSession.encode_leaf`` ->
+leaf encoder to :func:`~lcckpt.format.serialization.pack` (``SaveSession.encode_leaf`` ->
 ``DeltaEncoder.encode_parts``); a load passes a leaf decoder that advances the
 :class:`~lcckpt.codec.delta.Reconstruction` of each tracked tensor (``links.FileReplay``).
 ``lcckpt.load`` reads keyframe files directly; a delta file needs its chain and is
@@ -54,7 +54,6 @@ from ..codec.movement import Movement
 from ..errors import ConcurrentWriteError, InvalidArgumentError, LcckptError, StorageError
 from ..format.container import write_container
 from ..format.flatten import census
-from ..format.serialization import pack
 from ..format import stream as _stream
 from ..util import durable as _durable
 from . import restore as _restore
@@ -282,8 +281,7 @@ class DeltaCheckpointer:
         kind = "keyframe" if keyframe else "delta"
 
         def encode(encode_leaf, encode_pack):
-            meta, sections = pack(obj, encode_leaf=encode_leaf, pack_small=session.packs,
-                                  encode_pack=encode_pack)
+            meta, sections = session.pack(obj, encode_leaf, encode_pack)
             for key in set(self._encoders) - set(session.stats):   # no longer present
                 del self._encoders[key]
             meta["lcckpt_chain"] = self._chain_meta(step, keyframe, session)

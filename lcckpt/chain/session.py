@@ -3,6 +3,7 @@ with the stats its file's header reports (docs/chain.md, "What each file reports
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 
@@ -12,11 +13,17 @@ import torch
 from ..codec import blob as _blob
 from ..codec.delta import DeltaEncoder, Reconstruction
 from ..format import sections as _sections
+from ..format import serialization as _serialization
 from ..format import stream as _stream
 from ..format.flatten import renumber_sections
 from ..format.sections import DELTA, TRACKABLE, Encoded
+from ..util.ahead import Ahead
+from ..util.pool import threads
 
 MISSED = 0.5            # a restored error past this share of a step's movement is warned of
+AHEAD_MIN = 1 << 14     # elements of a tensor coded ahead: smaller ones are mostly Python,
+AHEAD_MAX = 1 << 20     # which a second thread does not speed up; a tensor coded ahead
+                        # holds its symbols (or exact blob) until written: few stay small
 
 
 class SaveSession:
@@ -42,6 +49,8 @@ class SaveSession:
         self.missed: list[tuple[str, float, float]] = []   # (path, error/movement, target)
         self.exact_of = {} if exact_of is None else exact_of   # path -> its encoder is exact
         self.stats: dict[str, dict] = {}
+        self._planned: dict[str, tuple] = {}     # path -> (job index, tensor, job): ahead()
+        self._ahead: Ahead | None = None
 
     def warn(self, step: int, stacklevel: int) -> None:
         """The saved step's warnings: updates under the precision, restores past
@@ -66,18 +75,64 @@ class SaveSession:
         return self.encode_leaf(path, t, small=True)
 
     def encode_leaf(self, path: str, t: torch.Tensor, small: bool = False) -> Encoded:
-        if t.dtype not in TRACKABLE:
+        planned = self._planned.pop(path, None)
+        if planned is not None:         # coded ahead (t: a new view of the same tensor)
+            i, job = planned
+            return self._encoded(path, job, *self._ahead.take(i))
+        job = self._job(path, t, small)
+        if job is None:
             return _sections.encode_with(_sections.LOSSLESS, path, t)
+        return self._encoded(path, job, *self._code(path, t, job))
+
+    def pack(self, obj, encode_leaf: Callable, encode_pack: Callable) -> tuple:
+        """``obj`` as ``(meta, sections)``, coded by ``encode_leaf`` and ``encode_pack``
+        (this session's, maybe wrapped: :func:`write_streamed`)."""
+        try:
+            return _serialization.pack(obj, encode_leaf=encode_leaf, pack_small=self.packs,
+                                       encode_pack=encode_pack, ahead=self.ahead)
+        finally:
+            self.close()                # no tensor is coded ahead any more
+
+    def ahead(self, leaves: list[tuple[str, torch.Tensor]]) -> None:
+        """The tensors ``encode_leaf`` will be asked for, in that order (dense, on the
+        host: the very data it gets): the tracked ones of :data:`AHEAD_MIN` to
+        :data:`AHEAD_MAX` elements are coded by two threads (lcckpt/util/ahead.py).
+        :meth:`close` must follow."""
+        jobs = []
+        for path, t in (leaves if threads() > 1 else ()):    # LCCKPT_THREADS=1: one thread
+            if not AHEAD_MIN <= t.numel() <= AHEAD_MAX or path in self._planned:
+                continue
+            job = self._job(path, t, False)
+            if job is not None:
+                self._planned[path] = (len(jobs), job)
+                jobs.append(functools.partial(self._code, path, t, job))
+        if len(jobs) > 1:
+            self._ahead = Ahead(jobs)
+        else:
+            self._planned.clear()
+
+    def close(self) -> None:
+        """Wait until no tensor is coded ahead any more (after an error too)."""
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
+        self._planned.clear()
+
+    def _job(self, path: str, t: torch.Tensor, small: bool):
+        """``(encoder, exact, from_zero)`` of a tracked or small float tensor; None: the
+        tensor is stored exactly, as a plain section."""
+        if t.dtype not in TRACKABLE:
+            return None
         if small:
             if self.small is None:
-                return _sections.encode_with(_sections.LOSSLESS, path, t)
+                return None
             exact = True
         elif self.track(path, t):
             exact = False
         elif self.small is not None and self.small(path, t):
             exact = True
         else:
-            return _sections.encode_with(_sections.LOSSLESS, path, t)
+            return None
         enc = self.encoders.get(path)
         if isinstance(enc, Reconstruction):          # reopened chain: continue from disk
             rec, enc = enc, self.make(path, exact)
@@ -89,10 +144,20 @@ class SaveSession:
         # a tensor new since the keyframe: lossy against zeros where a target bounds it
         from_zero = enc.ref is None and not self.keyframe and not exact \
             and enc.config.target is not None
-        # the copy of a keyframe into the reference waits: it runs while the file is written
-        parts, st = enc.encode_parts(t, keyframe=self.keyframe, from_zero=from_zero,
-                                     defer_copy=True, lazy=self.lazy,
-                                     direction=None if exact else self.directions.get(path))
+        return enc, exact, from_zero
+
+    def _code(self, path: str, t: torch.Tensor, job) -> tuple:
+        """The coding itself (on either thread of :meth:`ahead`): ``(pieces, stats)``.
+        The copy of a keyframe into the reference waits: it runs while the file is
+        written."""
+        enc, exact, from_zero = job
+        return enc.encode_parts(t, keyframe=self.keyframe, from_zero=from_zero,
+                                defer_copy=True, lazy=self.lazy,
+                                direction=None if exact else self.directions.get(path))
+
+    def _encoded(self, path: str, job, parts: list, st) -> Encoded:
+        """The section of a coded tensor, its stats noted."""
+        enc, exact, from_zero = job
         nbytes = _blob.nbytes(parts)
         self.stats[path] = rec = {
             "kind": st.kind,

@@ -23,6 +23,7 @@ DTYPE_CODES: dict[torch.dtype, str] = dtypes.TORCH_NAME   # dtype -> header name
 
 LeafEncoder = Callable[[str, torch.Tensor], Encoded]
 PackRule = Callable[[str, torch.Tensor], bool]
+Lookahead = Callable[[list[tuple[str, torch.Tensor]]], None]
 
 
 def pack_name(dtype_name: str, device: str) -> str:
@@ -32,7 +33,7 @@ def pack_name(dtype_name: str, device: str) -> str:
 
 
 def flatten(obj: Any, encode_leaf: LeafEncoder, pack: PackRule | None = None,
-            encode_pack: LeafEncoder | None = None
+            encode_pack: LeafEncoder | None = None, ahead: Lookahead | None = None
             ) -> tuple[Any, list[tuple[str, dict, Any]], int]:
     """``obj`` as ``(json_tree, sections, tree_version)``; ``encode_leaf`` codes each
     tensor leaf. ``tree_version`` is the lowest tree version that holds ``obj`` (1 unless
@@ -42,8 +43,12 @@ def flatten(obj: Any, encode_leaf: LeafEncoder, pack: PackRule | None = None,
     storage, are stored in one section per dtype and device (coded by ``encode_pack``,
     default ``encode_leaf``, under the section name :func:`pack_name` gives) instead of
     one section each, and load as separate tensors again (tree version 3). One section
-    per tensor costs a header entry and a codec call: 100,000 of them take minutes."""
-    saver = _Saver(encode_leaf, pack, encode_pack)
+    per tensor costs a header entry and a codec call: 100,000 of them take minutes.
+
+    ``ahead(leaves)``: told, before the first ``encode_leaf`` call, the ``(key_path,
+    tensor)`` of the dense host tensors it will code one by one, in that order (each
+    then comes to ``encode_leaf`` as a new view of that tensor)."""
+    saver = _Saver(encode_leaf, pack, encode_pack, ahead)
     tree = saver.node(obj, "obj", 0)
     return tree, saver.sections, saver.finish()
 
@@ -113,8 +118,8 @@ class _Saver:
     """Walks an object tree, returning its JSON tree and collecting data sections."""
 
     def __init__(self, encode_leaf: LeafEncoder, pack: PackRule | None = None,
-                 encode_pack: LeafEncoder | None = None):
-        self.encode_leaf = encode_leaf
+                 encode_pack: LeafEncoder | None = None, ahead: Lookahead | None = None):
+        self.encode_leaf, self.ahead = encode_leaf, ahead
         self.pack, self.encode_pack = pack, encode_pack or encode_leaf
         self.indexed: list[dict] = []  # every node holding a section index ("s")
         self.sections: list[tuple[str, dict, Any]] = []
@@ -262,12 +267,22 @@ class _Saver:
         some small tensors share a pack)."""
         version = self.version
         packs: dict[tuple, list] = {}        # (dtype, device) -> [(tensor, node)]
+        packed, alone = set(), []            # storages in packs; the rest of one dense user
+        for key, users in self.storages.items():
+            v0, path = users[0][0], self.sections[self.storage_sections[key]][0]
+            if len(users) == 1 and v0.stride() == _dense_strides(v0.shape):
+                if self.pack is not None and self.pack(path, v0):
+                    packed.add(key)
+                elif key[0].type == "cpu":
+                    alone.append((path, v0.detach()))
+        if self.ahead is not None:
+            self.ahead(alone)
         for key, users in self.storages.items():
             s = self.storage_sections[key]
             path = self.sections[s][0]
             v0 = users[0][0]
             dense = v0.stride() == _dense_strides(v0.shape)
-            if len(users) == 1 and dense and self.pack is not None and self.pack(path, v0):
+            if key in packed:
                 packs.setdefault((v0.dtype, str(v0.device)), []).append((v0, users[0][1]))
                 self.sections[s] = None
                 continue

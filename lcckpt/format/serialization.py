@@ -97,16 +97,18 @@ def _check_metadata(value, what: str) -> dict[str, str]:
 
 def pack(obj: Any, *, encode_leaf: _tree.LeafEncoder | None = None,
          pack_small: _tree.PackRule | None = None,
-         encode_pack: _tree.LeafEncoder | None = None) -> tuple[dict, list[tuple[str, dict, Any]]]:
+         encode_pack: _tree.LeafEncoder | None = None,
+         ahead: _tree.Lookahead | None = None) -> tuple[dict, list[tuple[str, dict, Any]]]:
     """``obj`` as ``(meta, sections)`` for :func:`write_container` (what ``save`` writes).
 
     ``encode_leaf(key_path, tensor) -> sections.Encoded`` codes each tensor (default:
     raw). ``pack_small(key_path, tensor)``: tensors stored together, one section per
-    dtype and device, coded by ``encode_pack`` (see :func:`lcckpt.format.tree.flatten`).
+    dtype and device, coded by ``encode_pack``; ``ahead``: told the tensors
+    ``encode_leaf`` will be asked for (see :func:`lcckpt.format.tree.flatten`).
     Callers may add their own keys to ``meta`` before writing; ``load`` ignores them.
     """
     tree, sections, version = _tree.flatten(obj, encode_leaf or _sections.leaf_encoder("raw"),
-                                            pack_small, encode_pack)
+                                            pack_small, encode_pack, ahead)
     return {"lcckpt_tree": version, "tree": tree}, sections
 
 
