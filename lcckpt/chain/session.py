@@ -24,6 +24,7 @@ MISSED = 0.5            # a restored error past this share of a step's movement 
 AHEAD_MIN = 1 << 14     # elements of a tensor coded ahead: smaller ones are mostly Python,
 AHEAD_MAX = 1 << 20     # which a second thread does not speed up; a tensor coded ahead
                         # holds its symbols (or exact blob) until written: few stay small
+AHEAD_SHARE = 0.25      # ... and only where such tensors hold this share of the elements
 
 
 class SaveSession:
@@ -96,9 +97,9 @@ class SaveSession:
     def ahead(self, leaves: list[tuple[str, torch.Tensor]]) -> None:
         """The tensors ``encode_leaf`` will be asked for, in that order (dense, on the
         host: the very data it gets): the tracked ones of :data:`AHEAD_MIN` to
-        :data:`AHEAD_MAX` elements are coded by two threads (lcckpt/util/ahead.py).
-        :meth:`close` must follow."""
-        jobs = []
+        :data:`AHEAD_MAX` elements are coded by two threads (lcckpt/util/ahead.py), where
+        they hold :data:`AHEAD_SHARE` of the elements. :meth:`close` must follow."""
+        jobs, planned = [], 0
         for path, t in (leaves if threads() > 1 else ()):    # LCCKPT_THREADS=1: one thread
             if not AHEAD_MIN <= t.numel() <= AHEAD_MAX or path in self._planned:
                 continue
@@ -106,7 +107,10 @@ class SaveSession:
             if job is not None:
                 self._planned[path] = (len(jobs), job)
                 jobs.append(functools.partial(self._code, path, t, job))
-        if len(jobs) > 1:
+                planned += t.numel()
+        # worth a second thread (its own buffers and heap) where such tensors are a good
+        # part of the state: a transformer's, not a wide MLP's few biases
+        if len(jobs) > 1 and planned >= AHEAD_SHARE * sum(t.numel() for _, t in leaves):
             self._ahead = Ahead(jobs)
         else:
             self._planned.clear()
