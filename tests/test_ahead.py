@@ -93,6 +93,19 @@ def test_close_waits_for_the_helpers_job():
     assert not closer.is_alive() and done == [True]
 
 
+def test_without_a_helper_thread_the_caller_codes_every_job(monkeypatch):
+    def refuse(self):
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    log = []
+    a = Ahead(_recording_jobs(5, log))
+    try:
+        assert [a.take(i) for i in range(5)] == [0, 1, 4, 9, 16]
+    finally:
+        a.close()
+    assert {e[2] for e in log if e[0] == "start"} == {threading.current_thread().name}
+
+
 # ------------------------------------------------------------------------ the chain
 
 

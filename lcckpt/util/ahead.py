@@ -32,8 +32,12 @@ class Ahead:
         self._closed = False
         self._cv = threading.Condition()
         # a daemon: a caller that never closes (a bug) must not keep the process alive
-        self._thread = threading.Thread(target=self._helper, name="lcckpt-ahead", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._helper, name="lcckpt-ahead", daemon=True)
+        try:
+            self._thread.start()
+        except RuntimeError:            # no new threads (interpreter shutdown): the caller
+            self._thread = None         # codes every job
 
     def _claim(self) -> int | None:
         """The next job to start (the lock held), None if none may start now."""
@@ -88,4 +92,5 @@ class Ahead:
         with self._cv:
             self._closed = True
             self._cv.notify_all()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
