@@ -73,6 +73,28 @@ def test_a_failing_job_raises_at_its_own_take_only():
         a.close()
 
 
+def test_an_interrupt_in_the_callers_job_goes_up_at_once():
+    """While the helper codes job 1, the caller codes job 2 instead of waiting; an
+    interrupt there is raised by take(1), not kept for take(2)."""
+    started = threading.Event()
+
+    def job(i):
+        if i == 1:
+            started.set()
+            time.sleep(0.3)
+        if i == 2:
+            raise KeyboardInterrupt
+        return i
+    a = Ahead([lambda i=i: job(i) for i in range(4)])
+    try:
+        assert a.take(0) == 0
+        assert started.wait(5)              # job 1 is the helper's
+        with pytest.raises(KeyboardInterrupt):
+            a.take(1)
+    finally:
+        a.close()
+
+
 def test_close_waits_for_the_helpers_job():
     started, release, done = threading.Event(), threading.Event(), []
 

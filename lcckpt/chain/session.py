@@ -50,7 +50,7 @@ class SaveSession:
         self.missed: list[tuple[str, float, float]] = []   # (path, error/movement, target)
         self.exact_of = {} if exact_of is None else exact_of   # path -> its encoder is exact
         self.stats: dict[str, dict] = {}
-        self._planned: dict[str, tuple] = {}     # path -> (job index, tensor, job): ahead()
+        self._planned: dict[str, tuple] = {}     # path -> (job index, job): ahead()
         self._ahead: Ahead | None = None
 
     def warn(self, step: int, stacklevel: int) -> None:

@@ -36,11 +36,12 @@ from ..errors import (
     CorruptDataError, InvalidArgumentError, LcckptError,
 )
 from .flatten import (
-    MAX_DEPTH, LeafEncoder, Lookahead, PackRule, _dense_strides, key_repr, flatten, pack_name,
+    MAX_DEPTH, LeafEncoder, Lookahead, PackRule, _dense_strides, key_repr, flatten,
+    pack_name,
 )   # the save half (flatten.py), one tree API for both halves
 
-__all__ = ["MAX_DEPTH", "LeafDecoder", "LeafEncoder", "Lookahead", "PackRule", "flatten", "leaves",
-           "load_leaf", "pack_name", "unflatten", "view_of"]
+__all__ = ["MAX_DEPTH", "LeafDecoder", "LeafEncoder", "Lookahead", "PackRule", "flatten",
+           "leaves", "load_leaf", "pack_name", "unflatten", "view_of"]
 
 LeafDecoder = Callable[[str, Container, int, dict], Any]
 

@@ -47,10 +47,16 @@ class Ahead:
         self._next += 1
         return j
 
-    def _code(self, j: int) -> None:
+    def _code(self, j: int, caller: bool = False) -> None:
+        """Run job ``j``; its result or error waits for ``take(j)``. On the caller's
+        thread an interrupt (KeyboardInterrupt, SystemExit) goes up at once instead."""
         try:
             out = (True, self._jobs[j]())
-        except BaseException as e:  # handed to the caller's take()
+        except Exception as e:          # handed to the caller's take(j)
+            out = (False, e)
+        except BaseException as e:
+            if caller:
+                raise
             out = (False, e)
         with self._cv:
             self._out[j] = out
@@ -79,7 +85,7 @@ class Ahead:
                     continue
                 self._cv.release()
                 try:
-                    self._code(j)
+                    self._code(j, caller=True)
                 finally:
                     self._cv.acquire()
             ok, value = self._out.pop(i)
