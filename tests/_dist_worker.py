@@ -30,6 +30,24 @@ def _init(rank, world, port, log_dir=None):
     torch.set_num_threads(1)
 
 
+def spawn(fn, args: tuple, nprocs: int, log_dir: str) -> None:
+    """``mp.spawn(fn, args, nprocs)`` whose ranks log to ``log_dir`` (``_init``); a rank
+    killed by a signal fails with that rank's stderr (C++'s "terminate called ..." line
+    and faulthandler's thread stacks) in the message. No retry."""
+    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessExitedException
+    try:
+        mp.spawn(fn, args=args, nprocs=nprocs, join=True)
+    except ProcessExitedException as e:
+        try:
+            with open(os.path.join(log_dir, f"rank{e.error_index}.stderr")) as f:
+                log = f.read()[-3000:] or "(empty)"
+        except OSError as err:
+            log = f"(unreadable: {err})"
+        raise AssertionError(f"{nprocs}-process run died ({e}); the dead rank's stderr: "
+                             f"{log}") from e
+
+
 def replicated_state():
     """The same values on every rank: one dominant tensor, some small ones, non-tensors."""
     g = torch.Generator().manual_seed(0)

@@ -10,7 +10,6 @@ import textwrap
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 import lcckpt.distributed as ld
 from lcckpt.distributed.store import RemoteFiles, files_for
@@ -210,9 +209,8 @@ def test_s3_a_save_killed_mid_upload_leaves_the_previous_step(s3, tmp_path):
 
 @pytest.mark.slow
 def test_s3_a_failed_upload_on_one_rank_raises_on_every_rank(s3, tmp_path):
-    mp.spawn(W.s3_failed_upload_worker,
-             args=(2, _free_port(), "s3://lcckpt-test/two", s3, str(tmp_path)),
-             nprocs=2, join=True)
+    W.spawn(W.s3_failed_upload_worker,
+            (2, _free_port(), "s3://lcckpt-test/two", s3, str(tmp_path)), 2, str(tmp_path))
     for rank in (0, 1):
         with open(tmp_path / f"raised{rank}") as f:
             assert f.read().startswith("DistributedCheckpointError"), rank

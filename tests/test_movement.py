@@ -98,6 +98,7 @@ def test_small_tensors_and_zero_bases_are_measured_exactly():
        st.integers(0, 2**31), st.sampled_from(["drift", "walk", "rows"]),
        st.sampled_from([0.01, 0.05, 0.3]), st.sampled_from([0.0, RolePolicy().update]))
 @example(n=5000, rel=1e-4, seed=1527, kind="rows", t=0.01, share=0.0)  # a sketch collision once
+@example(n=5000, rel=0.3, seed=501, kind="drift", t=0.3, share=0.0)    # 4-digit stats: 0.3001
 def test_no_update_is_dropped_silently(tmp_path_factory, n, rel, seed, kind, t, share):
     """Every restored step's movement (restored - keyframe) is within the target of the
     true movement, for updates down to 1e-4 of the tensor's norm; with an ``update``
@@ -121,8 +122,9 @@ def test_no_update_is_dropped_silently(tmp_path_factory, n, rel, seed, kind, t, 
         info = ck.info(s)["tensors"][KEY]
         assert info["movement"] > 0
         assert info["rel_error"] <= allowed / _norm(u) * (1 + 1e-3)
-        if not share:                           # against the estimated movement
-            assert info["error_vs_movement"] <= t * (1 + 1e-4)
+        if not share:       # against the estimated movement; the header keeps rel_error
+            # and movement to 4 digits each, and the reader derives this as their ratio
+            assert info["error_vs_movement"] <= t * (1 + 1e-3)
         prev = r
 
 
