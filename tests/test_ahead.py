@@ -34,10 +34,10 @@ def test_results_come_in_order_and_both_threads_code():
         assert [a.take(i) for i in range(12)] == [i * i for i in range(12)]
     finally:
         a.close()
-    coders = {name.startswith("lcckpt-ahead") for kind, *rest in log if kind == "start"
-              for name in [rest[1]]}
-    assert coders == {True, False}          # the helper and the caller each coded some
-    assert sorted(i for kind, i, *_ in log if kind == "start") == list(range(12))
+    starts = [e for e in log if e[0] == "start"]
+    helper = {e[2].startswith("lcckpt-ahead") for e in starts}
+    assert helper == {True, False}          # the helper and the caller each coded some
+    assert sorted(e[1] for e in starts) == list(range(12))
 
 
 def test_no_job_starts_more_than_the_window_beyond_the_caller():

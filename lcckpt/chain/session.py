@@ -101,7 +101,7 @@ class SaveSession:
         they hold :data:`AHEAD_SHARE` of the elements. :meth:`close` must follow."""
         jobs, planned = [], 0
         for path, t in (leaves if threads() > 1 else ()):    # LCCKPT_THREADS=1: one thread
-            if not AHEAD_MIN <= t.numel() <= AHEAD_MAX or path in self._planned:
+            if not AHEAD_MIN <= t.numel() <= AHEAD_MAX:
                 continue
             job = self._job(path, t, False)
             if job is not None:
