@@ -18,7 +18,8 @@ Measured (medians of several runs, page cache warm for loads):
   and followed by an fsync, since every lcckpt write is fsynced and atomic); and how far
   into a DeltaCheckpointer save its state was released (``save(..., released=)``: read
   no more, so a writer from the live state may let training go on; the file's sync and
-  commit follow);
+  commit follow); each delta save is followed by ``torch.save`` + fsync of the same state,
+  timed, so that the delta's ratio comes from rounds taken in turn, as the keyframes' do;
 * restore time of the keyframe plus 10 deltas (``DeltaCheckpointer.load`` of the last
   step) against ``torch.load`` and ``lcckpt.load``, and the time to read those 11 files
   (checksums checked, nothing decoded), the loads taking turns round by round (a slow
@@ -208,12 +209,18 @@ def run(model: str = "mlp", bits: int | None = None, deltas: int = 10,
             t0 = time.perf_counter()
             return lambda: released[kind].append(time.perf_counter() - t0)
         quantized = _count_quantized()
+        delta_rounds = []          # each delta save and torch.save + fsync of the same state
         for step, snap in snaps[1:]:
             os.sync()
             quantized[0] = 0
             t = time.perf_counter()
             ck.save(step, snap, released=timing("delta"))
             delta_times.append(time.perf_counter() - t)
+            os.sync()
+            t = time.perf_counter()
+            _fsync_save(snap, os.path.join(root, "delta-turn.pt"))
+            delta_rounds.append({"delta": delta_times[-1],
+                                 "torch+fsync": time.perf_counter() - t})
             delta_passes.append(quantized[0] / sum(elements.values()))
             delta_parts.append(lcckpt_parts(ck.path(step)))
             errs = {}
@@ -318,6 +325,7 @@ def run(model: str = "mlp", bits: int | None = None, deltas: int = 10,
         torch_parts=t_parts,
         rounds={"saves": save_rounds, "loads": load_rounds},
         versus=[{"what": what, "against": b, **round_ratios(rs, a, b)} for what, rs, a, b in (
+            ("delta save", delta_rounds, "delta", "torch+fsync"),
             ("keyframe save", save_rounds, "keyframe", "torch+fsync"),
             ("later keyframe save", save_rounds, "later keyframe", "torch+fsync"),
             ("restore K+%d" % deltas, load_rounds, "restore", "torch"))],

@@ -343,6 +343,7 @@ def test_header_schema_violations(header):
     [
         b"not json",
         b'{"version": 1, "version": 1, "meta": {}, "sections": []}',
+        b'{"version": 1, "meta": {"a": 1, "b": {"c": 2}, "a": 1}, "sections": []}',
         b'{"version": 1, "meta": {"x": NaN}, "sections": []}',
         b'{"version": 1, "meta": {"x": "\xff"}, "sections": []}',
         b"[" * 100000 + b"]" * 100000,
