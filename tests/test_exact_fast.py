@@ -392,3 +392,69 @@ def test_delta_replay_reads_pairs_keyframes_chunk_by_chunk():
     for c in range(-(-a.size // (1 << 13))):
         task(c)
     assert np.array_equal(a.view(np.uint32), t.numpy().view(np.uint32))
+
+
+# ----------------------------------------------------------- one-chunk planes (small tensors)
+
+def _same_stream(a, b) -> None:
+    """Two entropy.Encoded describe the same stream, field by field and byte by byte."""
+    assert np.array_equal(a.modes, b.modes) and np.array_equal(a.consts, b.consts)
+    assert np.array_equal(a.nbytes, b.nbytes)
+    assert a.lengths.keys() == b.lengths.keys()
+    assert all(np.array_equal(a.lengths[m], b.lengths[m]) for m in a.lengths)
+    assert list(a.mode_bits.items()) == list(b.mode_bits.items())
+    joined = [b"".join(np.ascontiguousarray(p).tobytes() for p in e.parts) for e in (a, b)]
+    assert joined[0] == joined[1]
+
+
+@settings(max_examples=80, deadline=None)
+@given(n=st.integers(1, 5000), spread=st.sampled_from([1, 2, 3, 16, 200, 256]),
+       skew=st.floats(0.0, 3.0), seed=st.integers(0, 2**16))
+def test_a_one_chunk_plane_is_coded_as_the_general_coder_codes_it(n, spread, skew, seed):
+    """encode_bytes_chunk (small tensors' planes) against entropy.encode, the oracle: one
+    symbol (CONST), a few, skewed (Huffman), near-uniform bytes (raw)."""
+    from lcckpt.codec import entropy
+    rng = np.random.default_rng(seed)
+    p = np.exp(-skew * np.arange(spread))
+    sym = (rng.choice(spread, n, p=p / p.sum()) * (256 // spread)).astype(np.uint8)
+    counts = np.bincount(sym, minlength=256).astype(np.int64)
+    an = entropy.Analysis(n, 1 << 16, 8, {entropy.HUFFMAN: counts[None, :].copy()}, None)
+    fast = entropy.encode_bytes_chunk(sym, counts)
+    _same_stream(fast, entropy.encode(sym, an, entropy.modes_for("bytes", 8)))
+    assert {int(fast.modes[0])} <= {entropy.HUFFMAN, entropy.RAW, entropy.CONST}
+
+
+@pytest.mark.parametrize("skew, mode", [(1.4, "RAW"), (1.9, "HUFFMAN")])
+def test_a_one_chunk_plane_codes_only_when_it_saves_the_margin(skew, mode):
+    """Huffman 1.5% under raw is not worth its slower decode (RAW_MARGIN): stored raw, as
+    the general coder stores it; far under raw, coded."""
+    from lcckpt.codec import entropy
+    n = 1 << 16
+    p = np.r_[np.full(128, skew), np.full(128, 2 - skew)]
+    sym = np.random.default_rng(0).choice(256, n, p=p / p.sum()).astype(np.uint8)
+    counts = np.bincount(sym, minlength=256).astype(np.int64)
+    an = entropy.Analysis(n, 1 << 16, 8, {entropy.HUFFMAN: counts[None, :].copy()}, None)
+    fast = entropy.encode_bytes_chunk(sym, counts)
+    _same_stream(fast, entropy.encode(sym, an, entropy.modes_for("bytes", 8)))
+    assert int(fast.modes[0]) == getattr(entropy, mode)
+
+
+def test_small_tensors_blobs_are_those_of_the_general_coder(monkeypatch):
+    """A small tensor's exact blob is the same bytes with the one-chunk coder as with
+    entropy.encode for every plane, and decodes exactly."""
+    from lcckpt.codec import entropy
+    rng = np.random.default_rng(3)
+    arrays = [np.ones(384, np.float32) + rng.standard_normal(384).astype(np.float32) * 1e-3,
+              np.zeros(1536, np.float32), (rng.standard_normal(2304) * 0.02).astype(np.float32),
+              rng.random(700).astype(np.float64)]
+    dts = [dtypes.BY_NAME["F32"]] * 3 + [dtypes.BY_NAME["F64"]]
+    fast = [b"".join(bytes(memoryview(p).cast("B")) for p in codec.encode_exact(a, d, 16))
+            for a, d in zip(arrays, dts)]
+    monkeypatch.setattr(entropy, "encode_bytes_chunk", lambda sym, counts: entropy.encode(
+        sym, entropy.Analysis(sym.size, 1 << 16, 8, {entropy.HUFFMAN: counts[None, :].copy()},
+                              None), entropy.modes_for("bytes", 8)))
+    general = [b"".join(bytes(memoryview(p).cast("B")) for p in codec.encode_exact(a, d, 16))
+               for a, d in zip(arrays, dts)]
+    assert fast == general
+    for blob, a in zip(fast, arrays):
+        assert np.array_equal(codec.decode(blob).view(np.uint8), a.view(np.uint8))

@@ -240,6 +240,45 @@ def raw_stream(sym: np.ndarray, chunk_size: int) -> Encoded:
                    [sym], {RAW: 8 * n})
 
 
+_BYTES_ROWS = np.array([0], np.int64)     # the coded row (HUFFMAN) of the "bytes" modes
+_NOT_CONST = float((np.iinfo(np.int64).max // 4 + 7) // 8)
+
+
+def encode_bytes_chunk(sym: np.ndarray, counts: np.ndarray) -> Encoded:
+    """:func:`encode` of a byte stream of one chunk in the "bytes" modes (a small
+    tensor's plane), ``counts`` its exact 256-bin histogram: the same choice, bytes and
+    fields, without the per-chunk arrays (a tensor of a few hundred elements spent 0.1
+    ms a plane in them, more than coding it)."""
+    n = sym.size
+    lengths = hk.code_lengths(counts, hk.MAX_CODE_LEN)
+    bits = int(counts @ lengths.astype(np.int64))
+    const = bool((counts == n).any())
+    score = np.array([[float((bits + 7) // 8)], [float(n)], [0.0 if const else _NOT_CONST]])
+    score[1] *= RAW_MARGIN
+    table = np.array([lengths_size(lengths), 0, 0], np.int64)
+    choice = np.empty(1, np.int64)
+    sk.choose_modes(score, _BYTES_ROWS, table, choice)       # RAW is always finite
+    mode = (HUFFMAN, RAW, CONST)[int(choice[0])]
+    nbytes = {HUFFMAN: (bits + 7) // 8, RAW: n, CONST: 0}[mode]
+    consts = np.zeros(1, np.uint8)
+    used = {}
+    if mode == HUFFMAN:
+        used[HUFFMAN] = lengths
+        coded = np.empty(nbytes, np.uint8)
+        end = hk.encode_symbols(sym, 0, n, hk.canonical_codes(lengths), lengths, coded, 0,
+                                NO_FLOATS, NO_FLOATS, False)
+        if end != nbytes:
+            raise AssertionError(f"chunk 0: wrote {end} bytes, planned {nbytes}")
+        part = coded
+    elif mode == CONST:
+        consts[0] = int(np.argmax(counts))
+        part = np.empty(0, np.uint8)
+    else:
+        part = sym[:n]
+    return Encoded(np.full(1, mode, np.uint8), consts, np.full(1, nbytes, np.int64), used,
+                   [part], {HUFFMAN: bits, RAW: 8 * n})
+
+
 def _chunk_bits(an: Analysis, mode: int, lengths) -> np.ndarray:
     """Exact coded size in bits of every chunk under ``mode``."""
     if mode in CODED_MODES:

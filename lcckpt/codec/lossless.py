@@ -80,6 +80,9 @@ def encode_planes(words: np.ndarray, rotate: bool, chunk_size: int):
                 lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
                 fk.byte_histogram(plane, lo, hi, hist[c, k])
             run_tasks(count, nch)
+        if nch == 1:                    # a small tensor: the same stream, less Python
+            out.append(entropy.encode_bytes_chunk(plane, hist[0, k]))
+            continue
         an = entropy.Analysis(n, chunk_size, 8, {entropy.HUFFMAN: hist[:, k, :]}, None)
         out.append(entropy.encode(plane, an, modes))
     return out
