@@ -421,7 +421,6 @@ def test_a_one_chunk_plane_is_coded_as_the_general_coder_codes_it(n, spread, ske
     an = entropy.Analysis(n, 1 << 16, 8, {entropy.HUFFMAN: counts[None, :].copy()}, None)
     fast = entropy.encode_bytes_chunk(sym, counts)
     _same_stream(fast, entropy.encode(sym, an, entropy.modes_for("bytes", 8)))
-    assert {int(fast.modes[0])} <= {entropy.HUFFMAN, entropy.RAW, entropy.CONST}
 
 
 @pytest.mark.parametrize("skew, mode", [(1.4, "RAW"), (1.9, "HUFFMAN")])
@@ -448,8 +447,12 @@ def test_small_tensors_blobs_are_those_of_the_general_coder(monkeypatch):
               np.zeros(1536, np.float32), (rng.standard_normal(2304) * 0.02).astype(np.float32),
               rng.random(700).astype(np.float64)]
     dts = [dtypes.BY_NAME["F32"]] * 3 + [dtypes.BY_NAME["F64"]]
+    one_chunk, calls = entropy.encode_bytes_chunk, []
+    monkeypatch.setattr(entropy, "encode_bytes_chunk",
+                        lambda sym, counts: calls.append(sym.size) or one_chunk(sym, counts))
     fast = [b"".join(bytes(memoryview(p).cast("B")) for p in codec.encode_exact(a, d, 16))
             for a, d in zip(arrays, dts)]
+    assert len(calls) >= len(arrays)        # every array had a plane coded by it
     monkeypatch.setattr(entropy, "encode_bytes_chunk", lambda sym, counts: entropy.encode(
         sym, entropy.Analysis(sym.size, 1 << 16, 8, {entropy.HUFFMAN: counts[None, :].copy()},
                               None), entropy.modes_for("bytes", 8)))
