@@ -628,6 +628,48 @@ def test_survey_histogram_and_sketch_match_numpy_references(n, seed, with_ref, t
     assert sv.norm_sq == pytest.approx(want_ss, rel=1e-12)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 9000), st.integers(0, 2**31), st.booleans(), st.booleans(),
+       st.booleans(), st.sampled_from(["none", "neg_zero", "nan", "ref_only", "ref_nan",
+                                       "ref_neg_zero"]))
+def test_survey_skipping_zero_blocks_changes_no_bit(n, seed, with_ref, fp64, sketched, odd):
+    """Blocks of +0.0 (an optimizer's moments of untouched rows) skipped by the survey
+    give the same outputs, bit for bit, as the element loops: counts, sums, sketch,
+    minimum, finiteness; -0.0, NaN or a nonzero reference in such a block is not
+    skipped."""
+    from lcckpt.codec.kernels import uniform as uk
+    from lcckpt.codec.movement import LOG2
+    rng = np.random.default_rng(seed)
+    dt = np.float64 if fp64 else np.float32
+    u = (rng.standard_normal(n) * 10.0 ** rng.integers(-6, 3, n)).astype(dt)
+    for _ in range(rng.integers(1, 6)):                  # runs of zeros, rows' worth
+        a = int(rng.integers(0, n))
+        u[a:a + int(rng.integers(1, 4000))] = 0
+    ref = np.where(u == 0, 0, u + rng.standard_normal(n).astype(dt) * 1e-2).astype(dt)
+    zeros = np.flatnonzero(u == 0)
+    if zeros.size and odd != "none":
+        i = zeros[rng.integers(zeros.size)]
+        if odd == "neg_zero":
+            u[i] = -0.0
+        elif odd == "nan":
+            u[i] = np.nan
+        else:
+            ref[i] = {"ref_only": 1e-3, "ref_nan": np.nan, "ref_neg_zero": -0.0}[odd]
+    if not with_ref:
+        ref = u
+    start = int(rng.integers(0, n))
+    log2m = LOG2 if sketched else 0
+    outs = []
+    for skip in (False, True):
+        out = np.array([0.0, 0.0, np.inf])
+        sk = np.zeros(1 << log2m if log2m else 1)
+        cnt = np.zeros(uk.MAG_BINS + 1, np.int64)
+        s1, s2 = np.zeros(uk.MAG_BINS + 1), np.zeros(uk.MAG_BINS + 1)
+        uk.survey_range(u, ref, with_ref, start, n, out, sk, log2m, cnt, s1, s2, skip)
+        outs.append([x.tobytes() for x in (out, sk, cnt, s1, s2)])
+    assert outs[0] == outs[1]
+
+
 @settings(max_examples=20, deadline=None)
 @given(st.integers(2000, 20000), st.integers(0, 2**31), st.sampled_from([0.3, 1.0, 3.0]))
 def test_fitted_restore_step_lowers_the_error_of_the_same_levels(n, seed, rel_step):

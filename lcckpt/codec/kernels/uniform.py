@@ -12,6 +12,8 @@ smallest level that does not, so a restored optimizer never divides by a collaps
 second moment.
 """
 
+import math
+
 import numpy as np
 from numba import njit
 
@@ -331,8 +333,22 @@ def _nan_if_inf(x):
 MAG_BINS = 1 << 14     # float32 exponent (8 bits) and the top 6 mantissa bits of |d|
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _plus_zeros(ub, rb, use_ref, nb):
+    """Whether ``ub[:nb]`` (and ``rb[:nb]`` with ``use_ref``) are all +0.0 (not -0.0)."""
+    for i in range(nb):
+        a = ub[i]
+        if a != 0 or math.copysign(1.0, a) < 0:
+            return False
+        if use_ref:
+            b = rb[i]
+            if b != 0 or math.copysign(1.0, b) < 0:
+                return False
+    return True
+
+
 @njit(cache=True, nogil=True)
-def survey_range(u, ref, use_ref, start, stop, out, sketch, log2m, cnt, s1, s2):
+def survey_range(u, ref, use_ref, start, stop, out, sketch, log2m, cnt, s1, s2, skip_zeros):
     """One read of ``u`` (and ``ref``) over ``[start, stop)`` for everything a delta
     needs before its step is chosen, added into the caller's arrays:
 
@@ -350,7 +366,12 @@ def survey_range(u, ref, use_ref, start, stop, out, sketch, log2m, cnt, s1, s2):
     four interleaved parts (no add waits for the one before), then the sketch and the
     histogram: each element's magnitude, bin, bucket and signed value by a loop that
     vectorizes, then the scattered adds in element order (the same sums, bit for bit;
-    15% faster than computing them one element at a time, one thread)."""
+    15% faster than computing them one element at a time, one thread).
+
+    ``skip_zeros``: a block of +0.0 in ``u`` (and ``ref``) only counts its elements into
+    the zeros' bin and lowers the minima to 0: every sum would gain +0.0, which leaves it
+    bit for bit as it is. An optimizer's moments for rows that no batch touched (a
+    fine-tune's unused tokens: 97-98% of a MiniLM embedding's) are such blocks."""
     mag = np.empty(BLOCK)                       # |d| of the block, fp64
     mag32 = np.empty(BLOCK, np.float32)         # and as float32, whose top bits bin it
     bits = mag32.view(np.uint32)
@@ -365,6 +386,14 @@ def survey_range(u, ref, use_ref, start, stop, out, sketch, log2m, cnt, s1, s2):
         b1 = min(stop, b0 + BLOCK)
         nb = b1 - b0
         ub, rb = u[b0:b1], ref[b0:b1]           # indexed from 0: these loops vectorize;
+        if skip_zeros and _plus_zeros(ub, rb, use_ref, nb):
+            cnt[MAG_BINS] += nb                 # as the element loops below would leave it
+            if nb >= 4:                         # (lanes 1-3 see elements from 4 on)
+                m1 = 0.0 if 0.0 < m1 else m1
+                m2 = 0.0 if 0.0 < m2 else m2
+                m3 = 0.0 if 0.0 < m3 else m3
+            m0 = 0.0 if 0.0 < m0 else m0
+            continue
         last = nb - nb % 4
         for i in range(0, last, 4):
             a = np.float64(ub[i])
