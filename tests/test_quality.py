@@ -670,6 +670,56 @@ def test_survey_skipping_zero_blocks_changes_no_bit(n, seed, with_ref, fp64, ske
     assert outs[0] == outs[1]
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 9000), st.integers(0, 2**31), st.sampled_from([2, 4, 8]),
+       st.sampled_from(["plain", "floor", "limit"]), st.booleans(), st.booleans(),
+       st.sampled_from(["none", "neg_zero", "ref_neg_zero", "ref_only"]),
+       st.sampled_from([0.4, 0.5, 0.0, 1.0]))
+def test_quantizer_skipping_zero_blocks_changes_no_bit(n, seed, bits, mode, fp64, with_ref,
+                                                        odd, up):
+    """Blocks of +0.0 in the state and its reference skipped by the quantizer: the same
+    symbols (over a buffer holding other bytes before), escape bits, symbol counts and
+    error, bit for bit, as its block loops; with a rounding offset ``up`` of 0 or 1 a
+    zero is decided the slow way (or is not level 0), and no block is skipped."""
+    from lcckpt.codec.kernels import uniform as uk
+    from lcckpt.codec.uniform import uniform_table
+    rng = np.random.default_rng(seed)
+    dt = np.float64 if fp64 else np.float32
+    floor = 0.25 if mode == "floor" else 0.0
+    ref = rng.standard_normal(n)
+    u = ref + rng.laplace(size=n) * 0.1
+    if floor:
+        ref, u = np.abs(ref), np.abs(u)
+    for _ in range(rng.integers(1, 6)):
+        a = int(rng.integers(0, n))
+        b = a + int(rng.integers(1, 4000))
+        u[a:b], ref[a:b] = 0.0, 0.0
+    u, ref = u.astype(dt), ref.astype(dt)
+    zeros = np.flatnonzero(u == 0)
+    if zeros.size and odd != "none":
+        i = zeros[rng.integers(zeros.size)]
+        if odd == "neg_zero" and not floor:
+            u[i] = -0.0
+        elif odd == "ref_neg_zero":
+            ref[i] = -0.0
+        elif odd == "ref_only":
+            ref[i] = 1e-3
+    if not with_ref:
+        ref = u
+    S, step = 1 << bits, 0.05
+    table = uniform_table(step, bits, dt)
+    lim = float(np.quantile(np.abs(u), 0.9)) if mode == "limit" else 0.0
+    outs = []
+    for skip in (False, True):
+        sym = np.full(n, 7, np.uint8)                  # a reused buffer's old bytes
+        esc = np.zeros(-(-n // 8), np.uint8)
+        hist = np.zeros(S, np.int64)
+        err = uk.quantize_range(u, ref, with_ref, 0, n, step, up, floor, step, S, table, lim,
+                                mode == "limit", sym, esc, hist, skip)
+        outs.append((sym.tobytes(), esc.tobytes(), hist.tobytes(), np.float64(err).tobytes()))
+    assert outs[0] == outs[1]
+
+
 @settings(max_examples=20, deadline=None)
 @given(st.integers(2000, 20000), st.integers(0, 2**31), st.sampled_from([0.3, 1.0, 3.0]))
 def test_fitted_restore_step_lowers_the_error_of_the_same_levels(n, seed, rel_step):
