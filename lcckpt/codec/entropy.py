@@ -240,8 +240,7 @@ def raw_stream(sym: np.ndarray, chunk_size: int) -> Encoded:
                    [sym], {RAW: 8 * n})
 
 
-_BYTES_ROWS = np.array([0], np.int64)     # the coded row (HUFFMAN) of the "bytes" modes
-_NOT_CONST = float((np.iinfo(np.int64).max // 4 + 7) // 8)
+_NOT_CONST = float((np.iinfo(np.int64).max // 4 + 7) // 8)   # _chunk_bits' CONST, in bytes
 
 
 def encode_bytes_chunk(sym: np.ndarray, counts: np.ndarray) -> Encoded:
@@ -255,10 +254,8 @@ def encode_bytes_chunk(sym: np.ndarray, counts: np.ndarray) -> Encoded:
     const = bool((counts == n).any())
     score = np.array([[float((bits + 7) // 8)], [float(n)], [0.0 if const else _NOT_CONST]])
     score[1] *= RAW_MARGIN
-    table = np.array([lengths_size(lengths), 0, 0], np.int64)
-    choice = np.empty(1, np.int64)
-    sk.choose_modes(score, _BYTES_ROWS, table, choice)       # RAW is always finite
-    mode = (HUFFMAN, RAW, CONST)[int(choice[0])]
+    modes = modes_for("bytes", 8)                 # HUFFMAN, RAW, CONST: score's rows
+    mode = modes[int(_choose(score, modes, {HUFFMAN: lengths})[0])]
     nbytes = {HUFFMAN: (bits + 7) // 8, RAW: n, CONST: 0}[mode]
     consts = np.zeros(1, np.uint8)
     used = {}

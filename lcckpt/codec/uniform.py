@@ -296,7 +296,7 @@ def survey(u: np.ndarray, ref: np.ndarray | None, sketch_log2: int = 0,
     use_ref = ref is not None
     r = ref if use_ref else u
     run_tasks(lambda t: uk.survey_range(u, r, use_ref, t * per, min(n, (t + 1) * per), out[t],
-                                        sk[t], sketch_log2, cnt[t], s1[t], s2[t], True), tasks)
+                                        sk[t], sketch_log2, cnt[t], s1[t], s2[t]), tasks)
     hist = (h[0] if tasks == 1 else h.sum(axis=0) for h in (cnt, s1, s2))   # one: no copy
     model = ErrorModel(n, *hist)
     finite = bool(np.all(out[:, 0] == 0.0))

@@ -358,7 +358,8 @@ def _plus_zeros(ub, rb, use_ref, nb):
 
 
 @njit(cache=True, nogil=True)
-def survey_range(u, ref, use_ref, start, stop, out, sketch, log2m, cnt, s1, s2, skip_zeros):
+def survey_range(u, ref, use_ref, start, stop, out, sketch, log2m, cnt, s1, s2,
+                 skip_zeros=True):
     """One read of ``u`` (and ``ref``) over ``[start, stop)`` for everything a delta
     needs before its step is chosen, added into the caller's arrays:
 
