@@ -15,15 +15,18 @@ from torch import nn
 
 def _init(rank, world, port, log_dir=None):
     # a rank once died with SIGABRT ("terminate called without an active exception"): if
-    # it happens again, every Python thread's stack goes to stderr to say which one. With
-    # ``log_dir`` stderr itself (fd 2, so C++'s message too) goes to a file of this rank
-    # that the parent quotes when the rank dies (pytest hides a passing test's output).
+    # it happens again, every thread's native stack (torch's fatal-signal handler, which
+    # then hands the signal on) and every Python thread's stack go to stderr, to say
+    # which C++ thread was destroyed while joinable. With ``log_dir`` stderr itself (fd 2,
+    # so C++'s message too) goes to a file of this rank that the parent quotes when the
+    # rank dies (pytest hides a passing test's output).
     if log_dir is not None:
         log = open(os.path.join(log_dir, f"rank{rank}.stderr"), "w", buffering=1)
         os.dup2(log.fileno(), 2)
         faulthandler.enable(file=log, all_threads=True)
     else:
         faulthandler.enable(all_threads=True)
+    torch._C._set_print_stack_traces_on_fatal_signal(True)
     os.environ["LCCKPT_THREADS"] = "1"
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=120))
@@ -41,7 +44,7 @@ def spawn(fn, args: tuple, nprocs: int, log_dir: str) -> None:
     except ProcessExitedException as e:
         try:
             with open(os.path.join(log_dir, f"rank{e.error_index}.stderr")) as f:
-                log = f.read()[-3000:] or "(empty)"
+                log = f.read()[-30000:] or "(empty)"
         except OSError as err:
             log = f"(unreadable: {err})"
         raise AssertionError(f"{nprocs}-process run died ({e}); the dead rank's stderr: "
@@ -450,6 +453,12 @@ def live_staging(rank, world, root):
     with open(os.path.join(root, f"live{rank}"), "w") as f:
         f.write("ok")
     dist.barrier()
+
+
+def aborting_worker(rank, world, port, log_dir):
+    """A rank that dies as the one that once aborted did: std::terminate, then SIGABRT."""
+    _init(rank, world, port, log_dir=log_dir)
+    os.abort()
 
 
 def two_rank_worker(rank, world, port, root, src):

@@ -433,6 +433,16 @@ def two_ranks(tmp_path_factory):
     return root, src
 
 
+def test_a_rank_killed_by_a_signal_fails_with_its_native_and_python_stacks(tmp_path):
+    """The spawn the multi-process tests use quotes a dead rank's stderr: the native stack of
+    every thread (to name a C++ thread destroyed while joinable) and the Python ones."""
+    with pytest.raises(AssertionError) as e:
+        W.spawn(W.aborting_worker, (1, _port(), str(tmp_path)), 1, str(tmp_path))
+    msg = str(e.value)
+    assert "SIGABRT" in msg and "FatalSignalHandler" in msg, msg[-2000:]   # C++ frames
+    assert "in aborting_worker" in msg, msg[-2000:]                         # faulthandler's
+
+
 @pytest.mark.slow
 def test_two_ranks_save_fail_delta_load_and_reshard_to_one(two_ranks):
     root, _ = two_ranks
