@@ -288,3 +288,17 @@ def test_a_closed_pipe_ends_quietly(tmp_path):
     p.stdout.close()                            # before the table is written
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 141 and err == ""
+
+
+def test_inspect_counts_a_miss_only_beyond_the_stats_rounding():
+    """Stats are stored to 4 significant digits, so the error/movement ratio a reader
+    derives can land a hair past the target the writer met (0.8601 / 1.075 = 0.80009
+    against 0.8, a first moment's share, as a real MiniLM chain stored it)."""
+    from lcckpt.cli import _movement_columns
+    key = 'obj["optim"]["state"][4]["exp_avg"]'
+    met = {key: {"target": 0.8, "error_vs_movement": 0.8001}}
+    assert _movement_columns(met)["missed"] == 0
+    past = {key: {"target": 0.8, "error_vs_movement": 0.81}}
+    assert _movement_columns(past)["missed"] == 1
+    half = {'obj["w"]': {"target": 0.05, "error_vs_movement": 0.6}}   # past half the movement
+    assert _movement_columns(half)["missed"] == 1

@@ -21,6 +21,10 @@ from ..util.ahead import Ahead
 from ..util.pool import threads
 
 MISSED = 0.5            # a restored error past this share of a step's movement is warned of
+# a stored stat has 4 significant digits (:func:`finite`): a ratio of two of them, set
+# against a third, is off by up to ~1.5e-3 of its value, so a reader of the stats counts
+# an error as past its target only beyond this (the writer judges the exact values)
+STATS_ROUNDING = 2e-3
 AHEAD_MIN = 1 << 14     # elements of a tensor coded ahead: smaller ones are mostly Python,
 AHEAD_MAX = 1 << 20     # which a second thread does not speed up; a tensor coded ahead
                         # holds its symbols (or exact blob) until written: few stay small
