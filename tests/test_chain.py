@@ -196,6 +196,10 @@ def test_keyframe_cadence(tmp_path):
     assert 0 < st["error_vs_movement"] <= st["target"] * (1 + 1e-3)
     with pytest.raises(lcckpt.InvalidArgumentError):
         ck.save(45, _state(10))                      # steps must increase
+    for bad in (True, 50.0, "50", -1):              # a bool is an int, but not a step
+        with pytest.raises(lcckpt.InvalidArgumentError, match="step must be"):
+            ck.save(bad, _state(10))
+    assert ck.steps() == list(range(0, 50, 5))
     every = DeltaCheckpointer(tmp_path / "k1", keyframe_every=1)
     for step in range(3):
         every.save(step, _state(step))

@@ -131,6 +131,9 @@ def test_chain_deltas_reload_bit_identical_to_references(tmp_path):
     assert ck.load(target, step=2) == 2
     with pytest.raises(InvalidArgumentError, match="already committed"):
         ck.save(2, state)
+    for bad in (True, 5.0, -1):                     # a bool is an int, but not a step
+        with pytest.raises(InvalidArgumentError, match="non-negative int"):
+            ck.save(bad, state)
 
 
 def test_keep_last_deletes_only_what_no_kept_step_needs(tmp_path):

@@ -388,6 +388,8 @@ class DeltaCheckpointer:
     @staticmethod
     def _check_step(step) -> int:
         try:
+            if isinstance(step, bool):      # save(is_best, state): an int, but not a step
+                raise TypeError
             step = operator.index(step)
         except TypeError:
             raise InvalidArgumentError(f"step must be an int, got {type(step).__name__}") from None

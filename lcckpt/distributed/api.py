@@ -267,7 +267,7 @@ class DistributedCheckpointer:
         return self.files.join(self.directory, f"step_{int(step):010d}")
 
     def _prepare(self, step: int, keyframe: bool) -> str:
-        if not isinstance(step, int) or step < 0:
+        if type(step) is bool or not isinstance(step, int) or step < 0:
             raise InvalidArgumentError(f"step must be a non-negative int, got {step!r}")
         self.wait()
         path = self.path(step)
