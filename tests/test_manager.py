@@ -109,6 +109,19 @@ def test_existing_run_without_restore_is_refused(tmp_path):
             mgr.step(1.0)
 
 
+def test_restoring_into_another_architecture_names_the_checkpoint_and_the_part(tmp_path):
+    model, opt = _setup()
+    with CheckpointManager(tmp_path, model, opt, every=2) as mgr:
+        for _ in range(2):
+            mgr.step(_train(model, opt))
+    other = torch.nn.Sequential(torch.nn.Linear(8, 4))
+    with CheckpointManager(tmp_path, other, every=2) as mgr:
+        with pytest.raises(InvalidArgumentError, match=r"(?s)checkpoint step 2 .* does not fit "
+                           r"this model: .*size mismatch") as e:
+            mgr.restore()
+        assert isinstance(e.value.__cause__, RuntimeError)     # torch's error, chained
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"policy": "fast", "every": 3}, "policy"),
     ({}, "mtbf"),

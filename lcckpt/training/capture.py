@@ -65,7 +65,12 @@ class Capture:
                 f"{sorted(state.get('objects', {}))}")
         for key, obj in self._parts():
             if obj is not None:
-                obj.load_state_dict(state[key])
+                try:
+                    obj.load_state_dict(state[key])
+                except (RuntimeError, ValueError, KeyError) as e:    # torch's own wording
+                    raise InvalidArgumentError(
+                        f"{where} does not fit this {key}: {e} -- restore into a {key} "
+                        "built as the one that wrote it, or use another directory") from e
         for name, obj in self.objects.items():
             handler(obj)[1](state["objects"][name])
         self.extra.clear()
