@@ -56,6 +56,15 @@ def test_one_file(run_files, capsys):
     assert all(r["bytes"] > 0 for r in rows.values())
 
 
+def test_json_without_a_path_is_printed_alone_on_stdout(run_files, capsys):
+    _, paths, _ = run_files
+    assert main(["bench", "--checkpoint", paths[0], "--json"]) == 0
+    out, err = capsys.readouterr()
+    rows = {r["method"] for r in json.loads(out)["single"]["rows"]}   # nothing else there
+    assert "lcckpt lossless" in rows
+    assert "zstd-3 of torch.save" in err                                # the tables
+
+
 def test_stream_of_files(run_files, capsys):
     d, paths, states = run_files
     out, png = d / "s.json", d / "s.png"

@@ -20,6 +20,7 @@ Run it as ``lcckpt bench`` or ``python benchmarks/codec.py`` ([--quick] [--json 
 """
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -445,14 +446,29 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--quick", action="store_true", help="short version (make demo)")
     ap.add_argument("--tables", action="store_true",
                     help="print every detailed table, not only the summary")
-    ap.add_argument("--json", metavar="PATH", help="write the full JSON document here")
+    ap.add_argument("--json", metavar="PATH", nargs="?", const="-",
+                    help="write the full JSON document here; without PATH (or '-') print "
+                         "it, the tables going to stderr")
     ap.add_argument("--plot", metavar="PATH", help="draw the results (PNG)")
     ap.add_argument("--bits", type=int, default=2, choices=range(1, 5), metavar="{1..4}",
                     help="bits per delta element of the detailed chain tables (default 2)")
 
 
 def run_cli(args) -> int:
-    """Run what ``args`` (from :func:`add_arguments`) asks for; print, write JSON and plot."""
+    """Run what ``args`` (from :func:`add_arguments`) asks for; print, write JSON and plot.
+    ``--json`` alone prints the document to stdout, alone there (as inspect's does)."""
+    if args.json != "-":
+        return _run_cli(args)
+    out = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        args.json, doc = None, {}
+        code = _run_cli(args, doc)
+    json.dump(doc, out, indent=1, default=float)
+    out.write("\n")
+    return code
+
+
+def _run_cli(args, keep: dict | None = None) -> int:
     from lcckpt.bench import checkpoint
     for e in args.error_bound:
         if not 0 < e < 1:
@@ -468,6 +484,8 @@ def run_cli(args) -> int:
     else:
         doc = run(args.quick, args.bits, log=print if args.tables else (lambda *a: None),
                   on_story=lambda s: print(story(s) + "\n", flush=True))
+    if keep is not None:
+        keep.update(doc)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1, default=float)
@@ -483,7 +501,7 @@ def run_cli(args) -> int:
              f"plot: {args.plot}" if args.plot else None]
     if any(wrote):
         print("\n" + "; ".join(w for w in wrote if w))
-    elif not args.checkpoint:
+    elif not args.checkpoint and keep is None:
         print("\n(--json PATH and --plot PATH keep every number and draw them)")
     return 0
 
