@@ -212,14 +212,38 @@ def test_a_fine_tune_is_kept_where_a_norm_target_drops_it(tmp_path):
     assert kept["default"] == pytest.approx(1.0, abs=RolePolicy().weight * 1.01)
 
 
-def test_an_update_under_the_dtypes_precision_warns_naming_step_and_tensor(tmp_path):
-    k = torch.randn(10_000).to(torch.bfloat16)
+def test_an_update_under_the_working_precision_warns_naming_step_and_tensor(tmp_path):
+    k = torch.randn(10_000)
     u = k.clone()
-    u[:3] = (u[:3].float() * (1 + 2.0 ** -7)).to(torch.bfloat16)    # one ulp on 3 of 10,000
+    u[:3] = u[:3] * (1 + 2.0 ** -22)             # an fp32 ulp or two on 3 of 10,000
     ck = DeltaCheckpointer(tmp_path, keyframe_every=None)
     ck.save(0, {"w": k})
     with pytest.warns(RuntimeWarning, match=r'step 1: obj\["w"\].*movement since the keyframe'):
         ck.save(1, {"w": u})
+
+
+def test_a_bf16_state_keeps_its_whole_ulp_changes(tmp_path):
+    """A bf16 state moves by whole bf16 ulps: one ulp on 3 of 10,000 elements, then on 30
+    more. Each restore keeps that movement within its target (the error a few percent of
+    it, one ulp on some of the changed elements), with nothing warned; a floor of a
+    quarter of a bf16 ulp in L2, the tensor's own precision, dropped it whole."""
+    k = torch.randn(10_000).to(torch.bfloat16)
+    u1 = k.clone()
+    u1[:3] = (u1[:3].float() * (1 + 2.0 ** -7)).to(torch.bfloat16)
+    u2 = u1.clone()
+    u2[100:130] = (u2[100:130].float() * (1 - 2.0 ** -7)).to(torch.bfloat16)
+    assert (u1 != k).sum() == 3 and (u2 != u1).sum() == 30
+    ck = DeltaCheckpointer(tmp_path, keyframe_every=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for step, u in enumerate((k, u1, u2)):
+            ck.save(step, {"w": u})
+    for step, u in ((1, u1), (2, u2)):
+        st = ck.info(step)["tensors"]['obj["w"]']
+        assert st["kind"] == "uniform" and st["error_vs_movement"] <= st["target"] * 1.001
+        moved = u.double() - k.double()
+        err = ck.load(step)["w"].double() - u.double()      # as restored: rounded to bf16
+        assert err.norm() <= 2 * st["target"] * moved.norm(), step
 
 
 @settings(max_examples=30, deadline=None)

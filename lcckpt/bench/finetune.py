@@ -204,7 +204,8 @@ def _adamw(net: nn.Module, lr: float) -> torch.optim.AdamW:
 
 def _run(steps: int, seed: int, lr: float | None, batch_size: int, pretrained: bool,
          split_seed: int, save: Callable[[int, dict[str, Any]], None] | None, save_every: int,
-         interrupt_at: Iterable[int], restore: Callable[[], Any] | None) -> tuple[Classifier, DocstringTask]:
+         interrupt_at: Iterable[int], restore: Callable[[], Any] | None,
+         dtype: torch.dtype | None = None) -> tuple[Classifier, DocstringTask]:
     if steps < 0 or batch_size < 1 or save_every < 1:
         raise InvalidArgumentError(
             f"need steps >= 0, batch_size >= 1, save_every >= 1; got {steps}, {batch_size}, {save_every}")
@@ -222,7 +223,7 @@ def _run(steps: int, seed: int, lr: float | None, batch_size: int, pretrained: b
         batches.append(order[:batch_size])
         order = order[batch_size:]
     torch.manual_seed(seed)  # head (and, from scratch, encoder) initialization
-    net = Classifier(pretrained)
+    net = Classifier(pretrained).to(dtype)      # dtype None: as built, fp32
     opt = _adamw(net, lr)
     if save is not None:
         save(0, _snapshot(net, opt))
@@ -232,7 +233,8 @@ def _run(steps: int, seed: int, lr: float | None, batch_size: int, pretrained: b
         step += 1
         net.train()
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(net(task.ids_train[idx], task.mask_train[idx]), task.y_train[idx]).backward()
+        logits = net(task.ids_train[idx], task.mask_train[idx]).float()
+        F.cross_entropy(logits, task.y_train[idx]).backward()
         opt.step()
         if save is not None and step % save_every == 0:
             save(step, _snapshot(net, opt))
@@ -241,7 +243,7 @@ def _run(steps: int, seed: int, lr: float | None, batch_size: int, pretrained: b
             state = restore()
             if isinstance(state, tuple):
                 step, state = state
-            net = Classifier(pretrained=False)  # every tensor is overwritten next
+            net = Classifier(pretrained=False).to(dtype)  # every tensor is overwritten next
             net.load_state_dict(state["model"])
             opt = _adamw(net, lr)
             opt.load_state_dict(state["optim"])
@@ -251,16 +253,21 @@ def _run(steps: int, seed: int, lr: float | None, batch_size: int, pretrained: b
 def finetune_trajectory(
     steps: int = 120, snapshot_every: int = 3, lr: float | None = None, seed: int = 0,
     batch_size: int = 16, pretrained: bool = True, split_seed: int = 0,
+    dtype: torch.dtype | None = None,
 ) -> FinetuneTrajectory:
     """Fine-tune with AdamW, snapshotting at step 0 and every ``snapshot_every`` steps.
 
     ``lr`` defaults to 3e-5 pretrained and 3e-4 from scratch (``pretrained=False``,
     same architecture, random init). Snapshots are about 272 MB each (weights
-    plus two AdamW moments), so 41 of them take about 11 GB.
+    plus two AdamW moments), so 41 of them take about 11 GB. ``dtype``
+    (``torch.bfloat16``): train in it, weights and AdamW's moments alike, with no
+    fp32 master copy, as pure low-precision fine-tunes do (half the bytes); held-out
+    evaluation upcasts the weights to fp32, the true model's and every restore's alike.
     """
     snapshots: list[tuple[int, dict[str, Any]]] = []
     _, task = _run(steps, seed, lr, batch_size, pretrained, split_seed,
-                   lambda step, state: snapshots.append((step, state)), snapshot_every, (), None)
+                   lambda step, state: snapshots.append((step, state)), snapshot_every, (), None,
+                   dtype)
     return FinetuneTrajectory(snapshots, pretrained, task)
 
 
@@ -270,6 +277,7 @@ def train(
     restore: Callable[[], Any] | None = None,
     save: Callable[[int, dict[str, Any]], None] | None = None,
     save_every: int = 3, batch_size: int = 16, pretrained: bool = True, split_seed: int = 0,
+    dtype: torch.dtype | None = None,
 ) -> tuple[float, float]:
     """Fine-tune, saving and restoring through callables; return held-out (accuracy, loss).
 
@@ -281,5 +289,5 @@ def train(
     ``finetune_trajectory``.
     """
     net, task = _run(steps, seed, lr, batch_size, pretrained, split_seed,
-                     save, save_every, interrupt_at, restore)
-    return _evaluate(net, None, task)
+                     save, save_every, interrupt_at, restore, dtype)
+    return _evaluate(net.float(), None, task)      # in fp32, as a trajectory evaluates

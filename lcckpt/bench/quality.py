@@ -7,7 +7,9 @@ Four training runs, model and optimizer state checkpointed together, 41 checkpoi
 - ``minilm-finetune``: all-MiniLM-L6-v2 (22.7M parameters, real pretrained weights) plus a
   linear head, fine-tuned with AdamW on a docstring-classification task
   (lcckpt/bench/finetune.py), a checkpoint every 3 of 120 steps;
-- ``minilm-scratch``: the same network from random weights with a 10x learning rate.
+- ``minilm-scratch``: the same network from random weights with a 10x learning rate;
+- ``minilm-bf16``: the fine-tune with its weights and AdamW's moments in bf16 (no fp32
+  master copy), as pure low-precision fine-tunes run.
 
 Every setting is written as a real :class:`~lcckpt.DeltaCheckpointer` chain (the
 "distributed" settings as a ``lcckpt.distributed.DistributedCheckpointer`` chain in one
@@ -69,7 +71,14 @@ QUICK_SETTINGS = ("default", "0.01 of the norm (first default)", "lc b=2", "lc b
                   "lossless (every save a keyframe)")
 EXCP = {"excp a=5e-5 b=2 (paper)": (5e-5, 2.0), "excp a=5e-4 b=1": (5e-4, 1.0),
         "excp a=5e-3 b=1": (5e-3, 1.0), "excp a=5e-6 b=0.5": (5e-6, 0.5)}
-WORKLOADS = ("cnn-sgd", "cnn-adam", "minilm-finetune", "minilm-scratch")
+WORKLOADS = ("cnn-sgd", "cnn-adam", "minilm-finetune", "minilm-scratch", "minilm-bf16")
+_NO_RESUME = ("minilm-scratch", "minilm-bf16")     # not in the default resume experiment
+
+
+def _minilm(workload: str) -> dict:
+    """``finetune`` keywords of a MiniLM workload."""
+    return {"pretrained": workload != "minilm-scratch",
+            "dtype": torch.bfloat16 if workload == "minilm-bf16" else None}
 
 
 def tensors_by_path(obj, prefix=""):
@@ -257,8 +266,7 @@ def make_trajectory(workload: str):
         return train_trajectory(model="cnn", optimizer=workload[4:], steps=200,
                                 snapshot_every=5)
     from .finetune import finetune_trajectory
-    return finetune_trajectory(steps=120, snapshot_every=3,
-                               pretrained=workload == "minilm-finetune")
+    return finetune_trajectory(steps=120, snapshot_every=3, **_minilm(workload))
 
 
 def _param_names(workload: str) -> list[str]:
@@ -320,7 +328,7 @@ def _train(workload: str, seed: int, interrupt_at, ck_kw) -> float:
                                        save=ck.save, restore=ck.load, save_every=every)
         from .finetune import train
         return train(steps, seed, interrupt_at=interrupt_at, restore=ck.load, save=ck.save,
-                     save_every=every, pretrained=workload == "minilm-finetune")[0]
+                     save_every=every, **_minilm(workload))[0]
 
 
 def run(workloads=WORKLOADS, quick: bool = False, plot: str | None = None,
@@ -339,7 +347,7 @@ def run(workloads=WORKLOADS, quick: bool = False, plot: str | None = None,
         gc.collect()
         trim_heap()
     for w in (resume_workloads if resume_workloads is not None else
-              ([] if quick else [w for w in workloads if w != "minilm-scratch"])):
+              ([] if quick else [w for w in workloads if w not in _NO_RESUME])):
         result["resume"][w] = resume(w)
     if plot:
         _plot(result, plot)
@@ -459,7 +467,7 @@ def main(argv=None) -> int:
                     help="five settings, no ExCP baseline, no resume experiment")
     ap.add_argument("--resume", nargs="*", choices=WORKLOADS, default=None,
                     help="the workloads of the resume experiment (default: all but "
-                         "minilm-scratch; none with --quick)")
+                         "minilm-scratch and minilm-bf16; none with --quick)")
     ap.add_argument("--settings", nargs="*", choices=list(SETTINGS), metavar="NAME",
                     help="only these chain settings (names as in the table; none: only "
                          "the resume experiment)")

@@ -63,8 +63,9 @@ class SaveSession:
         for key, ratio, t in self.missed:
             warnings.warn(f"step {step}: {key} restores with an error of {ratio:.3g}x its "
                           f"movement since the keyframe (target {t:g}): most of the update is "
-                          "under the dtype's precision and was not kept; merge() this step "
-                          "into a keyframe if it matters", RuntimeWarning, stacklevel=stacklevel)
+                          "under the working precision (fp32's; fp64's for fp64) and was "
+                          "not kept; merge() this step into a keyframe if it matters",
+                          RuntimeWarning, stacklevel=stacklevel)
         for key, err in self.drifted:
             warnings.warn(f"step {step}: {key} restores with relative error {err:.3g}, past "
                           f"warn_error={self.warn_error:g}; raise its bits or set a target",

@@ -43,9 +43,12 @@ __all__ = ["DeltaDecoder", "DeltaEncoder", "Reconstruction", "replay", "settle"]
 
 KEYFRAME_CODINGS = ("lossless", "raw")
 RELATIVE_TO = ("norm", "movement")
-# below this share of ||u|| a restored error is under the dtype's own rounding (a quarter
-# of the last mantissa bit's weight in L2): no movement target goes finer
-PRECISION = {"F16": 2.0 ** -13, "BF16": 2.0 ** -10, "F32": 2.0 ** -26, "F64": 2.0 ** -55}
+# below this share of ||u|| a restored error is under the rounding of the arithmetic the
+# reference is kept in (fp32 for fp16/bf16/fp32 tensors, fp64 for fp64; a quarter of its
+# last mantissa bit's weight in L2): no movement target goes finer. Not the tensor's own
+# dtype's: a bf16 state moves by whole bf16 ulps, which a floor of a quarter of a bf16 ulp
+# in L2 let the quantizer drop (docs/chain.md, "The precision floor")
+PRECISION = {"F16": 2.0 ** -26, "BF16": 2.0 ** -26, "F32": 2.0 ** -26, "F64": 2.0 ** -55}
 MAX_TARGET = 0.99       # a movement target is capped below the quantizer's limit of 1
 
 
@@ -65,7 +68,7 @@ class DeltaEncoder:
         bounding each restored state (see :class:`~lcckpt.codec.config.CodecConfig`).
         ``relative_to``: "norm" bounds ``||u - ũ||₂`` by ``target·||u||₂``; "movement"
         by ``target·||u - k||₂``, ``k`` the last keyframe (zeros for a tensor coded
-        from zero), never finer than the dtype's :data:`PRECISION` (see
+        from zero), never finer than the working precision, :data:`PRECISION` (see
         :mod:`lcckpt.codec.movement`); with "movement", ``update_share`` lets the error
         reach that share of ``||u - ref||₂`` too, the update this delta sends, whatever the
         movement (:class:`~lcckpt.chain.policy.RolePolicy`'s ``update``).
