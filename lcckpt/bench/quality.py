@@ -1,6 +1,6 @@
 """Restore quality of delta chains: bytes against the accuracy and loss of every restore.
 
-Four training runs, model and optimizer state checkpointed together, 41 checkpoints each:
+Five training runs, model and optimizer state checkpointed together, 41 checkpoints each:
 
 - ``cnn-sgd`` / ``cnn-adam``: the digits CNN from scratch (SGD with momentum, Adam), a
   checkpoint every 5 of 200 steps;

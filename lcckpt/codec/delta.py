@@ -47,7 +47,7 @@ RELATIVE_TO = ("norm", "movement")
 # reference is kept in (fp32 for fp16/bf16/fp32 tensors, fp64 for fp64; a quarter of its
 # last mantissa bit's weight in L2): no movement target goes finer. Not the tensor's own
 # dtype's: a bf16 state moves by whole bf16 ulps, which a floor of a quarter of a bf16 ulp
-# in L2 let the quantizer drop (docs/chain.md, "The precision floor")
+# in L2 let the quantizer drop (docs/chain.md, "The working precision is a floor")
 PRECISION = {"F16": 2.0 ** -26, "BF16": 2.0 ** -26, "F32": 2.0 ** -26, "F64": 2.0 ** -55}
 MAX_TARGET = 0.99       # a movement target is capped below the quantizer's limit of 1
 
