@@ -195,7 +195,7 @@ class SaveSession:
     def _note_movement(self, path: str, rec: dict, enc: DeltaEncoder, st) -> None:
         """Report a movement target's terms: ``movement`` relative to ``||u||``, the
         ``target`` as the error allowed relative to the movement (the role's share, or
-        the update share where that allows more). The dtype's precision floor may let
+        the update share where that allows more). The working precision's floor may let
         the error pass it; past :data:`MISSED` of the movement too, the update is
         reported as missed."""
         moved, norm, kept = enc.last_movement
