@@ -261,3 +261,22 @@ def test_a_keyframe_copy_sketches_its_range_as_the_plain_sketch_does(a, b, seed)
     sk.copy_sketch(dst, x, lo, hi, got, 6)
     assert np.array_equal(got, want)
     assert np.array_equal(dst[lo:hi], x[lo:hi]) and not dst[:lo].any() and not dst[hi:].any()
+
+
+def test_a_low_precision_first_moment_is_held_tighter(tmp_path):
+    """bf16/fp16 first moments are held to LOW_PRECISION_FIRST_MOMENT of their movement
+    (the momentum carries what the weights cannot hold); fp32 ones to the policy's 0.8."""
+    from lcckpt.chain.policy import LOW_PRECISION_FIRST_MOMENT
+    g = torch.Generator().manual_seed(0)
+    m = torch.randn(20_000, generator=g) * 1e-3
+    ck = DeltaCheckpointer(tmp_path, keyframe_every=None)
+    key = 'obj["optim"]["state"][0]["exp_avg"]'
+    for step in range(4):
+        m = 0.9 * m + 0.1 * torch.randn(20_000, generator=g) * 1e-3   # Adam's first moment
+        ck.save(step, {"optim": {"state": {0: {"exp_avg": m.to(torch.bfloat16)}},
+                                 "f32": {0: {"exp_avg": m.clone()}}}})
+    st = ck.info(3)["tensors"]
+    low, full = st[key], st['obj["optim"]["f32"][0]["exp_avg"]']
+    assert low["target"] <= LOW_PRECISION_FIRST_MOMENT * 1.001 < full["target"]
+    assert low["error_vs_movement"] <= LOW_PRECISION_FIRST_MOMENT * 1.001
+    assert full["target"] == pytest.approx(RolePolicy().first_moment, rel=1e-3)

@@ -63,7 +63,7 @@ class DeltaEncoder:
                  midpoint: bool = False, chunk_size: int | None = None,
                  keyframe_coding: str = "lossless", config: CodecConfig | None = None,
                  target: float | None = None, relative_to: str = "norm",
-                 update_share: float = 0.0):
+                 update_share: float = 0.0, low_precision_target: float | None = None):
         """``config`` replaces the coding keywords. ``target``: the uniform quantizer,
         bounding each restored state (see :class:`~lcckpt.codec.config.CodecConfig`).
         ``relative_to``: "norm" bounds ``||u - ũ||₂`` by ``target·||u||₂``; "movement"
@@ -71,7 +71,9 @@ class DeltaEncoder:
         from zero), never finer than the working precision, :data:`PRECISION` (see
         :mod:`lcckpt.codec.movement`); with "movement", ``update_share`` lets the error
         reach that share of ``||u - ref||₂`` too, the update this delta sends, whatever the
-        movement (:class:`~lcckpt.chain.policy.RolePolicy`'s ``update``).
+        movement (:class:`~lcckpt.chain.policy.RolePolicy`'s ``update``);
+        ``low_precision_target``: the movement share for fp16/bf16 states, where it is
+        less than ``target`` (:data:`lcckpt.chain.policy.LOW_PRECISION_FIRST_MOMENT`).
         ``keyframe_coding``: "lossless" (coded byte planes,
         ~1.2x smaller) or "raw" (the planes uncoded) for the exact blobs: the first one
         and every keyframe."""
@@ -92,6 +94,7 @@ class DeltaEncoder:
             raise InvalidArgumentError(f"update_share must be in [0, 1), got {update_share!r}")
         self.relative_to = relative_to
         self.update_share = float(update_share) if relative_to == "movement" else 0.0
+        self.low_precision_target = low_precision_target
         self.movement: Movement | None = None   # the keyframe, for "movement" targets
         self.last_movement: tuple | None = None  # (movement, ||u||, error allowed but
         #                                         for the precision floor) of the last delta
@@ -201,7 +204,10 @@ class DeltaEncoder:
         moved, norm = self.movement.measure(
             u, None if sv is None or (sv.sketch is None and self.movement.sketched)
             else (sv.sketch, sv.norm_sq), update_sq)
-        kept = self.config.target * moved                # what the update must keep
+        t = self.config.target
+        if self.low_precision_target is not None and dt.name in ("F16", "BF16"):
+            t = min(t, self.low_precision_target)
+        kept = t * moved                                 # what the update must keep
         if self.update_share and update_sq is not None:  # or a share of what it sends
             kept = max(kept, self.update_share * float(np.sqrt(update_sq)))
         allowed = max(kept, PRECISION[dt.name] * norm)
