@@ -436,6 +436,7 @@ def two_ranks(tmp_path_factory):
     return root, src
 
 
+@pytest.mark.slow
 def test_a_rank_killed_by_a_signal_fails_with_its_native_and_python_stacks(tmp_path):
     """The spawn the multi-process tests use quotes a dead rank's stderr: the native stack of
     every thread (to name a C++ thread destroyed while joinable) and the Python ones."""
