@@ -127,6 +127,8 @@ def test_lc_bits_and_targets_are_options(tmp_path):
     assert ld.CompressedWriter(tmp_path, chain=True).target is DEFAULT_POLICY
     enc = targets.new_encoder(None, RolePolicy(first_moment=0.5), "optim.state.3.exp_avg")
     assert enc.config.target == 0.5 and enc.relative_to == "movement"
+    assert enc.low_precision_target == 0.3          # bf16/fp16 first moments, as a chain's
+    assert targets.new_encoder(None, DEFAULT_POLICY, "model.w").low_precision_target is None
     assert targets.new_encoder(None, 0.02, "w").relative_to == "norm"
     assert targets.new_encoder(3, None, "w").config.bits == 3
 
