@@ -458,17 +458,18 @@ def run_cli(args) -> int:
     """Run what ``args`` (from :func:`add_arguments`) asks for; print, write JSON and plot.
     ``--json`` alone prints the document to stdout, alone there (as inspect's does)."""
     if args.json != "-":
-        return _run_cli(args)
-    out = sys.stdout
+        _run_cli(args, hint=True)
+        return 0
     with contextlib.redirect_stdout(sys.stderr):
-        args.json, doc = None, {}
-        code = _run_cli(args, doc)
-    json.dump(doc, out, indent=1, default=float)
-    out.write("\n")
-    return code
+        args.json = None
+        doc = _run_cli(args, hint=False)
+    json.dump(doc, sys.stdout, indent=1, default=float)
+    sys.stdout.write("\n")
+    return 0
 
 
-def _run_cli(args, keep: dict | None = None) -> int:
+def _run_cli(args, hint: bool) -> dict:
+    """The run, its tables printed and its document written or drawn; the document."""
     from lcckpt.bench import checkpoint
     for e in args.error_bound:
         if not 0 < e < 1:
@@ -484,8 +485,6 @@ def _run_cli(args, keep: dict | None = None) -> int:
     else:
         doc = run(args.quick, args.bits, log=print if args.tables else (lambda *a: None),
                   on_story=lambda s: print(story(s) + "\n", flush=True))
-    if keep is not None:
-        keep.update(doc)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1, default=float)
@@ -501,9 +500,9 @@ def _run_cli(args, keep: dict | None = None) -> int:
              f"plot: {args.plot}" if args.plot else None]
     if any(wrote):
         print("\n" + "; ".join(w for w in wrote if w))
-    elif not args.checkpoint and keep is None:
+    elif not args.checkpoint and hint:
         print("\n(--json PATH and --plot PATH keep every number and draw them)")
-    return 0
+    return doc
 
 
 def main(argv=None) -> int:

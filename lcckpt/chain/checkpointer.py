@@ -61,7 +61,7 @@ from .directory import ChainDirectory, file_name
 from .links import CHAIN_VERSION, stamp_state_id
 from .lock import WriterLock
 from .moments import first_moments
-from .policy import DEFAULT_POLICY, LOW_PRECISION_FIRST_MOMENT, role_of
+from .policy import DEFAULT_POLICY, low_precision_target
 from .retention import apply_retention, write_merged
 from .session import SaveSession, stored_stats, write_streamed
 
@@ -378,14 +378,11 @@ class DeltaCheckpointer:
             return DeltaEncoder(coder=self.coder, target=0.0, keyframe_coding=self.keyframe_coding)
         target = self.target(key) if callable(self.target) else self.target
         if target is not None:
-            movement = self._movement_targets()
-            low = LOW_PRECISION_FIRST_MOMENT if movement and role_of(key) == "first_moment" \
-                else None
             return DeltaEncoder(coder=self.coder, target=target,
                                 keyframe_coding=self.keyframe_coding,
-                                relative_to="movement" if movement else "norm",
+                                relative_to="movement" if self._movement_targets() else "norm",
                                 update_share=getattr(self.target, "update", 0.0),
-                                low_precision_target=low)
+                                low_precision_target=low_precision_target(self.target, key))
         bits = self.bits(key) if callable(self.bits) else self.bits
         return DeltaEncoder(bits, self.coder, error_bound=self.error_bound,
                             keyframe_coding=self.keyframe_coding)

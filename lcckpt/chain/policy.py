@@ -39,7 +39,8 @@ from dataclasses import dataclass
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["RolePolicy", "DEFAULT_POLICY", "LOW_PRECISION_FIRST_MOMENT", "role_of"]
+__all__ = ["RolePolicy", "DEFAULT_POLICY", "LOW_PRECISION_FIRST_MOMENT", "low_precision_target",
+           "role_of"]
 
 # A first moment stored in bf16/fp16 is held to at most this share of its movement,
 # whatever the policy's: a run whose weights live in that precision moves a weight only
@@ -50,6 +51,14 @@ LOW_PRECISION_FIRST_MOMENT = 0.3
 
 _FIRST = re.compile(r'\["(momentum_buffer|exp_avg|momentum|mu)"\]$')
 _SECOND = re.compile(r'\["(exp_avg_sq|max_exp_avg_sq|square_avg|sum|acc_delta|exp_inf)"\]$')
+
+
+def low_precision_target(target, key_path: str) -> float | None:
+    """The movement share a bf16/fp16 tensor at ``key_path`` is held to at most under
+    ``target`` (a first moment's :data:`LOW_PRECISION_FIRST_MOMENT`), None: the target's."""
+    if getattr(target, "relative_to", None) == "movement" and role_of(key_path) == "first_moment":
+        return LOW_PRECISION_FIRST_MOMENT
+    return None
 
 
 def role_of(key_path: str) -> str:

@@ -240,7 +240,7 @@ def raw_stream(sym: np.ndarray, chunk_size: int) -> Encoded:
                    [sym], {RAW: 8 * n})
 
 
-_NOT_CONST = float((np.iinfo(np.int64).max // 4 + 7) // 8)   # _chunk_bits' CONST, in bytes
+_NOT_CONST_BITS = np.iinfo(np.int64).max // 4    # a chunk that is not constant, as CONST
 
 
 def encode_bytes_chunk(sym: np.ndarray, counts: np.ndarray) -> Encoded:
@@ -252,7 +252,8 @@ def encode_bytes_chunk(sym: np.ndarray, counts: np.ndarray) -> Encoded:
     lengths = hk.code_lengths(counts, hk.MAX_CODE_LEN)
     bits = int(counts @ lengths.astype(np.int64))
     const = bool((counts == n).any())
-    score = np.array([[float((bits + 7) // 8)], [float(n)], [0.0 if const else _NOT_CONST]])
+    score = np.array([[float((bits + 7) // 8)], [float(n)],
+                      [0.0 if const else float((_NOT_CONST_BITS + 7) // 8)]])
     score[1] *= RAW_MARGIN
     modes = modes_for("bytes", 8)                 # HUFFMAN, RAW, CONST: score's rows
     mode = modes[int(_choose(score, modes, {HUFFMAN: lengths})[0])]
@@ -288,7 +289,7 @@ def _chunk_bits(an: Analysis, mode: int, lengths) -> np.ndarray:
         return sizes * 8
     if mode == CONST:
         is_const = (an.hist[HUFFMAN] == sizes[:, None]).any(axis=1)
-        return np.where(is_const, 0, np.iinfo(np.int64).max // 4)
+        return np.where(is_const, 0, _NOT_CONST_BITS)
     raise ValueError(mode)
 
 

@@ -19,7 +19,7 @@ import torch
 from torch.distributed.checkpoint._nested_dict import unflatten_state_dict
 
 from ..chain.moments import first_moments
-from ..chain.policy import DEFAULT_POLICY, LOW_PRECISION_FIRST_MOMENT, RolePolicy, role_of
+from ..chain.policy import DEFAULT_POLICY, RolePolicy, low_precision_target, role_of
 from ..codec.delta import DeltaEncoder
 from ..errors import InvalidArgumentError
 from .partition import Piece
@@ -72,10 +72,9 @@ def new_encoder(bits, target, name: str) -> DeltaEncoder:
     if target is None:
         return DeltaEncoder(bits=bits)
     if isinstance(target, RolePolicy):
-        first = target.relative_to == "movement" and role_of(role_path(name)) == "first_moment"
         return DeltaEncoder(target=target(role_path(name)), relative_to=target.relative_to,
                             update_share=target.update,
-                            low_precision_target=LOW_PRECISION_FIRST_MOMENT if first else None)
+                            low_precision_target=low_precision_target(target, role_path(name)))
     return DeltaEncoder(target=target)       # a share of the norm, as DeltaCheckpointer's
 
 
