@@ -34,7 +34,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from lcckpt.bench.quality import WORKLOADS, _param_names
+from lcckpt.bench.quality import WORKLOADS, _minilm, _param_names
 
 
 def _trajectory(workload: str, minilm_steps: int):
@@ -43,7 +43,7 @@ def _trajectory(workload: str, minilm_steps: int):
         return make_trajectory(workload).snapshots
     from lcckpt.bench.finetune import finetune_trajectory
     return finetune_trajectory(steps=minilm_steps, snapshot_every=3,
-                               pretrained=workload == "minilm-finetune").snapshots
+                               **_minilm(workload)).snapshots
 
 
 def _direction(state: dict) -> np.ndarray:

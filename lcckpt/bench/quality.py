@@ -1,6 +1,6 @@
 """Restore quality of delta chains: bytes against the accuracy and loss of every restore.
 
-Five training runs, model and optimizer state checkpointed together, 41 checkpoints each:
+Six training runs, model and optimizer state checkpointed together, 41 checkpoints each:
 
 - ``cnn-sgd`` / ``cnn-adam``: the digits CNN from scratch (SGD with momentum, Adam), a
   checkpoint every 5 of 200 steps;
@@ -9,7 +9,9 @@ Five training runs, model and optimizer state checkpointed together, 41 checkpoi
   (lcckpt/bench/finetune.py), a checkpoint every 3 of 120 steps;
 - ``minilm-scratch``: the same network from random weights with a 10x learning rate;
 - ``minilm-bf16``: the fine-tune with its weights and AdamW's moments in bf16 (no fp32
-  master copy), as pure low-precision fine-tunes run.
+  master copy), as pure low-precision fine-tunes run;
+- ``minilm-lora``: the fine-tune through rank-8 LoRA adapters on a frozen encoder, the
+  whole model (frozen weights included) in every checkpoint.
 
 Every setting is written as a real :class:`~lcckpt.DeltaCheckpointer` chain (the
 "distributed" settings as a ``lcckpt.distributed.DistributedCheckpointer`` chain in one
@@ -71,14 +73,16 @@ QUICK_SETTINGS = ("default", "0.01 of the norm (first default)", "lc b=2", "lc b
                   "lossless (every save a keyframe)")
 EXCP = {"excp a=5e-5 b=2 (paper)": (5e-5, 2.0), "excp a=5e-4 b=1": (5e-4, 1.0),
         "excp a=5e-3 b=1": (5e-3, 1.0), "excp a=5e-6 b=0.5": (5e-6, 0.5)}
-WORKLOADS = ("cnn-sgd", "cnn-adam", "minilm-finetune", "minilm-scratch", "minilm-bf16")
+WORKLOADS = ("cnn-sgd", "cnn-adam", "minilm-finetune", "minilm-scratch", "minilm-bf16",
+             "minilm-lora")
 _NO_RESUME = ("minilm-scratch", "minilm-bf16")     # not in the default resume experiment
 
 
 def _minilm(workload: str) -> dict:
     """``finetune`` keywords of a MiniLM workload."""
     return {"pretrained": workload != "minilm-scratch",
-            "dtype": torch.bfloat16 if workload == "minilm-bf16" else None}
+            "dtype": torch.bfloat16 if workload == "minilm-bf16" else None,
+            "lora": 8 if workload == "minilm-lora" else 0}
 
 
 def tensors_by_path(obj, prefix=""):
@@ -274,7 +278,8 @@ def _param_names(workload: str) -> list[str]:
         from .trajectory import SmallCNN
         return [n for n, _ in SmallCNN().named_parameters()]
     from .finetune import Classifier
-    return [n for n, _ in Classifier(pretrained=False).named_parameters()]
+    net = Classifier(False, _minilm(workload)["lora"])
+    return [n for n, p in net.named_parameters() if p.requires_grad]   # what AdamW steps
 
 
 def workload_quality(workload: str, settings: dict, excp: dict, log=None) -> dict:
