@@ -28,7 +28,7 @@ from math import lgamma, log
 
 import numpy as np
 
-from lcckpt.bench.quality import make_trajectory
+from lcckpt.bench.quality import WORKLOADS, make_trajectory
 
 
 def kt_bits(sym: np.ndarray) -> float:
@@ -77,18 +77,13 @@ def by_scale(d: np.ndarray, bits: float) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", nargs="+", default=["cnn-sgd", "cnn-adam"],
-                    choices=["cnn-sgd", "cnn-adam", "minilm-finetune", "minilm-scratch"])
+                    choices=WORKLOADS)
     ap.add_argument("--bits", type=float, default=2.4)
     ap.add_argument("--minilm-steps", type=int, default=30)
     ap.add_argument("--min-size", type=int, default=4096, help="skip smaller tensors")
     args = ap.parse_args(argv)
     for w in args.workloads:
-        if w.startswith("minilm"):
-            from lcckpt.bench.finetune import finetune_trajectory
-            traj = finetune_trajectory(steps=args.minilm_steps, snapshot_every=3,
-                                       pretrained=w == "minilm-finetune")
-        else:
-            traj = make_trajectory(w)
+        traj = make_trajectory(w, args.minilm_steps)
         snaps = [s["model"] for _, s in traj.snapshots]
         names = [k for k, v in snaps[0].items()
                  if v.dim() >= 2 and v.numel() >= args.min_size and v.is_floating_point()]

@@ -34,16 +34,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from lcckpt.bench.quality import WORKLOADS, _minilm, _param_names
-
-
-def _trajectory(workload: str, minilm_steps: int):
-    if workload.startswith("cnn-"):
-        from lcckpt.bench.quality import make_trajectory
-        return make_trajectory(workload).snapshots
-    from lcckpt.bench.finetune import finetune_trajectory
-    return finetune_trajectory(steps=minilm_steps, snapshot_every=3,
-                               **_minilm(workload)).snapshots
+from lcckpt.bench.quality import WORKLOADS, _param_names, make_trajectory
 
 
 def _direction(state: dict) -> np.ndarray:
@@ -61,7 +52,7 @@ def _bits_saved(d: np.ndarray, basis: np.ndarray) -> float:
 def measure(workload: str, minilm_steps: int = 30, min_elements: int = 1000,
             most: int = 12) -> list[tuple]:
     """``(tensor, median bits saved: previous delta, Adam's direction, both)`` per tensor."""
-    snaps = _trajectory(workload, minilm_steps)
+    snaps = make_trajectory(workload, minilm_steps).snapshots
     names = _param_names(workload)
     model = snaps[0][1]["model"]
     rows = []
@@ -121,7 +112,7 @@ def coded(workload: str, minilm_steps: int = 30) -> dict:
     """Delta and whole-run bytes of a default chain, without and with the prediction."""
     from lcckpt import DeltaCheckpointer
     from lcckpt.bench.quality import torch_bytes
-    snaps = _trajectory(workload, minilm_steps)
+    snaps = make_trajectory(workload, minilm_steps).snapshots
     out = {"torch": sum(torch_bytes(SimpleNamespace(snapshots=snaps)))}
     for kind in ("as coded", "predicted"):
         with tempfile.TemporaryDirectory() as d, \

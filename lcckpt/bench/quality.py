@@ -263,14 +263,15 @@ def excp_quality(traj, alpha: float, beta: float, names: list[str],
     return scores.result(delta_bytes, fp32_bytes, total, sum(torch_sizes))
 
 
-def make_trajectory(workload: str):
-    """The run behind ``workload`` (one of :data:`WORKLOADS`), with 41 checkpoints."""
+def make_trajectory(workload: str, minilm_steps: int = 120):
+    """The run behind ``workload`` (one of :data:`WORKLOADS`), with 41 checkpoints (a
+    MiniLM run cut to ``minilm_steps``: a checkpoint every 3)."""
     if workload.startswith("cnn-"):
         from .trajectory import train_trajectory
         return train_trajectory(model="cnn", optimizer=workload[4:], steps=200,
                                 snapshot_every=5)
     from .finetune import finetune_trajectory
-    return finetune_trajectory(steps=120, snapshot_every=3, **_minilm(workload))
+    return finetune_trajectory(steps=minilm_steps, snapshot_every=3, **_minilm(workload))
 
 
 def _param_names(workload: str) -> list[str]:
