@@ -9,7 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from lcckpt import DeltaCheckpointer
-from lcckpt.codec.movement import BUCKETS, Movement, sketch
+from lcckpt.codec.movement import BUCKETS, SAFETY, Movement, sketch
 from lcckpt.bench.movement import states as _steps
 from lcckpt.chain.policy import RolePolicy
 
@@ -31,13 +31,10 @@ def test_sketch_is_linear_and_its_norm_is_exact_in_the_square_sum():
     assert sketch(a32)[1] == pytest.approx(float(np.sum(a32.astype(np.float64) ** 2)), rel=1e-12)
 
 
-@settings(max_examples=20, deadline=None)
-@given(st.integers(BUCKETS + 1, 200_000), st.integers(0, 2**31),
-       st.sampled_from(["dense", "sparse rows", "one element", "constant"]))
-def test_movement_estimate_is_a_slight_underestimate_whatever_the_change(n, seed, shape):
-    """Three standard deviations of the AMS estimate: never above the truth by more than
-    a hair, never below it by more than ~7%, for dense, row-sparse (an embedding's few
-    seen tokens), single-element and constant changes."""
+SIGMA = np.sqrt(2 / BUCKETS) / 2     # the estimate's relative deviation on the norm
+
+
+def _change(n, seed, shape):
     rng = np.random.default_rng(seed)
     k = rng.standard_normal(n).astype(np.float32)
     d = np.zeros(n, np.float32)
@@ -50,12 +47,37 @@ def test_movement_estimate_is_a_slight_underestimate_whatever_the_change(n, seed
         d[rng.integers(0, n)] = 1.0
     else:
         d[:] = 1e-3
-    u = k + d
-    m = Movement(k)
-    moved, norm = m.measure(u)
+    return k, k + d
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(BUCKETS + 1, 200_000), st.integers(0, 2**31),
+       st.sampled_from(["dense", "sparse rows", "one element", "constant"]))
+@example(13101, 10109, "dense")       # 3.8 deviations above: 0.74% over the truth
+def test_movement_estimate_is_a_lower_estimate_whatever_the_change(n, seed, shape):
+    """Three standard deviations below the AMS estimate: never below the truth by more
+    than ~7%, and above it only by what a deviation far out in the tail gives (six of
+    them leave 3%), for dense, row-sparse (an embedding's few seen tokens),
+    single-element and constant changes. How seldom it is above at all:
+    the next test."""
+    k, u = _change(n, seed, shape)
+    moved, norm = Movement(k).measure(u)
     true = _norm(u.astype(np.float64) - k.astype(np.float64))
     assert norm == pytest.approx(_norm(u), rel=1e-9)
-    assert 0.93 * true <= moved <= 1.001 * true, (moved, true)
+    assert 0.93 * true <= moved <= SAFETY * (1 + 6 * SIGMA) * true, (moved, true)
+
+
+def test_movement_estimate_is_seldom_above_the_truth():
+    """Scaled down by three deviations, a dense change's movement is taken above the
+    truth about once in 700 draws (the normal tail beyond three). Over 600 fixed draws
+    at most 3 may be (1 is); scaled by two deviations, 7 are, which fails. Fixed seeds,
+    so the check is deterministic."""
+    over = []
+    for seed in range(600):
+        k, u = _change(BUCKETS * 3 + seed * 7, seed, "dense")
+        if Movement(k).measure(u)[0] > _norm(u.astype(np.float64) - k.astype(np.float64)):
+            over.append(seed)
+    assert len(over) <= 3, over
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
