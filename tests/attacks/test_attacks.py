@@ -694,7 +694,8 @@ def test_a_compressed_member_is_read_through_its_crc_before_torch_reads_it(tmp_p
     entry = _directory_entry(raw, b"/data/0")               # the tensor's
     raw[entry + 10] |= 0x08                                 # method: stored -> deflated
     path.write_bytes(bytes(raw))
-    assert not torch.equal(torch.load(path)["w"], w)        # what torch itself gives
+    torch.load(path)        # torch itself raises nothing (its tensor holds whatever the
+    # failed inflate left: zeros, or memory a freed tensor left, so it is not compared)
     with pytest.raises((lcckpt.ChecksumError, lcckpt.CorruptDataError), match="data/0"):
         lcckpt.load(str(path))
     rezipped = _deflated_torch_file(tmp_path / "z.pt", 1 << 16)   # valid, deflated
