@@ -38,6 +38,7 @@ writes, since files only ever appear complete.
 
 from __future__ import annotations
 
+import functools
 import operator
 import os
 import threading
@@ -46,6 +47,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
 
 from .. import limits
@@ -334,6 +336,7 @@ class DeltaCheckpointer:
         self._last = {"step": step, "state_id": ids[-1], "depth": depth}
         self._force_keyframe = False
         session.warn(step, stacklevel=4)
+        self._park()
         self.last_save = {"step": step, "kind": kind, "path": path,
                           "nbytes": nbytes}
         apply_retention(self._dir, self.keep_last)
@@ -419,6 +422,17 @@ class DeltaCheckpointer:
         self._encoders.update(tracks)   # Reconstructions: the first save makes the encoders
         top = links[-1][1]
         self._last = {"step": latest, "state_id": top.state_id, "depth": top.depth}
+
+    def _park(self) -> None:
+        """The references of the tensors this save found unchanged leave memory: the
+        newest step's files hold them (lcckpt/codec/parked.py)."""
+        for key, e in self._encoders.items():
+            if isinstance(e, DeltaEncoder):
+                e.park(functools.partial(self._fetch, key), key)
+
+    def _fetch(self, key: str) -> np.ndarray | None:
+        """A parked reference: tracked tensor ``key`` at the newest step, from the files."""
+        return _restore.restore_track(self._dir, self._last["step"], key)
 
     def _clean_temps(self) -> None:
         _durable.remove_stale_temps(self.directory)

@@ -90,6 +90,22 @@ def restore(d: ChainDirectory, step: int, *, build: bool, map_location=None, kno
         return obj, [(c, link) for c, link, _ in links], tracks
 
 
+def restore_track(d: ChainDirectory, step: int, key: str) -> np.ndarray | None:
+    """Tracked tensor ``key`` at ``step``, flat in its working dtype, from its sections
+    alone (a writer fetching a parked reference back: lcckpt/codec/parked.py); None if
+    the step's chain does not track it."""
+    with ExitStack() as stack:
+        links, tracks = walk(d, step, stack, max_bytes=None)
+        for c, link, path in links:
+            replay = FileReplay(tracks, origin=(link.step, path))
+            for i, sec in enumerate(c.sections):
+                if delta_key(sec["meta"]) == key:
+                    replay.advance(c, i, sec["meta"])
+            tracks = replay.after
+        rec = tracks.get(key)
+        return None if rec is None else rec.ref      # decoded while the files are open
+
+
 def check_limits(links: list, tracks: dict, max_bytes) -> None:
     """Every file of a chain against ``max_bytes``, before anything is decoded.
 

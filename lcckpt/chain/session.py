@@ -151,7 +151,7 @@ class SaveSession:
             enc = self.encoders[path] = self.make(path, exact)
         self.exact_of[path] = exact
         # a tensor new since the keyframe: lossy against zeros where a target bounds it
-        from_zero = enc.ref is None and not self.keyframe and not exact \
+        from_zero = not enc.has_ref and not self.keyframe and not exact \
             and enc.config.target is not None
         return enc, exact, from_zero
 

@@ -33,10 +33,11 @@ from .entropy import CodeCache
 from .replay import replay, settle
 from .streamed import StreamedBlob
 from ..errors import (
-    BrokenChainError, CorruptDataError, InvalidArgumentError, NonFiniteError,
+    BrokenChainError, CorruptDataError, InvalidArgumentError, LcckptError, NonFiniteError,
     UnsupportedDtypeError,
 )
 from .movement import BUCKETS, LOG2, Movement, copy_sketched
+from .parked import PARK_MIN, Parked, fingerprint
 from .uniform import survey
 
 __all__ = ["DeltaDecoder", "DeltaEncoder", "Reconstruction", "replay", "settle"]
@@ -102,21 +103,64 @@ class DeltaEncoder:
         self.cache = CodeCache()
         self._ref: np.ndarray | None = None    # flat working-precision reconstruction
         self._copy = None                      # a deferred copy into it: (ref, u, futures)
+        self._parked: Parked | None = None     # the reference out of memory (:meth:`park`)
+        self._lost = False                     # a parked one that could not be fetched back
+        self.zero_delta = None                 # the fingerprint of a state whose delta left
+        #                                        the reference as it was (the last one coded)
         self.dtype: dtypes.DType | None = None
         self.shape: tuple | None = None
 
     @property
     def ref(self) -> np.ndarray | None:
-        """The reference (a deferred copy into it is finished first)."""
+        """The reference (a deferred copy into it is finished first, a parked one fetched
+        back)."""
         if self._copy is not None:
             self.settle()
+        if self._parked is not None:
+            self._unpark()
         return self._ref
 
     @ref.setter
     def ref(self, value: np.ndarray | None) -> None:
         if self._copy is not None:
             self.settle()
-        self._ref = value
+        self._ref, self._parked, self._lost = value, None, False
+
+    @property
+    def has_ref(self) -> bool:
+        """Whether there is a reference, in memory or parked (nothing is fetched), or
+        one that was lost (then the next encode is exact, not a delta from zeros)."""
+        return self._ref is not None or self._parked is not None or self._copy is not None \
+            or self._lost
+
+    @property
+    def parked(self) -> bool:
+        """Whether the reference is out of memory (:meth:`park`)."""
+        return self._parked is not None
+
+    def park(self, fetch, name: str) -> bool:
+        """Drop the reference from memory if the last delta left it as it was (the
+        tensor did not change), keeping its fingerprint (:mod:`lcckpt.codec.parked`).
+        ``fetch()`` must give it back, flat in the working dtype, for as long as it stays
+        parked: the chain's newest reconstruction of tensor ``name``, while no delta has
+        changed it. Returns whether it was parked now."""
+        if self.zero_delta is None or self._copy is not None or self._ref is None:
+            return False
+        self._parked, self._ref = Parked(self._ref, self.zero_delta, fetch, name), None
+        return True
+
+    def _unpark(self) -> None:
+        parked, self._parked = self._parked, None
+        try:
+            ref = parked.get()
+            why = None if ref is not None else "the files hold other values"
+        except (LcckptError, OSError) as e:
+            ref, why = None, str(e)
+        if ref is None:
+            warnings.warn(f"cannot read the reference of {parked.name} back from the chain "
+                          f"({why}): it is stored exactly in this save", RuntimeWarning,
+                          stacklevel=2)
+        self._ref, self._lost = ref, ref is None
 
     def reset(self):
         """Forget the reference: the next :meth:`encode` writes a keyframe."""
@@ -165,28 +209,37 @@ class DeltaEncoder:
         if not _tracked(dt):
             raise UnsupportedDtypeError(f"delta tracking needs fp16/bf16/fp32/fp64, got {dt.name}")
         u = dtypes.to_float_work(a, dt).reshape(-1)
-        if from_zero and not keyframe and self.ref is None:
-            self.ref = _memory.bulk_zeros(u.shape, u.dtype)
+        fits = dt == self.dtype and a.shape == self.shape
+        # a parked reference with u's very bits: code against u itself, nothing fetched
+        same = self._parked is not None and fits and not keyframe and self._parked.matches(u)
+        if self._parked is not None and (keyframe or not fits):
+            self._parked = None             # the keyframe below copies u
+        ref = u if same else self.ref
+        if from_zero and not keyframe and ref is None:
+            self.ref = ref = _memory.bulk_zeros(u.shape, u.dtype)
             self.dtype, self.shape = dt, a.shape
             self.movement = Movement(None, u.size)
-        if keyframe or self.ref is None or dt != self.dtype or a.shape != self.shape:
+        if keyframe or ref is None or dt != self.dtype or a.shape != self.shape:
             return self._keyframe(a, dt, u, None, defer_copy, new_base=keyframe)
         exact = lambda: encode_exact(a, dt, self.config.log2, self.raw_keyframes)  # noqa: E731
         sv = None
         if self.config.target is not None:      # one read of u and ref for all that follows
             big = self.relative_to == "movement" and self.movement is not None \
                 and self.movement.sketched and self.movement.n == u.size
-            sv = survey(u, self.ref, LOG2 if big else 0, dtypes.work_flat(direction, a.shape))
+            sv = survey(u, ref, LOG2 if big else 0, dtypes.work_flat(direction, a.shape))
         cfg = self._config_for(u, dt, sv)
-        try:
-            parts, st, lossy = guarded_encode(u, self.ref, dt, a.shape, cfg, exact,
-                                              cache=self.cache, advance=True, surveyed=sv,
+        try:        # against u itself nothing advances: the delta is zero
+            parts, st, lossy = guarded_encode(u, ref, dt, a.shape, cfg, exact,
+                                              cache=self.cache, advance=not same, surveyed=sv,
                                               lazy=lazy)
         except NonFiniteError as e:
             warnings.warn(f"{e}; writing an exact keyframe instead", RuntimeWarning, stacklevel=3)
             return self._keyframe(a, dt, u, "non-finite delta", defer_copy, new_base=False)
         if self.movement is not None:
             self.movement.at_base = False           # the reference has moved on
+        self.zero_delta = None
+        if lossy and sv is not None and sv.model.total_sq() == 0.0 and u.size >= PARK_MIN:
+            self.zero_delta = self._parked.seen if same else fingerprint(u)
         if not lossy:
             self._set_ref(u, defer_copy)
         return parts, st
@@ -228,7 +281,7 @@ class DeltaEncoder:
         elif self.movement is not None:
             self.movement.at_base = False           # an exact fallback inside the chain
         self._set_ref(u, defer_copy, pending)
-        self.dtype, self.shape = dt, a.shape
+        self.dtype, self.shape, self.zero_delta = dt, a.shape, None
         return parts, EncodeStats(u.size, dt.name, "lossless", nbytes=_blob.nbytes(parts),
                                   fallback=why)
 
@@ -238,10 +291,10 @@ class DeltaEncoder:
         the thread pool, since the copy of a large state is a visible part of a keyframe.
         ``defer``: only noted here; :meth:`start_copy` or :meth:`settle` makes it.
         ``base``: a :meth:`Movement.pending` whose sketch of ``u`` the copy adds."""
-        ref = self.ref
+        ref = None if self._parked is not None else self.ref    # not fetched to be overwritten
         if ref is None or ref.shape != u.shape or ref.dtype != u.dtype or ref is u:
             ref = _memory.bulk_empty(u.shape, u.dtype)
-        self._ref, self._copy = None, (ref, u, None, base)
+        self._ref, self._parked, self._lost, self._copy = None, None, False, (ref, u, None, base)
         if not defer:
             self.settle()
 
