@@ -105,8 +105,8 @@ class DeltaEncoder:
         self._copy = None                      # a deferred copy into it: (ref, u, futures)
         self._parked: Parked | None = None     # the reference out of memory (:meth:`park`)
         self._lost = False                     # a parked one that could not be fetched back
-        self.zero_delta = None                 # the fingerprint of a state whose delta left
-        #                                        the reference as it was (the last one coded)
+        self._zero_from = None                 # the fingerprint of the state the last delta
+        #                                        was coded from, if it left the reference as it was
         self.dtype: dtypes.DType | None = None
         self.shape: tuple | None = None
 
@@ -144,9 +144,9 @@ class DeltaEncoder:
         ``fetch()`` must give it back, flat in the working dtype, for as long as it stays
         parked: the chain's newest reconstruction of tensor ``name``, while no delta has
         changed it. Returns whether it was parked now."""
-        if self.zero_delta is None or self._copy is not None or self._ref is None:
+        if self._zero_from is None or self._copy is not None or self._ref is None:
             return False
-        self._parked, self._ref = Parked(self._ref, self.zero_delta, fetch, name), None
+        self._parked, self._ref = Parked(self._ref, self._zero_from, fetch, name), None
         return True
 
     def _unpark(self) -> None:
@@ -237,9 +237,9 @@ class DeltaEncoder:
             return self._keyframe(a, dt, u, "non-finite delta", defer_copy, new_base=False)
         if self.movement is not None:
             self.movement.at_base = False           # the reference has moved on
-        self.zero_delta = None
+        self._zero_from = None
         if lossy and sv is not None and sv.model.total_sq() == 0.0 and u.size >= PARK_MIN:
-            self.zero_delta = self._parked.seen if same else fingerprint(u)
+            self._zero_from = self._parked.seen if same else fingerprint(u)
         if not lossy:
             self._set_ref(u, defer_copy)
         return parts, st
@@ -281,7 +281,7 @@ class DeltaEncoder:
         elif self.movement is not None:
             self.movement.at_base = False           # an exact fallback inside the chain
         self._set_ref(u, defer_copy, pending)
-        self.dtype, self.shape, self.zero_delta = dt, a.shape, None
+        self.dtype, self.shape, self._zero_from = dt, a.shape, None
         return parts, EncodeStats(u.size, dt.name, "lossless", nbytes=_blob.nbytes(parts),
                                   fallback=why)
 
