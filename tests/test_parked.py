@@ -194,3 +194,35 @@ def test_any_one_flipped_bit_changes_the_fingerprint(n, seed, data):
     b.view(np.uint32)[bit // 32] ^= np.uint32(1 << (bit % 32))
     assert fingerprint(a) == fingerprint(a.copy())
     assert fingerprint(a) != fingerprint(b)
+
+
+def test_a_distributed_chain_parks_unchanged_pieces_and_writes_the_same(tmp_path, monkeypatch):
+    """The distributed writer (one process, no process group) parks too, once a save has
+    committed, and fetches a piece back by replaying its blobs when it changes."""
+    import lcckpt.distributed as ld
+
+    def run(d, park):
+        if not park:
+            monkeypatch.setattr(delta_mod, "PARK_MIN", 1 << 62)
+        ck = ld.DistributedCheckpointer(d, keyframe_every=10)
+        parked, loads = [], []
+        def change(s, f):
+            if s == 4:
+                f[7] += 0.25
+        for s, state in _states(7, change=change):
+            with warnings.catch_warnings():     # DCP: no process group, one process
+                warnings.simplefilter("ignore", UserWarning)
+                ck.save(s, state)
+                back = {k: torch.zeros_like(v) for k, v in state.items()}
+                ck.load(back)
+            loads.append(back)
+            refs = ck.writer._refs
+            parked.append(any(r.encoder.parked for p, r in refs.items() if p.key == "f"))
+        monkeypatch.setattr(delta_mod, "PARK_MIN", PARK_MIN)
+        return parked, loads
+    (p1, l1), (p2, l2) = run(tmp_path / "a", True), run(tmp_path / "b", False)
+    assert p1[:5] == [False, True, True, True, False] and not any(p2)
+    for a, b in zip(l1, l2):
+        for k in a:
+            assert torch.equal(a[k], b[k]), k
+    assert abs((l1[4]["f"][7] - l1[3]["f"][7]).mean().item() - 0.25) < 0.01  # kept

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from functools import partial
 
 from ..codec.delta import DeltaEncoder, Reconstruction
 from ..errors import LcckptError, TruncatedError
@@ -42,18 +43,31 @@ def resync(refs: dict, advanced: set, read) -> dict:
         if r is None:
             continue
         try:
-            rec = Reconstruction()
-            for i, (path, off, n) in enumerate(r.chain):
-                first = i == 0
-                rec.apply(read(path, off, n), dtype=r.encoder.dtype.name,
-                          zero_base=first and r.zero_base, movement=first and not r.zero_base)
-            r.encoder.resume(rec)                    # replays the pending blobs
+            r.encoder.resume(replay(r, read))        # replays the pending blobs
         except (LcckptError, OSError) as e:
             warnings.warn(f"piece {piece.key}[{piece.start}:{piece.stop}]: its reference "
                           f"cannot be read back after a failed save ({e}); its next save "
                           "is a keyframe", RuntimeWarning, stacklevel=3)
             del out[piece]
     return out
+
+
+def replay(r: Ref, read) -> Reconstruction:
+    """The reconstruction ``r``'s chain of blobs gives, read with ``read(path, offset,
+    length)``: what a load of the piece gives."""
+    rec = Reconstruction()
+    for i, (path, off, n) in enumerate(r.chain):
+        first = i == 0
+        rec.apply(read(path, off, n), dtype=r.encoder.dtype.name,
+                  zero_base=first and r.zero_base, movement=first and not r.zero_base)
+    return rec
+
+
+def park(refs: dict, fetch) -> None:
+    """Each reference that its last delta left as it was leaves memory
+    (lcckpt/codec/parked.py); ``fetch(piece)`` gives it back."""
+    for piece, r in refs.items():
+        r.encoder.park(partial(fetch, piece), f"{piece.key}[{piece.start}:{piece.stop}]")
 
 
 def read_blob(fs, path: str, offset: int, length: int) -> bytes:

@@ -49,7 +49,7 @@ from ..codec.streamed import StreamedBlob
 from . import exchange, targets
 from ..format.sections import decode_streamed
 from .blobs import as_tensor, streamed_blob
-from .refs import BACKGROUND, Background, Ref, read_blob, resync
+from .refs import BACKGROUND, Background, Ref, park, read_blob, replay, resync
 from .partition import Piece
 from .store import Flusher, check_size, files_for
 
@@ -284,10 +284,15 @@ class CompressedWriter(FileSystemWriter):
         """The save committed on every rank: its references become the ones deltas use."""
         if self._pending is not None:
             self._refs = self._pending
+            park(self._refs, self._fetch)           # unchanged pieces' references leave memory
         self._pending, self._advanced = None, set()
         self._written = []
         self.force_keyframe = False
         self._last_committed = self.save_id
+
+    def _fetch(self, piece: Piece):
+        """A parked reference (lcckpt/codec/parked.py): the piece's committed chain replayed."""
+        return replay(self._refs[piece], partial(read_blob, self.fs)).ref
 
     def abort(self) -> None:
         """The save failed somewhere: remove this rank's files, and rebuild the references
