@@ -12,10 +12,11 @@ of the encoder frozen, AdamW on what trains; ``lcckpt.bench.finetune.train``) sa
   writer's memory (lcckpt/codec/parked.py);
 * ``kept``: every reference kept in memory (parking turned off), as before.
 
-Each child reports its resident memory after the run beyond what it held before the
-checkpointer was made (the model, the optimizer and the task's data are already
-resident), its peak, the bytes of the references the writer holds at the end, and the
-files' digest; the two modes must write the same files, bit for bit.
+Each child reports its resident memory after the run (freed memory given back to the
+system first: ``malloc_trim``) beyond what it held before the checkpointer was made (the
+model, the optimizer and the task's data are already resident), its peak, the bytes of
+the references the writer holds at the end, and the files' digest; the two modes must
+write the same files, bit for bit.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import tempfile
 MB = 1e6
 
 _CHILD = r"""
-import hashlib, json, os, sys, time, torch
+import ctypes, gc, hashlib, json, os, sys, time, torch
 import lcckpt, lcckpt.codec.delta as delta_mod
 from lcckpt.bench import finetune
 
@@ -47,10 +48,15 @@ finetune.docstring_task(0)          # the data and tokenizer, resident before
 finetune.train(steps=1, lora=8, dtype=None if dtype == "fp32" else torch.bfloat16)
 ck, times, before = None, [], None
 
+def trimmed_rss():
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)     # what the allocator keeps of freed memory
+    return status("VmRSS")
+
 def save(step, state):
     global ck, before
     if ck is None:
-        before = status("VmRSS")
+        before = trimmed_rss()
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
         ck = lcckpt.DeltaCheckpointer(os.path.join(d, mode))
@@ -68,7 +74,8 @@ h = hashlib.sha256()
 for s in ck.steps():
     with open(ck.path(s), "rb") as f:
         h.update(f.read())
-after, peak = status("VmRSS"), status("VmHWM")
+peak = status("VmHWM")
+after = trimmed_rss()
 print(json.dumps({"mode": mode, "resident": after - before, "peak": peak - before,
                   "held": held, "parked": parked, "tensors": len(ck._encoders),
                   "files": sum(os.path.getsize(ck.path(s)) for s in ck.steps()),

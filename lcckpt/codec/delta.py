@@ -105,6 +105,8 @@ class DeltaEncoder:
         self._copy = None                      # a deferred copy into it: (ref, u, futures)
         self._parked: Parked | None = None     # the reference out of memory (:meth:`park`)
         self._lost = False                     # a parked one that could not be fetched back
+        self._zero_blob = None                 # (movement, blob, stats) of the last delta
+        #                                        coded against a parked reference's bits
         self._zero_from = None                 # the fingerprint of the state the last delta
         #                                        was coded from, if it left the reference as it was
         self.dtype: dtypes.DType | None = None
@@ -214,6 +216,10 @@ class DeltaEncoder:
         same = self._parked is not None and fits and not keyframe and self._parked.matches(u)
         if self._parked is not None and (keyframe or not fits):
             self._parked = None             # the keyframe below copies u
+        if same and direction is None and self._zero_blob is not None \
+                and self._zero_blob[0] is self.movement:
+            return [self._zero_blob[1]], dataclasses.replace(self._zero_blob[2])
+        self._zero_blob = None
         ref = u if same else self.ref
         if from_zero and not keyframe and ref is None:
             self.ref = ref = _memory.bulk_zeros(u.shape, u.dtype)
@@ -240,6 +246,9 @@ class DeltaEncoder:
         self._zero_from = None
         if lossy and sv is not None and sv.model.total_sq() == 0.0 and u.size >= PARK_MIN:
             self._zero_from = self._parked.seen if same else fingerprint(u)
+        if same and lossy and direction is None:    # the same bits again give this blob
+            blob = b"".join(bytes(p) for p in parts)
+            self._zero_blob, parts = (self.movement, blob, dataclasses.replace(st)), [blob]
         if not lossy:
             self._set_ref(u, defer_copy)
         return parts, st
