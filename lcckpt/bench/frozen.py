@@ -12,11 +12,11 @@ of the encoder frozen, AdamW on what trains; ``lcckpt.bench.finetune.train``) sa
   writer's memory (lcckpt/codec/parked.py);
 * ``kept``: every reference kept in memory (parking turned off), as before.
 
-Each child reports its resident memory after the run (freed memory given back to the
-system first: ``malloc_trim``) beyond what it held before the checkpointer was made (the
-model, the optimizer and the task's data are already resident), its peak, the bytes of
-the references the writer holds at the end, and the files' digest; the two modes must
-write the same files, bit for bit.
+Each child reports its resident memory after the run beyond what it held before the
+checkpointer was made (the model, the optimizer and the task's data are resident by
+then; both figures taken after ``malloc_trim``, which gives freed memory back), its
+peak, the bytes of the references the writer holds at the end, and the files' digest;
+the two modes must write the same files, bit for bit.
 """
 
 from __future__ import annotations
