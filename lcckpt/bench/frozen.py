@@ -12,11 +12,12 @@ of the encoder frozen, AdamW on what trains; ``lcckpt.bench.finetune.train``) sa
   writer's memory (lcckpt/codec/parked.py);
 * ``kept``: every reference kept in memory (parking turned off), as before.
 
-Each child reports its resident memory after the run beyond what it held before the
-checkpointer was made (the model, the optimizer and the task's data are resident by
-then; both figures taken after ``malloc_trim``, which gives freed memory back), its
-peak, the bytes of the references the writer holds at the end, and the files' digest;
-the two modes must write the same files, bit for bit.
+Each child reports its resident memory at the end of the last save beyond what it held
+as the first began (the model, the optimizer, the task's data and the state being saved
+are resident at both; both taken after ``malloc_trim``, which gives freed memory back),
+its peak beyond that start, the bytes of the references the writer holds at the end, the
+median delta save, and the files' digest; the two modes must write the same files, bit
+for bit.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ lcckpt.warmup()
 torch.set_num_threads(2)
 finetune.docstring_task(0)          # the data and tokenizer, resident before
 finetune.train(steps=1, lora=8, dtype=None if dtype == "fp32" else torch.bfloat16)
-ck, times, before = None, [], None
+ck, times, before, last = None, [], None, []
 
 def trimmed_rss():
     gc.collect()
@@ -63,6 +64,7 @@ def save(step, state):
     t0 = time.perf_counter()
     ck.save(step, state)
     times.append(time.perf_counter() - t0)
+    last.append(trimmed_rss())       # the state saved is resident here, as at the first
 
 finetune.train(steps=steps, lora=8, save=save, save_every=every,
                dtype=None if dtype == "fp32" else torch.bfloat16)
@@ -74,8 +76,7 @@ h = hashlib.sha256()
 for s in ck.steps():
     with open(ck.path(s), "rb") as f:
         h.update(f.read())
-peak = status("VmHWM")
-after = trimmed_rss()
+peak, after = status("VmHWM"), last[-1]
 print(json.dumps({"mode": mode, "resident": after - before, "peak": peak - before,
                   "held": held, "parked": parked, "tensors": len(ck._encoders),
                   "files": sum(os.path.getsize(ck.path(s)) for s in ck.steps()),
