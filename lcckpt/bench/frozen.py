@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     res = run(a.dtype, a.steps, a.every)
     print(f"MiniLM-L6 LoRA fine-tune ({a.dtype}), {a.steps} steps, a save every {a.every}; "
-          "memory beyond the process before the checkpointer was made")
+          "memory beyond the start of the first save")
     print(table(res))
     print("same files in both modes:", "yes" if res["same_files"] else "NO")
     if a.json:
