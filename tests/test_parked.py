@@ -196,9 +196,10 @@ def test_any_one_flipped_bit_changes_the_fingerprint(n, seed, data):
     assert fingerprint(a) != fingerprint(b)
 
 
-def test_a_distributed_chain_parks_unchanged_pieces_and_writes_the_same(tmp_path, monkeypatch):
+def test_a_distributed_chain_parks_unchanged_pieces_and_restores_the_same(tmp_path, monkeypatch):
     """The distributed writer (one process, no process group) parks too, once a save has
-    committed, and fetches a piece back by replaying its blobs when it changes."""
+    committed, fetches a piece back by replaying its blobs when it changes, and follows
+    a merge: every step restores as a writer that keeps every reference wrote it."""
     import lcckpt.distributed as ld
 
     def run(d, park):
@@ -209,10 +210,12 @@ def test_a_distributed_chain_parks_unchanged_pieces_and_writes_the_same(tmp_path
         def change(s, f):
             if s == 4:
                 f[7] += 0.25
-        for s, state in _states(7, change=change):
+        for s, state in _states(9, change=change):
             with warnings.catch_warnings():     # DCP: no process group, one process
                 warnings.simplefilter("ignore", UserWarning)
                 ck.save(s, state)
+                if s == 5:
+                    ck.merge()                  # the newest step made a keyframe
                 back = {k: torch.zeros_like(v) for k, v in state.items()}
                 ck.load(back)
             loads.append(back)
