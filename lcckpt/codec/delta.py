@@ -210,16 +210,17 @@ class DeltaEncoder:
         a, dt = dtypes.to_numpy(x)
         if not _tracked(dt):
             raise UnsupportedDtypeError(f"delta tracking needs fp16/bf16/fp32/fp64, got {dt.name}")
-        u = dtypes.to_float_work(a, dt).reshape(-1)
         fits = dt == self.dtype and a.shape == self.shape
-        # a parked reference with u's very bits: code against u itself, nothing fetched
-        same = self._parked is not None and fits and not keyframe and self._parked.matches(u)
+        # a parked reference with x's very bits (those of the state last coded, in x's own
+        # dtype): code against x itself, nothing fetched; the blob of last time if any
+        same = self._parked is not None and fits and not keyframe and self._parked.matches(a)
         if self._parked is not None and (keyframe or not fits):
-            self._parked = None             # the keyframe below copies u
+            self._parked = None             # the keyframe below copies x
         if same and direction is None and self._zero_blob is not None \
                 and self._zero_blob[0] is self.movement:
             return [self._zero_blob[1]], dataclasses.replace(self._zero_blob[2])
         self._zero_blob = None
+        u = dtypes.to_float_work(a, dt).reshape(-1)
         ref = u if same else self.ref
         if from_zero and not keyframe and ref is None:
             self.ref = ref = _memory.bulk_zeros(u.shape, u.dtype)
@@ -245,7 +246,7 @@ class DeltaEncoder:
             self.movement.at_base = False           # the reference has moved on
         self._zero_from = None
         if lossy and sv is not None and sv.model.total_sq() == 0.0 and u.size >= PARK_MIN:
-            self._zero_from = self._parked.seen if same else fingerprint(u)
+            self._zero_from = self._parked.seen if same else fingerprint(a)
         if same and lossy and direction is None:    # the same bits again give this blob
             blob = b"".join(bytes(p) for p in parts)
             self._zero_blob, parts = (self.movement, blob, dataclasses.replace(st)), [blob]

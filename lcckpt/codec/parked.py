@@ -30,7 +30,7 @@ PARK_MIN = 1 << 16      # elements: smaller references are not worth a fetch
 
 
 def fingerprint(a: np.ndarray) -> tuple:
-    """``(dtype, size, CRC-32, CRC-32C)`` of flat contiguous ``a``'s bytes (on the pool)."""
+    """``(dtype, size, CRC-32, CRC-32C)`` of ``a``'s bytes in C order (on the pool)."""
     view = memoryview(np.ascontiguousarray(a)).cast("B")
     return a.dtype.str, a.size, crc32(view), crc32c(view)
 
@@ -43,15 +43,17 @@ class Parked:
 
     def __init__(self, ref: np.ndarray, seen: tuple, fetch: Callable[[], np.ndarray],
                  name: str):
-        """``seen``: the fingerprint of the state the zero delta came from (other bits
-        than the reference's only where a zero changed sign). ``fetch()``: the reference
+        """``seen``: the fingerprint of the state the zero delta came from, in its own
+        dtype (the same bits as the reference's widened, but where a zero changed sign).
+        ``fetch()``: the reference
         again (flat, the working dtype); it raises what reading the files raises.
         ``name``: the tensor, for messages."""
         self.print, self.seen, self.fetch, self.name = fingerprint(ref), seen, fetch, name
 
-    def matches(self, u: np.ndarray) -> bool:
-        """Whether ``u`` has the bits of the state last coded (so its delta is zero)."""
-        return fingerprint(u) == self.seen
+    def matches(self, a: np.ndarray) -> bool:
+        """Whether ``a`` has the bits of the state last coded (so its delta is zero), both
+        in the tensor's own dtype: widening to the working one keeps bits apart."""
+        return fingerprint(a) == self.seen
 
     def get(self) -> np.ndarray | None:
         """The fetched reference, or None if it does not have the parked one's bits."""
