@@ -54,17 +54,19 @@ def _change(n, seed, shape):
 @given(st.integers(BUCKETS + 1, 200_000), st.integers(0, 2**31),
        st.sampled_from(["dense", "sparse rows", "one element", "constant"]))
 @example(13101, 10109, "dense")       # 3.8 deviations above: 0.74% over the truth
+@example(11978, 2154876, "sparse rows")   # 3.5 below: 7.1% under it
 def test_movement_estimate_is_a_lower_estimate_whatever_the_change(n, seed, shape):
-    """Three standard deviations below the AMS estimate: never below the truth by more
-    than ~7%, and above it only by what a deviation far out in the tail gives (six of
-    them leave 3%), for dense, row-sparse (an embedding's few seen tokens),
-    single-element and constant changes. How seldom it is above at all:
-    the next test."""
+    """Three standard deviations below the AMS estimate, within six more either way
+    (1,500 random draws of each shape spread with a standard deviation of 0.99-1.02 of
+    the bound, none beyond 3.7): at most 10% under the truth and 3% over it, for dense,
+    row-sparse (an embedding's few seen tokens), single-element and constant changes.
+    How seldom it is above at all: the next test."""
     k, u = _change(n, seed, shape)
     moved, norm = Movement(k).measure(u)
     true = _norm(u.astype(np.float64) - k.astype(np.float64))
     assert norm == pytest.approx(_norm(u), rel=1e-9)
-    assert 0.93 * true <= moved <= SAFETY * (1 + 6 * SIGMA) * true, (moved, true)
+    assert SAFETY * (1 - 6 * SIGMA) * true <= moved <= SAFETY * (1 + 6 * SIGMA) * true, \
+        (moved, true)
 
 
 def test_movement_estimate_is_seldom_above_the_truth():
