@@ -28,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 
+from ..errors import InvalidArgumentError
+
 MB = 1e6
 
 _CHILD = r"""
@@ -88,6 +90,9 @@ print(json.dumps({"mode": mode, "resident": after - before, "peak": peak - befor
 def run(dtype: str = "fp32", steps: int = 30, every: int = 3) -> dict:
     if sys.platform != "linux":
         raise RuntimeError("the memory benchmark reads /proc/self/status (Linux only)")
+    if every < 1 or steps < 2 * every:
+        raise InvalidArgumentError(f"need every >= 1 and steps >= 2 * every (a keyframe and "
+                                   f"a delta at least), got steps={steps}, every={every}")
     rows = []
     with tempfile.TemporaryDirectory() as d:
         for mode in ("parked", "kept"):

@@ -45,9 +45,8 @@ class Parked:
                  name: str):
         """``seen``: the fingerprint of the state the zero delta came from, in its own
         dtype (the same bits as the reference's widened, but where a zero changed sign).
-        ``fetch()``: the reference
-        again (flat, the working dtype); it raises what reading the files raises.
-        ``name``: the tensor, for messages."""
+        ``fetch()``: the reference again (flat, the working dtype); it raises what
+        reading the files raises. ``name``: the tensor, for messages."""
         self.print, self.seen, self.fetch, self.name = fingerprint(ref), seen, fetch, name
 
     def matches(self, a: np.ndarray) -> bool:
