@@ -311,6 +311,26 @@ def process_mode(rank, world, root):
     import lcckpt.distributed as ld
     from lcckpt.distributed.storage import CompressedReader
     from lcckpt.errors import DistributedCheckpointError
+    # a frozen piece parked in the background process (after step 1's zero delta), coded
+    # against itself, then fetched back for a change by replaying its blobs there: the
+    # chain restores as the same saves in a thread restore it
+    back = {}
+    for mode in ("thread", "process"):
+        g = torch.Generator().manual_seed(1)
+        state = {"frozen": torch.randn(512, 256, generator=g), "w": torch.randn(256, 64,
+                                                                          generator=g)}
+        ck = ld.DistributedCheckpointer(os.path.join(root, f"parked_{mode}"))
+        for step in range(4):
+            state["w"] += 0.01 * torch.randn(256, 64, generator=g)
+            if step == 3:
+                state["frozen"][7] += 0.5
+            ck.async_save(step, state, process=mode == "process").result(timeout=120)
+        back[mode] = {k: torch.zeros_like(v) for k, v in state.items()}
+        assert ck.load(back[mode]) == 3
+    for k, v in back["thread"].items():
+        assert torch.equal(back["process"][k], v), k
+    assert (back["process"]["frozen"][7] - state["frozen"][7]).abs().max() < 0.01
+
     runs = {}
     for mode in ("thread", "process"):
         state = replicated_state()

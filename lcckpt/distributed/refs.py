@@ -70,6 +70,12 @@ def park(refs: dict, fetch) -> None:
         r.encoder.park(partial(fetch, piece), f"{piece.key}[{piece.start}:{piece.stop}]")
 
 
+def park_in(bg: Background, fs) -> None:
+    """:func:`park` in DCP's background process, where every save gets a new copy of the
+    writer: a fetch finds the piece's committed chain in ``bg``, which they all share."""
+    park(bg.refs, lambda piece: replay(bg.refs[piece], partial(read_blob, fs)).ref)
+
+
 def read_blob(fs, path: str, offset: int, length: int) -> bytes:
     """``length`` bytes of ``path`` at ``offset``, on the writer's filesystem."""
     with fs.create_stream(path, "rb") as f:

@@ -49,7 +49,7 @@ from ..codec.streamed import StreamedBlob
 from . import exchange, targets
 from ..format.sections import decode_streamed
 from .blobs import as_tensor, streamed_blob
-from .refs import BACKGROUND, Background, Ref, park, read_blob, replay, resync
+from .refs import BACKGROUND, Background, Ref, park, park_in, read_blob, replay, resync
 from .partition import Piece
 from .store import Flusher, check_size, files_for
 
@@ -155,6 +155,7 @@ class CompressedWriter(FileSystemWriter):
             bg.refs = resync(bg.refs, bg.advanced, partial(read_blob, self.fs))
         bg.pending, bg.advanced = None, set()
         self._refs, self._bg = bg.refs, bg
+        park_in(bg, self.fs)            # unchanged pieces' references leave memory
 
     # -- DCP hooks -------------------------------------------------------------------------
     def set_up_storage_writer(self, is_coordinator: bool, *args, **kwargs) -> None:
