@@ -33,9 +33,10 @@ from ..errors import InvalidArgumentError
 MB = 1e6
 
 _CHILD = r"""
-import ctypes, gc, hashlib, json, os, sys, time, torch
+import gc, hashlib, json, os, sys, time, torch
 import lcckpt, lcckpt.codec.delta as delta_mod
 from lcckpt.bench import finetune
+from lcckpt.bench.checkpoint import trim_heap
 
 def status(key):
     with open("/proc/self/status") as f:
@@ -53,7 +54,7 @@ ck, times, before, last = None, [], None, []
 
 def trimmed_rss():
     gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)     # what the allocator keeps of freed memory
+    trim_heap()                      # what the allocator keeps of freed memory, given back
     return status("VmRSS")
 
 def save(step, state):
