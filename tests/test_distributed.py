@@ -447,6 +447,49 @@ def test_a_rank_killed_by_a_signal_fails_with_its_native_and_python_stacks(tmp_p
     assert "in aborting_worker" in msg, msg[-2000:]                         # faulthandler's
 
 
+_DESTROY_AFTER_LATE_IMPORT = """
+import json, os, sys, datetime
+import torch, torch.distributed as dist
+def gloo_threads():
+    n = 0
+    for t in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                n += f.read().startswith("pt_gloo")
+        except OSError:
+            pass
+    return n
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d", rank=0, world_size=1,
+                        timeout=datetime.timedelta(seconds=60))
+import torch.distributed.checkpoint             # as a worker does, after init_process_group
+captured = isinstance(sys.modules["torch.distributed.nn.functional"].broadcast
+                      .__defaults__[-1], dist.ProcessGroup)
+import lcckpt.distributed
+t = torch.ones(4)
+dist.all_reduce(t)
+alive = gloo_threads()
+dist.destroy_process_group()
+print(json.dumps({"captured": captured, "alive": alive, "after": gloo_threads()}))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
+def test_destroy_process_group_joins_gloo_threads_after_a_late_import():
+    """The SIGABRT of a rank at exit: DCP imported after ``init_process_group`` captures the
+    default group in ``torch.distributed.nn.functional``'s default arguments, so
+    ``destroy_process_group`` cannot destroy it and its gloo threads live into the
+    interpreter's exit. Importing ``lcckpt.distributed`` lets it go: none is left."""
+    import json
+    import subprocess
+    out = subprocess.run([sys.executable, "-c", _DESTROY_AFTER_LATE_IMPORT % _port()],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    if got["alive"] == 0:
+        pytest.skip("this torch does not name its gloo threads pt_gloo*")
+    assert got["after"] == 0, got
+
+
 @pytest.mark.slow
 def test_two_ranks_save_fail_delta_load_and_reshard_to_one(two_ranks):
     root, _ = two_ranks

@@ -11,6 +11,9 @@ from .api import DistributedCheckpointer, async_save, load, save
 from .partition import Assignment, History, Item, Piece, partition
 from .planner import BalancedSavePlanner, SafeLoadPlanner
 from .storage import CompressedReader, CompressedWriter, LcckptStorageInfo
+from .groups import release_captured_default_group
+
+release_captured_default_group()    # DCP's import may have captured the default group
 
 __all__ = [
     "Assignment", "BalancedSavePlanner", "CompressedReader", "CompressedWriter",
