@@ -2,7 +2,8 @@
 staging the state to host), the whole save, and the training process's peak resident
 memory, with the staging buffers reused from save to save (lcckpt) against a fresh copy
 per save (DCP's default stager), in a thread and in DCP's background process, and with no
-staging at all (``staging="live"``, a thread only: the save reads the state itself).
+staging copy (``staging="live"``: a thread reads the state itself; DCP's background
+process reads it through a bounded pool of shared buffers, lcckpt/distributed/pool.py).
 
 ``python benchmarks/async_save.py [--mb 256] [--saves 6] [--rounds 2]``: each case runs in
 its own child process (one rank, gloo), the cases taking turns round by round; medians
@@ -116,7 +117,7 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", nargs="+", choices=("thread", "process"),
                     default=["thread", "process"])
     ap.add_argument("--stagings", nargs="+", choices=("fresh", "reused", "live"),
-                    default=["fresh", "reused", "live"], help="live: a thread only")
+                    default=["fresh", "reused", "live"])
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -130,8 +131,6 @@ def main(argv=None) -> int:
     for _ in range(args.rounds):
         for mode in args.modes:
             for staging in args.stagings:
-                if staging == "live" and mode == "process":
-                    continue
                 for coding in args.codings:
                     out = subprocess.run(
                         [sys.executable, __file__, "--mb", str(args.mb), "--saves",

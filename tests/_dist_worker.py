@@ -475,6 +475,124 @@ def live_staging(rank, world, root):
     dist.barrier()
 
 
+def _adam_model(fsdp: bool):
+    """A small MLP (FSDP2-sharded over all ranks with ``fsdp``) and its Adam optimizer."""
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(64, 300), nn.ReLU(), nn.Linear(300, 10))
+    if fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+    return model, torch.optim.Adam(model.parameters(), lr=1e-3)
+
+
+def _adam_step(model, opt, step):
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(step))
+    opt.zero_grad()
+    model(x).square().mean().backward()
+    opt.step()
+
+
+def _local_values(state) -> dict:
+    return {k: (v.to_local() if hasattr(v, "to_local") else v).clone()
+            for k, v in flatten(state).items() if isinstance(v, torch.Tensor)}
+
+
+def process_live(rank, world, root):
+    """``async_save(..., process=True, staging="live")``: DCP's background process reads
+    the live state through a bounded pool of shared buffers (lcckpt/distributed/pool.py).
+    Its chains equal the same live saves in a thread, for replicated and FSDP2 state with
+    Adam (steered weights); the pool holds at most SLOTS pieces with their moments and no
+    staging copy is made; a tensor changed in place while it is read fails the save on
+    every rank; ``wait_before`` holds an optimizer's step until the state was read; a
+    killed background process leaves the previous step, and the next save commits."""
+    import signal
+    import threading
+    from torch.distributed.checkpoint import _async_process_executor as ape
+    import lcckpt.distributed as ld
+    from lcckpt.distributed import pool
+    from lcckpt.errors import DistributedCheckpointError, StateChangedError
+    for fsdp in (True, False):            # the last one (replicated, process) goes on below
+        back = {}
+        for mode in ("thread", "process"):
+            model, opt = _adam_model(fsdp)
+            ck = ld.DistributedCheckpointer(os.path.join(root, f"plive_{fsdp}_{mode}"))
+            for step in range(3):
+                _adam_step(model, opt, step)
+                ck.async_save(step, {"model": model.state_dict(), "optim": opt.state_dict()},
+                              process=mode == "process", staging="live").result(timeout=120)
+            m2, o2 = _adam_model(fsdp)
+            target = {"model": m2.state_dict(), "optim": o2.state_dict()}
+            assert ck.load(target) == 2
+            back[mode] = _local_values(target)
+            if mode == "process":
+                largest = max(v.numel() * v.element_size() for v in _local_values(
+                    {"model": model.state_dict(), "optim": opt.state_dict()}).values())
+                assert ck._pool.buffer.numel() <= pool.SLOTS * 2 * largest
+                assert not ck._stagers              # no staging copy of the state
+            if fsdp or mode == "thread":
+                ck.close()
+        for k, v in back["thread"].items():
+            assert torch.equal(back["process"][k], v), (fsdp, k)
+
+    state = lambda: {"model": model.state_dict(), "optim": opt.state_dict()}  # noqa: E731
+    real = pool._put
+    gate = threading.Event()
+    try:
+        if rank == 1:                 # an in-place change while the feeder reads the state
+            def racing(*a):
+                out = real(*a)
+                with torch.no_grad():
+                    model[0].weight.mul_(1.0)
+                return out
+            pool._put = racing
+        _adam_step(model, opt, 3)
+        try:
+            ck.async_save(3, state(), process=True, staging="live").result(timeout=120)
+            raised = None
+        except StateChangedError as e:
+            raised = e
+        assert raised is not None and "weight" in str(raised), raised
+        assert ck.steps() == [0, 1, 2], ck.steps()
+
+        def gated(*a):
+            gate.wait(60)
+            return real(*a)
+        pool._put = gated
+        ck.wait_before(opt)
+        fut = ck.async_save(4, state(), process=True, staging="live")
+        threading.Timer(0.3, gate.set).start()
+        _adam_step(model, opt, 4)     # opt.step() waits until the feeder has read the state
+        assert ck._versions.read.is_set()
+        fut.result(timeout=120)
+        assert ck.steps() == [0, 1, 2, 4], ck.steps()
+
+        gate.clear()
+        fut = ck.async_save(5, state(), process=True, staging="live")
+        os.kill(ape._CHECKPOINT_PROCESS._save_process.pid, signal.SIGKILL)
+        gate.set()
+        try:
+            fut.result(timeout=120)
+            raised = None
+        except DistributedCheckpointError as e:
+            raised = e
+        assert raised is not None
+        ck._wait_read()               # returns: the feeder let go of the state
+    finally:
+        pool._put = real
+    dist.barrier()
+    assert ck.steps() == [0, 1, 2, 4], ck.steps()
+    _adam_step(model, opt, 6)
+    ck.async_save(6, state(), process=True, staging="live").result(timeout=120)
+    m2, o2 = _adam_model(False)
+    target = {"model": m2.state_dict(), "optim": o2.state_dict()}
+    assert ck.load(target) == 6
+    ck.close()
+    with open(os.path.join(root, f"plive{rank}"), "w") as f:
+        f.write("ok")
+    dist.barrier()
+
+
 def aborting_worker(rank, world, port, log_dir):
     """A rank that dies as the one that once aborted did: std::terminate, then SIGABRT."""
     _init(rank, world, port, log_dir=log_dir)
@@ -490,6 +608,7 @@ def two_rank_worker(rank, world, port, root, src):
     cooperative(rank, world, root)
     process_mode(rank, world, root)
     live_staging(rank, world, root)
+    process_live(rank, world, root)
     dist.destroy_process_group()
 
 

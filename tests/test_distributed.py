@@ -546,6 +546,12 @@ def test_a_live_save_changed_on_one_rank_fails_on_every_rank(two_ranks):
     assert all(os.path.exists(os.path.join(root, f"live{r}")) for r in range(2))
 
 
+@pytest.mark.slow
+def test_a_live_save_in_a_process_reads_the_state_through_a_bounded_pool(two_ranks):
+    root, _ = two_ranks     # the workers checked it (_dist_worker.process_live)
+    assert all(os.path.exists(os.path.join(root, f"plive{r}")) for r in range(2))
+
+
 @pytest.fixture(scope="module")
 def three_ranks(two_ranks, tmp_path_factory):
     """Three ranks load what two wrote (2 -> 3), save their own, and two of them load that
@@ -601,9 +607,54 @@ def test_a_process_group_failure_is_a_distributed_checkpoint_error(tmp_path, mon
     assert torch.equal(target["w"], keep["w"])
 
 
+def test_the_pool_feeds_each_piece_through_a_few_slots_and_checks_the_versions():
+    """The two ends of a live process-mode save (lcckpt/distributed/pool.py), here in one
+    process: pieces come back in order with their values while the slots are reused, the
+    pool is SLOTS times the largest piece, the feeder's errors and an in-place change reach
+    the writer's side as errors, and the placeholders carry no data."""
+    from types import SimpleNamespace
+    from lcckpt.distributed import pool
+    from lcckpt.distributed.live import Versions
+
+    def run(state, items, change=None):
+        feeder = pool.Feeder(pool.Pool(), Versions(state, 7))
+        feeder.state = state
+        client, got = feeder.client, []
+        try:
+            client.start(items)
+            for _ in items:
+                data, direction = client.next()
+                got.append(data.clone())
+                assert direction is None
+                if change is not None:
+                    change()
+            client.finish("step 7")
+        finally:
+            feeder.attach(SimpleNamespace(feed=client), None)
+        assert not feeder.thread.is_alive()
+        return got, feeder.pool
+    a = torch.randn(100, 8)
+    state = {"a": a, "b": {"c": torch.arange(50)}, "s": torch.tensor(3.0)}
+    items = [("a", (10, 0), (20, 8), ("a", 10, 30), False),
+             ("b.c", (0,), (50,), ("b.c", 0, 50), False), ("s", (), (), ("s", 0, 0), False),
+             ("a", (0, 0), (10, 8), ("a", 0, 10), False)]
+    got, p = run(state, items)
+    for g, want in zip(got, [a[10:30], state["b"]["c"], state["s"], a[:10]]):
+        assert g.dtype == want.dtype and torch.equal(g, want)
+    assert p.buffer.numel() == pool.SLOTS * 20 * 8 * 4
+    with pytest.raises(DistributedCheckpointError, match="KeyError"):
+        run(state, [("nope", (0,), (1,), ("nope", 0, 1), False)])
+    with pytest.raises(StateChangedError, match=r"state\['a'\]"):
+        run(state, items, change=lambda: a.add_(1.0))    # before the feeder read piece 4
+    assert run(state, items[:1], change=lambda: a.add_(1.0))   # after it read everything
+    ph = pool.placeholders({"x": [a, 3], "y": "s"})
+    assert ph["x"][0].device.type == "meta" and ph["x"][0].shape == a.shape
+    assert ph["x"][1] == 3 and ph["y"] == "s"
+
+
 def test_a_live_async_save_reads_the_state_itself(tmp_path):
     """staging="live": no host copy; the chain loads as the references say; a wrong
-    staging, or a live save in a process, is refused."""
+    staging is refused. (A live save in a process: _dist_worker.process_live.)"""
     ck = ld.DistributedCheckpointer(tmp_path, bits=2)
     w = torch.randn(300, 7)
     for step in range(3):
@@ -616,10 +667,6 @@ def test_a_live_async_save_reads_the_state_itself(tmp_path):
     assert 0 < (target["w"] - w).abs().max() < 0.01
     with pytest.raises(InvalidArgumentError, match="'copy' or 'live'"):
         ck.async_save(3, {"w": w}, staging="none")
-    with pytest.raises(InvalidArgumentError, match="process=False"):
-        ck.async_save(3, {"w": w}, staging="live", process=True)
-    with pytest.raises(InvalidArgumentError, match="process=False"):
-        ld.async_save({"w": w}, tmp_path / "one", staging="live", process=True)
     ld.async_save({"w": w}, tmp_path / "one", staging="live").result(timeout=60)
     target = {"w": torch.zeros(300, 7)}
     ld.load(target, tmp_path / "one")

@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 from ..errors import DistributedCheckpointError, InvalidArgumentError, LcckptError
 from .exchange import PeerFailedError
 from .live import LiveStager, Versions
+from .pool import Pool, PoolStager, live_stager
 from .merge import merge_step, rebase_step
 from .planner import BalancedSavePlanner, SafeLoadPlanner
 from .retention import apply_retention
@@ -121,11 +122,19 @@ def _async(state, writer, planner, process_group, on_done=None, process=False,
     kind = AsyncCheckpointerType.PROCESS if process else AsyncCheckpointerType.THREAD
     if process:
         _forget_dead_background_process()
-    inner = dcp.async_save(state, storage_writer=writer, planner=planner,
-                           process_group=process_group, no_dist=_no_dist(process_group),
-                           async_checkpointer_type=kind, async_stager=stager)
+    fed = stager.feeder if isinstance(stager, PoolStager) else None
+    try:
+        inner = dcp.async_save(state, storage_writer=writer, planner=planner,
+                               process_group=process_group, no_dist=_no_dist(process_group),
+                               async_checkpointer_type=kind, async_stager=stager)
+    except BaseException:
+        if fed is not None:
+            fed.attach(writer, None)
+        raise
     inner = getattr(inner, "upload_completion", inner)
     out: Future = Future()
+    if fed is not None:
+        fed.attach(writer, out)
     inner.add_done_callback(lambda f: _finish_async(f, writer, planner, out, on_done))
     return out
 
@@ -161,32 +170,29 @@ def async_save(state, directory, *, process_group=None,
                staging: str = "copy") -> Future:
     """:func:`save` in a background thread, or with ``process=True`` in DCP's background
     process (the training process's GIL stays free); the state is staged to CPU first, or
-    with ``staging="live"`` (a thread only) read as it is: see
+    with ``staging="live"`` read as it is: see
     :meth:`DistributedCheckpointer.async_save`. The future gives the metadata, or raises
     DistributedCheckpointError (StateChangedError for a live save whose state changed)."""
     writer = CompressedWriter(directory, storage_options=storage_options)
-    stager = _live(writer, state, _check_staging(staging, process), 0)
+    stager = _live(writer, state, _check_staging(staging), 0, process, Pool())
     return _async(state, writer, planner or BalancedSavePlanner(), process_group,
                   process=process, stager=stager)
 
 
-def _check_staging(staging, process: bool) -> bool:
-    """Whether ``staging`` asks for a live save (and may)."""
+def _check_staging(staging) -> bool:
+    """Whether ``staging`` asks for a live save."""
     if staging not in ("copy", "live"):
         raise InvalidArgumentError(f"staging must be 'copy' or 'live', got {staging!r}")
-    if staging == "live" and process:
-        raise InvalidArgumentError("staging='live' reads the state in this process, so it "
-                                   "runs in a thread: use process=False, or staging='copy'")
     return staging == "live"
 
 
-def _live(writer: CompressedWriter, state, live: bool, step: int):
+def _live(writer: CompressedWriter, state, live: bool, step: int, process: bool, pool: Pool):
     """The stager of a live save (None otherwise), the writer set to check the state's
-    version counters before the save commits."""
+    version counters before the save commits; in a process, through ``pool`` (pool.py)."""
     if not live:
         return None
     writer.live = Versions(state, step)
-    return LiveStager()
+    return live_stager(writer, pool) if process else LiveStager()
 
 
 def load(state, directory, *, process_group=None, storage_options: dict | None = None,
@@ -243,6 +249,7 @@ class DistributedCheckpointer:
         self._inflight: Future | None = None
         self._versions = None              # the live save in flight's version check
         self._stagers: dict[bool, DefaultStager] = {}
+        self._pool = Pool()                 # live process-mode saves' buffers (pool.py)
 
     def _stager(self, process: bool) -> DefaultStager:
         """The host copy an async save works from, kept between saves: each save copies the
@@ -262,6 +269,7 @@ class DistributedCheckpointer:
         for stager in self._stagers.values():
             stager.close()
         self._stagers.clear()
+        self._pool.close()
 
     def path(self, step: int) -> str:
         return self.files.join(self.directory, f"step_{int(step):010d}")
@@ -292,14 +300,16 @@ class DistributedCheckpointer:
         process dies, the next save is a keyframe). The next save or load waits for it.
 
         ``staging="copy"``: the state is first copied into staging buffers reused from
-        save to save (``close`` frees them). ``staging="live"`` (a thread only): no copy;
-        the save reads the tensors as they are, so leave them alone until it is done
-        (:meth:`wait_before` an optimizer's step). A tensor changed in place meanwhile
-        fails the save on every rank with StateChangedError, before it commits
+        save to save (``close`` frees them). ``staging="live"``: no copy of the state; the
+        save reads the tensors as they are (in a process, piece by piece through a few
+        shared buffers: :mod:`lcckpt.distributed.pool`), so leave them alone until it has
+        read them (:meth:`wait_before` an optimizer's step). A tensor changed in place
+        meanwhile fails the save on every rank with StateChangedError, before it commits
         (:mod:`lcckpt.distributed.live`)."""
-        live = _check_staging(staging, process)
+        live = _check_staging(staging)
         self._prepare(step, keyframe)
-        stager = _live(self.writer, state, live, step) or self._stager(process)
+        stager = _live(self.writer, state, live, step, process, self._pool) or \
+            self._stager(process)
         self._versions = self.writer.live
         try:
             fut = _async(state, self.writer, self.planner, self.process_group,

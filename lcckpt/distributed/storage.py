@@ -41,15 +41,13 @@ from ..codec import dtypes
 from ..codec.tensor import decode, encode
 from ..chain.policy import RolePolicy
 from ..codec.delta import Reconstruction
-from ..errors import (
-    BrokenChainError, CorruptDataError, InvalidArgumentError,
-    UnsafeObjectError,
-)
+from ..errors import BrokenChainError, CorruptDataError, InvalidArgumentError
 from ..codec.streamed import StreamedBlob
 from . import exchange, targets
 from ..format.sections import decode_streamed
 from .blobs import as_tensor, streamed_blob
 from .refs import BACKGROUND, Background, Ref, park, park_in, read_blob, replay, resync
+from .metadata import MetadataUnpickler
 from .partition import Piece
 from .store import Flusher, check_size, files_for
 
@@ -133,6 +131,7 @@ class CompressedWriter(FileSystemWriter):
         self._written: list = []
         self._advanced: set = set()        # pieces whose references this save advanced
         self.live = None                   # a live save's Versions, checked before it commits
+        self.feed = None                   # a live process-mode save's pool.FeedClient
         self.last_write_stats: dict = {}
 
     # DCP's process-based async_save pickles the writer into its background process for
@@ -197,13 +196,20 @@ class CompressedWriter(FileSystemWriter):
         order = sorted(plan.items, key=lambda wi: wi.type != WriteItemType.BYTE_IO)
         flusher = Flusher() if self.sync_files and not self.fs.remote else None
         dirs = targets.directions(planner) if isinstance(self.target, RolePolicy) else {}
+        feed = self.feed                        # a live process-mode save: see pool.py
+        if feed is not None:
+            feed.start([_request(planner, wi, dirs) for wi in order
+                        if wi.type != WriteItemType.BYTE_IO])
         with self.fs.create_stream(path, "wb") as f:
             for wi in order:
                 piece = _piece(planner, wi)
-                data = planner.resolve_data(wi)
+                data, steer = planner.resolve_data(wi), dirs
+                if feed is not None and wi.type != WriteItemType.BYTE_IO:
+                    data, m = feed.next()       # the piece, copied in by the trainer
+                    steer = {} if m is None else {targets.fqn(piece.key): m}
                 offset = f.tell()
                 info = self._encode_into(f, wi, piece, data, pending,
-                                         self.fs.absolute(path), offset, dirs)
+                                         self.fs.absolute(path), offset, steer)
                 info = LcckptStorageInfo(name, offset, f.tell() - offset, rank=rank,
                                          piece=(piece.key, piece.start, piece.stop), **info)
                 raw_total += info.raw_nbytes
@@ -213,6 +219,8 @@ class CompressedWriter(FileSystemWriter):
                     flusher.written(f, info.length)
             if self.live is not None:           # every byte written: the state is read no more
                 self.live.release()
+            if feed is not None:
+                feed.finish(self.path)
             f.flush()
             if flusher is not None:
                 flusher.finish(f)
@@ -359,6 +367,13 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
         a.stride() == b.stride()
 
 
+def _request(planner, wi: WriteItem, dirs: dict) -> tuple:
+    """What a live process-mode save asks the trainer for (``pool.FeedClient.start``)."""
+    piece, chunk = _piece(planner, wi), wi.tensor_data.chunk
+    return (wi.index.fqn, tuple(chunk.offsets), tuple(chunk.sizes),
+            (piece.key, piece.start, piece.stop), targets.fqn(piece.key) in dirs)
+
+
 def _piece(planner, wi: WriteItem) -> Piece:
     if hasattr(planner, "piece_of"):
         return planner.piece_of(wi)
@@ -370,42 +385,6 @@ def _narrow(t: torch.Tensor, offsets, lengths) -> torch.Tensor:
     for d, (o, n) in enumerate(zip(offsets, lengths)):
         t = t.narrow(d, int(o), int(n))
     return t
-
-
-def _layout_by_name(name: str) -> torch.layout:
-    obj = getattr(torch, str(name).replace("torch.", ""), None)
-    if not isinstance(obj, torch.layout):
-        raise UnsafeObjectError(f"checkpoint metadata names an unknown layout {name!r}")
-    return obj
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Unpickles DCP metadata only: its dataclasses, torch sizes/dtypes and ours."""
-
-    def find_class(self, module, name):
-        if module == "torch.distributed.checkpoint.metadata":
-            return getattr(__import__(module, fromlist=[name]), name)
-        if module == "torch.distributed.checkpoint.filesystem" and name == "_StorageInfo":
-            # plain DCP's per-item record: read so that we can say what wrote the checkpoint
-            return getattr(__import__(module, fromlist=[name]), name)
-        if module == __name__ and name == "LcckptStorageInfo":
-            return LcckptStorageInfo
-        if module == "torch":
-            obj = getattr(torch, name, None)
-            if name == "Size" or isinstance(obj, (torch.dtype, torch.layout,
-                                                  torch.memory_format)):
-                return obj
-        if module == "torch.serialization" and name == "_get_layout":
-            return _layout_by_name
-        if module == "pathlib" and name in ("PosixPath", "PurePosixPath", "WindowsPath",
-                                            "PureWindowsPath"):    # a checkpoint_id
-            import pathlib  # noqa: PLC0415
-            return getattr(pathlib, name)
-        if module == "collections" and name == "OrderedDict":
-            import collections  # noqa: PLC0415
-            return collections.OrderedDict
-        raise UnsafeObjectError(f"checkpoint metadata refers to {module}.{name}, which is not "
-                                "part of DCP metadata; refusing to load it")
 
 
 class CompressedReader(FileSystemReader):
@@ -437,7 +416,7 @@ class CompressedReader(FileSystemReader):
             md = self._cached[1]
         else:
             try:
-                md = _MetadataUnpickler(io.BytesIO(raw)).load()
+                md = MetadataUnpickler(io.BytesIO(raw)).load()
             except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as e:
                 raise CorruptDataError(f"{path}: unreadable checkpoint metadata ({e})") from None
             if not isinstance(md, Metadata):

@@ -24,7 +24,7 @@ from ..codec.delta import DeltaEncoder
 from ..errors import InvalidArgumentError
 from .partition import Piece
 
-__all__ = ["MIN_ELEMENTS", "check", "direction_of", "directions", "fqn", "new_encoder", "role_path",
+__all__ = ["MIN_ELEMENTS", "check", "direction_of", "direction_view", "directions", "fqn", "new_encoder", "role_path",
            "starts_at_zero"]
 
 MIN_ELEMENTS = 8     # smaller floating pieces (step counts) are stored exactly, every save
@@ -95,6 +95,12 @@ def directions(planner) -> dict[str, torch.Tensor]:
 def direction_of(dirs: dict, piece: Piece, data: torch.Tensor) -> torch.Tensor | None:
     """The part of piece's first moment that lies where ``data`` (the piece's values) does:
     a sharded moment's local shard, a row range's rows; None where nothing fits."""
+    m = direction_view(dirs, piece, data)
+    return None if m is None else m.detach().cpu()
+
+
+def direction_view(dirs: dict, piece: Piece, data) -> torch.Tensor | None:
+    """:func:`direction_of` as a view of the moment, where it is (no copy)."""
     m = dirs.get(fqn(piece.key))
     if m is None:
         return None
@@ -102,6 +108,4 @@ def direction_of(dirs: dict, piece: Piece, data: torch.Tensor) -> torch.Tensor |
         m = m.to_local()
     if m.shape != data.shape and m.dim() and 0 <= piece.start < piece.stop <= m.shape[0]:
         m = m.narrow(0, piece.start, piece.stop - piece.start)
-    if m.shape != data.shape:
-        return None
-    return m.detach().cpu()
+    return m if m.shape == data.shape else None
