@@ -124,7 +124,8 @@ class Feeder:
         """Serve ``writer``'s save, whose future is ``fut``, until it ends."""
         def end(_f=None) -> None:
             self.over.set()
-            writer.feed = None
+            if writer.feed is self.client:      # not a next save's, started meanwhile
+                writer.feed = None
             self.thread.join(timeout=60)
             self.conn.close()
             self.client.conn.close()
