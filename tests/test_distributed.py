@@ -642,6 +642,14 @@ def test_the_pool_feeds_each_piece_through_a_few_slots_and_checks_the_versions()
     for g, want in zip(got, [a[10:30], state["b"]["c"], state["s"], a[:10]]):
         assert g.dtype == want.dtype and torch.equal(g, want)
     assert p.buffer.numel() == pool.SLOTS * 20 * 8 * 4
+    odd = {"h": torch.randn(5, 3).bfloat16(), "m": torch.rand(7) > 0.5,
+           "e": torch.zeros(0, 4), "f8": torch.randn(9).to(torch.float8_e4m3fn),
+           "t": torch.randn(6, 4).t()}                 # not contiguous
+    got, _ = run(odd, [(k, (0,) * v.dim(), tuple(v.shape), (k, 0, len(v)), False)
+                       for k, v in odd.items()])
+    for g, want in zip(got, odd.values()):
+        assert g.dtype == want.dtype and g.shape == want.shape
+        assert torch.equal(g.view(torch.uint8), want.contiguous().view(torch.uint8))
     with pytest.raises(DistributedCheckpointError, match="KeyError"):
         run(state, [("nope", (0,), (1,), ("nope", 0, 1), False)])
     with pytest.raises(StateChangedError, match=r"state\['a'\]"):

@@ -187,11 +187,6 @@ def _put(buf: torch.Tensor, offset: int, t: torch.Tensor) -> tuple:
     return offset, str(t.dtype).replace("torch.", ""), tuple(t.shape)
 
 
-_DTYPES = {str(d).replace("torch.", ""): d for d in (
-    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-    torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)}
-
-
 def live_stager(writer, pool: Pool) -> PoolStager:
     """The stager of a live process-mode save by ``writer`` (whose ``live`` holds the
     state's version counters); :meth:`Feeder.attach` its future once the save started."""
@@ -232,7 +227,8 @@ class FeedClient:
         return views[0], views[1] if len(views) > 1 else None
 
     def _view(self, offset: int, dtype: str, shape: tuple) -> torch.Tensor:
-        dt = _DTYPES.get(dtype)
+        dt = getattr(torch, dtype, None)
+        dt = dt if isinstance(dt, torch.dtype) else None
         n = 1
         for s in shape:
             n *= int(s)
