@@ -20,7 +20,12 @@ def _layout_by_name(name: str) -> torch.layout:
 
 
 class MetadataUnpickler(pickle.Unpickler):
-    """Unpickles DCP metadata only: its dataclasses, torch sizes/dtypes and ours."""
+    """Unpickles DCP metadata only: its dataclasses, torch sizes/dtypes and ours
+    (``info_class``: the storage module's per-item record, which imports this module)."""
+
+    def __init__(self, file, info_class: type):
+        super().__init__(file)
+        self.info_class = info_class
 
     def find_class(self, module, name):
         if module == "torch.distributed.checkpoint.metadata":
@@ -29,8 +34,7 @@ class MetadataUnpickler(pickle.Unpickler):
             # plain DCP's per-item record: read so that we can say what wrote the checkpoint
             return getattr(__import__(module, fromlist=[name]), name)
         if module == "lcckpt.distributed.storage" and name == "LcckptStorageInfo":
-            from .storage import LcckptStorageInfo  # noqa: PLC0415 - it imports this module
-            return LcckptStorageInfo
+            return self.info_class
         if module == "torch":
             obj = getattr(torch, name, None)
             if name == "Size" or isinstance(obj, (torch.dtype, torch.layout,

@@ -416,7 +416,7 @@ class CompressedReader(FileSystemReader):
             md = self._cached[1]
         else:
             try:
-                md = MetadataUnpickler(io.BytesIO(raw)).load()
+                md = MetadataUnpickler(io.BytesIO(raw), LcckptStorageInfo).load()
             except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as e:
                 raise CorruptDataError(f"{path}: unreadable checkpoint metadata ({e})") from None
             if not isinstance(md, Metadata):
