@@ -627,7 +627,7 @@ def test_the_pool_feeds_each_piece_through_a_few_slots_and_checks_the_versions()
                 got.append(data.clone())
                 assert direction is None
                 if change is not None:
-                    change()
+                    change(feeder)
             client.finish("step 7")
         finally:
             feeder.attach(SimpleNamespace(feed=client), None)
@@ -653,8 +653,9 @@ def test_the_pool_feeds_each_piece_through_a_few_slots_and_checks_the_versions()
     with pytest.raises(DistributedCheckpointError, match="KeyError"):
         run(state, [("nope", (0,), (1,), ("nope", 0, 1), False)])
     with pytest.raises(StateChangedError, match=r"state\['a'\]"):
-        run(state, items, change=lambda: a.add_(1.0))    # before the feeder read piece 4
-    assert run(state, items[:1], change=lambda: a.add_(1.0))   # after it read everything
+        run(state, items, change=lambda f: a.add_(1.0))  # before the feeder read piece 4
+    assert run(state, items[:1],                               # after it read everything
+               change=lambda f: (f.versions.read.wait(30), a.add_(1.0)))
     ph = pool.placeholders({"x": [a, 3], "y": "s"})
     assert ph["x"][0].device.type == "meta" and ph["x"][0].shape == a.shape
     assert ph["x"][1] == 3 and ph["y"] == "s"
