@@ -493,6 +493,13 @@ def _adam_step(model, opt, step):
     opt.step()
 
 
+def _adam_target(fsdp: bool) -> dict:
+    """A state to load into, shaped as ``_adam_model``'s after a step (its moments exist)."""
+    model, opt = _adam_model(fsdp)
+    _adam_step(model, opt, 99)
+    return {"model": model.state_dict(), "optim": opt.state_dict()}
+
+
 def _local_values(state) -> dict:
     return {k: (v.to_local() if hasattr(v, "to_local") else v).clone()
             for k, v in flatten(state).items() if isinstance(v, torch.Tensor)}
@@ -521,8 +528,7 @@ def process_live(rank, world, root):
                 _adam_step(model, opt, step)
                 ck.async_save(step, {"model": model.state_dict(), "optim": opt.state_dict()},
                               process=mode == "process", staging="live").result(timeout=120)
-            m2, o2 = _adam_model(fsdp)
-            target = {"model": m2.state_dict(), "optim": o2.state_dict()}
+            target = _adam_target(fsdp)
             assert ck.load(target) == 2
             back[mode] = _local_values(target)
             if mode == "process":
@@ -532,6 +538,7 @@ def process_live(rank, world, root):
                 assert not ck._stagers              # no staging copy of the state
             if fsdp or mode == "thread":
                 ck.close()
+        assert any("exp_avg_sq" in k for k in back["thread"]), list(back["thread"])
         for k, v in back["thread"].items():
             assert torch.equal(back["process"][k], v), (fsdp, k)
 
@@ -584,10 +591,16 @@ def process_live(rank, world, root):
     assert ck.steps() == [0, 1, 2, 4], ck.steps()
     _adam_step(model, opt, 6)
     ck.async_save(6, state(), process=True, staging="live").result(timeout=120)
-    m2, o2 = _adam_model(False)
-    target = {"model": m2.state_dict(), "optim": o2.state_dict()}
+    target = _adam_target(False)
     assert ck.load(target) == 6
     ck.close()
+    # an exact checkpoint, through the module's function (its own pool)
+    path = os.path.join(root, "plive_exact")
+    ld.async_save(state(), path, process=True, staging="live").result(timeout=120)
+    target = _adam_target(False)
+    ld.load(target, path)
+    for k, v in _local_values(state()).items():
+        assert torch.equal(_local_values(target)[k], v), k
     with open(os.path.join(root, f"plive{rank}"), "w") as f:
         f.write("ok")
     dist.barrier()

@@ -23,6 +23,7 @@ its last pieces, syncs and commits.
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -83,16 +84,14 @@ class Pool:
         if self.buffer is None or self.buffer.numel() < nbytes:
             self.close()
             buf = torch.empty(max(nbytes, 1), dtype=torch.uint8).share_memory_()
-            if torch.cuda.is_available():
+            if torch.cuda.is_available():       # unpinned when the buffer is freed
                 import torch.cuda._pin_memory_utils as pin  # noqa: PLC0415
                 pin.pin_memory(buf.data_ptr(), buf.numel())
+                weakref.finalize(buf, pin.unpin_memory, buf.data_ptr())
             self.buffer = buf
         return self.buffer
 
     def close(self) -> None:
-        if self.buffer is not None and torch.cuda.is_available():
-            import torch.cuda._pin_memory_utils as pin  # noqa: PLC0415
-            pin.unpin_memory(self.buffer.data_ptr())
         self.buffer = None
 
 
