@@ -49,8 +49,9 @@ def _local(t: torch.Tensor) -> tuple[torch.Tensor, tuple]:
     """A tensor's local data and its offsets in the whole (a DTensor's shard)."""
     if not hasattr(t, "_local_tensor"):
         return t, (0,) * t.dim()
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: PLC0415
-    _, offsets = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    from torch.distributed.tensor import _utils  # noqa: PLC0415
+    _, offsets = _utils.compute_local_shape_and_global_offset(t.shape, t.device_mesh,
+                                                              t.placements)
     return t._local_tensor, tuple(offsets)
 
 
@@ -142,6 +143,8 @@ class Feeder:
     def _serve(self) -> None:
         try:
             kind, items = self._recv()
+            if kind != "plan":
+                raise DistributedCheckpointError(f"live save: expected its plan, got {kind!r}")
             flat, _ = flatten_state_dict(self.state)
             dirs = first_moments(self.state, dotted=True) if any(it[4] for it in items) else {}
             sources = [self._source(flat, dirs, *it) for it in items]

@@ -24,8 +24,8 @@ from ..codec.delta import DeltaEncoder
 from ..errors import InvalidArgumentError
 from .partition import Piece
 
-__all__ = ["MIN_ELEMENTS", "check", "direction_of", "direction_view", "directions", "fqn", "new_encoder", "role_path",
-           "starts_at_zero"]
+__all__ = ["MIN_ELEMENTS", "check", "direction_of", "direction_view", "directions", "fqn",
+           "new_encoder", "role_path", "starts_at_zero"]
 
 MIN_ELEMENTS = 8     # smaller floating pieces (step counts) are stored exactly, every save
 
