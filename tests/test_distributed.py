@@ -609,9 +609,10 @@ def test_a_process_group_failure_is_a_distributed_checkpoint_error(tmp_path, mon
 
 def test_the_pool_feeds_each_piece_through_a_few_slots_and_checks_the_versions():
     """The two ends of a live process-mode save (lcckpt/distributed/pool.py), here in one
-    process: pieces come back in order with their values while the slots are reused, the
-    pool is SLOTS times the largest piece, the feeder's errors and an in-place change reach
-    the writer's side as errors, and the placeholders carry no data."""
+    process: pieces come back in order with their values while the slots are reused; the
+    pool is at most SLOTS times the largest piece and at most the bytes fed; the feeder's
+    errors and an in-place change reach the writer's side as errors; the placeholders
+    carry no data."""
     from types import SimpleNamespace
     from lcckpt.distributed import pool
     from lcckpt.distributed.live import Versions
@@ -641,7 +642,10 @@ def test_the_pool_feeds_each_piece_through_a_few_slots_and_checks_the_versions()
     got, p = run(state, items)
     for g, want in zip(got, [a[10:30], state["b"]["c"], state["s"], a[:10]]):
         assert g.dtype == want.dtype and torch.equal(g, want)
-    assert p.buffer.numel() == pool.SLOTS * 20 * 8 * 4
+    assert p.buffer.numel() == 2 * 640        # slots of the largest piece, 20 x 8 fp32;
+    rows = [("a", (r, 0), (20, 8), ("a", r, r + 20), False) for r in range(0, 100, 20)]
+    assert run(state, rows)[1].buffer.numel() == pool.SLOTS * 640   # at most SLOTS of them,
+    assert run(state, items[:1])[1].buffer.numel() == 640    # and no more than they feed
     odd = {"h": torch.randn(5, 3).bfloat16(), "m": torch.rand(7) > 0.5,
            "e": torch.zeros(0, 4), "f8": torch.randn(9).to(torch.float8_e4m3fn),
            "t": torch.randn(6, 4).t()}                 # not contiguous

@@ -6,7 +6,8 @@ shared host memory, since the background process cannot read the trainer's tenso
 copy is as large as the state. Here that process gets a state whose tensors are meta
 placeholders (their shapes and dtypes, no data), so DCP plans as usual, and reads the data
 piece by piece through a few shared buffers (``SLOTS``, each as large as the largest piece
-with its steering moment; pinned where CUDA is present):
+with its steering moment, and together never larger than what they feed; pinned where
+CUDA is present):
 
 - the background writer sends this rank the pieces it will encode, in order;
 - a thread here (:class:`Feeder`) copies each into a free buffer (a device tensor
@@ -148,10 +149,13 @@ class Feeder:
             flat, _ = flatten_state_dict(self.state)
             dirs = first_moments(self.state, dotted=True) if any(it[4] for it in items) else {}
             sources = [self._source(flat, dirs, *it) for it in items]
-            slot = max((_aligned(d) + _aligned(m) for d, m in sources), default=_ALIGN)
-            buf = self.pool.get(SLOTS * slot)
+            sizes = [_aligned(d) + _aligned(m) for d, m in sources]
+            slot = max(sizes, default=_ALIGN)
+            # never more than what is fed: one large piece gets one slot, not a copy of three
+            slots = max(1, min(SLOTS, sum(sizes) // slot))
+            buf = self.pool.get(slots * slot)
             self.conn.send(("pool", buf, slot))
-            free = list(range(SLOTS))
+            free = list(range(slots))
             for i, (data, direction) in enumerate(sources):
                 while not free:
                     free.append(self._recv()[1])
