@@ -667,7 +667,8 @@ def test_the_pool_feeds_each_piece_through_a_few_slots_and_checks_the_versions()
 
 def test_a_live_async_save_reads_the_state_itself(tmp_path):
     """staging="live": no host copy; the chain loads as the references say; a wrong
-    staging is refused. (A live save in a process: _dist_worker.process_live.)"""
+    staging, and a save in a process with no process group, are refused (nothing left
+    behind). (A live save in a process: _dist_worker.process_live.)"""
     ck = ld.DistributedCheckpointer(tmp_path, bits=2)
     w = torch.randn(300, 7)
     for step in range(3):
@@ -680,6 +681,12 @@ def test_a_live_async_save_reads_the_state_itself(tmp_path):
     assert 0 < (target["w"] - w).abs().max() < 0.01
     with pytest.raises(InvalidArgumentError, match="'copy' or 'live'"):
         ck.async_save(3, {"w": w}, staging="none")
+    assert not torch.distributed.is_initialized()  # DCP's background process needs a group:
+    for staging in ("copy", "live"):
+        with pytest.raises(InvalidArgumentError, match="init_process_group"):
+            ck.async_save(3, {"w": w}, staging=staging, process=True)
+        assert ck.writer.live is None and ck.writer.feed is None
+        assert "lcckpt-feeder" not in {t.name for t in threading.enumerate()}
     ld.async_save({"w": w}, tmp_path / "one", staging="live").result(timeout=60)
     target = {"w": torch.zeros(300, 7)}
     ld.load(target, tmp_path / "one")

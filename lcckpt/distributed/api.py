@@ -120,10 +120,15 @@ def _finish_async(fut: Future, writer, planner, out: Future, on_done=None):
 def _async(state, writer, planner, process_group, on_done=None, process=False,
            stager=None) -> Future:
     kind = AsyncCheckpointerType.PROCESS if process else AsyncCheckpointerType.THREAD
-    if process:
-        _forget_dead_background_process()
     fed = stager.feeder if isinstance(stager, PoolStager) else None
     try:
+        if process and _no_dist(process_group):
+            raise InvalidArgumentError(
+                "process=True saves in DCP's background process, which joins this job's "
+                "process group: call torch.distributed.init_process_group first, or use "
+                "process=False")
+        if process:
+            _forget_dead_background_process()
         inner = dcp.async_save(state, storage_writer=writer, planner=planner,
                                process_group=process_group, no_dist=_no_dist(process_group),
                                async_checkpointer_type=kind, async_stager=stager)
