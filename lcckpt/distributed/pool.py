@@ -150,7 +150,7 @@ class Feeder:
             dirs = first_moments(self.state, dotted=True) if any(it[4] for it in items) else {}
             sources = [self._source(flat, dirs, *it) for it in items]
             sizes = [_aligned(d) + _aligned(m) for d, m in sources]
-            slot = max(sizes, default=_ALIGN)
+            slot = max(sizes + [_ALIGN])        # empty pieces too take a (small) slot
             # never more than what is fed: one large piece gets one slot, not a copy of three
             slots = max(1, min(SLOTS, sum(sizes) // slot))
             buf = self.pool.get(slots * slot)
