@@ -1,5 +1,5 @@
-"""Live saves in DCP's background process, through a bounded pool of host buffers
-(``async_save(..., process=True, staging="live")``).
+"""Live saves in DCP's background process, through a bounded staging pool of host
+buffers (``async_save(..., process=True, staging="live")``).
 
 A process-mode save with ``staging="copy"`` first copies this rank's whole state into
 shared host memory, since the background process cannot read the trainer's tensors: the
@@ -76,8 +76,8 @@ def placeholders(obj: Any) -> Any:
 
 
 class Pool:
-    """The shared (and, with CUDA, pinned) buffer a rank's live process-mode saves reuse;
-    it grows to the largest request and is freed by :meth:`close`."""
+    """The staging pool: the shared (and, with CUDA, pinned) buffer a rank's live
+    process-mode saves reuse; it grows to the largest request, :meth:`close` frees it."""
 
     def __init__(self) -> None:
         self.buffer: torch.Tensor | None = None
