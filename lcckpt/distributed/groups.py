@@ -31,11 +31,9 @@ def release_captured_default_group() -> int:
         return 0
     reset = 0
     for fn in vars(module).values():
-        if not isinstance(fn, types.FunctionType) or not fn.__defaults__:
-            continue
-        defaults = tuple(None if isinstance(d, dist.ProcessGroup) else d
-                         for d in fn.__defaults__)
-        if defaults != fn.__defaults__:
-            reset += sum(isinstance(d, dist.ProcessGroup) for d in fn.__defaults__)
-            fn.__defaults__ = defaults
+        if isinstance(fn, types.FunctionType) and fn.__defaults__:
+            groups = [isinstance(d, dist.ProcessGroup) for d in fn.__defaults__]
+            if any(groups):
+                fn.__defaults__ = tuple(None if g else d for g, d in zip(groups, fn.__defaults__))
+                reset += sum(groups)
     return reset

@@ -73,9 +73,14 @@ class Versions(VersionWatch):
         :meth:`release` (which this calls, if nothing did)."""
         changed = self.release()
         if changed:
-            more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
-            raise StateChangedError(
-                f"{changed[0]}{more} changed in place while step {self.step} was written from "
-                "the live state (staging='live'), so the step was not committed. Leave the "
-                "state alone until the save is done (wait_before(optimizer), or wait()), or "
-                "use staging='copy'")
+            raise changed_error(changed, f"step {self.step}")
+
+
+def changed_error(changed: list[str], what: str) -> StateChangedError:
+    """The error of a live save of ``what`` during which the tensors at paths ``changed``
+    changed in place."""
+    more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+    return StateChangedError(
+        f"{changed[0]}{more} changed in place while {what} was written from the live state "
+        "(staging='live'), so the step was not committed. Leave the state alone until the "
+        "save is done (wait_before(optimizer), or wait()), or use staging='copy'")

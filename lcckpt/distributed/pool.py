@@ -23,6 +23,7 @@ its last pieces, syncs and commits.
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from typing import Any
@@ -32,8 +33,8 @@ import torch.multiprocessing as mp
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
 from ..chain.moments import first_moments
-from ..errors import DistributedCheckpointError, StateChangedError
-from .live import LiveStager, Versions
+from ..errors import DistributedCheckpointError
+from .live import LiveStager, Versions, changed_error
 from .partition import Piece
 from .targets import direction_view
 
@@ -204,18 +205,12 @@ def live_stager(writer, pool: Pool) -> PoolStager:
 class FeedClient:
     """The background writer's side: :meth:`start` with the pieces it will encode, then
     :meth:`next` for each, then :meth:`finish`. Pickled with the writer into DCP's
-    background process (the pipe's end goes with it)."""
+    background process (the pipe's end goes with it; nothing else is set before then)."""
 
     def __init__(self, conn):
         self.conn = conn
         self._buf: torch.Tensor | None = None
         self._slot, self._held = 0, None
-
-    def __getstate__(self):
-        return {"conn": self.conn}
-
-    def __setstate__(self, state):
-        self.__init__(state["conn"])
 
     def start(self, items: list[tuple]) -> None:
         """``items``: ``(fqn, offsets, sizes, (piece key, start, stop), steered)`` each."""
@@ -235,10 +230,7 @@ class FeedClient:
     def _view(self, offset: int, dtype: str, shape: tuple) -> torch.Tensor:
         dt = getattr(torch, dtype, None)
         dt = dt if isinstance(dt, torch.dtype) else None
-        n = 1
-        for s in shape:
-            n *= int(s)
-        nbytes = n * (0 if dt is None else dt.itemsize)
+        nbytes = math.prod(int(s) for s in shape) * (0 if dt is None else dt.itemsize)
         if dt is None or not 0 <= offset <= offset + nbytes <= self._buf.numel():
             raise DistributedCheckpointError(f"the training process sent a piece this save "
                                              f"cannot read ({dtype}, {shape} at {offset})")
@@ -253,12 +245,7 @@ class FeedClient:
         changed = self._expect("done")[1]
         self._buf = None
         if changed:
-            more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
-            raise StateChangedError(
-                f"{changed[0]}{more} changed in place while {step_of} was written from the "
-                "live state (staging='live'), so the step was not committed. Leave the state "
-                "alone until the save is done (wait_before(optimizer), or wait()), or use "
-                "staging='copy'")
+            raise changed_error(changed, step_of)
 
     def _expect(self, kind: str):
         try:
