@@ -281,8 +281,24 @@ def cooperative(rank, world, root):
         assert torch.equal(got, v) if isinstance(v, torch.Tensor) else got == v, k
     part = reader.last_exchange
     assert part is not None and part.decode, "the cooperative path was not taken"
+    assert part.recv, "this rank was given no item to receive"
+    # both ranks share this host: every item came straight from the peer's memory (peer.py)
+    assert part.copied == sum(reader.storage_data[i].raw_nbytes for i in part.recv), part.copied
     with open(f"{d}.read{rank}", "w") as f:
         f.write(str(reader.bytes_read))
+    for off in ((0, 1), (1,)):     # the same load over the process group: both ranks, or
+        if rank in off:            # one (neither writes into the other's memory then)
+            os.environ["LCCKPT_PEER_COPY"] = "0"
+        try:
+            target = fresh()
+            reader = CompressedReader(d, cooperative=True)
+            dcp.load(target, storage_reader=reader, planner=SafeLoadPlanner())
+        finally:
+            os.environ.pop("LCCKPT_PEER_COPY", None)
+        for k, v in flatten(state).items():
+            got = flatten(target)[k]
+            assert torch.equal(got, v) if isinstance(v, torch.Tensor) else got == v, k
+        assert reader.last_exchange.recv and reader.last_exchange.copied == 0, off
     if rank == 1:               # one of the tensor items rank 1 decodes, for rank 0 to damage
         idx = max(part.send, key=lambda i: reader.storage_data[i].length)
         info = reader.storage_data[idx]

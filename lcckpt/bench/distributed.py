@@ -284,7 +284,8 @@ def table(result: dict) -> str:
                  "MB read per rank": " / ".join(f"{b / MB:.1f}" for b in r["rank_read_bytes"]),
                  "read / 1 rank's": r["read_over_one_rank"]} for r in result["restores"]]
         out += "\n\nrestores (\"2\": cooperative, the default: each item read and decoded by one " \
-               "rank and sent to the other; \"2 alone\": each rank reads all it needs)\n" + format_table(
+               "rank and written into the other's memory, or sent over the process group " \
+               "where it cannot be; \"2 alone\": each rank reads all it needs)\n" + format_table(
                    rest, ["checkpoint", "ranks", "restore s", "speedup", "MB read per rank",
                           "read / 1 rank's"])
     return out

@@ -7,16 +7,20 @@ load plan, gives each item that several ranks need to one of them (the least-loa
 bytes, in a fixed order), and records who sends what to whom in each rank's plan
 (:func:`schedule`, O(items + requests)). Each rank then (:func:`run`):
 
-1. posts a receive for every item it gets from a peer, straight into its destination
-   tensor where one request covers the whole item contiguously (DDP's case; no copy);
-2. decodes its own items in order and sends each to the ranks that need it, with a bounded
-   number of sends in flight;
-3. sums a failure flag over the group, so that a rank whose decode failed (it still sends
-   zeros, so nobody waits forever) makes every rank raise, each its own error or a
-   :class:`PeerFailedError` naming the ranks that failed.
+1. learns which peers share its host and may write into its memory (peer.py), and posts
+   a receive for every item it gets from a peer that may not, straight into its
+   destination tensor where one request covers the whole item contiguously (DDP's case;
+   no copy), else into a buffer;
+2. decodes its own items in order and gives each to the ranks that need it: written
+   straight into a peer's destination (or buffer) on the same host, one copy at memory
+   speed while the item is still in cache; sent over the process group otherwise, with a
+   bounded number of sends in flight;
+3. sums a failure flag over the group (after which every item has landed), so that a rank
+   whose decode failed (it still sends zeros, so nobody waits forever) makes every rank
+   raise, each its own error or a :class:`PeerFailedError` naming the ranks that failed.
 
-Bytes move as raw bytes (any dtype, bf16 included) over the process group's point-to-point
-calls, each message tagged with the item's position in the global schedule.
+Sent bytes move as raw bytes (any dtype, bf16 included) over the process group's
+point-to-point calls, each message tagged with the item's position in the global schedule.
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ import torch
 import torch.distributed as dist
 
 from ..errors import LcckptError
+from . import peer
 
 _INFLIGHT_BYTES = 64 << 20      # decoded bytes a sender keeps while its sends complete
+_KEPT: list = []                # buffers of restores that failed while peers could write
 
 
 class PeerFailedError(LcckptError):
@@ -42,6 +48,7 @@ class Exchange:
     decode: list = field(default_factory=list)      # storage indexes this rank decodes
     send: dict = field(default_factory=dict)        # index -> [(group rank, tag), ...]
     recv: dict = field(default_factory=dict)        # index -> (group rank, tag)
+    copied: int = 0         # bytes peers wrote straight into this rank's memory (peer.py)
 
 
 def schedule(plans: list, storage_data: dict) -> list:
@@ -113,14 +120,32 @@ def run(part: Exchange, plan, planner, storage_data: dict, group, decode, apply)
     reqs_of: dict = {}
     for req in plan.items:
         reqs_of.setdefault(req.storage_index, []).append(req)
+    landing = {idx: _receive_buffer(storage_data[idx], reqs_of[idx], planner)
+               for idx in part.recv}          # idx -> (buffer, whether it is the target)
+    offers, ok = peer.handshake(group, {idx: (buf.data_ptr(), buf.nbytes)
+                                        for idx, (buf, _) in landing.items() if buf.nbytes})
+    try:
+        _exchange(part, reqs_of, planner, storage_data, group, (decode, apply), landing,
+                  (offers, ok))
+    except BaseException:
+        _KEPT.append(landing)   # a peer may still write into these buffers: never free them
+        raise
+
+
+def _exchange(part, reqs_of, planner, storage_data, group, calls, landing, peers) -> None:
+    """:func:`run` once every rank knows where its peers take their items."""
+    (decode, apply), (offers, ok) = calls, peers
     glob = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
+    me = dist.get_rank(group)
+
+    def copied(idx, src: int, dst: int) -> bool:    # written into dst's memory by src
+        return bool(ok[src, dst]) and idx in offers[dst][1]
 
     incoming = []
     for idx, (src, tag) in sorted(part.recv.items(), key=lambda kv: kv[1][1]):
-        info = storage_data[idx]
-        buf, direct = _receive_buffer(info, reqs_of[idx], planner)
-        work = dist.irecv(_bytes_of(buf), src=glob(src), group=group, tag=tag)
-        incoming.append((idx, buf, direct, work))      # direct: buf is the destination
+        if not copied(idx, src, me):
+            buf = landing[idx][0]
+            incoming.append(dist.irecv(_bytes_of(buf), src=glob(src), group=group, tag=tag))
 
     error: BaseException | None = None
     inflight: deque = deque()
@@ -134,6 +159,9 @@ def run(part: Exchange, plan, planner, storage_data: dict, group, decode, apply)
         except Exception as e:     # noqa: BLE001  (peers must not wait forever; raised below)
             error, whole = e, None
         for dst, tag in part.send.get(idx, ()):
+            if copied(idx, me, dst):
+                error = error or _write(offers[dst], idx, whole)
+                continue
             out = whole if whole is not None else torch.zeros(info.shape, dtype=_dtype(info.dtype))
             out = out.contiguous()
             inflight.append((dist.isend(_bytes_of(out), dst=glob(dst), group=group, tag=tag),
@@ -145,10 +173,15 @@ def run(part: Exchange, plan, planner, storage_data: dict, group, decode, apply)
             held -= n
     for work, _ in inflight:
         work.wait()
-    for idx, buf, direct, work in incoming:
+    for work in incoming:
         work.wait()
-        if error is not None:
+    failed = _failures(error, group)   # every rank has decoded, and written what it copies
+    for idx, (src, _) in part.recv.items():
+        if error is not None or failed[src]:
             continue
+        buf, direct = landing[idx]
+        if copied(idx, src, me):
+            part.copied += buf.nbytes
         try:
             if direct:
                 planner.commit_tensor(reqs_of[idx][0], buf)
@@ -157,6 +190,21 @@ def run(part: Exchange, plan, planner, storage_data: dict, group, decode, apply)
         except Exception as e:         # noqa: BLE001
             error = e
     _agree(error, group)
+
+
+def _write(offer: tuple, idx, whole: torch.Tensor | None) -> BaseException | None:
+    """Copy a decoded item into a peer's buffer; the error, if that failed (a failed
+    decode writes nothing: the peer learns of it from the failure flags)."""
+    if whole is None:
+        return None
+    address, nbytes = offer[1][idx]
+    if whole.nbytes != nbytes:       # never past the end of the peer's buffer
+        return LcckptError(f"decoded {whole.nbytes} bytes for a peer's item of {nbytes}")
+    try:
+        peer.write(offer[0], address, whole.contiguous())
+    except OSError as e:
+        return e
+    return None
 
 
 def whole_target(info, reqs, planner) -> torch.Tensor | None:
@@ -182,17 +230,21 @@ def _receive_buffer(info, reqs, planner):
     return torch.empty(info.shape, dtype=_dtype(info.dtype)), False
 
 
+def _failures(error: BaseException | None, group) -> list:
+    """Collective: whether each rank has failed so far."""
+    flags = torch.zeros(dist.get_world_size(group), dtype=torch.int32)
+    flags[dist.get_rank(group)] = error is not None
+    dist.all_reduce(flags, group=group)
+    return [bool(f) for f in flags]
+
+
 def _agree(error: BaseException | None, group) -> None:
     """Every rank learns whether any rank failed; each raises its own error, or, if it had
     none, one naming the ranks that failed."""
-    world = dist.get_world_size(group)
-    me = dist.get_rank(group)
-    flags = torch.zeros(world, dtype=torch.int32)
-    flags[me] = error is not None
-    dist.all_reduce(flags, group=group)
+    flags = _failures(error, group)
     if error is not None:
         raise error
-    failed = [r for r in range(world) if flags[r]]
+    failed = [r for r, f in enumerate(flags) if f]
     if failed:
         raise PeerFailedError(f"rank(s) {failed} could not read or decode their share of "
                               "this restore; see their errors")
