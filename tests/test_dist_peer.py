@@ -64,3 +64,15 @@ def test_a_failed_decode_writes_nothing():
     dst = torch.zeros(4, dtype=torch.uint8)
     assert exchange._write((os.getpid(), {0: (dst.data_ptr(), 4)}), 0, None) is None
     assert not dst.any()
+
+
+def test_the_probe_checks_both_calls_and_the_token():
+    token = torch.randint(0, 256, (16,), dtype=torch.uint8)
+    inbox = torch.zeros(16, dtype=torch.uint8)
+    want = token.numpy().tobytes()
+    assert peer._probe(os.getpid(), token.data_ptr(), inbox.data_ptr(), want)
+    assert inbox.numpy().tobytes() == want                        # the write landed
+    other = bytes(b ^ 1 for b in want)
+    assert not peer._probe(os.getpid(), token.data_ptr(), inbox.data_ptr(), other)
+    assert not peer._probe(os.getpid(), 8, inbox.data_ptr(), want)      # unreadable
+    assert not peer._probe(os.getpid(), token.data_ptr(), 8, want)      # unwritable
