@@ -314,6 +314,8 @@ def cooperative(rank, world, root):
     except CorruptDataError as e:
         raised = e
     assert raised is not None, f"rank {rank} loaded a damaged checkpoint"
+    from lcckpt.distributed import exchange
+    assert not exchange._KEPT, "a restore that failed after every write kept its buffers"
     dist.barrier()
 
 

@@ -76,3 +76,16 @@ def test_the_probe_checks_both_calls_and_the_token():
     assert not peer._probe(os.getpid(), token.data_ptr(), inbox.data_ptr(), other)
     assert not peer._probe(os.getpid(), 8, inbox.data_ptr(), want)      # unreadable
     assert not peer._probe(os.getpid(), token.data_ptr(), 8, want)      # unwritable
+
+
+@pytest.mark.slow
+def test_the_peer_copy_benchmark_runs():
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "peer_copy.py"),
+                          "--mb", "1", "--reps", "1"], capture_output=True, text=True,
+                         timeout=300, check=True).stdout
+    rows = [line.split() for line in out.splitlines() if "buffers" in line or "local" in line]
+    assert len(rows) == 5, out
+    assert all(float(r[-1]) > 0 for r in rows), out

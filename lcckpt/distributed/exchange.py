@@ -125,15 +125,32 @@ def run(part: Exchange, plan, planner, storage_data: dict, group, decode, apply)
     offers, ok = peer.handshake(group, {idx: (buf.data_ptr(), buf.nbytes)
                                         for idx, (buf, _) in landing.items() if buf.nbytes})
     try:
-        _exchange(part, reqs_of, planner, storage_data, group, (decode, apply), landing,
-                  (offers, ok))
+        error = _give(part, reqs_of, storage_data, group, (decode, apply), landing, (offers, ok))
+        failed = _failures(error, group)    # every rank has decoded and written what it copies
     except BaseException:
         _KEPT.append(landing)   # a peer may still write into these buffers: never free them
         raise
+    me = dist.get_rank(group)
+    for idx, (src, _) in part.recv.items():
+        if error is not None or failed[src]:
+            continue
+        buf, direct = landing[idx]
+        if ok[src, me] and idx in offers[me][1]:
+            part.copied += buf.nbytes
+        try:
+            if direct:
+                planner.commit_tensor(reqs_of[idx][0], buf)
+            else:
+                apply(reqs_of[idx], buf)
+        except Exception as e:         # noqa: BLE001
+            error = e
+    _agree(error, group)
 
 
-def _exchange(part, reqs_of, planner, storage_data, group, calls, landing, peers) -> None:
-    """:func:`run` once every rank knows where its peers take their items."""
+def _give(part, reqs_of, storage_data, group, calls, landing, peers) -> BaseException | None:
+    """Decode this rank's items, apply them here and give them to the peers that need them:
+    written into a peer's memory where the handshake allows (peer.py), else sent; wait
+    until every send and receive is done. The first error, if any."""
     (decode, apply), (offers, ok) = calls, peers
     glob = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
     me = dist.get_rank(group)
@@ -175,21 +192,7 @@ def _exchange(part, reqs_of, planner, storage_data, group, calls, landing, peers
         work.wait()
     for work in incoming:
         work.wait()
-    failed = _failures(error, group)   # every rank has decoded, and written what it copies
-    for idx, (src, _) in part.recv.items():
-        if error is not None or failed[src]:
-            continue
-        buf, direct = landing[idx]
-        if copied(idx, src, me):
-            part.copied += buf.nbytes
-        try:
-            if direct:
-                planner.commit_tensor(reqs_of[idx][0], buf)
-            else:
-                apply(reqs_of[idx], buf)
-        except Exception as e:         # noqa: BLE001
-            error = e
-    _agree(error, group)
+    return error
 
 
 def _write(offer: tuple, idx, whole: torch.Tensor | None) -> BaseException | None:
@@ -201,7 +204,7 @@ def _write(offer: tuple, idx, whole: torch.Tensor | None) -> BaseException | Non
     if whole.nbytes != nbytes:       # never past the end of the peer's buffer
         return LcckptError(f"decoded {whole.nbytes} bytes for a peer's item of {nbytes}")
     try:
-        peer.write(offer[0], address, whole.contiguous())
+        peer.write(offer[0], address, whole.cpu().contiguous())     # host bytes only
     except OSError as e:
         return e
     return None
