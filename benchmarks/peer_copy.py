@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import time
 
 import numpy as np
 import torch
 
+from lcckpt.bench.timing import measure
 from lcckpt.distributed import peer
 
 
@@ -28,12 +28,7 @@ def _peer(nbytes: int, kind: str, conn) -> None:
 
 
 def _best(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+    return measure(fn, min_runs=reps, max_runs=reps, min_time=0).min_s
 
 
 def main(argv=None) -> int:
