@@ -89,3 +89,18 @@ def test_the_peer_copy_benchmark_runs():
     rows = [line.split() for line in out.splitlines() if "buffers" in line or "local" in line]
     assert len(rows) == 5, out
     assert all(float(r[-1]) > 0 for r in rows), out
+
+
+def test_the_host_key_names_the_boot_and_the_pid_namespace(monkeypatch):
+    """Two processes of one host and one pid namespace agree; another namespace does not."""
+    key = peer._host()
+    assert key == peer._host()
+    real_stat = os.stat
+
+    def other_namespace(path, *a, **kw):
+        st = real_stat(path, *a, **kw)
+        if path == "/proc/self/ns/pid":
+            return os.stat_result((st.st_mode, st.st_ino + 1) + tuple(st)[2:])
+        return st
+    monkeypatch.setattr(os, "stat", other_namespace)
+    assert peer._host() != key

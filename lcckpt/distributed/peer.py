@@ -85,12 +85,15 @@ def _move(name: str, pid: int, address: int, local: torch.Tensor) -> None:
 def _host() -> str:
     """Processes that can name each other by pid: one kernel boot, one pid namespace."""
     parts = [socket.gethostname()]
-    for path in ("/proc/sys/kernel/random/boot_id", "/proc/self/ns/pid"):
-        try:
-            parts.append(open(path).read().strip() if path.endswith("id")
-                         else str(os.stat(path).st_ino))
-        except OSError:
-            parts.append("")
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            parts.append(f.read().strip())
+    except OSError:
+        parts.append("")
+    try:
+        parts.append(str(os.stat("/proc/self/ns/pid").st_ino))
+    except OSError:
+        parts.append("")
     return hashlib.sha256("|".join(parts).encode()).hexdigest()
 
 
@@ -108,9 +111,9 @@ def handshake(group, offered: dict) -> tuple[list, np.ndarray]:
     everyone: list = [None] * world
     dist.all_gather_object(everyone, mine, group=group)
     ok = torch.zeros(world, world, dtype=torch.int32)
-    for peer, (host, pid, addr, box, want, peer_can, _) in enumerate(everyone):
-        if peer != me and can and peer_can and host == mine[0]:
-            ok[me, peer] = _probe(pid, addr, box + 16 * me, want)
+    for rank, (host, pid, addr, box, want, its_can, _) in enumerate(everyone):
+        if rank != me and can and its_can and host == mine[0]:
+            ok[me, rank] = _probe(pid, addr, box + 16 * me, want)
     dist.all_reduce(ok, group=group)   # each rank filled its own row; token and inbox live on
     return [(e[1], e[6]) for e in everyone], ok.numpy().astype(bool)
 
