@@ -15,6 +15,7 @@ resumed exact run give bit-identical weights.
 import os
 import signal
 import sys
+import threading
 import time
 
 import torch
@@ -83,12 +84,28 @@ def main(directory, out, steps, mode, kill):
                 if not took:               # do not depend on the plan's timing: save now
                     mgr.checkpoint()
                 kill_while_writing(directory, mgr)
+            if kill.startswith("save:") and it + 2 == kill_at:
+                mgr.wait()                 # every save so far durable; the next never will be
+                hold_renames()
     model.eval()
     with torch.no_grad():
         logits = model(x_te)
     torch.save({"model": model.state_dict(), "resumed_from": resumed_from,
                 "accuracy": float((logits.argmax(1) == y_te).float().mean()),
                 "loss": float(F.cross_entropy(logits, y_te))}, out)
+
+
+def hold_renames():
+    """From now on a checkpoint's temp file is never renamed into place: the writing thread
+    waits there, its file open on disk, until the kill. Without this the kill could land
+    just after a small file's rename (the save done, nothing cut short)."""
+    real = os.replace
+
+    def held(src, dst, *args, **kwargs):
+        if str(src).endswith(".lcckpt-tmp"):
+            threading.Event().wait()
+        return real(src, dst, *args, **kwargs)
+    os.replace = held
 
 
 def kill_while_writing(directory, mgr):
