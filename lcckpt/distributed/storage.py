@@ -391,8 +391,10 @@ class CompressedReader(FileSystemReader):
     """DCP storage reader for checkpoints written by :class:`CompressedWriter`.
 
     ``cooperative`` (default): with several ranks, an item several of them need is read
-    and decoded by one and sent to the others (``exchange.py``); False: each rank reads and
-    decodes all it needs itself."""
+    and decoded by one and given to the others (``exchange.py``): written straight into
+    their memory on one host where the kernel allows it (``peer.py``;
+    ``LCCKPT_PEER_COPY=0`` turns that off), sent over the process group otherwise. False:
+    each rank reads and decodes all it needs itself."""
 
     def __init__(self, path, *, storage_options: dict | None = None, process_group=None,
                  cooperative: bool = True):
