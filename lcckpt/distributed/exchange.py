@@ -122,10 +122,10 @@ def run(part: Exchange, plan, planner, storage_data: dict, group, decode, apply)
         reqs_of.setdefault(req.storage_index, []).append(req)
     landing = {idx: _receive_buffer(storage_data[idx], reqs_of[idx], planner)
                for idx in part.recv}          # idx -> (buffer, whether it is the target)
-    offers, ok = peer.handshake(group, {idx: (buf.data_ptr(), buf.nbytes)
-                                        for idx, (buf, _) in landing.items() if buf.nbytes})
+    peers = peer.handshake(group, {idx: (buf.data_ptr(), buf.nbytes)
+                                   for idx, (buf, _) in landing.items() if buf.nbytes})
     try:
-        error = _give(part, reqs_of, storage_data, group, (decode, apply), landing, (offers, ok))
+        error = _give(part, reqs_of, storage_data, group, (decode, apply), landing, peers)
         failed = _failures(error, group)    # every rank has decoded and written what it copies
     except BaseException:
         _KEPT.append(landing)   # a peer may still write into these buffers: never free them
@@ -135,7 +135,7 @@ def run(part: Exchange, plan, planner, storage_data: dict, group, decode, apply)
         if error is not None or failed[src]:
             continue
         buf, direct = landing[idx]
-        if ok[src, me] and idx in offers[me][1]:
+        if _copied(peers, idx, src, me):
             part.copied += buf.nbytes
         try:
             if direct:
@@ -151,16 +151,14 @@ def _give(part, reqs_of, storage_data, group, calls, landing, peers) -> BaseExce
     """Decode this rank's items, apply them here and give them to the peers that need them:
     written into a peer's memory where the handshake allows (peer.py), else sent; wait
     until every send and receive is done. The first error, if any."""
-    (decode, apply), (offers, ok) = calls, peers
+    decode, apply = calls
+    offers = peers[0]
     glob = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
     me = dist.get_rank(group)
 
-    def copied(idx, src: int, dst: int) -> bool:    # written into dst's memory by src
-        return bool(ok[src, dst]) and idx in offers[dst][1]
-
     incoming = []
     for idx, (src, tag) in sorted(part.recv.items(), key=lambda kv: kv[1][1]):
-        if not copied(idx, src, me):
+        if not _copied(peers, idx, src, me):
             buf = landing[idx][0]
             incoming.append(dist.irecv(_bytes_of(buf), src=glob(src), group=group, tag=tag))
 
@@ -176,7 +174,7 @@ def _give(part, reqs_of, storage_data, group, calls, landing, peers) -> BaseExce
         except Exception as e:     # noqa: BLE001  (peers must not wait forever; raised below)
             error, whole = e, None
         for dst, tag in part.send.get(idx, ()):
-            if copied(idx, me, dst):
+            if _copied(peers, idx, me, dst):
                 error = error or _write(offers[dst], idx, whole)
                 continue
             out = whole if whole is not None else torch.zeros(info.shape, dtype=_dtype(info.dtype))
@@ -193,6 +191,12 @@ def _give(part, reqs_of, storage_data, group, calls, landing, peers) -> BaseExce
     for work in incoming:
         work.wait()
     return error
+
+
+def _copied(peers: tuple, idx, src: int, dst: int) -> bool:
+    """Whether ``src`` writes item ``idx`` straight into ``dst``'s memory (peer.py)."""
+    offers, ok = peers
+    return bool(ok[src, dst]) and idx in offers[dst][1]
 
 
 def _write(offer: tuple, idx, whole: torch.Tensor | None) -> BaseException | None:
