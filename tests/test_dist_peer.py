@@ -66,6 +66,60 @@ def test_a_failed_decode_writes_nothing():
     assert not dst.any()
 
 
+def test_writes_run_on_their_own_thread_bounded_and_all_done_at_close(monkeypatch):
+    """The owner's writes into peers (exchange._Writes): each lands, at most
+    ``_INFLIGHT_BYTES`` of items wait at once, and ``close`` returns only once every
+    write is done."""
+    import threading
+    import time
+    monkeypatch.setattr(exchange, "_INFLIGHT_BYTES", 16)
+    real, waiting, threads = exchange._write, [], set()
+
+    def slow(offer, idx, whole):
+        time.sleep(0.02)                  # the decoder runs ahead, then must wait
+        waiting.append(writes.held)
+        threads.add(threading.get_ident())
+        return real(offer, idx, whole)
+    monkeypatch.setattr(exchange, "_write", slow)
+    dsts = [torch.zeros(8, dtype=torch.uint8) for _ in range(6)]
+    offer = (os.getpid(), {i: (d.data_ptr(), 8) for i, d in enumerate(dsts)})
+    writes = exchange._Writes()
+    for i in range(6):
+        writes.put(offer, i, torch.full((8,), i + 1, dtype=torch.uint8))
+    assert writes.close() is None
+    assert [d.tolist() for d in dsts] == [[i + 1] * 8 for i in range(6)]
+    assert max(waiting) <= 16 and len(waiting) == 6
+    assert threads == {writes.thread.ident} != {threading.get_ident()}
+
+
+def test_a_writer_thread_only_where_the_host_has_a_core_to_spare(monkeypatch):
+    from lcckpt.util import pool
+    import numpy as np
+    ok = np.array([[0, 1, 0], [1, 0, 0], [0, 0, 0]], dtype=bool)   # ranks 0, 1 share a host
+    monkeypatch.setattr(pool, "threads", lambda: 1)
+    for cpus, me, want in [(2, 0, False), (3, 0, False), (4, 0, True), (2, 2, True),
+                           (1, 2, False)]:
+        monkeypatch.setattr(pool, "cpus", lambda: cpus)
+        assert exchange._spare_cores(ok, me) is want, (cpus, me)
+    monkeypatch.setattr(pool, "threads", lambda: 4)
+    monkeypatch.setattr(pool, "cpus", lambda: 8)
+    assert not exchange._spare_cores(ok, 1)
+    monkeypatch.setattr(pool, "cpus", lambda: 10)
+    assert exchange._spare_cores(ok, 1)
+
+
+def test_a_failed_write_is_reported_at_close_and_stops_the_rest():
+    dsts = [torch.zeros(4, dtype=torch.uint8) for _ in range(3)]
+    offer = (os.getpid(), {0: (dsts[0].data_ptr(), 4), 1: (8, 4), 2: (dsts[2].data_ptr(), 4)})
+    writes = exchange._Writes()
+    for i in range(3):
+        writes.put(offer, i, torch.ones(4, dtype=torch.uint8))
+    err = writes.close()
+    assert isinstance(err, OSError) and "process_vm_writev" in str(err)
+    assert dsts[0].all() and not dsts[2].any()
+    assert not writes.thread.is_alive()
+
+
 def test_the_probe_checks_both_calls_and_the_token():
     token = torch.randint(0, 256, (16,), dtype=torch.uint8)
     inbox = torch.zeros(16, dtype=torch.uint8)
@@ -89,6 +143,22 @@ def test_the_peer_copy_benchmark_runs():
     rows = [line.split() for line in out.splitlines() if "buffers" in line or "local" in line]
     assert len(rows) == 5, out
     assert all(float(r[-1]) > 0 for r in rows), out
+
+
+@pytest.mark.slow
+def test_the_restore_phases_benchmark_times_every_phase_on_both_ranks():
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "restore_phases.py"),
+                          "--total-mb", "4", "--repeats", "1"], capture_output=True, text=True,
+                         timeout=300, check=True).stdout
+    rows = {line.split()[0]: [float(v) for v in line.split()[1:]] for line in out.splitlines()
+            if line.split() and line.split()[0] in ("total", "decode", "writes", "give")}
+    assert set(rows) == {"total", "decode", "writes", "give"}, out
+    assert all(v > 0 for v in rows["total"] + rows["decode"]), out
+    assert all(v > 0 for v in rows["writes"][1:] + rows["give"][1:]), out   # copies on one host
+    assert "speedup of two ranks" in out
 
 
 def test_the_host_key_names_the_boot_and_the_pid_namespace(monkeypatch):

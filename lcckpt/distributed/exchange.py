@@ -13,8 +13,9 @@ bytes, in a fixed order), and records who sends what to whom in each rank's plan
    no copy), else into a buffer;
 2. decodes its own items in order and gives each to the ranks that need it: written
    straight into a peer's destination (or buffer) on the same host, one copy at memory
-   speed while the item is still in cache; sent over the process group otherwise, with a
-   bounded number of sends in flight;
+   speed, by a thread of its own while the next item decodes where the host has a core
+   to spare for it (:class:`_Writes`), else right after the decode; sent over the
+   process group otherwise; either way with a bounded number of decoded bytes waiting;
 3. sums a failure flag over the group (after which every item has landed), so that a rank
    whose decode failed (it still sends zeros, so nobody waits forever) makes every rank
    raise, each its own error or a :class:`PeerFailedError` naming the ranks that failed.
@@ -25,6 +26,8 @@ point-to-point calls, each message tagged with the item's position in the global
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -32,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import LcckptError
+from ..util import pool
 from . import peer
 
 _INFLIGHT_BYTES = 64 << 20      # decoded bytes a sender keeps while its sends complete
@@ -165,32 +169,90 @@ def _give(part, reqs_of, storage_data, group, calls, landing, peers) -> BaseExce
     error: BaseException | None = None
     inflight: deque = deque()
     held = 0
-    for idx in part.decode:
-        info = storage_data[idx]
-        try:
-            whole = decode(info, reqs_of[idx]) if error is None else None
-            if whole is not None:
-                apply(reqs_of[idx], whole)
-        except Exception as e:     # noqa: BLE001  (peers must not wait forever; raised below)
-            error, whole = e, None
-        for dst, tag in part.send.get(idx, ()):
-            if _copied(peers, idx, me, dst):
-                error = error or _write(offers[dst], idx, whole)
-                continue
-            out = whole if whole is not None else torch.zeros(info.shape, dtype=_dtype(info.dtype))
-            out = out.contiguous()
-            inflight.append((dist.isend(_bytes_of(out), dst=glob(dst), group=group, tag=tag),
-                             out.nbytes))
-            held += out.nbytes
-        while inflight and held > _INFLIGHT_BYTES:
-            work, n = inflight.popleft()
-            work.wait()
-            held -= n
+    copies = any(_copied(peers, idx, me, dst) for idx, sends in part.send.items()
+                 for dst, _ in sends)
+    writes = _Writes() if copies and _spare_cores(peers[1], me) else None
+    try:
+        for idx in part.decode:
+            info = storage_data[idx]
+            try:
+                whole = decode(info, reqs_of[idx]) if error is None else None
+                if whole is not None:
+                    apply(reqs_of[idx], whole)
+            except Exception as e:     # noqa: BLE001  (peers must not wait forever; raised below)
+                error, whole = e, None
+            for dst, tag in part.send.get(idx, ()):
+                if _copied(peers, idx, me, dst):
+                    if writes is None:
+                        error = error or _write(offers[dst], idx, whole)
+                    elif whole is not None:    # a failed decode writes nothing
+                        writes.put(offers[dst], idx, whole)
+                    continue
+                out = whole if whole is not None else torch.zeros(info.shape,
+                                                                  dtype=_dtype(info.dtype))
+                out = out.contiguous()
+                inflight.append((dist.isend(_bytes_of(out), dst=glob(dst), group=group,
+                                            tag=tag), out.nbytes))
+                held += out.nbytes
+            while inflight and held > _INFLIGHT_BYTES:
+                work, n = inflight.popleft()
+                work.wait()
+                held -= n
+    finally:
+        if writes is not None:             # no write into a peer outlives this call
+            error = writes.close() or error
     for work, _ in inflight:
         work.wait()
     for work in incoming:
         work.wait()
     return error
+
+
+def _spare_cores(ok, me: int) -> bool:
+    """Whether this host has a core for a writer thread beside every rank's decoding
+    threads. Where it has not (two ranks of one thread each on two cores), a writer only
+    slows the decoding beside it, and the writes stay inline."""
+    here = 1 + sum(1 for r in range(len(ok)) if r != me and (ok[me, r] or ok[r, me]))
+    return pool.cpus() >= here * (pool.threads() + 1)
+
+
+class _Writes:
+    """The writes into peers' memory on a thread of their own, so that the next item
+    decodes meanwhile (both release the GIL); at most ``_INFLIGHT_BYTES`` of decoded items
+    wait for it. :meth:`close` waits for every write and gives the first error."""
+
+    def __init__(self) -> None:
+        self.todo: queue.SimpleQueue = queue.SimpleQueue()
+        self.error: BaseException | None = None
+        self.held = 0
+        self.freed = threading.Condition()
+        self.thread = threading.Thread(target=self._run, name="lcckpt-peer-writes",
+                                       daemon=True)
+        self.thread.start()
+
+    def put(self, offer: tuple, idx, whole: torch.Tensor) -> None:
+        with self.freed:
+            while self.held and self.held + whole.nbytes > _INFLIGHT_BYTES:
+                self.freed.wait()
+            self.held += whole.nbytes
+        self.todo.put((offer, idx, whole))
+
+    def _run(self) -> None:
+        while (job := self.todo.get()) is not None:
+            offer, idx, whole = job
+            try:
+                err = None if self.error is not None else _write(offer, idx, whole)
+            except BaseException as e:     # noqa: BLE001  (handed to close)
+                err = e
+            with self.freed:
+                self.error = self.error or err
+                self.held -= whole.nbytes
+                self.freed.notify_all()
+
+    def close(self) -> BaseException | None:
+        self.todo.put(None)
+        self.thread.join()
+        return self.error
 
 
 def _copied(peers: tuple, idx, src: int, dst: int) -> bool:

@@ -20,11 +20,16 @@ _cpus = None                     # usable CPUs, once asked
 
 
 def threads() -> int:
-    """Worker count: ``LCCKPT_THREADS`` if set, else the number of usable CPUs (asked
-    once per process: a save of hundreds of small tensors asked thousands of times)."""
+    """Worker count: ``LCCKPT_THREADS`` if set, else :func:`cpus`."""
     env = os.environ.get("LCCKPT_THREADS")
     if env:
         return max(1, int(env))
+    return cpus()
+
+
+def cpus() -> int:
+    """The CPUs this process may run on (asked once per process: a save of hundreds of
+    small tensors asked thousands of times)."""
     global _cpus
     if _cpus is None:
         try:
