@@ -70,6 +70,25 @@ def test_fast_and_general_paths_read_each_others_blobs(name):
         assert same_bits(lcckpt.decode(blob), t)                # the fast reader
 
 
+@settings(max_examples=12, deadline=None)
+@given(name=st.sampled_from(["fp32", "bf16", "fp16"]),
+       n=st.integers(lossless.FAST_DECODE_MIN_WORDS, N - 1), log2=st.integers(10, 18),
+       kind=st.sampled_from(["plain", "special", "runs"]), seed=st.integers(0, 2**16))
+def test_smaller_blobs_of_the_general_writer_decode_on_the_fast_reader(name, n, log2, kind,
+                                                                       seed):
+    t = _as(_weights(n, seed, kind), name)
+    a, dt = dtypes.to_numpy(t)
+    words, rotate = lossless.words_of(a, dt.kind)
+    blob = lcckpt.encode(t, lossless=True, chunk_size=1 << log2)
+    layouts = parse(blob)[1].layouts
+    if kind == "plain":                       # weights' lower planes are not worth coding
+        assert lossless.FastDecoder.applies(layouts, words.size, rotate, words.dtype.itemsize)
+    assert same_bits(lcckpt.decode(blob), t)
+    out = torch.empty_like(t)
+    lcckpt.decode(blob, out=out)
+    assert same_bits(out, t)
+
+
 def test_blob_is_an_ordinary_bytes_object():
     t = _weights(N, 2, "plain")
     blob = lcckpt.encode(t, lossless=True)

@@ -188,7 +188,8 @@ def _block(k: int, size: int) -> np.ndarray:
 # layout; anything else (integers, fp64, a lower plane worth coding) takes that path.
 
 FAST_WIDTHS = (2, 4)
-FAST_MIN_WORDS = 1 << 16      # the multi-symbol decode table pays from here on
+FAST_MIN_WORDS = 1 << 16      # blobs this large are written by the fast path,
+FAST_DECODE_MIN_WORDS = 1 << 14     # and read by it from here on (docs/algorithm.md §6)
 
 
 def plan_floats(words: np.ndarray, chunk_size: int):
@@ -380,7 +381,7 @@ class FastDecoder:
 
     @staticmethod
     def applies(layouts, n: int, rotate: bool, item: int) -> bool:
-        return (rotate and item in FAST_WIDTHS and n >= FAST_MIN_WORDS
+        return (rotate and item in FAST_WIDTHS and n >= FAST_DECODE_MIN_WORDS
                 and all(np.all(lay.modes == entropy.RAW) for lay in layouts[:-1]))
 
     def _decode(self, c0, c1):
