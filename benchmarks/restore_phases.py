@@ -4,7 +4,7 @@ turns, with each phase timed on each rank.
 
     python benchmarks/restore_phases.py [--total-mb 256] [--repeats 5]
 
-Phases (seconds, median over the repeats; a phase holds those indented under it):
+Phases (milliseconds, median over the repeats; a phase holds those indented under it):
   total        ``dcp.load``, barrier to barrier
   run          this rank's share (lcckpt/distributed/exchange.py)
     handshake    who may write into whose memory (peer.py)
@@ -107,13 +107,13 @@ def main(argv=None) -> int:
         got = torch.load(os.path.join(out, "phases.pt"))
     med = statistics.median
     print(f"exact checkpoint of {args.total_mb:g} MB, median of {args.repeats} "
-          "(seconds; one thread per rank)")
+          "(milliseconds; one thread per rank)")
     print(f"{'phase':<10} {'1 rank':>8} {'2: rank 0':>10} {'2: rank 1':>10}")
     for phase in PHASES:
         cells = [got[0][1], got[0][2], got[1][2]]
         vals = [med(r.get(phase, 0.0) for r in rows) if rows else float("nan")
                 for rows in cells]
-        print(f"{phase:<10} " + " ".join(f"{v:>{w}.3f}" for v, w in zip(vals, (8, 10, 10))))
+        print(f"{phase:<10} " + " ".join(f"{v * 1e3:>{w}.1f}" for v, w in zip(vals, (8, 10, 10))))
     total1 = med(r["total"] for r in got[0][1])
     total2 = med(max(a["total"], b["total"]) for a, b in zip(got[0][2], got[1][2]))
     print(f"speedup of two ranks: {total1 / total2:.3f}")

@@ -157,7 +157,8 @@ def test_the_restore_phases_benchmark_times_every_phase_on_both_ranks():
             if line.split() and line.split()[0] in ("total", "decode", "writes", "give")}
     assert set(rows) == {"total", "decode", "writes", "give"}, out
     assert all(v > 0 for v in rows["total"] + rows["decode"]), out
-    assert all(v > 0 for v in rows["writes"][1:] + rows["give"][1:]), out   # copies on one host
+    assert all(v > 0 for v in rows["give"][1:]), out
+    assert sum(rows["writes"][1:]) > 0, out                # copies on one host
     assert "speedup of two ranks" in out
 
 
