@@ -322,13 +322,17 @@ def cooperative(rank, world, root):
             f.seek(info.offset + info.length // 2)
             f.write(bytes([b[0] ^ 0xFF]))
     dist.barrier()
-    try:
-        ld.load(fresh(), d, cooperative=True)
-        raised = None
-    except CorruptDataError as e:
-        raised = e
-    assert raised is not None, f"rank {rank} loaded a damaged checkpoint"
-    assert not exchange._KEPT, "a restore that failed after every write kept its buffers"
+    for flip in (False, True):         # the writes as this host has them, then the other way
+        exchange._spare_cores = (lambda ok, me: not spare) if flip else real
+        try:
+            ld.load(fresh(), d, cooperative=True)
+            raised = None
+        except CorruptDataError as e:
+            raised = e
+        finally:
+            exchange._spare_cores = real
+        assert raised is not None, f"rank {rank} loaded a damaged checkpoint ({flip})"
+        assert not exchange._KEPT, "a restore that failed after every write kept its buffers"
     dist.barrier()
 
 
