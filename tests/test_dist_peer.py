@@ -132,14 +132,18 @@ def test_the_probe_checks_both_calls_and_the_token():
     assert not peer._probe(os.getpid(), token.data_ptr(), 8, want)      # unwritable
 
 
-@pytest.mark.slow
-def test_the_peer_copy_benchmark_runs():
+def _benchmark(script: str, *args: str) -> str:
+    """What ``benchmarks/<script>`` prints, run in a fresh interpreter."""
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "peer_copy.py"),
-                          "--mb", "1", "--reps", "1"], capture_output=True, text=True,
-                         timeout=300, check=True).stdout
+    return subprocess.run([sys.executable, os.path.join(root, "benchmarks", script), *args],
+                          capture_output=True, text=True, timeout=300, check=True).stdout
+
+
+@pytest.mark.slow
+def test_the_peer_copy_benchmark_runs():
+    out = _benchmark("peer_copy.py", "--mb", "1", "--reps", "1")
     rows = [line.split() for line in out.splitlines() if "buffers" in line or "local" in line]
     assert len(rows) == 5, out
     assert all(float(r[-1]) > 0 for r in rows), out
@@ -147,12 +151,7 @@ def test_the_peer_copy_benchmark_runs():
 
 @pytest.mark.slow
 def test_the_restore_phases_benchmark_times_every_phase_on_both_ranks():
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "restore_phases.py"),
-                          "--total-mb", "4", "--repeats", "1"], capture_output=True, text=True,
-                         timeout=300, check=True).stdout
+    out = _benchmark("restore_phases.py", "--total-mb", "4", "--repeats", "1")
     rows = {line.split()[0]: [float(v) for v in line.split()[1:]] for line in out.splitlines()
             if line.split() and line.split()[0] in ("total", "decode", "writes", "give")}
     assert set(rows) == {"total", "decode", "writes", "give"}, out
