@@ -200,7 +200,8 @@ def _give(part, reqs_of, storage_data, group, calls, landing, peers) -> BaseExce
                 held -= n
     finally:
         if writes is not None:             # no write into a peer outlives this call
-            error = writes.close() or error
+            failed_write = writes.close()  # (always: a decode's error does not skip it)
+            error = error or failed_write
     for work, _ in inflight:
         work.wait()
     for work in incoming:
