@@ -25,18 +25,11 @@ import argparse
 import json
 import os
 import resource
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _copy_into(dst, src) -> None:
@@ -74,8 +67,10 @@ def child(staging: str, mode: str, coding: str, kind: str, mb: int, saves: int) 
     import torch.distributed as dist
     import lcckpt.distributed as ld
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}",
-                            rank=0, world_size=1)
+    fd, meet = tempfile.mkstemp(prefix="lcckpt-rendezvous-")
+    os.close(fd)
+    os.unlink(meet)                        # the store creates it, and removes it at the end
+    dist.init_process_group("gloo", init_method="file://" + meet, rank=0, world_size=1)
     state, move = _steps(kind, mb)
     stalls, totals, sizes, held = [], [], [], []
     opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)   # steps nothing

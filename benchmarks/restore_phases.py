@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -45,10 +44,10 @@ def _timed(owner, name: str, phase: str, acc: collections.Counter) -> None:
     setattr(owner, name, timed)
 
 
-def _worker(rank: int, world: int, port: int, args, out: str) -> None:
+def _worker(rank: int, world: int, init_method: str, args, out: str) -> None:
     os.environ["LCCKPT_THREADS"] = "1"
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=init_method, rank=rank,
                             world_size=world)
     import torch.distributed.checkpoint as dcp
 
@@ -99,11 +98,9 @@ def main(argv=None) -> int:
     ap.add_argument("--total-mb", type=float, default=256)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as out:
-        mp.spawn(_worker, args=(2, port, args, out), nprocs=2, join=True)
+        meet = "file://" + os.path.join(out, "rendezvous")     # no port to race for
+        mp.spawn(_worker, args=(2, meet, args, out), nprocs=2, join=True)
         got = torch.load(os.path.join(out, "phases.pt"))
     med = statistics.median
     print(f"exact checkpoint of {args.total_mb:g} MB, median of {args.repeats} "

@@ -13,7 +13,18 @@ import torch.distributed as dist
 from torch import nn
 
 
-def _init(rank, world, port, log_dir=None):
+def rendezvous(directory) -> str:
+    """A fresh ``file://`` init method in ``directory``: ranks meet through a file, not a
+    port picked in advance, which another process on the host may take first (runs in
+    parallel under xdist, gloo's own connections)."""
+    import tempfile
+    fd, path = tempfile.mkstemp(prefix="rendezvous-", dir=str(directory))
+    os.close(fd)
+    os.unlink(path)                     # the store creates it; a stale one would not be empty
+    return f"file://{path}"
+
+
+def _init(rank, world, init_method, log_dir=None):
     # a rank once died with SIGABRT ("terminate called without an active exception"): if
     # it happens again, every thread's native stack (torch's fatal-signal handler, which
     # then hands the signal on) and every Python thread's stack go to stderr, to say
@@ -28,7 +39,7 @@ def _init(rank, world, port, log_dir=None):
         faulthandler.enable(all_threads=True)
     torch._C._set_print_stack_traces_on_fatal_signal(True)
     os.environ["LCCKPT_THREADS"] = "1"
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=init_method, rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=120))
     torch.set_num_threads(1)
 
@@ -641,15 +652,15 @@ def process_live(rank, world, root):
     dist.barrier()
 
 
-def aborting_worker(rank, world, port, log_dir):
+def aborting_worker(rank, world, init_method, log_dir):
     """A rank that dies as the one that once aborted did: std::terminate, then SIGABRT."""
-    _init(rank, world, port, log_dir=log_dir)
+    _init(rank, world, init_method, log_dir=log_dir)
     os.abort()
 
 
-def two_rank_worker(rank, world, port, root, src):
+def two_rank_worker(rank, world, init_method, root, src):
     """One spawn for every 2-process check (process start-up dominates their time)."""
-    _init(rank, world, port, log_dir=root)
+    _init(rank, world, init_method, log_dir=root)
     chain(rank, world, root)
     steered_shards(rank, world, root)
     reshard(rank, world, src)
@@ -660,10 +671,10 @@ def two_rank_worker(rank, world, port, root, src):
     dist.destroy_process_group()
 
 
-def s3_failed_upload_worker(rank, world, port, url, opts, out_dir):
+def s3_failed_upload_worker(rank, world, init_method, url, opts, out_dir):
     """Two ranks commit step 0 of a chain on S3; rank 1's upload of step 1 fails. Each
     rank writes the name of what it raised, then both load step 0."""
-    _init(rank, world, port, log_dir=out_dir)
+    _init(rank, world, init_method, log_dir=out_dir)
     import s3fs
     import lcckpt.distributed as ld
     state = replicated_state()
@@ -725,12 +736,12 @@ def _assert_equal(got: dict, want: dict, what: str):
         assert torch.equal(got[k], v) if isinstance(v, torch.Tensor) else got[k] == v, (what, k)
 
 
-def three_rank_worker(rank, world, port, root2, out):
+def three_rank_worker(rank, world, init_method, root2, out):
     """Any N -> M: the two-rank run's exact keyframe step 0, its delta step 4 and its exact
     replicated checkpoint load on three ranks (2 -> 3; FSDP2 over three ranks); then three
     ranks save an exact checkpoint and a chain of the mixed state, which ranks {0, 1} load
     as DTensor row shards (3 -> 2); the parent loads them in one process (3 -> 1)."""
-    _init(rank, world, port, log_dir=out)
+    _init(rank, world, init_method, log_dir=out)
     import lcckpt.distributed as ld
     from torch.distributed.device_mesh import DeviceMesh
     ck2 = ld.DistributedCheckpointer(root2)

@@ -37,7 +37,7 @@ def _tensors(state) -> dict:
     return {k: v for k, v in W.flatten(state).items() if isinstance(v, torch.Tensor)}
 
 
-def device_ranks(rank, world, port, root, device):
+def device_ranks(rank, world, init_method, root, device):
     """A cooperative restore of an exact checkpoint into device targets (items given by a
     peer land in host buffers and are copied up); then a chain saved by each async mode
     (thread or background process, staged copy or live reads through the pinned pool)
@@ -45,7 +45,7 @@ def device_ranks(rank, world, port, root, device):
     bit for bit the same. Each part's failure is recorded and the rest still run (all
     failures are then reported together)."""
     import traceback
-    W._init(rank, world, port, log_dir=root)
+    W._init(rank, world, init_method, log_dir=root)
     if device == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
         device = f"cuda:{torch.cuda.current_device()}"

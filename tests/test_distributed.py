@@ -3,7 +3,6 @@
 import math
 import os
 import pickle
-import socket
 import threading
 import warnings
 import sys
@@ -414,12 +413,6 @@ def test_damaged_blob_is_reported(tmp_path):
 
 # -- real 2-process runs (gloo) --------------------------------------------------------------
 
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     """Run every 2-process check in one spawn: a 1-process checkpoint to load resharded, then
@@ -434,7 +427,7 @@ def two_ranks(tmp_path_factory):
                f"{src}.expected.pt")
     root = str(tmp / "chain")
     os.makedirs(root)
-    W.spawn(W.two_rank_worker, (2, _port(), root, src), 2, root)     # no retry
+    W.spawn(W.two_rank_worker, (2, W.rendezvous(root), root, src), 2, root)     # no retry
     return root, src
 
 
@@ -443,7 +436,7 @@ def test_a_rank_killed_by_a_signal_fails_with_its_native_and_python_stacks(tmp_p
     """The spawn the multi-process tests use quotes a dead rank's stderr: the native stack of
     every thread (to name a C++ thread destroyed while joinable) and the Python ones."""
     with pytest.raises(AssertionError) as e:
-        W.spawn(W.aborting_worker, (1, _port(), str(tmp_path)), 1, str(tmp_path))
+        W.spawn(W.aborting_worker, (1, W.rendezvous(tmp_path), str(tmp_path)), 1, str(tmp_path))
     msg = str(e.value)
     assert "SIGABRT" in msg and "FatalSignalHandler" in msg, msg[-2000:]   # C++ frames
     assert "in aborting_worker" in msg, msg[-2000:]                         # faulthandler's
@@ -461,7 +454,7 @@ def gloo_threads():
         except OSError:
             pass
     return n
-dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d", rank=0, world_size=1,
+dist.init_process_group("gloo", init_method=%r, rank=0, world_size=1,
                         timeout=datetime.timedelta(seconds=60))
 import torch.distributed.checkpoint             # as a worker does, after init_process_group
 captured = isinstance(sys.modules["torch.distributed.nn.functional"].broadcast
@@ -476,14 +469,14 @@ print(json.dumps({"captured": captured, "alive": alive, "after": gloo_threads()}
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
-def test_destroy_process_group_joins_gloo_threads_after_a_late_import():
+def test_destroy_process_group_joins_gloo_threads_after_a_late_import(tmp_path):
     """The SIGABRT of a rank at exit: DCP imported after ``init_process_group`` captures the
     default group in ``torch.distributed.nn.functional``'s default arguments, so
     ``destroy_process_group`` cannot destroy it and its gloo threads live into the
     interpreter's exit. Importing ``lcckpt.distributed`` lets it go: none is left."""
     import json
     import subprocess
-    out = subprocess.run([sys.executable, "-c", _DESTROY_AFTER_LATE_IMPORT % _port()],
+    out = subprocess.run([sys.executable, "-c", _DESTROY_AFTER_LATE_IMPORT % W.rendezvous(tmp_path)],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
@@ -560,7 +553,7 @@ def three_ranks(two_ranks, tmp_path_factory):
     back (3 -> 2); see ``_dist_worker.three_rank_worker``."""
     root2, _ = two_ranks
     out = str(tmp_path_factory.mktemp("three_ranks"))
-    W.spawn(W.three_rank_worker, (3, _port(), root2, out), 3, out)
+    W.spawn(W.three_rank_worker, (3, W.rendezvous(out), root2, out), 3, out)
     return out
 
 

@@ -210,7 +210,7 @@ def test_s3_a_save_killed_mid_upload_leaves_the_previous_step(s3, tmp_path):
 @pytest.mark.slow
 def test_s3_a_failed_upload_on_one_rank_raises_on_every_rank(s3, tmp_path):
     W.spawn(W.s3_failed_upload_worker,
-            (2, _free_port(), "s3://lcckpt-test/two", s3, str(tmp_path)), 2, str(tmp_path))
+            (2, W.rendezvous(tmp_path), "s3://lcckpt-test/two", s3, str(tmp_path)), 2, str(tmp_path))
     for rank in (0, 1):
         with open(tmp_path / f"raised{rank}") as f:
             assert f.read().startswith("DistributedCheckpointError"), rank

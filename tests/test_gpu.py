@@ -169,15 +169,12 @@ def test_dcp_checkpoints_of_device_tensors_load_into_device_targets(tmp_path, de
 def test_two_ranks_save_and_restore_device_state_on_every_path(tmp_path, device):
     """Two gloo ranks with replicated device state: a cooperative restore into device
     targets, and chains saved by every async mode (thread or process, copy or live)."""
-    import socket
     import sys
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
     import _dist_worker as W
     import _gpu_worker as G
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    W.spawn(G.device_ranks, (2, port, str(tmp_path), device), 2, str(tmp_path))
+    W.spawn(G.device_ranks, (2, W.rendezvous(tmp_path), str(tmp_path), device), 2,
+            str(tmp_path))
     for r in range(2):
         text = (tmp_path / f"ok{r}").read_text()
         if text != "ok":

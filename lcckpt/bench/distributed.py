@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import tempfile
 import time
@@ -59,12 +58,6 @@ def bench_state(total_mb: float = 256, dominant: float = 0.8, n_small: int = 200
         state[f"layers.{i}.weight"] = torch.randn(small_rows, 256, generator=g).mul_(0.02)
     state["step"] = 1000
     return state
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _one_save(cfg, planner_name, group, members, rank, state, path, check):
@@ -172,7 +165,7 @@ def _restore_summary(rest: dict) -> list:
     return rows
 
 
-def _worker(rank, world, port, cfg, out):
+def _worker(rank, world, init_method, cfg, out):
     """All configurations in one set of processes, taking turns round by round: a slow
     spell of a shared machine then hits every configuration, not only the one it met."""
     os.environ["LCCKPT_THREADS"] = str(cfg["threads"])
@@ -180,7 +173,7 @@ def _worker(rank, world, port, cfg, out):
     import torch.distributed as dist
 
     import lcckpt
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=init_method, rank=rank,
                             world_size=world)
     groups = {n: (dist.new_group(list(range(n))), range(n)) for n in sorted(
         {w for _, w in cfg["configs"]})}
@@ -250,7 +243,8 @@ def run(total_mb: float = 256, dominant: float = 0.8, n_small: int = 200, repeat
         cfg = {"configs": [list(c) for c in configs], "threads": threads, "repeats": repeats,
                "sync": sync,
                "root": root, "total_mb": total_mb, "dominant": dominant, "n_small": n_small}
-        mp.spawn(_worker, args=(world, _port(), cfg, out), nprocs=world, join=True)
+        meet = "file://" + os.path.join(root, "rendezvous")    # no port to race for
+        mp.spawn(_worker, args=(world, meet, cfg, out), nprocs=world, join=True)
         with open(out) as f:
             rows = json.load(f)
     for planner, w in configs:
