@@ -1,8 +1,9 @@
 """Where a cooperative restore's time goes: an exact checkpoint of the distributed
-benchmark's state (lcckpt/bench/distributed.py) restored by one rank and by two, taking
-turns, with each phase timed on each rank.
+benchmark's state (lcckpt/bench/distributed.py), or with ``--chain`` the newest step of
+its chain, restored by one rank and by two, taking turns, with each phase timed on each
+rank.
 
-    python benchmarks/restore_phases.py [--total-mb 256] [--repeats 5]
+    python benchmarks/restore_phases.py [--total-mb 256] [--repeats 5] [--chain]
 
 Phases (milliseconds, median over the repeats; a phase holds those indented under it):
   total        ``dcp.load``, barrier to barrier
@@ -44,6 +45,17 @@ def _timed(owner, name: str, phase: str, acc: collections.Counter) -> None:
     setattr(owner, name, timed)
 
 
+def _checkpoint(ld, state: dict, out: str, chain: bool) -> str:
+    """An exact checkpoint of ``state``, or (``chain``) the newest step of the distributed
+    benchmark's chain (a keyframe and 5 deltas, ``bits=2``), written by both ranks."""
+    from lcckpt.bench.distributed import bench_chain
+    if chain:
+        return bench_chain(state, os.path.join(out, "chain"))
+    path = os.path.join(out, "exact")
+    ld.save(state, path)
+    return path
+
+
 def _worker(rank: int, world: int, init_method: str, args, out: str) -> None:
     os.environ["LCCKPT_THREADS"] = "1"
     torch.set_num_threads(1)
@@ -65,8 +77,7 @@ def _worker(rank: int, world: int, init_method: str, args, out: str) -> None:
                                (CompressedReader, "_item", "decode")]:
         _timed(owner, name, phase, acc)
     state = bench_state(args.total_mb)
-    path = os.path.join(out, "exact")
-    ld.save(state, path)
+    path = _checkpoint(ld, state, out, args.chain)
     one = dist.new_group([0])
     rows = {1: [], 2: []}
     for rep in range(args.repeats + 1):             # the first round warms caches: not kept
@@ -97,13 +108,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--total-mb", type=float, default=256)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--chain", action="store_true",
+                    help="the newest step of a chain (a keyframe and 5 deltas), not an "
+                         "exact checkpoint")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as out:
         meet = "file://" + os.path.join(out, "rendezvous")     # no port to race for
         mp.spawn(_worker, args=(2, meet, args, out), nprocs=2, join=True)
         got = torch.load(os.path.join(out, "phases.pt"))
     med = statistics.median
-    print(f"exact checkpoint of {args.total_mb:g} MB, median of {args.repeats} "
+    what = "newest step of a chain (keyframe + 5 deltas)" if args.chain else "exact checkpoint"
+    print(f"{what} of {args.total_mb:g} MB, median of {args.repeats} "
           "(milliseconds; one thread per rank)")
     print(f"{'phase':<10} {'1 rank':>8} {'2: rank 0':>10} {'2: rank 1':>10}")
     for phase in PHASES:

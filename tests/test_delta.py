@@ -115,3 +115,26 @@ def test_delta_without_keyframe_is_a_broken_chain():
 def test_rejects_integer_state():
     with pytest.raises(lcckpt.UnsupportedDtypeError):
         lcckpt.DeltaEncoder().encode(np.arange(5))
+
+
+def test_replay_into_decodes_a_waiting_keyframe_and_its_deltas_into_the_callers_array():
+    """``Reconstruction.replay_into``: the same values as a replay into fresh memory, the
+    caller's array becoming the reference; nothing done where it does not fit."""
+    from lcckpt.codec.delta import Reconstruction
+    enc = lcckpt.DeltaEncoder(bits=2, chunk_size=1024)
+    blobs = [enc.encode(u) for u in _walk(5000, 4, 1)]
+
+    def rec():
+        r = Reconstruction()
+        for b in blobs:
+            r.apply(b)
+        return r
+    want = rec().value()
+    out = np.full(5000, np.nan, np.float32)
+    r = rec()
+    for bad in (np.zeros(5000, np.float64), np.zeros(4999, np.float32),
+                np.zeros(10000, np.float32)[::2], np.zeros((50, 100), np.float32)):
+        assert not r.replay_into(bad)                   # wrong dtype, size, layout or shape
+    assert r.replay_into(out)
+    assert out.tobytes() == want.tobytes() == enc.reference().tobytes()
+    assert r.ref is out and not r.replay_into(np.zeros(5000, np.float32))  # none waits now

@@ -150,8 +150,10 @@ def test_the_peer_copy_benchmark_runs():
 
 
 @pytest.mark.slow
-def test_the_restore_phases_benchmark_times_every_phase_on_both_ranks():
-    out = _benchmark("restore_phases.py", "--total-mb", "4", "--repeats", "1")
+@pytest.mark.parametrize("kind", [(), ("--chain",)], ids=["exact", "chain"])
+def test_the_restore_phases_benchmark_times_every_phase_on_both_ranks(kind):
+    out = _benchmark("restore_phases.py", "--total-mb", "4", "--repeats", "1", *kind)
+    assert ("chain" in out) == bool(kind), out
     rows = {line.split()[0]: [float(v) for v in line.split()[1:]] for line in out.splitlines()
             if line.split() and line.split()[0] in ("total", "decode", "writes", "give")}
     assert set(rows) == {"total", "decode", "writes", "give"}, out

@@ -82,12 +82,8 @@ def test_exact_round_trip_one_process(tmp_path):
     assert_equal_state(target, state)
 
 
-def test_an_exact_item_taken_whole_decodes_straight_into_its_target(tmp_path, monkeypatch):
-    """No second copy: a tensor that one request takes whole is decoded into the target
-    itself, and a target of another dtype (a copy is then needed) still loads."""
-    g = torch.Generator().manual_seed(0)
-    state = {"w": torch.randn(300, 200, generator=g), "b": torch.randn(7, generator=g)}
-    ld.save(state, tmp_path / "c")
+def _count_copies(monkeypatch) -> list:
+    """The element counts of every ``Tensor.copy_`` from now on (the list fills up)."""
     copies = []
     real = torch.Tensor.copy_
 
@@ -95,6 +91,16 @@ def test_an_exact_item_taken_whole_decodes_straight_into_its_target(tmp_path, mo
         copies.append(self.numel())
         return real(self, src, *a, **k)
     monkeypatch.setattr(torch.Tensor, "copy_", counted)
+    return copies
+
+
+def test_an_exact_item_taken_whole_decodes_straight_into_its_target(tmp_path, monkeypatch):
+    """No second copy: a tensor that one request takes whole is decoded into the target
+    itself, and a target of another dtype (a copy is then needed) still loads."""
+    g = torch.Generator().manual_seed(0)
+    state = {"w": torch.randn(300, 200, generator=g), "b": torch.randn(7, generator=g)}
+    ld.save(state, tmp_path / "c")
+    copies = _count_copies(monkeypatch)
     target = {"w": torch.zeros(300, 200), "b": torch.zeros(7)}
     ld.load(target, tmp_path / "c")
     assert torch.equal(target["w"], state["w"]) and torch.equal(target["b"], state["b"])
@@ -103,6 +109,57 @@ def test_an_exact_item_taken_whole_decodes_straight_into_its_target(tmp_path, mo
     wide = {"w": torch.zeros(300, 200, dtype=torch.float64), "b": torch.zeros(7)}
     ld.load(wide, tmp_path / "c")
     assert torch.equal(wide["w"], state["w"].double()) and 300 * 200 in copies
+
+
+def test_a_chain_item_taken_whole_replays_straight_into_its_target(tmp_path, monkeypatch):
+    """A chain's fp32 item that one request takes whole is replayed (keyframe and deltas)
+    in the target itself: no copy, and no buffer of its size; a bf16 item, whose working
+    dtype is fp32, and an fp64 target are copied, and all equal the writer's references."""
+    g = torch.Generator().manual_seed(0)
+    state = {"w": torch.randn(300, 200, generator=g),
+             "b": torch.randn(4096, generator=g).bfloat16()}
+    ck = ld.DistributedCheckpointer(tmp_path, bits=2, keyframe_every=10)
+    for step in range(3):
+        state["w"] += torch.randn(300, 200, generator=g) * 1e-3
+        state["b"] += (torch.randn(4096, generator=g) * 1e-2).bfloat16()
+        ck.save(step, state)
+    refs = {piece.key: ref for piece, ref in ck.references().items()}
+    copies = _count_copies(monkeypatch)
+    target = zeros_like_state(state)
+    assert ck.load(target) == 2
+    assert torch.equal(target["w"], refs["w"]) and torch.equal(target["b"], refs["b"])
+    assert 300 * 200 not in copies and 4096 in copies, copies
+    copies.clear()
+    wide = {"w": torch.zeros(300, 200, dtype=torch.float64), "b": torch.zeros(4096).bfloat16()}
+    assert ck.load(wide) == 2
+    assert torch.equal(wide["w"], refs["w"].double()) and 300 * 200 in copies
+
+
+def test_a_chain_whose_earlier_file_is_gone_or_cut_short_says_so(tmp_path):
+    """Each local file is opened once per load: a missing one is still a BrokenChainError
+    naming it, one cut short a TruncatedError, and the load's files are closed after."""
+    from lcckpt.errors import BrokenChainError, TruncatedError
+    g = torch.Generator().manual_seed(0)
+    state = {"w": torch.randn(300, 200, generator=g)}
+    ck = ld.DistributedCheckpointer(tmp_path, bits=2, keyframe_every=10)
+    for step in range(3):
+        state["w"] += torch.randn(300, 200, generator=g) * 1e-3
+        ck.save(step, state)
+    files = {s: [os.path.join(ck.path(s), n) for n in os.listdir(ck.path(s))
+                 if n.endswith(".distcp")] for s in range(3)}
+    target = zeros_like_state(state)
+    assert ck.load(target) == 2
+    fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    with open(files[1][0], "r+b") as f:
+        f.truncate(f.seek(0, os.SEEK_END) // 2)
+    with pytest.raises(TruncatedError, match="bytes expected"):
+        ck.load(zeros_like_state(state))
+    os.remove(files[0][0])
+    with pytest.raises(BrokenChainError, match="is missing") as e:
+        ck.load(zeros_like_state(state))
+    assert os.path.basename(files[0][0]) in str(e.value)
+    if fds is not None:
+        assert len(os.listdir("/proc/self/fd")) == fds
 
 
 def test_chain_deltas_reload_bit_identical_to_references(tmp_path):

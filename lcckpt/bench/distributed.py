@@ -100,6 +100,22 @@ def _zeros(state: dict) -> dict:
             for k, v in state.items()}
 
 
+def bench_chain(state: dict, root: str, group=None) -> str:
+    """The restore benchmarks' chain, saved by the ranks of ``group``: a keyframe and 5
+    deltas (``bits=2``) of ``state``, moved by the same update on every rank (replicated).
+    Returns the newest step's directory."""
+    import lcckpt.distributed as ld
+    ck = ld.DistributedCheckpointer(root, bits=2, keyframe_every=50, process_group=group)
+    gen = torch.Generator().manual_seed(1)
+    for step in range(6):
+        if step:
+            for v in state.values():
+                if isinstance(v, torch.Tensor):
+                    v.add_(torch.randn(v.shape, generator=gen).mul_(2e-4))
+        ck.save(step, state)
+    return ck.path(5)
+
+
 def _timed_load(target, path, group, cooperative=True) -> tuple[float, int]:
     """``ld.load`` of ``path`` into ``target`` by the ranks of ``group``, barrier to
     barrier: (seconds, bytes this rank read)."""
@@ -126,15 +142,7 @@ def _restores(cfg, groups, rank, state) -> dict:
     g2 = groups[2][0]
     exact = os.path.join(cfg["root"], "restore_exact")
     ld.save(state, exact, process_group=g2)
-    ck = ld.DistributedCheckpointer(os.path.join(cfg["root"], "restore_chain"), bits=2,
-                                    keyframe_every=50, process_group=g2)
-    gen = torch.Generator().manual_seed(1)
-    for step in range(6):                    # the same update on both ranks: replicated
-        if step:
-            for v in state.values():
-                if isinstance(v, torch.Tensor):
-                    v.add_(torch.randn(v.shape, generator=gen).mul_(2e-4))
-        ck.save(step, state)
+    chain = bench_chain(state, os.path.join(cfg["root"], "restore_chain"), g2)
     out = {f"{kind}:{w}": [] for kind, w, _ in RESTORES}
     for rep in range(cfg["repeats"] + 1):
         for kind, w, coop in RESTORES:
@@ -142,7 +150,7 @@ def _restores(cfg, groups, rank, state) -> dict:
             secs, nbytes = 0.0, 0
             if rank in members:
                 secs, nbytes = _timed_load(_zeros(state), exact if kind == "exact"
-                                           else ck.path(5), group, coop)
+                                           else chain, group, coop)
             got = [None] * dist.get_world_size()
             dist.all_gather_object(got, (secs, nbytes))
             if rep > 0:

@@ -21,14 +21,15 @@ the call's own and not the loading's). Cases:
 * ``bench``: ``lcckpt bench --checkpoint`` of two of the torch files;
 * ``dist-restore``: ``lcckpt.distributed.load`` of an exact distributed checkpoint of the
   newest state (``lcckpt.distributed.save``, one process) into that state's tensors,
-  which the process holds already.
+  which the process holds already; ``dist-chain``: the same from a default distributed
+  chain of the three states (``DistributedCheckpointer.load``: keyframe + 2 deltas).
 
 Each case's "extra" is peak minus what the process held before (its states, or for
 ``restore`` and ``bench`` the imported interpreter alone), against the bars of the plan:
 beyond the state, a save or restore at most the reference plus 10% of the state (for
 ``delta`` the reference is resident before; a restore makes the state; ``dist-restore``
-keeps no reference and loads into tensors it holds), the manager at most 1.5x the
-state, ``bench`` at most 3x one state.
+and ``dist-chain`` keep no reference and load into tensors they hold), the manager at
+most 1.5x the state, ``bench`` at most 3x one state.
 """
 
 from __future__ import annotations
@@ -113,12 +114,19 @@ elif case == "dist-restore":
     before = status("VmRSS"); reset_peak()
     ld.load(target, f"{d}/dist")
     out["calls"] = "lcckpt.distributed.load of an exact checkpoint into the state's tensors"
+elif case == "dist-chain":
+    import lcckpt.distributed as ld
+    target = torch.load(f"{d}/s2.pt")
+    ck = ld.DistributedCheckpointer(f"{d}/dchain")
+    before = status("VmRSS"); reset_peak()
+    ck.load(target)
+    out["calls"] = "DistributedCheckpointer.load (keyframe + 2 deltas) into the state's tensors"
 out.update(before=before, peak=status("VmHWM"))
 print(json.dumps(out))
 """
 
 CASES = ("save", "delta", "restore", "manager", "manager-sync", "manager-overlap", "bench",
-         "dist-restore")
+         "dist-restore", "dist-chain")
 
 
 def prepare(d: str, steps: int = 6) -> dict:
@@ -141,6 +149,9 @@ def prepare(d: str, steps: int = 6) -> dict:
     with warnings.catch_warnings():          # DCP: no process group, one process saves
         warnings.simplefilter("ignore", UserWarning)
         ld.save(snaps[-1], os.path.join(d, "dist"))
+        dchain = ld.DistributedCheckpointer(os.path.join(d, "dchain"))
+        for i, s in enumerate(snaps):
+            dchain.save(i, s)
     tensors = flat_tensors(snaps[-1]).values()
     return {"state_bytes": sum(v.numel() * v.element_size() for v in tensors),
             "fp32_tracked_bytes": sum(v.numel() * 4 for v in tensors
@@ -166,7 +177,7 @@ def run(cases=CASES, directory: str | None = None) -> dict:
     # the state (a save's "before" holds both already; a restore makes the state itself)
     bars = {"save": ref + 0.1 * s, "delta": 0.1 * s, "restore": s + ref + 0.1 * s,
             "manager": 1.5 * s, "manager-sync": 1.5 * s, "manager-overlap": 1.5 * s,
-            "bench": 3 * s, "dist-restore": 0.1 * s}
+            "bench": 3 * s, "dist-restore": 0.1 * s, "dist-chain": 0.1 * s}
     for r in rows:
         r["bar"] = bars[r["case"]]
         r["extra_over_state"] = r["extra"] / s

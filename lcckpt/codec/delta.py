@@ -439,6 +439,21 @@ class Reconstruction:
         self.pending = []
         self.dt, self.shape = dtypes.BY_NAME[name], p.shape
 
+    def replay_into(self, out: np.ndarray) -> bool:
+        """Decode the waiting keyframe and the pending deltas straight into ``out`` (flat,
+        writable, C-contiguous, the keyframe's working dtype and size), which becomes the
+        reference: a restore into a model's own tensors then makes no copy and touches no
+        fresh memory. False (nothing done) where no keyframe waits or ``out`` does not fit."""
+        if self._key is None:
+            return False
+        p = self._key[1]
+        if out.dtype != p.dt.numpy or out.ndim != 1 or out.size != p.n \
+                or not out.flags.c_contiguous or not out.flags.writeable:
+            return False
+        replay(self.pending, out, base=self._key)
+        self._ref, self._key, self.pending = out, None, []
+        return True
+
     def value(self, copy: bool = True):
         """The restored tensor in its own dtype; ``copy=False`` hands over the reference
         itself (for a final step whose reconstruction is discarded)."""

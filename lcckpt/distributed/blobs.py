@@ -1,4 +1,5 @@
-"""A large lossless blob of a local checkpoint file, decoded as it is read.
+"""Blobs of local checkpoint files: a large lossless one decoded as it is read, the rest
+read through one open file per path for a whole load.
 
 An exact item (and a distributed chain's keyframe) used to be read whole into fresh
 memory, then decoded: a transient copy of the item's coded bytes, and page faults that
@@ -7,6 +8,11 @@ Here a lossless blob of :data:`~lcckpt.codec.streamed.STREAM_MIN` bytes or more 
 local file is read chunk by chunk into per-thread buffers and decoded straight into its
 target, its own header and payload CRCs checked as it goes. Remote files (fsspec) are
 read whole, as before.
+
+A chain's item is a blob in each of several files (its keyframe's and every delta's):
+a load of 200 items read 1,200 blobs, and opening the file (and asking whether it exists)
+for each cost about 23 us a blob, as much as reading it. :class:`LocalFiles` keeps each
+file open for the load instead.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ import torch
 
 from ..codec import dtypes
 from ..codec.streamed import STREAM_MIN, StreamedBlob, streamed
-from ..format.sources import PartReader
+from ..errors import BrokenChainError, TruncatedError
+from ..format.sources import FileSource, PartReader
 
 
 def streamed_blob(path: str, offset: int, length: int, work: str | None,
@@ -36,3 +43,34 @@ def as_tensor(x) -> torch.Tensor:
         return x
     a = np.asarray(x)
     return torch.from_numpy(a if a.flags.writeable else a.copy())
+
+
+class LocalFiles:
+    """Positional reads of local checkpoint files, each opened once; :meth:`close` when
+    the load is over (also after an error)."""
+
+    def __init__(self):
+        self._open: dict[str, FileSource] = {}
+
+    def read(self, path: str, offset: int, length: int) -> memoryview:
+        """``length`` bytes of ``path`` at ``offset``: BrokenChainError where the file is
+        missing (a checkpoint this one depends on was deleted), TruncatedError where it
+        ends first."""
+        src = self._open.get(path)
+        if src is None:
+            try:
+                f = open(path, "rb")
+            except FileNotFoundError as e:
+                raise BrokenChainError(f"{path} is missing: a checkpoint this one depends "
+                                       "on was deleted or moved") from e
+            src = self._open[path] = FileSource(f, 0, owned=True)
+        data = src.read(offset, length)
+        if len(data) != length:
+            raise TruncatedError(f"{path}: {length} bytes expected at offset {offset}, "
+                                 f"got {len(data)}")
+        return data
+
+    def close(self) -> None:
+        for src in self._open.values():
+            src.f.close()
+        self._open.clear()

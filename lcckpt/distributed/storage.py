@@ -45,7 +45,7 @@ from ..errors import BrokenChainError, CorruptDataError, InvalidArgumentError
 from ..codec.streamed import StreamedBlob
 from . import exchange, targets
 from ..format.sections import decode_streamed
-from .blobs import as_tensor, streamed_blob
+from .blobs import LocalFiles, as_tensor, streamed_blob
 from .refs import BACKGROUND, Background, Ref, park, park_in, read_blob, replay, resync
 from .metadata import MetadataUnpickler
 from .partition import Piece
@@ -406,6 +406,7 @@ class CompressedReader(FileSystemReader):
         self.bytes_read = 0                  # by the last read_data, for benchmarks and tests
         self.last_exchange: exchange.Exchange | None = None
         self._cached: tuple | None = None      # (raw .metadata, parsed): read once per load
+        self._files: LocalFiles | None = None  # local files open during read_data
 
     def read_metadata(self, *args, **kwargs) -> Metadata:
         path = self._get_metadata_path(kwargs.get("rank"))
@@ -444,39 +445,49 @@ class CompressedReader(FileSystemReader):
         self.bytes_read = 0
         self.last_exchange = plan.storage_data if isinstance(plan.storage_data,
                                                              exchange.Exchange) else None
-        if self.last_exchange is not None:                       # see exchange.py
-            exchange.run(plan.storage_data, plan, planner, self.storage_data,
-                         self.process_group, lambda info, reqs: self._item(info, reqs, planner),
-                         lambda reqs, whole: _apply(planner, reqs, whole))
-        else:
-            groups: dict = {}
-            for req in plan.items:
-                groups.setdefault(req.storage_index, []).append(req)
-            for idx in sorted(groups, key=lambda i: (self.storage_data[i].relative_path,
-                                                     self.storage_data[i].offset)):
-                _apply(planner, groups[idx],
-                       self._item(self.storage_data[idx], groups[idx], planner))
+        self._files = None if self.fs.remote else LocalFiles()
+        try:
+            if self.last_exchange is not None:                       # see exchange.py
+                exchange.run(plan.storage_data, plan, planner, self.storage_data,
+                             self.process_group,
+                             lambda info, reqs: self._item(info, reqs, planner),
+                             lambda reqs, whole: _apply(planner, reqs, whole))
+            else:
+                groups: dict = {}
+                for req in plan.items:
+                    groups.setdefault(req.storage_index, []).append(req)
+                for idx in sorted(groups, key=lambda i: (self.storage_data[i].relative_path,
+                                                         self.storage_data[i].offset)):
+                    _apply(planner, groups[idx],
+                           self._item(self.storage_data[idx], groups[idx], planner))
+        finally:
+            if self._files is not None:
+                self._files.close()
+            self._files = None
         fut: Future = Future()
         fut.set_result(None)
         return fut
 
     def _item(self, info: LcckptStorageInfo, reqs, planner):
-        """A stored item as read: a value's bytes, or the decoded tensor; an exact item
-        that one request takes whole is decoded straight into its target."""
+        """A stored item as read: a value's bytes, or the decoded tensor; an item that one
+        request takes whole is decoded straight into its target (a chain's where its
+        dtype is the working one: fp32, fp64)."""
         if info.codec == "bytes":
             return io.BytesIO(self._read(info.relative_path, info.offset, info.length))
-        out = exchange.whole_target(info, reqs, planner) if info.codec == "exact" else None
-        return self._decode(info, out)
+        return self._decode(info, exchange.whole_target(info, reqs, planner))
 
     def _read(self, rel: str, offset: int, length: int, stream_as: str | None = None):
         """The blob's bytes; or, for a large lossless one stored as ``stream_as`` in a local
         file, a :class:`~lcckpt.codec.streamed.StreamedBlob` (blobs.py)."""
         path = self.fs.join(self.path, rel)
-        if not self.fs.exists(path):
-            raise BrokenChainError(f"{path} is missing: a checkpoint this one depends on "
-                                   "was deleted or moved")
-        data = None if self.fs.remote else streamed_blob(path, offset, length, stream_as, rel)
-        if data is None:
+        if self._files is not None:             # a local file, kept open for the load
+            data = streamed_blob(path, offset, length, stream_as, rel)
+            if data is None:
+                data = self._files.read(path, offset, length)
+        else:
+            if not self.fs.exists(path):
+                raise BrokenChainError(f"{path} is missing: a checkpoint this one depends "
+                                       "on was deleted or moved")
             data = read_blob(self.fs, path, offset, length)
         self.bytes_read += length
         return data
@@ -492,7 +503,11 @@ class CompressedReader(FileSystemReader):
             out = blob if isinstance(blob, torch.Tensor) else as_tensor(decode(blob, out=out))
         elif info.codec == "delta":
             work = dtypes.work_name(dtype_name(info))
-            out = as_tensor(info.replay(self._read, work).value(copy=False))
+            rec = info.replay(self._read, work)
+            # an fp32/fp64 item replays straight into its target, if it has one
+            if out is None or out.dtype not in (torch.float32, torch.float64) or \
+                    not rec.replay_into(out.view(-1).numpy()):
+                out = as_tensor(rec.value(copy=False))
         else:
             raise CorruptDataError(f"unknown codec {info.codec!r} in checkpoint metadata")
         if str(out.dtype) != info.dtype or tuple(out.shape) != tuple(info.shape):
