@@ -3,7 +3,6 @@ server (moto's, started and stopped here; skipped with the reason where it canno
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -138,22 +137,17 @@ def test_remote_paths_resolve_dot_dot_and_relative_paths_round_trip():
 
 # -- an S3-compatible server ------------------------------------------------------------------
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def s3():
-    """A moto S3 server on a free local port, and storage_options that reach it."""
+    """A moto S3 server on a local port the kernel picks as it binds (none picked first,
+    which another process could take), and storage_options that reach it."""
     pytest.importorskip("s3fs", reason="s3fs is not installed (pip install s3fs)")
     server_mod = pytest.importorskip("moto.server",
                                      reason="moto's server is not installed (pip install 'moto[server]')")
-    port = _free_port()
     try:
-        server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
+        port = server.get_host_and_port()[1]
     except Exception as e:                                   # noqa: BLE001
         pytest.skip(f"moto's S3 server did not start: {type(e).__name__}: {e}")
     opts = {"key": "testing", "secret": "testing",
