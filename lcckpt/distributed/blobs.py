@@ -45,6 +45,21 @@ def as_tensor(x) -> torch.Tensor:
     return torch.from_numpy(a if a.flags.writeable else a.copy())
 
 
+def missing(path: str) -> BrokenChainError:
+    """The error of a load whose file ``path`` is gone."""
+    return BrokenChainError(f"{path} is missing: a checkpoint this one depends on was "
+                            "deleted or moved")
+
+
+def exactly(data, path: str, offset: int, length: int):
+    """``data``, read from ``path`` at ``offset``, if it is all ``length`` bytes asked for;
+    TruncatedError where the file ended first."""
+    if len(data) != length:
+        raise TruncatedError(f"{path}: {length} bytes expected at offset {offset}, "
+                             f"got {len(data)}")
+    return data
+
+
 class LocalFiles:
     """Positional reads of local checkpoint files, each opened once; :meth:`close` when
     the load is over (also after an error)."""
@@ -61,14 +76,9 @@ class LocalFiles:
             try:
                 f = open(path, "rb")
             except FileNotFoundError as e:
-                raise BrokenChainError(f"{path} is missing: a checkpoint this one depends "
-                                       "on was deleted or moved") from e
+                raise missing(path) from e
             src = self._open[path] = FileSource(f, 0, owned=True)
-        data = src.read(offset, length)
-        if len(data) != length:
-            raise TruncatedError(f"{path}: {length} bytes expected at offset {offset}, "
-                                 f"got {len(data)}")
-        return data
+        return exactly(src.read(offset, length), path, offset, length)
 
     def close(self) -> None:
         for src in self._open.values():

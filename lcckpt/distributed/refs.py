@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from functools import partial
 
 from ..codec.delta import DeltaEncoder, Reconstruction
-from ..errors import LcckptError, TruncatedError
+from ..errors import LcckptError
+from .blobs import exactly
 
 
 class Background:
@@ -80,8 +81,4 @@ def read_blob(fs, path: str, offset: int, length: int) -> bytes:
     """``length`` bytes of ``path`` at ``offset``, on the writer's filesystem."""
     with fs.create_stream(path, "rb") as f:
         f.seek(offset)
-        data = f.read(length)
-    if len(data) != length:
-        raise TruncatedError(f"{path}: {length} bytes expected at offset {offset}, "
-                             f"got {len(data)}")
-    return data
+        return exactly(f.read(length), path, offset, length)

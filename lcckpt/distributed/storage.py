@@ -41,11 +41,11 @@ from ..codec import dtypes
 from ..codec.tensor import decode, encode
 from ..chain.policy import RolePolicy
 from ..codec.delta import Reconstruction
-from ..errors import BrokenChainError, CorruptDataError, InvalidArgumentError
+from ..errors import CorruptDataError, InvalidArgumentError
 from ..codec.streamed import StreamedBlob
 from . import exchange, targets
 from ..format.sections import decode_streamed
-from .blobs import LocalFiles, as_tensor, streamed_blob
+from .blobs import LocalFiles, as_tensor, missing, streamed_blob
 from .refs import BACKGROUND, Background, Ref, park, park_in, read_blob, replay, resync
 from .metadata import MetadataUnpickler
 from .partition import Piece
@@ -486,8 +486,7 @@ class CompressedReader(FileSystemReader):
                 data = self._files.read(path, offset, length)
         else:
             if not self.fs.exists(path):
-                raise BrokenChainError(f"{path} is missing: a checkpoint this one depends "
-                                       "on was deleted or moved")
+                raise missing(path)
             data = read_blob(self.fs, path, offset, length)
         self.bytes_read += length
         return data
