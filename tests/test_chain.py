@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from torch import nn
 
 import lcckpt
 from lcckpt import BrokenChainError, ChecksumError, DeltaCheckpointer, DeltaDecoder, DeltaEncoder
+from lcckpt.chain import restore as restore_mod
 from lcckpt.chain.directory import file_name
 from lcckpt.chain.lock import LOCK_NAME
 from lcckpt.format.container import read_container
@@ -245,6 +247,73 @@ def test_reopen_continues_the_chain_like_a_continuous_writer(tmp_path):
         x = a.load(step)
         assert_exact(x, b.load(step))
         assert_exact(x, c.load(step))
+
+
+def _restart_runs(tmp_path, before_save, steps=(6, 9), resume=True):
+    """A chain of ``steps[0]`` steps continued to ``steps[1]`` by a restarted writer that
+    first loads the newest step (``resume``) and changes what it got in place, as
+    training does; ``before_save(writer)`` runs between. Returns the directory, and how
+    often the writer replayed the chain without building an object."""
+    d = tmp_path / ("resumed" if resume else "plain")
+    with DeltaCheckpointer(d, keyframe_every=8) as ck:
+        for step in range(steps[0]):
+            ck.save(step, _state(step))
+    w = DeltaCheckpointer(d, keyframe_every=8)
+    got = w.load(resume=resume)
+    for v in got["model"].values():
+        v.add_(1.0)                          # training moves the loaded tensors
+    before_save(w)
+    calls = []
+    real = restore_mod.restore
+    def counting(*a, **k):
+        calls.append(k.get("build"))
+        return real(*a, **k)
+    with mock.patch.object(restore_mod, "restore", counting):
+        for step in range(w.steps()[-1] + 1, steps[1]):
+            w.save(step, _state(step))
+    w.close()
+    return d, calls.count(False)
+
+
+def _same_files(a, b):
+    names = sorted(os.listdir(a))
+    assert names == sorted(os.listdir(b))
+    for n in names:
+        if n.endswith(".lcc"):
+            assert (a / n).read_bytes() == (b / n).read_bytes(), n
+
+
+@pytest.mark.parametrize("steps", [(6, 9), (1, 4)])       # (1, 4): a keyframe alone
+def test_load_resume_lets_the_next_save_continue_without_replaying_the_chain(tmp_path, steps):
+    """load(resume=True) hands the writer the references it restored: the next saves
+    write the very bytes a writer that replays the chain writes, with no second replay;
+    the loaded object itself is the caller's (changing it changes nothing)."""
+    plain, replays = _restart_runs(tmp_path, lambda w: None, steps, resume=False)
+    assert replays == 1
+    resumed, replays = _restart_runs(tmp_path, lambda w: None, steps)
+    assert replays == 0
+    _same_files(plain, resumed)
+
+
+def test_load_resume_replays_again_when_the_chain_moved_on(tmp_path):
+    """The kept references are used only for the very file they restored: after a merge
+    (its depth and movement start over) or a step another writer added, the chain is
+    replayed, and the files are again what a plain restart writes."""
+    def merge(w):
+        w.merge()
+        w.close()
+
+    def another_writer(w):
+        with DeltaCheckpointer(w.directory, keyframe_every=8) as other:
+            other.save(6, _state(6))
+    for change in (merge, another_writer):
+        runs = []
+        for resume in (False, True):
+            sub = tmp_path / change.__name__
+            sub.mkdir(exist_ok=True)
+            runs.append(_restart_runs(sub, change, resume=resume))
+        assert [r[1] for r in runs] == [1, 1]
+        _same_files(runs[0][0], runs[1][0])
 
 
 # --------------------------------------------------------------------------- merge

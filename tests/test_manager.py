@@ -1,15 +1,18 @@
 """CheckpointManager: what it saves and restores, its background writer, and resuming
 training after a kill (subprocess tests in _manager_worker.py)."""
 
+import contextlib
 import importlib.util
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -21,6 +24,8 @@ from lcckpt.training.hostcopy import HostBuffers
 from lcckpt.training.losscurve import LossCurve
 from lcckpt.errors import InvalidArgumentError, UnsafeObjectError
 from lcckpt.training.manager import CheckpointManager
+
+from helpers import assert_same
 
 WORKER = Path(__file__).with_name("_manager_worker.py")
 ROOT = Path(__file__).resolve().parent.parent
@@ -277,12 +282,55 @@ def test_damaged_newest_file_falls_back_and_chain_continues(tmp_path):
     with pytest.warns(RuntimeWarning, match="step 6"):
         assert mgr.restore() == 4
     assert Path(path + ".damaged").exists()
-    for _ in range(2):
-        mgr.step(_train(model, opt))
-    mgr.close()
+    with _counting_replays() as replays:
+        for _ in range(2):
+            mgr.step(_train(model, opt))
+        mgr.close()
+    assert replays == []          # the writer went on from the references restore kept
     ck = lcckpt.DeltaCheckpointer(tmp_path)
     assert ck.steps() == [2, 4, 6]
     ck.load(6)                                  # the new step 6 continues from step 4
+
+
+@contextlib.contextmanager
+def _counting_replays():
+    """The chain replays that build no object (a writer resuming from disk), listed."""
+    from lcckpt.chain import restore as restore_mod
+    calls, real = [], restore_mod.restore
+
+    def counting(*a, **k):
+        if not k.get("build", True):
+            calls.append(a[1])
+        return real(*a, **k)
+    with mock.patch.object(restore_mod, "restore", counting):
+        yield calls
+
+
+def test_restored_manager_continues_the_chain_without_replaying_it(tmp_path):
+    """After restore() the manager's first checkpoint, written in the background, starts
+    from the references the restore decoded, and writes what a writer that replays the
+    chain from disk writes: the same restored step."""
+    model, opt = _setup()
+    with CheckpointManager(tmp_path / "a", model, opt, every=2, backpressure="wait") as mgr:
+        for _ in range(4):
+            mgr.step(_train(model, opt))
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    ends = []
+    for d, patch in (("a", False), ("b", True)):
+        model, opt = _setup(seed=1)
+        mgr = CheckpointManager(tmp_path / d, model, opt, every=2, backpressure="wait")
+        assert mgr.restore() == 4
+        if patch:                         # a plain load: the writer must replay the chain
+            mgr._ck._primed = None
+        torch.manual_seed(7)
+        with _counting_replays() as replays:
+            for _ in range(2):
+                mgr.step(_train(model, opt))
+            mgr.close()
+        assert len(replays) == patch
+        ends.append(lcckpt.DeltaCheckpointer(tmp_path / d).load(6))
+    for part in ("model", "optimizer"):  # (the files also hold measured times)
+        assert_same(ends[0][part], ends[1][part])
 
 
 def test_closed_manager_refuses_steps(tmp_path):

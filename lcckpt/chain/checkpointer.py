@@ -39,7 +39,6 @@ writes, since files only ever appear complete.
 from __future__ import annotations
 
 import functools
-import operator
 import os
 import threading
 import warnings
@@ -59,7 +58,7 @@ from ..format.flatten import census
 from ..format import stream as _stream
 from ..util import durable as _durable
 from . import restore as _restore
-from .directory import ChainDirectory, file_name
+from .directory import ChainDirectory, check_step, file_name
 from .links import CHAIN_VERSION, stamp_state_id
 from .lock import WriterLock
 from .moments import first_moments
@@ -175,6 +174,7 @@ class DeltaCheckpointer:
         self._encoders: dict[str, DeltaEncoder] | None = None   # None: not in sync with disk
         self._exact_of: dict[str, bool] = {}    # path -> its encoder codes exact deltas
         self._last: dict | None = None      # step, state_id, depth of the newest file
+        self._primed: tuple | None = None   # (step, state_id, depth, tracks): load(resume=True)
         self._force_keyframe = False
         self._header_need = {True: None, False: None}   # the last streamed keyframe's and
                                                          # delta's header need
@@ -252,7 +252,7 @@ class DeltaCheckpointer:
         longer read, before the file is synced and committed (not at all if the save fails
         first): a caller saving live tensors from another thread may let training change
         them from then on."""
-        step = self._check_step(step)
+        step = check_step(step)
         try:
             os.makedirs(self.directory, exist_ok=True)
         except OSError as e:
@@ -390,29 +390,18 @@ class DeltaCheckpointer:
         return DeltaEncoder(bits, self.coder, error_bound=self.error_bound,
                             keyframe_coding=self.keyframe_coding)
 
-    @staticmethod
-    def _check_step(step) -> int:
-        try:
-            if isinstance(step, bool):      # save(is_best, state): an int, but not a step
-                raise TypeError
-            step = operator.index(step)
-        except TypeError:
-            raise InvalidArgumentError(f"step must be an int, got {type(step).__name__}") from None
-        if step < 0:
-            raise InvalidArgumentError(f"step must be >= 0, got {step}")
-        return step
-
     def _resume(self) -> None:
         """Rebuild the encoders' references from disk: what a reader reconstructs."""
         self._clean_temps()
         self._encoders, self._last, self._force_keyframe = {}, None, False
+        primed, self._primed = self._primed, None
         steps = self.steps()
         if not steps:
             return
         latest = steps[-1]
         try:
-            _, links, tracks = _restore.restore(self._dir, latest, build=False, max_bytes=None,
-                                                movement=self._movement_targets())
+            tracks, state_id, depth = _restore.resume_from(self._dir, latest, primed,
+                                                           self._movement_targets())
         except (LcckptError, OSError) as e:
             warnings.warn(f"cannot continue the delta chain from step {latest} ({e}); the next "
                           "save is written as a keyframe", RuntimeWarning, stacklevel=3)
@@ -420,8 +409,7 @@ class DeltaCheckpointer:
             self._force_keyframe = True
             return
         self._encoders.update(tracks)   # Reconstructions: the first save makes the encoders
-        top = links[-1][1]
-        self._last = {"step": latest, "state_id": top.state_id, "depth": top.depth}
+        self._last = {"step": latest, "state_id": state_id, "depth": depth}
 
     def _park(self) -> None:
         """The references of the tensors this save found unchanged leave memory: the
@@ -446,20 +434,30 @@ class DeltaCheckpointer:
             if not steps:
                 raise self._dir.no_checkpoints()
             return steps[-1]
-        return self._check_step(step)
+        return check_step(step)
 
     def load(self, step: int | None = None, map_location=None, *,
-             max_bytes=limits.DEFAULT) -> Any:
+             max_bytes=limits.DEFAULT, resume: bool = False) -> Any:
         """The object stored as ``step`` (default: the newest), rebuilt through its chain.
 
         ``max_bytes`` as in :func:`lcckpt.load`, for the files of the chain together:
         each must declare at most the limit, "auto" being computed from their total size;
         under "auto" a delta's tensors that the chain already holds at their size do not
         count (they decode in place), so a delta 1000x smaller than its state loads.
+
+        ``resume=True``: this checkpointer goes on writing the chain after a restart. It
+        keeps the step's restored references (memory as large as its tracked tensors,
+        which the next save would rebuild anyway), so that save does not replay the whole
+        chain a second time. They are used if the step is still the newest when it saves
+        (with the same contents), and dropped otherwise.
         """
         step = self._step_or_newest(step)
-        return _restore.restore(self._dir, step, build=True, map_location=map_location,
-                                keep_tracks=False, max_bytes=max_bytes)[0]
+        obj, links, tracks = _restore.restore(
+            self._dir, step, build=True, map_location=map_location, keep_tracks=resume,
+            max_bytes=max_bytes, movement=resume and self._movement_targets())
+        if resume:
+            self._primed = (step, links[-1][1].state_id, links[-1][1].depth, tracks)
+        return obj
 
     def replay(self, start: int | None = None, stop: int | None = None, map_location=None,
                *, max_bytes=limits.DEFAULT, build: bool = True, copy: bool = True):

@@ -4,10 +4,11 @@ header of each (cached by file identity), and what to say when one is missing.""
 from __future__ import annotations
 
 import errno
+import operator
 import os
 import re
 
-from ..errors import NotFoundError, StorageError
+from ..errors import InvalidArgumentError, NotFoundError, StorageError
 from ..format.container import read_container
 from .links import Link, with_sizes
 from .lock import LOCK_NAME
@@ -18,6 +19,19 @@ NAME_RE = re.compile(r"step-(\d{12,})\.lcc")
 def file_name(step: int) -> str:
     """The file name of ``step`` in a checkpoint directory."""
     return f"step-{step:012d}.lcc"
+
+
+def check_step(step) -> int:
+    """``step`` as an int, or :class:`InvalidArgumentError` saying why it is not a step."""
+    try:
+        if isinstance(step, bool):      # save(is_best, state): an int, but not a step
+            raise TypeError
+        step = operator.index(step)
+    except TypeError:
+        raise InvalidArgumentError(f"step must be an int, got {type(step).__name__}") from None
+    if step < 0:
+        raise InvalidArgumentError(f"step must be >= 0, got {step}")
+    return step
 
 
 class ChainDirectory:

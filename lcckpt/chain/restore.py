@@ -77,7 +77,8 @@ def restore(d: ChainDirectory, step: int, *, build: bool, map_location=None, kno
             try:
                 origin = (link.step, path)
                 if build and i == len(links) - 1:
-                    replay = FileReplay(tracks, copy=keep_tracks and not share, origin=origin)
+                    replay = FileReplay(tracks, copy=keep_tracks and not share,
+                                        movement=movement, origin=origin)
                     replay.advance_all(c, settle=True)
                     obj = unpack(c, map_location, decode_leaf=replay.decode_leaf)
                     tracks = replay.after
@@ -88,6 +89,19 @@ def restore(d: ChainDirectory, step: int, *, build: bool, map_location=None, kno
                 at, where = getattr(e, "origin", None) or (link.step, path)
                 raise fault(step, at, where, e) from e
         return obj, [(c, link) for c, link, _ in links], tracks
+
+
+def resume_from(d: ChainDirectory, step: int, primed=None, movement: bool = False):
+    """``(tracks, state_id, depth)`` that a writer continues the chain from at ``step``:
+    ``primed``, ``(step, state_id, depth, tracks)`` kept by a load, where it is that very
+    file (a merge since then, which starts the movement over, changes its depth), else
+    the chain replayed again (``movement`` as in :func:`restore`)."""
+    if primed is not None and primed[0] == step:
+        link = d.link(step)
+        if (link.state_id, link.depth) == primed[1:3]:
+            return primed[3], primed[1], primed[2]
+    _, links, tracks = restore(d, step, build=False, max_bytes=None, movement=movement)
+    return tracks, links[-1][1].state_id, links[-1][1].depth
 
 
 def restore_track(d: ChainDirectory, step: int, key: str) -> np.ndarray | None:

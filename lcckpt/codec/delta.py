@@ -461,7 +461,11 @@ class Reconstruction:
         if ref is None:
             return None
         ref = ref.reshape(self.shape)
-        return dtypes.from_float_work(ref.copy() if copy else ref, self.dt)
+        if copy and self.dt.native and ref.dtype == self.dt.numpy:   # else the cast copies
+            out = _memory.bulk_empty(ref.size, ref.dtype)      # small pages: steady faults
+            _pool.copy(out, ref.reshape(-1))
+            ref = out.reshape(self.shape)
+        return dtypes.from_float_work(ref, self.dt)
 
     def exact_blob(self) -> list:
         """The reference itself, losslessly, in the working precision (a merge keyframe)."""

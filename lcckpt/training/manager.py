@@ -237,14 +237,14 @@ class CheckpointManager:
         self._join()
         self._raise_error()
         t0 = time.perf_counter()
-        reader = DeltaCheckpointer(self.directory)
+        reader = DeltaCheckpointer(self.directory, **self._ck_args)   # the next writer
         steps = reader.steps()
         if not steps:
             return None
         state, step, failed = None, None, []
         for s in reversed(steps):
             try:
-                state = reader.load(s, map_location="cpu", max_bytes=max_bytes)
+                state = reader.load(s, map_location="cpu", max_bytes=max_bytes, resume=True)
                 step = s
                 break
             except (LcckptError, OSError) as e:
@@ -260,7 +260,7 @@ class CheckpointManager:
         self._load_measurements(m, step)
         for s, _ in failed:                       # out of the way of the continuing chain
             os.replace(reader.path(s), reader.path(s) + ".damaged")
-        self._ck = DeltaCheckpointer(self.directory, **self._ck_args)   # resync from disk
+        self._ck = reader     # its first save goes on from the references the load kept
         self._costs.add("restore", time.perf_counter() - t0)
         self._restored = True
         self.iteration = self.last_checkpoint = self.durable_step = step
