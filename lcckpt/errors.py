@@ -83,3 +83,18 @@ class DistributedCheckpointError(LcckptError):
     def __init__(self, msg: str, failures: dict | None = None):
         super().__init__(msg)
         self.failures = dict(failures or {})
+
+
+def proves_damage(e: BaseException) -> bool:
+    """Whether a failed restore proves its file damaged (so setting it aside is right):
+    corrupt data or a broken chain link, with no unreadable file, limit or newer
+    format anywhere in its causes."""
+    seen, x = [], e
+    while x is not None and len(seen) < 16:
+        seen.append(x)
+        x = x.__cause__
+    if any(isinstance(x, (ResourceLimitError, UnsupportedVersionError)) or
+           (isinstance(x, OSError) and not isinstance(x, FileNotFoundError))
+           for x in seen):
+        return False
+    return isinstance(e, (CorruptDataError, BrokenChainError))

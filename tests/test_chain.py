@@ -20,6 +20,7 @@ from torch import nn
 import lcckpt
 from lcckpt import BrokenChainError, ChecksumError, DeltaCheckpointer, DeltaDecoder, DeltaEncoder
 from lcckpt.chain import restore as restore_mod
+from lcckpt.codec import delta as delta_mod
 from lcckpt.chain.directory import file_name
 from lcckpt.chain.lock import LOCK_NAME
 from lcckpt.format.container import read_container
@@ -249,17 +250,51 @@ def test_reopen_continues_the_chain_like_a_continuous_writer(tmp_path):
         assert_exact(x, c.load(step))
 
 
-def _restart_runs(tmp_path, before_save, steps=(6, 9), resume=True):
+def _chain_of(d, n, **kw):
+    with DeltaCheckpointer(d, keyframe_every=8, **kw) as ck:
+        for step in range(n):
+            ck.save(step, _state(step))
+    return DeltaCheckpointer(d)
+
+
+@pytest.mark.parametrize("steps", [1, 6])
+def test_load_into_decodes_into_the_callers_tensors_and_equals_a_plain_load(tmp_path, steps):
+    """load(into=...) gives the same bits as load(); each host target of the stored dtype
+    and shape is the very tensor returned, an fp32/fp64 one replayed into with no fresh
+    array of its size; a target that does not fit is left alone."""
+    ck = _chain_of(tmp_path, steps)
+    want = ck.load()
+    model = {k: torch.full_like(v, 7) for k, v in want["model"].items()}
+    model["b"] = torch.zeros(3)                             # another shape: not used
+    targets = dict(model)
+    sizes = []
+    real = delta_mod._memory.bulk_empty
+    def recording(n, dtype):
+        sizes.append(int(np.prod(n)))
+        return real(n, dtype)
+    with mock.patch.object(delta_mod._memory, "bulk_empty", recording):
+        got = ck.load(into={"model": model, "step": torch.tensor(0)})
+    assert_exact(got, want)
+    for k, v in got["model"].items():
+        assert (v is targets[k]) == (k != "b"), k
+    assert torch.equal(model["b"], torch.zeros(3))
+    assert 6000 not in sizes and 4500 not in sizes        # fp32 "w", fp64 "x": no fresh copy
+
+
+def _restart_runs(tmp_path, before_save, steps=(6, 9), resume=True, into=False, **kw):
     """A chain of ``steps[0]`` steps continued to ``steps[1]`` by a restarted writer that
-    first loads the newest step (``resume``) and changes what it got in place, as
-    training does; ``before_save(writer)`` runs between. Returns the directory, and how
-    often the writer replayed the chain without building an object."""
-    d = tmp_path / ("resumed" if resume else "plain")
-    with DeltaCheckpointer(d, keyframe_every=8) as ck:
+    first loads the newest step (``resume``; ``into`` tensors of its own) and changes
+    what it got in place, as training does; ``before_save(writer)`` runs between.
+    Returns the directory, and how often the writer replayed the chain without building
+    an object."""
+    d = tmp_path / ("resumed" if resume else "plain") / ("into" if into else "fresh")
+    with DeltaCheckpointer(d, keyframe_every=8, **kw) as ck:
         for step in range(steps[0]):
             ck.save(step, _state(step))
-    w = DeltaCheckpointer(d, keyframe_every=8)
-    got = w.load(resume=resume)
+    w = DeltaCheckpointer(d, keyframe_every=8, **kw)
+    live = {k: torch.zeros_like(v) for k, v in _state(0)["model"].items()}
+    got = w.load(resume=resume, into={"model": live} if into else None)
+    assert (got["model"]["w"] is live["w"]) == into         # (LC mode stores "b" whole)
     for v in got["model"].values():
         v.add_(1.0)                          # training moves the loaded tensors
     before_save(w)
@@ -284,15 +319,19 @@ def _same_files(a, b):
 
 
 @pytest.mark.parametrize("steps", [(6, 9), (1, 4)])       # (1, 4): a keyframe alone
-def test_load_resume_lets_the_next_save_continue_without_replaying_the_chain(tmp_path, steps):
+@pytest.mark.parametrize("kw", [{}, {"target": 0.01}, {"bits": 2}],
+                         ids=["default", "norm target", "lc"])
+def test_load_resume_lets_the_next_save_continue_without_replaying_the_chain(tmp_path, steps,
+                                                                             kw):
     """load(resume=True) hands the writer the references it restored: the next saves
     write the very bytes a writer that replays the chain writes, with no second replay;
     the loaded object itself is the caller's (changing it changes nothing)."""
-    plain, replays = _restart_runs(tmp_path, lambda w: None, steps, resume=False)
+    plain, replays = _restart_runs(tmp_path, lambda w: None, steps, resume=False, **kw)
     assert replays == 1
-    resumed, replays = _restart_runs(tmp_path, lambda w: None, steps)
-    assert replays == 0
-    _same_files(plain, resumed)
+    for into in (False, True):          # loaded into tensors of its own, or fresh ones
+        resumed, replays = _restart_runs(tmp_path, lambda w: None, steps, into=into, **kw)
+        assert replays == 0
+        _same_files(plain, resumed)
 
 
 def test_load_resume_replays_again_when_the_chain_moved_on(tmp_path):

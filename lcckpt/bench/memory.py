@@ -11,13 +11,16 @@ the call's own and not the loading's). Cases:
   in a process holding the three states; ``delta``: the second delta save alone, the
   writer's reference already resident;
 * ``restore``: ``DeltaCheckpointer.load`` of the newest step (keyframe + 2 deltas) in a
-  process that holds nothing else;
+  process that holds nothing else; ``restore-into``: the same with ``into=`` that step's
+  state, which the process holds already (its tensors are decoded into);
 * ``manager``: a ``CheckpointManager`` made for a live model and Adam optimizer, and
   three checkpoints (a keyframe, two deltas) taken by ``step()`` and written in the
   background from a snapshot, each waited for; ``manager-sync``: the same with
   ``background=False`` (written in ``step()`` from the live state, no snapshot);
   ``manager-overlap``: with ``background="overlap"`` (written in the background from the
-  live state, the optimizer's next step waiting for it);
+  live state, the optimizer's next step waiting for it); ``restart``: a new process's
+  model and empty Adam optimizer, ``restore()`` of a manager's run of the three states,
+  then one checkpoint written in ``step()``;
 * ``bench``: ``lcckpt bench --checkpoint`` of two of the torch files;
 * ``dist-restore``: ``lcckpt.distributed.load`` of an exact distributed checkpoint of the
   newest state (``lcckpt.distributed.save``, one process) into that state's tensors,
@@ -27,8 +30,8 @@ the call's own and not the loading's). Cases:
 Each case's "extra" is peak minus what the process held before (its states, or for
 ``restore`` and ``bench`` the imported interpreter alone), against the bars of the plan:
 beyond the state, a save or restore at most the reference plus 10% of the state (for
-``delta`` the reference is resident before; a restore makes the state; ``dist-restore``
-and ``dist-chain`` keep no reference and load into tensors they hold), the manager at
+``delta`` the reference is resident before; a restore makes the state; ``restore-into``,
+``dist-restore`` and ``dist-chain`` keep no reference and load into tensors they hold), the manager at
 most 1.5x the state, ``bench`` at most 3x one state.
 """
 
@@ -76,6 +79,12 @@ elif case == "restore":
     before = status("VmRSS"); reset_peak()
     state = ck.load()
     out["calls"] = "DeltaCheckpointer.load (newest: keyframe + 2 deltas)"
+elif case == "restore-into":
+    target = torch.load(f"{d}/s2.pt")
+    ck = lcckpt.DeltaCheckpointer(f"{d}/chain")
+    before = status("VmRSS"); reset_peak()
+    state = ck.load(into=target)
+    out["calls"] = "DeltaCheckpointer.load(into=...) of the newest step into the state's tensors"
 elif case.startswith("manager"):
     from lcckpt.bench.trajectory import _MODELS
     sd = torch.load(f"{d}/s2.pt")
@@ -98,6 +107,19 @@ elif case.startswith("manager"):
         "manager-sync": "background=False (written in step())",
         "manager-overlap": "background='overlap' (from the live state), each waited for"}[case]
     m.close()
+elif case == "restart":
+    from lcckpt.bench.trajectory import _MODELS
+    model = _MODELS["mlp"]()             # a new process: a fresh model, no optimizer state
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    before = status("VmRSS"); reset_peak()
+    m = lcckpt.CheckpointManager(f"{d}/restart", model, opt, every=1, background=False)
+    m.restore()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1e-4)
+    m.step()
+    m.close()
+    out["calls"] = "CheckpointManager.restore (keyframe + 2 deltas), then a checkpoint in step()"
 elif case == "bench":
     from lcckpt.cli import main
     before = status("VmRSS"); reset_peak()
@@ -125,8 +147,8 @@ out.update(before=before, peak=status("VmHWM"))
 print(json.dumps(out))
 """
 
-CASES = ("save", "delta", "restore", "manager", "manager-sync", "manager-overlap", "bench",
-         "dist-restore", "dist-chain")
+CASES = ("save", "delta", "restore", "restore-into", "manager", "manager-sync",
+         "manager-overlap", "restart", "bench", "dist-restore", "dist-chain")
 
 
 def prepare(d: str, steps: int = 6) -> dict:
@@ -138,7 +160,7 @@ def prepare(d: str, steps: int = 6) -> dict:
     import lcckpt
     import lcckpt.distributed as ld
     from ..interop.convert import flat_tensors
-    from .trajectory import train_trajectory
+    from .trajectory import _MODELS, train_trajectory
     traj = train_trajectory(model="mlp", optimizer="adam", steps=steps,
                             snapshot_every=steps // 3)
     snaps = [s for _, s in traj.snapshots[-3:]]
@@ -152,6 +174,14 @@ def prepare(d: str, steps: int = 6) -> dict:
         dchain = ld.DistributedCheckpointer(os.path.join(d, "dchain"))
         for i, s in enumerate(snaps):
             dchain.save(i, s)
+    model = _MODELS["mlp"]()                 # a manager's run of the same states
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with lcckpt.CheckpointManager(os.path.join(d, "restart"), model, opt, every=1,
+                                  background=False) as m:
+        for s in snaps:
+            model.load_state_dict(s["model"])
+            opt.load_state_dict(s["optim"])
+            m.step()
     tensors = flat_tensors(snaps[-1]).values()
     return {"state_bytes": sum(v.numel() * v.element_size() for v in tensors),
             "fp32_tracked_bytes": sum(v.numel() * 4 for v in tensors
@@ -175,8 +205,8 @@ def run(cases=CASES, directory: str | None = None) -> dict:
     s, ref = info["state_bytes"], info["fp32_tracked_bytes"]
     # beyond the process's own state: a save or a restore at most the reference + 10% of
     # the state (a save's "before" holds both already; a restore makes the state itself)
-    bars = {"save": ref + 0.1 * s, "delta": 0.1 * s, "restore": s + ref + 0.1 * s,
-            "manager": 1.5 * s, "manager-sync": 1.5 * s, "manager-overlap": 1.5 * s,
+    bars = {"save": ref + 0.1 * s, "delta": 0.1 * s, "restore": s + ref + 0.1 * s, "restore-into": 0.1 * s,
+            "manager": 1.5 * s, "manager-sync": 1.5 * s, "manager-overlap": 1.5 * s, "restart": 1.5 * s,
             "bench": 3 * s, "dist-restore": 0.1 * s, "dist-chain": 0.1 * s}
     for r in rows:
         r["bar"] = bars[r["case"]]

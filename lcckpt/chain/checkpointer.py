@@ -54,7 +54,7 @@ from ..codec.delta import DeltaEncoder, Reconstruction
 from ..codec.movement import Movement
 from ..errors import ConcurrentWriteError, InvalidArgumentError, LcckptError, StorageError
 from ..format.container import write_container
-from ..format.flatten import census
+from ..format.flatten import census, tensor_paths
 from ..format import stream as _stream
 from ..util import durable as _durable
 from . import restore as _restore
@@ -75,13 +75,6 @@ DEFAULT_TARGET = DEFAULT_POLICY      # DeltaCheckpointer(directory)'s targets: s
 DEFAULT_KEYFRAME_EVERY = 50
 LC_MIN_DELTA_ELEMENTS = 4096         # LC mode: smaller floating tensors are stored whole
 TARGET_MIN_DELTA_ELEMENTS = 8        # target mode: smaller ones (scalars: step counts) are delta-coded exactly
-
-
-def _file_bytes(path: str) -> int | None:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return None
 
 
 # --------------------------------------------------------------------------- checkpointer
@@ -321,7 +314,7 @@ class DeltaCheckpointer:
                     nbytes = write_container(path, sections, meta, before_write=start_copies,
                                              stamp=stamp, after_write=release)
             except _durable.UnsyncedError as e:    # in place: the step is saved
-                unsynced, nbytes = e, _file_bytes(path)
+                unsynced, nbytes = e, _durable.file_size(path)
             finally:
                 for e in copying:
                     e.settle()         # before the caller may change its tensors again
@@ -437,7 +430,7 @@ class DeltaCheckpointer:
         return check_step(step)
 
     def load(self, step: int | None = None, map_location=None, *,
-             max_bytes=limits.DEFAULT, resume: bool = False) -> Any:
+             max_bytes=limits.DEFAULT, resume: bool = False, into: Any = None) -> Any:
         """The object stored as ``step`` (default: the newest), rebuilt through its chain.
 
         ``max_bytes`` as in :func:`lcckpt.load`, for the files of the chain together:
@@ -450,11 +443,19 @@ class DeltaCheckpointer:
         which the next save would rebuild anyway), so that save does not replay the whole
         chain a second time. They are used if the step is still the newest when it saves
         (with the same contents), and dropped otherwise.
+
+        ``into``: tensors to load into, in an object shaped like the stored one, e.g.
+        ``{"model": model.state_dict()}``: a stored tracked tensor whose place holds a
+        host tensor of its dtype and shape (contiguous) is decoded into it, and the
+        result holds that very tensor there (an fp32 or fp64 one is replayed straight
+        into it: no second copy of the model in memory). Others load as usual. If the
+        load fails, those tensors may hold part of the step.
         """
         step = self._step_or_newest(step)
         obj, links, tracks = _restore.restore(
             self._dir, step, build=True, map_location=map_location, keep_tracks=resume,
-            max_bytes=max_bytes, movement=resume and self._movement_targets())
+            max_bytes=max_bytes, movement=resume and self._movement_targets(),
+            into=None if into is None else tensor_paths(into))
         if resume:
             self._primed = (step, links[-1][1].state_id, links[-1][1].depth, tracks)
         return obj

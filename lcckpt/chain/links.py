@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import struct
 
+import torch
+
 from ..codec import dtypes
 from ..codec.delta import Reconstruction, settle as _settle
 from ..errors import CorruptDataError, UnsupportedVersionError
@@ -71,11 +73,14 @@ class FileReplay:
     the previous step (``before``) into ``after``; other sections decode as anywhere."""
 
     def __init__(self, before: dict, copy: bool = True, movement: bool = False,
-                 origin: tuple | None = None):
+                 origin: tuple | None = None, into: dict | None = None):
         """``origin``: ``(step, path)`` of the file, which errors of its keyframes decoded
-        later, while another file is replayed, carry (``.origin``)."""
+        later, while another file is replayed, carry (``.origin``). ``into``: key path ->
+        a host tensor that the tracked tensor of that path is decoded into where it fits
+        (its dtype and shape, contiguous); with ``copy=False`` an fp32/fp64 one is
+        replayed straight into it, which then serves as the reference."""
         self.before, self.after, self.copy, self.movement = before, {}, copy, movement
-        self.origin = origin
+        self.origin, self.into = origin, into or {}
         self.settled = False
 
     def advance(self, c, i: int, meta: dict) -> Reconstruction:
@@ -95,10 +100,25 @@ class FileReplay:
     def decode_leaf(self, path: str, c, i: int, meta: dict):
         if meta.get("codec") != DELTA:
             return _sections.decode_leaf(path, c, i, meta)
-        rec = self.after.get(section_key(meta)) if self.settled else None
+        key = section_key(meta)
+        rec = self.after.get(key) if self.settled else None
         if rec is None:
             rec = self.advance(c, i, meta)
-        return rec.value(self.copy)
+        target = self._target(key, rec)
+        if target is None:
+            return rec.value(self.copy)
+        if target.data_ptr() != rec.ref.ctypes.data:     # not replayed into it
+            with torch.no_grad():
+                target.copy_(torch.as_tensor(rec.value(copy=False)).view(target.shape))
+        return target
+
+    def _target(self, key: str, rec: Reconstruction):
+        t = self.into.get(key)
+        if t is None or rec.dt is None or t.device.type != "cpu" or t.dtype != rec.dt.torch \
+                or tuple(t.shape) != tuple(rec.shape) or not t.is_contiguous() \
+                or t.is_conj() or t.is_neg():
+            return None
+        return t
 
     def advance_all(self, c, settle: bool = False) -> dict:
         """Advance every tracked tensor of file ``c`` without building its object;
@@ -108,6 +128,10 @@ class FileReplay:
             if s["meta"].get("kind") == "tensor" and s["meta"].get("codec") == DELTA:
                 self.advance(c, i, s["meta"])
         if settle:
+            for key, rec in self.after.items() if not self.copy else ():
+                t = self._target(key, rec)
+                if t is not None and t.dtype in (torch.float32, torch.float64):
+                    rec.replay_into(t.detach().view(-1).numpy())     # False: not waiting
             _settle(self.after.values())
             self.settled = True
         return self.after

@@ -57,7 +57,7 @@ def walk(d: ChainDirectory, step: int, stack: ExitStack, known=None, max_bytes=l
 
 def restore(d: ChainDirectory, step: int, *, build: bool, map_location=None, known=None,
             keep_tracks: bool = True, max_bytes=limits.DEFAULT, movement: bool = False,
-            share: bool = False):
+            share: bool = False, into: dict | None = None):
     """Walk back to the keyframe (or to ``known``), then apply each file in order.
 
     ``known``: ``(step, state_id, tracks)`` of an already restored step to start from.
@@ -68,6 +68,8 @@ def restore(d: ChainDirectory, step: int, *, build: bool, map_location=None, kno
     ``movement``: the tracks also keep their keyframes' :class:`Movement` (a writer
     resuming with "movement" targets). ``share``: the restored tensors share memory
     with the returned tracks (which a later restore from them advances in place).
+    ``into``: key path -> host tensor to decode that tracked tensor into
+    (:class:`~lcckpt.chain.links.FileReplay`).
     Returns ``(obj or None, [(container, link)], tracks of step)``.
     """
     with ExitStack() as stack:
@@ -78,7 +80,7 @@ def restore(d: ChainDirectory, step: int, *, build: bool, map_location=None, kno
                 origin = (link.step, path)
                 if build and i == len(links) - 1:
                     replay = FileReplay(tracks, copy=keep_tracks and not share,
-                                        movement=movement, origin=origin)
+                                        movement=movement, origin=origin, into=into)
                     replay.advance_all(c, settle=True)
                     obj = unpack(c, map_location, decode_leaf=replay.decode_leaf)
                     tracks = replay.after

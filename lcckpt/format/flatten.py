@@ -104,6 +104,21 @@ _SUPPORTED = (
 )
 
 
+def tensor_paths(obj: Any, path: str = "obj", depth: int = 0) -> dict[str, torch.Tensor]:
+    """Key path -> tensor for the tensors in ``obj``'s dicts, lists and tuples, named as
+    :func:`flatten` names their sections (a load that decodes into them)."""
+    if isinstance(obj, torch.Tensor):
+        return {path: obj}
+    out: dict[str, torch.Tensor] = {}
+    if depth < MAX_DEPTH and type(obj) in (list, tuple):
+        for i, x in enumerate(obj):
+            out.update(tensor_paths(x, f"{path}[{i}]", depth + 1))
+    elif depth < MAX_DEPTH and type(obj) in (dict, OrderedDict):
+        for k, x in obj.items():
+            out.update(tensor_paths(x, f"{path}[{key_repr(k)}]", depth + 1))
+    return out
+
+
 def _dense_strides(shape) -> tuple:
     """The strides of a fresh C-contiguous tensor of ``shape`` (what a loaded one gets)."""
     return _strides_of(tuple(shape))

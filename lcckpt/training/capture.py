@@ -39,6 +39,11 @@ class Capture:
         return [("model", self.model), ("optimizer", self.optimizer),
                 ("scheduler", self.scheduler), ("scaler", self.scaler)]
 
+    def targets(self) -> dict:
+        """Where a restore may decode in place: the model's own tensors (its state dict
+        shares their memory; the optimizer's state is replaced when loaded, not filled)."""
+        return {} if self.model is None else {"model": self.model.state_dict()}
+
     def collect(self, manager_state: dict) -> dict:
         tree: dict[str, Any] = {"manager": manager_state}
         for key, obj in self._parts():

@@ -43,10 +43,7 @@ from .overlap import LiveState, remove_newest, torn
 from .losscurve import LossCurve
 from .signals import SigtermHook
 from ..chain.checkpointer import DEFAULT_KEYFRAME_EVERY, DeltaCheckpointer
-from ..errors import (
-    BrokenChainError, CorruptDataError, InvalidArgumentError, LcckptError, ResourceLimitError,
-    UnsupportedVersionError,
-)
+from ..errors import InvalidArgumentError, LcckptError, proves_damage
 
 __all__ = ["CheckpointManager", "default_bits"]
 
@@ -231,7 +228,9 @@ class CheckpointManager:
         renamed to ``*.damaged`` so that the run can continue its chain after the step it
         resumed from. Anything else (an unreadable file, a limit, a newer format) is
         raised as it is and nothing is renamed: the file may be intact. ``max_bytes`` as
-        in :meth:`DeltaCheckpointer.load`.
+        in :meth:`DeltaCheckpointer.load`. The model's host tensors are decoded into in
+        place (no second copy of the model): if restore raises, they may hold part of a
+        checkpoint.
         """
         self._check_usable()
         self._join()
@@ -244,11 +243,11 @@ class CheckpointManager:
         state, step, failed = None, None, []
         for s in reversed(steps):
             try:
-                state = reader.load(s, map_location="cpu", max_bytes=max_bytes, resume=True)
-                step = s
+                state, step = reader.load(s, map_location="cpu", max_bytes=max_bytes,
+                                          resume=True, into=self._capture.targets()), s
                 break
             except (LcckptError, OSError) as e:
-                if not _proves_damage(e):
+                if not proves_damage(e):
                     raise
                 failed.append((s, e))
                 warnings.warn(f"cannot restore checkpoint step {s} in {self.directory}: "
@@ -494,21 +493,6 @@ class CheckpointManager:
         self._sigterm.pending = False
         self.checkpoint(wait=True)
         self._sigterm.pass_on()         # the previous handler, or SystemExit(143)
-
-def _proves_damage(e: BaseException) -> bool:
-    """Whether a failed restore proves its file damaged (so setting it aside is right):
-    corrupt data or a broken chain link, with no unreadable file, limit or newer
-    format anywhere in its causes."""
-    seen, x = [], e
-    while x is not None and len(seen) < 16:
-        seen.append(x)
-        x = x.__cause__
-    if any(isinstance(x, (ResourceLimitError, UnsupportedVersionError)) or
-           (isinstance(x, OSError) and not isinstance(x, FileNotFoundError))
-           for x in seen):
-        return False
-    return isinstance(e, (CorruptDataError, BrokenChainError))
-
 
 def _delegate(name: str) -> property:
     return property(lambda self: getattr(self._capture, name),

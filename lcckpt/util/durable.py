@@ -147,6 +147,14 @@ class _Writeback:
         return getattr(self._f, name)
 
 
+def file_size(path: str) -> int | None:
+    """The size of the file at ``path``; None where it cannot be seen."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return None
+
+
 def fsync_dir(directory: str) -> None:
     """Make renames and unlinks in ``directory`` durable (a no-op where unsupported)."""
     if os.name != "posix":
