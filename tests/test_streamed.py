@@ -177,3 +177,65 @@ def test_lcckpt_load_streams_a_large_lossless_section(tmp_path, monkeypatch, dty
     _damage(path, at)
     with pytest.raises(ChecksumError):
         lcckpt.load(path)
+
+
+# ------------------------------------------------------------- deltas read when replayed
+
+
+def _counting_deferred(monkeypatch, defer_min=sections.DEFER_MIN):
+    monkeypatch.setattr(sections, "DEFER_MIN", defer_min)
+    loads = []
+    real = streamed.DeferredBlob.load
+    monkeypatch.setattr(streamed.DeferredBlob, "load",
+                        lambda self: loads.append(self.origin[0]) or real(self))
+    return loads
+
+
+@pytest.mark.parametrize("step", [1, 2])
+def test_a_large_delta_is_read_when_replayed_and_restores_what_a_whole_read_does(
+        tmp_path, monkeypatch, step):
+    """A delta section of DEFER_MIN bytes or more is not read when its file is walked but
+    when its tensor is replayed (every delta of that tensor then); the values are those
+    of reading every section whole, bit for bit."""
+    ck, states = _chain(tmp_path)
+    with read_container(ck.path(1)) as c:
+        assert c.sections[c.index(KEY)]["length"] >= sections.DEFER_MIN
+    loads = _counting_deferred(monkeypatch)
+    a = ck.load(step)
+    assert sorted(loads) == list(range(1, step + 1))     # the large "w"'s deltas, once each
+    _counting_deferred(monkeypatch, 1 << 62)
+    b = ck.load(step)
+    assert torch.equal(a["w"], b["w"]) and torch.equal(a["b"], b["b"])
+    assert np.abs(a["w"].numpy() - states[step]["w"].numpy()).max() < 1e-3
+
+
+def test_a_writer_reopening_its_chain_reads_its_deferred_deltas_after_the_files_closed(
+        tmp_path, monkeypatch):
+    """A reopened writer's references wait, deltas unread, until its next save needs
+    them, after the restore closed the chain's files; what it writes is what a writer
+    that read every section whole writes."""
+    outs, shipped = [], sections.DEFER_MIN
+    for defer_min in (shipped, 1 << 62):
+        d = tmp_path / str(defer_min)
+        ck, states = _chain(d)
+        ck.close()
+        loads = _counting_deferred(monkeypatch, defer_min)
+        again = lcckpt.DeltaCheckpointer(d)
+        again.save(3, {"w": states[-1]["w"] + 1e-4, "b": states[-1]["b"]})
+        again.close()
+        assert sorted(loads) == ([1, 2] if defer_min == shipped else [])
+        outs.append(open(again.path(3), "rb").read())
+    assert outs[0] == outs[1]
+
+
+def test_damage_in_a_deferred_delta_names_its_file(tmp_path):
+    ck, _ = _chain(tmp_path)
+    with read_container(ck.path(1)) as c:
+        i = c.index(KEY)
+        where = c.data_start + c.sections[i]["offset"] + c.sections[i]["length"] // 2
+    _damage(ck.path(1), where)
+    with pytest.raises(ChecksumError, match="checksum"):
+        ck.load(1)
+    with pytest.raises(BrokenChainError, match="step-000000000001") as e:
+        ck.load(2)
+    assert isinstance(e.value.__cause__, ChecksumError)

@@ -139,9 +139,12 @@ class FileReplay:
 
 def _blob_of(c, i: int, meta: dict, key: str, origin):
     """Section ``i``'s blob: a large keyframe in the tracking precision to be read as it is
-    decoded (:func:`~lcckpt.format.sections.streamed_section`), else read and checked whole."""
+    decoded (:func:`~lcckpt.format.sections.streamed_section`), any other of 1 MB or more
+    to be read whole when it is decoded (:func:`~lcckpt.format.sections.deferred_section`),
+    else read and checked whole now."""
     work = dtypes.work_name(meta.get("dtype"))
-    return _sections.streamed_section(c, i, work, key, origin) or c.data(i)
+    return (_sections.streamed_section(c, i, work, key, origin)
+            or _sections.deferred_section(c, i, key, origin) or c.data(i))
 
 
 def stamp_state_id(chain: dict, entries: list[dict]) -> str:

@@ -31,7 +31,7 @@ from .tensor import (
 from .config import CodecConfig
 from .entropy import CodeCache
 from .replay import replay, settle
-from .streamed import StreamedBlob
+from .streamed import DeferredBlob, StreamedBlob
 from ..errors import (
     BrokenChainError, CorruptDataError, InvalidArgumentError, LcckptError, NonFiniteError,
     UnsupportedDtypeError,
@@ -391,7 +391,7 @@ class Reconstruction:
         writer's "movement" target measures from (:attr:`movement`): a keyframe is then
         decoded at once instead of in the pass of its deltas.
         """
-        if isinstance(blob, StreamedBlob):          # a keyframe read as it is decoded
+        if isinstance(blob, (StreamedBlob, DeferredBlob)):   # read as it is decoded
             buf, p = blob, blob.parsed
         else:
             buf, p = parse(blob, check_payload=check_payload)
@@ -432,6 +432,8 @@ class Reconstruction:
         if p.dt.name == work:                 # decoded lazily, in the pass of its deltas
             self._ref, self._key = None, (buf, p)
         else:                                 # fp16/bf16: widened to fp32 right away
+            if isinstance(buf, DeferredBlob):
+                buf, p = buf.load()
             ref = dtypes.to_float_work(decode_exact(buf, p), p.dt).reshape(-1)
             if not ref.flags.writeable or not ref.flags.c_contiguous:
                 ref = ref.copy()

@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import CorruptDataError
 from ..util.pool import run_balanced, run_tasks
 from .blob import Parsed
-from .streamed import StreamedBlob
+from .streamed import DeferredBlob, StreamedBlob
 from .streams import StreamDecoder, decode_side_by_side
 from .tensor import apply_escapes, decode_symbols_into, exact_chunk_decoder
 
@@ -51,7 +51,11 @@ def replay(deltas: list, ref: np.ndarray, base=None) -> None:
 
     ``base``: a lossless blob ``(buf, parsed)`` holding exactly ``ref``'s dtype and size
     (a keyframe), decoded into ``ref`` chunk by chunk before the deltas, in the same pass.
+    Any ``buf`` may be a :class:`~lcckpt.codec.streamed.DeferredBlob`, read here.
     """
+    deltas = [b.load() if isinstance(b, DeferredBlob) else (b, p) for b, p in deltas]
+    if base is not None and isinstance(base[0], DeferredBlob):
+        base = base[0].load()
     log2s = {p.log2 for _, p in deltas}
     if base is not None:
         if base[1].dt.numpy != ref.dtype or base[1].n != ref.size:

@@ -22,18 +22,21 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ChecksumError, LcckptError, TruncatedError
-from ..util import crc as _crc
+from ..util import crc as _crc, memory as _memory
+from ..util.pool import run_tasks
 from . import blob as _blob
 from .tensor import chunk_spans, decode_exact_chunks
 
 STREAM_MIN = 8 << 20        # sections smaller than this are read whole (format/sections.py)
 HEADER_PREFIX = 1 << 16     # bytes of a blob read first for its header (grown as needed)
+READ_PIECE = 1 << 22        # bytes per task of a deferred blob's read
+DEFERRED_PREFIX = 1 << 13   # a deferred blob's first header read (a delta's code tables fit)
 
 
-def read_header(read: Callable, size: int) -> _blob.Parsed:
+def read_header(read: Callable, size: int, prefix: int = HEADER_PREFIX) -> _blob.Parsed:
     """The parsed header of a blob of ``size`` bytes that ``read(offset, out)`` gives: a
     prefix is read, grown until the header and its checksum are whole."""
-    want = min(size, HEADER_PREFIX)
+    want = min(size, prefix)
     while True:
         head = np.empty(want, np.uint8)
         read(0, head)
@@ -139,3 +142,47 @@ def streamed(part, work: str, what: str, origin=None) -> StreamedBlob | None:
         part.close()
         return None
     return StreamedBlob(p, part, what, origin)
+
+
+class DeferredBlob:
+    """A blob of a chain file (a delta, or a keyframe too small to stream) whose header is
+    ``parsed`` and whose bytes are read through ``part`` only when it is decoded
+    (:meth:`load`): a restore then holds the blobs of the tensor it replays, not those of
+    every tensor of every file at once. ``check(buf)`` vouches for the bytes (the
+    section's checksum); errors carry ``origin`` as :class:`StreamedBlob`'s do."""
+
+    def __init__(self, parsed: _blob.Parsed, part, check: Callable, what: str, origin=None):
+        self.parsed, self.part, self.check, self.what = parsed, part, check, what
+        self.origin = origin
+
+    def load(self) -> tuple[np.ndarray, _blob.Parsed]:
+        """``(buf, parsed)`` of the blob's checked bytes (parsed again: what a header
+        parse defers, such as its escapes, reads the whole blob); the file is let go."""
+        n = self.part.length
+        buf = _memory.bulk_empty(n, np.uint8)
+        try:                            # pieces on the pool: their pages fault in side by side
+            if n <= READ_PIECE:
+                self.part.read(0, buf)
+            else:
+                run_tasks(lambda k: self.part.read(k * READ_PIECE, buf[k * READ_PIECE:
+                                                                      (k + 1) * READ_PIECE]),
+                          -(-n // READ_PIECE))
+            self.check(buf)
+            return _blob.parse(buf, check_payload=False)
+        except (LcckptError, OSError) as e:
+            e.origin = self.origin
+            raise
+        finally:
+            self.part.close()
+
+
+def deferred(part, check: Callable, what: str, origin=None) -> DeferredBlob:
+    """The blob that ``part`` reads, as a :class:`DeferredBlob` (``part`` closed if its
+    header is damaged)."""
+    try:
+        p = read_header(part.read, part.length, DEFERRED_PREFIX)
+    except BaseException:
+        part.close()
+        raise
+    return DeferredBlob(p, part, check, what, origin)
+

@@ -30,7 +30,7 @@ from ..codec.tensor import encode_exact
 from ..codec.config import CodecConfig
 from ..codec.delta import Reconstruction
 from ..codec.replay import replay
-from ..codec.streamed import STREAM_MIN, streamed
+from ..codec.streamed import STREAM_MIN, deferred, streamed
 from ..errors import (
     BrokenChainError, CorruptDataError, InvalidArgumentError, UnsupportedDtypeError,
     UnsupportedVersionError,
@@ -210,6 +210,20 @@ def streamed_section(c, index: int, work: str, what: str, origin=None):
         return None
     part = c.part_reader(index)
     return None if part is None else streamed(part, work, what, origin)
+
+
+DEFER_MIN = 1 << 20     # a chain's section this large is read when it is decoded
+
+
+def deferred_section(c, index: int, what: str, origin=None):
+    """Section ``index`` of container ``c`` as a :class:`~lcckpt.codec.streamed.DeferredBlob`
+    where it holds :data:`DEFER_MIN` bytes or more in a file lcckpt opened; else None,
+    and the caller reads it whole."""
+    if c.sections[index]["length"] < DEFER_MIN:
+        return None
+    part = c.part_reader(index)
+    return None if part is None else deferred(part, lambda buf: c.check(index, buf), what,
+                                              origin)
 
 
 def _streamed_lossless(path: str, c, index: int, meta: dict):
