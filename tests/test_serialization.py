@@ -630,3 +630,47 @@ def test_loaded_tensors_are_freed_with_their_last_reference(tmp_path):
             assert ref() is None, f"{name}: the loaded tensor outlived its last reference"
     finally:
         gc.enable()
+
+
+# ------------------------------------------------------------------ loading into tensors
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_load_into_fills_the_callers_tensors_with_the_bits_of_a_plain_load(
+        tmp_path, monkeypatch, compress):
+    """lcckpt.load(into=...) returns the target tensors where they fit (a raw section
+    read into one, a large lossless one decoded into it: no fresh tensor of that size),
+    holding what a plain load gives; a target of another shape or dtype is left alone."""
+    g = torch.Generator().manual_seed(0)
+    big = torch.randn(3_000_000, generator=g)            # ~11 MB: streamed when coded
+    state = {"model": {"w": big.reshape(3000, 1000), "b": torch.randn(1000, generator=g),
+                       "h": torch.randn(4000, generator=g).bfloat16(),
+                       "n": torch.arange(7)},
+             "other": torch.ones(3), "step": 5}
+    path = tmp_path / "ck.lcc"
+    lcckpt.save(state, path, compress=compress)
+    plain = lcckpt.load(path)
+    model = {k: torch.zeros_like(v) for k, v in state["model"].items()}
+    model["b"] = torch.zeros(999)                        # another shape: not used
+    targets = dict(model)
+    made = []
+    real = torch.empty
+
+    def recording(*shape, **kw):
+        made.append(tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], int)
+                    else shape)
+        return real(*shape, **kw)
+    monkeypatch.setattr(torch, "empty", recording)
+    got = lcckpt.load(path, into={"model": model, "other": torch.zeros(3, dtype=torch.int8)})
+    monkeypatch.setattr(torch, "empty", real)
+    assert_same(got, plain)
+    for k in state["model"]:
+        assert (got["model"][k] is targets[k]) == (k != "b"), k
+    assert torch.equal(targets["b"], torch.zeros(999))
+    assert (3000, 1000) not in made
+
+
+def test_load_into_and_mmap_exclude_each_other(tmp_path):
+    lcckpt.save({"w": torch.ones(3)}, tmp_path / "a.lcc")
+    with pytest.raises(InvalidArgumentError, match="into= and mmap"):
+        lcckpt.load(tmp_path / "a.lcc", into={"w": torch.zeros(3)}, mmap=True)

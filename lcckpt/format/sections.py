@@ -201,6 +201,32 @@ def decode_leaf(path: str, c, index: int, meta: dict):
     return codec.decode(c.data(index), meta)
 
 
+def decode_into(targets: dict, base: Callable = decode_leaf) -> Callable:
+    """A leaf decoder that decodes each section into ``targets[key path]`` where that
+    tensor fits it (on the host, the section's dtype and shape, contiguous) and returns
+    that very tensor: a raw section is read into it and a large lossless one decoded
+    into it as it is read; any other is decoded by ``base`` and copied in."""
+    def decode(path: str, c, index: int, meta: dict):
+        t = targets.get(path)
+        if not (isinstance(t, torch.Tensor) and t.device.type == "cpu"
+                and t.dtype == dtypes.NAME_TORCH.get(meta.get("dtype"))
+                and list(t.shape) == meta.get("shape") and t.is_contiguous()
+                and not (t.is_conj() or t.is_neg())):
+            return base(path, c, index, meta)
+        flat = t.detach().view(-1)
+        if meta.get("codec") == RAW and c.sections[index]["length"] == meta["nbytes"]:
+            c.read_into(index, flat.view(torch.uint8).numpy() if flat.numel() else bytearray())
+            return t
+        if meta.get("codec") == LOSSLESS:
+            blob = streamed_section(c, index, meta["dtype"], path)
+            if blob is not None and decode_streamed(blob, t.detach()) is not None:
+                return t
+        out = base(path, c, index, meta)
+        flat.copy_(torch.as_tensor(out).reshape(-1))
+        return t
+    return decode
+
+
 def streamed_section(c, index: int, work: str, what: str, origin=None):
     """Section ``index`` of container ``c`` as a :class:`~lcckpt.codec.streamed.StreamedBlob`
     where it is decoded as it is read (:mod:`lcckpt.codec.streamed`: a lossless blob of

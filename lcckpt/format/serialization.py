@@ -26,7 +26,7 @@ from . import sections as _sections
 from . import stream as _stream
 from . import tree as _tree
 from .container import MAGIC, Container, at_path, open_file, read_container, write_container
-from .flatten import census, renumber_sections
+from .flatten import census, renumber_sections, tensor_paths
 from ..util import durable as _durable
 from ..errors import (
     BrokenChainError, CorruptDataError, InvalidArgumentError, LcckptError, TruncatedError,
@@ -114,7 +114,7 @@ def pack(obj: Any, *, encode_leaf: _tree.LeafEncoder | None = None,
 
 def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None, *,
          weights_only: bool | None = None, mmap: bool | None = None,
-         max_bytes=limits.DEFAULT, **pickle_load_args) -> Any:
+         max_bytes=limits.DEFAULT, into: Any = None, **pickle_load_args) -> Any:
     """Load what :func:`save` wrote, a plain ``torch.save`` file (weights only), or a
     ``.safetensors`` file (a dict of tensors).
 
@@ -142,18 +142,16 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
     (no limit: input you trust) or "auto"; the default is
     :func:`lcckpt.limits.set_max_bytes`'s setting, "auto" (192 MiB + 32 x the file size, at most
     what the process can still allocate; see lcckpt/limits.py).
+
+    ``into`` (lcckpt files): tensors to load into, in an object shaped like the stored
+    one, e.g. ``{"model": model.state_dict()}``: a stored tensor whose place holds a host
+    tensor of its dtype and shape (contiguous) is read or decoded into it, and the result
+    holds that very tensor there (unless ``map_location`` then moves it), so a model
+    loads without a second copy of itself. Others load as usual. If the load fails,
+    those tensors may hold part of the file. Not with ``mmap``.
     """
-    if pickle_module is not None:
-        raise InvalidArgumentError(
-            "lcckpt.load takes no pickle_module: lcckpt files hold no pickle, and torch.save "
-            "files are read with torch's weights-only unpickler")
-    if set(pickle_load_args) - {"encoding"}:
-        raise InvalidArgumentError(
-            f"unknown arguments {sorted(set(pickle_load_args) - {'encoding'})}; lcckpt.load "
-            "takes map_location, weights_only, mmap and the unpickler's encoding")
-    for name, v in (("weights_only", weights_only), ("mmap", mmap)):
-        if v is not None and type(v) is not bool:
-            raise InvalidArgumentError(f"{name} must be None, True or False, got {v!r:.40}")
+    _check_load_args(pickle_module, pickle_load_args, weights_only, mmap, into)
+    targets = None if into is None else _sections.decode_into(tensor_paths(into))
     if isinstance(f, (str, os.PathLike)):
         path = os.fspath(f)
         if os.path.isdir(path):
@@ -168,7 +166,7 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
                                  max_bytes)
         with read_container(path) as c:
             try:
-                decode = _mapped_decoder(path, c) if mmap else None
+                decode = _mapped_decoder(path, c) if mmap else targets
                 return _unpack_limited(c, map_location, max_bytes, path, decode)
             except LcckptError as e:
                 raise at_path(e, path) from None
@@ -187,7 +185,25 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
         return _load_foreign(fmt, f, map_location, weights_only, mmap, pickle_load_args,
                              max_bytes)
     with read_container(f) as c:
-        return _unpack_limited(c, map_location, max_bytes, "the file")
+        return _unpack_limited(c, map_location, max_bytes, "the file", targets)
+
+
+def _check_load_args(pickle_module, pickle_load_args: dict, weights_only, mmap, into) -> None:
+    if pickle_module is not None:
+        raise InvalidArgumentError(
+            "lcckpt.load takes no pickle_module: lcckpt files hold no pickle, and torch.save "
+            "files are read with torch's weights-only unpickler")
+    if set(pickle_load_args) - {"encoding"}:
+        raise InvalidArgumentError(
+            f"unknown arguments {sorted(set(pickle_load_args) - {'encoding'})}; lcckpt.load "
+            "takes map_location, weights_only, mmap, max_bytes, into and the unpickler's "
+            "encoding")
+    for name, v in (("weights_only", weights_only), ("mmap", mmap)):
+        if v is not None and type(v) is not bool:
+            raise InvalidArgumentError(f"{name} must be None, True or False, got {v!r:.40}")
+    if into is not None and mmap:
+        raise InvalidArgumentError("into= and mmap=True exclude each other: one fills your "
+                                   "tensors, the other maps the file into new ones")
 
 
 def _load_foreign(fmt: str, f, map_location, weights_only, mmap, pickle_load_args,
