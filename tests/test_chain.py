@@ -279,6 +279,10 @@ def test_load_into_decodes_into_the_callers_tensors_and_equals_a_plain_load(tmp_
         assert (v is targets[k]) == (k != "b"), k
     assert torch.equal(model["b"], torch.zeros(3))
     assert 6000 not in sizes and 4500 not in sizes        # fp32 "w", fp64 "x": no fresh copy
+    shared = torch.zeros(6000)                            # one target at two places
+    got = ck.load(into={"model": {"w": shared, "b": shared[:10]}})
+    assert got["model"]["w"] is shared and torch.equal(got["model"]["w"], want["model"]["w"])
+    assert got["model"]["b"] is not shared and torch.equal(got["model"]["b"], want["model"]["b"])
 
 
 def _restart_runs(tmp_path, before_save, steps=(6, 9), resume=True, into=False, **kw):

@@ -674,3 +674,14 @@ def test_load_into_and_mmap_exclude_each_other(tmp_path):
     lcckpt.save({"w": torch.ones(3)}, tmp_path / "a.lcc")
     with pytest.raises(InvalidArgumentError, match="into= and mmap"):
         lcckpt.load(tmp_path / "a.lcc", into={"w": torch.zeros(3)}, mmap=True)
+
+
+def test_a_target_given_twice_receives_one_tensor_only(tmp_path):
+    """Two stored tensors, one target given at both places: the first fills it, the
+    second loads on its own (filling it too would change what the first returned)."""
+    a, b = torch.arange(6.0), torch.arange(6.0) + 100
+    lcckpt.save({"a": a, "b": b}, tmp_path / "f.lcc")
+    t = torch.zeros(6)
+    got = lcckpt.load(tmp_path / "f.lcc", into={"a": t, "b": t})
+    assert got["a"] is t and got["b"] is not t
+    assert torch.equal(got["a"], a) and torch.equal(got["b"], b)

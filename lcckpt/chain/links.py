@@ -81,6 +81,7 @@ class FileReplay:
         replayed straight into it, which then serves as the reference."""
         self.before, self.after, self.copy, self.movement = before, {}, copy, movement
         self.origin, self.into = origin, into or {}
+        self._claimed: dict = {}             # a target's memory -> the key it receives
         self.settled = False
 
     def advance(self, c, i: int, meta: dict) -> Reconstruction:
@@ -116,7 +117,8 @@ class FileReplay:
         t = self.into.get(key)
         if t is None or rec.dt is None or t.device.type != "cpu" or t.dtype != rec.dt.torch \
                 or tuple(t.shape) != tuple(rec.shape) or not t.is_contiguous() \
-                or t.is_conj() or t.is_neg():
+                or t.is_conj() or t.is_neg() \
+                or self._claimed.setdefault(t.data_ptr(), key) != key:   # one tensor each
             return None
         return t
 

@@ -185,4 +185,3 @@ def deferred(part, check: Callable, what: str, origin=None) -> DeferredBlob:
         part.close()
         raise
     return DeferredBlob(p, part, check, what, origin)
-

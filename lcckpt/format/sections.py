@@ -205,14 +205,18 @@ def decode_into(targets: dict, base: Callable = decode_leaf) -> Callable:
     """A leaf decoder that decodes each section into ``targets[key path]`` where that
     tensor fits it (on the host, the section's dtype and shape, contiguous) and returns
     that very tensor: a raw section is read into it and a large lossless one decoded
-    into it as it is read; any other is decoded by ``base`` and copied in."""
+    into it as it is read; any other is decoded by ``base`` and copied in. A tensor
+    given at two places receives the first section only."""
+    claimed: set = set()
+
     def decode(path: str, c, index: int, meta: dict):
         t = targets.get(path)
         if not (isinstance(t, torch.Tensor) and t.device.type == "cpu"
                 and t.dtype == dtypes.NAME_TORCH.get(meta.get("dtype"))
                 and list(t.shape) == meta.get("shape") and t.is_contiguous()
-                and not (t.is_conj() or t.is_neg())):
+                and not (t.is_conj() or t.is_neg()) and t.data_ptr() not in claimed):
             return base(path, c, index, meta)
+        claimed.add(t.data_ptr())
         flat = t.detach().view(-1)
         if meta.get("codec") == RAW and c.sections[index]["length"] == meta["nbytes"]:
             c.read_into(index, flat.view(torch.uint8).numpy() if flat.numel() else bytearray())

@@ -494,6 +494,7 @@ class CheckpointManager:
         self.checkpoint(wait=True)
         self._sigterm.pass_on()         # the previous handler, or SystemExit(143)
 
+
 def _delegate(name: str) -> property:
     return property(lambda self: getattr(self._capture, name),
                     lambda self, value: setattr(self._capture, name, value),
