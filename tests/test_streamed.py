@@ -239,3 +239,29 @@ def test_damage_in_a_deferred_delta_names_its_file(tmp_path):
     with pytest.raises(BrokenChainError, match="step-000000000001") as e:
         ck.load(2)
     assert isinstance(e.value.__cause__, ChecksumError)
+
+
+@pytest.mark.parametrize("where", ["header", "tail"])
+def test_a_damaged_or_cut_deferred_delta_is_an_error_not_a_crash(tmp_path, where):
+    """Its header is read and checked when its file is walked; a file cut short after
+    that fails when its bytes are read, naming the file."""
+    ck, _ = _chain(tmp_path)
+    with read_container(ck.path(2)) as c:
+        i = c.index(KEY)
+        start = c.data_start + c.sections[i]["offset"]
+        length = c.sections[i]["length"]
+    assert length >= sections.DEFER_MIN
+    if where == "header":
+        _damage(ck.path(2), start + 12)
+        with pytest.raises((ChecksumError, lcckpt.errors.CorruptDataError)):
+            ck.load(2)
+    else:                       # walked (as a reopened writer does), then cut short
+        from lcckpt.chain import restore as restore_mod
+        _, _, tracks = restore_mod.restore(ck._dir, 2, build=False, max_bytes=None)
+        assert any(isinstance(b, streamed.DeferredBlob) for b, _ in tracks[KEY].pending)
+        with open(ck.path(2), "r+b") as f:
+            f.truncate(start + length // 2)
+        with pytest.raises(TruncatedError) as e:
+            tracks[KEY].ref
+        assert e.value.origin[0] == 2                      # it names the file it came from
+    assert torch.isfinite(ck.load(1)["w"]).all()          # the step before still loads
