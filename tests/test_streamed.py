@@ -265,3 +265,33 @@ def test_a_damaged_or_cut_deferred_delta_is_an_error_not_a_crash(tmp_path, where
             tracks[KEY].ref
         assert e.value.origin[0] == 2                      # it names the file it came from
     assert torch.isfinite(ck.load(1)["w"]).all()          # the step before still loads
+
+
+def test_a_reopened_writer_that_finds_damage_in_a_late_read_blob_starts_a_keyframe(tmp_path):
+    """Damage in a deferred delta (or a streamed keyframe) of the chain a reopened writer
+    continues is found when the writer rebuilds its references, before its save: it warns
+    and writes a keyframe, as for any damaged chain, instead of failing every save."""
+    for damaged in (1, 0):                     # a deferred delta; the streamed keyframe
+        d = tmp_path / str(damaged)
+        ck, states = _chain(d)
+        ck.close()
+        path = ck.path(damaged)
+        with read_container(path) as c:
+            i = c.index(KEY)
+            where = c.data_start + c.sections[i]["offset"] + c.sections[i]["length"] // 2
+        _damage(path, where)
+        w = lcckpt.DeltaCheckpointer(d)
+        with pytest.warns(RuntimeWarning, match="cannot continue the delta chain"):
+            w.save(3, states[-1])
+        assert w.info(3)["kind"] == "keyframe"
+        assert torch.equal(w.load(3)["w"], states[-1]["w"])
+        w.close()
+
+
+def test_a_replay_that_builds_nothing_still_decodes_every_delta(tmp_path, monkeypatch):
+    """``replay(build=False)`` (what ``lcckpt verify`` walks a chain with) decodes each
+    step's deltas as it goes, reading each deferred one once, not only their headers."""
+    ck, _ = _chain(tmp_path)
+    loads = _counting_deferred(monkeypatch)
+    assert [s for s, obj in ck.replay(build=False)] == [0, 1, 2]
+    assert loads == [1, 2]

@@ -479,6 +479,8 @@ class DeltaCheckpointer:
             obj, links, tracks = _restore.restore(self._dir, step, build=build,
                                                   map_location=map_location, known=known,
                                                   max_bytes=max_bytes, share=not copy)
+            if not build:                   # decoded, step by step, as the docstring says
+                _restore.settle_tracks(self._dir, step, tracks)
             known = (step, links[-1][1].state_id, tracks)
             yield step, obj
 

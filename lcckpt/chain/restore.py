@@ -11,7 +11,7 @@ from contextlib import ExitStack
 import numpy as np
 
 from .. import limits
-from ..codec.delta import Reconstruction
+from ..codec.delta import Reconstruction, settle
 from ..errors import BrokenChainError, CorruptDataError, LcckptError, StorageError
 from ..format.container import read_container
 from ..format.serialization import unpack
@@ -103,7 +103,18 @@ def resume_from(d: ChainDirectory, step: int, primed=None, movement: bool = Fals
         if (link.state_id, link.depth) == primed[1:3]:
             return primed[3], primed[1], primed[2]
     _, links, tracks = restore(d, step, build=False, max_bytes=None, movement=movement)
-    return tracks, links[-1][1].state_id, links[-1][1].depth
+    settle_tracks(d, step, tracks)      # damage in a blob read late is found here, where
+    return tracks, links[-1][1].state_id, links[-1][1].depth    # the writer can still warn
+
+
+def settle_tracks(d: ChainDirectory, step: int, tracks: dict) -> None:
+    """Replay what ``step``'s tracks still wait for (blobs read when replayed, a keyframe
+    decoded in the pass of its deltas) now, an error naming the file at fault."""
+    try:
+        settle(tracks.values())
+    except (LcckptError, OSError) as e:
+        at, where = getattr(e, "origin", None) or (step, d.path(step))
+        raise fault(step, at, where, e) from e
 
 
 def restore_track(d: ChainDirectory, step: int, key: str) -> np.ndarray | None:
