@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import ChecksumError, LcckptError, TruncatedError
 from ..util import crc as _crc, memory as _memory
-from ..util.pool import run_tasks
+from ..util.pool import on_pool_thread, run_tasks
 from . import blob as _blob
 from .tensor import chunk_spans, decode_exact_chunks
 
@@ -161,7 +161,7 @@ class DeferredBlob:
         n = self.part.length
         buf = _memory.bulk_empty(n, np.uint8)
         try:                            # pieces on the pool: their pages fault in side by side
-            if n <= READ_PIECE:
+            if n <= READ_PIECE or on_pool_thread():
                 self.part.read(0, buf)
             else:
                 run_tasks(lambda k: self.part.read(k * READ_PIECE, buf[k * READ_PIECE:

@@ -52,6 +52,12 @@ def _mark_worker():
     _local.worker = True
 
 
+def on_pool_thread() -> bool:
+    """Whether the caller runs on one of the pool's threads (where waiting for work queued
+    on the pool could deadlock it: run such work inline)."""
+    return getattr(_local, "worker", False)
+
+
 def submit(fn, *args) -> Future:
     """Start ``fn(*args)`` on the pool and return its future; on a pool thread (where
     waiting for a queued task could deadlock the pool) it runs inline instead."""
