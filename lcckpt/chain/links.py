@@ -115,9 +115,7 @@ class FileReplay:
 
     def _target(self, key: str, rec: Reconstruction):
         t = self.into.get(key)
-        if t is None or rec.dt is None or t.device.type != "cpu" or t.dtype != rec.dt.torch \
-                or tuple(t.shape) != tuple(rec.shape) or not t.is_contiguous() \
-                or t.is_conj() or t.is_neg() \
+        if rec.dt is None or not _sections.fits(t, rec.dt.torch, rec.shape) \
                 or self._claimed.setdefault(t.data_ptr(), key) != key:   # one tensor each
             return None
         return t
@@ -132,8 +130,8 @@ class FileReplay:
         if settle:
             for key, rec in self.after.items() if not self.copy else ():
                 t = self._target(key, rec)
-                if t is not None and t.dtype in (torch.float32, torch.float64):
-                    rec.replay_into(t.detach().view(-1).numpy())     # False: not waiting
+                if t is not None:
+                    _sections.replay_into_tensor(rec, t)    # False: not waiting, not fp32/64
             _settle(self.after.values())
             self.settled = True
         return self.after
@@ -141,12 +139,10 @@ class FileReplay:
 
 def _blob_of(c, i: int, meta: dict, key: str, origin):
     """Section ``i``'s blob: a large keyframe in the tracking precision to be read as it is
-    decoded (:func:`~lcckpt.format.sections.streamed_section`), any other of 1 MB or more
-    to be read whole when it is decoded (:func:`~lcckpt.format.sections.deferred_section`),
-    else read and checked whole now."""
+    decoded, any other of 1 MB or more to be read whole when it is decoded
+    (:func:`~lcckpt.format.sections.chain_section`), else read and checked whole now."""
     work = dtypes.work_name(meta.get("dtype"))
-    return (_sections.streamed_section(c, i, work, key, origin)
-            or _sections.deferred_section(c, i, key, origin) or c.data(i))
+    return _sections.chain_section(c, i, work, key, origin) or c.data(i)
 
 
 def stamp_state_id(chain: dict, entries: list[dict]) -> str:

@@ -30,7 +30,7 @@ from .tensor import chunk_spans, decode_exact_chunks
 STREAM_MIN = 8 << 20        # sections smaller than this are read whole (format/sections.py)
 HEADER_PREFIX = 1 << 16     # bytes of a blob read first for its header (grown as needed)
 READ_PIECE = 1 << 22        # bytes per task of a deferred blob's read
-DEFERRED_PREFIX = 1 << 13   # a deferred blob's first header read (a delta's code tables fit)
+DEFERRED_PREFIX = 1 << 13   # a chain blob's first header read (a delta's code tables fit; grown)
 
 
 def read_header(read: Callable, size: int, prefix: int = HEADER_PREFIX) -> _blob.Parsed:
@@ -176,12 +176,20 @@ class DeferredBlob:
             self.part.close()
 
 
-def deferred(part, check: Callable, what: str, origin=None) -> DeferredBlob:
-    """The blob that ``part`` reads, as a :class:`DeferredBlob` (``part`` closed if its
-    header is damaged)."""
+def read_later(part, work: str, check: Callable, what: str, origin=None, *,
+               stream: bool, defer: bool) -> StreamedBlob | DeferredBlob | None:
+    """The blob that ``part`` reads, its header read once: a :class:`StreamedBlob` where
+    ``stream`` and it is lossless and stored as ``work``, else a :class:`DeferredBlob`
+    where ``defer``, else None (``part`` closed: the caller reads it whole; also closed
+    if its header is damaged)."""
     try:
         p = read_header(part.read, part.length, DEFERRED_PREFIX)
+        if stream and p.kind == _blob.LOSSLESS and p.dt.name == work:
+            return StreamedBlob(p, part, what, origin)
     except BaseException:
         part.close()
         raise
-    return DeferredBlob(p, part, check, what, origin)
+    if defer:
+        return DeferredBlob(p, part, check, what, origin)
+    part.close()
+    return None

@@ -44,7 +44,7 @@ from ..codec.delta import Reconstruction
 from ..errors import CorruptDataError, InvalidArgumentError
 from ..codec.streamed import StreamedBlob
 from . import exchange, targets
-from ..format.sections import decode_streamed
+from ..format.sections import decode_streamed, replay_into_tensor
 from .blobs import LocalFiles, as_tensor, missing, streamed_blob
 from .refs import BACKGROUND, Background, Ref, park, park_in, read_blob, replay, resync
 from .metadata import MetadataUnpickler
@@ -504,8 +504,7 @@ class CompressedReader(FileSystemReader):
             work = dtypes.work_name(dtype_name(info))
             rec = info.replay(self._read, work)
             # an fp32/fp64 item replays straight into its target, if it has one
-            if out is None or out.dtype not in (torch.float32, torch.float64) or \
-                    not rec.replay_into(out.view(-1).numpy()):
+            if out is None or not replay_into_tensor(rec, out):
                 out = as_tensor(rec.value(copy=False))
         else:
             raise CorruptDataError(f"unknown codec {info.codec!r} in checkpoint metadata")

@@ -30,7 +30,7 @@ from ..codec.tensor import encode_exact
 from ..codec.config import CodecConfig
 from ..codec.delta import Reconstruction
 from ..codec.replay import replay
-from ..codec.streamed import STREAM_MIN, deferred, streamed
+from ..codec.streamed import STREAM_MIN, read_later, streamed
 from ..errors import (
     BrokenChainError, CorruptDataError, InvalidArgumentError, UnsupportedDtypeError,
     UnsupportedVersionError,
@@ -201,6 +201,21 @@ def decode_leaf(path: str, c, index: int, meta: dict):
     return codec.decode(c.data(index), meta)
 
 
+def fits(t, dtype: torch.dtype | None, shape) -> bool:
+    """Whether ``t`` can receive a stored tensor of ``dtype`` and ``shape`` in place: a
+    host tensor of those, contiguous, with no lazy conjugate or negative bit."""
+    return (isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dtype == dtype
+            and list(t.shape) == list(shape) and t.is_contiguous()
+            and not (t.is_conj() or t.is_neg()))
+
+
+def replay_into_tensor(rec: Reconstruction, t: torch.Tensor) -> bool:
+    """:meth:`Reconstruction.replay_into` the memory of ``t`` (an fp32/fp64 host tensor,
+    contiguous); False, nothing done, where ``t`` or ``rec`` does not allow it."""
+    return t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64) \
+        and t.is_contiguous() and rec.replay_into(t.detach().view(-1).numpy())
+
+
 def decode_into(targets: dict, base: Callable = decode_leaf) -> Callable:
     """A leaf decoder that decodes each section into ``targets[key path]`` where that
     tensor fits it (on the host, the section's dtype and shape, contiguous) and returns
@@ -211,10 +226,8 @@ def decode_into(targets: dict, base: Callable = decode_leaf) -> Callable:
 
     def decode(path: str, c, index: int, meta: dict):
         t = targets.get(path)
-        if not (isinstance(t, torch.Tensor) and t.device.type == "cpu"
-                and t.dtype == dtypes.NAME_TORCH.get(meta.get("dtype"))
-                and list(t.shape) == meta.get("shape") and t.is_contiguous()
-                and not (t.is_conj() or t.is_neg()) and t.data_ptr() not in claimed):
+        if not fits(t, dtypes.NAME_TORCH.get(meta.get("dtype")), meta.get("shape")) \
+                or t.data_ptr() in claimed:
             return base(path, c, index, meta)
         claimed.add(t.data_ptr())
         flat = t.detach().view(-1)
@@ -245,15 +258,18 @@ def streamed_section(c, index: int, work: str, what: str, origin=None):
 DEFER_MIN = 1 << 20     # a chain's section this large is read when it is decoded
 
 
-def deferred_section(c, index: int, what: str, origin=None):
-    """Section ``index`` of container ``c`` as a :class:`~lcckpt.codec.streamed.DeferredBlob`
-    where it holds :data:`DEFER_MIN` bytes or more in a file lcckpt opened; else None,
-    and the caller reads it whole."""
-    if c.sections[index]["length"] < DEFER_MIN:
+def chain_section(c, index: int, work: str, what: str, origin=None):
+    """Section ``index`` of a chain file ``c`` as a blob read when it is decoded, in a
+    file lcckpt opened: streamed (:func:`streamed_section`'s) or, any other of
+    :data:`DEFER_MIN` bytes or more, a :class:`~lcckpt.codec.streamed.DeferredBlob`; else
+    None, and the caller reads it whole."""
+    n = c.sections[index]["length"]
+    if n < min(STREAM_MIN, DEFER_MIN):
         return None
     part = c.part_reader(index)
-    return None if part is None else deferred(part, lambda buf: c.check(index, buf), what,
-                                              origin)
+    return None if part is None else read_later(
+        part, work, lambda buf: c.check(index, buf), what, origin,
+        stream=n >= STREAM_MIN, defer=n >= DEFER_MIN)
 
 
 def _streamed_lossless(path: str, c, index: int, meta: dict):
