@@ -127,3 +127,45 @@ def test_a_streamed_blob_of_another_shape_than_the_metadata_says_is_refused(tmp_
     cblob = encode(zc, lossless=True)                   # not decoded in place: read whole
     path.write_bytes(b"\0" * 7 + cblob)
     assert len(cblob) >= 8 << 20 and streamed_blob(str(path), 7, len(cblob), "C64", "w") is None
+
+
+@pytest.mark.parametrize("by_chunk", [True, False])
+def test_a_chains_large_deltas_are_read_when_replayed(tmp_path, monkeypatch, by_chunk):
+    """A distributed chain's delta blobs of DEFER_MIN bytes or more in a local file are
+    read when their item is replayed (chunk by chunk by its tasks, or whole): the values
+    of reading them whole up front; a damaged delta is still caught."""
+    from lcckpt.codec import replay as replay_mod, streamed
+    from lcckpt.distributed import blobs
+    g = torch.Generator().manual_seed(4)
+    state = {"w": torch.randn(3_000_000, generator=g)}
+    ck = ld.DistributedCheckpointer(tmp_path)
+    for step in range(4):
+        state["w"] += 1e-3 * torch.randn(3_000_000, generator=g)
+        ck.save(step, state)
+    monkeypatch.setattr(replay_mod, "BY_CHUNK_MIN", 0 if by_chunk else 1 << 62)
+    made, finished = [], []
+    real, fin = blobs.deferred_blob, streamed.DeltaChunks.finish
+    monkeypatch.setattr(storage, "deferred_blob", lambda *a: made.append(1) or real(*a))
+    monkeypatch.setattr(streamed.DeltaChunks, "finish",
+                        lambda self: finished.append(1) or fin(self))
+    got = {"w": torch.zeros(3_000_000)}
+    assert ck.load(got) == 3
+    assert len(made) == 3 and len(finished) == (3 if by_chunk else 0)
+    monkeypatch.setattr(blobs, "DEFER_MIN", 1 << 62)
+    whole = {"w": torch.zeros(3_000_000)}
+    ck.load(whole)
+    assert torch.equal(got["w"], whole["w"])
+    assert torch.equal(got["w"], next(iter(ck.references().values())))
+    monkeypatch.setattr(blobs, "DEFER_MIN", 1 << 20)
+    step2 = tmp_path / "step_0000000002"
+    path = step2 / next(n for n in os.listdir(step2) if n.endswith(".distcp"))
+    size = path.stat().st_size
+    with open(path, "r+b") as f:                        # a byte in the middle of the delta
+        f.seek(size // 2)
+        b = f.read(1)
+        f.seek(size // 2)
+        f.write(bytes([b[0] ^ 0x01]))
+    made.clear()
+    with pytest.raises(CorruptDataError):
+        ck.load({"w": torch.zeros(3_000_000)})
+    assert made

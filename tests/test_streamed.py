@@ -295,3 +295,98 @@ def test_a_replay_that_builds_nothing_still_decodes_every_delta(tmp_path, monkey
     loads = _counting_deferred(monkeypatch)
     assert [s for s, obj in ck.replay(build=False)] == [0, 1, 2]
     assert loads == [1, 2]
+
+
+# ------------------------------------------------------------- deltas read chunk by chunk
+
+
+def _jumpy_chain(d, deltas: int, bits=None):
+    """A chain whose deltas of "w" are deferred; with the default quantizer a few
+    elements jump far enough each step to be escapes."""
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(N, generator=g) * 0.02
+    ck = lcckpt.DeltaCheckpointer(d, bits=bits)
+    states = []
+    for step in range(deltas + 1):
+        if step:
+            w = w + torch.randn(N, generator=g) * 1e-4
+            if bits is None:
+                w[step * 7::100_003] += 0.01
+        state = {"w": w.clone(), "b": torch.randn(300, generator=g)}
+        ck.save(step, state)
+        states.append(state)
+    return ck, states
+
+
+def _chunked(monkeypatch, on: bool):
+    """Deferred deltas read chunk by chunk (``on``) or whole; the files whose delta was
+    read chunk by chunk, as each is vouched for."""
+    from lcckpt.codec import replay as replay_mod
+    monkeypatch.setattr(replay_mod, "BY_CHUNK_MIN", 0 if on else 1 << 62)
+    done = []
+    real = streamed.DeltaChunks.finish
+    monkeypatch.setattr(streamed.DeltaChunks, "finish",
+                        lambda self: done.append(self.blob.origin[0]) or real(self))
+    return done
+
+
+@pytest.mark.parametrize("deltas,bits", [(2, None), (5, None), (3, 2)])
+def test_deltas_read_chunk_by_chunk_restore_what_whole_reads_do(tmp_path, monkeypatch,
+                                                                 deltas, bits):
+    """Each replay task reads its own chunks of every deferred delta (two deltas: four
+    chunks a task; five: one chunk, the deltas side by side; LC mode's blobs too), none
+    read whole; the values are those of reading each section whole, bit for bit, the
+    escapes included."""
+    ck, states = _jumpy_chain(tmp_path, deltas, bits)
+    if bits is None:
+        with read_container(ck.path(1)) as c:
+            from lcckpt.codec.blob import parse
+            assert parse(c.data(c.index(KEY)))[1].esc_idx.size > 0
+    done = _chunked(monkeypatch, True)
+    loads = _counting_deferred(monkeypatch, 1 << 12)       # LC mode's are smaller
+    a = ck.load(deltas)
+    assert sorted(done) == list(range(1, deltas + 1)) and loads == []
+    _chunked(monkeypatch, False)
+    b = ck.load(deltas)
+    assert torch.equal(a["w"], b["w"]) and torch.equal(a["b"], b["b"])
+    assert np.abs(a["w"].numpy() - states[deltas]["w"].numpy()).max() < 2e-2
+    into = {"w": torch.zeros(N), "b": torch.zeros(300)}
+    _chunked(monkeypatch, True)
+    assert torch.equal(ck.load(deltas, into=into)["w"], a["w"]) and torch.equal(into["w"], a["w"])
+
+
+def _delta_section(path):
+    """(file offset of the section, its blob's parsed header, the section's length)."""
+    with read_container(path) as c:
+        i = c.index(KEY)
+        part = c.part_reader(i)
+        p = streamed.read_header(part.read, part.length)
+        part.close()
+        return c.data_start + c.sections[i]["offset"], p, c.sections[i]["length"]
+
+
+@pytest.mark.parametrize("where", ["payload", "escape value", "zeroed chunk"])
+def test_damage_in_a_delta_read_chunk_by_chunk_is_a_checksum_error(tmp_path, monkeypatch,
+                                                                    where):
+    """The blob's payload CRC, combined from every chunk read and the escapes, vouches
+    for the bytes: one flipped bit of an escape's value decodes without complaint and
+    is still caught; a chunk that no longer decodes is reported as damage too."""
+    ck, _ = _jumpy_chain(tmp_path, 2)
+    start, p, length = _delta_section(ck.path(1))
+    payload = int(p.layouts[0].offsets[-1])
+    with open(ck.path(1), "r+b") as f:
+        if where == "zeroed chunk":
+            lo, hi = (int(x) for x in p.layouts[0].offsets[1:3])
+            f.seek(start + p.payload_base + lo)
+            f.write(bytes(hi - lo))
+    if where == "payload":
+        _damage(ck.path(1), start + p.payload_base + payload // 2, 0x01)
+    elif where == "escape value":
+        assert p.esc_idx.size > 0
+        _damage(ck.path(1), start + length - 4 - 2, 0x01)   # low mantissa bits of the last
+    _chunked(monkeypatch, True)
+    with pytest.raises(ChecksumError, match="step-000000000001.*payload checksum"):
+        ck.load(1)
+    with pytest.raises(BrokenChainError, match="step-000000000001"):
+        ck.load(2)
+    assert torch.isfinite(ck.load(0)["w"]).all()

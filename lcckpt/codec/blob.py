@@ -255,7 +255,7 @@ def parse(blob, check_payload: bool = True, size: int | None = None) -> tuple[np
     if check_payload and _crc.crc32(buf[p.payload_base:expect - 4]) != crc:
         raise ChecksumError("lcckpt blob: payload checksum mismatch; the blob is damaged")
     if kind == UNIFORM and p.esc_idx.size:
-        _read_escapes(buf, p.payload_base + payload, p)
+        read_escapes(buf, p.payload_base + payload, p)
     return buf, p
 
 
@@ -364,7 +364,7 @@ def lazy_escapes(n: int, escf: np.ndarray, count: int, source: np.ndarray, ref):
         yield val.astype(val.dtype.newbyteorder("<"), copy=False)   # valid until the next
 
 
-def _read_escapes(buf, at: int, p: Parsed) -> None:
+def read_escapes(buf, at: int, p: Parsed) -> None:
     """The escapes as views of the blob's bytes where the machine is little-endian (no
     copy: a delta early in Adam's run holds millions of them)."""
     k = p.esc_idx.size

@@ -9,13 +9,15 @@ over memory, not N (:func:`replay`); many small tensors replay side by side
 from __future__ import annotations
 
 import contextlib
+import copy
+import threading
 
 import numpy as np
 
 from ..errors import CorruptDataError
 from ..util.pool import run_balanced, run_tasks
 from .blob import Parsed
-from .streamed import DeferredBlob, StreamedBlob
+from .streamed import BY_CHUNK_MIN, DeferredBlob, DeltaChunks, StreamedBlob
 from .streams import StreamDecoder, decode_side_by_side
 from .tensor import apply_escapes, decode_symbols_into, exact_chunk_decoder
 
@@ -51,9 +53,11 @@ def replay(deltas: list, ref: np.ndarray, base=None) -> None:
 
     ``base``: a lossless blob ``(buf, parsed)`` holding exactly ``ref``'s dtype and size
     (a keyframe), decoded into ``ref`` chunk by chunk before the deltas, in the same pass.
-    Any ``buf`` may be a :class:`~lcckpt.codec.streamed.DeferredBlob`, read here.
+    Any ``buf`` may be a :class:`~lcckpt.codec.streamed.DeferredBlob`, read here: chunk
+    by chunk, by the task that replays the chunk
+    (:class:`~lcckpt.codec.streamed.DeltaChunks`), where the deferred deltas hold more
+    than :data:`~lcckpt.codec.streamed.BY_CHUNK_MIN` together.
     """
-    deltas = [b.load() if isinstance(b, DeferredBlob) else (b, p) for b, p in deltas]
     if base is not None and isinstance(base[0], DeferredBlob):
         base = base[0].load()
     log2s = {p.log2 for _, p in deltas}
@@ -65,20 +69,72 @@ def replay(deltas: list, ref: np.ndarray, base=None) -> None:
         if base is not None:
             with _checked(base):
                 run_tasks(_base_decoder(base, ref), -(-ref.size // (1 << base[1].log2)))
-        for buf, p in deltas:
+        for buf, p in map(_loaded, deltas):
             decode_symbols_into(buf, p, ref)
         return
     if not log2s:
         return
     cs = 1 << log2s.pop()
     nch = -(-ref.size // cs)
-    steps = [] if base is None else [(_base_decoder(base, ref), None)]
-    for buf, p in deltas:
-        dec = StreamDecoder(buf, p.payload_base, p.layouts[0], p.n, cs, p.bits, None,
-                            "lcckpt blob", apply=(p.centroids, ref))
+    chunked = _by_chunk(deltas, nch)
+    try:
+        decs = []
+        for k, (buf, p) in enumerate(deltas):
+            buf, p = (None, p) if k in chunked else _loaded((buf, p))
+            decs.append((StreamDecoder(buf, p.payload_base, p.layouts[0], p.n, cs, p.bits,
+                                       None, "lcckpt blob", apply=(p.centroids, ref)),
+                         p, chunked.get(k)))
+        _replay_steps(decs, ref, cs, nch, base)
+    finally:
+        for r in chunked.values():
+            r.close()
+
+
+def _loaded(delta):
+    """``(buf, parsed)`` of a delta, read whole now if it is deferred."""
+    return delta[0].load() if isinstance(delta[0], DeferredBlob) else delta
+
+
+def _by_chunk(deltas: list, nch: int) -> dict:
+    """The deferred deltas to read chunk by chunk, by their place in ``deltas``: all that
+    can be, where together they hold more than BY_CHUNK_MIN; else none."""
+    can = {k: b for k, (b, _) in enumerate(deltas) if isinstance(b, DeferredBlob) and b.windowed()}
+    if nch < 2 or sum(b.part.length for b in can.values()) <= BY_CHUNK_MIN:
+        return {}
+    readers = {}
+    try:
+        for k, b in can.items():
+            readers[k] = DeltaChunks(b)
+    except BaseException:
+        for r in readers.values():
+            r.close()
+        raise
+    return readers
+
+
+def _steps(decs: list, ref: np.ndarray, base_dec, own: bool):
+    """The replay's steps (a chunk's decode, and what decodes it side by side) and the
+    deltas read chunk by chunk, each ``(DeltaChunks, decoder)``; ``own``: those decoders
+    are copies for one thread (each decodes from its thread's bytes)."""
+    steps = [] if base_dec is None else [(base_dec, None)]
+    readers = []
+    for dec, p, reader in decs:
+        if reader is not None:
+            dec = copy.copy(dec) if own else dec
+            readers.append((reader, dec))
         escaped = p.esc_idx is not None and p.esc_idx.size
         steps.append((_with_escapes(dec.chunk, p, ref) if escaped else dec.chunk,
                       (dec, p if escaped else None)))
+    return steps, readers
+
+
+def _replay_steps(decs: list, ref: np.ndarray, cs: int, nch: int, base) -> None:
+    """Every delta of ``decs`` (``(decoder, parsed, DeltaChunks or None)``), after the
+    keyframe ``base`` if any, over every chunk, on the pool; a delta read chunk by chunk
+    is read by each task for its own chunks, into its thread's buffer."""
+    base_dec = None if base is None else _base_decoder(base, ref)
+    steps, readers = _steps(decs, ref, base_dec, False)
+    local = threading.local()
     # dense Huffman chunks decode four bit streams side by side: four deltas' streams of
     # one chunk where the chain has four deltas or more (each chunk a task, in the core's
     # cache for every blob), else four chunks of one delta (four chunks a task)
@@ -88,10 +144,17 @@ def replay(deltas: list, ref: np.ndarray, base=None) -> None:
     def task(g):
         lo, hi = g * group, min(nch, (g + 1) * group)
         block = None
+        run = steps
+        if readers:
+            if not hasattr(local, "steps"):
+                local.steps, local.readers = _steps(decs, ref, base_dec, True)
+            run = local.steps
+            for reader, dec in local.readers:
+                dec.window(reader.read(lo, hi), lo, hi)
         if group == 1:
-            _replay_chunk(steps, lo, ref, cs)
+            _replay_chunk(run, lo, ref, cs)
             return
-        for chunk, four in steps:
+        for chunk, four in run:
             if four is not None and hi - lo == 4:
                 block = np.empty(4 * (cs + 8), np.uint8) if block is None else block
                 if four[0].chunks4(lo, block):
@@ -101,8 +164,15 @@ def replay(deltas: list, ref: np.ndarray, base=None) -> None:
                     continue
             for c in range(lo, hi):
                 chunk(c)
-    with _checked(base):
-        run_balanced(task, -(-nch // group))    # chunks differ in cost
+    try:
+        with _checked(base):
+            run_balanced(task, -(-nch // group))    # chunks differ in cost
+    except CorruptDataError:
+        for reader, _ in readers:
+            reader.check_whole()
+        raise
+    for reader, _ in readers:
+        reader.finish()
 
 
 def _base_decoder(base, ref: np.ndarray):

@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import ChecksumError, LcckptError, TruncatedError
+from ..errors import ChecksumError, CorruptDataError, LcckptError, TruncatedError
 from ..util import crc as _crc, memory as _memory
 from ..util.pool import on_pool_thread, run_tasks
 from . import blob as _blob
@@ -31,6 +31,7 @@ STREAM_MIN = 8 << 20        # sections smaller than this are read whole (format/
 HEADER_PREFIX = 1 << 16     # bytes of a blob read first for its header (grown as needed)
 READ_PIECE = 1 << 22        # bytes per task of a deferred blob's read
 DEFERRED_PREFIX = 1 << 13   # a chain blob's first header read (a delta's code tables fit; grown)
+BY_CHUNK_MIN = 1 << 22      # a replay's deferred deltas, together, read chunk by chunk from here
 
 
 def read_header(read: Callable, size: int, prefix: int = HEADER_PREFIX) -> _blob.Parsed:
@@ -64,15 +65,6 @@ class StreamedBlob:
         self.stored_crc = int.from_bytes(tail.tobytes(), "little")
         self._local = threading.local()
 
-    @contextlib.contextmanager
-    def _marked(self):
-        """Errors inside say which file they came from (``.origin``)."""
-        try:
-            yield
-        except (LcckptError, OSError) as e:
-            e.origin = self.origin
-            raise
-
     def _buffer(self, n: int) -> np.ndarray:
         buf = getattr(self._local, "buf", None)
         if buf is None or buf.size < n:
@@ -89,7 +81,7 @@ class StreamedBlob:
             spans = chunk_spans(p, c, c + 1)
             data = self._buffer(sum(n for _, n in spans))
             pos = 0
-            with self._marked():
+            with _marked(self):
                 for k, (off, n) in enumerate(spans):
                     piece = data[pos:pos + n]
                     self.read(off, piece)
@@ -105,18 +97,8 @@ class StreamedBlob:
     def check_whole(self) -> None:
         """Read the whole payload and raise :class:`ChecksumError` if its CRC is wrong
         (after a decode failed: damage is reported as such, as on the other path)."""
-        p, crc = self.parsed, 0
-        end = p.payload_base + sum(int(lay.offsets[-1]) for lay in p.layouts)
-        with self._marked():
-            for off in range(p.payload_base, end, 1 << 22):
-                piece = self._buffer(min(1 << 22, end - off))
-                self.read(off, piece)
-                crc = _crc.piece_crc32(piece, crc)
-            if crc != self.stored_crc:
-                raise self._damaged()
-
-    def _damaged(self) -> ChecksumError:
-        return ChecksumError(f"{self.what}: payload checksum mismatch; the blob is damaged")
+        _check_payload(self, self.part, self.parsed.payload_base, self.stored_crc,
+                       self._buffer(min(READ_PIECE, self.part.length)))
 
     def verify(self) -> None:
         """Raise :class:`ChecksumError` unless the pieces read make the stored payload
@@ -124,8 +106,8 @@ class StreamedBlob:
         self.part.close()
         sizes = [np.diff(lay.offsets.astype(np.int64)) for lay in self.parsed.layouts]
         if _crc.combine_all(self.crcs, sizes) != self.stored_crc:
-            with self._marked():
-                raise self._damaged()
+            with _marked(self):
+                raise _damaged(self)
 
 
 def streamed(part, work: str, what: str, origin=None) -> StreamedBlob | None:
@@ -155,25 +137,126 @@ class DeferredBlob:
         self.parsed, self.part, self.check, self.what = parsed, part, check, what
         self.origin = origin
 
+    def windowed(self) -> bool:
+        """Whether the blob is a delta of one stream that :class:`DeltaWindows` can read."""
+        return self.parsed.kind != _blob.LOSSLESS and len(self.parsed.layouts) == 1
+
     def load(self) -> tuple[np.ndarray, _blob.Parsed]:
         """``(buf, parsed)`` of the blob's checked bytes (parsed again: what a header
         parse defers, such as its escapes, reads the whole blob); the file is let go."""
         n = self.part.length
         buf = _memory.bulk_empty(n, np.uint8)
         try:                            # pieces on the pool: their pages fault in side by side
-            if n <= READ_PIECE or on_pool_thread():
-                self.part.read(0, buf)
-            else:
-                run_tasks(lambda k: self.part.read(k * READ_PIECE, buf[k * READ_PIECE:
-                                                                      (k + 1) * READ_PIECE]),
-                          -(-n // READ_PIECE))
-            self.check(buf)
-            return _blob.parse(buf, check_payload=False)
-        except (LcckptError, OSError) as e:
-            e.origin = self.origin
-            raise
+            with _marked(self):
+                if n <= READ_PIECE or on_pool_thread():
+                    self.part.read(0, buf)
+                else:
+                    run_tasks(lambda k: self.part.read(k * READ_PIECE,
+                                                       buf[k * READ_PIECE:(k + 1) * READ_PIECE]),
+                              -(-n // READ_PIECE))
+                self.check(buf)
+                return _blob.parse(buf, check_payload=False)
         finally:
             self.part.close()
+
+
+class DeltaChunks:
+    """A deferred delta (:meth:`DeferredBlob.windowed`) read chunk by chunk by the tasks
+    that replay it (:func:`lcckpt.codec.replay.replay`), each into a buffer of its thread:
+    a restore of a large tensor holds a task's bytes of each delta, not all of them. The
+    blob's own checksums vouch for every byte, as on :class:`StreamedBlob`'s path: its
+    header's when it was parsed, its payload's (combined from each chunk's and the
+    escapes') once every chunk was read (:meth:`finish`). Before that, the chunk table
+    bounds every decode of bytes not yet vouched for, and a decode that fails is
+    reported as damage where the checksum says so (:meth:`check_whole`)."""
+
+    def __init__(self, blob: DeferredBlob):
+        p = blob.parsed
+        self.blob, self.parsed, self.offsets = blob, p, p.layouts[0].offsets
+        self.crcs = np.zeros(len(self.offsets), np.int64)     # each chunk's, the escapes'
+        self._local = threading.local()
+        try:
+            with _marked(blob):
+                at = p.payload_base + int(self.offsets[-1])
+                tail = np.empty(blob.part.length - at, np.uint8)
+                blob.part.read(at, tail)
+                self.crcs[-1] = _crc.piece_crc32(tail[:-4])
+                self.stored_crc = int.from_bytes(tail[-4:].tobytes(), "little")
+                if p.kind == _blob.UNIFORM and p.esc_idx.size:
+                    try:
+                        _blob.read_escapes(tail, 0, p)      # validated, as parse() does
+                    except CorruptDataError:
+                        self.check_whole()                  # damage is reported as such
+                        raise
+        except BaseException:
+            self.close()
+            raise
+
+    def nbytes(self) -> int:
+        return self.blob.part.length
+
+    def read(self, lo: int, hi: int) -> np.ndarray:
+        """Chunks ``lo..hi-1``'s bytes, into a buffer of this thread (reused), each
+        chunk's CRC kept."""
+        off = self.offsets
+        n = int(off[hi]) - int(off[lo])
+        buf = getattr(self._local, "buf", None)
+        if buf is None or buf.size < n:
+            buf = self._local.buf = np.empty(n, np.uint8)
+        view = buf[:n]
+        with _marked(self.blob):
+            self.blob.part.read(self.parsed.payload_base + int(off[lo]), view)
+        for c in range(lo, hi):
+            self.crcs[c] = _crc.piece_crc32(view[int(off[c]) - int(off[lo]):
+                                                 int(off[c + 1]) - int(off[lo])])
+        return view
+
+    def finish(self) -> None:
+        """Raise :class:`ChecksumError` unless the chunks read (every one of them) and the
+        escapes make the payload's stored CRC."""
+        sizes = np.diff(self.offsets.astype(np.int64))
+        sizes = np.append(sizes, self.blob.part.length - self.parsed.payload_base
+                          - int(self.offsets[-1]) - 4)
+        if _crc.combine_all(self.crcs[None, :], [sizes]) != self.stored_crc:
+            with _marked(self.blob):
+                raise _damaged(self.blob)
+
+    def check_whole(self) -> None:
+        """After a decode failed: raise :class:`ChecksumError` if the payload is damaged."""
+        part = self.blob.part
+        _check_payload(self.blob, part, self.parsed.payload_base, self.stored_crc,
+                       np.empty(min(READ_PIECE, part.length), np.uint8))
+
+    def close(self) -> None:
+        self._local = threading.local()
+        self.blob.part.close()
+
+
+def _check_payload(blob, part, start: int, stored: int, piece: np.ndarray) -> None:
+    """Raise :class:`ChecksumError` (marked as ``blob``'s) unless the payload that ``part``
+    reads from ``start`` to its CRC makes ``stored``, read a ``piece`` at a time."""
+    crc, end = 0, part.length - 4
+    with _marked(blob):
+        for off in range(start, end, piece.size):
+            view = piece[:min(piece.size, end - off)]
+            part.read(off, view)
+            crc = _crc.piece_crc32(view, crc)
+        if crc != stored:
+            raise _damaged(blob)
+
+
+def _damaged(blob) -> ChecksumError:
+    return ChecksumError(f"{blob.what}: payload checksum mismatch; the blob is damaged")
+
+
+@contextlib.contextmanager
+def _marked(blob):
+    """Errors inside say which file ``blob`` came from (``.origin``)."""
+    try:
+        yield
+    except (LcckptError, OSError) as e:
+        e.origin = blob.origin
+        raise
 
 
 def read_later(part, work: str, check: Callable, what: str, origin=None, *,

@@ -181,9 +181,10 @@ class StreamDecoder:
     def __init__(self, buf: np.ndarray, base: int, layout: StreamLayout, n: int,
                  chunk_size: int, b: int, out: np.ndarray | None, what: str = "blob", apply=None,
                  clear: bool = False):
-        if base + int(layout.offsets[-1]) > buf.size:
+        if buf is not None and base + int(layout.offsets[-1]) > buf.size:
             raise CorruptDataError(f"{what}: chunk table points past the end of the data")
         self.buf, self.base, self.layout, self.n, self.cs, self.b = buf, base, layout, n, chunk_size, b
+        self.span = None if buf is not None else (0, 0)    # buf None: :meth:`window` first
         self.what, self.out = what, out
         self.tables = {m: _table(l.tobytes()) for m, l in layout.lengths.items()}
         self.multi, self.sym_bits = None, 4 if b <= 4 else 8
@@ -209,6 +210,19 @@ class StreamDecoder:
     def nchunks(self) -> int:
         return -(-self.n // self.cs)
 
+    def window(self, buf: np.ndarray, lo: int, hi: int) -> None:
+        """Decode chunks ``lo..hi-1`` from ``buf``, which holds only their bytes (a blob
+        read a window at a time, :class:`~lcckpt.codec.streamed.DeltaWindows`); another
+        chunk then raises."""
+        if not 0 <= lo < hi <= self.nchunks or \
+                buf.size < int(self.layout.offsets[hi]) - int(self.layout.offsets[lo]):
+            raise ValueError(f"window {lo}..{hi} does not fit the stream or its buffer")
+        self.buf, self.base, self.span = buf, -int(self.layout.offsets[lo]), (lo, hi)
+
+    def _in_window(self, c: int) -> None:
+        if self.span is not None and not self.span[0] <= c < self.span[1]:
+            raise ValueError(f"chunk {c} is outside the window {self.span} read")
+
     def chunks4(self, c: int, block: np.ndarray) -> bool:
         """Add chunks ``c..c+3`` when all four are :meth:`dense`: their four bit streams
         decoded side by side (:func:`decode_side_by_side`), then added; the same adds, in
@@ -225,6 +239,7 @@ class StreamDecoder:
     def dense(self, c: int) -> bool:
         """Whether chunk ``c`` is a dense Huffman chunk that :func:`decode_side_by_side`
         may decode (one added two passes: symbols, then adds)."""
+        self._in_window(c)
         if not self.applying or self.clear or self.multi8 is None \
                 or self.layout.modes[c] != HUFFMAN:
             return False
@@ -242,6 +257,7 @@ class StreamDecoder:
     def chunk(self, c: int, out: np.ndarray | None = None, shift: int = 0):
         """Decode chunk ``c``; symbols go to ``out[i - shift]`` (default: the stream's own
         ``out`` at ``i``), so a caller can decode into a small buffer of its own."""
+        self._in_window(c)
         buf, b, cent, fout, applying = self.buf, self.b, self.cent, self.fout, self.applying
         sym = self.sym if out is None else out
         lo, hi = c * self.cs, min(self.n, (c + 1) * self.cs)

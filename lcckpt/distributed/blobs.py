@@ -6,8 +6,9 @@ memory, then decoded: a transient copy of the item's coded bytes, and page fault
 cost more than the decode on a small machine (docs/chain.md, lcckpt/codec/streamed.py).
 Here a lossless blob of :data:`~lcckpt.codec.streamed.STREAM_MIN` bytes or more in a
 local file is read chunk by chunk into per-thread buffers and decoded straight into its
-target, its own header and payload CRCs checked as it goes. Remote files (fsspec) are
-read whole, as before.
+target, its own header and payload CRCs checked as it goes; a large delta is read when
+its item is replayed, as a chain file's is. Remote files (fsspec) are read whole, as
+before.
 
 A chain's item is a blob in each of several files (its keyframe's and every delta's):
 a load of 200 items read 1,200 blobs, and opening the file (and asking whether it exists)
@@ -21,8 +22,10 @@ import numpy as np
 import torch
 
 from ..codec import dtypes
-from ..codec.streamed import STREAM_MIN, StreamedBlob, streamed
+from ..codec.blob import parse
+from ..codec.streamed import STREAM_MIN, DeferredBlob, StreamedBlob, read_later, streamed
 from ..errors import BrokenChainError, TruncatedError
+from ..format.sections import DEFER_MIN
 from ..format.sources import FileSource, PartReader
 
 
@@ -35,6 +38,18 @@ def streamed_blob(path: str, offset: int, length: int, work: str | None,
         return None
     part = PartReader.of_path(path, offset, length)
     return None if part is None else streamed(part, work, what)
+
+
+def deferred_blob(path: str, offset: int, length: int, what: str) -> DeferredBlob | None:
+    """The delta blob at ``offset`` of the local file ``path``, read when its item is
+    replayed (chunk by chunk where the item's deltas are large: lcckpt/codec/replay.py),
+    if it is :data:`~lcckpt.format.sections.DEFER_MIN` bytes or more; else None, and the
+    caller reads it whole."""
+    if length < DEFER_MIN:
+        return None
+    part = PartReader.of_path(path, offset, length)
+    return None if part is None else read_later(part, "", parse, what, stream=False,
+                                                defer=True)
 
 
 def as_tensor(x) -> torch.Tensor:

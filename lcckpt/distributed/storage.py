@@ -45,7 +45,7 @@ from ..errors import CorruptDataError, InvalidArgumentError
 from ..codec.streamed import StreamedBlob
 from . import exchange, targets
 from ..format.sections import decode_streamed, replay_into_tensor
-from .blobs import LocalFiles, as_tensor, missing, streamed_blob
+from .blobs import LocalFiles, as_tensor, deferred_blob, missing, streamed_blob
 from .refs import BACKGROUND, Background, Ref, park, park_in, read_blob, replay, resync
 from .metadata import MetadataUnpickler
 from .partition import Piece
@@ -476,12 +476,16 @@ class CompressedReader(FileSystemReader):
             return io.BytesIO(self._read(info.relative_path, info.offset, info.length))
         return self._decode(info, exchange.whole_target(info, reqs, planner))
 
-    def _read(self, rel: str, offset: int, length: int, stream_as: str | None = None):
-        """The blob's bytes; or, for a large lossless one stored as ``stream_as`` in a local
-        file, a :class:`~lcckpt.codec.streamed.StreamedBlob` (blobs.py)."""
+    def _read(self, rel: str, offset: int, length: int, stream_as: str | None = None,
+              defer: bool = False):
+        """The blob's bytes; or, in a local file, a large lossless one stored as
+        ``stream_as`` as a :class:`~lcckpt.codec.streamed.StreamedBlob`, a large one as a
+        :class:`~lcckpt.codec.streamed.DeferredBlob` where ``defer`` (blobs.py)."""
         path = self.fs.join(self.path, rel)
         if self._files is not None:             # a local file, kept open for the load
             data = streamed_blob(path, offset, length, stream_as, rel)
+            if data is None and defer:
+                data = deferred_blob(path, offset, length, rel)
             if data is None:
                 data = self._files.read(path, offset, length)
         else:
@@ -502,7 +506,7 @@ class CompressedReader(FileSystemReader):
             out = blob if isinstance(blob, torch.Tensor) else as_tensor(decode(blob, out=out))
         elif info.codec == "delta":
             work = dtypes.work_name(dtype_name(info))
-            rec = info.replay(self._read, work)
+            rec = info.replay(partial(self._read, defer=True), work)
             # an fp32/fp64 item replays straight into its target, if it has one
             if out is None or not replay_into_tensor(rec, out):
                 out = as_tensor(rec.value(copy=False))
