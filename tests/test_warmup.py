@@ -1,0 +1,52 @@
+"""``lcckpt.warmup()`` loads every kernel that a chain's save and restore run, so neither
+pays for loading code (time, and the memory the code takes) the first time."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent("""
+    import sys, tempfile, os
+    import torch, lcckpt
+    from numba.core.registry import CPUDispatcher
+
+    def loaded():
+        return {(m, k): len(v.overloads) for m, mod in list(sys.modules.items())
+                if m.startswith("lcckpt") for k, v in vars(mod).items()
+                if isinstance(v, CPUDispatcher)}
+
+    before_dirs = set(os.listdir(tempfile.gettempdir()))
+    lcckpt.warmup()
+    assert set(os.listdir(tempfile.gettempdir())) <= before_dirs, "warmup left files"
+    g = torch.Generator().manual_seed(5)
+    n = 3_000_000
+    state = {"w": torch.randn(n, generator=g), "m": torch.zeros(n), "b": torch.randn(7)}
+    ck = lcckpt.DeltaCheckpointer(sys.argv[1])
+    for step in range(6):
+        ck.save(step, state)
+        state = {"w": state["w"] + 1e-3 * torch.randn(n, generator=g),
+                 "m": state["m"] + 1e-4 * torch.randn(n, generator=g) * (step % 2),
+                 "b": state["b"] + 1.0}
+        state["w"][step::70001] += 0.3
+    ck.close()
+    loaded_before = loaded()
+    reader = lcckpt.DeltaCheckpointer(sys.argv[1])
+    for step in (1, 5):
+        reader.load(step)
+    reader.load(into={k: torch.empty_like(v) for k, v in state.items()})
+    new = {k: v for k, v in loaded().items() if v != loaded_before.get(k, 0)}
+    assert not new, f"kernels first loaded by a restore after warmup: {sorted(new)}"
+    print("ok")
+""")
+
+
+def test_a_restore_after_warmup_loads_no_kernel(tmp_path):
+    """Restores of a chain of large tensors (one delta; five side by side; escapes; a
+    tensor that moves every other step) in a fresh process load no kernel that
+    ``warmup()`` did not; ``warmup()`` leaves nothing in the temporary directory."""
+    env = dict(os.environ, TMPDIR=str(tmp_path / "tmp"))
+    os.makedirs(env["TMPDIR"])
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "chain")], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
