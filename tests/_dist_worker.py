@@ -225,6 +225,24 @@ def chain(rank, world, root):
     assert chains and all(len(c) == 2 and "step_0000000005" in c[0][0] for c in chains), chains
     dist.barrier()
 
+    # a restarted job: a new writer on the directory goes on from step 7's chains with
+    # this rank's references, bit for bit the old writer's, and writes deltas
+    ck2 = ld.DistributedCheckpointer(root, bits=2, planner=ld.BalancedSavePlanner(
+        min_split_bytes=64 << 10, item_overhead=4096, raw_weight=0.25))
+    ck2._continue_chain()
+    old, new = ck.references(), ck2.references()
+    assert old.keys() == new.keys() and all(torch.equal(old[p], new[p]) for p in old)
+    step_update(state, model, 8)
+    md = ck2.save(8, full)
+    codecs = {idx.fqn: info.codec for idx, info in md.storage_data.items()
+              if info.dtype in ("torch.float32", "torch.bfloat16")
+              and math.prod(info.shape) >= 8}
+    assert set(codecs.values()) == {"delta"} and len(codecs) >= 12, codecs
+    chains = _delta_chains(md)
+    assert all(len(c) == 3 and "step_0000000005" in c[0][0] for c in chains), chains
+    _loads_as_referenced(ck2, target, 8)
+    dist.barrier()
+
 
 def _loads_as_referenced(ck, target, step):
     """Load the newest step (``step``) into ``target``: every piece equals the writer's

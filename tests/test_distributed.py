@@ -249,6 +249,79 @@ def _drifting_states(seed: int, steps: int):
         yield step, {k: (dict(v) if isinstance(v, dict) else v) for k, v in s.items()}
 
 
+def _resume_states(n=5):
+    g = torch.Generator().manual_seed(4)
+    w, m = torch.randn(300_000, generator=g), torch.zeros(300_000)
+    out = []
+    for s in range(n):
+        w = w + 1e-3 * torch.randn(300_000, generator=g)
+        m = 0.9 * m + 1e-3 * torch.randn(300_000, generator=g)
+        out.append({"w": w.clone(), "m": m.clone(), "n": torch.tensor(s)})
+    return out
+
+
+def _stored(ck, step):
+    """{fqn: (codec, the item's bytes)} of a committed step."""
+    path = ck.path(step)
+    out = {}
+    for idx, info in CompressedReader(path).read_metadata().storage_data.items():
+        with open(os.path.join(path, info.relative_path), "rb") as f:
+            f.seek(info.offset)
+            out[idx.fqn] = (info.codec, f.read(info.length))
+    return out
+
+
+def test_a_new_writer_goes_on_from_the_chain_on_disk(tmp_path):
+    """A writer new to a directory whose chain is under way (a restarted job) takes its
+    references from the files and writes deltas: the same bytes, item by item, as the
+    writer that never stopped; one whose newest step cannot be read warns and writes
+    keyframes, and so does a forced keyframe."""
+    states = _resume_states()
+    on = ld.DistributedCheckpointer(tmp_path / "on")
+    for s in range(5):
+        on.save(s, states[s])
+    first = ld.DistributedCheckpointer(tmp_path / "again")
+    for s in range(3):
+        first.save(s, states[s])
+    again = ld.DistributedCheckpointer(tmp_path / "again")
+    for s in (3, 4):
+        again.save(s, states[s])
+        want, got = _stored(on, s), _stored(again, s)
+        assert got == want and want["w"][0] == want["m"][0] == "delta"
+    back = {k: torch.zeros_like(v) for k, v in states[4].items()}
+    again.load(back)
+    assert torch.equal(back["w"], next(v for p, v in again.references().items() if p.key == "w"))
+
+    forced = ld.DistributedCheckpointer(tmp_path / "on")
+    forced.save(5, states[4], keyframe=True)
+    assert {c for c, _ in _stored(forced, 5).values()} == {"exact"}
+
+    md = tmp_path / "again" / "step_0000000004" / ".metadata"
+    md.write_bytes(b"not metadata")
+    with pytest.warns(RuntimeWarning, match="cannot go on from the chain"):
+        ld.DistributedCheckpointer(tmp_path / "again").save(5, states[4])
+    assert {c for c, _ in _stored(again, 5).values()} == {"exact"}
+
+
+def test_a_new_writer_keyframes_a_piece_whose_chain_is_damaged(tmp_path):
+    states = _resume_states(4)
+    first = ld.DistributedCheckpointer(tmp_path)
+    for s in range(3):
+        first.save(s, states[s])
+    step1 = tmp_path / "step_0000000001"
+    data = next(p for p in step1.iterdir() if p.suffix == ".distcp")
+    info = next(i for i in CompressedReader(str(step1)).read_metadata().storage_data.values()
+                if i.piece[0] == "w")
+    raw = bytearray(data.read_bytes())
+    raw[info.offset + info.length // 2] ^= 0x40
+    data.write_bytes(bytes(raw))
+    again = ld.DistributedCheckpointer(tmp_path)
+    with pytest.warns(RuntimeWarning, match=r"piece w\[0:300000\]: its chain .* keyframe"):
+        again.save(3, states[3])
+    got = _stored(again, 3)
+    assert got["w"][0] == "exact" and got["m"][0] == "delta"
+
+
 def test_merge_makes_the_newest_step_a_keyframe_that_restores_the_same(tmp_path):
     """merge() rewrites the newest step's deltas as keyframes of what they restore
     (widened: bf16 items keep their fp32 references), so retention may drop the steps
@@ -559,7 +632,7 @@ def test_two_ranks_save_fail_delta_load_and_reshard_to_one(two_ranks):
     target = {"state": zeros_like_state(state), "model": zeros_like_state(model.state_dict())}
     target["state"]["meta"] = {"epoch": 0, "tag": "", "lr": [0.0, 0.0]}
     ck = ld.DistributedCheckpointer(root)
-    assert ck.steps() == [0, 1, 3, 4, 5, 6, 7]   # 4 and then 5 merged by the workers
+    assert ck.steps() == [0, 1, 3, 4, 5, 6, 7, 8]   # 4, 5 merged; 8 by a restarted writer
     ck.load(target, step=3)
     flat = W.flatten(target)
     n = 0

@@ -255,6 +255,7 @@ class DistributedCheckpointer:
         self._versions = None              # the live save in flight's version check
         self._stagers: dict[bool, DefaultStager] = {}
         self._pool = Pool()                 # live process-mode saves' buffers (pool.py)
+        self._reopen = True                 # the first save goes on from a chain on disk
 
     def _stager(self, process: bool) -> DefaultStager:
         """The host copy an async save works from, kept between saves: each save copies the
@@ -279,7 +280,7 @@ class DistributedCheckpointer:
     def path(self, step: int) -> str:
         return self.files.join(self.directory, f"step_{int(step):010d}")
 
-    def _prepare(self, step: int, keyframe: bool) -> str:
+    def _prepare(self, step: int, keyframe: bool, process: bool = False) -> str:
         if type(step) is bool or not isinstance(step, int) or step < 0:
             raise InvalidArgumentError(f"step must be a non-negative int, got {step!r}")
         self.wait()
@@ -287,9 +288,40 @@ class DistributedCheckpointer:
         if self.files.exists(self.files.join(path, ".metadata")):
             raise InvalidArgumentError(f"step {step} is already committed at {path}; later "
                                        "steps may depend on it, so it is not overwritten")
+        if self._reopen:
+            self._reopen = False
+            if not keyframe and not process:
+                self._continue_chain()
         self.writer.reset(path)
         self.writer.force_keyframe = keyframe
         return path
+
+    def _continue_chain(self) -> None:
+        """A writer new to a directory whose chain is under way (a restarted job) goes on
+        from its newest step: this rank's references replayed from the files it wrote
+        (:meth:`CompressedWriter.resume`), and the planner's history, so that pieces stay
+        on the ranks that hold their references. Not after a change of world size (pieces
+        move: keyframes), nor in process mode (its references live in DCP's background
+        process). A step that cannot be read is warned about: keyframes follow."""
+        steps = self.steps() if self.writer.chain else []
+        if not steps:
+            return
+        path = self.path(steps[-1])
+        no_dist = _no_dist(self.process_group)
+        rank = 0 if no_dist else dist.get_rank(self.process_group)
+        world = 1 if no_dist else dist.get_world_size(self.process_group)
+        try:
+            md = CompressedReader(path, storage_options=self.storage_options).read_metadata()
+        except (LcckptError, OSError) as e:
+            warnings.warn(f"cannot go on from the chain in {path} ({e}); this save writes "
+                          "keyframes", RuntimeWarning, stacklevel=4)
+            return
+        infos = (md.storage_data or {}).values()
+        if any(info.rank >= world for info in infos):
+            return
+        if self.planner.history is None:
+            self.planner.commit(md)
+        self.writer.resume(md, path, rank)
 
     def save(self, step: int, state, *, keyframe: bool = False) -> Metadata:
         """Save ``state`` as ``step`` on every rank; returns DCP's metadata."""
@@ -312,7 +344,7 @@ class DistributedCheckpointer:
         meanwhile fails the save on every rank with StateChangedError, before it commits
         (:mod:`lcckpt.distributed.live`)."""
         live = _check_staging(staging)
-        self._prepare(step, keyframe)
+        self._prepare(step, keyframe, process)
         stager = _live(self.writer, state, live, step, process, self._pool) or \
             self._stager(process)
         self._versions = self.writer.live

@@ -11,6 +11,7 @@ from functools import partial
 from ..codec.delta import DeltaEncoder, Reconstruction
 from ..errors import LcckptError
 from .blobs import exactly
+from .partition import Piece
 
 
 class Background:
@@ -53,15 +54,46 @@ def resync(refs: dict, advanced: set, read) -> dict:
     return out
 
 
-def replay(r: Ref, read) -> Reconstruction:
+def replay(r: Ref, read, dtype: str | None = None) -> Reconstruction:
     """The reconstruction ``r``'s chain of blobs gives, read with ``read(path, offset,
-    length)``: what a load of the piece gives."""
+    length)``: what a load of the piece gives. ``dtype``: the piece's codec dtype name
+    (default: the encoder's)."""
     rec = Reconstruction()
     for i, (path, off, n) in enumerate(r.chain):
         first = i == 0
-        rec.apply(read(path, off, n), dtype=r.encoder.dtype.name,
+        rec.apply(read(path, off, n), dtype=dtype or r.encoder.dtype.name,
                   zero_base=first and r.zero_base, movement=first and not r.zero_base)
     return rec
+
+
+def reopened(infos, rank: int, step_dir: str, fs, chained, new_encoder) -> dict:
+    """The references that the writer of ``rank`` held once the save of ``infos`` (the
+    items of the step committed in ``step_dir``) committed: each piece it wrote that a
+    chain tracks (``chained(info)``: the piece's codec dtype name, else None), an encoder
+    from ``new_encoder(key)`` resumed from the piece's chain replayed from disk (what a
+    load of it gives, bit for bit what that writer's encoder held). A writer new to the
+    directory, a restarted job's, then goes on with deltas. A piece whose chain cannot
+    be read is left out with a warning: its next blob is a keyframe."""
+    out, read = {}, partial(read_blob, fs)
+    for info in infos:
+        name = chained(info)
+        if name is None or info.rank != rank:
+            continue
+        here = fs.absolute(fs.join(step_dir, info.relative_path))
+        base = fs.dirname(here)                 # chains are relative to the data file's
+        chain = tuple((fs.absolute(fs.join(base, p)), o, n) for p, o, n in info.chain)
+        piece = Piece(*info.piece)
+        r = Ref(new_encoder(piece.key), chain + ((here, info.offset, info.length),),
+                bool(info.zero_base))
+        try:
+            r.encoder.resume(replay(r, read, name))
+        except (LcckptError, OSError) as e:
+            warnings.warn(f"piece {piece.key}[{piece.start}:{piece.stop}]: its chain in "
+                          f"{step_dir} cannot be read ({e}); its next save is a keyframe",
+                          RuntimeWarning, stacklevel=3)
+            continue
+        out[piece] = r
+    return out
 
 
 def park(refs: dict, fetch) -> None:

@@ -46,20 +46,14 @@ from ..codec.streamed import StreamedBlob
 from . import exchange, targets
 from ..format.sections import decode_streamed, replay_into_tensor
 from .blobs import LocalFiles, as_tensor, deferred_blob, missing, streamed_blob
-from .refs import BACKGROUND, Background, Ref, park, park_in, read_blob, replay, resync
+from .refs import (BACKGROUND, Background, Ref, park, park_in, read_blob, reopened, replay,
+                   resync)
 from .metadata import MetadataUnpickler
 from .partition import Piece
 from .store import Flusher, check_size, files_for
 
 SUFFIX = ".distcp"
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _OUR_FILE = re.compile(r"__\d+_[0-9a-f]{8}_\d+\.distcp")
-_NAMES = {str(t): n for t, n in zip(_FLOATS, ("F16", "BF16", "F32", "F64"))}
-
-
-def dtype_name(info) -> str | None:
-    """The codec's name of a stored item's dtype (a merged keyframe holds it widened)."""
-    return _NAMES.get(info.dtype)
 
 
 @dataclass
@@ -87,7 +81,7 @@ class LcckptStorageInfo:
         for i, (rel, off, n) in enumerate(blobs):
             first = i == 0 and not self.zero_base and work is not None
             rec.apply(read(rel, off, n, stream_as=work) if first else read(rel, off, n),
-                      dtype=dtype_name(self), zero_base=self.zero_base and i == 0)
+                      dtype=targets.dtype_name(self), zero_base=self.zero_base and i == 0)
         return rec
 
 
@@ -249,7 +243,7 @@ class CompressedWriter(FileSystemWriter):
             t = t.cpu()
         meta = {"raw_nbytes": t.numel() * t.element_size(), "dtype": str(t.dtype),
                 "shape": tuple(t.shape)}
-        if not self.chain or t.dtype not in _FLOATS or t.numel() < targets.MIN_ELEMENTS:
+        if not self.chain or t.dtype not in targets.FLOATS or t.numel() < targets.MIN_ELEMENTS:
             f.write(encode(t, lossless=True))       # and scalars such as step counts
             return {"codec": "exact", **meta}
         prev = self._refs.get(piece)
@@ -298,6 +292,14 @@ class CompressedWriter(FileSystemWriter):
         self._written = []
         self.force_keyframe = False
         self._last_committed = self.save_id
+
+    def resume(self, md: Metadata, step_dir: str, rank: int) -> None:
+        """Go on from the step committed in ``step_dir`` (``md``: its metadata) as the writer
+        of ``rank`` that saved it did (:func:`.refs.reopened`); nothing if it holds any."""
+        if not self._refs:
+            self._refs = reopened(md.storage_data.values(), rank, step_dir, self.fs,
+                                  targets.chained,
+                                  partial(targets.new_encoder, self.bits, self.target))
 
     def _fetch(self, piece: Piece):
         """A parked reference (lcckpt/codec/parked.py): the piece's committed chain replayed."""
@@ -498,14 +500,14 @@ class CompressedReader(FileSystemReader):
     def _decode(self, info: LcckptStorageInfo, out: torch.Tensor | None = None) -> torch.Tensor:
         if info.codec == "exact":
             args = info.relative_path, info.offset, info.length
-            blob = self._read(*args, stream_as=dtype_name(info))
+            blob = self._read(*args, stream_as=targets.dtype_name(info))
             if isinstance(blob, StreamedBlob):       # None: read it whole after all
                 got = decode_streamed(blob, out if out is not None else
                                       torch.empty(info.shape, dtype=exchange._dtype(info.dtype)))
                 blob = got if got is not None else self._read(*args)
             out = blob if isinstance(blob, torch.Tensor) else as_tensor(decode(blob, out=out))
         elif info.codec == "delta":
-            work = dtypes.work_name(dtype_name(info))
+            work = dtypes.work_name(targets.dtype_name(info))
             rec = info.replay(partial(self._read, defer=True), work)
             # an fp32/fp64 item replays straight into its target, if it has one
             if out is None or not replay_into_tensor(rec, out):

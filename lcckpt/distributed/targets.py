@@ -24,10 +24,25 @@ from ..codec.delta import DeltaEncoder
 from ..errors import InvalidArgumentError
 from .partition import Piece
 
-__all__ = ["MIN_ELEMENTS", "check", "direction_of", "direction_view", "directions", "fqn",
-           "new_encoder", "role_path", "starts_at_zero"]
+__all__ = ["FLOATS", "MIN_ELEMENTS", "chained", "check", "direction_of", "direction_view",
+           "directions", "dtype_name", "fqn", "new_encoder", "role_path", "starts_at_zero"]
 
 MIN_ELEMENTS = 8     # smaller floating pieces (step counts) are stored exactly, every save
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_NAMES = {str(t): n for t, n in zip(FLOATS, ("F16", "BF16", "F32", "F64"))}
+
+
+def dtype_name(info) -> str | None:
+    """The codec's name of a stored item's dtype (a merged keyframe holds it widened)."""
+    return _NAMES.get(info.dtype)
+
+
+def chained(info) -> str | None:
+    """:func:`dtype_name` of a stored item a chain tracks (a delta, or a floating keyframe
+    of :data:`MIN_ELEMENTS` or more)."""
+    tracked = info.codec == "delta" or (info.codec == "exact" and info.piece is not None
+                                        and math.prod(info.shape) >= MIN_ELEMENTS)
+    return dtype_name(info) if tracked else None
 
 
 def check(bits, target):
