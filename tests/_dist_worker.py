@@ -167,10 +167,7 @@ def chain(rank, world, root):
     md = ck.save(3, full)
     # every floating piece stayed on its rank (sticky plan), so every one is a delta, but
     # for the shards of fewer than 8 elements (the biases' halves), stored exactly
-    codecs = {idx.fqn: info.codec for idx, info in md.storage_data.items()
-              if info.dtype in ("torch.float32", "torch.bfloat16")
-              and math.prod(info.shape) >= 8}
-    assert set(codecs.values()) == {"delta"} and len(codecs) >= 12, codecs
+    _all_deltas(md)
     refs = {f"{p.key}|{p.start}|{p.stop}": t for p, t in ck.references().items()}
     torch.save(refs, f"{root}/refs_{rank}.pt")
 
@@ -234,10 +231,7 @@ def chain(rank, world, root):
     assert old.keys() == new.keys() and all(torch.equal(old[p], new[p]) for p in old)
     step_update(state, model, 8)
     md = ck2.save(8, full)
-    codecs = {idx.fqn: info.codec for idx, info in md.storage_data.items()
-              if info.dtype in ("torch.float32", "torch.bfloat16")
-              and math.prod(info.shape) >= 8}
-    assert set(codecs.values()) == {"delta"} and len(codecs) >= 12, codecs
+    _all_deltas(md)
     chains = _delta_chains(md)
     assert all(len(c) == 3 and "step_0000000005" in c[0][0] for c in chains), chains
     _loads_as_referenced(ck2, target, 8)
@@ -253,6 +247,14 @@ def _loads_as_referenced(ck, target, step):
     for p, t in ck.references().items():
         assert torch.equal(piece_slice(flat, p.key, p.start, p.stop), t), p
     return flat
+
+
+def _all_deltas(md) -> None:
+    """Every floating item of 8 elements or more is a delta (12 or more of them)."""
+    codecs = {idx.fqn: info.codec for idx, info in md.storage_data.items()
+              if info.dtype in ("torch.float32", "torch.bfloat16")
+              and math.prod(info.shape) >= 8}
+    assert set(codecs.values()) == {"delta"} and len(codecs) >= 12, codecs
 
 
 def _delta_chains(md) -> list:
