@@ -226,7 +226,7 @@ def chain(rank, world, root):
     # this rank's references, bit for bit the old writer's, and writes deltas
     ck2 = ld.DistributedCheckpointer(root, bits=2, planner=ld.BalancedSavePlanner(
         min_split_bytes=64 << 10, item_overhead=4096, raw_weight=0.25))
-    ck2._continue_chain()
+    ck2._continue_chain(False)
     old, new = ck.references(), ck2.references()
     assert old.keys() == new.keys() and all(torch.equal(old[p], new[p]) for p in old)
     step_update(state, model, 8)
@@ -371,7 +371,7 @@ def process_mode(rank, world, root):
     """``async_save(..., process=True)`` writes deltas: a chain saved in DCP's background
     process restores bit for bit to what the same saves in a thread give; the background
     process killed mid-save leaves the previous step loadable, and the next save, in a new
-    background process, is a keyframe that commits."""
+    background process that takes its references from the files, writes deltas too."""
     import signal
     from torch.distributed.checkpoint import _async_process_executor as ape
     import lcckpt.distributed as ld
@@ -416,7 +416,7 @@ def process_mode(rank, world, root):
     want = {k: v.clone() for k, v in flatten(target).items() if isinstance(v, torch.Tensor)}
 
     # a merge while the references live in the background process: the step loads the
-    # same, and the next save there is a keyframe (its chains could name deleted steps)
+    # same, and the next save there goes on from the merged keyframes, read from the files
     ck = runs["process"]
     assert ck.merge() == 2
     target = replicated_state()
@@ -426,8 +426,9 @@ def process_mode(rank, world, root):
     state = replicated_state()
     step_update(state, None, 3)
     ck.async_save(3, state, process=True).result(timeout=120)
-    codecs = {i.codec for i in CompressedReader(ck.path(3)).read_metadata().storage_data.values()}
-    assert "delta" not in codecs, codecs
+    md = CompressedReader(ck.path(3)).read_metadata()
+    assert "delta" in {i.codec for i in md.storage_data.values()}
+    assert all(len(c) == 1 and "step_0000000002" in c[0][0] for c in _delta_chains(md))
     target = replicated_state()
     assert ck.load(target) == 3
     want = {k: v.clone() for k, v in flatten(target).items() if isinstance(v, torch.Tensor)}
@@ -449,7 +450,13 @@ def process_mode(rank, world, root):
             assert torch.equal(flatten(target)[k], v), k
     ck.async_save(5, state, process=True).result(timeout=120)    # a new background process
     codecs = {i.codec for i in CompressedReader(ck.path(5)).read_metadata().storage_data.values()}
-    assert "delta" not in codecs, codecs
+    assert "delta" in codecs, codecs
+    target = replicated_state()
+    assert ck.load(target) == 5
+    fresh = ld.DistributedCheckpointer(ck.directory, bits=2)       # the same, in this process
+    fresh._continue_chain(False)
+    for p, t in fresh.references().items():
+        assert torch.equal(piece_slice(flatten(target), p.key, p.start, p.stop), t), p
     with open(os.path.join(root, f"killed{rank}"), "w") as f:
         f.write("raised" if raised is not None else "committed")
     dist.barrier()

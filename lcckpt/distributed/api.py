@@ -144,17 +144,20 @@ def _async(state, writer, planner, process_group, on_done=None, process=False,
     return out
 
 
-def _forget_dead_background_process() -> None:
+def _forget_dead_background_process() -> bool:
     """DCP keeps one background process for process-mode async saves and, once it died,
     fails every later save on it; forget a dead one so that the next save starts another
-    (every rank's died with it, or the new ones cannot form their group: the save fails)."""
+    (every rank's died with it, or the new ones cannot form their group: the save fails).
+    Whether there was one."""
     try:
         from torch.distributed.checkpoint import _async_process_executor as ape  # noqa: PLC0415
         proc = ape._CHECKPOINT_PROCESS
         if proc is not None and not proc._save_process.is_alive():
             ape._CHECKPOINT_PROCESS = None
+            return True
     except (ImportError, AttributeError):        # another torch: its own behaviour
         pass
+    return False
 
 
 def save(state, directory, *, process_group=None, planner: BalancedSavePlanner | None = None,
@@ -288,21 +291,23 @@ class DistributedCheckpointer:
         if self.files.exists(self.files.join(path, ".metadata")):
             raise InvalidArgumentError(f"step {step} is already committed at {path}; later "
                                        "steps may depend on it, so it is not overwritten")
-        if self._reopen:
-            self._reopen = False
-            if not keyframe and not process:
-                self._continue_chain()
+        self.writer.resume_from = None
+        # a background process that died took its references along: a new one goes on too
+        fresh = process and _forget_dead_background_process()
+        if (self._reopen or fresh) and not keyframe:
+            self._continue_chain(process)
+        self._reopen = False
         self.writer.reset(path)
         self.writer.force_keyframe = keyframe
         return path
 
-    def _continue_chain(self) -> None:
+    def _continue_chain(self, process: bool) -> None:
         """A writer new to a directory whose chain is under way (a restarted job) goes on
         from its newest step: this rank's references replayed from the files it wrote
-        (:meth:`CompressedWriter.resume`), and the planner's history, so that pieces stay
-        on the ranks that hold their references. Not after a change of world size (pieces
-        move: keyframes), nor in process mode (its references live in DCP's background
-        process). A step that cannot be read is warned about: keyframes follow."""
+        (:meth:`CompressedWriter.resume`; in ``process`` mode by DCP's background process,
+        where they live, at its save), and the planner's history, so that pieces stay on
+        the ranks that hold their references. Not after a change of world size (pieces
+        move: keyframes). A step that cannot be read is warned about: keyframes follow."""
         steps = self.steps() if self.writer.chain else []
         if not steps:
             return
@@ -321,7 +326,10 @@ class DistributedCheckpointer:
             return
         if self.planner.history is None:
             self.planner.commit(md)
-        self.writer.resume(md, path, rank)
+        if process:
+            self.writer.resume_from = (md, path)
+        else:
+            self.writer.resume(md, path, rank)
 
     def save(self, step: int, state, *, keyframe: bool = False) -> Metadata:
         """Save ``state`` as ``step`` on every rank; returns DCP's metadata."""
@@ -482,6 +490,7 @@ class DistributedCheckpointer:
         moved = outcome[0]           # this rank's merged blobs: its file names start __rank_
         self.writer.rebase(moved, sum(self.files.basename(p).startswith(f"__{rank}_")
                                       for p, _, _ in moved))
+        self._reopen = True          # references the rebase dropped: from the merged files
         self._retain()
         return step
 

@@ -22,10 +22,12 @@ bytes, in a fixed order), and records who sends what to whom in each rank's plan
 
 Sent bytes move as raw bytes (any dtype, bf16 included) over the process group's
 point-to-point calls, each message tagged with the item's position in the global schedule.
+:func:`apply` puts a decoded item into each request's target (also on a load's other path).
 """
 
 from __future__ import annotations
 
+import io
 import queue
 import threading
 from collections import deque
@@ -34,7 +36,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..errors import LcckptError
+from ..errors import CorruptDataError, LcckptError
 from ..util import pool
 from . import peer
 
@@ -318,3 +320,32 @@ def _agree(error: BaseException | None, group) -> None:
     if failed:
         raise PeerFailedError(f"rank(s) {failed} could not read or decode their share of "
                               "this restore; see their errors")
+
+
+def apply(planner, reqs, whole) -> None:
+    """Copy a decoded item (or a value's bytes) into every request's target."""
+    if isinstance(whole, io.BytesIO):
+        for req in reqs:
+            whole.seek(0)
+            planner.load_bytes(req, whole)
+        return
+    for req in reqs:
+        src = _narrow(whole, req.storage_offsets, req.lengths)
+        dst = planner.resolve_tensor(req).detach()
+        if dst.size() != src.size():
+            raise CorruptDataError(f"{req.storage_index.fqn}: stored piece gives "
+                                   f"{tuple(src.size())}, target wants {tuple(dst.size())}")
+        if not _same(dst, src):                 # else decoded straight into the target
+            dst.copy_(src)
+        planner.commit_tensor(req, dst)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape and \
+        a.stride() == b.stride()
+
+
+def _narrow(t: torch.Tensor, offsets, lengths) -> torch.Tensor:
+    for d, (o, n) in enumerate(zip(offsets, lengths)):
+        t = t.narrow(d, int(o), int(n))
+    return t

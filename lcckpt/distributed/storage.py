@@ -117,6 +117,7 @@ class CompressedWriter(FileSystemWriter):
             raise InvalidArgumentError(f"keyframe_every must be >= 1, got {keyframe_every}")
         self.chain, self.bits, self.keyframe_every = chain, bits, keyframe_every
         self.force_keyframe = False
+        self.resume_from: tuple | None = None  # (metadata, step dir) to go on from: resume()
         self._refs: dict[Piece, Ref] = {}
         self._pending: dict[Piece, Ref] | None = None
         self.writer_id = uuid.uuid4().hex
@@ -163,6 +164,9 @@ class CompressedWriter(FileSystemWriter):
                           RuntimeWarning, stacklevel=2)
             self._refs = resync(self._refs, self._advanced, partial(read_blob, self.fs))
             self._pending, self._advanced = None, set()
+        if self.resume_from is not None:        # in DCP's background process, if there
+            self.resume(*self.resume_from, self.rank or 0)
+            self.resume_from = None
         self._written = []
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
@@ -300,6 +304,8 @@ class CompressedWriter(FileSystemWriter):
             self._refs = reopened(md.storage_data.values(), rank, step_dir, self.fs,
                                   targets.chained,
                                   partial(targets.new_encoder, self.bits, self.target))
+            if self._bg is not None:
+                self._bg.refs = self._refs
 
     def _fetch(self, piece: Piece):
         """A parked reference (lcckpt/codec/parked.py): the piece's committed chain replayed."""
@@ -346,29 +352,6 @@ class CompressedWriter(FileSystemWriter):
                     pass
 
 
-def _apply(planner, reqs, whole) -> None:
-    """Copy a decoded item (or a value's bytes) into every request's target."""
-    if isinstance(whole, io.BytesIO):
-        for req in reqs:
-            whole.seek(0)
-            planner.load_bytes(req, whole)
-        return
-    for req in reqs:
-        src = _narrow(whole, req.storage_offsets, req.lengths)
-        dst = planner.resolve_tensor(req).detach()
-        if dst.size() != src.size():
-            raise CorruptDataError(f"{req.storage_index.fqn}: stored piece gives "
-                                   f"{tuple(src.size())}, target wants {tuple(dst.size())}")
-        if not _same(dst, src):                 # else decoded straight into the target
-            dst.copy_(src)
-        planner.commit_tensor(req, dst)
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape and \
-        a.stride() == b.stride()
-
-
 def _request(planner, wi: WriteItem, dirs: dict) -> tuple:
     """What a live process-mode save asks the trainer for (``pool.FeedClient.start``)."""
     piece, chunk = _piece(planner, wi), wi.tensor_data.chunk
@@ -381,12 +364,6 @@ def _piece(planner, wi: WriteItem) -> Piece:
         return planner.piece_of(wi)
     from .planner import whole_piece  # noqa: PLC0415
     return whole_piece(wi)
-
-
-def _narrow(t: torch.Tensor, offsets, lengths) -> torch.Tensor:
-    for d, (o, n) in enumerate(zip(offsets, lengths)):
-        t = t.narrow(d, int(o), int(n))
-    return t
 
 
 class CompressedReader(FileSystemReader):
@@ -453,14 +430,14 @@ class CompressedReader(FileSystemReader):
                 exchange.run(plan.storage_data, plan, planner, self.storage_data,
                              self.process_group,
                              lambda info, reqs: self._item(info, reqs, planner),
-                             lambda reqs, whole: _apply(planner, reqs, whole))
+                             lambda reqs, whole: exchange.apply(planner, reqs, whole))
             else:
                 groups: dict = {}
                 for req in plan.items:
                     groups.setdefault(req.storage_index, []).append(req)
                 for idx in sorted(groups, key=lambda i: (self.storage_data[i].relative_path,
                                                          self.storage_data[i].offset)):
-                    _apply(planner, groups[idx],
+                    exchange.apply(planner, groups[idx],
                            self._item(self.storage_data[idx], groups[idx], planner))
         finally:
             if self._files is not None:
