@@ -4,6 +4,7 @@
 import threading
 
 import numpy as np
+import pytest
 
 import lcckpt
 from lcckpt.codec import streamed
@@ -49,3 +50,52 @@ def test_a_deferred_blob_read_on_every_busy_pool_thread_completes(monkeypatch):
     threading.Thread(target=run, daemon=True).start()
     assert done.wait(30), "a deferred blob's read inside pool tasks deadlocked"
     assert got == [True] * n
+
+
+def test_run_tasks_on_every_busy_pool_thread_completes():
+    """``run_tasks`` inside a task on every pool thread at once (a tensor replayed whole
+    on a pool thread whose blobs decode over the pool): the ranges no worker started run
+    on the caller, and every call returns its results in order."""
+    n = pool._get_pool()._max_workers
+    if n < 2:
+        pytest.skip("one pool thread: nothing is queued behind another")
+    barrier = threading.Barrier(n, timeout=20)
+    results = []
+
+    def outer(k):
+        barrier.wait()                       # every pool thread is now inside a task
+        results.append(pool.run_tasks(lambda t: t * t + k, 9))
+
+    done = threading.Event()
+
+    def run():
+        futs = [pool._get_pool().submit(outer, k) for k in range(n)]
+        for f in futs:
+            f.result()
+        done.set()
+    threading.Thread(target=run, daemon=True).start()
+    assert done.wait(30), "run_tasks inside busy pool threads deadlocked"
+    assert sorted(results) == [[t * t + k for t in range(9)] for k in range(n)]
+
+
+def test_run_tasks_raises_after_every_range_stopped():
+    """A failing range raises in the caller, and no range runs on after it returned."""
+    if pool.threads() < 2:
+        return
+    running, seen = threading.Lock(), []
+
+    def task(t):
+        with running:
+            seen.append(t)
+        if t == 0:
+            raise ValueError("task 0")
+        return t
+    try:
+        pool.run_tasks(task, 64)
+    except ValueError as e:
+        assert str(e) == "task 0"
+    else:
+        raise AssertionError("no error raised")
+    after = len(seen)
+    threading.Event().wait(0.05)
+    assert len(seen) == after

@@ -85,7 +85,9 @@ def run_tasks(fn, n: int):
     """Call ``fn(t)`` for ``t in range(n)`` on the pool; return the results in order.
 
     Work is split into at most ``threads()`` contiguous task ranges so per-task overhead
-    stays small; one range runs inline.
+    stays small. The caller runs the first range itself, and any other that no worker
+    has started by then: a caller on a pool thread never waits for work queued behind
+    itself (every worker doing so would wait forever).
     """
     if n <= 0:
         return []
@@ -97,9 +99,20 @@ def run_tasks(fn, n: int):
         lo, hi = r * n // workers, (r + 1) * n // workers
         return [fn(t) for t in range(lo, hi)]
 
-    out = []
-    for part in _get_pool().map(run_range, range(workers)):
-        out.extend(part)
+    pool = _get_pool()
+    futs = [None] + [pool.submit(run_range, r) for r in range(1, workers)]
+    out, error = [], None
+    for r, f in enumerate(futs):
+        try:
+            if error is not None:           # none left running on the caller's data
+                if not f.cancel():
+                    f.exception()
+            else:
+                out.extend(run_range(r) if f is None or f.cancel() else f.result())
+        except BaseException as e:
+            error = e
+    if error is not None:
+        raise error
     return out
 
 
