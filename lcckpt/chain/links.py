@@ -128,11 +128,14 @@ class FileReplay:
             if s["meta"].get("kind") == "tensor" and s["meta"].get("codec") == DELTA:
                 self.advance(c, i, s["meta"])
         if settle:
+            targets = {}
             for key, rec in self.after.items() if not self.copy else ():
                 t = self._target(key, rec)
                 if t is not None:
-                    _sections.replay_into_tensor(rec, t)    # False: not waiting, not fp32/64
-            _settle(self.after.values())
+                    targets[id(rec)] = t
+            # False: not waiting, not fp32/64 (copied in when its leaf is built)
+            _settle(self.after.values(), lambda rec: id(rec) in targets
+                    and _sections.replay_into_tensor(rec, targets[id(rec)]))
             self.settled = True
         return self.after
 
