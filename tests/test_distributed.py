@@ -322,6 +322,21 @@ def test_a_new_writer_keyframes_a_piece_whose_chain_is_damaged(tmp_path):
     assert got["w"][0] == "exact" and got["m"][0] == "delta"
 
 
+def test_a_writer_id_a_merge_replaced_frees_its_background_references(tmp_path):
+    """A merge that drops references gives the writer a new id (its background process
+    starts over); the next copy that arrives there drops what the old id held."""
+    from lcckpt.distributed import refs, storage
+    w = storage.CompressedWriter(str(tmp_path), chain=True)
+    old = w.writer_id
+    pickle.loads(pickle.dumps(w))                  # a background process's copy
+    assert old in refs.BACKGROUND
+    w.rebase({}, 1)                                # this rank had a merged blob it lacked
+    assert w.writer_id != old
+    pickle.loads(pickle.dumps(w))
+    assert old not in refs.BACKGROUND and w.writer_id in refs.BACKGROUND
+    refs.BACKGROUND.pop(w.writer_id)
+
+
 def test_merge_makes_the_newest_step_a_keyframe_that_restores_the_same(tmp_path):
     """merge() rewrites the newest step's deltas as keyframes of what they restore
     (widened: bf16 items keep their fp32 references), so retention may drop the steps

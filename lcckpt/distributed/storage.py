@@ -121,6 +121,7 @@ class CompressedWriter(FileSystemWriter):
         self._refs: dict[Piece, Ref] = {}
         self._pending: dict[Piece, Ref] | None = None
         self.writer_id = uuid.uuid4().hex
+        self._retired: list[str] = []     # ids whose references a background process drops
         self._last_committed: str | None = None      # save_id of the last committed save
         self._bg: Background | None = None           # set in a background process
         self._written: list = []
@@ -142,6 +143,8 @@ class CompressedWriter(FileSystemWriter):
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        for old in self._retired:               # no save of theirs comes here again
+            BACKGROUND.pop(old, None)
         bg = BACKGROUND.setdefault(self.writer_id, Background())
         if bg.pending is not None and bg.pending_save == self._last_committed:
             bg.refs = bg.pending
@@ -333,6 +336,7 @@ class CompressedWriter(FileSystemWriter):
             i = max(i for i, b in enumerate(r.chain) if b in moved)
             self._refs[p] = Ref(r.encoder, (moved[r.chain[i]],) + r.chain[i + 1:], False)
         if len(through) < mine:
+            self._retired.append(self.writer_id)
             self._refs, self.writer_id = {}, uuid.uuid4().hex
 
     def references(self) -> dict[Piece, torch.Tensor]:
