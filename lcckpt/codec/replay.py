@@ -110,7 +110,7 @@ def _loaded(delta):
 def _by_chunk(deltas: list, nch: int) -> dict:
     """The deferred deltas to read chunk by chunk, by their place in ``deltas``: all that
     can be, where together they hold more than BY_CHUNK_MIN; else none."""
-    can = {k: b for k, (b, _) in enumerate(deltas) if isinstance(b, DeferredBlob) and b.windowed()}
+    can = {k: b for k, (b, _) in enumerate(deltas) if isinstance(b, DeferredBlob) and b.by_chunk()}
     if nch < 2 or sum(b.part.length for b in can.values()) <= BY_CHUNK_MIN:
         return {}
     readers = {}

@@ -137,8 +137,8 @@ class DeferredBlob:
         self.parsed, self.part, self.check, self.what = parsed, part, check, what
         self.origin = origin
 
-    def windowed(self) -> bool:
-        """Whether the blob is a delta of one stream that :class:`DeltaWindows` can read."""
+    def by_chunk(self) -> bool:
+        """Whether the blob is a delta of one stream, which :class:`DeltaChunks` can read."""
         return self.parsed.kind != _blob.LOSSLESS and len(self.parsed.layouts) == 1
 
     def load(self) -> tuple[np.ndarray, _blob.Parsed]:
@@ -161,7 +161,7 @@ class DeferredBlob:
 
 
 class DeltaChunks:
-    """A deferred delta (:meth:`DeferredBlob.windowed`) read chunk by chunk by the tasks
+    """A deferred delta (:meth:`DeferredBlob.by_chunk`) read chunk by chunk by the tasks
     that replay it (:func:`lcckpt.codec.replay.replay`), each into a buffer of its thread:
     a restore of a large tensor holds a task's bytes of each delta, not all of them. The
     blob's own checksums vouch for every byte, as on :class:`StreamedBlob`'s path: its
@@ -191,9 +191,6 @@ class DeltaChunks:
         except BaseException:
             self.close()
             raise
-
-    def nbytes(self) -> int:
-        return self.blob.part.length
 
     def read(self, lo: int, hi: int) -> np.ndarray:
         """Chunks ``lo..hi-1``'s bytes, into a buffer of this thread (reused), each

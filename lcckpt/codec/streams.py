@@ -212,8 +212,8 @@ class StreamDecoder:
 
     def window(self, buf: np.ndarray, lo: int, hi: int) -> None:
         """Decode chunks ``lo..hi-1`` from ``buf``, which holds only their bytes (a blob
-        read a window at a time, :class:`~lcckpt.codec.streamed.DeltaWindows`); another
-        chunk then raises."""
+        read chunk by chunk, :class:`~lcckpt.codec.streamed.DeltaChunks`); another chunk
+        then raises."""
         if not 0 <= lo < hi <= self.nchunks or \
                 buf.size < int(self.layout.offsets[hi]) - int(self.layout.offsets[lo]):
             raise ValueError(f"window {lo}..{hi} does not fit the stream or its buffer")
