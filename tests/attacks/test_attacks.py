@@ -674,7 +674,8 @@ def test_a_member_marked_a_directory_is_damage_not_other_data(tmp_path):
     entry = _directory_entry(raw, b"/data/0")               # the tensor's
     raw[entry + 38] |= 0x10                                  # external attributes
     path.write_bytes(bytes(raw))
-    assert not torch.equal(torch.load(path)["w"], w)        # what torch itself gives
+    torch.load(path)        # torch itself raises nothing (its tensor holds no data of the
+    # member: memory a freed tensor left, at times the very numbers, so it is not compared)
     with pytest.raises(lcckpt.CorruptDataError, match="directory"):
         lcckpt.load(str(path))
     with pytest.raises(lcckpt.CorruptDataError, match="directory"):
