@@ -141,6 +141,38 @@ def test_chain_steps_read_lazily(tmp_path):
             f.get_tensor("model.w")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_of_a_chain_step_decode_only_their_chunks(tmp_path, monkeypatch, dtype):
+    """A slice of a chain step's fp32 tensor replays only the chunks that hold its rows,
+    along the keyframe and every delta (escapes included), bit for bit the rows of the
+    whole tensor; a bf16 one (its keyframe widened when read) is rebuilt whole, as before."""
+    from lcckpt.codec import delta, replay
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(3000, 512, generator=g)
+    ck = lcckpt.DeltaCheckpointer(tmp_path)
+    for step in range(6):
+        if step:
+            w = w + 1e-3 * torch.randn(3000, 512, generator=g)
+            w.view(-1)[step * 7::100_003] += 0.01               # escapes
+        ck.save(step, {"w": w.to(dtype)})
+    spans, whole = [], []
+    real_span, real_value = replay.replay_span, delta.Reconstruction.value
+    monkeypatch.setattr(delta, "replay_span",
+                        lambda *a: spans.append(a[2:]) or real_span(*a))
+    monkeypatch.setattr(delta.Reconstruction, "value",
+                        lambda self, copy=True: whole.append(1) or real_value(self, copy))
+    for step in (1, 5):
+        want = ck.load(step)["w"]
+        whole.clear()
+        for rows in (slice(0, 16), slice(1000, 1001), slice(-5, None), slice(5, 2000, 7)):
+            with lc_open(tmp_path, step=step) as f:
+                assert torch.equal(f.get_slice("w")[rows], want[rows]), rows
+        if dtype == torch.float32:
+            assert not whole and (0, 16 * 512 - 1) in spans
+        else:
+            assert whole
+
+
 def test_bad_arguments(tmp_path):
     path = tmp_path / "a.lc"
     lcckpt.save({"w": torch.ones(2)}, path)

@@ -91,6 +91,7 @@ class Reader:
         self._links: list | None = None            # older chain files, keyframe first
         self._stack: ExitStack | None = None       # ... held open by it
         self._last: tuple | None = None            # (key path, tensor) of the newest _whole
+        self._spanned: set = set()                 # chain tensors a slice read in part
         self._c = read_container(path)
         try:
             try:
@@ -186,6 +187,23 @@ class Reader:
     def _decode_leaf(self, path: str, c: Container, i: int, meta: dict):
         if meta.get("codec") != _sections.DELTA or self._chain is None:
             return _sections.decode_leaf(path, c, i, meta)
+        return self._delta(c, i, meta).value(copy=False)
+
+    def _span(self, path: str, c: Container, i: int, meta: dict, first: int, last: int):
+        """Elements ``first..last`` of section ``i``'s tensor along its chain, only the
+        chunks that hold them replayed (:meth:`Reconstruction.span`), the first time a
+        slice reads that tensor; None after (a loop of row reads decodes it whole once,
+        :meth:`_whole`) and where only a whole replay gives them."""
+        if path in self._spanned or (self._last is not None and self._last[0] == path):
+            return None
+        self._spanned.add(path)
+        self._chain_links()
+        part = self._delta(c, i, meta).span(first, last)
+        return part if part is not None and \
+            part.dtype == dtypes.NAME_NUMPY.get(meta.get("dtype")) else None
+
+    def _delta(self, c: Container, i: int, meta: dict) -> Reconstruction:
+        """Section ``i``'s tensor along its chain, its blobs applied (replayed when asked)."""
         key = _sections.section_key(meta)
         rec = Reconstruction()
         for older, by_key in self._chain_links():
@@ -198,7 +216,7 @@ class Reader:
                       check_payload=False, what=key, zero_base=_sections.section_zero_base(m))
         rec.apply(c.data(i), dtype=meta.get("dtype"), shape=tuple(meta.get("shape", ())),
                   check_payload=False, what=key, zero_base=_sections.section_zero_base(meta))
-        return rec.value(copy=False)
+        return rec
 
     def _chain_links(self) -> list:
         """The chain's files before this step, keyframe first, as ``(container, {tracking
@@ -282,10 +300,11 @@ class Slice:
         offset, shape, stride = self._view
         sub_shape = [hi - lo] + list(shape[1:])
         codec = self._meta.get("codec")
-        if codec not in (_sections.RAW, _sections.LOSSLESS) or self._node.get("param") or \
-                self._node.get("grad") or self._r.map_location is not None or sys.byteorder != "little":
-            t = self._r._whole(self._path)      # decoded once per reader, then sliced
-            return t.detach()[lo:hi].clone()
+        partial = (_sections.RAW, _sections.LOSSLESS) + \
+            ((_sections.DELTA,) if self._r._chain is not None else ())
+        if codec not in partial or self._node.get("param") or self._node.get("grad") or \
+                self._r.map_location is not None or sys.byteorder != "little":
+            return self._whole_rows(lo, hi)
         c, s, meta = self._r._c, self._s, self._meta
         item = self.dtype.itemsize
         size = math.prod(meta.get("shape", ())) if type(meta.get("shape")) is list else -1
@@ -302,9 +321,18 @@ class Slice:
                                    f"the {size} stored elements")
         if codec == _sections.LOSSLESS:
             return self._coded_rows(first, last, meta).as_strided(sub_shape, stride, 0)
+        if codec == _sections.DELTA:
+            part = self._r._span(self._path, c, s, meta, first, last)
+            if part is None:
+                return self._whole_rows(lo, hi)
+            return torch.from_numpy(part).as_strided(sub_shape, stride, 0)
         buf = torch.empty(last - first + 1, dtype=self.dtype)
         c.read_part(s, first * item, buf.view(torch.uint8).numpy())
         return buf.as_strided(sub_shape, stride, 0)
+
+    def _whole_rows(self, lo: int, hi: int) -> torch.Tensor:
+        t = self._r._whole(self._path)          # decoded once per reader, then sliced
+        return t.detach()[lo:hi].clone()
 
     def _coded_rows(self, first: int, last: int, meta: dict) -> torch.Tensor:
         """Elements ``[first, last]`` of a lossless section: reads the blob's header and
