@@ -30,7 +30,7 @@ from .tensor import (
 )
 from .config import CodecConfig
 from .entropy import CodeCache
-from .replay import replay, replay_span, settle
+from .replay import replay, settle
 from .streamed import DeferredBlob, StreamedBlob
 from ..errors import (
     BrokenChainError, CorruptDataError, InvalidArgumentError, LcckptError, NonFiniteError,
@@ -377,12 +377,6 @@ class Reconstruction:
             replay(self.pending, self._ref)
             self.pending = []
         return self._ref
-
-    def span(self, first: int, last: int) -> np.ndarray | None:
-        """Elements ``first..last`` of the flat reference, decoding only the chunks that
-        hold them (:func:`~lcckpt.codec.replay.replay_span`); None where only a whole
-        replay gives them (no keyframe waiting: one decoded already, or widened)."""
-        return None if self._key is None else replay_span(self.pending, self._key, first, last)
 
     def apply(self, blob, *, dtype: str | None = None, shape: tuple | None = None,
               check_payload: bool = True, what: str = "blob", zero_base: bool = False,

@@ -102,27 +102,14 @@ def replay(deltas: list, ref: np.ndarray, base=None) -> None:
             r.close()
 
 
-def replay_span(deltas: list, base, first: int, last: int) -> np.ndarray | None:
-    """Elements ``first..last`` of what :func:`replay` of ``deltas`` onto the keyframe
-    ``base`` gives, bit for bit, decoding only the chunks that hold them (a lazy read of a
-    few rows of a chain step); None where the blobs are chunked differently, or the
-    keyframe is one read as it is decoded."""
-    if isinstance(base[0], StreamedBlob):
-        return None
-    base = _loaded(base)
-    deltas = [_loaded(d) for d in deltas]
-    p = base[1]
-    if any(q.log2 != p.log2 for _, q in deltas) or not 0 <= first <= last < p.n:
-        return None
-    cs = 1 << p.log2
-    ref = np.empty(p.n, p.dt.numpy)          # only the pages of those chunks are touched
-    decs = [(StreamDecoder(buf, q.payload_base, q.layouts[0], q.n, cs, q.bits, None,
-                           "lcckpt blob", apply=(q.centroids, ref)), q, None)
-            for buf, q in deltas]
-    steps, _ = _steps(decs, ref, _base_decoder(base, ref), False)
-    for c in range(first // cs, last // cs + 1):
-        _replay_chunk(steps, c, ref, cs)
-    return ref[first:last + 1].copy()
+def replay_window(decoders: list, ref: np.ndarray, k0: int, k1: int) -> None:
+    """Chunks ``k0..k1-1`` of several deltas ``(StreamDecoder, parsed)`` (each over a
+    window of those chunks alone, :meth:`StreamDecoder.window`) added in order onto
+    ``ref``, which holds those chunks of the keyframe: what :func:`replay` gives there,
+    bit for bit (a lazy read of a few rows of a chain step)."""
+    steps, _ = _steps([(d, p, None) for d, p in decoders], ref, None, False)
+    for c in range(k0, k1):
+        _replay_chunk(steps, c, ref, decoders[0][0].cs if decoders else 0)
 
 
 def _loaded(delta):

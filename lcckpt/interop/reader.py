@@ -44,6 +44,7 @@ from ..codec.streamed import read_header
 from ..codec.tensor import chunk_spans, decode_exact_chunks
 from ..format.container import Container, read_container
 from ..codec.delta import Reconstruction
+from .chainrows import chain_span
 from ..errors import (
     CorruptDataError, InvalidArgumentError, UnsupportedVersionError,
 )
@@ -191,16 +192,19 @@ class Reader:
 
     def _span(self, path: str, c: Container, i: int, meta: dict, first: int, last: int):
         """Elements ``first..last`` of section ``i``'s tensor along its chain, only the
-        chunks that hold them replayed (:meth:`Reconstruction.span`), the first time a
-        slice reads that tensor; None after (a loop of row reads decodes it whole once,
-        :meth:`_whole`) and where only a whole replay gives them."""
+        chunks that hold them read and replayed (:func:`.chainrows.chain_span`), the
+        first time a slice reads that tensor; None after (a loop of row reads decodes it
+        whole once, :meth:`_whole`) and where only a whole replay gives them."""
         if path in self._spanned or (self._last is not None and self._last[0] == path):
             return None
         self._spanned.add(path)
-        self._chain_links()
-        part = self._delta(c, i, meta).span(first, last)
-        return part if part is not None and \
-            part.dtype == dtypes.NAME_NUMPY.get(meta.get("dtype")) else None
+        key = _sections.section_key(meta)
+        chain = []                      # the tensor's sections along the chain, oldest first
+        for older, by_key in self._chain_links():
+            j = by_key.get(key)
+            chain = [] if j is None else chain + [(older, j)]
+        return chain_span(chain + [(c, i)], meta, first, last, self.max_bytes,
+                          f"{self.path}: {path}")
 
     def _delta(self, c: Container, i: int, meta: dict) -> Reconstruction:
         """Section ``i``'s tensor along its chain, its blobs applied (replayed when asked)."""
