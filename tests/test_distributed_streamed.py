@@ -33,6 +33,17 @@ def spy(monkeypatch):
     return seen, state
 
 
+def _chain(directory, seed: int, steps: int):
+    """A distributed chain of a 3M-element tensor drifting by 1e-3 a step."""
+    g = torch.Generator().manual_seed(seed)
+    state = {"w": torch.randn(3_000_000, generator=g)}
+    ck = ld.DistributedCheckpointer(directory)
+    for step in range(steps):
+        state["w"] += 1e-3 * torch.randn(3_000_000, generator=g)
+        ck.save(step, state)
+    return ck
+
+
 def _zeros(state):
     return {k: torch.zeros_like(v) for k, v in state.items()}
 
@@ -70,12 +81,7 @@ def test_a_target_of_another_dtype_gets_a_streamed_item_too(tmp_path, spy):
 
 def test_a_chains_large_keyframe_streams_and_restores_what_a_whole_read_does(tmp_path, spy):
     seen, switch = spy
-    g = torch.Generator().manual_seed(1)
-    state = {"w": torch.randn(3_000_000, generator=g)}
-    ck = ld.DistributedCheckpointer(tmp_path)
-    for step in range(3):
-        state["w"] += 1e-3 * torch.randn(3_000_000, generator=g)
-        ck.save(step, state)
+    ck = _chain(tmp_path, seed=1, steps=3)
     got = {"w": torch.zeros(3_000_000)}
     assert ck.load(got) == 2
     assert True in seen
@@ -136,12 +142,7 @@ def test_a_chains_large_deltas_are_read_when_replayed(tmp_path, monkeypatch, by_
     of reading them whole up front; a damaged delta is still caught."""
     from lcckpt.codec import replay as replay_mod, streamed
     from lcckpt.distributed import blobs
-    g = torch.Generator().manual_seed(4)
-    state = {"w": torch.randn(3_000_000, generator=g)}
-    ck = ld.DistributedCheckpointer(tmp_path)
-    for step in range(4):
-        state["w"] += 1e-3 * torch.randn(3_000_000, generator=g)
-        ck.save(step, state)
+    ck = _chain(tmp_path, seed=4, steps=4)
     monkeypatch.setattr(replay_mod, "BY_CHUNK_MIN", 0 if by_chunk else 1 << 62)
     made, finished = [], []
     real, fin = blobs.deferred_blob, streamed.DeltaChunks.finish

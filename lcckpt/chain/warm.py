@@ -4,9 +4,10 @@ The codec's own warm-up (:func:`lcckpt.codec.delta.warmup`) runs each kernel on 
 thousand elements. A chain's restore also runs kernels that only large tensors reach
 (several symbols a table lookup, four bit streams side by side), kernels of its own
 buffer types (a file's read-only bytes) and the container's checksums. Loading those
-took about 15 MB and a few milliseconds in the first restore of each process (the MLP
-of ``benchmarks/memory.py``; docs/benchmarks.md). Here a three-delta chain of a 1 MB
-tensor is written to a temporary directory and restored, as a user's would be.
+took 17-20 MB in the first restore of each process (the MLP of
+``benchmarks/memory.py``: 24-26 MB beyond the state, 5.9-6.8 MB once they were loaded here;
+docs/benchmarks.md). Here a three-delta chain of three 1 MB tensors is written to a
+temporary directory and restored, as a user's would be.
 """
 
 from __future__ import annotations

@@ -107,9 +107,11 @@ def replay_window(decoders: list, ref: np.ndarray, k0: int, k1: int) -> None:
     window of those chunks alone, :meth:`StreamDecoder.window`) added in order onto
     ``ref``, which holds those chunks of the keyframe: what :func:`replay` gives there,
     bit for bit (a lazy read of a few rows of a chain step)."""
+    if not decoders:
+        return
     steps, _ = _steps([(d, p, None) for d, p in decoders], ref, None, False)
     for c in range(k0, k1):
-        _replay_chunk(steps, c, ref, decoders[0][0].cs if decoders else 0)
+        _replay_chunk(steps, c, ref, decoders[0][0].cs)
 
 
 def _loaded(delta):
