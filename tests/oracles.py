@@ -2,6 +2,7 @@
 
 import heapq
 import math
+import struct
 
 import numpy as np
 
@@ -203,3 +204,256 @@ def choose_ref(score: np.ndarray, coded: list, table: dict) -> np.ndarray:
         if total < best:
             best, best_choice = total, choice
     return np.argmin(score, axis=0) if best_choice is None else best_choice
+
+
+# --- the blob header, field by field ---------------------------------------------------
+import zlib  # noqa: E402
+
+from lcckpt.codec import dtypes, entropy, lossless, streams  # noqa: E402
+from lcckpt.codec.blob import (  # noqa: E402
+    LOSSLESS, LOSSY, MAGIC, MAX_NDIM, PAIRS_VERSION, UNIFORM, UNIFORM_VERSION, VERSION, Parsed,
+    read_escapes, words_n,
+)
+from lcckpt.codec.uniform import escape_index_dtype, uniform_table  # noqa: E402
+from lcckpt.errors import (  # noqa: E402
+    ChecksumError, CorruptDataError, InvalidArgumentError, TruncatedError, UnsupportedVersionError,
+)
+from lcckpt.util import crc as _crc  # noqa: E402
+
+
+def parse_ref(blob, check_payload: bool = True, size=None):
+    """lcckpt.codec.blob.parse as it was written field by field in Python (the
+    compiled parser must give the same fields, or the same error). Validate a blob
+    completely (structure, sizes, both checksums) before any decode.
+
+    ``check_payload=False`` skips the payload checksum, for callers that have just
+    verified the same bytes themselves (a container section's CRC covers the whole blob).
+    ``size``: the blob's whole size where ``blob`` holds only its beginning, for a
+    partial read. The header is then parsed and checked against ``size``; the payload
+    (and a uniform blob's escapes) are not read, and a header that runs past ``blob``
+    raises :class:`TruncatedError` (read more and parse again).
+    """
+    from lcckpt.codec.config import MAX_CHUNK_LOG2, MIN_CHUNK_LOG2
+
+    buf = np.frombuffer(blob, np.uint8)
+    if size is not None and (check_payload or size < len(buf)):
+        raise InvalidArgumentError("parse(size=) reads a header: check_payload=False, "
+                                   "and size at least the bytes given")
+    total = len(buf) if size is None else size
+    r = Reader(buf, what="lcckpt blob", size=total)
+    if len(buf) < 4 or bytes(buf[:3]) != MAGIC:
+        raise CorruptDataError("not an lcckpt blob (bad magic); was it produced by lcckpt.encode?")
+    r.pos = 3
+    version = r.u8()
+    if version not in (VERSION, UNIFORM_VERSION, PAIRS_VERSION):
+        raise UnsupportedVersionError(
+            f"blob format version {version}; this lcckpt reads versions {VERSION} to "
+            f"{PAIRS_VERSION}: upgrade lcckpt")
+    kind = r.u8()
+    if (kind not in (LOSSY, LOSSLESS, UNIFORM) or (kind == UNIFORM) != (version == UNIFORM_VERSION)
+            or (version == PAIRS_VERSION and kind != LOSSLESS)):
+        raise CorruptDataError(f"lcckpt blob: unknown kind {kind} in a version {version} blob")
+    code = r.u8()
+    if code not in dtypes.BY_CODE:
+        raise CorruptDataError(f"lcckpt blob: unknown dtype code {code}")
+    dt = dtypes.BY_CODE[code]
+    ndim = r.uvar(MAX_NDIM, "ndim")
+    shape = tuple(r.uvar(1 << 48, "dimension") for _ in range(ndim))
+    n = math.prod(shape)                 # exact: Python ints, 1 for a scalar
+    log2 = r.u8()
+    if not MIN_CHUNK_LOG2 <= log2 <= MAX_CHUNK_LOG2:
+        raise CorruptDataError(f"lcckpt blob: chunk size 2**{log2} out of range")
+    cs = 1 << log2
+    if -(-n // cs) > total:                # every chunk costs at least one table byte
+        raise CorruptDataError(f"lcckpt blob: shape {shape} is larger than the blob can describe")
+    p = Parsed(kind, dt, shape, n, log2, 0)
+    {LOSSY: _lossy_header, UNIFORM: _uniform_header, LOSSLESS: _lossless_header}[kind](
+        r, p, version)
+    hdr_end = r.pos
+    stored = r.u32()
+    if zlib.crc32(buf[:hdr_end]) != stored:
+        raise ChecksumError("lcckpt blob: header checksum mismatch; the blob is damaged")
+    p.payload_base = r.pos
+    payload = sum(int(lay.offsets[-1]) for lay in p.layouts)
+    esc_bytes = 0
+    if kind == UNIFORM:
+        isz = escape_index_dtype(n).itemsize
+        esc_bytes = p.esc_idx.size * (isz + p.esc_val.dtype.itemsize)
+    expect = p.payload_base + payload + esc_bytes + 4
+    if total < expect:
+        raise TruncatedError(f"lcckpt blob is truncated: {total} bytes, header promises {expect}")
+    if total > expect:
+        raise CorruptDataError(f"lcckpt blob has {total - expect} trailing bytes")
+    if size is not None:
+        return buf, p
+    crc = int.from_bytes(bytes(buf[expect - 4:expect]), "little")
+    if check_payload and _crc.crc32(buf[p.payload_base:expect - 4]) != crc:
+        raise ChecksumError("lcckpt blob: payload checksum mismatch; the blob is damaged")
+    if kind == UNIFORM and p.esc_idx.size:
+        read_escapes(buf, p.payload_base + payload, p)
+    return buf, p
+
+
+def _work_dtype(p: Parsed, kind: str):
+    """The float dtype a lossy blob's values are computed in (a float blob only)."""
+    if p.dt.kind != "float":
+        raise CorruptDataError(f"lcckpt blob: {kind} kind with dtype {p.dt.name}")
+    return np.float64 if p.dt.name == "F64" else np.float32
+
+
+def _lossy_header(r, p, version: int) -> None:
+    """LC buckets: bits, flags, the kept centroids, the symbol tables."""
+    work = _work_dtype(p, "lossy")
+    p.bits = r.u8()
+    if not 1 <= p.bits <= 4:
+        raise CorruptDataError(f"lcckpt blob: bits = {p.bits}")
+    flags = r.u8()
+    if flags & ~1:
+        raise CorruptDataError(f"lcckpt blob: unknown flags {flags:#x}")
+    p.midpoint = bool(flags & 1)
+    kept = r.u8()
+    if kept > (1 << p.bits) - 1:
+        raise CorruptDataError(f"lcckpt blob: {kept} buckets exceed {p.bits} bits")
+    p.centroids = np.zeros(1 << p.bits, work)
+    p.centroids[1:kept + 1] = np.frombuffer(r.raw(kept * np.dtype(work).itemsize), work)
+    if not np.all(np.isfinite(p.centroids)):
+        raise CorruptDataError("lcckpt blob: non-finite centroid")
+    allowed = entropy.modes_for("auto", p.bits)
+    p.layouts = [read_tables_py(r, p.n, 1 << p.log2, p.bits, allowed)]
+
+
+def _uniform_header(r, p, version: int) -> None:
+    """The restored-state quantizer: symbol bits, step, escape count, the symbol tables."""
+    work = _work_dtype(p, "uniform")
+    p.bits = r.u8()
+    if not 2 <= p.bits <= 8:
+        raise CorruptDataError(f"lcckpt blob: uniform symbols of {p.bits} bits")
+    p.step = float(np.frombuffer(r.raw(8), "<f8")[0])
+    if not (np.isfinite(p.step) and p.step >= 0):
+        raise CorruptDataError(f"lcckpt blob: uniform step {p.step}")
+    nesc = r.uvar(p.n, "number of escapes")
+    p.centroids = uniform_table(p.step, p.bits, work)
+    if not np.all(np.isfinite(p.centroids)):
+        raise CorruptDataError("lcckpt blob: uniform step overflows the table")
+    p.layouts = [read_tables_py(r, p.n, 1 << p.log2, p.bits,
+                                     entropy.uniform_modes("auto", p.bits))]
+    p.esc_idx = np.zeros(nesc, escape_index_dtype(p.n))   # located after the header checksum
+    p.esc_val = np.zeros(nesc, work)
+
+
+def _lossless_header(r, p, version: int) -> None:
+    """Exact byte planes: their number, the rotation flag, each plane's tables."""
+    nplanes = r.u8()
+    words, rotate = lossless.words_of(np.empty((0,), p.dt.numpy), p.dt.kind)
+    if nplanes != words.dtype.itemsize:
+        raise CorruptDataError(f"lcckpt blob: {nplanes} byte planes for dtype {p.dt.name}")
+    rot = r.u8()
+    if rot != int(rotate):
+        raise CorruptDataError("lcckpt blob: rotation flag does not match the dtype")
+    p.rotate = rotate
+    allowed = (entropy.BYTES_READ if version == PAIRS_VERSION
+               else entropy.modes_for("bytes", 8))
+    p.layouts = [read_tables_py(r, words_n(p.n, p.dt), 1 << p.log2, 8, allowed)
+                 for _ in range(nplanes)]
+
+
+# --- what the blob parser read field by field before kernels/head.py ------------------
+from lcckpt.codec.entropy import CODED_MODES, CONST, RAW, alphabet  # noqa: E402
+from lcckpt.codec.kernels import huffman as hk, tables as tk  # noqa: E402
+
+
+def read_lengths_py(r, size: int) -> np.ndarray:
+    """A code-length table (see :func:`_write_lengths`), parsed and checked by a compiled
+    loop (a restore parses one per blob of every step of a chain)."""
+    lengths, pos, err, _ = tk.read_lengths(np.frombuffer(r.buf, np.uint8), r.pos, r.end, size,
+                                           hk.MAX_CODE_LEN)
+    if err == tk.L_TRUNCATED:
+        raise TruncatedError(f"{r.what} is truncated inside a code table at offset {r.pos}; "
+                             "the data was cut short or damaged")
+    if err != tk.L_OK:
+        raise CorruptDataError(f"{r.what}: {streams.LENGTH_ERRORS[err]}")
+    r.pos = pos
+    return lengths
+
+
+
+
+def read_tables_py(r, n: int, chunk_size: int, b: int, allowed):
+    """Parse and validate what :func:`write_tables` wrote, for a stream of ``n`` symbols."""
+    nchunks = -(-n // chunk_size)
+    mask = r.u8()
+    lengths = {}
+    for m in CODED_MODES:
+        if mask & (1 << m):
+            if m not in allowed:
+                raise CorruptDataError(f"{r.what}: code table for a mode this stream cannot use")
+            lengths[m] = read_lengths_py(r, alphabet(m, b))
+    if mask & ~sum(1 << m for m in CODED_MODES):
+        raise CorruptDataError(f"{r.what}: unknown code table flags {mask:#x}")
+    if 2 * nchunks > r.end - r.pos:             # every entry takes at least two bytes
+        raise TruncatedError(f"{r.what} is truncated: no room for a table of {nchunks} chunks")
+    modes = np.empty(nchunks, np.uint8)
+    consts = np.zeros(nchunks, np.uint8)
+    nbytes = np.zeros(nchunks, np.int64)
+    state = np.zeros(8, np.uint8)
+    for m in allowed:
+        state[m] = tk.MODE_NO_TABLE if m in CODED_MODES and m not in lengths else tk.MODE_OK
+    buf = np.frombuffer(r.buf, np.uint8)
+    r.pos, err, c = tk.read_chunk_table(buf, r.pos, r.end, nchunks, n, chunk_size, b, state,
+                                        CONST, RAW, r.size, modes, consts, nbytes)
+    if err == tk.TRUNCATED:
+        raise TruncatedError(f"{r.what} is truncated: {tk.ERRORS[err]} (chunk {c} of {nchunks})")
+    if err != tk.OK:
+        raise CorruptDataError(f"{r.what}: chunk {c} {tk.ERRORS[err]}")
+    offsets = np.concatenate(([0], np.cumsum(nbytes)))
+    return streams.StreamLayout(modes, consts, offsets, lengths)
+
+
+
+
+class Reader:
+    """Checked reads of a blob header, field by field (what lcckpt.util.wire held)."""
+
+    def __init__(self, buf, pos: int = 0, end: int | None = None, what: str = "blob",
+                 size: int | None = None):
+        self.buf = memoryview(buf)
+        self.pos = pos
+        self.end = len(self.buf) if end is None else end
+        self.size = self.end if size is None else size   # the whole object's bytes, where
+        self.what = what                                  # buf holds only its beginning
+
+    def _need(self, n: int):
+        if n < 0 or self.pos + n > self.end:
+            raise TruncatedError(
+                f"{self.what} is truncated: needed {n} more bytes at offset {self.pos}, "
+                f"only {self.end - self.pos} left; the data was cut short or damaged")
+
+    def u8(self) -> int:
+        self._need(1)
+        v = self.buf[self.pos]
+        self.pos += 1
+        return v
+
+    def uvar(self, limit: int = (1 << 63) - 1, name: str = "value") -> int:
+        v = 0
+        shift = 0
+        while True:
+            b = self.u8()
+            v |= (b & 0x7F) << shift
+            if not b & 0x80:
+                break
+            shift += 7
+            if shift > 63:
+                raise CorruptDataError(f"{self.what}: malformed varint at offset {self.pos}")
+        if v > limit:
+            raise CorruptDataError(f"{self.what}: {name} = {v} exceeds its limit {limit}")
+        return v
+
+    def raw(self, n: int) -> memoryview:
+        self._need(n)
+        v = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return v
+
+    def u32(self) -> int:
+        return struct.unpack("<I", self.raw(4))[0]

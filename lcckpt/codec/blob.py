@@ -30,14 +30,14 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
 from ..util import crc as _crc
 from . import dtypes, entropy, lossless, streams
-from .kernels import tables as tk
-from .kernels import uniform as uk
-from ..util.wire import Reader, Writer
+from .kernels import head, huffman as hk, runs as rk, tables as tk, uniform as uk
+from ..util.wire import Writer
 from ..errors import (
     ChecksumError, CorruptDataError, InvalidArgumentError, TruncatedError, UnsupportedVersionError,
 )
@@ -198,52 +198,40 @@ def parse(blob, check_payload: bool = True, size: int | None = None) -> tuple[np
     (and a uniform blob's escapes) are not read, and a header that runs past ``blob``
     raises :class:`TruncatedError` (read more and parse again).
     """
-    from .config import MAX_CHUNK_LOG2, MIN_CHUNK_LOG2
-
     buf = np.frombuffer(blob, np.uint8)
     if size is not None and (check_payload or size < len(buf)):
         raise InvalidArgumentError("parse(size=) reads a header: check_payload=False, "
                                    "and size at least the bytes given")
     total = len(buf) if size is None else size
-    r = Reader(buf, what="lcckpt blob", size=total)
-    if len(buf) < 4 or bytes(buf[:3]) != MAGIC:
-        raise CorruptDataError("not an lcckpt blob (bad magic); was it produced by lcckpt.encode?")
-    r.pos = 3
-    version = r.u8()
-    if version not in (VERSION, UNIFORM_VERSION, PAIRS_VERSION):
-        raise UnsupportedVersionError(
-            f"blob format version {version}; this lcckpt reads versions {VERSION} to "
-            f"{PAIRS_VERSION}: upgrade lcckpt")
-    kind = r.u8()
-    if (kind not in (LOSSY, LOSSLESS, UNIFORM) or (kind == UNIFORM) != (version == UNIFORM_VERSION)
-            or (version == PAIRS_VERSION and kind != LOSSLESS)):
-        raise CorruptDataError(f"lcckpt blob: unknown kind {kind} in a version {version} blob")
-    code = r.u8()
-    if code not in dtypes.BY_CODE:
-        raise CorruptDataError(f"lcckpt blob: unknown dtype code {code}")
-    dt = dtypes.BY_CODE[code]
-    ndim = r.uvar(MAX_NDIM, "ndim")
-    shape = tuple(r.uvar(1 << 48, "dimension") for _ in range(ndim))
-    n = math.prod(shape)                 # exact: Python ints, 1 for a scalar
-    log2 = r.u8()
-    if not MIN_CHUNK_LOG2 <= log2 <= MAX_CHUNK_LOG2:
-        raise CorruptDataError(f"lcckpt blob: chunk size 2**{log2} out of range")
-    cs = 1 << log2
-    if -(-n // cs) > total:                # every chunk costs at least one table byte
-        raise CorruptDataError(f"lcckpt blob: shape {shape} is larger than the blob can describe")
-    p = Parsed(kind, dt, shape, n, log2, 0)
-    {LOSSY: _lossy_header, UNIFORM: _uniform_header, LOSSLESS: _lossless_header}[kind](
-        r, p, version)
-    hdr_end = r.pos
-    stored = r.u32()
-    if zlib.crc32(buf[:hdr_end]) != stored:
+    err, d1, d2, f, dims, floats, lengths, lo, modes, consts, offsets = \
+        head.read_head(buf, total, *_head_tables())
+    f = f.tolist()
+    shape = tuple(dims[:f[4]].tolist())
+    if err != head.H_OK:
+        raise _head_error(int(err), int(d1), int(d2), f, shape, floats, len(buf))
+    kind, dt = f[2], dtypes.BY_CODE[f[3]]
+    p = Parsed(kind, dt, shape, math.prod(shape), f[5], f[0])
+    p.layouts = [streams.StreamLayout(modes[k], consts[k], offsets[k], {
+        m: lengths[at[m]:at[m + 1]] for m in entropy.CODED_MODES if at[m + 1] > at[m]})
+        for k, at in enumerate(lo.tolist())]
+    work = np.float64 if dt.name == "F64" else np.float32
+    if kind == LOSSY:
+        p.bits, p.midpoint, kept = f[6], bool(f[7] & 1), f[8]
+        p.centroids = np.zeros(1 << p.bits, work)
+        p.centroids[1:kept + 1] = np.frombuffer(buf, work, kept, f[15])
+    elif kind == UNIFORM:
+        p.bits, p.step = f[6], float(floats[0])
+        p.centroids = uniform_table(p.step, p.bits, work)
+        p.esc_idx = np.zeros(f[9], escape_index_dtype(p.n))   # after the header CRC
+        p.esc_val = np.zeros(f[9], work)
+    else:
+        p.rotate = bool(f[11])
+    if zlib.crc32(buf[:f[12]]) != f[13]:
         raise ChecksumError("lcckpt blob: header checksum mismatch; the blob is damaged")
-    p.payload_base = r.pos
-    payload = sum(int(lay.offsets[-1]) for lay in p.layouts)
+    payload = f[14]
     esc_bytes = 0
     if kind == UNIFORM:
-        isz = escape_index_dtype(n).itemsize
-        esc_bytes = p.esc_idx.size * (isz + p.esc_val.dtype.itemsize)
+        esc_bytes = p.esc_idx.size * (escape_index_dtype(p.n).itemsize + p.esc_val.dtype.itemsize)
     expect = p.payload_base + payload + esc_bytes + 4
     if total < expect:
         raise TruncatedError(f"lcckpt blob is truncated: {total} bytes, header promises {expect}")
@@ -259,66 +247,82 @@ def parse(blob, check_payload: bool = True, size: int | None = None) -> tuple[np
     return buf, p
 
 
-def _work_dtype(p: Parsed, kind: str):
-    """The float dtype a lossy blob's values are computed in (a float blob only)."""
-    if p.dt.kind != "float":
-        raise CorruptDataError(f"lcckpt blob: {kind} kind with dtype {p.dt.name}")
-    return np.float64 if p.dt.name == "F64" else np.float32
+@lru_cache(maxsize=1)
+def _head_tables() -> tuple:
+    """What :func:`head.read_head` checks a header's fields against, after its buffer and
+    size: per version and dtype code, the modes each stream allows, the constants."""
+    from .config import MAX_CHUNK_LOG2, MIN_CHUNK_LOG2
+    codes = np.zeros((5, 256), np.int64)    # versions' kinds, dtypes' kind, work, planes, rotate
+    codes[0, VERSION] = (1 << LOSSY) | (1 << LOSSLESS)
+    codes[0, UNIFORM_VERSION] = 1 << UNIFORM
+    codes[0, PAIRS_VERSION] = 1 << LOSSLESS
+    for code, dt in dtypes.BY_CODE.items():
+        words, rot = lossless.words_of(np.empty((0,), dt.numpy), dt.kind)
+        codes[1:, code] = ({"float": 1, "complex": 3}.get(dt.kind, 2),
+                           8 if dt.name == "F64" else 4, words.dtype.itemsize, rot)
+    allowed = np.zeros((4, 9, 8), np.uint8)   # lossy, uniform, lossless, lossless pairs
+    for bits in range(1, 5):
+        allowed[0, bits, list(entropy.modes_for("auto", bits))] = 1
+    for bits in range(2, 9):
+        allowed[1, bits, list(entropy.uniform_modes("auto", bits))] = 1
+    allowed[2, 8, list(entropy.modes_for("bytes", 8))] = 1
+    allowed[3, 8, list(entropy.BYTES_READ)] = 1
+    params = np.array(list(MAGIC) + [MAX_NDIM, MIN_CHUNK_LOG2, MAX_CHUNK_LOG2, entropy.CONST,
+                      entropy.RAW, PAIRS_VERSION, UNIFORM, LOSSLESS, rk.RUN_CLASSES,
+                      hk.MAX_CODE_LEN], np.int64)
+    return codes, allowed, params
 
 
-def _lossy_header(r: Reader, p: Parsed, version: int) -> None:
-    """LC buckets: bits, flags, the kept centroids, the symbol tables."""
-    work = _work_dtype(p, "lossy")
-    p.bits = r.u8()
-    if not 1 <= p.bits <= 4:
-        raise CorruptDataError(f"lcckpt blob: bits = {p.bits}")
-    flags = r.u8()
-    if flags & ~1:
-        raise CorruptDataError(f"lcckpt blob: unknown flags {flags:#x}")
-    p.midpoint = bool(flags & 1)
-    kept = r.u8()
-    if kept > (1 << p.bits) - 1:
-        raise CorruptDataError(f"lcckpt blob: {kept} buckets exceed {p.bits} bits")
-    p.centroids = np.zeros(1 << p.bits, work)
-    p.centroids[1:kept + 1] = np.frombuffer(r.raw(kept * np.dtype(work).itemsize), work)
-    if not np.all(np.isfinite(p.centroids)):
-        raise CorruptDataError("lcckpt blob: non-finite centroid")
-    allowed = entropy.modes_for("auto", p.bits)
-    p.layouts = [streams.read_tables(r, p.n, 1 << p.log2, p.bits, allowed)]
-
-
-def _uniform_header(r: Reader, p: Parsed, version: int) -> None:
-    """The restored-state quantizer: symbol bits, step, escape count, the symbol tables."""
-    work = _work_dtype(p, "uniform")
-    p.bits = r.u8()
-    if not 2 <= p.bits <= 8:
-        raise CorruptDataError(f"lcckpt blob: uniform symbols of {p.bits} bits")
-    p.step = float(np.frombuffer(r.raw(8), "<f8")[0])
-    if not (np.isfinite(p.step) and p.step >= 0):
-        raise CorruptDataError(f"lcckpt blob: uniform step {p.step}")
-    nesc = r.uvar(p.n, "number of escapes")
-    p.centroids = uniform_table(p.step, p.bits, work)
-    if not np.all(np.isfinite(p.centroids)):
-        raise CorruptDataError("lcckpt blob: uniform step overflows the table")
-    p.layouts = [streams.read_tables(r, p.n, 1 << p.log2, p.bits, entropy.uniform_modes("auto", p.bits))]
-    p.esc_idx = np.zeros(nesc, escape_index_dtype(p.n))   # located after the header checksum
-    p.esc_val = np.zeros(nesc, work)
-
-
-def _lossless_header(r: Reader, p: Parsed, version: int) -> None:
-    """Exact byte planes: their number, the rotation flag, each plane's tables."""
-    nplanes = r.u8()
-    words, rotate = lossless.words_of(np.empty((0,), p.dt.numpy), p.dt.kind)
-    if nplanes != words.dtype.itemsize:
-        raise CorruptDataError(f"lcckpt blob: {nplanes} byte planes for dtype {p.dt.name}")
-    rot = r.u8()
-    if rot != int(rotate):
-        raise CorruptDataError("lcckpt blob: rotation flag does not match the dtype")
-    p.rotate = rotate
-    allowed = (entropy.BYTES_READ if version == PAIRS_VERSION
-               else entropy.modes_for("bytes", 8))
-    p.layouts = [streams.read_tables(r, words_n(p.n, p.dt), 1 << p.log2, 8, allowed)
-                 for _ in range(nplanes)]
+def _head_error(err: int, d1: int, d2: int, f, shape: tuple, floats, have: int) -> Exception:
+    """The exception for :func:`head.read_head`'s error code and details."""
+    H, what = head, "lcckpt blob"
+    kind, version = f[2], f[1]
+    name = dtypes.BY_CODE[f[3]].name if f[3] in dtypes.BY_CODE else "?"
+    if err == H.H_MAGIC:
+        return CorruptDataError("not an lcckpt blob (bad magic); was it produced by lcckpt.encode?")
+    if err == H.H_VERSION:
+        return UnsupportedVersionError(
+            f"blob format version {version}; this lcckpt reads versions {VERSION} to "
+            f"{PAIRS_VERSION}: upgrade lcckpt")
+    if err == H.H_TRUNCATED:
+        return TruncatedError(f"{what} is truncated: needed {d1} more bytes at offset {d2}, "
+                              f"only {have - d2} left; the data was cut short or damaged")
+    if err == H.H_LIMIT:
+        field, limit = {H.V_NDIM: ("ndim", MAX_NDIM), H.V_DIM: ("dimension", H.MAX_DIM),
+                        H.V_ESCAPES: ("number of escapes", math.prod(shape))}[d2]
+        value = f"= {d1}" if d1 >= 0 else "of 2**63 or more"
+        return CorruptDataError(f"{what}: {field} {value} exceeds its limit {limit}")
+    if err == H.H_LENGTHS and d1 == tk.L_TRUNCATED:
+        return TruncatedError(f"{what} is truncated inside a code table at offset {d2}; "
+                              "the data was cut short or damaged")
+    if err == H.H_ROOM:
+        return TruncatedError(f"{what} is truncated: no room for a table of {d1} chunks")
+    if err == H.H_CHUNKS:
+        n = math.prod(shape) * (2 if dtypes.BY_CODE[f[3]].kind == "complex" else 1)
+        nchunks = -(-n // (1 << f[5]))
+        if d1 == tk.TRUNCATED:
+            return TruncatedError(f"{what} is truncated: {tk.ERRORS[d1]} (chunk {d2} of {nchunks})")
+        return CorruptDataError(f"{what}: chunk {d2} {tk.ERRORS[d1]}")
+    uniform = kind == UNIFORM
+    return CorruptDataError(f"{what}: " + {
+        H.H_KIND: f"unknown kind {d1} in a version {d2} blob",
+        H.H_CODE: f"unknown dtype code {d1}",
+        H.H_VARINT: f"malformed varint at offset {d1}",
+        H.H_LOG2: f"chunk size 2**{d1} out of range",
+        H.H_SHAPE: f"shape {shape} is larger than the blob can describe",
+        H.H_WORK: f"{'uniform' if uniform else 'lossy'} kind with dtype {name}",
+        H.H_BITS: f"uniform symbols of {d1} bits" if uniform else f"bits = {d1}",
+        H.H_FLAGS: f"unknown flags {d1:#x}",
+        H.H_KEPT: f"{d1} buckets exceed {d2} bits",
+        H.H_CENTROID: "non-finite centroid",
+        H.H_STEP: f"uniform step {float(floats[0])}",
+        H.H_OVERFLOW: "uniform step overflows the table",
+        H.H_PLANES: f"{d1} byte planes for dtype {name}",
+        H.H_ROTATE: "rotation flag does not match the dtype",
+        H.H_NOT_ALLOWED: "code table for a mode this stream cannot use",
+        H.H_LENGTHS: streams.LENGTH_ERRORS.get(d1, "invalid code table"),
+        H.H_MASK: f"unknown code table flags {d1:#x}",
+    }[err])
 
 
 def escape_parts(n: int, idx: np.ndarray, val: np.ndarray) -> list:

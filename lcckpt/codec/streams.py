@@ -2,8 +2,8 @@
 table, and the decoder that reads a stream back chunk by chunk (coding: entropy.py).
 
 A stream description is written into a blob header by :func:`write_tables` (the blob's
-writers in blob.py call it) and read back, validated, by :func:`read_tables`, before any
-kernel sees an offset.
+writers in blob.py call it) and read back, validated, with the rest of the header by
+kernels/head.py, before any kernel sees an offset.
 """
 
 from dataclasses import dataclass
@@ -12,11 +12,11 @@ from functools import lru_cache
 import numpy as np
 
 from ..util.pool import run_tasks
-from ..util.wire import Reader, Writer
-from ..errors import CorruptDataError, TruncatedError
+from ..util.wire import Writer
+from ..errors import CorruptDataError
 from .entropy import (
     NO_FLOATS, NO_SYMBOLS, CODED_MODES, CONST, GROUPED, HUFFMAN, MODE_NAMES, PAIRS, RAW,
-    RUNS, Encoded, alphabet, group_size,
+    RUNS, Encoded, group_size,
 )
 from .kernels import buckets as bk
 from .kernels import huffman as hk
@@ -78,7 +78,7 @@ def _write_lengths(w: Writer, lengths: np.ndarray, kind: int | None = None):
             prev = int(s)
 
 
-_LENGTH_ERRORS = {
+LENGTH_ERRORS = {
     tk.L_PADDING: "code table has nonzero padding",
     tk.L_BITMAP: "code table bitmap has bits past its alphabet",
     tk.L_ZERO_USED: "code table marks a letter used with length 0",
@@ -92,57 +92,12 @@ _LENGTH_ERRORS = {
 }
 
 
-def _read_lengths(r: Reader, size: int) -> np.ndarray:
-    """A code-length table (see :func:`_write_lengths`), parsed and checked by a compiled
-    loop (a restore parses one per blob of every step of a chain)."""
-    lengths, pos, err, _ = tk.read_lengths(np.frombuffer(r.buf, np.uint8), r.pos, r.end, size,
-                                           hk.MAX_CODE_LEN)
-    if err == tk.L_TRUNCATED:
-        raise TruncatedError(f"{r.what} is truncated inside a code table at offset {r.pos}; "
-                             "the data was cut short or damaged")
-    if err != tk.L_OK:
-        raise CorruptDataError(f"{r.what}: {_LENGTH_ERRORS[err]}")
-    r.pos = pos
-    return lengths
-
-
 @dataclass
 class StreamLayout:
     modes: np.ndarray
     consts: np.ndarray
     offsets: np.ndarray       # int64 [nchunks + 1], relative to the payload start
     lengths: dict
-
-
-def read_tables(r: Reader, n: int, chunk_size: int, b: int, allowed) -> StreamLayout:
-    """Parse and validate what :func:`write_tables` wrote, for a stream of ``n`` symbols."""
-    nchunks = -(-n // chunk_size)
-    mask = r.u8()
-    lengths = {}
-    for m in CODED_MODES:
-        if mask & (1 << m):
-            if m not in allowed:
-                raise CorruptDataError(f"{r.what}: code table for a mode this stream cannot use")
-            lengths[m] = _read_lengths(r, alphabet(m, b))
-    if mask & ~sum(1 << m for m in CODED_MODES):
-        raise CorruptDataError(f"{r.what}: unknown code table flags {mask:#x}")
-    if 2 * nchunks > r.end - r.pos:             # every entry takes at least two bytes
-        raise TruncatedError(f"{r.what} is truncated: no room for a table of {nchunks} chunks")
-    modes = np.empty(nchunks, np.uint8)
-    consts = np.zeros(nchunks, np.uint8)
-    nbytes = np.zeros(nchunks, np.int64)
-    state = np.zeros(8, np.uint8)
-    for m in allowed:
-        state[m] = tk.MODE_NO_TABLE if m in CODED_MODES and m not in lengths else tk.MODE_OK
-    buf = np.frombuffer(r.buf, np.uint8)
-    r.pos, err, c = tk.read_chunk_table(buf, r.pos, r.end, nchunks, n, chunk_size, b, state,
-                                        CONST, RAW, r.size, modes, consts, nbytes)
-    if err == tk.TRUNCATED:
-        raise TruncatedError(f"{r.what} is truncated: {tk.ERRORS[err]} (chunk {c} of {nchunks})")
-    if err != tk.OK:
-        raise CorruptDataError(f"{r.what}: chunk {c} {tk.ERRORS[err]}")
-    offsets = np.concatenate(([0], np.cumsum(nbytes)))
-    return StreamLayout(modes, consts, offsets, lengths)
 
 
 MULTI_MIN_SYMBOLS = 1 << 16    # below this the multi table costs more than it saves
