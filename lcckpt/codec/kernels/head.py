@@ -10,7 +10,10 @@ blob.py turns into the exception the field-by-field parser raised.
 import numpy as np
 from numba import njit
 
-from .tables import MODE_NO_TABLE, MODE_OK, OK as T_OK, read_chunk_table, read_lengths
+from .tables import (
+    L_COUNT, L_TRUNCATED, L_VARINT, MODE_NO_TABLE, MODE_OK, OK as T_OK, read_chunk_table,
+    read_lengths, uvar,
+)
 
 (H_OK, H_MAGIC, H_TRUNCATED, H_VERSION, H_KIND, H_CODE, H_VARINT, H_LIMIT, H_LOG2, H_SHAPE,
  H_WORK, H_BITS, H_FLAGS, H_KEPT, H_CENTROID, H_STEP, H_OVERFLOW, H_PLANES, H_ROTATE,
@@ -24,28 +27,16 @@ _BIG = 1 << 62                        # elements counted past this are "too many
 
 @njit(cache=True, nogil=True, inline="always")
 def _uvar(buf, pos, end, limit):
-    """(value, pos, error, detail) of an unsigned LEB128 varint at most ``limit``; a
-    varint of more than 64 bits is malformed, and a value of 2**63 or more exceeds any
-    limit (its value then reads as -1)."""
-    v = np.int64(0)
-    shift = 0
-    big = False                       # a bit at 2**63 or above: past any limit
-    while True:
-        if pos >= end:
-            return 0, pos, H_TRUNCATED, 1
-        b = np.int64(buf[pos])
-        pos += 1
-        if shift == 63:
-            big = big or (b & 0x7F) != 0
-        else:
-            v |= (b & 0x7F) << shift
-        if not b & 0x80:
-            break
-        shift += 7
-        if shift > 63:
-            return 0, pos, H_VARINT, pos
-    if big or v > limit:
-        return (-1 if big else v), pos, H_LIMIT, 0
+    """(value, pos, error, detail) of an unsigned LEB128 varint at most ``limit``: a
+    varint of more than 64 bits is malformed (detail: the offset), a value of 2**63 or
+    more exceeds any limit (its value then reads as -1)."""
+    v, pos, err = uvar(buf, pos, end, limit)
+    if err == L_TRUNCATED:
+        return 0, pos, H_TRUNCATED, 1
+    if err == L_VARINT:
+        return 0, pos, H_VARINT, pos
+    if err == L_COUNT:
+        return v, pos, H_LIMIT, 0
     return v, pos, H_OK, 0
 
 

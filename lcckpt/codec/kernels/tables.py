@@ -108,8 +108,10 @@ def layout_sizes(lengths):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _uvar(buf, pos, end, limit):
-    """(value, pos, error) of an unsigned LEB128 varint at most ``limit``."""
+def uvar(buf, pos, end, limit):
+    """(value, pos, error) of an unsigned LEB128 varint at most ``limit``: L_TRUNCATED,
+    L_VARINT (over 64 bits) or L_COUNT (past ``limit``; the value -1 where it is 2**63
+    or more)."""
     v = 0
     shift = 0
     big = False                       # bit 63 or above set: past any limit
@@ -128,7 +130,7 @@ def _uvar(buf, pos, end, limit):
         if shift > 63:
             return 0, pos, L_VARINT
     if big or v > limit:
-        return v, pos, L_COUNT
+        return (-1 if big else v), pos, L_COUNT
     return v, pos, L_OK
 
 
@@ -176,12 +178,12 @@ def read_lengths(buf, pos, end, size, max_len):
             return lengths, pos, L_PADDING, 0
         pos += nn
     elif kind == 2:
-        m, pos, err = _uvar(buf, pos, end, size)
+        m, pos, err = uvar(buf, pos, end, size)
         if err != L_OK:
             return lengths, pos, err, m
         s = -1
         for _ in range(m):
-            g, pos, err = _uvar(buf, pos, end, size)
+            g, pos, err = uvar(buf, pos, end, size)
             if err != L_OK:
                 return lengths, pos, (L_GAP if err == L_COUNT else err), g
             s += g + 1
