@@ -203,32 +203,29 @@ def parse(blob, check_payload: bool = True, size: int | None = None) -> tuple[np
         raise InvalidArgumentError("parse(size=) reads a header: check_payload=False, "
                                    "and size at least the bytes given")
     total = len(buf) if size is None else size
-    err, d1, d2, f, dims, floats, lengths, lo, modes, consts, offsets = \
-        head.read_head(buf, total, *_head_tables())
-    f = f.tolist()
-    shape = tuple(dims[:f[4]].tolist())
-    if err != head.H_OK:
-        raise _head_error(int(err), int(d1), int(d2), f, shape, floats, len(buf))
-    kind, dt = f[2], dtypes.BY_CODE[f[3]]
-    p = Parsed(kind, dt, shape, math.prod(shape), f[5], f[0])
-    p.layouts = [streams.StreamLayout(modes[k], consts[k], offsets[k], {
-        m: lengths[at[m]:at[m + 1]] for m in entropy.CODED_MODES if at[m + 1] > at[m]})
-        for k, at in enumerate(lo.tolist())]
+    ints, u8, step = head.read_head(buf, total, *_head_tables())
+    f = ints[:head.NF].tolist()
+    shape = tuple(ints[head.NF:head.NF + f[head.F_NDIM]].tolist())
+    if f[head.F_ERR] != head.H_OK:
+        raise _head_error(f, shape, step, len(buf))
+    kind, dt = f[head.F_KIND], dtypes.BY_CODE[f[head.F_CODE]]
+    p = Parsed(kind, dt, shape, math.prod(shape), f[head.F_LOG2], f[head.F_END])
+    p.layouts = _layouts(ints, u8, f)
     work = np.float64 if dt.name == "F64" else np.float32
     if kind == LOSSY:
-        p.bits, p.midpoint, kept = f[6], bool(f[7] & 1), f[8]
+        p.bits, p.midpoint, kept = f[head.F_BITS], bool(f[head.F_FLAGS] & 1), f[head.F_KEPT]
         p.centroids = np.zeros(1 << p.bits, work)
-        p.centroids[1:kept + 1] = np.frombuffer(buf, work, kept, f[15])
+        p.centroids[1:kept + 1] = np.frombuffer(buf, work, kept, f[head.F_CENTROIDS])
     elif kind == UNIFORM:
-        p.bits, p.step = f[6], float(floats[0])
+        p.bits, p.step = f[head.F_BITS], float(step)
         p.centroids = uniform_table(p.step, p.bits, work)
-        p.esc_idx = np.zeros(f[9], escape_index_dtype(p.n))   # after the header CRC
-        p.esc_val = np.zeros(f[9], work)
+        p.esc_idx = np.zeros(f[head.F_ESCAPES], escape_index_dtype(p.n))   # after the CRC
+        p.esc_val = np.zeros(f[head.F_ESCAPES], work)
     else:
-        p.rotate = bool(f[11])
-    if zlib.crc32(buf[:f[12]]) != f[13]:
+        p.rotate = bool(f[head.F_ROTATE])
+    if zlib.crc32(buf[:f[head.F_HEADER_END]]) != f[head.F_CRC]:
         raise ChecksumError("lcckpt blob: header checksum mismatch; the blob is damaged")
-    payload = f[14]
+    payload = f[head.F_PAYLOAD]
     esc_bytes = 0
     if kind == UNIFORM:
         esc_bytes = p.esc_idx.size * (escape_index_dtype(p.n).itemsize + p.esc_val.dtype.itemsize)
@@ -273,11 +270,29 @@ def _head_tables() -> tuple:
     return codes, allowed, params
 
 
-def _head_error(err: int, d1: int, d2: int, f, shape: tuple, floats, have: int) -> Exception:
+def _layouts(ints, u8, f: list) -> list:
+    """Each stream's code lengths and chunk table, as views of :func:`head.read_head`'s
+    outputs."""
+    planes, room, cap = max(f[head.F_PLANES], 1), f[head.F_ROOM], f[head.F_CAP]
+    lo0 = head.NF + MAX_NDIM
+    bounds = ints[lo0:lo0 + 4 * planes].tolist()
+    out = []
+    for k in range(planes):
+        at = bounds[4 * k:4 * k + 4]
+        mo, co, of = (planes * room + k * cap, planes * (room + cap) + k * cap,
+                      lo0 + 4 * planes + k * (cap + 1))
+        out.append(streams.StreamLayout(u8[mo:mo + cap], u8[co:co + cap],
+                                        ints[of:of + cap + 1], {
+            m: u8[at[m]:at[m + 1]] for m in entropy.CODED_MODES if at[m + 1] > at[m]}))
+    return out
+
+
+def _head_error(f: list, shape: tuple, step: float, have: int) -> Exception:
     """The exception for :func:`head.read_head`'s error code and details."""
     H, what = head, "lcckpt blob"
-    kind, version = f[2], f[1]
-    name = dtypes.BY_CODE[f[3]].name if f[3] in dtypes.BY_CODE else "?"
+    err, d1, d2 = f[H.F_ERR], f[H.F_D1], f[H.F_D2]
+    kind, version = f[H.F_KIND], f[H.F_VERSION]
+    name = dtypes.BY_CODE[f[H.F_CODE]].name if f[H.F_CODE] in dtypes.BY_CODE else "?"
     if err == H.H_MAGIC:
         return CorruptDataError("not an lcckpt blob (bad magic); was it produced by lcckpt.encode?")
     if err == H.H_VERSION:
@@ -298,8 +313,7 @@ def _head_error(err: int, d1: int, d2: int, f, shape: tuple, floats, have: int) 
     if err == H.H_ROOM:
         return TruncatedError(f"{what} is truncated: no room for a table of {d1} chunks")
     if err == H.H_CHUNKS:
-        n = math.prod(shape) * (2 if dtypes.BY_CODE[f[3]].kind == "complex" else 1)
-        nchunks = -(-n // (1 << f[5]))
+        nchunks = -(-f[H.F_SYMBOLS] // (1 << f[H.F_LOG2]))
         if d1 == tk.TRUNCATED:
             return TruncatedError(f"{what} is truncated: {tk.ERRORS[d1]} (chunk {d2} of {nchunks})")
         return CorruptDataError(f"{what}: chunk {d2} {tk.ERRORS[d1]}")
@@ -315,7 +329,7 @@ def _head_error(err: int, d1: int, d2: int, f, shape: tuple, floats, have: int) 
         H.H_FLAGS: f"unknown flags {d1:#x}",
         H.H_KEPT: f"{d1} buckets exceed {d2} bits",
         H.H_CENTROID: "non-finite centroid",
-        H.H_STEP: f"uniform step {float(floats[0])}",
+        H.H_STEP: f"uniform step {step}",
         H.H_OVERFLOW: "uniform step overflows the table",
         H.H_PLANES: f"{d1} byte planes for dtype {name}",
         H.H_ROTATE: "rotation flag does not match the dtype",

@@ -57,12 +57,15 @@ def uniform_table(step: float, bits: int, dtype) -> np.ndarray:
     The encoder and the decoder both take the table from here, so they add the very same
     floats and their references stay bit-identical.
     """
-    return (zigzag_levels(bits).astype(np.float64) * float(step)).astype(dtype)
+    return (zigzag_levels(bits) * float(step)).astype(dtype)   # int64 x float: float64
+
+
+_U4, _U8 = np.dtype("<u4"), np.dtype("<u8")
 
 
 def escape_index_dtype(n: int):
     """The dtype a blob of ``n`` elements stores its escapes' indices in."""
-    return np.dtype("<u4") if n < (1 << 32) else np.dtype("<u8")
+    return _U4 if n < (1 << 32) else _U8
 
 
 @dataclass
