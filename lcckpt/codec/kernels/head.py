@@ -48,6 +48,7 @@ def _varint(buf, pos, end, limit, field):
 
 @njit(cache=True, nogil=True)
 def _alphabet(m, b, run_classes):
+    """Letters of mode ``m``'s code for ``b``-bit symbols (entropy.alphabet)."""
     if m == HUFFMAN:
         return 1 << b
     if m == GROUPED:
@@ -56,7 +57,7 @@ def _alphabet(m, b, run_classes):
 
 
 @njit(cache=True, nogil=True)
-def _tables(buf, pos, size, n, log2, b, allowed, params, ints, u8, plane, at, lo, mo, co, of):
+def _tables(buf, pos, size, n, log2, b, allowed, params, ints, u8, at, lo, mo, co, of):
     """One stream's code tables and chunk table: its code lengths into ``u8`` from
     ``at`` (mode ``m``'s from ``ints[lo + m]`` to ``ints[lo + m + 1]``, empty if none),
     its chunks' modes and constants into ``u8`` from ``mo`` and ``co``, their offsets
@@ -149,8 +150,8 @@ def read_head(buf, size, codes, allowed, params):
     payload = np.int64(0)
     for plane in range(nplanes):
         pos, err, d1, d2 = _tables(buf, pos, size, nsym, fields[F_LOG2], bits,
-                                   allowed[variant, bits], params, ints, u8, plane,
-                                   plane * room, lo0 + 4 * plane, mo0 + plane * cap,
+                                   allowed[variant, bits], params, ints, u8, plane * room,
+                                   lo0 + 4 * plane, mo0 + plane * cap,
                                    mo0 + (nplanes + plane) * cap, of0 + plane * (cap + 1))
         if err != H_OK:
             break
