@@ -739,3 +739,36 @@ def test_escapes_are_set_as_numpys_fancy_assignment_sets_them(n, density, seed, 
     past = np.array([n, n + 7], it)
     assert uk.set_escapes(got, past, np.zeros(2, ft)) == 2 and np.array_equal(got, want)
     assert uk.take(want, past, np.zeros(2, ft)) == 2
+
+
+def test_a_runs_stream_builds_its_multi_table_only_where_it_pays(monkeypatch):
+    """The runs coder's multi-item table (about 50 us to build) is built for a stream of
+    ``RUNS_MULTI_MIN_BYTES`` or more, not for a smaller one, which decodes a letter at a
+    time faster; the values are the same either way."""
+    import lcckpt
+    from lcckpt.codec import streams
+    from lcckpt.codec.blob import parse
+
+    rng = np.random.default_rng(5)
+    made = {}
+    for name, share, bits in (("sparse", 0.002, 2), ("dense", 0.9, 4)):
+        x = np.zeros(200_000, np.float32)
+        hit = rng.random(x.size) < share
+        x[hit] = rng.standard_normal(int(hit.sum())).astype(np.float32)
+        blob = lcckpt.encode(x, bits=bits, coder="runs")
+        buf, p = parse(blob)
+        decoders = {}
+        for th in (streams.RUNS_MULTI_MIN_BYTES, 0):
+            monkeypatch.setattr(streams, "RUNS_MULTI_MIN_BYTES", th)
+            out = np.zeros(p.n, np.uint8)
+            dec = streams.StreamDecoder(buf, p.payload_base, p.layouts[0], p.n, 1 << p.log2,
+                                        p.bits, out)
+            for c in range(-(-p.n // (1 << p.log2))):
+                dec.chunk(c)
+            decoders[th] = (dec.rmulti.size, out)
+        monkeypatch.undo()
+        (kept, got), (forced, want) = decoders.values()
+        assert forced > 0 and np.array_equal(got, want)
+        made[name] = (int(p.layouts[0].offsets[-1]), kept)
+    assert made["sparse"][0] < streams.RUNS_MULTI_MIN_BYTES and made["sparse"][1] == 0
+    assert made["dense"][0] >= streams.RUNS_MULTI_MIN_BYTES and made["dense"][1] > 0

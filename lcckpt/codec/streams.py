@@ -101,6 +101,8 @@ class StreamLayout:
 
 
 MULTI_MIN_SYMBOLS = 1 << 16    # below this the multi table costs more than it saves
+RUNS_MULTI_MIN_BYTES = 32 << 10  # a runs stream smaller than this decodes one letter at a
+                                 # time in less than its multi table takes to build (~50 us)
 
 
 @lru_cache(maxsize=256)
@@ -149,7 +151,8 @@ class StreamDecoder:
         if GROUPED in layout.lengths and n >= MULTI_MIN_SYMBOLS:
             self.gmulti = _multi_table(layout.lengths[GROUPED].tobytes(), 8)
         self.rmulti = _NO_TABLE
-        if RUNS in layout.lengths and n >= MULTI_MIN_SYMBOLS:
+        if RUNS in layout.lengths and n >= MULTI_MIN_SYMBOLS and \
+                int(layout.offsets[-1]) >= RUNS_MULTI_MIN_BYTES:
             self.rmulti = _runs_table(layout.lengths[RUNS].tobytes(), 1 << b)
         self.multi8 = None                 # the 8-bit-letter multi table of four streams
         if HUFFMAN in layout.lengths and n >= MULTI_MIN_SYMBOLS:
