@@ -55,34 +55,19 @@ from .header import (    # the prefix and header layout
 from .sources import BufferSource, FileSource, PartReader
 
 __all__ = [
-    "ALIGNMENT",
-    "ALIGNMENTS",
-    "FLAG_HEADER_ZLIB",
-    "FORMAT_VERSION",
-    "MAGIC",
-    "MAX_HEADER_SIZE",
-    "Container",
-    "at_path",
-    "open_file",
-    "read_container",
-    "section_seed",
-    "write_container",
+    "ALIGNMENT", "ALIGNMENTS", "FLAG_HEADER_ZLIB", "FORMAT_VERSION", "MAGIC", "MAX_HEADER_SIZE",
+    "Container", "at_path", "open_file", "read_container", "section_seed", "write_container",
 ]
 
 
 # --------------------------------------------------------------------------- writing
 
 
-def write_container(
-    dest: str | os.PathLike | BinaryIO,
-    sections: Iterable[tuple[str, dict, Any]],
-    meta: dict,
-    *,
-    compress_header: bool = True,
-    before_write: Callable[[], None] | None = None,
-    stamp: Callable[[list[dict], dict], None] | None = None,
-    after_write: Callable[[], None] | None = None,
-) -> int:
+def write_container(dest: str | os.PathLike | BinaryIO, sections: Iterable[tuple[str, dict, Any]],
+                    meta: dict, *, compress_header: bool = True,
+                    before_write: Callable[[], None] | None = None,
+                    stamp: Callable[[list[dict], dict], None] | None = None,
+                    after_write: Callable[[], None] | None = None) -> int:
     """Write ``sections`` (``(name, section_meta, data)`` triples) and ``meta``.
 
     ``data`` is a bytes-like object, or a list of them written one after another (a
@@ -134,15 +119,8 @@ def _build_header(sections, meta, stamp=None) -> tuple[bytes, list[list[memoryvi
         for view in views:
             crc = _crc.crc32c(view, crc)
             length += view.nbytes
-        entries.append(
-            {
-                "name": name,
-                "offset": offset,
-                "length": length,
-                "crc32c": crc,
-                "meta": section_meta,
-            }
-        )
+        entries.append({"name": name, "offset": offset, "length": length, "crc32c": crc,
+                        "meta": section_meta})
         payloads.append(views)
         offset = _align(offset + length)
     if stamp is not None:
@@ -326,9 +304,16 @@ class Container:
                 self._check_gap(i)
                 self._checked.add(i)
             return view
-        buf = _memory.bulk_empty(s["length"], np.uint8)  # pool threads read pieces into it
-        self.read_into(i, buf)
-        return memoryview(buf)
+        pad = self._pad(i)
+        if s["length"] >= 2 * _crc.PIECE or not pad:
+            buf = _memory.bulk_empty(s["length"], np.uint8)  # pool threads read pieces into it
+            self.read_into(i, buf)
+            return memoryview(buf)
+        buf = _memory.bulk_empty(s["length"] + pad, np.uint8)   # and its padding: one read
+        got = self._source.readinto(self.data_start + s["offset"], memoryview(buf))
+        self._read_checked(i, memoryview(buf)[:s["length"]], got, None)
+        self._check_gap(i, buf[s["length"]:got])
+        return memoryview(buf)[:s["length"]]
 
     def read_into(self, i: int, out) -> None:
         """Copy section ``i`` into the writable buffer ``out`` (exactly its length), checked."""
@@ -340,8 +325,7 @@ class Container:
             )
         start = self.data_start + s["offset"]
         if view.nbytes < 2 * _crc.PIECE or isinstance(self._source, BufferSource):
-            got = self._source.readinto(start, view)
-            crc = None
+            got, crc = self._source.readinto(start, view), None
         else:                         # pieces read and checksummed on the pool, in parallel
             one = zlib.crc32 if self.version == 1 else _crc.crc32c_piece
 
@@ -358,13 +342,19 @@ class Container:
                 if got == off:                # else an earlier piece came up short
                     crc = _crc.crc32_combine(crc, c, n, poly)
                     got += n
-        if got != s["length"]:
+        self._read_checked(i, view, got, crc)
+        self._check_gap(i)
+
+    def _read_checked(self, i: int, view, got: int, crc: int | None) -> None:
+        """Section ``i``'s bytes in ``view`` (``got`` of them read; ``crc``: their
+        checksum, if computed on the way) are whole and match its checksum."""
+        s = self.sections[i]
+        if got < s["length"]:
             raise TruncatedError(
                 f"section {s['name']!r} ends after {got} of its {s['length']} bytes: the file "
                 "was truncated or changed while being read"
             )
         self._compare_crc(i, self._checksum(view, self._seed(i)) if crc is None else crc)
-        self._check_gap(i)
 
     def read_part(self, i: int, start: int, out) -> None:
         """Copy bytes ``[start, start + len(out))`` of section ``i`` into ``out``,
@@ -423,13 +413,18 @@ class Container:
                 f"{s[key]:#010x}): {why}; restore the file from a good copy"
             )
 
-    def _check_gap(self, i: int) -> None:
-        if i == len(self.sections) - 1:
-            return
+    def _pad(self, i: int) -> int:
+        """Bytes of padding after section ``i``."""
         s = self.sections[i]
-        start = self.data_start + s["offset"] + s["length"]
-        gap = self.data_start + self.sections[i + 1]["offset"] - start
-        if any(self._source.read(start, gap)):
+        return 0 if i == len(self.sections) - 1 else \
+            self.sections[i + 1]["offset"] - s["offset"] - s["length"]
+
+    def _check_gap(self, i: int, gap=None) -> None:
+        """The padding after section ``i`` is zero (``gap``: its bytes, if read already)."""
+        s = self.sections[i]
+        if gap is None:
+            gap = self._source.read(self.data_start + s["offset"] + s["length"], self._pad(i))
+        if any(gap):
             raise CorruptDataError(
                 f"padding after section {s['name']!r} is not zero: the file is damaged"
             )
