@@ -222,17 +222,8 @@ from lcckpt.util import crc as _crc  # noqa: E402
 
 
 def parse_ref(blob, check_payload: bool = True, size=None):
-    """lcckpt.codec.blob.parse as it was written field by field in Python (the
-    compiled parser must give the same fields, or the same error). Validate a blob
-    completely (structure, sizes, both checksums) before any decode.
-
-    ``check_payload=False`` skips the payload checksum, for callers that have just
-    verified the same bytes themselves (a container section's CRC covers the whole blob).
-    ``size``: the blob's whole size where ``blob`` holds only its beginning, for a
-    partial read. The header is then parsed and checked against ``size``; the payload
-    (and a uniform blob's escapes) are not read, and a header that runs past ``blob``
-    raises :class:`TruncatedError` (read more and parse again).
-    """
+    """``lcckpt.codec.blob.parse`` as it was written, field by field in Python: the
+    compiled parser must give the same fields, or the same error."""
     from lcckpt.codec.config import MAX_CHUNK_LOG2, MIN_CHUNK_LOG2
 
     buf = np.frombuffer(blob, np.uint8)
