@@ -40,10 +40,25 @@ def same_bits(a, b) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bytes_of(a), _bytes_of(b))
 
 
+def sparse_parts(t: torch.Tensor) -> tuple:
+    """What a sparse tensor is made of: its index and value tensors (and whether a COO
+    one is coalesced)."""
+    if t.layout == torch.sparse_coo:
+        return t._indices(), t._values().detach(), t.is_coalesced()
+    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return t.crow_indices(), t.col_indices(), t.values().detach()
+    return t.ccol_indices(), t.row_indices(), t.values().detach()
+
+
 def assert_same(a, b, path="obj"):
     """Exact equality: same types, same key order, bit-identical tensors and floats."""
     assert type(a) is type(b), f"{path}: {type(a)} != {type(b)}"
-    if isinstance(a, torch.Tensor):
+    if isinstance(a, torch.Tensor) and a.layout != torch.strided:
+        assert (a.layout, a.shape, a.dtype, a.device, a.requires_grad) == \
+            (b.layout, b.shape, b.dtype, b.device, b.requires_grad), path
+        for k, (x, y) in enumerate(zip(sparse_parts(a), sparse_parts(b))):
+            assert_same(x, y, f"{path}<part {k}>")
+    elif isinstance(a, torch.Tensor):
         assert a.device == b.device, path
         assert same_bits(a, b), f"{path}: tensors differ"
     elif isinstance(a, np.ndarray):
@@ -63,6 +78,9 @@ def assert_same(a, b, path="obj"):
             a == b and math.copysign(1, a) == math.copysign(1, b)), path
     elif isinstance(a, np.generic):
         assert a.tobytes() == b.tobytes(), path
+    elif isinstance(a, complex):
+        assert_same(a.real, b.real, f"{path}.real")
+        assert_same(a.imag, b.imag, f"{path}.imag")
     else:
         assert a == b, path
 

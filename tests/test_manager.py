@@ -1,6 +1,7 @@
 """CheckpointManager: what it saves and restores, its background writer, and resuming
 training after a kill (subprocess tests in _manager_worker.py)."""
 
+import collections
 import contextlib
 import importlib.util
 import os
@@ -354,6 +355,21 @@ def test_host_buffers_are_reused():
     assert hb.nbytes == 6 * 4 + 4 * 4
     s3 = hb.snapshot({"a": torch.zeros(3)})          # shape change: new buffer, old freed
     assert hb.nbytes == 3 * 4 and s3["a"].data_ptr() != ptr
+
+
+def test_host_copy_keeps_what_a_save_keeps():
+    """A state dict's module versions, a Counter, a set and a sparse tensor come out of the
+    host copy as they went in, so the manager stores what lcckpt.save of the state would."""
+    sd = torch.nn.BatchNorm1d(3).state_dict()
+    sp = torch.eye(3).to_sparse()
+    tree = {"model": sd, "counts": collections.Counter(a=2), "seen": {1, 2}, "adj": sp}
+    out = HostBuffers().snapshot(tree)
+    assert out["model"]._metadata == sd._metadata and type(out["model"]) is type(sd)
+    assert type(out["counts"]) is collections.Counter and out["counts"] == tree["counts"]
+    assert out["seen"] == {1, 2} and out["adj"].layout == torch.sparse_coo
+    assert torch.equal(out["adj"].to_dense(), sp.to_dense())
+    sp._values().add_(1)                             # the copy does not follow the live one
+    assert torch.equal(out["adj"].to_dense(), torch.eye(3))
 
 
 @settings(max_examples=30, deadline=None)

@@ -7,7 +7,7 @@ import functools
 import json
 import math
 import re
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +19,8 @@ from ..errors import InvalidArgumentError, UnsafeObjectError, UnsupportedDtypeEr
 from .sections import Encoded
 
 MAX_DEPTH = 64  # levels of containers; a few JSON levels each in the header
+SPARSE_LAYOUTS = {torch.sparse_coo: "coo", torch.sparse_csr: "csr", torch.sparse_csc: "csc",
+                  torch.sparse_bsr: "bsr", torch.sparse_bsc: "bsc"}
 DTYPE_CODES: dict[torch.dtype, str] = dtypes.TORCH_NAME   # dtype -> header name
 
 LeafEncoder = Callable[[str, torch.Tensor], Encoded]
@@ -37,7 +39,8 @@ def flatten(obj: Any, encode_leaf: LeafEncoder, pack: PackRule | None = None,
             ) -> tuple[Any, list[tuple[str, dict, Any]], int]:
     """``obj`` as ``(json_tree, sections, tree_version)``; ``encode_leaf`` codes each
     tensor leaf. ``tree_version`` is the lowest tree version that holds ``obj`` (1 unless
-    it has Parameters, tensors requiring grad, or views that are not the plain tensor).
+    it has Parameters, tensors requiring grad, or views that are not the plain tensor;
+    4 where it holds sets, complex numbers, Counters, bytearrays or sparse tensors).
 
     ``pack(key_path, tensor)``: tensors it picks (small ones), when each is alone on its
     storage, are stored in one section per dtype and device (coded by ``encode_pack``,
@@ -81,13 +84,25 @@ def census(obj: Any, limit: int = MAX_DEPTH) -> tuple[int, int]:
     stack = [(obj, 0)]
     while stack:
         v, depth = stack.pop()
-        if isinstance(v, torch.Tensor):
+        if isinstance(v, torch.Tensor) and v.layout != torch.strided:
+            stack.extend((t, depth) for t in _sparse_parts(v))
+        elif isinstance(v, torch.Tensor):
             count, nbytes = count + 1, nbytes + v.numel() * v.element_size()
         elif depth < limit and isinstance(v, dict):
             stack.extend((x, depth + 1) for x in v.values())
         elif depth < limit and isinstance(v, (list, tuple)):
             stack.extend((x, depth + 1) for x in v)
     return count, nbytes
+
+
+def _sparse_parts(v: torch.Tensor) -> list:
+    if v.layout == torch.sparse_coo:
+        return [v._indices(), v._values()]
+    if v.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return [v.crow_indices(), v.col_indices(), v.values()]
+    if v.layout in (torch.sparse_csc, torch.sparse_bsc):
+        return [v.ccol_indices(), v.row_indices(), v.values()]
+    return []
 
 
 def key_repr(k) -> str:
@@ -99,8 +114,9 @@ def key_repr(k) -> str:
 
 
 _SUPPORTED = (
-    "dict, OrderedDict, list, tuple, torch.Tensor, numpy.ndarray, numpy scalars, int, "
-    "float, str, bytes, bool, None, torch.dtype, torch.Size, torch.device"
+    "dict, OrderedDict, Counter, list, tuple, set, frozenset, torch.Tensor, numpy.ndarray, "
+    "numpy scalars, int, float, complex, str, bytes, bytearray, bool, None, torch.dtype, "
+    "torch.Size, torch.device; sparse tensors"
 )
 
 
@@ -113,7 +129,7 @@ def tensor_paths(obj: Any, path: str = "obj", depth: int = 0) -> dict[str, torch
     if depth < MAX_DEPTH and type(obj) in (list, tuple):
         for i, x in enumerate(obj):
             out.update(tensor_paths(x, f"{path}[{i}]", depth + 1))
-    elif depth < MAX_DEPTH and type(obj) in (dict, OrderedDict):
+    elif depth < MAX_DEPTH and type(obj) in (dict, OrderedDict, Counter):
         for k, x in obj.items():
             out.update(tensor_paths(x, f"{path}[{key_repr(k)}]", depth + 1))
     return out
@@ -176,6 +192,15 @@ class _Saver:
             return {"$": "dict", "items": self.items(v, path, depth)}
         if t is OrderedDict:
             return self.odict(v, path, depth)
+        if t is Counter:
+            self.version = max(self.version, 4)
+            return {"$": "counter", "items": self.items(v, path, depth)}
+        if t is set or t is frozenset:
+            return self.set(v, path, depth)
+        if t is complex:
+            self.version = max(self.version, 4)
+            return {"$": "complex", "re": self.node(v.real, path, depth + 1),
+                    "im": self.node(v.imag, path, depth + 1)}
         if isinstance(v, torch.Tensor):
             return self.tensor(v, path)
         if t is np.ndarray:
@@ -183,7 +208,7 @@ class _Saver:
         if isinstance(v, np.generic) and v.dtype.str in dtypes.NUMPY_NAME:
             return {"$": "npscalar", "dtype": dtypes.NUMPY_NAME[v.dtype.str],
                     "hex": v.tobytes().hex()}
-        if t is bytes:
+        if t is bytes or t is bytearray:
             return self.bytes(v, path)
         if t is torch.dtype:
             if v not in DTYPE_CODES:
@@ -208,18 +233,29 @@ class _Saver:
             out.append([self.key(k, sub, depth + 1), self.node(v, sub, depth + 1)])
         return out
 
-    def key(self, k, path: str, depth: int):
+    def key(self, k, path: str, depth: int, what: str = "dict keys"):
         t = type(k)
         if k is None or t in (bool, int, float, str):
             return self.node(k, path, 0)
         if t is tuple:
             if depth > MAX_DEPTH:
                 raise InvalidArgumentError(f"a key of {path} is nested too deeply")
-            return {"$": "tuple", "v": [self.key(x, path, depth + 1) for x in k]}
+            return {"$": "tuple", "v": [self.key(x, path, depth + 1, what) for x in k]}
         raise UnsafeObjectError(
-            f"cannot save {path}: dict keys must be str, int, float, bool, None or tuples "
+            f"cannot save {path}: {what} must be str, int, float, bool, None or tuples "
             f"of those, not {t.__module__}.{t.__qualname__}"
         )
+
+    def set(self, v, path: str, depth: int) -> dict:
+        """A set's elements (the values a dict key may hold), in an order that does not
+        depend on the process's string hashing: equal sets give equal files."""
+        self.version = max(self.version, 4)
+        items = [self.key(x, f"{path}{{...}}", depth + 1, "set elements") for x in v]
+        items.sort(key=lambda j: json.dumps(j, sort_keys=True))
+        node = {"$": "set", "v": items}
+        if type(v) is frozenset:
+            node["frozen"] = True
+        return node
 
     def odict(self, v: OrderedDict, path: str, depth: int) -> dict:
         node = {"$": "odict", "items": self.items(v, path, depth)}
@@ -245,9 +281,7 @@ class _Saver:
         if type(v) not in (torch.Tensor, torch.nn.Parameter):
             self.refuse(v, path, "Tensor subclasses are not stored: pass x.as_subclass(torch.Tensor).")
         if v.layout != torch.strided:
-            raise UnsupportedDtypeError(
-                f"cannot save {path}: layout {v.layout} is not stored; use x.to_dense()"
-            )
+            return self.sparse(v, path)
         if v.dtype not in DTYPE_CODES:
             raise UnsupportedDtypeError(
                 f"cannot save {path}: dtype {v.dtype} is not supported; "
@@ -260,10 +294,10 @@ class _Saver:
         if type(v) is torch.nn.Parameter:        # torch.load gives Parameters back
             node["param"] = True
             node["grad"] = bool(v.requires_grad)
-            self.version = 2
+            self.version = max(self.version, 2)
         elif v.requires_grad:
             node["grad"] = True
-            self.version = 2
+            self.version = max(self.version, 2)
         if v.numel() and v.untyped_storage().data_ptr() and not (v.is_conj() or v.is_neg()):
             key = (v.device, v.dtype, v.untyped_storage().data_ptr())
             self.storages.setdefault(key, []).append((v, node, path))
@@ -276,10 +310,38 @@ class _Saver:
         self.by_id[id(v)] = node
         return node
 
+    def sparse(self, v: torch.Tensor, path: str) -> dict:
+        """A sparse tensor as the dense tensors it is made of (each stored as any tensor
+        is, under ``path.indices`` and so on), its layout and size."""
+        name = SPARSE_LAYOUTS.get(v.layout)
+        if name is None:
+            raise UnsupportedDtypeError(
+                f"cannot save {path}: layout {v.layout} is not stored; use x.to_dense()")
+        if type(v) is not torch.Tensor:
+            self.refuse(v, path, "A sparse Parameter is not stored: save the tensor.")
+        self.version = max(self.version, 4)
+        if name == "coo":
+            parts = {"indices": v._indices(), "values": v._values()}
+        else:
+            compressed, plain = ((v.crow_indices(), v.col_indices()) if name in ("csr", "bsr")
+                                 else (v.ccol_indices(), v.row_indices()))
+            parts = {"compressed": compressed, "plain": plain, "values": v.values()}
+        node = {"$": "sparse", "layout": name, "size": list(v.shape)}
+        for k, t in parts.items():
+            node[k] = self.tensor(t.detach(), f"{path}.{k}")
+        if name == "coo":
+            node["coalesced"] = bool(v.is_coalesced())
+        if v.requires_grad:
+            node["grad"] = True
+        self.by_id[id(v)] = node
+        self.alive.append(v)
+        return node
+
     def finish(self) -> int:
         """Encode the storages met during the walk; returns the tree version needed (1:
         every tensor is stored as it is; 2: some are views of a stored storage span; 3:
-        some small tensors share a pack)."""
+        some small tensors share a pack; 4: sets, complex numbers, Counters, bytearrays
+        or sparse tensors)."""
         version = self.version
         packs: dict[tuple, list] = {}        # (dtype, device) -> [(tensor, node)]
         packed, alone = set(), []            # storages in packs; the rest of one dense user
@@ -316,10 +378,10 @@ class _Saver:
                 for k, (v, node, _) in enumerate(users):
                     node.update(obj=k, offset=v.storage_offset() - lo, shape=list(v.shape),
                                 stride=list(v.stride()))
-                version = 2
+                version = max(version, 2)
         if packs:
             self._pack(packs)
-            version = 3
+            version = max(version, 3)
         return version
 
     def _pack(self, packs: dict) -> None:
@@ -378,9 +440,15 @@ class _Saver:
         self.by_id[id(v)] = node
         return node
 
-    def bytes(self, v: bytes, path: str):
-        if id(v) not in self.by_id:
+    def bytes(self, v: bytes | bytearray, path: str):
+        node = self.by_id.get(id(v))
+        if node is None:
             self.alive.append(v)
             node = self.by_id[id(v)] = {"$": "bytes"}
-            node["s"] = self.add_section(path, {"kind": "bytes"}, v, node=node)
-        return self.by_id[id(v)]
+            data = v
+            if type(v) is bytearray:         # loads as one bytearray, wherever it is met
+                node["mutable"] = True
+                self.version = max(self.version, 4)
+                data = bytes(v)              # its bytes as they are now
+            node["s"] = self.add_section(path, {"kind": "bytes"}, data, node=node)
+        return node

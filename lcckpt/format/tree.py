@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import re
 import reprlib
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -36,14 +36,15 @@ from ..errors import (
     CorruptDataError, InvalidArgumentError, LcckptError,
 )
 from .flatten import (
-    MAX_DEPTH, LeafEncoder, Lookahead, PackRule, _dense_strides, key_repr, flatten,
-    pack_name,
+    MAX_DEPTH, SPARSE_LAYOUTS, LeafEncoder, Lookahead, PackRule, _dense_strides, key_repr,
+    flatten, pack_name,
 )   # the save half (flatten.py), one tree API for both halves
 
 __all__ = ["MAX_DEPTH", "LeafDecoder", "LeafEncoder", "Lookahead", "PackRule", "flatten",
            "leaves", "load_leaf", "pack_name", "unflatten", "view_of"]
 
 LeafDecoder = Callable[[str, Container, int, dict], Any]
+_SPARSE = {name: layout for layout, name in SPARSE_LAYOUTS.items()}
 
 
 def unflatten(tree: Any, c: Container, decode_leaf: LeafDecoder, map_location=None) -> Any:
@@ -69,7 +70,7 @@ def leaves(tree: Any) -> list[tuple[tuple, str, dict]]:
             if type(items) is not list:
                 _bad(path, "tuple node needs a list")
             kids = [(x, parts + (i,), f"{path}[{i}]") for i, x in enumerate(items)]
-        elif tag in ("dict", "odict"):
+        elif tag in ("dict", "odict", "counter"):
             if type(j.get("items")) is not list:
                 _bad(path, "dict node needs a list of items")
             kids = []
@@ -202,8 +203,9 @@ class _Loader:
     # cycle, and keep every tensor it decoded alive until the garbage collector ran
     HANDLERS = {
         "int": "int_", "float": "float_", "tuple": "tuple_", "dict": "dict_", "odict": "dict_",
-        "tensor": "tensor", "ndarray": "ndarray", "bytes": "bytes_", "npscalar": "npscalar",
-        "dtype": "dtype", "size": "size", "device": "device",
+        "counter": "dict_", "tensor": "tensor", "ndarray": "ndarray", "bytes": "bytes_",
+        "npscalar": "npscalar", "dtype": "dtype", "size": "size", "device": "device",
+        "set": "set_", "complex": "complex_", "sparse": "sparse",
     }  # fmt: skip
 
     def node(self, j, path: str, depth: int):
@@ -252,13 +254,61 @@ class _Loader:
                 return tuple(self.key(x, path, depth + 1) for x in j["v"])
         _bad(path, f"invalid dict key {reprlib.repr(j)}")
 
+    def set_(self, j, path, depth):
+        _fields(j, path, ("v",), ("frozen",))
+        frozen = j.get("frozen", False)
+        if type(j["v"]) is not list or type(frozen) is not bool:
+            _bad(path, "set node needs a list of elements and a boolean 'frozen'")
+        items = [self.key(x, f"{path}{{...}}", depth + 1) for x in j["v"]]
+        out = (frozenset if frozen else set)(items)
+        if len(out) != len(items):
+            _bad(path, "set holds an element twice")
+        return out
+
+    def sparse(self, j, path, depth):
+        """A sparse tensor from its dense parts, checked by torch as ``torch.load`` checks
+        one (every index within the size, compressed indices in order)."""
+        layout = _SPARSE.get(j.get("layout"))
+        if layout is None:
+            _bad(path, f"unknown sparse layout {j.get('layout')!r:.40}")
+        names = ("indices", "values") if layout == torch.sparse_coo \
+            else ("compressed", "plain", "values")
+        _fields(j, path, ("layout", "size") + names, ("coalesced", "grad"))
+        size, coalesced, grad = j["size"], j.get("coalesced", False), j.get("grad", False)
+        if type(size) is not list or len(size) > 64 or \
+                not all(type(n) is int and 0 <= n < 2**63 for n in size):
+            _bad(path, "a sparse tensor's size needs a list of at most 64 non-negative ints")
+        if type(coalesced) is not bool or type(grad) is not bool:
+            _bad(path, "sparse 'coalesced' and 'grad' must be booleans")
+        parts = [self.node(j[k], f"{path}.{k}", depth + 1) for k in names]
+        if not all(isinstance(t, torch.Tensor) and t.layout == torch.strided for t in parts):
+            _bad(path, "a sparse tensor's parts must be dense tensors")
+        try:
+            parts = [t.detach() for t in parts]
+            if layout == torch.sparse_coo:
+                t = torch.sparse_coo_tensor(*parts, size, is_coalesced=coalesced,
+                                            check_invariants=True)
+            else:
+                t = torch.sparse_compressed_tensor(*parts, size, layout=layout,
+                                                   check_invariants=True)
+        except (RuntimeError, ValueError, TypeError, IndexError) as e:
+            _bad(path, f"invalid sparse tensor: {(str(e).splitlines() or [repr(e)])[0][:200]}")
+        return t.requires_grad_(True) if grad else t
+
+    def complex_(self, j, path, depth):
+        _fields(j, path, ("re", "im"))
+        parts = [self.node(j[k], path, depth + 1) for k in ("re", "im")]
+        if any(type(x) is not float for x in parts):
+            _bad(path, "complex node needs two floats")
+        return complex(*parts)
+
     def dict_(self, j, path, depth):
         ordered = j["$"] == "odict"
         _fields(j, path, ("items",), ("metadata",) if ordered else ())
         items = j["items"]
         if type(items) is not list:
             _bad(path, "dict node needs a list of items")
-        out = OrderedDict() if ordered else {}
+        out = OrderedDict() if ordered else Counter() if j["$"] == "counter" else {}
         for item in items:
             if type(item) is not list or len(item) != 2:
                 _bad(path, "dict item is not a [key, value] pair")
@@ -394,11 +444,14 @@ class _Loader:
         return self.sections[s]
 
     def bytes_(self, j, path, depth):
-        _fields(j, path, ("s",))
+        _fields(j, path, ("s",), ("mutable",))
+        mutable = j.get("mutable", False)
+        if type(mutable) is not bool:
+            _bad(path, "bytes 'mutable' must be a boolean")
         s, _ = self.section(j, path, "bytes")
-        if s not in self.sections:
-            self.sections[s] = bytes(self.c.data(s))
-        return self.sections[s]
+        if (s, mutable) not in self.sections:    # a bytearray met twice is one object
+            self.sections[(s, mutable)] = (bytearray if mutable else bytes)(self.c.data(s))
+        return self.sections[(s, mutable)]
 
     def npscalar(self, j, path, depth):
         _fields(j, path, ("dtype", "hex"))

@@ -15,7 +15,7 @@ lifetime: the caller must not snapshot again while a previous snapshot is still 
 from __future__ import annotations
 
 import copy
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any, Callable
 
 import torch
@@ -35,8 +35,9 @@ class HostBuffers:
                  kept: list | None = None) -> Any:
         """A copy of ``tree`` whose tensors live in this object's host buffers.
 
-        Containers (dict, OrderedDict, list, tuple) are rebuilt, tensors are copied into
-        the buffer of their path, anything else is ``copy.deepcopy``-ed. Returns after
+        Containers (dict, OrderedDict, Counter, list, tuple) are rebuilt (a state dict's
+        ``_metadata`` kept), tensors are copied into the buffer of their path (a sparse
+        one into a fresh copy), anything else is ``copy.deepcopy``-ed. Returns after
         every device copy has finished, so the caller may let training continue.
         A tensor for which ``live(t)`` is true is not copied: it stays in the copy as it
         is (detached), and ``(path, tensor)`` is appended to ``kept``.
@@ -45,14 +46,20 @@ class HostBuffers:
         devices: set[torch.device] = set()
 
         def walk(v: Any, path: str) -> Any:
+            if isinstance(v, torch.Tensor) and v.layout != torch.strided:
+                return v.detach().to("cpu", copy=True)     # sparse: no buffer to reuse
             if isinstance(v, torch.Tensor):
                 if live is not None and live(v):
                     kept.append((path, v.detach()))
                     return kept[-1][1]
                 return self._tensor(v, path, seen, devices)
             if isinstance(v, dict):
-                items = [(k, walk(x, f"{path}[{key_repr(k)}]")) for k, x in v.items()]
-                return OrderedDict(items) if isinstance(v, OrderedDict) else dict(items)
+                out = type(v)() if type(v) in (OrderedDict, Counter) else {}
+                for k, x in v.items():
+                    out[k] = walk(x, f"{path}[{key_repr(k)}]")
+                if type(v) is OrderedDict and hasattr(v, "_metadata"):   # module versions
+                    out._metadata = copy.deepcopy(v._metadata)
+                return out
             if type(v) in (list, tuple):
                 items = [walk(x, f"{path}[{i}]") for i, x in enumerate(v)]
                 return items if type(v) is list else tuple(items)
