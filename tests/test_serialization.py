@@ -336,6 +336,85 @@ _I = {"$": "tensor", "s": 0}
 _V = {"$": "tensor", "s": 1}
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype")
+def test_nested_and_quantized_tensors_round_trip():
+    torch.manual_seed(0)
+    lin = torch.ao.nn.quantized.Linear(4, 3)
+    lin.set_weight_bias(torch.quantize_per_tensor(torch.randn(3, 4), 0.05, 0, torch.qint8),
+                        torch.randn(3))
+    obj = {
+        "nested": torch.nested.nested_tensor([torch.ones(2, 3), torch.arange(12.0).reshape(4, 3)]),
+        "jagged": torch.nested.nested_tensor([torch.ones(2, 3), torch.zeros(5, 3)], layout=torch.jagged),
+        "q": torch.quantize_per_tensor(torch.randn(5), 0.1, 3, torch.qint8),
+        "q32": torch.quantize_per_tensor(torch.randn(5), 0.5, -2, torch.qint32),
+        "channels": torch.quantize_per_channel(torch.randn(3, 4), torch.tensor([0.1, 0.2, 0.3]),
+                                               torch.tensor([0, 1, 2]), 0, torch.quint8),
+        "float_qparams": torch.quantize_per_channel(
+            torch.randn(4, 3), torch.tensor([0.1, 0.2, 0.3]), torch.tensor([0.5, 1.0, 2.0]), 1,
+            torch.quint8),
+        "linear": lin.state_dict(), "scheme": torch.per_channel_affine, "packed": torch.quint4x2,
+    }
+    back = round_trip(obj)
+    for k in ("nested", "jagged"):
+        assert back[k].layout == obj[k].layout and back[k].is_nested
+        assert all(torch.equal(a, b) for a, b in zip(obj[k].unbind(), back[k].unbind()))
+    for k in ("q", "q32", "channels", "float_qparams"):
+        a, b = obj[k], back[k]
+        assert (b.dtype, b.qscheme()) == (a.dtype, a.qscheme()) and torch.equal(a.int_repr(), b.int_repr())
+        assert torch.equal(a.dequantize(), b.dequantize())
+    again = torch.ao.nn.quantized.Linear(4, 3)
+    again.load_state_dict(back["linear"])
+    x = torch.quantize_per_tensor(torch.randn(2, 4), 0.1, 0, torch.quint8)
+    assert torch.equal(lin(x).int_repr(), again(x).int_repr())
+    assert back["scheme"] is torch.per_channel_affine and back["packed"] is torch.quint4x2
+
+
+_Q = _I
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        {"dtype": "quint8", "scheme": "per_tensor_affine", "int": _Q, "scale": 0.1, "zero_point": 0},
+        {"dtype": "qint8", "scheme": "per_tensor_affine", "int": _Q, "scale": {"$": "float", "v": "nan"},
+         "zero_point": 0},
+        {"dtype": "qint8", "scheme": "per_tensor_affine", "int": _Q, "scale": 0.1, "zero_point": 1.5},
+        {"dtype": "qint8", "scheme": "per_tensor_symmetric", "int": _Q, "scale": 0.1, "zero_point": 0},
+        {"dtype": "qint9", "scheme": "per_tensor_affine", "int": _Q, "scale": 0.1, "zero_point": 0},
+        {"dtype": "qint8", "scheme": "per_channel_affine", "int": _Q, "axis": 0,
+         "scales": {"$": "tensor", "s": 1}, "zero_points": {"$": "tensor", "s": 1}},
+        {"dtype": "qint8", "scheme": "per_channel_affine", "int": _Q, "axis": 5,
+         "scales": {"$": "tensor", "s": 1}, "zero_points": {"$": "tensor", "s": 2}},
+        {"dtype": "qint8", "scheme": "per_channel_affine", "int": _Q, "axis": 0,
+         "scales": {"$": "tensor", "s": 3}, "zero_points": {"$": "tensor", "s": 2}},
+    ],
+)
+def test_hostile_quantized_tensors_are_corrupt_data(node):
+    secs = [_tensor_section("i", torch.tensor([[1, -2], [3, 4]], dtype=torch.int8)),
+            _tensor_section("s", torch.tensor([0.1, 0.2], dtype=torch.float64)),
+            _tensor_section("z", torch.tensor([0, 1])),
+            _tensor_section("s3", torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64))]
+    with pytest.raises(CorruptDataError, match="quantized|quantization|scale|integers|keys"):
+        S.load(_file_with_tree({"$": "quantized", **node}, secs))
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        {"layout": "ragged", "v": [_I]}, {"layout": "strided", "v": _I},
+        {"layout": "strided", "v": [_I, _V]},                 # components of other dims
+        {"layout": "strided", "v": [{"$": "bytes", "s": 2}]}, {"layout": "strided"},
+    ],
+)
+def test_hostile_nested_tensors_are_corrupt_data(node):
+    secs = [_tensor_section("i", torch.ones(2, 2)), _tensor_section("v", torch.ones(2)),
+            ("b", {"kind": "bytes"}, b"xy")]
+    with pytest.raises(CorruptDataError):
+        S.load(_file_with_tree({"$": "nested", **node}, secs))
+
+
+
+
 @pytest.mark.parametrize(
     "indices, node",
     [
@@ -606,12 +685,15 @@ def test_hostile_tensor_sections(meta):
 
 
 _TAGS = ["int", "float", "tuple", "dict", "odict", "tensor", "ndarray", "bytes", "npscalar",
-         "dtype", "size", "device", "set", "complex", "counter", "sparse", "nope"]  # fmt: skip
+         "dtype", "size", "device", "set", "complex", "counter", "sparse", "nested",
+         "quantized", "qscheme", "nope"]  # fmt: skip
 _FIELDS = ["$", "v", "items", "s", "obj", "hex", "dtype", "metadata", "frozen", "re", "im",
-           "mutable", "layout", "size", "indices", "values", "compressed", "plain", "coalesced"]
+           "mutable", "layout", "size", "indices", "values", "compressed", "plain", "coalesced",
+           "scheme", "scale", "zero_point", "scales", "zero_points", "axis", "int"]
 _json_leaves = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 2**70), st.floats(allow_nan=False, allow_infinity=False),
-    st.sampled_from(_TAGS + ["F32", "U8", "0x1f", "00", "cpu", "nan", "coo", "csr"]),
+    st.sampled_from(_TAGS + ["F32", "U8", "0x1f", "00", "cpu", "nan", "coo", "csr", "qint8",
+                             "per_tensor_affine", "jagged"]),
     st.text(max_size=4),
 )  # fmt: skip
 _json = st.recursive(

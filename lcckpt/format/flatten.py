@@ -16,11 +16,10 @@ import torch
 
 from ..codec import dtypes
 from ..errors import InvalidArgumentError, UnsafeObjectError, UnsupportedDtypeError
+from . import composite
 from .sections import Encoded
 
 MAX_DEPTH = 64  # levels of containers; a few JSON levels each in the header
-SPARSE_LAYOUTS = {torch.sparse_coo: "coo", torch.sparse_csr: "csr", torch.sparse_csc: "csc",
-                  torch.sparse_bsr: "bsr", torch.sparse_bsc: "bsc"}
 DTYPE_CODES: dict[torch.dtype, str] = dtypes.TORCH_NAME   # dtype -> header name
 
 LeafEncoder = Callable[[str, torch.Tensor], Encoded]
@@ -40,7 +39,8 @@ def flatten(obj: Any, encode_leaf: LeafEncoder, pack: PackRule | None = None,
     """``obj`` as ``(json_tree, sections, tree_version)``; ``encode_leaf`` codes each
     tensor leaf. ``tree_version`` is the lowest tree version that holds ``obj`` (1 unless
     it has Parameters, tensors requiring grad, or views that are not the plain tensor;
-    4 where it holds sets, complex numbers, Counters, bytearrays or sparse tensors).
+    4 where it holds sets, complex numbers, Counters, bytearrays, or sparse, nested or
+    quantized tensors).
 
     ``pack(key_path, tensor)``: tensors it picks (small ones), when each is alone on its
     storage, are stored in one section per dtype and device (coded by ``encode_pack``,
@@ -84,8 +84,8 @@ def census(obj: Any, limit: int = MAX_DEPTH) -> tuple[int, int]:
     stack = [(obj, 0)]
     while stack:
         v, depth = stack.pop()
-        if isinstance(v, torch.Tensor) and v.layout != torch.strided:
-            stack.extend((t, depth) for t in _sparse_parts(v))
+        if isinstance(v, torch.Tensor) and composite.is_composite(v):
+            stack.extend((t, depth) for t in composite.plain_parts(v))
         elif isinstance(v, torch.Tensor):
             count, nbytes = count + 1, nbytes + v.numel() * v.element_size()
         elif depth < limit and isinstance(v, dict):
@@ -93,16 +93,6 @@ def census(obj: Any, limit: int = MAX_DEPTH) -> tuple[int, int]:
         elif depth < limit and isinstance(v, (list, tuple)):
             stack.extend((x, depth + 1) for x in v)
     return count, nbytes
-
-
-def _sparse_parts(v: torch.Tensor) -> list:
-    if v.layout == torch.sparse_coo:
-        return [v._indices(), v._values()]
-    if v.layout in (torch.sparse_csr, torch.sparse_bsr):
-        return [v.crow_indices(), v.col_indices(), v.values()]
-    if v.layout in (torch.sparse_csc, torch.sparse_bsc):
-        return [v.ccol_indices(), v.row_indices(), v.values()]
-    return []
 
 
 def key_repr(k) -> str:
@@ -116,7 +106,7 @@ def key_repr(k) -> str:
 _SUPPORTED = (
     "dict, OrderedDict, Counter, list, tuple, set, frozenset, torch.Tensor, numpy.ndarray, "
     "numpy scalars, int, float, complex, str, bytes, bytearray, bool, None, torch.dtype, "
-    "torch.Size, torch.device; sparse tensors"
+    "torch.Size, torch.device; sparse, nested and quantized tensors"
 )
 
 
@@ -211,6 +201,9 @@ class _Saver:
         if t is bytes or t is bytearray:
             return self.bytes(v, path)
         if t is torch.dtype:
+            if v in composite.QUANTIZED_DTYPES:          # a quantized model's settings
+                self.version = max(self.version, 4)
+                return {"$": "dtype", "v": composite.QUANTIZED_DTYPES[v]}
             if v not in DTYPE_CODES:
                 raise UnsupportedDtypeError(f"cannot save {path}: dtype {v} is not supported")
             return {"$": "dtype", "v": DTYPE_CODES[v]}
@@ -218,6 +211,9 @@ class _Saver:
             return {"$": "size", "v": list(v)}
         if t is torch.device:
             return {"$": "device", "v": str(v)}
+        if t is torch.qscheme and str(v).removeprefix("torch.") in composite.QSCHEMES:
+            self.version = max(self.version, 4)
+            return {"$": "qscheme", "v": str(v).removeprefix("torch.")}
         if isinstance(v, tuple) and hasattr(v, "_fields"):
             self.refuse(v, path, "Convert the namedtuple with tuple(x) or x._asdict().")
         if isinstance(v, (dict, list, tuple, str, int, float, bytes)):
@@ -278,10 +274,12 @@ class _Saver:
     def tensor(self, v: torch.Tensor, path: str):
         if id(v) in self.by_id:
             return self.by_id[id(v)]
+        if v.is_nested or (v.is_quantized and type(v) is torch.Tensor):
+            return self.composite(v, path, *composite.describe(v, path))
         if type(v) not in (torch.Tensor, torch.nn.Parameter):
             self.refuse(v, path, "Tensor subclasses are not stored: pass x.as_subclass(torch.Tensor).")
         if v.layout != torch.strided:
-            return self.sparse(v, path)
+            return self.composite(v, path, *composite.describe(v, path))
         if v.dtype not in DTYPE_CODES:
             raise UnsupportedDtypeError(
                 f"cannot save {path}: dtype {v.dtype} is not supported; "
@@ -310,27 +308,16 @@ class _Saver:
         self.by_id[id(v)] = node
         return node
 
-    def sparse(self, v: torch.Tensor, path: str) -> dict:
-        """A sparse tensor as the dense tensors it is made of (each stored as any tensor
-        is, under ``path.indices`` and so on), its layout and size."""
-        name = SPARSE_LAYOUTS.get(v.layout)
-        if name is None:
-            raise UnsupportedDtypeError(
-                f"cannot save {path}: layout {v.layout} is not stored; use x.to_dense()")
-        if type(v) is not torch.Tensor:
-            self.refuse(v, path, "A sparse Parameter is not stored: save the tensor.")
+    def composite(self, v: torch.Tensor, path: str, tag: str, parts: dict, extra: dict) -> dict:
+        """A tensor stored as the plain tensors it is made of (each as any tensor is,
+        under ``path.NAME`` or ``path.NAME[i]``) and the fields it is rebuilt from."""
+        if type(v) is torch.nn.Parameter:
+            self.refuse(v, path, f"A {tag} Parameter is not stored: save the tensor.")
         self.version = max(self.version, 4)
-        if name == "coo":
-            parts = {"indices": v._indices(), "values": v._values()}
-        else:
-            compressed, plain = ((v.crow_indices(), v.col_indices()) if name in ("csr", "bsr")
-                                 else (v.ccol_indices(), v.row_indices()))
-            parts = {"compressed": compressed, "plain": plain, "values": v.values()}
-        node = {"$": "sparse", "layout": name, "size": list(v.shape)}
+        node = {"$": tag, **extra}
         for k, t in parts.items():
-            node[k] = self.tensor(t.detach(), f"{path}.{k}")
-        if name == "coo":
-            node["coalesced"] = bool(v.is_coalesced())
+            node[k] = [self.tensor(x.detach(), f"{path}.{k}[{i}]") for i, x in enumerate(t)] \
+                if type(t) is list else self.tensor(t.detach(), f"{path}.{k}")
         if v.requires_grad:
             node["grad"] = True
         self.by_id[id(v)] = node
@@ -340,8 +327,8 @@ class _Saver:
     def finish(self) -> int:
         """Encode the storages met during the walk; returns the tree version needed (1:
         every tensor is stored as it is; 2: some are views of a stored storage span; 3:
-        some small tensors share a pack; 4: sets, complex numbers, Counters, bytearrays
-        or sparse tensors)."""
+        some small tensors share a pack; 4: sets, complex numbers, Counters, bytearrays,
+        or sparse, nested or quantized tensors)."""
         version = self.version
         packs: dict[tuple, list] = {}        # (dtype, device) -> [(tensor, node)]
         packed, alone = set(), []            # storages in packs; the rest of one dense user

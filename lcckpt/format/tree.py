@@ -31,20 +31,20 @@ import numpy as np
 import torch
 
 from ..codec import dtypes
+from .composite import QUANTIZED_BY_NAME, CompositeLoader
 from .container import Container
 from ..errors import (
     CorruptDataError, InvalidArgumentError, LcckptError,
 )
 from .flatten import (
-    MAX_DEPTH, SPARSE_LAYOUTS, LeafEncoder, Lookahead, PackRule, _dense_strides, key_repr,
-    flatten, pack_name,
+    MAX_DEPTH, LeafEncoder, Lookahead, PackRule, _dense_strides, key_repr, flatten,
+    pack_name,
 )   # the save half (flatten.py), one tree API for both halves
 
 __all__ = ["MAX_DEPTH", "LeafDecoder", "LeafEncoder", "Lookahead", "PackRule", "flatten",
            "leaves", "load_leaf", "pack_name", "unflatten", "view_of"]
 
 LeafDecoder = Callable[[str, Container, int, dict], Any]
-_SPARSE = {name: layout for layout, name in SPARSE_LAYOUTS.items()}
 
 
 def unflatten(tree: Any, c: Container, decode_leaf: LeafDecoder, map_location=None) -> Any:
@@ -189,8 +189,10 @@ def _check_file_device(loc: str, path: str) -> None:
             f"(only {', '.join(DEVICE_TYPES)}); pass map_location='cpu', or a dict such as "
             f"{{{loc!r}: 'cpu'}}")
 
-class _Loader:
+class _Loader(CompositeLoader):
     """Walks a JSON tree, validating every node before building its value."""
+
+    bad, fields = staticmethod(_bad), staticmethod(_fields)    # for CompositeLoader
 
     def __init__(self, c: Container, decode_leaf: LeafDecoder, map_location):
         self.c = c
@@ -205,7 +207,8 @@ class _Loader:
         "int": "int_", "float": "float_", "tuple": "tuple_", "dict": "dict_", "odict": "dict_",
         "counter": "dict_", "tensor": "tensor", "ndarray": "ndarray", "bytes": "bytes_",
         "npscalar": "npscalar", "dtype": "dtype", "size": "size", "device": "device",
-        "set": "set_", "complex": "complex_", "sparse": "sparse",
+        "set": "set_", "complex": "complex_", "sparse": "sparse", "nested": "nested",
+        "quantized": "quantized", "qscheme": "qscheme",
     }  # fmt: skip
 
     def node(self, j, path: str, depth: int):
@@ -264,36 +267,6 @@ class _Loader:
         if len(out) != len(items):
             _bad(path, "set holds an element twice")
         return out
-
-    def sparse(self, j, path, depth):
-        """A sparse tensor from its dense parts, checked by torch as ``torch.load`` checks
-        one (every index within the size, compressed indices in order)."""
-        layout = _SPARSE.get(j.get("layout"))
-        if layout is None:
-            _bad(path, f"unknown sparse layout {j.get('layout')!r:.40}")
-        names = ("indices", "values") if layout == torch.sparse_coo \
-            else ("compressed", "plain", "values")
-        _fields(j, path, ("layout", "size") + names, ("coalesced", "grad"))
-        size, coalesced, grad = j["size"], j.get("coalesced", False), j.get("grad", False)
-        if type(size) is not list or len(size) > 64 or \
-                not all(type(n) is int and 0 <= n < 2**63 for n in size):
-            _bad(path, "a sparse tensor's size needs a list of at most 64 non-negative ints")
-        if type(coalesced) is not bool or type(grad) is not bool:
-            _bad(path, "sparse 'coalesced' and 'grad' must be booleans")
-        parts = [self.node(j[k], f"{path}.{k}", depth + 1) for k in names]
-        if not all(isinstance(t, torch.Tensor) and t.layout == torch.strided for t in parts):
-            _bad(path, "a sparse tensor's parts must be dense tensors")
-        try:
-            parts = [t.detach() for t in parts]
-            if layout == torch.sparse_coo:
-                t = torch.sparse_coo_tensor(*parts, size, is_coalesced=coalesced,
-                                            check_invariants=True)
-            else:
-                t = torch.sparse_compressed_tensor(*parts, size, layout=layout,
-                                                   check_invariants=True)
-        except (RuntimeError, ValueError, TypeError, IndexError) as e:
-            _bad(path, f"invalid sparse tensor: {(str(e).splitlines() or [repr(e)])[0][:200]}")
-        return t.requires_grad_(True) if grad else t
 
     def complex_(self, j, path, depth):
         _fields(j, path, ("re", "im"))
@@ -466,7 +439,7 @@ class _Loader:
 
     def dtype(self, j, path, depth):
         _fields(j, path, ("v",))
-        dtype = _lookup(dtypes.NAME_TORCH, j["v"])
+        dtype = _lookup(dtypes.NAME_TORCH, j["v"]) or _lookup(QUANTIZED_BY_NAME, j["v"])
         if dtype is None:
             _bad(path, f"unknown dtype {j['v']!r:.40}")
         return dtype
