@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lcckpt
-from lcckpt.codec import tensor as codec, dtypes, lossless
+from lcckpt.codec import tensor as codec, dtypes, floatread, lossless
 from lcckpt.codec.blob import parse
 from lcckpt.errors import ChecksumError, CorruptDataError, LcckptError
 from helpers import same_bits
@@ -56,7 +56,7 @@ def test_fast_and_general_paths_read_each_others_blobs(name):
     fast = b"".join(codec.encode_exact(a, dt, log2))
     general = b"".join(codec._exact_blob(a, dt, log2, rotate,
                                          lossless.encode_planes(words, rotate, 1 << log2)))
-    assert lossless.FastDecoder.applies(parse(fast)[1].layouts, words.size, rotate,
+    assert floatread.FastDecoder.applies(parse(fast)[1].layouts, words.size, rotate,
                                         words.dtype.itemsize)
     for blob in (fast, general):
         buf, p = parse(blob)
@@ -82,7 +82,7 @@ def test_smaller_blobs_of_the_general_writer_decode_on_the_fast_reader(name, n, 
     blob = lcckpt.encode(t, lossless=True, chunk_size=1 << log2)
     layouts = parse(blob)[1].layouts
     if kind == "plain":                       # weights' lower planes are not worth coding
-        assert lossless.FastDecoder.applies(layouts, words.size, rotate, words.dtype.itemsize)
+        assert floatread.FastDecoder.applies(layouts, words.size, rotate, words.dtype.itemsize)
     assert same_bits(lcckpt.decode(blob), t)
     out = torch.empty_like(t)
     lcckpt.decode(blob, out=out)
@@ -114,14 +114,79 @@ def test_damage_is_detected(name):
             assert isinstance(e, CorruptDataError)
 
 
-def test_a_lower_plane_worth_coding_takes_the_general_path():
-    # fp32 values with only a few distinct mantissas: the planner must decline
-    x = np.repeat(np.float32([0.1, 0.2, 0.3, -0.7]), N // 2)
+def test_a_lower_plane_worth_coding_is_coded_and_the_exponents_keep_their_pairs():
+    # fp32 values with only a few distinct mantissas: every chunk of the lower planes is
+    # worth coding, and the exponents are still coded by the fast path's planner
+    x = np.random.default_rng(0).choice(np.float32([0.1, 0.2, 0.3, -0.7]), 2 * N)
     words, _ = lossless.words_of(x, "float")
-    assert lossless.plan_floats(words, 1 << 14) is None
-    blob = lcckpt.encode(x, lossless=True)
+    encs = lossless.plan_floats(words, 1 << 14)
+    assert all((e.modes != lossless.entropy.RAW).all() for e in encs[:-1])
+    blob = lcckpt.encode(x, lossless=True, chunk_size=1 << 14)
     assert len(blob) < x.nbytes / 4
+    assert lossless.entropy.PAIRS in parse(blob)[1].layouts[-1].modes
     assert np.array_equal(lcckpt.decode(blob).view(np.uint32), x.view(np.uint32))
+
+
+def test_exponents_repeating_with_the_sampling_period_take_one_shared_code():
+    # every 32nd exponent is the same: the sample sees one value where there are four,
+    # and coding the rest as escapes would cost most of the raw plane
+    x = np.tile(np.float32([0.1, 0.2, 0.3, -0.7]), N // 2)
+    blob = lcckpt.encode(x, lossless=True, chunk_size=1 << 14)
+    top = parse(blob)[1].layouts[-1]
+    assert lossless.entropy.PAIRS not in top.modes
+    assert top.offsets[-1] <= x.size * 2.1 / 8                 # two bits an exponent
+    assert np.array_equal(lcckpt.decode(blob).view(np.uint32), x.view(np.uint32))
+
+
+def _embedding_like(n, structured, seed=0):
+    """Trained-looking weights whose first ``structured`` elements hold few distinct low
+    mantissa bytes (a pretrained embedding's rows that training never touched)."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(n) * 0.05).astype(np.float32)
+    w = x[:structured].view(np.uint32)
+    w &= ~np.uint32(0xFFFF)
+    w |= rng.choice(np.uint32([0, 0x1000, 0x2000, 0x8000]), structured)
+    return x
+
+
+@pytest.mark.parametrize("log2", [15, 16])
+def test_chunks_of_a_lower_plane_worth_coding_are_coded_where_the_plane_is_not(log2, monkeypatch):
+    cs = 1 << log2
+    x = _embedding_like(12 * cs + 123, 2 * cs + 77)
+    blob = lcckpt.encode(x, lossless=True, chunk_size=cs)
+    buf, p = parse(blob)
+    for lay in p.layouts[:2]:                # the two lowest planes: the structured chunks
+        assert (lay.modes[:2] != lossless.entropy.RAW).all()
+        assert (lay.modes[2:] == lossless.entropy.RAW).all()
+    assert lossless.entropy.PAIRS in p.layouts[-1].modes
+    assert np.array_equal(lcckpt.decode(blob).view(np.uint32), x.view(np.uint32))
+    words, _ = lossless.words_of(x, "float")
+    for c in range(0, 13, 2):                # chunk by chunk, and a few chunks alone
+        part = codec.decode_exact_chunks(p, c, min(13, c + 2), np.concatenate(
+            [np.frombuffer(blob, np.uint8)[o:o + m] for o, m in codec.chunk_spans(p, c, min(13, c + 2))]))
+        assert np.array_equal(part.view(np.uint32), words[c * cs:(c + 2) * cs])
+    monkeypatch.setattr(lossless, "codeable_chunks", lambda s: np.zeros(len(s), bool))
+    assert len(lcckpt.encode(x, lossless=True, chunk_size=cs)) > len(blob) + cs // 2
+
+
+@settings(max_examples=15, deadline=None)
+@given(n=st.integers(N, 3 * N), at=st.integers(0, 3 * N), m=st.integers(1, N),
+       name=st.sampled_from(["fp32", "bf16", "fp16"]), seed=st.integers(0, 2**16))
+def test_structured_chunks_round_trip_on_every_reader(n, at, m, name, seed):
+    x = _embedding_like(n, 0, seed)
+    lo = min(at, n)
+    x[lo:lo + m] = _embedding_like(min(m, n - lo), min(m, n - lo), seed + 1)
+    t = _as(torch.from_numpy(x), name)
+    a, dt = dtypes.to_numpy(t)
+    blob = lcckpt.encode(t, lossless=True, chunk_size=1 << 15)
+    assert same_bits(lcckpt.decode(blob), t)
+    buf, p = parse(blob)
+    into = np.empty_like(a)
+    w, rotate = lossless.words_of(into, dt.kind)
+    task = codec.exact_chunk_decoder(buf, p, into)           # a chain replay's reader
+    for c in range(-(-w.size // (1 << 15))):
+        task(c)
+    assert into.tobytes() == a.tobytes()
 
 
 def test_crc_pieces_combine_to_zlibs_crc():

@@ -3,7 +3,8 @@
 The weights come from a real run: the ~20M-parameter wide MLP of
 :mod:`lcckpt.bench.trajectory`, trained with Adam on the digits set, all its tensors
 concatenated (as a compressor of a whole weight file sees them), in fp32, bf16 and
-fp16. Every codec gets the same thread count (lcckpt's pool, ZipNN's ``threads``,
+fp16; or (``--weights minilm``, the ``finetune`` extra) the pretrained
+all-MiniLM-L6-v2's own weights, concatenated the same way. Every codec gets the same thread count (lcckpt's pool, ZipNN's ``threads``,
 zstd's compression workers; zstd decompresses on one thread).
 
 Timing is interleaved: each repetition calls every codec's encode, then every decode,
@@ -37,6 +38,13 @@ from lcckpt.errors import InvalidArgumentError
 MB = 1e6
 _ZIPNN_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _TORCH_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def pretrained_weights() -> torch.Tensor:
+    """Every floating tensor of the pretrained all-MiniLM-L6-v2, as one fp32 vector."""
+    from lcckpt.bench.finetune import load_encoder
+    sd = load_encoder()[0].state_dict()
+    return torch.cat([v.reshape(-1) for v in sd.values() if v.is_floating_point()])
 
 
 def trained_weights(steps: int = 30, seed: int = 0) -> torch.Tensor:
@@ -142,7 +150,7 @@ def _quartiles(v) -> str:
 
 
 def run(steps: int = 30, reps: int = 15, threads: int = 2, dtypes=("fp32", "bf16", "fp16"),
-        log=print) -> dict:
+        log=print, weights: str = "mlp") -> dict:
     """Train, then benchmark each dtype; returns a JSON-able document.
 
     lcckpt's pool size is read from ``LCCKPT_THREADS`` when the pool starts, so set it
@@ -156,10 +164,14 @@ def run(steps: int = 30, reps: int = 15, threads: int = 2, dtypes=("fp32", "bf16
     if bad or reps < 1:
         raise InvalidArgumentError(f"dtypes must be among {sorted(_TORCH_DTYPE)} and reps >= 1; "
                                    f"got {list(dtypes)}, reps={reps}")
+    if weights not in ("mlp", "minilm"):
+        raise InvalidArgumentError(f"weights must be 'mlp' or 'minilm', got {weights!r}")
     lcckpt.warmup()
-    w = trained_weights(steps)
+    w = trained_weights(steps) if weights == "mlp" else pretrained_weights()
+    model = (f"wide MLP, {w.numel():,} parameters, Adam" if weights == "mlp" else
+             f"pretrained all-MiniLM-L6-v2, {w.numel():,} parameters")
     doc = {"environment": environment(), "threads": threads, "reps": reps, "steps": steps,
-           "model": f"wide MLP, {w.numel():,} parameters, Adam", "results": []}
+           "model": model, "results": []}
     for label in dtypes:
         doc["results"].append(bench_dtype(w.to(_TORCH_DTYPE[label]), label, reps, threads, log))
     rows = [r for res in doc["results"] for r in res["rows"]]
@@ -190,9 +202,13 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--steps", type=int, default=30, help="Adam steps before the weights are taken")
     ap.add_argument("--dtypes", default="fp32,bf16,fp16")
+    ap.add_argument("--weights", choices=("mlp", "minilm"), default="mlp",
+                    help="the trained MLP's weights, or the pretrained MiniLM's (needs the "
+                         "finetune extra)")
     ap.add_argument("--json", help="write the JSON document here")
     args = ap.parse_args(argv)
-    doc = run(args.steps, args.reps, args.threads, tuple(args.dtypes.split(",")))
+    doc = run(args.steps, args.reps, args.threads, tuple(args.dtypes.split(",")),
+              weights=args.weights)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1, default=float)

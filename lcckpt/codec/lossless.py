@@ -6,26 +6,27 @@ random). Every plane then goes through :mod:`lcckpt.codec.entropy` in the ``byte
 per chunk the cheapest of Huffman, raw, or constant. Integers and bools use the same
 path without rotation, so step counters and masks shrink too.
 
-fp16, bf16 and fp32 arrays whose lower planes stay raw (trained weights) take a fused
-path (:func:`plan_floats`, :func:`fill_blob`, :class:`FastDecoder`): each chunk of
-exponents gets a code of its own over pairs of exponent ranks (chunk mode "pairs",
-kernels/planes.py; on trained weights 1.6% smaller exponent planes than ZipNN's), or,
-when its exponents spread too wide for that (fp16), the plane's shared Huffman code.
-The blob is written straight into one ``bytes`` object, and a run of chunks decodes and
-merges in one compiled call; chunks go to whichever pool thread is free. This module
-does not write headers or parse blobs: codec.py and blob.py do.
+fp16, bf16 and fp32 arrays take a fused path (:func:`plan_floats`, :func:`fill_blob`;
+read by :mod:`lcckpt.codec.floatread`): each chunk of exponents gets a code of its own
+over pairs of exponent ranks (chunk mode "pairs", kernels/planes.py; on trained weights
+1.6% smaller exponent planes than ZipNN's), or, when its exponents spread too wide for
+that (fp16), the plane's shared Huffman code. Lower planes stay raw (trained weights'
+mantissas are near random) but where a chunk's sample says coding pays: those chunks
+(a pretrained embedding's untrained rows, values of few mantissas) share one code per
+plane. The blob is written straight into one ``bytes`` object, and a run of chunks
+decodes and merges in one compiled call; chunks go to whichever pool thread is free.
+This module does not write headers or parse blobs: codec.py and blob.py do.
 """
 
 import sys
 import threading
-from functools import lru_cache
 
 import numpy as np
 
 from ..util import crc as _crc, pool as _pool
 from . import entropy, streams
 from ..util.pool import run_tasks
-from ..errors import ChecksumError, CorruptDataError
+from ..errors import CorruptDataError
 from .kernels import floats as fk
 from .kernels import huffman as hk
 from .kernels import planes as pk
@@ -195,7 +196,9 @@ FAST_DECODE_MIN_WORDS = 1 << 14     # and read by it from here on (docs/algorith
 def plan_floats(words: np.ndarray, chunk_size: int):
     """Per-plane :class:`entropy.Encoded` descriptions for the fast path (no payload but
     the top plane's "pairs" chunks, coded here and kept in its ``parts``, one entry per
-    chunk), or None when it does not apply (a lower plane looks codeable).
+    chunk). A lower plane is raw but where its sample, as a whole or in some chunks (a
+    pretrained embedding's untrained rows), promises that coding pays
+    (:func:`_plan_lower`).
 
     Each chunk of exponents gets its own pair code (:func:`pk.pairs_encode`) unless its
     exponents spread too wide for 15 ranks; then, and wherever it is smaller, the
@@ -218,11 +221,16 @@ def plan_floats(words: np.ndarray, chunk_size: int):
             hist[c] = 0
             pk.top_histogram(words, lo, hi, item, hist[c])
     _pool.run_balanced(code, nch)
+    lower = {}                       # plane -> the chunks whose samples look codeable
     for k in range(item - 1):
         sample = hist[:, k, :].sum(axis=0)
         total = int(sample.sum())
         if total and _sample_entropy(sample, total) <= 8 * CODE_IF_BELOW:
-            return None
+            lower[k] = np.ones(nch, bool)               # the plane as a whole
+            continue
+        chunks = codeable_chunks(hist[:, k, :])
+        if chunks.any():
+            lower[k] = chunks
     sizes = np.minimum(chunk_size, n - np.arange(nch, dtype=np.int64) * chunk_size)
     raw = entropy.Encoded(np.full(nch, entropy.RAW, np.uint8), np.zeros(nch, np.uint8),
                           sizes, {}, [], {entropy.RAW: 8 * n})
@@ -253,10 +261,57 @@ def plan_floats(words: np.ndarray, chunk_size: int):
     used = {entropy.HUFFMAN: lengths} if huff.any() else {}
     parts = [x if m == entropy.PAIRS else None for x, m in zip(pieces, modes)]
     top_enc = entropy.Encoded(modes, consts, nbytes, used, parts, {})
-    return [raw] * (item - 1) + [top_enc]
+    return [_plan_lower(words, chunk_size, lower.get(k), k) if k in lower else raw
+            for k in range(item - 1)] + [top_enc]
 
 
 PAIRS_MAX_ESCAPES = 1 / 32    # past this share of escaped exponents a chunk is not paired
+CHUNK_MIN_SAMPLES = 1024      # a chunk's sample this large is judged on its own
+
+
+def codeable_chunks(samples: np.ndarray) -> np.ndarray:
+    """Per chunk (a row of sampled byte counts), whether its sample of at least
+    :data:`CHUNK_MIN_SAMPLES` bytes promises what coding a plane must save."""
+    totals = samples.sum(axis=1)
+    big = totals >= CHUNK_MIN_SAMPLES
+    if not big.any():
+        return big
+    h, t = samples[big].astype(np.float64), totals[big].astype(np.float64)[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bits = -np.where(h > 0, h * np.log2(h / t), 0.0).sum(axis=1) / t[:, 0]
+    bits += (np.count_nonzero(h, axis=1) - 1) / (2 * t[:, 0] * np.log(2))   # as _sample_entropy
+    out = np.zeros(len(samples), bool)
+    out[big] = bits <= 8 * CODE_IF_BELOW
+    return out
+
+
+def _plan_lower(words: np.ndarray, chunk_size: int, chunks: np.ndarray, k: int):
+    """Lower plane ``k``: the chunks of ``chunks`` counted exactly and coded with one
+    code fitted to them where that beats raw (or constant), every other chunk raw."""
+    n, item = words.size, words.dtype.itemsize
+    nch = -(-n // chunk_size)
+    sizes = np.minimum(chunk_size, n - np.arange(nch, dtype=np.int64) * chunk_size)
+    hist = np.zeros((nch, 256), np.int64)
+    picked = np.flatnonzero(chunks)
+
+    def count(j):
+        c = picked[j]
+        h = np.zeros((item - 1, 256), np.int64)
+        pk.lower_histogram(words, c * chunk_size, c * chunk_size + sizes[c], item, h)
+        hist[c] = h[k]
+    run_tasks(count, picked.size)
+    lengths = hk.code_lengths(hist.sum(axis=0), hk.MAX_CODE_LEN)
+    coded = (hist @ lengths.astype(np.int64) + 7) // 8
+    modes = np.where(chunks & (coded < entropy.RAW_MARGIN * sizes), entropy.HUFFMAN, entropy.RAW)
+    is_const = (hist == sizes[:, None]).any(axis=1)
+    huff = (modes == entropy.HUFFMAN) & ~is_const
+    if huff.any() and (sizes - coded)[huff].sum() <= entropy.lengths_size(lengths):
+        huff[:] = False                       # the table would cost more than it saves
+    modes = np.where(is_const, entropy.CONST, np.where(huff, entropy.HUFFMAN, entropy.RAW))
+    nbytes = np.where(is_const, 0, np.where(huff, coded, sizes)).astype(np.int64)
+    consts = np.where(is_const, np.argmax(hist, axis=1), 0).astype(np.uint8)
+    return entropy.Encoded(modes.astype(np.uint8), consts, nbytes,
+                           {entropy.HUFFMAN: lengths} if huff.any() else {}, [], {})
 
 
 def _scratch(m: int):
@@ -305,132 +360,75 @@ except (ImportError, AttributeError):      # pragma: no cover - not CPython
 
 def fill_floats(words: np.ndarray, encs, chunk_size: int, out: np.ndarray, base: int) -> int:
     """Write the payload planned by :func:`plan_floats` into ``out[base:]``; returns its
-    CRC-32 (zlib's), combined from per-chunk pieces taken while they are in cache."""
+    CRC-32 (zlib's), combined from per-chunk pieces taken while they are in cache. A
+    chunk with a coded lower plane is split into a per-thread buffer first, and coded
+    from there."""
     n = words.size
     item = words.dtype.itemsize
     nch = -(-n // chunk_size)
     starts = base + np.concatenate(([0], np.cumsum([e.size for e in encs])))
+    at = np.stack([starts[k] + np.concatenate(([0], np.cumsum(encs[k].nbytes)))
+                   for k in range(item)])               # where each plane's chunks begin
     top = encs[-1]
-    offs = starts[item - 1] + np.concatenate(([0], np.cumsum(top.nbytes)))
     lengths = top.lengths.get(entropy.HUFFMAN, np.zeros(256, np.uint8))
     codes = hk.canonical_codes(lengths)
     pairs = pk.pair_codes(codes, lengths) if entropy.HUFFMAN in top.lengths else _NO_PAIRS
     mode_map = {entropy.HUFFMAN: pk.TOP_HUFFMAN, entropy.RAW: pk.TOP_RAW,
                 entropy.CONST: pk.TOP_CONST, entropy.PAIRS: pk.TOP_CONST}
+    lower = {k: (hk.canonical_codes(e.lengths[entropy.HUFFMAN]), e.lengths[entropy.HUFFMAN])
+             for k, e in enumerate(encs[:-1]) if entropy.HUFFMAN in e.lengths}
+    split = np.zeros(nch, bool)
+    for e in encs[:-1]:
+        split |= e.modes != entropy.RAW
     crcs = np.zeros((item, nch), np.int64)
 
     def task(c):
         lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
-        raw_pos = starts[:item - 1] + lo
-        s, e = int(offs[c]), int(offs[c + 1])
+        s, e = int(at[-1, c]), int(at[-1, c + 1])
         mode = int(top.modes[c])
-        end = pk.split_code(words, lo, hi, item, out, raw_pos, mode_map[mode], s, e,
-                            codes, lengths, pairs)
+        if split[c]:
+            end = s + _split_chunk(words, c, lo, hi, encs, lower, out, at[:, c],
+                                   mode_map[mode], e - s, codes, lengths, pairs)
+        else:
+            end = pk.split_code(words, lo, hi, item, out, at[:-1, c], mode_map[mode], s, e,
+                                codes, lengths, pairs)
         if mode == entropy.PAIRS:
             out[s:e] = top.parts[c]
             end = e
         if end != e:
             raise AssertionError(f"chunk {c}: wrote {end - s} bytes, planned {e - s}")
-        for k in range(item - 1):
-            crcs[k, c] = _crc.piece_crc32(out[raw_pos[k]:raw_pos[k] + hi - lo])
-        crcs[item - 1, c] = _crc.piece_crc32(out[s:e])
+        for k in range(item):
+            crcs[k, c] = _crc.piece_crc32(out[at[k, c]:at[k, c + 1]])
     _pool.run_balanced(task, nch)
     sizes = [e.nbytes for e in encs]
     return _crc.combine_all(crcs, sizes)
 
 
+def _split_chunk(words, c, lo, hi, encs, lower, out, at, top_mode, top_size, codes,
+                 lengths, pairs) -> int:
+    """Chunk ``c``'s planes split into a per-thread buffer, then each written to ``out``
+    at ``at[k]``: raw, coded with its plane's code, or nothing (constant); returns the
+    top plane's bytes written."""
+    item, m = len(encs), hi - lo
+    buf = getattr(_blocks, "split", None)
+    if buf is None or buf.size < item * m + 8:
+        buf = _blocks.split = np.empty(item * (m + 8), np.uint8)
+    raw_pos = np.arange(item - 1, dtype=np.int64) * m
+    t0 = (item - 1) * m
+    wrote = pk.split_code(words, lo, hi, item, buf, raw_pos, top_mode, t0, t0 + top_size,
+                          codes, lengths, pairs) - t0
+    out[at[-1]:at[-1] + wrote] = buf[t0:t0 + wrote]
+    for k, e in enumerate(encs[:-1]):
+        mode, pos = e.modes[c], int(at[k])
+        if mode == entropy.RAW:
+            out[pos:pos + m] = buf[k * m:(k + 1) * m]
+        elif mode == entropy.HUFFMAN:
+            end = hk.encode_symbols(buf, k * m, (k + 1) * m, lower[k][0], lower[k][1], out, pos,
+                                    entropy.NO_FLOATS, entropy.NO_FLOATS, False)
+            if end != pos + int(e.nbytes[c]):
+                raise AssertionError(f"chunk {c}, plane {k}: wrote {end - pos} bytes, "
+                                     f"planned {int(e.nbytes[c])}")
+    return wrote
+
+
 _NO_PAIRS = np.zeros(1 << 16, np.uint32)
-
-
-_NO_TABLES = (np.zeros(1 << hk.MULTI_BITS, np.uint64), np.zeros(2, np.uint32), 1)
-assert (pk.CHUNK_HUFFMAN, pk.CHUNK_RAW, pk.CHUNK_CONST, pk.CHUNK_PAIRS) == \
-    (entropy.HUFFMAN, entropy.RAW, entropy.CONST, entropy.PAIRS)
-
-
-@lru_cache(maxsize=64)
-def _tables(lengths_bytes: bytes):
-    lengths = np.frombuffer(lengths_bytes, np.uint8)
-    bits = int(lengths.max())
-    return (hk.multi_decode_table(lengths, 8), hk.decode_table(lengths, bits), bits)
-
-
-class FastDecoder:
-    """Decodes a float blob whose lower planes are raw throughout: a run of chunks per
-    compiled call (:func:`pk.decode_float_chunks`: the exponents into a small per-thread
-    buffer, merged while in cache), and with ``crc`` the CRC of each run's pieces."""
-
-    GROUP = 4                    # chunks per task: four Huffman chunks decode side by side
-
-    def __init__(self, buf, base, layouts, n, chunk_size, words, what, crc=False):
-        self.buf, self.n, self.cs, self.words, self.what = buf, n, chunk_size, words, what
-        self.item = item = words.dtype.itemsize
-        self.pbase = base
-        self.raw_base = np.zeros(item - 1, np.int64)
-        for k, layout in enumerate(layouts[:-1]):
-            self.raw_base[k] = base
-            base += int(layout.offsets[-1])
-        self.top = layouts[-1]
-        self.tbase = base
-        if base + int(self.top.offsets[-1]) > buf.size:
-            raise CorruptDataError(f"{what}: chunk table points past the end of the data")
-        lengths = self.top.lengths.get(entropy.HUFFMAN)
-        self.tables = _tables(lengths.tobytes()) if lengths is not None else _NO_TABLES
-        self.nch = -(-n // chunk_size)
-        self.ntasks = -(-self.nch // self.GROUP)
-        self.crcs = np.zeros((item, self.ntasks), np.int64) if crc else None
-
-    @staticmethod
-    def applies(layouts, n: int, rotate: bool, item: int) -> bool:
-        return (rotate and item in FAST_WIDTHS and n >= FAST_DECODE_MIN_WORDS
-                and all(np.all(lay.modes == entropy.RAW) for lay in layouts[:-1]))
-
-    def _decode(self, c0, c1):
-        multi, single, tb = self.tables
-        block = _block(self.item - 1, self.GROUP * self.cs)
-        r = pk.decode_float_chunks(self.buf, self.raw_base, self.tbase, self.top.offsets,
-                                   self.top.modes, self.top.consts, c0, c1, self.cs, self.n,
-                                   self.item, self.words, block, multi, single, tb)
-        if r >= 0:
-            c, err = divmod(int(r), 8)
-            why = ("does not decode to its recorded size" if err == 1
-                   else pk.PAIRS_ERRORS[err - 1])
-            raise CorruptDataError(f"{self.what}: chunk {c} "
-                                   f"({entropy.MODE_NAMES[self.top.modes[c]]}) {why}; "
-                                   "the data is damaged")
-
-    def chunk(self, c):
-        """Decode chunk ``c`` alone (a step of a larger per-chunk task)."""
-        self._decode(c, c + 1)
-
-    def task(self, j):
-        """Chunks ``GROUP * j`` on, and their pieces' CRCs when asked."""
-        c0 = j * self.GROUP
-        c1 = min(self.nch, c0 + self.GROUP)
-        self._decode(c0, c1)
-        if self.crcs is not None:
-            lo, hi = c0 * self.cs, min(self.n, c1 * self.cs)
-            for k, b in enumerate(self.raw_base):
-                self.crcs[k, j] = _crc.piece_crc32(self.buf[b + lo:b + hi])
-            off = self.top.offsets
-            self.crcs[-1, j] = _crc.piece_crc32(
-                self.buf[self.tbase + off[c0]:self.tbase + off[c1]])
-
-    def run(self, stored_crc: int | None = None):
-        """Decode every chunk on the pool; with ``stored_crc`` compare the payload's CRC
-        (damage that stops the decoding is reported as a checksum mismatch too)."""
-        try:
-            _pool.run_balanced(self.task, self.ntasks)
-        except CorruptDataError:
-            end = self.tbase + int(self.top.offsets[-1])
-            if stored_crc is not None and _crc.crc32(self.buf[self.pbase:end]) != stored_crc:
-                raise ChecksumError(f"{self.what}: payload checksum mismatch; the blob is "
-                                    "damaged") from None
-            raise
-        if stored_crc is not None:
-            g = self.GROUP * self.cs
-            raw = np.minimum(g, self.n - np.arange(self.ntasks) * g)
-            edges = np.minimum(self.nch, np.arange(self.ntasks + 1) * self.GROUP)
-            top = np.diff(self.top.offsets[edges])
-            sizes = [raw] * (self.item - 1) + [top]
-            if _crc.combine_all(self.crcs, sizes) != stored_crc:
-                raise ChecksumError(f"{self.what}: payload checksum mismatch; the blob is damaged")

@@ -17,9 +17,9 @@ import numpy as np
 
 from ..util import crc as _crc, memory as _memory
 from . import blob as _blob
-from . import dtypes, entropy, lossless, streams
+from . import dtypes, entropy, floatread, lossless, streams
 from .. import limits
-from ..util.pool import run_tasks
+from ..util.pool import run_balanced, run_tasks
 from .blob import LOSSLESS, UNIFORM, Parsed, parse
 from .config import CodecConfig
 from ..errors import (
@@ -278,9 +278,9 @@ def encode_exact(a: np.ndarray, dt: dtypes.DType, log2: int, raw: bool = False) 
     cs = 1 << log2
     if raw or words.size < CODE_MIN_WORDS:
         return _exact_blob(a, dt, log2, rotate, lossless.raw_planes(words, rotate, cs))
-    fast = _fast_plan(a, dt, log2, words, rotate)
-    if fast is not None:
-        head, encs = fast
+    encs = _fast_plan(words, log2, rotate)
+    if encs is not None:
+        head = _blob.header_bytes(_blob.lossless_header(dt, a.shape, log2, rotate, encs))
         return [lossless.fill_blob(words, encs, cs, head)]
     parts = _exact_blob(a, dt, log2, rotate, lossless.encode_planes(words, rotate, cs))
     if _blob.nbytes(parts) > a.nbytes + RAW_SLACK:
@@ -288,15 +288,12 @@ def encode_exact(a: np.ndarray, dt: dtypes.DType, log2: int, raw: bool = False) 
     return parts
 
 
-def _fast_plan(a, dt, log2, words, rotate):
-    """(header bytes with their CRC, plane descriptions) when the float fast path applies."""
+def _fast_plan(words, log2, rotate):
+    """:func:`lossless.plan_floats` where the float fast path may apply, else None."""
     if not (rotate and words.dtype.itemsize in lossless.FAST_WIDTHS
             and words.size >= lossless.FAST_MIN_WORDS):
         return None
-    encs = lossless.plan_floats(words, 1 << log2)
-    if encs is None:
-        return None
-    return _blob.header_bytes(_blob.lossless_header(dt, a.shape, log2, rotate, encs)), encs
+    return lossless.plan_floats(words, 1 << log2)
 
 
 def _exact_blob(a, dt, log2, rotate, encs) -> list:
@@ -404,9 +401,12 @@ def exact_chunk_decoder(buf, p: Parsed, a: np.ndarray):
     """Per-chunk task decoding a lossless blob into the carrier array ``a``."""
     words, rotate = lossless.words_of(a, p.dt.kind)
     n, item = words.size, words.dtype.itemsize
-    if lossless.FastDecoder.applies(p.layouts, n, rotate, item):
-        return lossless.FastDecoder(buf, p.payload_base, p.layouts, n, 1 << p.log2, words,
-                                    "lcckpt blob").chunk
+    if floatread.FastDecoder.applies(p.layouts, n, rotate, item):
+        return floatread.FastDecoder(buf, p.payload_base, p.layouts, n, 1 << p.log2, words,
+                                     "lcckpt blob").chunk
+    if floatread.MixedDecoder.applies(p.layouts, n, rotate, item):
+        return floatread.MixedDecoder(buf, p.payload_base, p.layouts, n, 1 << p.log2, words,
+                                      "lcckpt blob").chunk
     return lossless.plane_decoder(buf, p.payload_base, p.layouts, n, 1 << p.log2,
                                   rotate, words, "lcckpt blob")
 
@@ -457,12 +457,17 @@ def _run_exact(buf, p: Parsed, a: np.ndarray, crc: int | None = None):
     on the fast path while decoding (``a`` holds garbage if that check fails)."""
     words, rotate = lossless.words_of(a, p.dt.kind)
     n, item = words.size, words.dtype.itemsize
-    if lossless.FastDecoder.applies(p.layouts, n, rotate, item):
-        lossless.FastDecoder(buf, p.payload_base, p.layouts, n, 1 << p.log2, words,
-                             "lcckpt blob", crc=crc is not None).run(crc)
+    if floatread.FastDecoder.applies(p.layouts, n, rotate, item):
+        floatread.FastDecoder(buf, p.payload_base, p.layouts, n, 1 << p.log2, words,
+                              "lcckpt blob", crc=crc is not None).run(crc)
         return
     if crc is not None:
         _check_payload(buf, p, crc)
+    if floatread.MixedDecoder.applies(p.layouts, n, rotate, item):
+        mixed = floatread.MixedDecoder(buf, p.payload_base, p.layouts, n, 1 << p.log2, words,
+                                       "lcckpt blob")
+        run_balanced(mixed.task, mixed.ntasks)
+        return
     run_tasks(exact_chunk_decoder(buf, p, a), -(-_blob.words_n(p.n, p.dt) // (1 << p.log2)))
 
 

@@ -87,6 +87,16 @@ def top_histogram(words, start, stop, width, hist):
             hist[k, (x >> np.uint32(8 * k)) & np.uint32(0xFF)] += 1
 
 
+@njit(cache=True, nogil=True)
+def lower_histogram(words, start, stop, width, hist):
+    """``hist[k]``: exact counts of lower plane ``k`` of ``words[start:stop]``."""
+    w = words[start:stop]
+    for i in range(stop - start):
+        x = _rot(w[i], width)
+        for k in range(width - 1):
+            hist[k, (x >> np.uint32(8 * k)) & np.uint32(0xFF)] += 1
+
+
 TOP_HUFFMAN, TOP_RAW, TOP_CONST = 0, 1, 2
 
 
@@ -396,9 +406,10 @@ def pairs_encode(words, start, stop, width, escaped, out, hist, max_escapes):
     ``out`` (at least :func:`pairs_bound` bytes); ``escaped`` is scratch of ``m`` bytes.
     The ranks come from every RANK_SAMPLE-th exponent, counted into ``hist`` with the
     lower planes' bytes (what :func:`top_histogram` samples). Returns the bytes written,
-    or -1 without coding when more than ``max_escapes`` of the sampled exponents fall
-    outside the 15 ranks (top bytes spread wide, as fp16's: one code for the whole
-    plane does better)."""
+    or -1 without coding when more than ``max_escapes`` of the exponents (as the sample
+    says, or as counted) fall outside the 15 ranks (top bytes spread wide, as fp16's, or
+    repeating with a period that the sample aliases: one code for the whole plane does
+    better)."""
     m = stop - start
     w = words[start:stop]
     sh = _shift(width)
@@ -455,6 +466,8 @@ def pairs_encode(words, start, stop, width, escaped, out, hist, max_escapes):
         if a == nr:
             escaped[nesc] = x
             nesc += 1
+    if nesc > max_escapes:       # the sample missed them (a period of the sampling step)
+        return -1
     ph = ph4.sum(axis=0)
     lengths = code_lengths(ph, PAIR_BITS)
     codes = canonical_codes(lengths).astype(np.uint64)
