@@ -169,6 +169,23 @@ def test_chunks_of_a_lower_plane_worth_coding_are_coded_where_the_plane_is_not(l
     assert len(lcckpt.encode(x, lossless=True, chunk_size=cs)) > len(blob) + cs // 2
 
 
+def test_damage_to_a_blob_with_coded_lower_chunks_is_detected():
+    x = _embedding_like(6 * (1 << 15) + 5, 2 * (1 << 15))
+    blob = lcckpt.encode(x, lossless=True, chunk_size=1 << 15)
+    buf, p = parse(blob)
+    assert floatread.MixedDecoder.applies(p.layouts, x.size, True, 4)
+    rng = np.random.default_rng(1)
+    for pos in rng.integers(p.payload_base, len(blob) - 4, 25):
+        bad = bytearray(blob)
+        bad[pos] ^= 1 << int(rng.integers(8))
+        with pytest.raises(ChecksumError):
+            lcckpt.decode(bytes(bad))
+        try:                                 # unchecked: a named error, or values
+            lcckpt.decode(bytes(bad), check_payload=False)
+        except LcckptError as e:
+            assert isinstance(e, CorruptDataError)
+
+
 @settings(max_examples=15, deadline=None)
 @given(n=st.integers(N, 3 * N), at=st.integers(0, 3 * N), m=st.integers(1, N),
        name=st.sampled_from(["fp32", "bf16", "fp16"]), seed=st.integers(0, 2**16))
