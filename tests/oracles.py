@@ -212,13 +212,12 @@ import zlib  # noqa: E402
 from lcckpt.codec import dtypes, entropy, lossless, streams  # noqa: E402
 from lcckpt.codec.blob import (  # noqa: E402
     LOSSLESS, LOSSY, MAGIC, MAX_NDIM, PAIRS_VERSION, UNIFORM, UNIFORM_VERSION, VERSION, Parsed,
-    read_escapes, words_n,
+    check_body, words_n,
 )
 from lcckpt.codec.uniform import escape_index_dtype, uniform_table  # noqa: E402
 from lcckpt.errors import (  # noqa: E402
     ChecksumError, CorruptDataError, InvalidArgumentError, TruncatedError, UnsupportedVersionError,
 )
-from lcckpt.util import crc as _crc  # noqa: E402
 
 
 def parse_ref(blob, check_payload: bool = True, size=None):
@@ -266,23 +265,7 @@ def parse_ref(blob, check_payload: bool = True, size=None):
         raise ChecksumError("lcckpt blob: header checksum mismatch; the blob is damaged")
     p.payload_base = r.pos
     payload = sum(int(lay.offsets[-1]) for lay in p.layouts)
-    esc_bytes = 0
-    if kind == UNIFORM:
-        isz = escape_index_dtype(n).itemsize
-        esc_bytes = p.esc_idx.size * (isz + p.esc_val.dtype.itemsize)
-    expect = p.payload_base + payload + esc_bytes + 4
-    if total < expect:
-        raise TruncatedError(f"lcckpt blob is truncated: {total} bytes, header promises {expect}")
-    if total > expect:
-        raise CorruptDataError(f"lcckpt blob has {total - expect} trailing bytes")
-    if size is not None:
-        return buf, p
-    crc = int.from_bytes(bytes(buf[expect - 4:expect]), "little")
-    if check_payload and _crc.crc32(buf[p.payload_base:expect - 4]) != crc:
-        raise ChecksumError("lcckpt blob: payload checksum mismatch; the blob is damaged")
-    if kind == UNIFORM and p.esc_idx.size:
-        read_escapes(buf, p.payload_base + payload, p)
-    return buf, p
+    return check_body(buf, p, payload, total, size, check_payload)   # as parse's, shared
 
 
 def _work_dtype(p: Parsed, kind: str):

@@ -101,16 +101,21 @@ def test_blob_is_an_ordinary_bytes_object():
 def test_damage_is_detected(name):
     t = _as(_weights(2 * N, 3, "plain"), name)
     blob = lcckpt.encode(t, lossless=True, chunk_size=1 << 12)
-    _, p = parse(blob)
-    rng = np.random.default_rng(0)
-    for pos in rng.integers(p.payload_base, len(blob) - 4, 20):
+    _flips_are_detected(blob, 20, seed=0)
+
+
+def _flips_are_detected(blob, count, seed):
+    """``count`` payload bits flipped one at a time: a checksum error each time, and
+    without the checksum a named error or values (a flipped padding bit changes nothing)."""
+    rng = np.random.default_rng(seed)
+    for pos in rng.integers(parse(blob)[1].payload_base, len(blob) - 4, count):
         bad = bytearray(blob)
         bad[pos] ^= 1 << int(rng.integers(8))
         with pytest.raises(ChecksumError):
             lcckpt.decode(bytes(bad))
-        try:                                 # without the checksum: a named error or values
-            lcckpt.decode(bytes(bad), check_payload=False)     # (a flipped padding bit
-        except LcckptError as e:                               # changes nothing)
+        try:
+            lcckpt.decode(bytes(bad), check_payload=False)
+        except LcckptError as e:
             assert isinstance(e, CorruptDataError)
 
 
@@ -172,18 +177,8 @@ def test_chunks_of_a_lower_plane_worth_coding_are_coded_where_the_plane_is_not(l
 def test_damage_to_a_blob_with_coded_lower_chunks_is_detected():
     x = _embedding_like(6 * (1 << 15) + 5, 2 * (1 << 15))
     blob = lcckpt.encode(x, lossless=True, chunk_size=1 << 15)
-    buf, p = parse(blob)
-    assert floatread.MixedDecoder.applies(p.layouts, x.size, True, 4)
-    rng = np.random.default_rng(1)
-    for pos in rng.integers(p.payload_base, len(blob) - 4, 25):
-        bad = bytearray(blob)
-        bad[pos] ^= 1 << int(rng.integers(8))
-        with pytest.raises(ChecksumError):
-            lcckpt.decode(bytes(bad))
-        try:                                 # unchecked: a named error, or values
-            lcckpt.decode(bytes(bad), check_payload=False)
-        except LcckptError as e:
-            assert isinstance(e, CorruptDataError)
+    assert floatread.MixedDecoder.applies(parse(blob)[1].layouts, x.size, True, 4)
+    _flips_are_detected(blob, 25, seed=1)
 
 
 @settings(max_examples=15, deadline=None)

@@ -225,9 +225,15 @@ def parse(blob, check_payload: bool = True, size: int | None = None) -> tuple[np
         p.rotate = bool(f[head.F_ROTATE])
     if zlib.crc32(buf[:f[head.F_HEADER_END]]) != f[head.F_CRC]:
         raise ChecksumError("lcckpt blob: header checksum mismatch; the blob is damaged")
-    payload = f[head.F_PAYLOAD]
+    return check_body(buf, p, f[head.F_PAYLOAD], total, size, check_payload)
+
+
+def check_body(buf, p: Parsed, payload: int, total: int, size, check_payload: bool):
+    """After a parsed header: the blob's size against what it promises (payload, a
+    uniform blob's escapes, the payload CRC), that CRC, and the escapes read; ``size``
+    as in :func:`parse` (a partial read stops before the payload)."""
     esc_bytes = 0
-    if kind == UNIFORM:
+    if p.kind == UNIFORM:
         esc_bytes = p.esc_idx.size * (escape_index_dtype(p.n).itemsize + p.esc_val.dtype.itemsize)
     expect = p.payload_base + payload + esc_bytes + 4
     if total < expect:
@@ -239,7 +245,7 @@ def parse(blob, check_payload: bool = True, size: int | None = None) -> tuple[np
     crc = int.from_bytes(bytes(buf[expect - 4:expect]), "little")
     if check_payload and _crc.crc32(buf[p.payload_base:expect - 4]) != crc:
         raise ChecksumError("lcckpt blob: payload checksum mismatch; the blob is damaged")
-    if kind == UNIFORM and p.esc_idx.size:
+    if p.kind == UNIFORM and p.esc_idx.size:
         read_escapes(buf, p.payload_base + payload, p)
     return buf, p
 

@@ -261,7 +261,8 @@ def plan_floats(words: np.ndarray, chunk_size: int):
     used = {entropy.HUFFMAN: lengths} if huff.any() else {}
     parts = [x if m == entropy.PAIRS else None for x, m in zip(pieces, modes)]
     top_enc = entropy.Encoded(modes, consts, nbytes, used, parts, {})
-    return [_plan_lower(words, chunk_size, lower.get(k), k) if k in lower else raw
+    counts = _lower_counts(words, chunk_size, lower) if lower else None
+    return [_plan_lower(counts[:, k], sizes, lower[k]) if k in lower else raw
             for k in range(item - 1)] + [top_enc]
 
 
@@ -285,25 +286,30 @@ def codeable_chunks(samples: np.ndarray) -> np.ndarray:
     return out
 
 
-def _plan_lower(words: np.ndarray, chunk_size: int, chunks: np.ndarray, k: int):
-    """Lower plane ``k``: the chunks of ``chunks`` counted exactly and coded with one
-    code fitted to them where that beats raw (or constant), every other chunk raw."""
+def _lower_counts(words: np.ndarray, chunk_size: int, lower: dict) -> np.ndarray:
+    """Exact counts ``[chunk, plane, byte]`` of the lower planes, in the chunks that some
+    plane of ``lower`` picked (zeros elsewhere): one read of each such chunk."""
     n, item = words.size, words.dtype.itemsize
     nch = -(-n // chunk_size)
-    sizes = np.minimum(chunk_size, n - np.arange(nch, dtype=np.int64) * chunk_size)
-    hist = np.zeros((nch, 256), np.int64)
-    picked = np.flatnonzero(chunks)
+    counts = np.zeros((nch, item - 1, 256), np.int64)
+    picked = np.flatnonzero(np.any(list(lower.values()), axis=0))
 
     def count(j):
         c = picked[j]
-        h = np.zeros((item - 1, 256), np.int64)
-        pk.lower_histogram(words, c * chunk_size, c * chunk_size + sizes[c], item, h)
-        hist[c] = h[k]
+        pk.lower_histogram(words, c * chunk_size, min(n, (c + 1) * chunk_size), item, counts[c])
     run_tasks(count, picked.size)
+    return counts
+
+
+def _plan_lower(hist: np.ndarray, sizes: np.ndarray, chunks: np.ndarray):
+    """A lower plane from its chunks' exact counts ``hist``: the chunks of ``chunks``
+    coded with one code fitted to them where that beats raw (or constant), every other
+    chunk raw."""
+    hist = np.where(chunks[:, None], hist, 0)
     lengths = hk.code_lengths(hist.sum(axis=0), hk.MAX_CODE_LEN)
     coded = (hist @ lengths.astype(np.int64) + 7) // 8
     modes = np.where(chunks & (coded < entropy.RAW_MARGIN * sizes), entropy.HUFFMAN, entropy.RAW)
-    is_const = (hist == sizes[:, None]).any(axis=1)
+    is_const = chunks & (hist == sizes[:, None]).any(axis=1)
     huff = (modes == entropy.HUFFMAN) & ~is_const
     if huff.any() and (sizes - coded)[huff].sum() <= entropy.lengths_size(lengths):
         huff[:] = False                       # the table would cost more than it saves
