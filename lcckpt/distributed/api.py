@@ -117,6 +117,12 @@ def _finish_async(fut: Future, writer, planner, out: Future, on_done=None):
         on_done()
 
 
+def _reusable(stager: DefaultStager) -> bool:
+    """False once the stager's inner copier has been closed (its copy table emptied)."""
+    inner = getattr(stager, "_state_dict_stager", None)
+    return bool(getattr(inner, "_deepcopy_dispatch", True))
+
+
 def _async(state, writer, planner, process_group, on_done=None, process=False,
            stager=None) -> Future:
     kind = AsyncCheckpointerType.PROCESS if process else AsyncCheckpointerType.THREAD
@@ -264,7 +270,15 @@ class DistributedCheckpointer:
         """The host copy an async save works from, kept between saves: each save copies the
         state into the buffers of the previous one (one copy of this rank's state; pinned
         where CUDA is present; shared memory in process mode, so handing it to the
-        background process copies nothing). Safe because a save waits for the one in flight."""
+        background process copies nothing). Safe because a save waits for the one in flight.
+
+        Some torch releases (2.11, for one) close the inner stager after every non-blocking
+        stage, which empties its copy table, and the next save failed with ``KeyError:
+        <class 'type'>``: such a stager is replaced (its buffers were dropped anyway)."""
+        old = self._stagers.get(process)
+        if old is not None and not _reusable(old):
+            old.close()
+            del self._stagers[process]
         if process not in self._stagers:
             cuda = torch.cuda.is_available()
             self._stagers[process] = DefaultStager(StagingOptions(
