@@ -50,3 +50,24 @@ def test_a_restore_after_warmup_loads_no_kernel(tmp_path):
     out = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "chain")], env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_writable_and_read_only_blobs_share_compiled_decoders():
+    """A blob in writable memory (a bytearray, a numpy array) decodes through the kernels
+    compiled for read-only bytes: each decoder is compiled once for both (each compile
+    of the larger ones took seconds of a fresh install's first restore)."""
+    import numpy as np
+    import torch
+
+    import lcckpt
+    from lcckpt.codec.kernels import head, planes
+    from lcckpt.util import crc, crc32c
+
+    t = torch.randn(300_000, generator=torch.Generator().manual_seed(3))
+    blob = lcckpt.encode(t, lossless=True)
+    for held in (bytes(blob), bytearray(blob), np.frombuffer(bytearray(blob), np.uint8)):
+        assert torch.equal(torch.as_tensor(lcckpt.decode(held)), t)
+        assert crc.crc32c(held) == crc.crc32c(bytes(blob))     # a container's checksum
+    for kernel in (head.read_head, planes.decode_float_chunks, crc32c.kernel()):
+        assert kernel.signatures, kernel
+        assert not any(sig[0].mutable for sig in kernel.signatures), (kernel, kernel.signatures)

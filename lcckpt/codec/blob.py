@@ -34,7 +34,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..util import crc as _crc
+from ..util import crc as _crc, memory as _memory
 from . import dtypes, entropy, lossless, streams
 from .kernels import head, huffman as hk, runs as rk, tables as tk, uniform as uk
 from ..util.wire import Writer
@@ -198,7 +198,7 @@ def parse(blob, check_payload: bool = True, size: int | None = None) -> tuple[np
     (and a uniform blob's escapes) are not read, and a header that runs past ``blob``
     raises :class:`TruncatedError` (read more and parse again).
     """
-    buf = np.frombuffer(blob, np.uint8)
+    buf = _memory.read_only(np.frombuffer(blob, np.uint8))
     if size is not None and (check_payload or size < len(buf)):
         raise InvalidArgumentError("parse(size=) reads a header: check_payload=False, "
                                    "and size at least the bytes given")
@@ -395,7 +395,7 @@ def read_escapes(buf, at: int, p: Parsed) -> None:
     it = escape_index_dtype(p.n)
     idx = np.frombuffer(buf, it, k, at).astype(it.newbyteorder("="), copy=False)
     val = np.frombuffer(buf, p.esc_val.dtype.newbyteorder("<"), k, at + k * it.itemsize)
-    val = val.astype(p.esc_val.dtype, copy=False)
+    idx, val = _memory.read_only(idx), _memory.read_only(val.astype(p.esc_val.dtype, copy=False))
     if not tk.escapes_valid(idx, p.n, val):
         raise CorruptDataError("lcckpt blob: escape indices out of range or out of order, "
                                "or a non-finite escape value")

@@ -8,7 +8,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..errors import ChecksumError, CorruptDataError
-from ..util import crc as _crc, pool as _pool
+from ..util import crc as _crc, memory as _memory, pool as _pool
 from . import entropy
 from .kernels import huffman as hk
 from .kernels import planes as pk
@@ -79,7 +79,8 @@ class FastDecoder:
     GROUP = 4                    # chunks per task: four Huffman chunks decode side by side
 
     def __init__(self, buf, base, layouts, n, chunk_size, words, what, crc=False):
-        self.buf, self.n, self.cs, self.words, self.what = buf, n, chunk_size, words, what
+        self.buf, self.n, self.cs = _memory.read_only(buf), n, chunk_size
+        self.words, self.what = words, what
         self.item = item = words.dtype.itemsize
         self.pbase = base
         self.raw_base = np.zeros(item - 1, np.int64)

@@ -23,7 +23,7 @@ import threading
 
 import numpy as np
 
-from ..util import crc as _crc, pool as _pool
+from ..util import crc as _crc, memory as _memory, pool as _pool
 from . import entropy, streams
 from ..util.pool import run_tasks
 from ..errors import CorruptDataError
@@ -121,12 +121,6 @@ def raw_planes(words: np.ndarray, rotate: bool, chunk_size: int):
     return [entropy.raw_stream(plane, chunk_size) for plane in planes]
 
 
-def _readonly(a: np.ndarray) -> np.ndarray:
-    v = a.view()
-    v.flags.writeable = False
-    return v
-
-
 def plane_decoder(buf: np.ndarray, base: int, layouts, n: int, chunk_size: int,
                   rotate: bool, words: np.ndarray, what: str):
     """``task(c)`` that decodes chunk ``c`` of every plane and interleaves it into ``words``.
@@ -146,7 +140,7 @@ def plane_decoder(buf: np.ndarray, base: int, layouts, n: int, chunk_size: int,
         if base + size > buf.size:
             raise CorruptDataError(f"{what}: chunk table points past the end of the data")
         if np.all(layout.modes == entropy.RAW):      # read_tables checked every raw size
-            raw[k] = _readonly(buf[base:base + n])
+            raw[k] = _memory.read_only(buf[base:base + n])
         else:
             coded[k] = streams.StreamDecoder(buf, base, layout, n, chunk_size, 8, None, what)
         base += size
@@ -161,7 +155,7 @@ def plane_decoder(buf: np.ndarray, base: int, layouts, n: int, chunk_size: int,
             else:
                 block = _block(k, chunk_size)
                 coded[k].chunk(c, block, lo)
-                planes.append(_readonly(block[:hi - lo]))
+                planes.append(_memory.read_only(block[:hi - lo]))
         merge(tuple(planes), 0, hi - lo, rotate, words[lo:hi])
     return task
 

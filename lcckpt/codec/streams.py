@@ -11,6 +11,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..util import memory as _memory
 from ..util.pool import run_tasks
 from ..util.wire import Writer
 from ..errors import CorruptDataError
@@ -140,7 +141,8 @@ class StreamDecoder:
                  clear: bool = False):
         if buf is not None and base + int(layout.offsets[-1]) > buf.size:
             raise CorruptDataError(f"{what}: chunk table points past the end of the data")
-        self.buf, self.base, self.layout, self.n, self.cs, self.b = buf, base, layout, n, chunk_size, b
+        self.buf = None if buf is None else _memory.read_only(buf)
+        self.base, self.layout, self.n, self.cs, self.b = base, layout, n, chunk_size, b
         self.span = None if buf is not None else (0, 0)    # buf None: :meth:`window` first
         self.what, self.out = what, out
         self.tables = {m: _table(l.tobytes()) for m, l in layout.lengths.items()}
@@ -175,7 +177,8 @@ class StreamDecoder:
         if not 0 <= lo < hi <= self.nchunks or \
                 buf.size < int(self.layout.offsets[hi]) - int(self.layout.offsets[lo]):
             raise ValueError(f"window {lo}..{hi} does not fit the stream or its buffer")
-        self.buf, self.base, self.span = buf, -int(self.layout.offsets[lo]), (lo, hi)
+        self.buf, self.base = _memory.read_only(buf), -int(self.layout.offsets[lo])
+        self.span = (lo, hi)
 
     def _in_window(self, c: int) -> None:
         if self.span is not None and not self.span[0] <= c < self.span[1]:

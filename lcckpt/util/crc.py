@@ -15,6 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from .memory import read_only
 from .pool import submit
 from . import crc32c as _c
 
@@ -68,7 +69,7 @@ def crc32_combine(crc1: int, crc2: int, len2: int, poly: int = _POLY) -> int:
 
 def crc32c_piece(view, value: int = 0) -> int:
     """CRC-32C of one buffer on this thread (the kernel releases the GIL)."""
-    buf = np.frombuffer(memoryview(view).cast("B"), np.uint8)
+    buf = read_only(np.frombuffer(memoryview(view).cast("B"), np.uint8))
     return int(_c.kernel()(buf, value, _c.TABLES))
 
 

@@ -17,7 +17,8 @@ pages, medians of 5; a keyframe restore's buffers took 0.2-0.8 s to fault in ins
 decode output keeps huge pages: on 4 KiB pages the exact codec's fresh decode took 1.5x
 as long (0.78x ZipNN's speed instead of 1.20x, fp32).
 
-This module does not pool or reuse memory: an array handed to the caller is the
+(:func:`read_only` gives the decode kernels one buffer type.) This module does not pool
+or reuse memory: an array handed to the caller is the
 caller's. Lazily read parts of a tensor (lcckpt.interop.reader) are not faulted in ahead:
 pages nobody asks for should stay untouched.
 """
@@ -72,3 +73,14 @@ def bulk_zeros(shape, dtype) -> np.ndarray:
 
 
 bulk_empty = bulk_zeros
+
+
+def read_only(a: np.ndarray) -> np.ndarray:
+    """``a``, or a read-only view of it: bytes handed to the decode kernels are read-only
+    always, so each kernel is compiled once, not again for writable buffers (a chunk read
+    into a reused array, a blob in a bytearray), which cost a fresh install's first
+    restore seconds per large kernel."""
+    if a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a

@@ -323,6 +323,16 @@ def _multi_into(buf, start, end, n, multi, sym_bits, single, table_bits, out, ou
         nb -= used
         consumed += used
         i += cnt
-    tail = _decode_from(buf, p, end, acc, nb, i, n, single, table_bits, out, out_start,
-                        cent, fout, apply)
+    tail = decode_tail(buf, p, end, acc, nb, i, n, single, table_bits, out, out_start,
+                       cent, fout, apply)
     return -1 if tail < 0 else np.int64(consumed) + tail
+
+
+@njit(cache=True, nogil=True)
+def decode_tail(buf, p, end, acc, nb, i, n, table, table_bits, out, out_start, cent, fout,
+                apply):
+    """:func:`_decode_from` as a call of its own: the multi-symbol readers' tails (one
+    per chunk) are compiled once, not into each of their inlined copies, which took
+    seconds of a fresh install's first compile."""
+    return _decode_from(buf, p, end, acc, nb, i, n, table, table_bits, out, out_start,
+                        cent, fout, apply)

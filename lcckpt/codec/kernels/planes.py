@@ -333,7 +333,7 @@ def decode4(bufs, s, e, n, multis, singles, tbs, out, o, used):
     used[3] = _finish(buf3, s[3], b3, e[3], i3, n[3], m3, t3, tbs[3], out, o3)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _finish(buf, start, bp, end, i, n, multi, single, tb, out, o):
     """One stream's rest: fast lookups while eight bytes can be loaded, then the careful
     reader; the bits consumed in all, or -1."""
@@ -515,9 +515,19 @@ def pairs_encode(words, start, stop, width, escaped, out, hist, max_escapes):
         p = flush(acc, nb, out, p)
         if j < PAIR_STREAMS - 1:
             _put32(out, sizes + 4 * j, p - first)
-    out[p:p + nesc] = escaped[:nesc]
+    _copy(out, p, escaped, 0, nesc)
     p += nesc
     return p
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _copy(dst, d0, src, s0, m):
+    """``dst[d0:d0 + m] = src[s0:s0 + m]``, whose sizes the caller has checked; a loop,
+    not a slice assignment, whose shape-mismatch error took seconds to compile."""
+    d = dst[d0:d0 + m]
+    s = src[s0:s0 + m]
+    for k in range(m):
+        d[k] = s[k]
 
 
 PAIR_USED = np.uint64(58)      # pair-table entry: bits used << 58 | bytes decoded << 48
@@ -819,7 +829,7 @@ def decode_float_chunks(buf, raw_base, tbase, offsets, modes, consts, c0, c1, cs
         elif mode == CHUNK_CONST:
             block[:m] = consts[c]
         else:                                   # raw: its size was checked with the table
-            block[:m] = buf[s:e]
+            _copy(block, 0, buf, s, m)
         _merge_chunk(buf, raw_base, lo, hi, block, words, width)
         c += 1
     return -1

@@ -81,6 +81,8 @@ def choose_modes(score, coded, table, out):
     order) plus ``table[r]`` once per row it uses; the first cheapest subset's choice
     goes to ``out``. Returns False when no subset is finite (``out`` untouched)."""
     m, nch = score.shape
+    if out.size < nch:
+        return False
     allowed = np.empty(m, np.bool_)
     used = np.empty(m, np.bool_)
     choice = np.empty(nch, np.int64)
@@ -110,6 +112,7 @@ def choose_modes(score, coded, table, out):
         total = pairwise_sum(vals) + extra
         if total < best:
             best = total
-            out[:] = choice
+            for c in range(nch):       # not ``out[:] = choice``: its shape check's
+                out[c] = choice[c]     # error message took 3 s to compile
             found = True
     return found
