@@ -146,14 +146,15 @@ def _emit_letter(letter, i, n, g, b, out, out_start, cz, fout, apply):
 _NO_MULTI = np.zeros(0, np.uint64)
 
 
-@njit(cache=True, nogil=True)
 def decode_grouped(buf, start, end, n, g, b, table, table_bits, out, out_start, cent, fout,
                    apply):
     """Decode ``n`` symbols; returns bits consumed or -1 on an invalid code.
 
     ``apply``: add centroids into ``fout`` instead of storing symbols (see
     :func:`lcckpt.codec.kernels.huffman.decode_symbols`). One table lookup per letter: for
-    chunks too short to pay for a multi-letter table (:func:`decode_grouped_multi`).
+    chunks too short to pay for a multi-letter table (:func:`decode_grouped_multi`). Not
+    compiled itself: an empty table passed from here has a real table's type, so one
+    compiled form serves both (a compiled wrapper compiled another, for its constant).
     """
     return decode_grouped_multi(buf, start, end, n, g, b, _NO_MULTI, table, table_bits, out,
                                 out_start, cent, fout, apply)
