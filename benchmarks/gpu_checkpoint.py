@@ -57,7 +57,8 @@ def _files(model, opt, d) -> dict:
         out[f"{tag} save s"], _ = _timed(
             lambda: lcckpt.save(state(), f"{d}/{name}", compress=compress))
         out[f"{tag} load s"], _ = _timed(lambda: lcckpt.load(f"{d}/{name}", map_location="cuda"))
-    out["MB"] = {p: round(os.path.getsize(f"{d}/{p}") / 1e6, 1) for p in ("t.pt", "t.lcc", "c.lcc")}
+    out["MB"] = {p: round(os.path.getsize(f"{d}/{p}") / 1e6, 1)
+                 for p in ("t.pt", "t.lcc", "c.lcc")}
     return out
 
 

@@ -395,7 +395,8 @@ def read_escapes(buf, at: int, p: Parsed) -> None:
     it = escape_index_dtype(p.n)
     idx = np.frombuffer(buf, it, k, at).astype(it.newbyteorder("="), copy=False)
     val = np.frombuffer(buf, p.esc_val.dtype.newbyteorder("<"), k, at + k * it.itemsize)
-    idx, val = _memory.read_only(idx), _memory.read_only(val.astype(p.esc_val.dtype, copy=False))
+    val = val.astype(p.esc_val.dtype, copy=False)
+    idx, val = _memory.read_only(idx), _memory.read_only(val)
     if not tk.escapes_valid(idx, p.n, val):
         raise CorruptDataError("lcckpt blob: escape indices out of range or out of order, "
                                "or a non-finite escape value")

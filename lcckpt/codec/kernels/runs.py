@@ -153,8 +153,8 @@ def decode_grouped(buf, start, end, n, g, b, table, table_bits, out, out_start, 
     ``apply``: add centroids into ``fout`` instead of storing symbols (see
     :func:`lcckpt.codec.kernels.huffman.decode_symbols`). One table lookup per letter: for
     chunks too short to pay for a multi-letter table (:func:`decode_grouped_multi`). Not
-    compiled itself: an empty table passed from here has a real table's type, so one
-    compiled form serves both (a compiled wrapper compiled another, for its constant).
+    compiled itself: the empty table it passes has a real table's type, so one compiled
+    form serves both (compiled, it passed a constant, whose type compiled a second form).
     """
     return decode_grouped_multi(buf, start, end, n, g, b, _NO_MULTI, table, table_bits, out,
                                 out_start, cent, fout, apply)
