@@ -61,13 +61,11 @@ def test_writable_and_read_only_blobs_share_compiled_decoders():
 
     import lcckpt
     from lcckpt.codec.kernels import head, planes
-    from lcckpt.util import crc, crc32c
 
     t = torch.randn(300_000, generator=torch.Generator().manual_seed(3))
     blob = lcckpt.encode(t, lossless=True)
     for held in (bytes(blob), bytearray(blob), np.frombuffer(bytearray(blob), np.uint8)):
         assert torch.equal(torch.as_tensor(lcckpt.decode(held)), t)
-        assert crc.crc32c(held) == crc.crc32c(bytes(blob))     # a container's checksum
-    for kernel in (head.read_head, planes.decode_float_chunks, crc32c.kernel()):
+    for kernel in (head.read_head, planes.decode_float_chunks):
         assert kernel.signatures, kernel
         assert not any(sig[0].mutable for sig in kernel.signatures), (kernel, kernel.signatures)

@@ -198,7 +198,8 @@ def parse(blob, check_payload: bool = True, size: int | None = None) -> tuple[np
     (and a uniform blob's escapes) are not read, and a header that runs past ``blob``
     raises :class:`TruncatedError` (read more and parse again).
     """
-    buf = _memory.read_only(np.frombuffer(blob, np.uint8))
+    buf = np.frombuffer(blob, np.uint8)
+    buf.flags.writeable = False     # a view of its own: decode kernels get read-only bytes
     if size is not None and (check_payload or size < len(buf)):
         raise InvalidArgumentError("parse(size=) reads a header: check_payload=False, "
                                    "and size at least the bytes given")

@@ -15,7 +15,6 @@ from functools import lru_cache
 
 import numpy as np
 
-from .memory import read_only
 from .pool import submit
 from . import crc32c as _c
 
@@ -69,7 +68,7 @@ def crc32_combine(crc1: int, crc2: int, len2: int, poly: int = _POLY) -> int:
 
 def crc32c_piece(view, value: int = 0) -> int:
     """CRC-32C of one buffer on this thread (the kernel releases the GIL)."""
-    buf = read_only(np.frombuffer(memoryview(view).cast("B"), np.uint8))
+    buf = np.frombuffer(memoryview(view).cast("B"), np.uint8)
     return int(_c.kernel()(buf, value, _c.TABLES))
 
 

@@ -79,7 +79,11 @@ def _tables(buf, pos, size, n, log2, b, allowed, params, ints, u8, at, lo, mo, c
             if err != 0:
                 return pos, H_LENGTHS, err, pos
             pos = after
-            u8[at:at + got.size] = got           # room for every mode allowed
+            dst = u8[at:at + got.size]           # room for every mode allowed
+            if dst.size != got.size:             # (never: a table longer than its alphabet)
+                return pos, H_LENGTHS, -1, pos
+            for k in range(got.size):            # a loop: a slice assignment's shape
+                dst[k] = got[k]                  # error took seconds to compile
             at += got.size
     ints[lo + 3] = at
     if mask & ~np.int64(7):
@@ -143,7 +147,8 @@ def read_head(buf, size, codes, allowed, params):
     lo0 = NF + max_ndim
     of0 = lo0 + 4 * nplanes
     ints = np.zeros(of0 + nplanes * (cap + 1), np.int64)
-    ints[:lo0] = fields
+    for k in range(lo0):                  # not ``ints[:lo0] = fields``: its shape check's
+        ints[k] = fields[k]               # error took seconds to compile
     ints[F_ROOM], ints[F_CAP] = room, cap
     u8 = np.zeros(nplanes * (room + 2 * cap), np.uint8)
     mo0 = nplanes * room

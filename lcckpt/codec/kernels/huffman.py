@@ -116,7 +116,10 @@ def canonical_codes(lengths):
 
 @njit(cache=True, nogil=True)
 def decode_table(lengths, table_bits):
-    """Lookup table of ``2**table_bits`` entries: ``(symbol << 4) | length``; 0 = invalid."""
+    """Lookup table of ``2**table_bits`` entries: ``(symbol << 4) | length``; 0 = invalid.
+
+    Kernels pass ``np.int64(CONSTANT)``, not the constant: Numba types a constant argument
+    as its literal value and compiles a form of the callee for each (seconds, once)."""
     codes = canonical_codes(lengths)
     table = np.zeros(1 << table_bits, np.uint32)
     for s in range(lengths.size):
@@ -226,7 +229,7 @@ def multi_decode_table(lengths, sym_bits):
     ``sym_bits`` is 4 (alphabets up to 16) or 8 (up to 256); at most ``48 // sym_bits``
     symbols per entry.
     """
-    single = decode_table(lengths, MULTI_BITS)
+    single = decode_table(lengths, np.int64(MULTI_BITS))
     mask = (1 << MULTI_BITS) - 1
     most = 48 // sym_bits
     table = np.zeros(1 << MULTI_BITS, np.uint64)
@@ -276,7 +279,7 @@ def decode_symbols_multi(buf, start, end, n, multi, sym_bits, single, table_bits
         used = _multi_into(buf, start, end, n, multi, 4, single, table_bits, sym, 0,
                            cent, fout, False)
     if used >= 0:
-        add_decoded(sym, 0, n, additive(cent), fout, out_start)
+        add_decoded(sym, np.int64(0), n, additive(cent), fout, out_start)
     return used
 
 

@@ -279,10 +279,10 @@ def decode4(bufs, s, e, n, multis, singles, tbs, out, o, used):
     l1 = np.uint64(max(e[1], 8) - 8) << np.uint64(3)
     l2 = np.uint64(max(e[2], 8) - 8) << np.uint64(3)
     l3 = np.uint64(max(e[3], 8) - 8) << np.uint64(3)
-    i0 = 0
-    i1 = 0
-    i2 = 0
-    i3 = 0
+    i0 = np.int64(0)        # not the literal 0: _finish is compiled for int64 only
+    i1 = np.int64(0)
+    i2 = np.int64(0)
+    i3 = np.int64(0)
     o0, o1, o2, o3 = o[0], o[1], o[2], o[3]      # scalars: ``out`` could alias ``o``
     f4 = np.uint64(15)
     bad = False
@@ -469,8 +469,11 @@ def pairs_encode(words, start, stop, width, escaped, out, hist, max_escapes):
             nesc += 1
     if nesc > max_escapes:       # the sample missed them (a period of the sampling step)
         return -1
-    ph = ph4.sum(axis=0)
-    lengths = code_lengths(ph, PAIR_BITS)
+    ph = np.zeros(256, np.int64)      # ``ph4.sum(axis=0)``, whose axis check's error
+    for r in range(ph4.shape[0]):     # message took a second to compile
+        for v in range(256):
+            ph[v] += ph4[r, v]
+    lengths = code_lengths(ph, np.int64(PAIR_BITS))
     codes = canonical_codes(lengths).astype(np.uint64)
     lens = lengths.astype(np.uint64)
     p = 0
@@ -542,7 +545,7 @@ def _pair_tables(lengths, lut):
     The bytes sit in the low 48 bits so that one 8-byte store writes them (its two top
     bytes land past what was decoded and are overwritten next); the bits used in the
     top six, so one shift reads them. 32 KB: the table stays in L1."""
-    single = decode_table(lengths, PAIR_BITS)
+    single = decode_table(lengths, np.int64(PAIR_BITS))
     mask = (1 << PAIR_BITS) - 1
     multi = np.zeros(1 << PAIR_BITS, np.uint64)
     for win in range(1 << PAIR_BITS):

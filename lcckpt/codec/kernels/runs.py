@@ -410,7 +410,7 @@ def runs_decode_table(lengths, S):
     the decoder to its one-letter path (long runs, symbols above 15, which a 12-bit item
     cannot hold, the closing letter, invalid codes).
     """
-    single = decode_table(lengths, RUNS_WINDOW)
+    single = decode_table(lengths, np.int64(RUNS_WINDOW))
     mask = (1 << RUNS_WINDOW) - 1
     sbits = _bit_length(S) - 1
     table = np.zeros(1 << RUNS_WINDOW, np.uint64)
