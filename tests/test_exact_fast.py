@@ -557,3 +557,22 @@ def test_small_tensors_blobs_are_those_of_the_general_coder(monkeypatch):
     assert fast == general
     for blob, a in zip(fast, arrays):
         assert np.array_equal(codec.decode(blob).view(np.uint8), a.view(np.uint8))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([2, 4]), st.integers(1, 3000), st.floats(0, 1), st.integers(0, 2**32 - 1))
+def test_lower_plane_counts_with_zero_words_counted_apart(width, n, zeros, seed):
+    """The exact lower-plane counts, zero words counted apart, against numpy."""
+    from lcckpt.codec.kernels import planes as pk
+    rng = np.random.default_rng(seed)
+    dt = np.uint32 if width == 4 else np.uint16
+    words = rng.integers(0, np.iinfo(dt).max, n, dtype=dt, endpoint=True)
+    words[rng.random(n) < zeros] = 0
+    start = int(rng.integers(0, n))
+    hist = np.zeros((width, 256), np.int64)
+    pk.lower_histogram(words, start, n, width, hist)
+    w = words[start:].astype(np.uint64)
+    rot = ((w << 1) | (w >> (8 * width - 1))) & ((1 << 8 * width) - 1)
+    for k in range(width - 1):
+        assert np.array_equal(hist[k], np.bincount((rot >> (8 * k)) & 255, minlength=256))
+    assert not hist[width - 1].any()

@@ -321,6 +321,52 @@ def test_multi_symbol_decode_matches_single(alpha, n, conc, seed):
     assert np.all(back[n:] == 99)                    # never writes past its chunk
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from([2, 16, 256]), st.integers(0, 255),
+       st.lists(st.integers(0, 3000), min_size=1, max_size=12), st.booleans(),
+       st.integers(0, 2**32 - 1))
+def test_runs_of_a_one_bit_code(alpha, dom, runs, apply, seed):
+    """Runs of a symbol whose code is the one bit '0' are written eight symbols at a time
+    and decoded by counting the leading zero bits: the coder's bytes are bitarray's, and
+    stored or added (that symbol zero or not) the decoder gives what one symbol at a time
+    gives, nothing past the chunk, also where a run reaches its end. (Two symbols: both
+    codes one bit, the plain writer.)"""
+    rng = np.random.default_rng(seed)
+    dom %= alpha
+    parts = []
+    for r in runs:
+        parts.append(np.full(r, dom, np.uint8))
+        parts.append(rng.integers(0, alpha, rng.integers(0, 4)).astype(np.uint8))
+    sym = np.concatenate(parts)
+    n = sym.size
+    hist = np.bincount(sym, minlength=alpha)
+    hist[dom] = 1000 * hist.sum() + 1                # a one-bit code, the others long
+    lengths = hk.code_lengths(hist, hk.MAX_CODE_LEN)
+    assert lengths[dom] == 1
+    out, nbits = _encode(sym, lengths)
+    codes = hk.canonical_codes(lengths)
+    a = bitarray(endian="big")
+    for v in sym.tolist():
+        a.extend(format(int(codes[v]), f"0{lengths[v]}b"))
+    a.fill()
+    assert out.tobytes() == a.tobytes()
+    tb = int(lengths.max())
+    sb = 4 if alpha <= 16 else 8
+    args = (out, 0, out.size, n, hk.multi_decode_table(lengths, sb), sb,
+            hk.decode_table(lengths, tb), tb)
+    if not apply:
+        back = np.full(n + 16, 99, np.uint8)
+        assert hk.decode_symbols_multi(*args, back, 0, NOF, NOF, False) == nbits
+        assert np.array_equal(back[:n], sym) and np.all(back[n:] == 99)
+        return
+    cent = rng.standard_normal(alpha).astype(np.float32)
+    want = rng.standard_normal(n + 16).astype(np.float32)
+    got = want.copy()
+    bk.apply_symbols(sym, 0, n, cent, want)
+    assert hk.decode_symbols_multi(*args, NOF.view(np.uint8), 0, cent, got, True) == nbits
+    assert got.tobytes() == want.tobytes()
+
+
 @pytest.mark.parametrize("b", [1, 2, 4])
 def test_grouped_multi_decode_with_codes_as_long_as_its_window(b):
     """Rare letters get the longest codes, which fill the whole 12-bit window; stored and

@@ -12,7 +12,7 @@ The bit writer and reader are those of :mod:`lcckpt.codec.kernels.bits`, shared 
 import numpy as np
 from numba import njit
 
-from .bits import Z, flush, lookup, put, refill
+from .bits import Z, clz64, flush, lookup, put, refill
 
 MAX_CODE_LEN = 12          # one 4096-entry lookup table decodes any code
 
@@ -160,16 +160,82 @@ def encode_symbols(sym, start, stop, codes, lengths, out, pos, cent, fout, apply
     centroid, ``fout[i] += cent[s]``: the encoder's reference update, the very add the
     decoder makes, in a loop of its own that vectorizes (:func:`add_decoded`).
     """
+    z = _run_symbol(sym, start, stop, codes, lengths)
+    if z < 0:
+        acc, nb, p = _put_each(sym, start, stop, codes, lengths, out, pos)
+    else:
+        acc, nb, p = _put_runs(sym, start, stop, codes, lengths, out, pos, z)
+    if apply:
+        add_decoded(sym, start, stop - start, additive(cent), fout, start)
+    return flush(acc, nb, out, p)
+
+
+@njit(cache=True, nogil=True)
+def _run_symbol(sym, start, stop, codes, lengths):
+    """The symbol whose code is the one bit "0" where it comes in runs (three in four of
+    up to 64 blocks of eight spread over the stream are all of it: a sparse plane), for
+    :func:`_put_runs`; else -1 (the blocks' test would cost a dense stream a third)."""
+    z = -1
+    for s in range(lengths.size):
+        if lengths[s] == 1 and codes[s] == 0:
+            z = s
+    blocks = (stop - start) // 8
+    if z < 0 or blocks < 8:
+        return -1
+    hits = tried = 0
+    for b in range(0, blocks, max(1, blocks // 64)):
+        tried += 1
+        if _all_eight(sym, start + 8 * b, z):
+            hits += 1
+    return z if 4 * hits >= 3 * tried else -1
+
+
+@njit(cache=True, nogil=True)
+def _put_each(sym, start, stop, codes, lengths, out, pos):
+    """Every symbol's code word, one put each: the writer's state ``(acc, nb, p)``."""
     acc = Z
     nb = Z
     p = pos
     for i in range(start, stop):
         s = sym[i]
-        ln = np.uint64(lengths[s])
-        acc, nb, p = put(acc, nb, np.uint64(codes[s]), ln, out, p)
-    if apply:
-        add_decoded(sym, start, stop - start, additive(cent), fout, start)
-    return flush(acc, nb, out, p)
+        acc, nb, p = put(acc, nb, np.uint64(codes[s]), np.uint64(lengths[s]), out, p)
+    return acc, nb, p
+
+
+@njit(cache=True, nogil=True)
+def _put_runs(sym, start, stop, codes, lengths, out, pos, z):
+    """:func:`_put_each` for a stream of mostly ``z``, whose code is the bit 0: eight
+    symbols at a time, and eight of ``z`` are eight 0 bits (runs of them 32 bits a put);
+    the same bits."""
+    acc = Z
+    nb = Z
+    p = pos
+    i = start
+    while i < stop:
+        j = i
+        while j + 8 <= stop and _all_eight(sym, j, z):
+            j += 8
+        r = j - i
+        while r > 0:
+            k = min(r, 32)
+            acc, nb, p = put(acc, nb, Z, np.uint64(k), out, p)
+            r -= k
+        e = min(stop, j + 8)
+        for q in range(j, e):
+            s = sym[q]
+            acc, nb, p = put(acc, nb, np.uint64(codes[s]), np.uint64(lengths[s]), out, p)
+        i = e
+    return acc, nb, p
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _all_eight(sym, j, z):
+    """``sym[j:j + 8]`` all equal ``z``, without a branch per symbol."""
+    d = 0
+    u = np.uint64(j)                    # unsigned: no negative-index fix-up per load
+    for k in range(8):
+        d |= np.int64(sym[u + np.uint64(k)]) ^ z
+    return d == 0
 
 
 # --- decoding --------------------------------------------------------------------------
@@ -307,10 +373,28 @@ def _multi_into(buf, start, end, n, multi, sym_bits, single, table_bits, out, ou
     most = 48 // sym_bits
     sb = np.uint64(sym_bits)
     smask = (np.uint64(1) << sb) - np.uint64(1)
+    # a one-bit code is "0" (canonical codes): then a run of 0 bits is a run of that symbol
+    zrun = (single[0] & np.uint32(15)) == np.uint32(1)
+    zsym = np.uint8(single[0] >> np.uint32(4))
     while i + most <= n:
         if nb < mb:
             acc, nb, p = refill(acc, nb, buf, p, end)
-        e = multi[(acc >> (nb - mb)) & mmask]
+        w = (acc >> (nb - mb)) & mmask
+        if zrun and w == Z:                # mb or more of them: count them all at once
+            r = np.int64(min(clz64(acc << (np.uint64(64) - nb)), nb))
+            r = min(r, n - i)
+            if not apply:
+                run = out[out_start + i:out_start + i + r]     # from 0: a memset
+                for k in range(r):
+                    run[k] = zsym
+            elif zsym != 0:
+                for k in range(r):
+                    fout[out_start + i + k] += cent[zsym]
+            nb -= np.uint64(r)
+            consumed += np.uint64(r)
+            i += r
+            continue
+        e = multi[w]
         cnt = np.int64((e >> np.uint64(4)) & np.uint64(15))
         if cnt == 0:
             return -1
