@@ -1,6 +1,6 @@
 """Exact codec against ZipNN and zstd on trained weights; see lcckpt/bench/exact.py.
 
-    python benchmarks/exact.py [--threads 2] [--reps 11] [--dtypes fp32,bf16,fp16] [--weights mlp|minilm] [--json out.json]
+    python benchmarks/exact.py [--threads 2] [--reps 11] [--dtypes fp32,bf16,fp16] [--weights mlp|minilm|minilm-adamw] [--json out.json]
 """
 
 import os

@@ -211,8 +211,8 @@ import zlib  # noqa: E402
 
 from lcckpt.codec import dtypes, entropy, lossless, streams  # noqa: E402
 from lcckpt.codec.blob import (  # noqa: E402
-    LOSSLESS, LOSSY, MAGIC, MAX_NDIM, PAIRS_VERSION, UNIFORM, UNIFORM_VERSION, VERSION, Parsed,
-    check_body, words_n,
+    LOSSLESS, LOSSY, MAGIC, MAX_NDIM, PAIRS_VERSION, RUNS_VERSION, UNIFORM, UNIFORM_VERSION,
+    VERSION, Parsed, check_body, words_n,
 )
 from lcckpt.codec.uniform import escape_index_dtype, uniform_table  # noqa: E402
 from lcckpt.errors import (  # noqa: E402
@@ -235,13 +235,13 @@ def parse_ref(blob, check_payload: bool = True, size=None):
         raise CorruptDataError("not an lcckpt blob (bad magic); was it produced by lcckpt.encode?")
     r.pos = 3
     version = r.u8()
-    if version not in (VERSION, UNIFORM_VERSION, PAIRS_VERSION):
+    if version not in (VERSION, UNIFORM_VERSION, PAIRS_VERSION, RUNS_VERSION):
         raise UnsupportedVersionError(
             f"blob format version {version}; this lcckpt reads versions {VERSION} to "
-            f"{PAIRS_VERSION}: upgrade lcckpt")
+            f"{RUNS_VERSION}: upgrade lcckpt")
     kind = r.u8()
     if (kind not in (LOSSY, LOSSLESS, UNIFORM) or (kind == UNIFORM) != (version == UNIFORM_VERSION)
-            or (version == PAIRS_VERSION and kind != LOSSLESS)):
+            or (version >= PAIRS_VERSION and kind != LOSSLESS)):
         raise CorruptDataError(f"lcckpt blob: unknown kind {kind} in a version {version} blob")
     code = r.u8()
     if code not in dtypes.BY_CODE:
@@ -325,7 +325,8 @@ def _lossless_header(r, p, version: int) -> None:
     if rot != int(rotate):
         raise CorruptDataError("lcckpt blob: rotation flag does not match the dtype")
     p.rotate = rotate
-    allowed = (entropy.BYTES_READ if version == PAIRS_VERSION
+    allowed = (entropy.BYTES_READ + (entropy.RUNS,) if version == RUNS_VERSION
+               else entropy.BYTES_READ if version == PAIRS_VERSION
                else entropy.modes_for("bytes", 8))
     p.layouts = [read_tables_py(r, words_n(p.n, p.dt), 1 << p.log2, 8, allowed)
                  for _ in range(nplanes)]

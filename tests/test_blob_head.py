@@ -36,6 +36,10 @@ def _blobs() -> list:
     out.append(lcckpt.encode(torch.from_numpy(x).to(torch.bfloat16), lossless=True))
     big = (rng.standard_normal(300_000) * 0.02).astype(np.float32)   # "pairs" chunks
     out.append(lcckpt.encode(big, lossless=True))
+    sparse = np.zeros(300_000, np.float32)                # zero-runs chunks (version 4)
+    sparse[5_000:9_000] = big[:4_000]
+    out.append(lcckpt.encode(sparse, lossless=True, chunk_size=1 << 15))
+    assert out[-1][3] == 4
     return [bytes(b) for b in out]
 
 
@@ -73,7 +77,7 @@ def test_every_kind_parses_to_the_same_fields():
         assert not isinstance(out[0], type)            # valid blobs parse
         kinds.add(blob[4])
         versions.add(blob[3])
-    assert kinds == {1, 2, 3} and versions == {1, 2, 3}
+    assert kinds == {1, 2, 3} and versions == {1, 2, 3, 4}
 
 
 def test_every_truncation_of_a_header_fails_the_same_way():

@@ -4,7 +4,8 @@ The weights come from a real run: the ~20M-parameter wide MLP of
 :mod:`lcckpt.bench.trajectory`, trained with Adam on the digits set, all its tensors
 concatenated (as a compressor of a whole weight file sees them), in fp32, bf16 and
 fp16; or (``--weights minilm``, the ``finetune`` extra) the pretrained
-all-MiniLM-L6-v2's own weights, concatenated the same way. Every codec gets the same thread count (lcckpt's pool, ZipNN's ``threads``,
+all-MiniLM-L6-v2's own weights, concatenated the same way; or (``--weights minilm-adamw``)
+AdamW's moments after three steps of its fine-tune, mostly zeros in the word embeddings. Every codec gets the same thread count (lcckpt's pool, ZipNN's ``threads``,
 zstd's compression workers; zstd decompresses on one thread).
 
 Timing is interleaved: each repetition calls every codec's encode, then every decode,
@@ -45,6 +46,16 @@ def pretrained_weights() -> torch.Tensor:
     from lcckpt.bench.finetune import load_encoder
     sd = load_encoder()[0].state_dict()
     return torch.cat([v.reshape(-1) for v in sd.values() if v.is_floating_point()])
+
+
+def adamw_moments(steps: int = 3) -> torch.Tensor:
+    """AdamW's moments (``exp_avg``, then ``exp_avg_sq``, of every parameter) after
+    ``steps`` steps of the MiniLM-L6 docstring fine-tune, as one fp32 vector: the word
+    embeddings' rows of tokens no batch used hold exact zeros (a sparse plane)."""
+    from lcckpt.bench.finetune import finetune_trajectory
+    optim = finetune_trajectory(steps=steps, snapshot_every=steps).snapshots[-1][1]["optim"]
+    return torch.cat([st[k].reshape(-1) for k in ("exp_avg", "exp_avg_sq")
+                      for st in optim["state"].values()])
 
 
 def trained_weights(steps: int = 30, seed: int = 0) -> torch.Tensor:
@@ -149,6 +160,9 @@ def _quartiles(v) -> str:
     return f"{q[0]:.2f}-{q[2]:.2f}"
 
 
+WEIGHTS = ("mlp", "minilm", "minilm-adamw")
+
+
 def run(steps: int = 30, reps: int = 15, threads: int = 2, dtypes=("fp32", "bf16", "fp16"),
         log=print, weights: str = "mlp") -> dict:
     """Train, then benchmark each dtype; returns a JSON-able document.
@@ -164,12 +178,19 @@ def run(steps: int = 30, reps: int = 15, threads: int = 2, dtypes=("fp32", "bf16
     if bad or reps < 1:
         raise InvalidArgumentError(f"dtypes must be among {sorted(_TORCH_DTYPE)} and reps >= 1; "
                                    f"got {list(dtypes)}, reps={reps}")
-    if weights not in ("mlp", "minilm"):
-        raise InvalidArgumentError(f"weights must be 'mlp' or 'minilm', got {weights!r}")
+    if weights not in WEIGHTS:
+        raise InvalidArgumentError(f"weights must be one of {WEIGHTS}, got {weights!r}")
     lcckpt.warmup()
-    w = trained_weights(steps) if weights == "mlp" else pretrained_weights()
-    model = (f"wide MLP, {w.numel():,} parameters, Adam" if weights == "mlp" else
-             f"pretrained all-MiniLM-L6-v2, {w.numel():,} parameters")
+    if weights == "mlp":
+        w = trained_weights(steps)
+        model = f"wide MLP, {w.numel():,} parameters, Adam"
+    elif weights == "minilm":
+        w = pretrained_weights()
+        model = f"pretrained all-MiniLM-L6-v2, {w.numel():,} parameters"
+    else:
+        w = adamw_moments()
+        model = (f"AdamW moments of all-MiniLM-L6-v2 after 3 fine-tune steps, "
+                 f"{w.numel():,} values, {float((w == 0).float().mean()):.1%} zeros")
     doc = {"environment": environment(), "threads": threads, "reps": reps, "steps": steps,
            "model": model, "results": []}
     for label in dtypes:
@@ -202,9 +223,10 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--steps", type=int, default=30, help="Adam steps before the weights are taken")
     ap.add_argument("--dtypes", default="fp32,bf16,fp16")
-    ap.add_argument("--weights", choices=("mlp", "minilm"), default="mlp",
-                    help="the trained MLP's weights, or the pretrained MiniLM's (needs the "
-                         "finetune extra)")
+    ap.add_argument("--weights", choices=WEIGHTS, default="mlp",
+                    help="the trained MLP's weights, the pretrained MiniLM's, or AdamW's "
+                         "moments after 3 steps of its fine-tune (both need the finetune "
+                         "extra)")
     ap.add_argument("--json", help="write the JSON document here")
     args = ap.parse_args(argv)
     doc = run(args.steps, args.reps, args.threads, tuple(args.dtypes.split(",")),

@@ -15,9 +15,10 @@ A uniform blob's payload is its symbol stream, then the escapes: their element i
 exact values (fp32; fp64 for F64). Symbol ``s`` adds ``level(s)·step`` (levels 0, -1, 1,
 -2, 2, ...; :func:`lcckpt.codec.uniform.uniform_table`); an escaped element is *set* to its
 value. Blobs of the first two kinds are written as version 1, exactly as before; a
-uniform blob is version 2, and a lossless blob with "pairs" chunks (a code per chunk of
-exponents, kernels/planes.py) version 3, so a reader that predates them says "upgrade"
-instead of misreading them.
+uniform blob is version 2, a lossless blob with "pairs" chunks (a code per chunk of
+exponents, kernels/planes.py) version 3, and one with a lower plane's chunks coded as zero
+runs (lossless.py, the mostly-zero rows of a fine-tune's moments) version 4, so a reader
+that predates them says "upgrade" instead of misreading them.
 
 A lossy blob holds a quantized *delta*: decoding adds it to a reference (zeros for a
 stand-alone ``encode``). A lossless blob holds exact values. See docs/algorithm.md §8.
@@ -47,6 +48,7 @@ MAGIC = b"LCC"
 VERSION = 1                 # lossy and lossless blobs
 UNIFORM_VERSION = 2         # uniform blobs (the only kind version 2 adds)
 PAIRS_VERSION = 3           # lossless blobs whose planes hold "pairs" chunks
+RUNS_VERSION = 4            # lossless blobs with zero-runs chunks (and maybe "pairs" ones)
 LOSSY, LOSSLESS, UNIFORM = 1, 2, 3
 MAX_NDIM = 64
 
@@ -93,10 +95,13 @@ def uniform_header(dt: dtypes.DType, shape, log2: int, bits: int, step: float, e
 
 
 def lossless_header(dt: dtypes.DType, shape, log2: int, rotate: bool, encs) -> Writer:
-    """Exact planes; version 3 when a plane holds "pairs" chunks, so that a reader that
-    predates them asks for an upgrade instead of misreading them."""
+    """Exact planes; version 3 when a plane holds "pairs" chunks, 4 when one holds zero
+    runs, so that a reader that predates them asks for an upgrade instead of misreading
+    them."""
     pairs = any(np.any(e.modes == entropy.PAIRS) for e in encs)
-    w = _header(LOSSLESS, dt, shape, log2, PAIRS_VERSION if pairs else None)
+    runs = any(np.any(e.modes == entropy.RUNS) for e in encs)
+    w = _header(LOSSLESS, dt, shape, log2,
+                RUNS_VERSION if runs else PAIRS_VERSION if pairs else None)
     w.u8(len(encs))
     w.u8(1 if rotate else 0)
     for e in encs:
@@ -260,17 +265,19 @@ def _head_tables() -> tuple:
     codes[0, VERSION] = (1 << LOSSY) | (1 << LOSSLESS)
     codes[0, UNIFORM_VERSION] = 1 << UNIFORM
     codes[0, PAIRS_VERSION] = 1 << LOSSLESS
+    codes[0, RUNS_VERSION] = 1 << LOSSLESS
     for code, dt in dtypes.BY_CODE.items():
         words, rot = lossless.words_of(np.empty((0,), dt.numpy), dt.kind)
         codes[1:, code] = ({"float": 1, "complex": 3}.get(dt.kind, 2),
                            8 if dt.name == "F64" else 4, words.dtype.itemsize, rot)
-    allowed = np.zeros((4, 9, 8), np.uint8)   # lossy, uniform, lossless, lossless pairs
+    allowed = np.zeros((5, 9, 8), np.uint8)   # lossy, uniform, lossless, pairs, runs
     for bits in range(1, 5):
         allowed[0, bits, list(entropy.modes_for("auto", bits))] = 1
     for bits in range(2, 9):
         allowed[1, bits, list(entropy.uniform_modes("auto", bits))] = 1
     allowed[2, 8, list(entropy.modes_for("bytes", 8))] = 1
     allowed[3, 8, list(entropy.BYTES_READ)] = 1
+    allowed[4, 8, list(entropy.BYTES_READ) + [entropy.RUNS]] = 1
     params = np.array(list(MAGIC) + [MAX_NDIM, MIN_CHUNK_LOG2, MAX_CHUNK_LOG2, entropy.CONST,
                       entropy.RAW, PAIRS_VERSION, UNIFORM, LOSSLESS, rk.RUN_CLASSES,
                       hk.MAX_CODE_LEN], np.int64)
@@ -305,7 +312,7 @@ def _head_error(f: list, shape: tuple, step: float, have: int) -> Exception:
     if err == H.H_VERSION:
         return UnsupportedVersionError(
             f"blob format version {version}; this lcckpt reads versions {VERSION} to "
-            f"{PAIRS_VERSION}: upgrade lcckpt")
+            f"{RUNS_VERSION}: upgrade lcckpt")
     if err == H.H_TRUNCATED:
         return TruncatedError(f"{what} is truncated: needed {d1} more bytes at offset {d2}, "
                               f"only {have - d2} left; the data was cut short or damaged")

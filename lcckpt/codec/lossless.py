@@ -30,6 +30,7 @@ from ..errors import CorruptDataError
 from .kernels import floats as fk
 from .kernels import huffman as hk
 from .kernels import planes as pk
+from .kernels import runs as rk
 
 _WORD = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
@@ -256,8 +257,9 @@ def plan_floats(words: np.ndarray, chunk_size: int):
     parts = [x if m == entropy.PAIRS else None for x, m in zip(pieces, modes)]
     top_enc = entropy.Encoded(modes, consts, nbytes, used, parts, {})
     counts = _lower_counts(words, chunk_size, lower) if lower else None
-    return [_plan_lower(counts[:, k], sizes, lower[k]) if k in lower else raw
-            for k in range(item - 1)] + [top_enc]
+    runs = _runs_sizes(words, chunk_size, counts, sizes) if lower else None
+    return [_plan_lower(counts[:, k], sizes, lower[k], runs[0][k], runs[1][:, k])
+            if k in lower else raw for k in range(item - 1)] + [top_enc]
 
 
 PAIRS_MAX_ESCAPES = 1 / 32    # past this share of escaped exponents a chunk is not paired
@@ -295,23 +297,73 @@ def _lower_counts(words: np.ndarray, chunk_size: int, lower: dict) -> np.ndarray
     return counts
 
 
-def _plan_lower(hist: np.ndarray, sizes: np.ndarray, chunks: np.ndarray):
+def _plan_lower(hist: np.ndarray, sizes: np.ndarray, chunks: np.ndarray,
+                runs_lengths: np.ndarray, runs_bytes: np.ndarray):
     """A lower plane from its chunks' exact counts ``hist``: the chunks of ``chunks``
-    coded with one code fitted to them where that beats raw (or constant), every other
-    chunk raw."""
+    coded where that beats raw (or constant), every other chunk raw. A coded chunk takes
+    one Huffman code fitted to them all, or, mostly zero bytes, the zero runs' code
+    (``runs_lengths``, under which it takes ``runs_bytes``; see :func:`_runs_sizes`):
+    whichever is smaller. A code whose chunks save less than its table is dropped."""
     hist = np.where(chunks[:, None], hist, 0)
     lengths = hk.code_lengths(hist.sum(axis=0), hk.MAX_CODE_LEN)
     coded = (hist @ lengths.astype(np.int64) + 7) // 8
-    modes = np.where(chunks & (coded < entropy.RAW_MARGIN * sizes), entropy.HUFFMAN, entropy.RAW)
     is_const = chunks & (hist == sizes[:, None]).any(axis=1)
-    huff = (modes == entropy.HUFFMAN) & ~is_const
+    fits = chunks & ~is_const
+    runs = fits & (runs_bytes < coded) & (runs_bytes < entropy.RAW_MARGIN * sizes)
+    if runs.any() and (np.minimum(coded, sizes) - runs_bytes)[runs].sum() \
+            <= entropy.lengths_size(runs_lengths):
+        runs[:] = False                       # the table would cost more than it saves
+    huff = fits & ~runs & (coded < entropy.RAW_MARGIN * sizes)
     if huff.any() and (sizes - coded)[huff].sum() <= entropy.lengths_size(lengths):
-        huff[:] = False                       # the table would cost more than it saves
-    modes = np.where(is_const, entropy.CONST, np.where(huff, entropy.HUFFMAN, entropy.RAW))
-    nbytes = np.where(is_const, 0, np.where(huff, coded, sizes)).astype(np.int64)
+        huff[:] = False
+    modes = np.where(is_const, entropy.CONST, np.where(
+        huff, entropy.HUFFMAN, np.where(runs, entropy.RUNS, entropy.RAW)))
+    nbytes = np.where(is_const, 0, np.where(huff, coded, np.where(runs, runs_bytes, sizes)))
     consts = np.where(is_const, np.argmax(hist, axis=1), 0).astype(np.uint8)
-    return entropy.Encoded(modes.astype(np.uint8), consts, nbytes,
-                           {entropy.HUFFMAN: lengths} if huff.any() else {}, [], {})
+    used = {m: t for m, t, on in ((entropy.HUFFMAN, lengths, huff),
+                                  (entropy.RUNS, runs_lengths, runs)) if on.any()}
+    return entropy.Encoded(modes.astype(np.uint8), consts, nbytes.astype(np.int64), used,
+                           [], {})
+
+
+RUNS_MIN_ZEROS = 0.5    # a chunk whose lower planes are this much zero bytes is also sized
+NOT_CODED = np.int64(1) << 62   # as zero runs; the bytes of a chunk that is not
+
+
+def _runs_sizes(words: np.ndarray, chunk_size: int, counts: np.ndarray, sizes: np.ndarray):
+    """Zero runs for the lower planes (a fine-tune's moments of unused embedding rows are
+    exact zeros, which a Huffman code cannot store in under a bit a byte): per plane a
+    code fitted to the letters of the chunks whose planes are mostly zero bytes, and
+    each such chunk's bytes under it, NOT_CODED for the others. Two reads of those
+    chunks: the letters, then the bits."""
+    nch, planes = counts.shape[0], counts.shape[1]
+    alphabet = entropy.alphabet(entropy.RUNS, 8)
+    lengths = np.zeros((planes, alphabet), np.uint8)
+    nbytes = np.full((nch, planes), NOT_CODED, np.int64)
+    picked = np.flatnonzero(counts[:, :, 0].max(axis=1) >= RUNS_MIN_ZEROS * sizes)
+    if not picked.size:
+        return lengths, nbytes
+    parts = []
+    local = threading.local()
+
+    def letters(j):
+        if not hasattr(local, "hist"):
+            local.hist, local.extra = np.zeros((planes, alphabet), np.int64), np.zeros(planes, np.int64)
+            parts.append(local.hist)
+        c = picked[j]
+        pk.lower_runs_histogram(words, c * chunk_size, c * chunk_size + sizes[c], planes + 1,
+                                local.hist, local.extra)
+    run_tasks(letters, picked.size)
+    for k in range(planes):
+        lengths[k] = hk.code_lengths(sum(h[k] for h in parts), hk.MAX_CODE_LEN)
+
+    def size(j):
+        c, bits = picked[j], np.zeros(planes, np.int64)
+        pk.lower_runs_bits(words, c * chunk_size, c * chunk_size + sizes[c], planes + 1,
+                           lengths, bits)
+        nbytes[c] = np.where(bits < 1 << 40, (bits + 7) // 8, NOT_CODED)
+    run_tasks(size, picked.size)
+    return lengths, nbytes
 
 
 def _scratch(m: int):
@@ -375,8 +427,8 @@ def fill_floats(words: np.ndarray, encs, chunk_size: int, out: np.ndarray, base:
     pairs = pk.pair_codes(codes, lengths) if entropy.HUFFMAN in top.lengths else _NO_PAIRS
     mode_map = {entropy.HUFFMAN: pk.TOP_HUFFMAN, entropy.RAW: pk.TOP_RAW,
                 entropy.CONST: pk.TOP_CONST, entropy.PAIRS: pk.TOP_CONST}
-    lower = {k: (hk.canonical_codes(e.lengths[entropy.HUFFMAN]), e.lengths[entropy.HUFFMAN])
-             for k, e in enumerate(encs[:-1]) if entropy.HUFFMAN in e.lengths}
+    lower = {(k, m): (hk.canonical_codes(t), t) for k, e in enumerate(encs[:-1])
+             for m, t in e.lengths.items()}       # (plane, mode) -> its code
     split = np.zeros(nch, bool)
     for e in encs[:-1]:
         split |= e.modes != entropy.RAW
@@ -422,9 +474,14 @@ def _split_chunk(words, c, lo, hi, encs, lower, out, at, top_mode, top_size, cod
         mode, pos = e.modes[c], int(at[k])
         if mode == entropy.RAW:
             out[pos:pos + m] = buf[k * m:(k + 1) * m]
-        elif mode == entropy.HUFFMAN:
-            end = hk.encode_symbols(buf, k * m, (k + 1) * m, lower[k][0], lower[k][1], out, pos,
-                                    entropy.NO_FLOATS, entropy.NO_FLOATS, False)
+        elif mode != entropy.CONST:
+            pc, pl = lower[k, mode]
+            if mode == entropy.HUFFMAN:
+                end = hk.encode_symbols(buf, k * m, (k + 1) * m, pc, pl, out, pos,
+                                        entropy.NO_FLOATS, entropy.NO_FLOATS, False)
+            else:
+                end = rk.encode_runs(buf, k * m, (k + 1) * m, 256, pc, pl, out, pos,
+                                     entropy.NO_FLOATS, entropy.NO_FLOATS, False)
             if end != pos + int(e.nbytes[c]):
                 raise AssertionError(f"chunk {c}, plane {k}: wrote {end - pos} bytes, "
                                      f"planned {int(e.nbytes[c])}")

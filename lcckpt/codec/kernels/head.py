@@ -115,9 +115,10 @@ def read_head(buf, size, codes, allowed, params):
     version's blob may have (a bit per kind); the dtype's kind (0 no such code, 1 float,
     2 other, 3 complex); a float's work itemsize (4, 8); its lossless planes; whether
     they rotate. ``allowed[variant, bits, mode]``: the modes a stream may use (variants:
-    lossy, uniform, lossless, lossless with pairs). ``params``: the magic's 3 bytes, the
-    largest ndim, the chunk sizes' log2 bounds, the const and raw modes, the pairs
-    version, the uniform and lossless kinds, the runs classes, the longest code.
+    lossy, uniform, lossless, lossless with pairs, with zero runs). ``params``: the
+    magic's 3 bytes, the largest ndim, the chunk sizes' log2 bounds, the const and raw
+    modes, the pairs version, the uniform and lossless kinds, the runs classes, the
+    longest code.
 
     Returns ``(ints, u8, step)``: ``ints`` the fields ``F_*`` (the error and its two
     details among them), the shape, and each stream's code-length bounds and chunk
@@ -295,7 +296,7 @@ def _fixed(buf, size, codes, params, fields, floats):
                     if not np.isfinite(vals4[k]):
                         return H_CENTROID, 0, 0, pos
     else:
-        variant = 3 if version == pairs_version else 2
+        variant = 2 if version < pairs_version else 3 if version == pairs_version else 4
         if pos >= end:
             return H_TRUNCATED, 1, pos, pos
         nplanes = np.int64(buf[pos])

@@ -33,6 +33,7 @@ from numba import njit
 
 from .bits import U8, Z, flush, load64, lookup, put, reader_at, refill
 from .huffman import _decode_from, canonical_codes, code_lengths, decode_table
+from .runs import _BIT_LENGTH, _bit_length, _count_letter
 
 SAMPLE = 32                    # every 32nd word: 2048+ samples on the fast path
 WIN = np.uint64(52)            # 64 - MULTI_BITS: the multi table's window is 12 bits
@@ -105,6 +106,60 @@ def lower_histogram(words, start, stop, width, hist):
             hist[k, (x >> np.uint32(8 * k)) & np.uint32(0xFF)] += 1
     for k in range(width - 1):
         hist[k, 0] += zeros
+
+
+@njit(cache=True, nogil=True)
+def lower_runs_histogram(words, start, stop, width, hist, extra):
+    """``hist[k]``: the letters (run of zero bytes, the byte that ends it) of lower plane
+    ``k`` of ``words[start:stop]``, as :func:`lcckpt.codec.kernels.runs.runs_histogram`
+    counts them over that plane's bytes (256 symbols); ``extra[k]``: its extra bits."""
+    w = words[start:stop]
+    run = np.zeros(width - 1, np.int64)
+    z = 0                                  # zero words since the last other one: every
+    for i in range(stop - start):          # plane's run goes on (counted in a register)
+        x = _rot(w[np.uint64(i)], width)
+        if x == 0:
+            z += 1
+            continue
+        for k in range(width - 1):
+            run[k] += z
+            s = np.int64((x >> np.uint32(8 * k)) & np.uint32(0xFF))
+            if s == 0:
+                run[k] += 1
+            else:
+                extra[k] += _count_letter(hist[k], run[k], 256, s)
+                run[k] = 0
+        z = 0
+    for k in range(width - 1):
+        if run[k] + z > 0:
+            extra[k] += _count_letter(hist[k], run[k] + z, 256, 0)
+
+
+@njit(cache=True, nogil=True)
+def lower_runs_bits(words, start, stop, width, lengths, bits):
+    """``bits[k]``: the bits of lower plane ``k`` of ``words[start:stop]`` coded as zero
+    runs with ``lengths[k]`` (what :func:`lcckpt.codec.kernels.runs.encode_runs` writes,
+    before its last byte's padding); a letter without a code adds 2**40 (not codeable)."""
+    w = words[start:stop]
+    run = np.zeros(width - 1, np.int64)
+    z = 0                                  # as in lower_runs_histogram
+    for i in range(stop - start + 1):
+        last = i == stop - start
+        x = np.uint32(0) if last else _rot(w[np.uint64(i)], width)
+        if x == 0 and not last:
+            z += 1
+            continue
+        for k in range(width - 1):
+            run[k] += z
+            s = np.int64((x >> np.uint32(8 * k)) & np.uint32(0xFF))
+            if s == 0 and not last:
+                run[k] += 1
+            elif s != 0 or run[k] > 0:
+                c = _BIT_LENGTH[run[k]] if run[k] < 512 else _bit_length(run[k])
+                ln = np.int64(lengths[k, c * 256 + s])
+                bits[k] += (ln if ln else np.int64(1) << 40) + (c - 1 if c > 1 else 0)
+                run[k] = 0
+        z = 0
 
 
 TOP_HUFFMAN, TOP_RAW, TOP_CONST = 0, 1, 2

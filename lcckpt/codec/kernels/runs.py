@@ -506,8 +506,9 @@ def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start, cent, 
         if run > n - pos:
             return -1
         if not apply:
+            zeros = out[out_start + pos:out_start + pos + run]    # from 0: a memset
             for k in range(run):
-                out[out_start + pos + k] = 0
+                zeros[k] = 0
         pos += run
         if s != 0:
             if pos >= n:
