@@ -256,8 +256,8 @@ def plan_floats(words: np.ndarray, chunk_size: int):
     used = {entropy.HUFFMAN: lengths} if huff.any() else {}
     parts = [x if m == entropy.PAIRS else None for x, m in zip(pieces, modes)]
     top_enc = entropy.Encoded(modes, consts, nbytes, used, parts, {})
-    counts = _lower_counts(words, chunk_size, lower) if lower else None
-    runs = _runs_sizes(words, chunk_size, counts, sizes) if lower else None
+    counts, letters = _lower_counts(words, chunk_size, lower) if lower else (None, None)
+    runs = _runs_sizes(letters, nch, item - 1) if lower else None
     return [_plan_lower(counts[:, k], sizes, lower[k], runs[0][k], runs[1][:, k])
             if k in lower else raw for k in range(item - 1)] + [top_enc]
 
@@ -282,19 +282,59 @@ def codeable_chunks(samples: np.ndarray) -> np.ndarray:
     return out
 
 
-def _lower_counts(words: np.ndarray, chunk_size: int, lower: dict) -> np.ndarray:
+def _lower_counts(words: np.ndarray, chunk_size: int, lower: dict):
     """Exact counts ``[chunk, plane, byte]`` of the lower planes, in the chunks that some
-    plane of ``lower`` picked (zeros elsewhere): one read of each such chunk."""
+    plane of ``lower`` picked (zeros elsewhere): one read of each such chunk; and where a
+    chunk's planes are mostly zero bytes, their zero-runs letters (:func:`_runs_sizes`),
+    read again while the chunk is in cache."""
     n, item = words.size, words.dtype.itemsize
     nch = -(-n // chunk_size)
     counts = np.zeros((nch, item - 1, 256), np.int64)
     picked = np.flatnonzero(np.any(list(lower.values()), axis=0))
+    letters = {}                          # chunk -> per plane (letters used, counts, extra)
+    local = threading.local()
 
     def count(j):
         c = picked[j]
-        pk.lower_histogram(words, c * chunk_size, min(n, (c + 1) * chunk_size), item, counts[c])
+        lo, hi = c * chunk_size, min(n, (c + 1) * chunk_size)
+        pk.lower_histogram(words, lo, hi, item, counts[c])
+        if counts[c, :, 0].max() < RUNS_MIN_ZEROS * (hi - lo):
+            return
+        if not hasattr(local, "hist"):
+            local.hist = np.zeros((item - 1, entropy.alphabet(entropy.RUNS, 8)), np.int64)
+        hist, extra = local.hist, np.zeros(item - 1, np.int64)
+        hist[:] = 0
+        pk.lower_runs_histogram(words, lo, hi, item, hist, extra)
+        used = [np.flatnonzero(h) for h in hist]          # a few hundred letters each
+        letters[c] = [(u, hist[k, u], int(extra[k])) for k, u in enumerate(used)]
     run_tasks(count, picked.size)
-    return counts
+    return counts, letters
+
+
+RUNS_MIN_ZEROS = 0.5    # a chunk whose lower planes are this much zero bytes is also sized
+NOT_CODED = np.int64(1) << 62   # as zero runs; the bytes of a chunk that is not
+
+
+def _runs_sizes(letters: dict, nch: int, planes: int):
+    """Zero runs for the lower planes (a fine-tune's moments of unused embedding rows are
+    exact zeros, which a Huffman code cannot store in under a bit a byte): per plane a
+    code fitted to the letters of the chunks whose planes are mostly zero bytes, and
+    each such chunk's bytes under it, NOT_CODED for the others."""
+    alphabet = entropy.alphabet(entropy.RUNS, 8)
+    lengths = np.zeros((planes, alphabet), np.uint8)
+    nbytes = np.full((nch, planes), NOT_CODED, np.int64)
+    for k in range(planes):
+        total = np.zeros(alphabet, np.int64)
+        for per_plane in letters.values():
+            used, n, _ = per_plane[k]
+            total[used] += n
+        if not total.any():
+            continue
+        lengths[k] = hk.code_lengths(total, hk.MAX_CODE_LEN)
+        for c, per_plane in letters.items():
+            used, n, extra = per_plane[k]
+            nbytes[c, k] = (int(n @ lengths[k, used].astype(np.int64)) + extra + 7) // 8
+    return lengths, nbytes
 
 
 def _plan_lower(hist: np.ndarray, sizes: np.ndarray, chunks: np.ndarray,
@@ -324,46 +364,6 @@ def _plan_lower(hist: np.ndarray, sizes: np.ndarray, chunks: np.ndarray,
                                   (entropy.RUNS, runs_lengths, runs)) if on.any()}
     return entropy.Encoded(modes.astype(np.uint8), consts, nbytes.astype(np.int64), used,
                            [], {})
-
-
-RUNS_MIN_ZEROS = 0.5    # a chunk whose lower planes are this much zero bytes is also sized
-NOT_CODED = np.int64(1) << 62   # as zero runs; the bytes of a chunk that is not
-
-
-def _runs_sizes(words: np.ndarray, chunk_size: int, counts: np.ndarray, sizes: np.ndarray):
-    """Zero runs for the lower planes (a fine-tune's moments of unused embedding rows are
-    exact zeros, which a Huffman code cannot store in under a bit a byte): per plane a
-    code fitted to the letters of the chunks whose planes are mostly zero bytes, and
-    each such chunk's bytes under it, NOT_CODED for the others. Two reads of those
-    chunks: the letters, then the bits."""
-    nch, planes = counts.shape[0], counts.shape[1]
-    alphabet = entropy.alphabet(entropy.RUNS, 8)
-    lengths = np.zeros((planes, alphabet), np.uint8)
-    nbytes = np.full((nch, planes), NOT_CODED, np.int64)
-    picked = np.flatnonzero(counts[:, :, 0].max(axis=1) >= RUNS_MIN_ZEROS * sizes)
-    if not picked.size:
-        return lengths, nbytes
-    parts = []
-    local = threading.local()
-
-    def letters(j):
-        if not hasattr(local, "hist"):
-            local.hist, local.extra = np.zeros((planes, alphabet), np.int64), np.zeros(planes, np.int64)
-            parts.append(local.hist)
-        c = picked[j]
-        pk.lower_runs_histogram(words, c * chunk_size, c * chunk_size + sizes[c], planes + 1,
-                                local.hist, local.extra)
-    run_tasks(letters, picked.size)
-    for k in range(planes):
-        lengths[k] = hk.code_lengths(sum(h[k] for h in parts), hk.MAX_CODE_LEN)
-
-    def size(j):
-        c, bits = picked[j], np.zeros(planes, np.int64)
-        pk.lower_runs_bits(words, c * chunk_size, c * chunk_size + sizes[c], planes + 1,
-                           lengths, bits)
-        nbytes[c] = np.where(bits < 1 << 40, (bits + 7) // 8, NOT_CODED)
-    run_tasks(size, picked.size)
-    return lengths, nbytes
 
 
 def _scratch(m: int):

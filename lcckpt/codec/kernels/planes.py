@@ -33,7 +33,7 @@ from numba import njit
 
 from .bits import U8, Z, flush, load64, lookup, put, reader_at, refill
 from .huffman import _decode_from, canonical_codes, code_lengths, decode_table
-from .runs import _BIT_LENGTH, _bit_length, _count_letter
+from .runs import _count_letter
 
 SAMPLE = 32                    # every 32nd word: 2048+ samples on the fast path
 WIN = np.uint64(52)            # 64 - MULTI_BITS: the multi table's window is 12 bits
@@ -97,15 +97,31 @@ def lower_histogram(words, start, stop, width, hist):
     for the one before it in memory."""
     w = words[start:stop]
     zeros = 0
-    for i in range(stop - start):
-        x = _rot(w[i], width)
-        if x == 0:
-            zeros += 1
+    i, m = 0, stop - start
+    while i < m:
+        if i + 8 <= m and _zero_eight(w, i):       # eight words at a time, or one by one
+            zeros += 8
+            i += 8
             continue
-        for k in range(width - 1):
-            hist[k, (x >> np.uint32(8 * k)) & np.uint32(0xFF)] += 1
+        for j in range(i, min(m, i + 8)):
+            x = _rot(w[j], width)
+            if x == 0:
+                zeros += 1
+                continue
+            for k in range(width - 1):
+                hist[k, (x >> np.uint32(8 * k)) & np.uint32(0xFF)] += 1
+        i += 8
     for k in range(width - 1):
         hist[k, 0] += zeros
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _zero_eight(w, i):
+    """``w[i:i + 8]`` are all 0, without a branch per word."""
+    u = np.uint64(i)                    # unsigned: no negative-index fix-up per load
+    o = w[u] | w[u + np.uint64(1)] | w[u + np.uint64(2)] | w[u + np.uint64(3)]
+    o |= w[u + np.uint64(4)] | w[u + np.uint64(5)] | w[u + np.uint64(6)] | w[u + np.uint64(7)]
+    return o == 0
 
 
 @njit(cache=True, nogil=True)
@@ -116,50 +132,30 @@ def lower_runs_histogram(words, start, stop, width, hist, extra):
     w = words[start:stop]
     run = np.zeros(width - 1, np.int64)
     z = 0                                  # zero words since the last other one: every
-    for i in range(stop - start):          # plane's run goes on (counted in a register)
-        x = _rot(w[np.uint64(i)], width)
-        if x == 0:
-            z += 1
+    i, m = 0, stop - start                 # plane's run goes on (counted in a register)
+    while i < m:
+        if i + 8 <= m and _zero_eight(w, i):       # eight words at a time, or one by one
+            z += 8
+            i += 8
             continue
-        for k in range(width - 1):
-            run[k] += z
-            s = np.int64((x >> np.uint32(8 * k)) & np.uint32(0xFF))
-            if s == 0:
-                run[k] += 1
-            else:
-                extra[k] += _count_letter(hist[k], run[k], 256, s)
-                run[k] = 0
-        z = 0
+        for j in range(i, min(m, i + 8)):
+            x = _rot(w[j], width)
+            if x == 0:
+                z += 1
+                continue
+            for k in range(width - 1):
+                run[k] += z
+                s = np.int64((x >> np.uint32(8 * k)) & np.uint32(0xFF))
+                if s == 0:
+                    run[k] += 1
+                else:
+                    extra[k] += _count_letter(hist[k], run[k], 256, s)
+                    run[k] = 0
+            z = 0
+        i += 8
     for k in range(width - 1):
         if run[k] + z > 0:
             extra[k] += _count_letter(hist[k], run[k] + z, 256, 0)
-
-
-@njit(cache=True, nogil=True)
-def lower_runs_bits(words, start, stop, width, lengths, bits):
-    """``bits[k]``: the bits of lower plane ``k`` of ``words[start:stop]`` coded as zero
-    runs with ``lengths[k]`` (what :func:`lcckpt.codec.kernels.runs.encode_runs` writes,
-    before its last byte's padding); a letter without a code adds 2**40 (not codeable)."""
-    w = words[start:stop]
-    run = np.zeros(width - 1, np.int64)
-    z = 0                                  # as in lower_runs_histogram
-    for i in range(stop - start + 1):
-        last = i == stop - start
-        x = np.uint32(0) if last else _rot(w[np.uint64(i)], width)
-        if x == 0 and not last:
-            z += 1
-            continue
-        for k in range(width - 1):
-            run[k] += z
-            s = np.int64((x >> np.uint32(8 * k)) & np.uint32(0xFF))
-            if s == 0 and not last:
-                run[k] += 1
-            elif s != 0 or run[k] > 0:
-                c = _BIT_LENGTH[run[k]] if run[k] < 512 else _bit_length(run[k])
-                ln = np.int64(lengths[k, c * 256 + s])
-                bits[k] += (ln if ln else np.int64(1) << 40) + (c - 1 if c > 1 else 0)
-                run[k] = 0
-        z = 0
 
 
 TOP_HUFFMAN, TOP_RAW, TOP_CONST = 0, 1, 2
