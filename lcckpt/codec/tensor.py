@@ -496,3 +496,6 @@ def warmup():
         decode(encode(np.arange(64).astype(dt), lossless=True))
     for dt in (np.float32, np.float16):                 # the fused float path
         decode(encode(rng.standard_normal(lossless.FAST_MIN_WORDS).astype(dt), lossless=True))
+        sparse = np.zeros(lossless.FAST_MIN_WORDS, dt)  # and its zero runs (blob version 4)
+        sparse[::97] = rng.standard_normal(sparse[::97].size)
+        decode(encode(sparse, lossless=True))

@@ -174,7 +174,8 @@ def encode_symbols(sym, start, stop, codes, lengths, out, pos, cent, fout, apply
 def _run_symbol(sym, start, stop, codes, lengths):
     """The symbol whose code is the one bit "0" where it comes in runs (three in four of
     up to 64 blocks of eight spread over the stream are all of it: a sparse plane), for
-    :func:`_put_runs`; else -1 (the blocks' test would cost a dense stream a third)."""
+    :func:`_put_runs`; else -1 (testing every stream's blocks coded 4-bit symbols, half
+    of them zeros, 1.6-1.8x slower)."""
     z = -1
     for s in range(lengths.size):
         if lengths[s] == 1 and codes[s] == 0:
