@@ -345,3 +345,27 @@ def test_a_run_of_lossless_chunks_decodes_alone(dtype, n, seed, data):
     got = decode_exact_chunks(p, k0, k1, part)
     lo, hi = k0 * 1024 // per, min(n, k1 * 1024 // per)
     assert got.tobytes() == x[lo:hi].tobytes()
+
+
+def test_a_stream_with_more_runs_letters_than_codes_is_not_coded_as_runs():
+    """8-bit symbols after zero runs of seventeen lengths classes use 4,097 runs letters,
+    more than codes of at most 12 bits can number: the runs mode is left out, and every
+    code the stream uses is a complete prefix code (an over-subscribed one, which a
+    reader refuses, came out before)."""
+    from lcckpt.codec import entropy
+    from lcckpt.codec.kernels import huffman as hk
+    parts = []
+    for c in range(17):                                   # class c: runs of 2**(c-1) zeros
+        for s in range(1, 256 if c < 16 else 18):
+            parts += [np.zeros((1 << c) >> 1, np.uint8), np.array([s], np.uint8)]
+    sym = np.concatenate(parts)
+    cs = 1 << 24                                          # one chunk: no run cut in two
+    hist = np.stack([np.bincount(sym[i:i + cs], minlength=256) for i in range(0, sym.size, cs)])
+    modes = entropy.uniform_modes("auto", 8)
+    an = entropy.analyze(sym, hist.astype(np.int64), cs, 8, modes)
+    assert np.count_nonzero(an.hist[entropy.RUNS].sum(axis=0)) > 1 << hk.MAX_CODE_LEN
+    enc = entropy.encode(sym, an, modes)
+    assert entropy.RUNS not in enc.lengths and entropy.RUNS not in enc.modes
+    for lengths in enc.lengths.values():
+        used = lengths[lengths > 0].astype(np.float64)
+        assert used.max() <= hk.MAX_CODE_LEN and (2.0 ** -used).sum() <= 1.0

@@ -264,6 +264,19 @@ def test_zero_runs_round_trip_on_every_reader(n, rows, dense, name, seed):
     _reads_on_every_reader(blob, a, 1 << 14)
 
 
+def test_zero_runs_are_not_sized_with_more_letters_than_codes():
+    """A plane whose chunks use more runs letters than 12-bit codes can number gets no
+    runs code (its chunks keep Huffman or raw); one within the limit gets a complete one."""
+    rng = np.random.default_rng(0)
+    many = np.arange(5000)
+    few = np.arange(300)
+    letters = {0: [(many, rng.integers(1, 50, many.size), 7), (few, rng.integers(1, 50, few.size), 3)]}
+    lengths, nbytes = lossless._runs_sizes(letters, 2, 2)
+    assert not lengths[0].any() and nbytes[0, 0] == lossless.NOT_CODED
+    assert (lengths[1][few] > 0).all() and (2.0 ** -lengths[1][few].astype(float)).sum() == 1.0
+    assert nbytes[0, 1] < lossless.NOT_CODED and nbytes[1, 1] == lossless.NOT_CODED
+
+
 def test_zero_runs_are_refused_outside_version_4_and_damage_is_detected():
     """A version 1 or 3 lossless blob may not hold zero-runs chunks (older readers would
     call them damage; this one says so too); a later version asks for an upgrade."""

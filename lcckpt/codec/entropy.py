@@ -317,6 +317,10 @@ def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None,
     _check(modes, apply, nonzero, lazy, chunks)
     b = an.b
     modes = [m for m in modes if m not in CODED_MODES or m in an.hist]   # analyzed ones
+    # codes of at most MAX_CODE_LEN bits number 2**MAX_CODE_LEN letters: a stream of 8-bit
+    # symbols whose zero runs take many lengths can use more runs letters than that
+    modes = [m for m in modes if m not in CODED_MODES or np.count_nonzero(
+        an.hist[m].sum(axis=0)) <= 1 << hk.MAX_CODE_LEN] or [HUFFMAN]
     chunk_modes, nbytes, lengths, mode_bits = _plan(an, modes, cache)
     if callable(sym):
         listed = RUNS if nonzero is not None else -1
