@@ -316,11 +316,7 @@ def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None,
     """
     _check(modes, apply, nonzero, lazy, chunks)
     b = an.b
-    modes = [m for m in modes if m not in CODED_MODES or m in an.hist]   # analyzed ones
-    # codes of at most MAX_CODE_LEN bits number 2**MAX_CODE_LEN letters: a stream of 8-bit
-    # symbols whose zero runs take many lengths can use more runs letters than that
-    modes = [m for m in modes if m not in CODED_MODES or np.count_nonzero(
-        an.hist[m].sum(axis=0)) <= 1 << hk.MAX_CODE_LEN] or [HUFFMAN]
+    modes = _codeable(an, modes)
     chunk_modes, nbytes, lengths, mode_bits = _plan(an, modes, cache)
     if callable(sym):
         listed = RUNS if nonzero is not None else -1
@@ -398,6 +394,14 @@ def _plan(an: Analysis, modes, cache) -> tuple:
     choice = _choose(score, modes, lengths)
     nbytes = stacked[choice, np.arange(an.nchunks)].astype(np.int64)
     return np.asarray(modes, np.uint8)[choice], nbytes, lengths, mode_bits
+
+
+def _codeable(an: Analysis, modes) -> list:
+    """``modes`` less the coded ones not analyzed, and those whose letters outnumber the
+    codes of at most MAX_CODE_LEN bits (a stream of 8-bit symbols after zero runs of many
+    lengths can use more runs letters than that): Huffman if none is left."""
+    return [m for m in modes if m not in CODED_MODES or (m in an.hist and np.count_nonzero(
+        an.hist[m].sum(axis=0)) <= 1 << hk.MAX_CODE_LEN)] or [HUFFMAN]
 
 
 def _code_lengths(an: Analysis, modes, cache) -> dict:
