@@ -306,7 +306,8 @@ def _lower_counts(words: np.ndarray, chunk_size: int, lower: dict):
         hist[:] = 0
         pk.lower_runs_histogram(words, lo, hi, item, hist, extra)
         used = [np.flatnonzero(h) for h in hist]          # a few hundred letters each
-        letters[c] = [(u, hist[k, u], int(extra[k])) for k, u in enumerate(used)]
+        letters[c] = [(u.astype(np.int16), hist[k, u].astype(np.int32), int(extra[k]))
+                      for k, u in enumerate(used)]     # (a chunk holds < 2**24 letters)
     run_tasks(count, picked.size)
     return counts, letters
 
@@ -333,7 +334,7 @@ def _runs_sizes(letters: dict, nch: int, planes: int):
         lengths[k] = hk.code_lengths(total, hk.MAX_CODE_LEN)
         for c, per_plane in letters.items():
             used, n, extra = per_plane[k]
-            nbytes[c, k] = (int(n @ lengths[k, used].astype(np.int64)) + extra + 7) // 8
+            nbytes[c, k] = (int(n.astype(np.int64) @ lengths[k, used]) + extra + 7) // 8
     return lengths, nbytes
 
 
