@@ -397,11 +397,17 @@ def _plan(an: Analysis, modes, cache) -> tuple:
 
 
 def _codeable(an: Analysis, modes) -> list:
-    """``modes`` less the coded ones not analyzed, and those whose letters outnumber the
-    codes of at most MAX_CODE_LEN bits (a stream of 8-bit symbols after zero runs of many
-    lengths can use more runs letters than that): Huffman if none is left."""
-    return [m for m in modes if m not in CODED_MODES or (m in an.hist and np.count_nonzero(
-        an.hist[m].sum(axis=0)) <= 1 << hk.MAX_CODE_LEN)] or [HUFFMAN]
+    """``modes`` less the coded ones not analyzed, and those whose letters :func:`fit_codes`
+    does not fit: Huffman if none is left."""
+    return [m for m in modes if m not in CODED_MODES
+            or (m in an.hist and fit_codes(an.hist[m].sum(axis=0)))] or [HUFFMAN]
+
+
+def fit_codes(counts: np.ndarray) -> bool:
+    """Whether the letters used in ``counts`` can all have codes of at most MAX_CODE_LEN
+    bits (2**12 of them: a stream of 8-bit symbols after zero runs of many lengths can
+    use more runs letters than that, and :func:`hk.code_lengths` would over-subscribe)."""
+    return np.count_nonzero(counts) <= 1 << hk.MAX_CODE_LEN
 
 
 def _code_lengths(an: Analysis, modes, cache) -> dict:

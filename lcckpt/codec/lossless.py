@@ -329,8 +329,8 @@ def _runs_sizes(letters: dict, nch: int, planes: int):
         for per_plane in letters.values():
             used, n, _ = per_plane[k]
             total[used] += n
-        if not total.any() or np.count_nonzero(total) > 1 << hk.MAX_CODE_LEN:
-            continue                  # (more letters than codes of MAX_CODE_LEN bits)
+        if not total.any() or not entropy.fit_codes(total):
+            continue
         lengths[k] = hk.code_lengths(total, hk.MAX_CODE_LEN)
         for c, per_plane in letters.items():
             used, n, extra = per_plane[k]
