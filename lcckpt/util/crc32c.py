@@ -12,8 +12,10 @@ compiling and checking the instruction kernel against the table on a known input
 import platform
 
 import numpy as np
-from numba import njit, types
+from numba import types
 from numba.extending import intrinsic
+
+from . import jit
 
 POLY = 0x82F63B78                      # reflected Castagnoli polynomial
 
@@ -33,7 +35,7 @@ def _tables() -> np.ndarray:
 TABLES = _tables()
 
 
-@njit(cache=True, nogil=True)
+@jit.kernel
 def crc32c_table(buf, crc, t):
     """CRC-32C of ``buf`` (uint8) continuing from ``crc`` (zlib's convention)."""
     c = np.uint32(crc) ^ np.uint32(0xFFFFFFFF)
@@ -81,7 +83,7 @@ def _sse42_crc8(typingctx, crc, data):
     return sig, codegen
 
 
-@njit(cache=True, nogil=True)
+@jit.kernel
 def crc32c_sse42(buf, crc, t):
     """:func:`crc32c_table` with the SSE4.2 instruction, 8 bytes at a time."""
     c = np.uint32(crc) ^ np.uint32(0xFFFFFFFF)
@@ -118,7 +120,7 @@ def kernel():
 
 # --- combining CRC-32 pieces -----------------------------------------------------------
 
-@njit(cache=True, nogil=True)
+@jit.kernel
 def crc_combine_all(crcs, sizes, ops):
     """CRC-32 of pieces in row-major order from their CRCs and byte sizes. ``ops[k]`` is
     the operator that appends ``2**k`` zero bytes to a CRC register, byte-sliced:

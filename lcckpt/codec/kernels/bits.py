@@ -12,8 +12,10 @@ through floats, which tripled the cost per symbol.
 """
 
 import numpy as np
-from numba import njit, types
+from numba import types
 from numba.extending import intrinsic
+
+from ...util.jit import kernel
 
 Z = np.uint64(0)
 U8 = np.uint64(8)
@@ -22,7 +24,7 @@ REFILL = np.uint64(56)
 _MASK8 = np.uint64(0xFF)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def write32(out, p, w):
     """Store the 32-bit word ``w`` big-endian at ``out[p:p + 4]``."""
     out[p] = np.uint8(w >> np.uint32(24))
@@ -31,7 +33,7 @@ def write32(out, p, w):
     out[p + 3] = np.uint8(w)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def put(acc, nb, code, ln, out, p):
     """Append the ``ln`` low bits of ``code`` (``ln`` <= 32); returns ``(acc, nb, p)``.
 
@@ -47,7 +49,7 @@ def put(acc, nb, code, ln, out, p):
     return acc, nb, p
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def flush(acc, nb, out, p):
     """Write the pending bits, zero-padded to a whole byte; return the new position."""
     while nb > Z:
@@ -74,7 +76,7 @@ def clz64(typingctx, x):
     return sig, codegen
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def load64(buf, p):
     """Eight bytes big-endian from ``buf[p]`` (LLVM fuses the loads into one)."""
     return ((np.uint64(buf[p]) << np.uint64(56)) | (np.uint64(buf[p + 1]) << np.uint64(48))
@@ -83,7 +85,7 @@ def load64(buf, p):
             | (np.uint64(buf[p + 6]) << np.uint64(8)) | np.uint64(buf[p + 7]))
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def refill(acc, nb, buf, p, end):
     """Load whole bytes until more than 56 bits are pending; returns ``(acc, nb, p)``.
 
@@ -104,7 +106,7 @@ def refill(acc, nb, buf, p, end):
     return acc, nb, p
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def lookup(table, acc, nb, tb, tmask):
     """One canonical-Huffman table lookup at the reader's position: ``(letter, length)``;
     length 0 marks an invalid code. Entries are ``letter << 4 | length``."""
@@ -112,7 +114,7 @@ def lookup(table, acc, nb, tb, tmask):
     return np.int64(e >> np.uint32(4)), np.uint64(e & np.uint32(15))
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def reader_at(buf, bp, end):
     """The byte reader's state ``(acc, nb, p)`` at bit ``bp`` (the hand-over from a fast
     loop that loads its windows straight from a bit position)."""

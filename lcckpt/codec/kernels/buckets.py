@@ -14,7 +14,8 @@ reference the delta is ``u`` itself, whose bits callers pass as ``u_bits``
 """
 
 import numpy as np
-from numba import njit
+
+from ...util.jit import kernel
 
 BLOCK = 2048
 
@@ -25,7 +26,7 @@ COUNT_LANES = 8    # the same for counts alone (key_counts): integer counts come
                    # same in any lanes; 8 of uint32 measured ~10% faster than 4 of int64
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _block_keys(u, u_bits, ref, use_ref, i, m, scratch_f, scratch_u, shift, kb, zero_key,
                 norm_u, norm_d):
     """Block ``[i, i + m)`` of :func:`key_histogram` and :func:`key_counts`: the deltas
@@ -52,7 +53,7 @@ def _block_keys(u, u_bits, ref, use_ref, i, m, scratch_f, scratch_u, shift, kb, 
     return fb, norm_u, norm_d
 
 
-@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+@kernel(fastmath={"reassoc", "contract"})
 def key_histogram(u, u_bits, ref, use_ref, start, stop, scratch_f, scratch_u, shift, keys,
                   counts, sums, mins, maxs, want_minmax):
     """One pass: every element's bucket key, per key the count and sum, and the norms.
@@ -106,7 +107,7 @@ def key_histogram(u, u_bits, ref, use_ref, start, stop, scratch_f, scratch_u, sh
     return norm_u, (norm_d if use_ref else norm_u)
 
 
-@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+@kernel(fastmath={"reassoc", "contract"})
 def key_counts(u, u_bits, ref, use_ref, start, stop, scratch_f, scratch_u, shift, keys,
                counts):
     """:func:`key_histogram` without the sums: keys, per-lane counts and the norms.
@@ -141,7 +142,7 @@ def key_counts(u, u_bits, ref, use_ref, start, stop, scratch_f, scratch_u, shift
     return norm_u, (norm_d if use_ref else norm_u)
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def key_sums(u, ref, use_ref, start, stop, keys, sums):
     """Per-lane fp64 sums of the deltas by bucket, from the keys of :func:`key_counts`.
 
@@ -171,7 +172,7 @@ def key_sums(u, ref, use_ref, start, stop, keys, sums):
         i += m
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def promotion_table(counts, sums, mins, maxs, nbits, midpoint, centroids):
     """Keep the 2**nbits - 1 highest-priority buckets; return the key -> symbol table.
 
@@ -213,14 +214,14 @@ def promotion_table(counts, sums, mins, maxs, nbits, midpoint, centroids):
     return lut, kept
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def map_symbols(keys, start, stop, lut, sym):
     """``sym[i] = lut[keys[i]]``: 0 for zeros and dropped buckets, 1..K for kept ones."""
     for i in range(start, stop):
         sym[i] = lut[keys[i]]
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def apply_symbols(sym, start, stop, centroids, out):
     """``out[i] += centroids[sym[i]]`` for every nonzero symbol, in fp32.
 

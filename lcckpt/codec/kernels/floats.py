@@ -14,12 +14,13 @@ it will code it).
 """
 
 import numpy as np
-from numba import njit
+
+from ...util.jit import kernel
 
 SAMPLE = 8
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _sample(planes, start, stop, top, hist):
     """Count the planes below ``top`` on every SAMPLE-th element (a strided second loop:
     no modulo test in the hot one)."""
@@ -29,7 +30,7 @@ def _sample(planes, start, stop, top, hist):
             hist[k, planes[k, i]] += 1
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def split16(words, start, stop, rotate, planes, hist):
     w, q0, q1 = words[start:stop], planes[0, start:stop], planes[1, start:stop]
     r = np.uint16(1 if rotate else 0)
@@ -42,7 +43,7 @@ def split16(words, start, stop, rotate, planes, hist):
     _sample(planes, start, stop, 1, hist)
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def split32(words, start, stop, rotate, planes, hist):
     w = words[start:stop]
     q0, q1 = planes[0, start:stop], planes[1, start:stop]
@@ -59,7 +60,7 @@ def split32(words, start, stop, rotate, planes, hist):
     _sample(planes, start, stop, 3, hist)
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def split64(words, start, stop, rotate, planes, hist):
     w = words[start:stop]
     r = np.uint64(1 if rotate else 0)
@@ -74,7 +75,7 @@ def split64(words, start, stop, rotate, planes, hist):
     _sample(planes, start, stop, 7, hist)
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def byte_histogram(plane, start, stop, hist):
     for i in range(start, stop):
         hist[plane[i]] += 1
@@ -85,7 +86,7 @@ def byte_histogram(plane, start, stop, hist):
 # They loop over views that start at the range's first element: with a loop counter
 # from zero LLVM vectorizes the byte interleave (8x faster than indexing from ``start``).
 
-@njit(cache=True, nogil=True)
+@kernel
 def merge16(planes, start, stop, rotate, words):
     p0, p1 = planes[0][start:stop], planes[1][start:stop]
     w = words[start:stop]
@@ -98,7 +99,7 @@ def merge16(planes, start, stop, rotate, words):
             w[i] = np.uint16(p0[i]) | (np.uint16(p1[i]) << np.uint16(8))
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def merge32(planes, start, stop, rotate, words):
     p0, p1 = planes[0][start:stop], planes[1][start:stop]
     p2, p3 = planes[2][start:stop], planes[3][start:stop]
@@ -114,7 +115,7 @@ def merge32(planes, start, stop, rotate, words):
                     | (np.uint32(p2[i]) << np.uint32(16)) | (np.uint32(p3[i]) << np.uint32(24)))
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def merge64(planes, start, stop, rotate, words):
     w = words[start:stop]
     w[:] = 0

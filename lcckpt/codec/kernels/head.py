@@ -8,8 +8,8 @@ blob.py turns into the exception the field-by-field parser raised.
 """
 
 import numpy as np
-from numba import njit
 
+from ...util.jit import kernel
 from .tables import (
     L_COUNT, L_TRUNCATED, L_VARINT, MODE_NO_TABLE, MODE_OK, OK as T_OK, read_chunk_table,
     read_lengths, uvar,
@@ -31,7 +31,7 @@ NF = 24
  F_SYMBOLS, F_ROOM, F_CAP, F_ERR, F_D1, F_D2) = range(NF)
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _varint(buf, pos, end, limit, field):
     """``(value, pos, error, detail, detail2)`` of an unsigned LEB128 varint at most
     ``limit``. Truncated: the byte it needed and where; more than 64 bits: malformed,
@@ -46,7 +46,7 @@ def _varint(buf, pos, end, limit, field):
     return v, pos, H_OK, 0, 0
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _alphabet(m, b, run_classes):
     """Letters of mode ``m``'s code for ``b``-bit symbols (entropy.alphabet)."""
     if m == HUFFMAN:
@@ -56,7 +56,7 @@ def _alphabet(m, b, run_classes):
     return run_classes << b
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _tables(buf, pos, size, n, log2, b, allowed, params, ints, u8, at, lo, mo, co, of):
     """One stream's code tables and chunk table: its code lengths into ``u8`` from
     ``at`` (mode ``m``'s from ``ints[lo + m]`` to ``ints[lo + m + 1]``, empty if none),
@@ -108,7 +108,7 @@ def _tables(buf, pos, size, n, log2, b, allowed, params, ints, u8, at, lo, mo, c
     return pos, H_OK, 0, 0
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def read_head(buf, size, codes, allowed, params):
     """Parse a blob's header from ``buf`` (the blob, or its beginning; ``size``: the
     whole blob's bytes). Per version or dtype code (``codes``, 5 x 256): the kinds a
@@ -175,7 +175,7 @@ def read_head(buf, size, codes, allowed, params):
     return ints, u8, floats[0]
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _fixed(buf, size, codes, params, fields, floats):
     """The header's fields up to its stream tables into ``fields`` (its shape from
     ``NF`` on) and ``floats`` (see :func:`read_head`). Returns ``(error, detail,

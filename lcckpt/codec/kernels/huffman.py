@@ -10,14 +10,14 @@ The bit writer and reader are those of :mod:`lcckpt.codec.kernels.bits`, shared 
 """
 
 import numpy as np
-from numba import njit
 
+from ...util.jit import kernel
 from .bits import Z, clz64, flush, lookup, put, refill
 
 MAX_CODE_LEN = 12          # one 4096-entry lookup table decodes any code
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def code_lengths(counts, max_len):
     """Huffman code lengths for ``counts``, limited to ``max_len`` bits.
 
@@ -92,7 +92,7 @@ def code_lengths(counts, max_len):
     return lengths
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def canonical_codes(lengths):
     """Canonical code values for ``lengths`` (DEFLATE's assignment)."""
     n = lengths.size
@@ -114,7 +114,7 @@ def canonical_codes(lengths):
     return codes
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def decode_table(lengths, table_bits):
     """Lookup table of ``2**table_bits`` entries: ``(symbol << 4) | length``; 0 = invalid.
 
@@ -135,7 +135,7 @@ def decode_table(lengths, table_bits):
 # --- encoding --------------------------------------------------------------------------
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def additive(cent):
     """The centroids with symbol 0 adding ``-0.0``, so reconstruction adds need no branch.
 
@@ -151,7 +151,7 @@ def additive(cent):
     return cz
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def encode_symbols(sym, start, stop, codes, lengths, out, pos, cent, fout, apply):
     """Per-element Huffman: code ``sym[start:stop]`` into ``out`` from byte ``pos``.
 
@@ -170,7 +170,7 @@ def encode_symbols(sym, start, stop, codes, lengths, out, pos, cent, fout, apply
     return flush(acc, nb, out, p)
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _run_symbol(sym, start, stop, codes, lengths):
     """The symbol whose code is the one bit "0" where it comes in runs (three in four of
     up to 64 blocks of eight spread over the stream are all of it: a sparse plane), for
@@ -191,7 +191,7 @@ def _run_symbol(sym, start, stop, codes, lengths):
     return z if 4 * hits >= 3 * tried else -1
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _put_each(sym, start, stop, codes, lengths, out, pos):
     """Every symbol's code word, one put each: the writer's state ``(acc, nb, p)``."""
     acc = Z
@@ -203,7 +203,7 @@ def _put_each(sym, start, stop, codes, lengths, out, pos):
     return acc, nb, p
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _put_runs(sym, start, stop, codes, lengths, out, pos, z):
     """:func:`_put_each` for a stream of mostly ``z``, whose code is the bit 0: eight
     symbols at a time, and eight of ``z`` are eight 0 bits (runs of them 32 bits a put);
@@ -229,7 +229,7 @@ def _put_runs(sym, start, stop, codes, lengths, out, pos, z):
     return acc, nb, p
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _all_eight(sym, j, z):
     """``sym[j:j + 8]`` all equal ``z``, without a branch per symbol."""
     d = 0
@@ -243,7 +243,7 @@ def _all_eight(sym, j, z):
 
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def decode_symbols(buf, start, end, n, table, table_bits, out, out_start, cent, fout, apply):
     """Decode ``n`` symbols from ``buf[start:end]`` into ``out[out_start:]``.
 
@@ -257,7 +257,7 @@ def decode_symbols(buf, start, end, n, table, table_bits, out, out_start, cent, 
                         cent, fout, apply)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _decode_from(buf, p, end, acc, nb, i, n, table, table_bits, out, out_start, cent, fout,
                  apply):
     """Symbols ``i..n-1``, one table lookup each, from the reader state ``(acc, nb, p)``;
@@ -289,7 +289,7 @@ def _decode_from(buf, p, end, acc, nb, i, n, table, table_bits, out, out_start, 
 MULTI_BITS = 12
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def multi_decode_table(lengths, sym_bits):
     """Window -> ``consumed | count << 4 | sym_k << (8 + sym_bits * k)``; count 0 = invalid.
 
@@ -319,7 +319,7 @@ def multi_decode_table(lengths, sym_bits):
 SPARSE_BITS = 1.1         # coded bits per symbol under which a chunk is mostly zeros
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def decode_symbols_multi(buf, start, end, n, multi, sym_bits, single, table_bits, out, out_start,
                          cent, fout, apply):
     """As :func:`decode_symbols`, several symbols per lookup; the tail goes one by one.
@@ -350,7 +350,7 @@ def decode_symbols_multi(buf, start, end, n, multi, sym_bits, single, table_bits
     return used
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def add_decoded(sym, so, n, cz, fout, fo):
     """``fout[fo + k] += cz[sym[so + k]]`` for ``k < n``: the second pass of a dense
     chunk decoded apart from its adds (``cz``: :func:`additive` centroids)."""
@@ -359,7 +359,7 @@ def add_decoded(sym, so, n, cz, fout, fo):
         f[k] += cz[s[k]]
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _multi_into(buf, start, end, n, multi, sym_bits, single, table_bits, out, out_start,
                 cent, fout, apply):
     """:func:`decode_symbols_multi` in one pass: symbols stored into ``out[out_start:]``,
@@ -416,7 +416,7 @@ def _multi_into(buf, start, end, n, multi, sym_bits, single, table_bits, out, ou
     return -1 if tail < 0 else np.int64(consumed) + tail
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def decode_tail(buf, p, end, acc, nb, i, n, table, table_bits, out, out_start, cent, fout,
                 apply):
     """:func:`_decode_from` as a call of its own: the multi-symbol readers' tails (one

@@ -10,14 +10,14 @@ blobs, do not change.
 """
 
 import numpy as np
-from numba import njit
 
+from ...util.jit import kernel
 from .sums import pairwise_sum
 
 _HUGE = 1e300          # an infinite bin edge, capped as the numpy code caps it
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def compact(cnt, s1, s2, bounds):
     """The histogram's nonzero bins among the first ``bounds.size - 1``: ``(count as
     float, sum, sum of squares, lower edge, upper edge, mean)`` per bin, in bin order (as
@@ -46,7 +46,7 @@ def compact(cnt, s1, s2, bounds):
     return c, a, b, lo, hi, mean
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _bin_level(lo, hi, mean, step, up):
     """``(level of the bin, True when it spans two levels or more)``: the level of its
     edges where both round alike, else of its mean."""
@@ -56,14 +56,14 @@ def _bin_level(lo, hi, mean, step, up):
     return q, q_hi - q_lo >= 2
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def bin_levels(lo, hi, mean, step, up, q):
     """Each bin's level at ``step`` into ``q`` (``ErrorModel.levels``)."""
     for j in range(lo.size):
         q[j] = _bin_level(lo[j], hi[j], mean[j], step, up)[0]
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def errors_sq(lo, hi, mean, cnt, s1, s2, steps, up, wide_err, out):
     """``ErrorModel.errors_sq``: the modelled ``||u - ũ||²`` of each decision step,
     its levels restored with their least-squares step, into ``out``; a bin wider than a
@@ -91,7 +91,7 @@ def errors_sq(lo, hi, mean, cnt, s1, s2, steps, up, wide_err, out):
         out[t] = pairwise_sum(a)
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def last_within(lo, hi, mean, cnt, s1, s2, steps, up, wide_err, tol_sq, out):
     """:func:`errors_sq` of ``steps`` into ``out``; the index of the last step whose error
     is within ``tol_sq`` (-1 if none)."""
@@ -103,7 +103,7 @@ def last_within(lo, hi, mean, cnt, s1, s2, steps, up, wide_err, tol_sq, out):
     return last
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def refine(lo, hi, mean, cnt, s1, s2, grid, i, up, wide_err, tol_sq):
     """``ErrorModel.step_for``'s two finer grids: 9 steps from ``grid[i]`` (within
     ``tol_sq``) to ``grid[i + 1]`` (not), as ``np.linspace`` spaces them, twice; the

@@ -29,8 +29,8 @@ size read from a "pairs" chunk is checked against the chunk's end before it is u
 """
 
 import numpy as np
-from numba import njit
 
+from ...util.jit import kernel
 from .bits import U8, Z, flush, load64, lookup, put, reader_at, refill
 from .huffman import _decode_from, canonical_codes, code_lengths, decode_table
 from .runs import _count_letter
@@ -40,19 +40,19 @@ WIN = np.uint64(52)            # 64 - MULTI_BITS: the multi table's window is 12
 ROOM = 8                       # bytes of output a multi-table lookup stores
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _shift(width):
     """Where the top byte of the word rotated left by one starts in the unrotated word
     (that byte is the exponent of fp32 and bf16)."""
     return np.uint32(8 * width - 9)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _top(x, sh):
     return (np.uint32(x) >> sh) & np.uint32(0xFF)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _rot(x, width):
     if width == 4:
         y = np.uint32(x)
@@ -61,7 +61,7 @@ def _rot(x, width):
     return ((y << np.uint32(1)) | (y >> np.uint32(15))) & np.uint32(0xFFFF)
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def top_histogram(words, start, stop, width, hist):
     """``hist[width-1]``: exact counts of the top plane of ``words[start:stop]``; the
     lower planes of every SAMPLE-th word into ``hist[k]``. Eight interleaved sub-counts
@@ -88,7 +88,7 @@ def top_histogram(words, start, stop, width, hist):
             hist[k, (x >> np.uint32(8 * k)) & np.uint32(0xFF)] += 1
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def lower_histogram(words, start, stop, width, hist):
     """``hist[k]``: exact counts of lower plane ``k`` of ``words[start:stop]``.
 
@@ -115,7 +115,7 @@ def lower_histogram(words, start, stop, width, hist):
         hist[k, 0] += zeros
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _zero_eight(w, i):
     """``w[i:i + 8]`` are all 0, without a branch per word."""
     u = np.uint64(i)                    # unsigned: no negative-index fix-up per load
@@ -124,7 +124,7 @@ def _zero_eight(w, i):
     return o == 0
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def lower_runs_histogram(words, start, stop, width, hist, extra):
     """``hist[k]``: the letters (run of zero bytes, the byte that ends it) of lower plane
     ``k`` of ``words[start:stop]``, as :func:`lcckpt.codec.kernels.runs.runs_histogram`
@@ -161,7 +161,7 @@ def lower_runs_histogram(words, start, stop, width, hist, extra):
 TOP_HUFFMAN, TOP_RAW, TOP_CONST = 0, 1, 2
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _write64(out, p, v):
     """``v`` big-endian at ``out[p:p + 8]`` (LLVM fuses the stores into one)."""
     u = np.uint64(p)                    # unsigned: no negative-index fix-up per store
@@ -169,7 +169,7 @@ def _write64(out, p, v):
         out[u + np.uint64(k)] = np.uint8((v >> np.uint64(56 - 8 * k)) & np.uint64(0xFF))
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def pair_codes(codes, lengths):
     """``(code of a, code of b) << 5 | length`` for every letter pair ``a << 8 | b``: one
     put per two exponents (a pair is at most 24 bits with 12-bit codes)."""
@@ -183,7 +183,7 @@ def pair_codes(codes, lengths):
 BLOCK = 4096                   # words split per step: the coder re-reads them from L1
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def split_code(words, start, stop, width, out, raw_pos, top_mode, top_pos, limit, codes,
                lengths, pairs):
     """Chunk ``words[start:stop]``: lower plane ``k`` raw to ``out[raw_pos[k]:]``, the top
@@ -253,7 +253,7 @@ def split_code(words, start, stop, width, out, raw_pos, top_mode, top_pos, limit
 
 # --- decoding --------------------------------------------------------------------------
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _put_entry(win, multi, out, o):
     """The multi-table entry for the top 12 bits of ``win``; stores its six bytes at
     ``out[o:]`` and two bytes of no meaning after them (the caller leaves ROOM bytes)."""
@@ -265,14 +265,14 @@ def _put_entry(win, multi, out, o):
     return e
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _lookup(buf, bp, multi, out, o):
     """One multi-table lookup at bit ``bp`` (see :func:`_put_entry`); the entry's low
     byte says how many bits were used and how much was decoded."""
     return _put_entry(load64(buf, bp >> np.uint64(3)) << (bp & np.uint64(7)), multi, out, o)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _step(buf, bp, multi, out, o):
     """:func:`_lookup` of letters: returns ``(bits used, letters)``; 0 letters marks an
     invalid code."""
@@ -280,7 +280,7 @@ def _step(buf, bp, multi, out, o):
     return e & np.uint64(15), np.int64((e >> np.uint64(4)) & np.uint64(15))
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _fast(buf, bp, end, i, n, multi, out, o):
     """Lookups while eight bytes can be loaded and stored; returns the
     reader's bit position and letter count, or letter count -1 on an invalid code."""
@@ -296,7 +296,7 @@ def _fast(buf, bp, end, i, n, multi, out, o):
     return bp, i
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _tail(buf, start, bp, end, i, n, single, tb, out, o):
     """The rest of a chunk with the careful reader; returns the bits consumed in all."""
     acc, nb, p = reader_at(buf, bp, end)
@@ -307,7 +307,7 @@ def _tail(buf, start, bp, end, i, n, single, tb, out, o):
     return np.int64(bp) - 8 * start + t
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def decode_top(buf, start, end, n, multi, single, tb, out, o):
     """Decode ``n`` letters of one chunk (bytes ``buf[start:end]``) into ``out[o:o + n]``.
     Returns the bits consumed, -1 if invalid."""
@@ -317,7 +317,7 @@ def decode_top(buf, start, end, n, multi, single, tb, out, o):
     return _tail(buf, start, bp, end, i, n, single, tb, out, o)
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def decode4(bufs, s, e, n, multis, singles, tbs, out, o, used):
     """Four Huffman streams of byte letters side by side: stream ``j`` is
     ``bufs[j][s[j]:e[j]]`` (``n[j]`` letters, multi table ``multis[j]``, single table
@@ -394,7 +394,7 @@ def decode4(bufs, s, e, n, multis, singles, tbs, out, o, used):
     used[3] = _finish(buf3, s[3], b3, e[3], i3, n[3], m3, t3, tbs[3], out, o3)
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _finish(buf, start, bp, end, i, n, multi, single, tb, out, o):
     """One stream's rest: fast lookups while eight bytes can be loaded, then the careful
     reader; the bits consumed in all, or -1. A call, not inlined: the four copies that
@@ -405,7 +405,7 @@ def _finish(buf, start, bp, end, i, n, multi, single, tb, out, o):
     return _tail(buf, start, bp, end, i, n, single, tb, out, o)
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def decode_top4(buf, s, e, n, multi, single, tb, out, o, used):
     """Four chunks of one buffer and code at once (:func:`decode4`; ``s``, ``e``, ``n``,
     ``o``: int64[4] of starts, ends, letter counts and output offsets)."""
@@ -447,13 +447,13 @@ def pairs_bound(m: int) -> int:
     return 2 * m + 256
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _put32(out, p, v):
     for k in range(4):
         out[p + k] = np.uint8((v >> (8 * k)) & 0xFF)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _get32(buf, p):
     return (np.int64(buf[p]) | (np.int64(buf[p + 1]) << 8) | (np.int64(buf[p + 2]) << 16)
             | (np.int64(buf[p + 3]) << 24))
@@ -462,7 +462,7 @@ def _get32(buf, p):
 RANK_SAMPLE = 32               # ranks come from every 32nd exponent of the chunk
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def pairs_encode(words, start, stop, width, escaped, out, hist, max_escapes):
     """Code the exponents (top bytes of the rotated words) of ``words[start:stop]`` into
     ``out`` (at least :func:`pairs_bound` bytes); ``escaped`` is scratch of ``m`` bytes.
@@ -585,7 +585,7 @@ def pairs_encode(words, start, stop, width, escaped, out, hist, max_escapes):
     return p
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _copy(dst, d0, src, s0, m):
     """``dst[d0:d0 + m] = src[s0:s0 + m]``, whose sizes the caller has checked; a loop,
     not a slice assignment, whose shape-mismatch error took seconds to compile."""
@@ -599,7 +599,7 @@ PAIR_USED = np.uint64(58)      # pair-table entry: bits used << 58 | bytes decod
 PAIR_GOT = np.uint64(48)       # | the six exponent bytes (three pairs) in the low 48 bits
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _pair_tables(lengths, lut):
     """The one-letter table ``(letter << 4) | length`` and the pair table: per 12-bit
     window up to three whole pairs, ``bits used << 58 | bytes << 48 | the six bytes``.
@@ -627,7 +627,7 @@ def _pair_tables(lengths, lut):
     return single, multi
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _pair_lookup(win, multi, out, o):
     """The pair-table entry for the top 12 bits of ``win``; its six bytes are stored at
     ``out[o:o + 8]`` (the caller leaves eight bytes of room) with one 8-byte store."""
@@ -638,13 +638,13 @@ def _pair_lookup(win, multi, out, o):
     return x
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _pair_got(x):
     """Bytes decoded by pair-table entry ``x`` (0: an invalid code)."""
     return np.int64((x >> PAIR_GOT) & np.uint64(7))
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def pairs_decode(buf, s, e, m, out, o):
     """Decode one "pairs" chunk, bytes ``buf[s:e]``, into ``out[o:o + m]`` (nothing is
     written outside it). Every size is checked against ``e`` before it is used; returns
@@ -792,7 +792,7 @@ def pairs_decode(buf, s, e, m, out, o):
     return _patch_escapes(buf, esc, nesc, hole, out, o, m)
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _patch_escapes(buf, esc, nesc, hole, out, o, m):
     """Replace every ``hole`` byte of ``out[o:o + m]``, in order, by the next escaped
     exponent. Escapes are rare: 64 bytes are tested at a time by a count that
@@ -826,7 +826,7 @@ def _patch_escapes(buf, esc, nesc, hole, out, o, m):
 CHUNK_HUFFMAN, CHUNK_RAW, CHUNK_CONST, CHUNK_PAIRS = 0, 3, 4, 5
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _merge_chunk(buf, raw_base, lo, hi, top, words, width):
     """Words ``lo:hi`` from the raw lower planes in ``buf`` and the exponents ``top``,
     rotated back (loops over views from 0: they vectorize)."""
@@ -847,7 +847,7 @@ def _merge_chunk(buf, raw_base, lo, hi, top, words, width):
             w[i] = np.uint16((x >> np.uint16(1)) | (x << np.uint16(15)))
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def decode_float_chunks(buf, raw_base, tbase, offsets, modes, consts, c0, c1, cs, n,
                         width, words, block, multi, single, tb):
     """Chunks ``c0:c1`` of a float blob whose lower planes are raw (at ``raw_base[k]``

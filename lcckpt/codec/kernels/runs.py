@@ -12,8 +12,8 @@ Both stay canonical Huffman; only the letters change.
 """
 
 import numpy as np
-from numba import njit
 
+from ...util.jit import kernel
 from .bits import W, Z, flush, load64, lookup, put, reader_at, refill
 from .buckets import LANES
 from .huffman import MULTI_BITS, additive, decode_table
@@ -26,7 +26,7 @@ CMP_KEYS = 7                      # kept buckets up to which pass 2 compares ins
 _OFFSET_MASK = np.uint32((1 << 24) - 1)  # a listed nonzero: offset in its chunk | symbol << 24
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _bit_length(r):
     c = 0
     while r > 0:
@@ -35,7 +35,7 @@ def _bit_length(r):
     return c
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _count_letter(hist, run, S, s):
     """Count the letter of ``run`` zeros then symbol ``s`` (0: the run that closes a
     chunk); returns its raw extra bits."""
@@ -44,7 +44,7 @@ def _count_letter(hist, run, S, s):
     return c - 1 if c > 1 else 0
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _list_nonzero(sb, base, pos, dense):
     """Write ``base + j`` for every nonzero ``sb[j]`` into ``pos``; return how many.
 
@@ -72,7 +72,7 @@ def _list_nonzero(sb, base, pos, dense):
 
 # --- grouped ---------------------------------------------------------------------------
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _letter(sym, i, stop, g, b):
     """The ``g`` symbols from ``i`` packed into one letter, first in the high bits;
     positions at or past ``stop`` count as zeros."""
@@ -85,7 +85,7 @@ def _letter(sym, i, stop, g, b):
     return letter
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _whole_letter(sym, i, g, b):
     """:func:`_letter` of a group that lies wholly before the end: no test per symbol."""
     letter = 0
@@ -94,7 +94,7 @@ def _whole_letter(sym, i, g, b):
     return letter
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def grouped_histogram(sym, start, stop, g, b, hist):
     """Count the letters of ``g`` packed ``b``-bit symbols over ``sym[start:stop]``."""
     whole = start + (stop - start) // g * g
@@ -104,7 +104,7 @@ def grouped_histogram(sym, start, stop, g, b, hist):
         hist[_letter(sym, whole, stop, g, b)] += 1
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def encode_grouped(sym, start, stop, g, b, codes, lengths, out, pos, cent, fout, apply):
     """``apply``: advance the reference as in :func:`lcckpt.codec.kernels.huffman.encode_symbols`."""
     acc = Z
@@ -128,7 +128,7 @@ def encode_grouped(sym, start, stop, g, b, codes, lengths, out, pos, cent, fout,
     return flush(acc, nb, out, p)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _emit_letter(letter, i, n, g, b, out, out_start, cz, fout, apply):
     """Unpack one letter into symbols ``i..i+g-1`` (those below ``n``): stored, or with
     ``apply`` added as centroids into ``fout``."""
@@ -160,7 +160,7 @@ def decode_grouped(buf, start, end, n, g, b, table, table_bits, out, out_start, 
                                 out_start, cent, fout, apply)
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def decode_grouped_multi(buf, start, end, n, g, b, multi, table, table_bits, out, out_start,
                          cent, fout, apply):
     """:func:`decode_grouped` in two passes: the chunk's letters into a byte buffer with
@@ -209,7 +209,7 @@ def decode_grouped_multi(buf, start, end, n, g, b, multi, table, table_bits, out
     return consumed
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _grouped_letters(buf, start, end, nletters, multi, table, table_bits, letters):
     """Decode ``nletters`` 8-bit letters into ``letters`` (which has 8 bytes of room
     past them); returns the bits consumed, -1 on an invalid code. With a ``multi`` table,
@@ -248,7 +248,7 @@ def _grouped_letters(buf, start, end, nletters, multi, table, table_bits, letter
     return consumed
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _letter_adds(cz, g, b):
     """Row ``l`` (flat, ``g`` wide): what each of the ``g`` symbols packed in letter ``l`` adds (``cz`` of
     :func:`~lcckpt.codec.kernels.huffman.additive`, so zeros add -0.0); the decoder adds a row
@@ -263,7 +263,7 @@ def _letter_adds(cz, g, b):
 
 # --- zero runs -------------------------------------------------------------------------
 
-@njit(cache=True, nogil=True)
+@kernel
 def runs_histogram(sym, start, stop, S, hist):
     """Count (run class, symbol) letters; return the number of raw extra bits."""
     extra = 0
@@ -280,7 +280,7 @@ def runs_histogram(sym, start, stop, S, hist):
     return extra
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def runs_histogram_dense(sym, start, stop, S, hist, counts):
     """:func:`runs_histogram` of a chunk that is mostly nonzero, from its symbol counts
     ``counts``: every nonzero symbol is first counted as a letter with no zeros before
@@ -310,7 +310,7 @@ def runs_histogram_dense(sym, start, stop, S, hist, counts):
     return extra
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def encode_runs(sym, start, stop, S, codes, lengths, out, pos, cent, fout, apply):
     """One code word (plus extra bits) per nonzero symbol, and one for the trailing zeros.
 
@@ -355,7 +355,7 @@ def encode_runs(sym, start, stop, S, codes, lengths, out, pos, cent, fout, apply
     return flush(acc, nb, out, p)
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def encode_runs_listed(sym, start, stop, nz, S, codes, lengths, out, pos, cent, fout, apply):
     """:func:`encode_runs` from the list of nonzero symbols the quantizer made while it
     wrote them (``nz``: for every ``i`` in ``[start, stop)`` with ``sym[i] != 0``,
@@ -401,7 +401,7 @@ RUNS_WINDOW = 12
 RUNS_ITEMS = 3
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def runs_decode_table(lengths, S):
     """Multi-item table for the runs stream: each 12-bit window maps to up to three whole
     (code word, extra bits) items with runs below 256 and nonzero symbols.
@@ -440,7 +440,7 @@ def runs_decode_table(lengths, S):
     return table
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start, cent, fout, apply,
                 multi):
     """Decode ``n`` symbols; returns bits consumed or -1 on any inconsistency.
@@ -523,7 +523,7 @@ def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start, cent, 
     return np.int64(consumed)
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def map_symbols_runs(keys, start, stop, lut, sym, S, hist, nz):
     """The quantizer's pass 2 (``sym = lut[keys]``) fused with :func:`runs_histogram`.
 
@@ -566,7 +566,7 @@ def map_symbols_runs(keys, start, stop, lut, sym, S, hist, nz):
     return extra
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def map_symbols_sums(keys, u, ref, use_ref, start, stop, lut, kept_keys, sym, S, runs, hist,
                      sums, nz, write):
     """The quantizer's pass 2 after :func:`lcckpt.codec.kernels.buckets.key_counts`.
@@ -644,7 +644,7 @@ def map_symbols_sums(keys, u, ref, use_ref, start, stop, lut, kept_keys, sym, S,
     return extra
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def fill_listed(sym, start, stop, nz):
     """Write ``sym[start:stop]`` from its list of nonzero symbols ``nz`` (as
     :func:`map_symbols_sums` makes it): zeros, then each listed symbol in its place."""

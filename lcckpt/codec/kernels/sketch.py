@@ -9,12 +9,13 @@ Numba over one element range, so callers fan chunks out over the thread pool.
 """
 
 import numpy as np
-from numba import njit
+
+from ...util.jit import kernel
 
 BLOCK = 1024        # elements whose mixes are computed before their adds (L1-resident)
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _mix(i):
     z = np.uint64(i) * np.uint64(0x9E3779B97F4A7C15)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -22,7 +23,7 @@ def _mix(i):
     return z ^ (z >> np.uint64(31))
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def add_sketch(x, start, stop, out, log2m):
     """``out[h(i) % m] += s(i) * x[i]`` for ``i`` in ``[start, stop)``, ``m = out.size =
     2**log2m`` with ``1 <= log2m <= 32`` (the bucket is the mix's top bits, the sign its lowest); returns
@@ -39,7 +40,7 @@ def add_sketch(x, start, stop, out, log2m):
     return ss
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def signed_buckets(x, b0, nb, shift, bucket, signed, copy_to, copy):
     """Bucket and signed value of ``x[j]``, element ``b0 + j`` of the sketched range, for
     ``j < nb`` (``x`` indexed from 0, so the loop vectorizes); ``copy``: also
@@ -54,7 +55,7 @@ def signed_buckets(x, b0, nb, shift, bucket, signed, copy_to, copy):
         signed[j] = np.float64(2 * np.int64(h & np.uint64(1)) - 1) * np.float64(v)
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def copy_sketch(dst, src, start, stop, out, log2m):
     """``dst[start:stop] = src[start:stop]`` and :func:`add_sketch` of ``src`` over the
     range, in one read (a keyframe's reference copy and its movement base: the same

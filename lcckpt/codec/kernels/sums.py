@@ -3,12 +3,13 @@ expression's result exactly (a sequential sum differs in the last bits, and a st
 mode chosen by comparing such sums could then change)."""
 
 import numpy as np
-from numba import njit
+
+from ...util.jit import kernel
 
 _BLOCK = 128           # numpy's PW_BLOCKSIZE
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _block_sum(a, lo, n):
     """numpy's pairwise summation of at most 128 elements: in order below 8, else 8
     interleaved accumulators, joined pairwise, then the tail in order."""
@@ -38,7 +39,7 @@ def _block_sum(a, lo, n):
     return res
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def pairwise_sum(a):
     """``np.sum(a)`` of a contiguous float64 array, bit for bit: numpy's
     ``pairwise_sum`` (blocks of at most 128 elements, longer spans halved on a multiple
@@ -73,7 +74,7 @@ def pairwise_sum(a):
     return 0.0 + vals[0]
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def choose_modes(score, coded, table, out):
     """``entropy._choose``, compiled: for every subset of the coded modes (rows
     ``coded``), each chunk (column of ``score``) takes its cheapest allowed row (the

@@ -7,7 +7,8 @@ into exceptions naming the chunk.
 """
 
 import numpy as np
-from numba import njit
+
+from ...util.jit import kernel
 
 OK, TRUNCATED, NOT_ALLOWED, NO_TABLE, CONST_WIDE, BAD_SIZE, RAW_SIZE = range(7)
 ERRORS = {
@@ -21,7 +22,7 @@ ERRORS = {
 MODE_OK, MODE_NO_TABLE = 1, 2        # values of ``mode_state``; 0: not allowed
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def read_chunk_table(buf, pos, end, nchunks, n, chunk_size, b, mode_state, const_mode,
                      raw_mode, size_limit, modes, consts, nbytes):
     """Fill ``modes``/``consts``/``nbytes`` from ``buf[pos:end]``.
@@ -79,7 +80,7 @@ L_OK, L_TRUNCATED, L_PADDING, L_BITMAP, L_ZERO_USED, L_COUNT, L_GAP, L_LETTER, L
     L_KIND, L_INVALID, L_KRAFT = range(12)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _uvar_len(v):
     """Bytes of ``v >= 0`` as an unsigned LEB128 varint (at most 5: values below 2**35)."""
     n = 1
@@ -89,7 +90,7 @@ def _uvar_len(v):
     return n
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def layout_sizes(lengths):
     """Bytes of a code table in each of its three layouts, the kind byte aside: a nibble
     per letter; a bitmap of the letters used, then their nibbles; their count, then a
@@ -107,7 +108,7 @@ def layout_sizes(lengths):
     return (n + 1) // 2, (n + 7) // 8 + (used + 1) // 2, _uvar_len(used) + gaps + used
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def uvar(buf, pos, end, limit):
     """(value, pos, error) of an unsigned LEB128 varint at most ``limit``: L_TRUNCATED,
     L_VARINT (over 64 bits) or L_COUNT (past ``limit``; the value -1 where it is 2**63
@@ -134,7 +135,7 @@ def uvar(buf, pos, end, limit):
     return v, pos, L_OK
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def read_lengths(buf, pos, end, size, max_len):
     """Code lengths of an alphabet of ``size`` letters from ``buf[pos:end]``: a kind byte,
     then 0: a nibble per letter (high nibble first, zero padding); 1: a bitmap of the
@@ -210,7 +211,7 @@ def read_lengths(buf, pos, end, size, max_len):
     return lengths, pos, L_OK, 0
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def escapes_valid(idx, n, val):
     """Whether a uniform blob's escapes are strictly increasing indices below ``n`` with
     finite values."""

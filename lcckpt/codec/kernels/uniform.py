@@ -13,14 +13,14 @@ second moment.
 """
 
 import numpy as np
-from numba import njit
 
+from ...util.jit import kernel
 from .sketch import signed_buckets
 
 BIG = 1 << 62          # the zigzag value of an escape forced by step 0 or by a huge level
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _zigzag(d, step, up):
     if step == 0.0:
         return 0 if d == 0 else BIG
@@ -34,7 +34,7 @@ def _zigzag(d, step, up):
     return 2 * q - 1 if a < 0 else 2 * q
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _floored(z, r, ui, step, floor):
     """Zigzag level ``z`` raised so that ``r + level·step >= floor·ui`` (``ui >= 0``;
     ``step``: the reconstruction step)."""
@@ -56,7 +56,7 @@ def _floored(z, r, ui, step, floor):
     return 2 * level
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def level_histogram(u, ref, use_ref, start, stop, step, up, floor, rstep, hist):
     """``hist[min(z, 256)] += 1`` for the zigzag level ``z`` of every element (levels
     decided with ``step``, restored with ``rstep``)."""
@@ -69,7 +69,7 @@ def level_histogram(u, ref, use_ref, start, stop, step, up, floor, rstep, hist):
         hist[z if z < 256 else 256] += 1
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _element(ui, r, step, up, floor, rstep, S, table, limit, use_limit):
     """One element the plain way: ``(symbol, escape, squared error)``. The reference
     for the blocked kernel, and what it falls back to where it cannot decide."""
@@ -90,7 +90,7 @@ def _element(ui, r, step, up, floor, rstep, S, table, limit, use_limit):
     return (0 if e else z), e, x * x
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def quantize_scalar(u, ref, use_ref, start, stop, step, up, floor, rstep, S, table, limit,
                     use_limit, sym, esc, hist):
     """:func:`quantize_range` one element at a time: for ``step == 0`` (every change an
@@ -111,7 +111,7 @@ BLOCK = 1024           # elements per block of the blocked kernel: its buffers s
 NEAR = 1e-9            # how close to a rounding boundary a level is decided the slow way
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _levels(u, ref, b0, nb, inv, up, floor, rstep, inv_r, S, limit, use_floor, use_ref, sym,
             x2, flags, dtype_of):
     """The vectorizable half of a block: symbols, squared errors and per-element flags
@@ -166,7 +166,7 @@ def _levels(u, ref, b0, nb, inv, up, floor, rstep, inv_r, S, limit, use_floor, u
     return flagged
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _levels_plain(u, ref, b0, nb, inv, up, rstep, S, limit, use_ref, sym, x2, flags,
                   dtype_of):
     """:func:`_levels` without the floor, its levels and symbols kept as floats (whole
@@ -202,7 +202,7 @@ def _levels_plain(u, ref, b0, nb, inv, up, rstep, S, limit, use_ref, sym, x2, fl
     return flagged
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def quantize_range(u, ref, use_ref, start, stop, step, up, floor, rstep, S, table, limit,
                    use_limit, sym, esc, hist, skip_zeros=True):
     """Symbols and escape flags of ``[start, stop)``, and the error of its reconstruction.
@@ -298,7 +298,7 @@ def quantize_range(u, ref, use_ref, start, stop, step, up, floor, rstep, S, tabl
     return err
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def count_bits(bitmap):
     """The number of set bits of ``bitmap`` (zero bytes skipped: escapes are rare)."""
     count = 0
@@ -312,7 +312,7 @@ def count_bits(bitmap):
     return count
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def list_bits(bitmap, n, out):
     """Write the indices (increasing) of the set bits among the first ``n`` of ``bitmap``
     (bit ``i % 8`` of byte ``i // 8``) into ``out`` (any integer dtype that holds them, at
@@ -330,7 +330,7 @@ def list_bits(bitmap, n, out):
     return k
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _nan_if_inf(x):
     """0.0 for a finite ``x``, NaN for NaN or ±Inf (``x * 0``)."""
     return np.float64(x) * 0.0
@@ -339,7 +339,7 @@ def _nan_if_inf(x):
 MAG_BINS = 1 << 14     # float32 exponent (8 bits) and the top 6 mantissa bits of |d|
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _plus_zeros(ub, rb, use_ref, nb):
     """Whether ``ub[:nb]`` (and ``rb[:nb]`` with ``use_ref``) are all +0.0: no bit set
     (not -0.0, not NaN). A dense block is told by its first element; the others by an
@@ -357,7 +357,7 @@ def _plus_zeros(ub, rb, use_ref, nb):
     return acc == 0
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def survey_range(u, ref, use_ref, start, stop, out, sketch, log2m, cnt, s1, s2,
                  skip_zeros=True):
     """One read of ``u`` (and ``ref``) over ``[start, stop)`` for everything a delta
@@ -455,7 +455,7 @@ def survey_range(u, ref, use_ref, start, stop, out, sketch, log2m, cnt, s1, s2,
     out[2] = min(min(m0, m1), min(m2, m3))
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def direction_range(u, ref, use_ref, m, start, stop, a, b):
     """Per magnitude bin of ``|d|`` (the bins of :func:`survey_range`), ``d = u - ref``,
     over ``[start, stop)``: the sum of ``m·sign(d)`` into ``a`` and of ``m·d`` into
@@ -481,14 +481,14 @@ def direction_range(u, ref, use_ref, m, start, stop, a, b):
                 b[k] += w * d
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _index(idx, i, n):
     """``idx[i]`` as an int64, or -1 when it falls outside ``[0, n)``."""
     j = np.int64(idx[i])
     return j if 0 <= j < n else np.int64(-1)
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def set_escapes(out, idx, val):
     """``out[idx[i]] = val[i]``: a uniform blob's escaped elements set (numpy's fancy
     assignment converts the indices and holds the GIL: 21 ms for the 3.2M escapes of a
@@ -504,7 +504,7 @@ def set_escapes(out, idx, val):
     return bad
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def take(src, idx, out):
     """``out[i] = src[idx[i]]`` (the escaped elements' values), bounds checked as
     :func:`set_escapes`."""
@@ -518,7 +518,7 @@ def take(src, idx, out):
     return bad
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _lower_bound(idx, x):
     """The first ``i`` with ``idx[i] >= x`` in increasing ``idx`` (its size if none)."""
     lo, hi = 0, idx.size
@@ -531,7 +531,7 @@ def _lower_bound(idx, x):
     return lo
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def set_range_escapes(out, idx, val, start, stop):
     """:func:`set_escapes` of the escapes whose index is in ``[start, stop)`` (a chunk's),
     found by binary search in the increasing ``idx``; ``np.searchsorted`` would first
