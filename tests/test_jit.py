@@ -135,3 +135,15 @@ def test_a_kernel_cached_by_one_process_loads_in_the_next(tmp_path):
     assert runs[0].stdout.split() == ["0", "2"]     # compiled and saved for int and float
     assert runs[1].stdout.split() == ["2", "0"]     # both loaded from the cache
     assert (tmp_path / "__pycache__" / jit.CACHE_LOCK).exists()
+
+
+def test_a_filesystem_without_locks_still_saves(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    idx = _index(tmp_path)
+    idx.save("sig-a", "code-a")
+    assert idx.load("sig-a") == "code-a"

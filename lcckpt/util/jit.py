@@ -12,7 +12,7 @@ Here each save holds an exclusive ``flock`` on a lock file in the cache director
 it reads the index, writes the data and only then the index, so an index never names a
 file that does not hold its signature's code. Loads need no lock: both files are
 replaced atomically. Where the lock cannot be taken (no ``fcntl``, a read-only lock
-file) saves keep the safe order without it.
+file, a filesystem without locks) saves keep the safe order without it.
 """
 
 from __future__ import annotations
@@ -59,7 +59,10 @@ def _locked(directory: str):
         yield
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:             # a filesystem without locks (ENOLCK): the order alone
+            pass
         yield
     finally:
         os.close(fd)                # closing the fd drops the flock
