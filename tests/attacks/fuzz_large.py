@@ -3,10 +3,11 @@ linked and faulted cases, each loaded in a worker process under a 4 GB address-s
 
     python tests/attacks/fuzz_large.py [--seed 0] [--scale 1]
 
-Builds plain, compressed and chain checkpoints of a small model and of states made to
-have many equal-length sections, then runs tests/_fuzz_worker.py on each: bit flips,
-truncations, every swap of equal-length sections, every same-length splice from a
-neighbouring file, decompression bombs and forged headers. Then
+Builds plain, compressed and chain checkpoints of a small model, of states made to
+have many equal-length sections and of sparse moments (exact blobs with zero runs),
+then runs tests/_fuzz_worker.py on each: bit flips, truncations, every swap of
+equal-length sections, every same-length splice from a neighbouring file,
+decompression bombs and forged headers. Then
 tests/attacks/_fuzz_foreign.py (torch.save and safetensors files: flips, truncations,
 zip bombs, crafted safetensors headers) and tests/attacks/_fuzz_storage.py (injected
 EIO/EPERM/ENOSPC/EROFS on every fsync, rename, unlink and create of a run of saves; a
@@ -54,15 +55,24 @@ def _twins(seed: int) -> dict:
     return out
 
 
+def _sparse(seed: int) -> dict:
+    """Moments of embedding rows no batch used: exact blobs with zero-runs chunks (v4)."""
+    g = torch.Generator().manual_seed(seed)
+    m = torch.randn(600, 128, generator=g) * 1e-3
+    m[torch.rand(600, generator=g) < 0.8] = 0
+    h = torch.randn(70000, generator=g) * (torch.rand(70000, generator=g) < 0.1)
+    return {"exp_avg": m, "exp_avg_sq": m.square(), "h": h.half()}
+
+
 def build(d: str, seed: int) -> list[dict]:
     jobs = []
-    for name, obj, kw in (("model-plain", _model_state(seed), {}),
-                          ("model-compressed", _model_state(seed), {"compress": True}),
-                          ("twins-compressed", _twins(seed), {"compress": True})):
+    for name, make, kw in (("model-plain", _model_state, {}),
+                           ("model-compressed", _model_state, {"compress": True}),
+                           ("twins-compressed", _twins, {"compress": True}),
+                           ("sparse-compressed", _sparse, {"compress": True})):
         a, b = os.path.join(d, name + ".a"), os.path.join(d, name + ".b")
-        lcckpt.save(obj, a, **kw)
-        lcckpt.save(_model_state(seed + 1) if name.startswith("model") else _twins(seed + 1),
-                    b, **kw)
+        lcckpt.save(make(seed), a, **kw)
+        lcckpt.save(make(seed + 1), b, **kw)
         jobs.append({"name": name, "file": a, "donor": b})
     chain = os.path.join(d, "chain")
     ck = lcckpt.DeltaCheckpointer(chain, keyframe_every=6, min_delta_elements=64,
