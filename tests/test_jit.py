@@ -33,7 +33,8 @@ def _dispatchers():
 def test_every_kernel_saves_its_cache_under_the_lock():
     found = dict(_dispatchers())
     assert len(found) > 100                    # the codec's kernels, not an empty scan
-    plain = [n for n, d in found.items() if not isinstance(d._cache._cache_file, jit.GuardedIndex)]
+    plain = [n for n, d in found.items() if not isinstance(d._cache, jit.GuardedCache)
+             or not isinstance(d._cache._cache_file, jit.GuardedIndex)]
     assert plain == []
 
 
@@ -147,3 +148,50 @@ def test_a_filesystem_without_locks_still_saves(tmp_path, monkeypatch):
     idx = _index(tmp_path)
     idx.save("sig-a", "code-a")
     assert idx.load("sig-a") == "code-a"
+
+
+def test_a_damaged_cache_file_compiles_again(tmp_path):
+    idx = _index(tmp_path)
+    idx.save("sig-a", "code-a")
+    data = tmp_path / "f.1.nbc"
+    data.write_bytes(data.read_bytes()[:5])          # cut short
+    assert idx.load("sig-a") is None
+    idx.save("sig-a", "code-a again")                # the next save replaces it
+    assert idx.load("sig-a") == "code-a again"
+    index = tmp_path / "f.nbi"
+    index.write_bytes(index.read_bytes()[:-3])
+    assert idx.load("sig-a") is None
+
+
+def _module(tmp_path, name, body):
+    import importlib.util
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(body))
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_cache_that_cannot_be_written_warns_once_and_the_kernel_runs(tmp_path, monkeypatch):
+    import errno
+
+    import pytest
+
+    def full(self, name, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(jit.GuardedIndex, "_save_data", full)
+    monkeypatch.setattr(jit, "_warned", False)
+    mod = _module(tmp_path, "kfull", """
+        from lcckpt.util.jit import kernel
+
+        @kernel
+        def inc(x):
+            return x + 1
+        """)
+    with pytest.warns(RuntimeWarning, match="could not save a compiled kernel"):
+        assert mod.inc(1) == 2
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                # once per process
+        assert mod.inc(2.5) == 3.5

@@ -1,5 +1,6 @@
 """The one decorator of lcckpt's compiled kernels: Numba's ``njit(cache=True, nogil=True)``
-with a disk cache that stays consistent when several processes compile at once.
+with a disk cache that stays consistent when several processes compile at once, and
+that never makes a kernel fail.
 
 Numba keeps one index file per function (signature -> data file) beside numbered data
 files, and writes the index *before* the data, reading and rewriting it without a lock.
@@ -13,6 +14,11 @@ it reads the index, writes the data and only then the index, so an index never n
 file that does not hold its signature's code. Loads need no lock: both files are
 replaced atomically. Where the lock cannot be taken (no ``fcntl``, a read-only lock
 file, a filesystem without locks) saves keep the safe order without it.
+
+The cache only saves compile time, so it may not cost a kernel call: a save that fails
+(a full disk where the package lives, while checkpoints go elsewhere) warns once and the
+kernel runs uncached, and a damaged cache file is compiled again, where plain Numba
+raises from the call.
 """
 
 from __future__ import annotations
@@ -20,17 +26,22 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import pickle
+import warnings
 
 from numba import njit
-from numba.core.caching import IndexDataCacheFile
+from numba.core.caching import FunctionCache, IndexDataCacheFile
 
-__all__ = ["kernel", "CACHE_LOCK", "GuardedIndex"]
+__all__ = ["kernel", "CACHE_LOCK", "GuardedCache", "GuardedIndex"]
 
 CACHE_LOCK = ".lcckpt-numba-cache.lock"
 
+_warned = False
+
 
 class GuardedIndex(IndexDataCacheFile):
-    """Numba's index and data files, saved under the cache directory's lock, data first."""
+    """Numba's index and data files, saved under the cache directory's lock, data first;
+    a damaged file reads as a miss."""
 
     def save(self, key, data):
         with _locked(self._cache_path):
@@ -43,6 +54,29 @@ class GuardedIndex(IndexDataCacheFile):
             self._save_data(name, data)
             overloads[key] = name
             self._save_index(overloads)
+
+    def load(self, key):
+        try:
+            return super().load(key)
+        except (EOFError, pickle.UnpicklingError):  # cut short or overwritten: compile
+            return None                             # again (the save replaces it)
+
+
+class GuardedCache(FunctionCache):
+    """A kernel's cache whose failing save warns once instead of failing the call."""
+
+    def save_overload(self, sig, data):
+        try:
+            super().save_overload(sig, data)
+        except OSError as e:
+            global _warned
+            if not _warned:
+                _warned = True
+                warnings.warn(
+                    f"lcckpt could not save a compiled kernel to Numba's cache in "
+                    f"{self._cache_path} ({e.strerror or e}); kernels run uncached and "
+                    "compile again in every new process. Free space there, or point "
+                    "NUMBA_CACHE_DIR at a writable directory", RuntimeWarning, stacklevel=2)
 
 
 @contextlib.contextmanager
@@ -70,11 +104,13 @@ def _locked(directory: str):
 
 def _guard(dispatcher):
     cache = getattr(dispatcher, "_cache", None)
-    old = getattr(cache, "_cache_file", None)
-    if isinstance(old, IndexDataCacheFile) and not isinstance(old, GuardedIndex):
-        new = GuardedIndex.__new__(GuardedIndex)
-        new.__dict__.update(old.__dict__)
-        cache._cache_file = new
+    if type(cache) is FunctionCache and type(cache._cache_file) is IndexDataCacheFile:
+        guarded = GuardedCache.__new__(GuardedCache)
+        guarded.__dict__.update(cache.__dict__)
+        index = GuardedIndex.__new__(GuardedIndex)
+        index.__dict__.update(cache._cache_file.__dict__)
+        guarded._cache_file = index
+        dispatcher._cache = guarded
     return dispatcher
 
 
