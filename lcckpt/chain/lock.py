@@ -2,7 +2,10 @@
 
 An exclusive ``flock`` on ``.lcckpt-writer.lock`` in the directory, held while its fd is
 open; the kernel drops it when the holder dies, so a crashed writer never blocks the
-next one. The file is opened with ``O_NOFOLLOW`` and must be a regular file.
+next one. The file is opened with ``O_NOFOLLOW`` and must be a regular file. On a
+filesystem without file locks (``flock`` fails with ENOLCK, ENOSYS or EOPNOTSUPP) the
+writer warns and goes on unlocked, as on a platform without ``fcntl``: refusing every
+save there would leave no way to checkpoint at all.
 """
 
 from __future__ import annotations
@@ -12,12 +15,20 @@ import os
 import socket
 import stat
 import time
+import warnings
 
 from ..errors import ConcurrentWriteError, StorageError
 
 __all__ = ["LOCK_NAME", "WriterLock"]
 
 LOCK_NAME = ".lcckpt-writer.lock"
+# what flock says on a filesystem that has no locks (NFS without lockd, Lustre mounted
+# without flock, FUSE): the writer goes on unlocked, as where fcntl is missing
+NO_LOCKS = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", -1)}
+
+
+class _NoLocks(Exception):
+    pass
 
 
 class WriterLock:
@@ -38,7 +49,14 @@ class WriterLock:
         except ImportError:          # no flock on this platform: one writer is assumed
             return
         for _ in range(100):         # until the locked file is the one at the path
-            fd = self._lock_once(fcntl, directory)
+            try:
+                fd = self._lock_once(fcntl, directory)
+            except _NoLocks as e:
+                warnings.warn(
+                    f"{directory}: this filesystem does not support file locks ({e}); the "
+                    "writer lock is off, so make sure one writer at a time saves into this "
+                    "directory", RuntimeWarning, stacklevel=2)
+                return
             try:
                 same = os.path.samestat(os.fstat(fd), os.stat(self.path))
             except FileNotFoundError:          # its holder released and deleted it
@@ -78,6 +96,8 @@ class WriterLock:
         except OSError as e:
             holder = _read_small(fd)
             os.close(fd)
+            if e.errno in NO_LOCKS:
+                raise _NoLocks(e.strerror) from None
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise StorageError(e.errno, f"cannot lock the checkpoint directory: "
                                    f"{e.strerror}", self.path) from None

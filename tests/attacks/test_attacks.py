@@ -789,3 +789,30 @@ def test_lazy_reads_are_held_to_max_bytes(tmp_path, monkeypatch):
             f.get_tensor("w")
     with lcckpt.open(tmp_path / "ck") as f:                 # "auto": the deltas are vouched for
         assert torch.equal(f.get_tensor("w"), ck.load(2)["w"])
+
+
+@pytest.mark.parametrize("code", ["ENOLCK", "ENOSYS", "EOPNOTSUPP"])
+def test_a_filesystem_without_locks_saves_with_a_warning(tmp_path, monkeypatch, code):
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    ck = lcckpt.DeltaCheckpointer(tmp_path, min_delta_elements=1)
+    with pytest.warns(RuntimeWarning, match="does not support file locks"):
+        ck.save(0, {"w": torch.zeros(10)})
+    ck.save(1, {"w": torch.ones(10)})
+    assert ck.steps() == [0, 1] and torch.equal(ck.load(1)["w"], torch.ones(10))
+    ck.close()
+
+
+def test_a_lock_that_fails_otherwise_is_a_storage_error(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    def broken(fd, op):
+        raise OSError(errno.EIO, "Input/output error")
+    monkeypatch.setattr(fcntl, "flock", broken)
+    with pytest.raises(lcckpt.StorageError, match="cannot lock the checkpoint directory"):
+        lcckpt.DeltaCheckpointer(tmp_path).save(0, {"w": torch.zeros(10)})
