@@ -169,3 +169,16 @@ tensor_dicts = st.dictionaries(
 ).map(lambda d: {k: _random_tensor(dt, shape, seed) for k, (dt, shape, seed) in d.items()})
 metadata = st.one_of(st.none(), st.dictionaries(st.text(max_size=5), st.text(max_size=10),
                                                 max_size=3))
+
+
+def closed_in_child(fd: int) -> bool:
+    """Whether a child forked now finds ``fd`` closed (a lock it must not keep)."""
+    pid = os.fork()
+    if pid == 0:                                # the child: report, never return
+        try:
+            os.fstat(fd)
+            code = 1
+        except OSError:
+            code = 0
+        os._exit(code)
+    return os.waitpid(pid, 0)[1] == 0

@@ -15,6 +15,7 @@ import threading
 from numba.core.registry import CPUDispatcher
 
 import lcckpt
+from helpers import closed_in_child
 from lcckpt.util import jit
 
 ROOT = pathlib.Path(lcckpt.__file__).parent
@@ -195,3 +196,29 @@ def test_a_cache_that_cannot_be_written_warns_once_and_the_kernel_runs(tmp_path,
     with warnings.catch_warnings():
         warnings.simplefilter("error")                # once per process
         assert mod.inc(2.5) == 3.5
+
+
+def test_a_child_forked_during_a_save_does_not_keep_the_lock(tmp_path):
+    import fcntl
+    with jit._locked(str(tmp_path)):
+        held = max(jit.forks._HELD)
+        assert closed_in_child(held)
+    other = os.open(tmp_path / jit.CACHE_LOCK, os.O_RDWR)
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)     # free once the save is done
+    finally:
+        os.close(other)
+    assert held not in jit.forks._HELD
+
+
+def test_a_lock_held_too_long_does_not_hang_a_save(tmp_path, monkeypatch):
+    import fcntl
+    monkeypatch.setattr(jit, "LOCK_WAIT", 0.2)
+    holder = os.open(tmp_path / jit.CACHE_LOCK, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        idx = _index(tmp_path)
+        idx.save("sig-a", "code-a")             # waits 0.2 s, then saves in the safe order
+        assert idx.load("sig-a") == "code-a"
+    finally:
+        os.close(holder)

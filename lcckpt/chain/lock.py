@@ -18,6 +18,7 @@ import time
 import warnings
 
 from ..errors import ConcurrentWriteError, StorageError
+from ..util import forks
 
 __all__ = ["LOCK_NAME", "WriterLock"]
 
@@ -63,7 +64,7 @@ class WriterLock:
                 same = False
             if same:
                 break
-            os.close(fd)
+            _close(fd)
         else:
             raise ConcurrentWriteError(f"{directory}: the writer lock keeps changing hands")
         self.stale = _read_small(fd) or None     # a writer that died holding it, if any
@@ -76,7 +77,7 @@ class WriterLock:
         # writer truncate and overwrite its target
         flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
         try:
-            fd = os.open(self.path, flags, 0o644)
+            fd = forks.hold(os.open(self.path, flags, 0o644))   # closed in a forked child
         except OSError as e:
             if e.errno == errno.ELOOP or os.path.islink(self.path):
                 raise StorageError(e.errno, "the writer lock is a symbolic link; remove it "
@@ -88,14 +89,14 @@ class WriterLock:
         except OSError:
             regular = False
         if not regular:
-            os.close(fd)
+            _close(fd)
             raise StorageError(errno.EINVAL, "the writer lock is not a regular file; remove "
                                "it", self.path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             holder = _read_small(fd)
-            os.close(fd)
+            _close(fd)
             if e.errno in NO_LOCKS:
                 raise _NoLocks(e.strerror) from None
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
@@ -117,8 +118,13 @@ class WriterLock:
                 os.unlink(self.path)        # while locked: a waiter re-checks the path
             except OSError:
                 pass
-            os.close(self.fd)               # closing the fd drops the flock
+            _close(self.fd)                 # closing the fd drops the flock
         self.fd = None
+
+
+def _close(fd: int) -> None:
+    forks.drop(fd)
+    os.close(fd)
 
 
 def _read_small(fd: int) -> str:

@@ -13,7 +13,8 @@ Here each save holds an exclusive ``flock`` on a lock file in the cache director
 it reads the index, writes the data and only then the index, so an index never names a
 file that does not hold its signature's code. Loads need no lock: both files are
 replaced atomically. Where the lock cannot be taken (no ``fcntl``, a read-only lock
-file, a filesystem without locks) saves keep the safe order without it.
+file, a filesystem without locks, or a holder that keeps it past :data:`LOCK_WAIT`)
+saves keep the safe order without it; a forked child never keeps it (util/forks.py).
 
 The cache only saves compile time, so it may not cost a kernel call: a save that fails
 (a full disk where the package lives, while checkpoints go elsewhere) warns once and the
@@ -27,14 +28,18 @@ import contextlib
 import itertools
 import os
 import pickle
+import time
 import warnings
 
 from numba import njit
 from numba.core.caching import FunctionCache, IndexDataCacheFile
 
+from . import forks
+
 __all__ = ["kernel", "CACHE_LOCK", "GuardedCache", "GuardedIndex"]
 
 CACHE_LOCK = ".lcckpt-numba-cache.lock"
+LOCK_WAIT = 20.0        # seconds a save waits for the lock (each holds it for milliseconds)
 
 _warned = False
 
@@ -92,13 +97,22 @@ def _locked(directory: str):
     except OSError:                 # a cache we may write but not lock in: the order alone
         yield
         return
+    forks.hold(fd)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:             # a filesystem without locks (ENOLCK): the order alone
-            pass
+        deadline = time.monotonic() + LOCK_WAIT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:     # held far longer than a save takes:
+                    break                           # never hang a job on it
+                time.sleep(0.01)
+            except OSError:         # a filesystem without locks (ENOLCK): the order alone
+                break
         yield
     finally:
+        forks.drop(fd)
         os.close(fd)                # closing the fd drops the flock
 
 

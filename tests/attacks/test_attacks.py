@@ -7,6 +7,7 @@ valid; loads run in this process except where memory or a second process is the 
 
 import io
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ from lcckpt.errors import (
 )
 
 import craft
+from helpers import closed_in_child
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -816,3 +818,43 @@ def test_a_lock_that_fails_otherwise_is_a_storage_error(tmp_path, monkeypatch):
     monkeypatch.setattr(fcntl, "flock", broken)
     with pytest.raises(lcckpt.StorageError, match="cannot lock the checkpoint directory"):
         lcckpt.DeltaCheckpointer(tmp_path).save(0, {"w": torch.zeros(10)})
+
+
+def test_a_forked_child_does_not_keep_the_writer_lock(tmp_path):
+    ck = lcckpt.DeltaCheckpointer(tmp_path)
+    ck.save(0, {"w": torch.zeros(10)})
+    assert closed_in_child(ck._lock.fd)         # a DataLoader worker, say
+    ck.close()
+
+
+_DIES_WITH_A_CHILD = """
+import os, sys, time
+sys.path.insert(0, sys.argv[2])
+import torch, lcckpt
+ck = lcckpt.DeltaCheckpointer(sys.argv[1])
+ck.save(0, {"w": torch.zeros(10)})
+child = os.fork()
+if child == 0:              # a worker that outlives the writer for a while
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    time.sleep(60)
+    os._exit(0)
+print(child, flush=True)
+os._exit(0)                 # the writer dies without releasing its lock
+"""
+
+
+@pytest.mark.slow
+def test_a_writer_that_died_leaving_a_child_does_not_block_the_next(tmp_path):
+    p = subprocess.run([sys.executable, "-c", _DIES_WITH_A_CHILD, str(tmp_path), ROOT],
+                       capture_output=True, text=True, timeout=300)
+    child = int(p.stdout)
+    try:
+        os.kill(child, 0)                       # still alive, holding a copy of the fd
+        ck = lcckpt.DeltaCheckpointer(tmp_path)
+        ck.save(1, {"w": torch.ones(10)})      # the lock is stale all the same
+        assert ck.steps() == [0, 1]
+        ck.close()
+    finally:
+        os.kill(child, signal.SIGKILL)
