@@ -93,11 +93,10 @@ def _locked(directory: str):
         return
     flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(os.path.join(directory, CACHE_LOCK), flags, 0o644)
+        fd = forks.hold(os.open(os.path.join(directory, CACHE_LOCK), flags, 0o644))
     except OSError:                 # a cache we may write but not lock in: the order alone
         yield
         return
-    forks.hold(fd)
     try:
         deadline = time.monotonic() + LOCK_WAIT
         while True:
