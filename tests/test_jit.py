@@ -222,3 +222,21 @@ def test_a_lock_held_too_long_does_not_hang_a_save(tmp_path, monkeypatch):
         assert idx.load("sig-a") == "code-a"
     finally:
         os.close(holder)
+
+
+def test_no_writable_cache_directory_compiles_uncached(tmp_path, monkeypatch):
+    import pytest
+    from numba.core import caching
+
+    impl = getattr(caching, "CacheImpl", None) or caching._CacheImpl   # numba's name varies
+    monkeypatch.setattr(impl, "_locator_classes", [])     # no directory applies
+    monkeypatch.setattr(jit, "_warned", False)
+    with pytest.warns(RuntimeWarning, match="cannot be cached"):
+        mod = _module(tmp_path, "knocache", """
+            from lcckpt.util.jit import kernel
+
+            @kernel
+            def inc(x):
+                return x + 1
+            """)
+    assert mod.inc(1) == 2 and not (tmp_path / "__pycache__").exists()

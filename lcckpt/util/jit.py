@@ -19,7 +19,8 @@ saves keep the safe order without it; a forked child never keeps it (util/forks.
 The cache only saves compile time, so it may not cost a kernel call: a save that fails
 (a full disk where the package lives, while checkpoints go elsewhere) warns once and the
 kernel runs uncached, and a damaged cache file is compiled again, where plain Numba
-raises from the call.
+raises from the call. Nor the import: with no writable cache directory at all the
+kernels compile in every process, with one warning.
 """
 
 from __future__ import annotations
@@ -74,14 +75,10 @@ class GuardedCache(FunctionCache):
         try:
             super().save_overload(sig, data)
         except OSError as e:
-            global _warned
-            if not _warned:
-                _warned = True
-                warnings.warn(
-                    f"lcckpt could not save a compiled kernel to Numba's cache in "
-                    f"{self._cache_path} ({e.strerror or e}); kernels run uncached and "
-                    "compile again in every new process. Free space there, or point "
-                    "NUMBA_CACHE_DIR at a writable directory", RuntimeWarning, stacklevel=2)
+            _warn_once(f"lcckpt could not save a compiled kernel to Numba's cache in "
+                       f"{self._cache_path} ({e.strerror or e}); kernels run uncached and "
+                       "compile again in every new process. Free space there, or point "
+                       "NUMBA_CACHE_DIR at a writable directory")
 
 
 @contextlib.contextmanager
@@ -129,7 +126,25 @@ def _guard(dispatcher):
 
 def kernel(fn=None, **options):
     """``@kernel`` or ``@kernel(inline="always", ...)``: ``njit(cache=True, nogil=True,
-    **options)`` whose disk cache is saved under a lock (see the module)."""
+    **options)`` whose disk cache is saved under a lock (see the module). Where Numba
+    finds no writable cache directory (a read-only install, no writable home) the kernel
+    compiles in every process instead, with one warning, where plain Numba fails the
+    import."""
     def wrap(f):
-        return _guard(njit(cache=True, nogil=True, **options)(f))
+        try:
+            return _guard(njit(cache=True, nogil=True, **options)(f))
+        except RuntimeError as e:
+            if "cannot cache function" not in str(e):
+                raise
+            _warn_once(f"lcckpt's compiled kernels cannot be cached ({e}); they compile "
+                       "in every new process (a minute or more). Point NUMBA_CACHE_DIR at a "
+                       "writable directory")
+            return njit(nogil=True, **options)(f)
     return wrap if fn is None else wrap(fn)
+
+
+def _warn_once(message: str) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
