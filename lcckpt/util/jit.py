@@ -33,7 +33,11 @@ import time
 import warnings
 
 from numba import njit
-from numba.core.caching import FunctionCache, IndexDataCacheFile
+
+try:
+    from numba.core.caching import FunctionCache, IndexDataCacheFile
+except ImportError:         # a Numba that moved them: its own cache, unguarded (_guard)
+    FunctionCache = IndexDataCacheFile = object
 
 from . import forks
 
