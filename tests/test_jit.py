@@ -1,6 +1,7 @@
 """lcckpt.util.jit: every kernel's disk cache is saved under a lock, data before index, so
 processes compiling at once never leave an index naming another signature's code
-(tests/attacks/numba_cache_race.py shows plain Numba doing that)."""
+(tests/attacks/numba_cache_race.py shows plain Numba doing that); a cache that cannot be
+written or read back, or a lock that is held too long, never fails or hangs a kernel."""
 
 import importlib
 import os
