@@ -215,12 +215,18 @@ def test_a_child_forked_during_a_save_does_not_keep_the_lock(tmp_path):
 def test_a_lock_held_too_long_does_not_hang_a_save(tmp_path, monkeypatch):
     import fcntl
     monkeypatch.setattr(jit, "LOCK_WAIT", 0.2)
+    monkeypatch.setattr(jit, "_stuck", False)
     holder = os.open(tmp_path / jit.CACHE_LOCK, os.O_RDWR | os.O_CREAT)
     fcntl.flock(holder, fcntl.LOCK_EX)
     try:
         idx = _index(tmp_path)
         idx.save("sig-a", "code-a")             # waits 0.2 s, then saves in the safe order
-        assert idx.load("sig-a") == "code-a"
+        assert idx.load("sig-a") == "code-a" and jit._stuck
+        def waits(seconds):
+            raise AssertionError("the save waited for the lock again")
+        monkeypatch.setattr(jit.time, "sleep", waits)
+        idx.save("sig-b", "code-b")             # and does not wait again
+        assert idx.load("sig-b") == "code-b"
     finally:
         os.close(holder)
 

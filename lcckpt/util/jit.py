@@ -13,7 +13,8 @@ Here each save holds an exclusive ``flock`` on a lock file in the cache director
 it reads the index, writes the data and only then the index, so an index never names a
 file that does not hold its signature's code. Loads need no lock: both files are
 replaced atomically. Where the lock cannot be taken (no ``fcntl``, a read-only lock
-file, a filesystem without locks, or a holder that keeps it past :data:`LOCK_WAIT`)
+file, a filesystem without locks, or a holder that keeps it past :data:`LOCK_WAIT`, after
+which this process only tries it)
 saves keep the safe order without it; a forked child never keeps it (util/forks.py).
 
 The cache only saves compile time, so it may not cost a kernel call: a save that fails
@@ -47,6 +48,7 @@ CACHE_LOCK = ".lcckpt-numba-cache.lock"
 LOCK_WAIT = 20.0        # seconds a save waits for the lock (each holds it for milliseconds)
 
 _warned = False
+_stuck = False          # a save waited LOCK_WAIT in vain: later ones only try the lock
 
 
 class GuardedIndex(IndexDataCacheFile):
@@ -98,15 +100,17 @@ def _locked(directory: str):
     except OSError:                 # a cache we may write but not lock in: the order alone
         yield
         return
+    global _stuck
     try:
-        deadline = time.monotonic() + LOCK_WAIT
+        deadline = time.monotonic() + (0.0 if _stuck else LOCK_WAIT)
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if time.monotonic() > deadline:     # held far longer than a save takes:
-                    break                           # never hang a job on it
+                if time.monotonic() >= deadline:    # held far longer than a save takes
+                    _stuck = True                   # (a stopped process): never hang a
+                    break                           # job on it, nor wait again
                 time.sleep(0.01)
             except OSError:         # a filesystem without locks (ENOLCK): the order alone
                 break
