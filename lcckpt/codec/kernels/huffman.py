@@ -51,8 +51,8 @@ def code_lengths(counts, max_len):
         weight[j] = w[order[j]]
     leaf = 0
     node = m                                       # next internal node to consume
+    pick = np.empty(2, np.int64)
     for k in range(m - 1):
-        pick = np.empty(2, np.int64)
         for t in range(2):
             if leaf < m and (node >= m + k or weight[leaf] <= weight[node]):
                 pick[t] = leaf
