@@ -13,9 +13,9 @@ Here each save holds an exclusive ``flock`` on a lock file in the cache director
 it reads the index, writes the data and only then the index, so an index never names a
 file that does not hold its signature's code. Loads need no lock: both files are
 replaced atomically. Where the lock cannot be taken (no ``fcntl``, a read-only lock
-file, a filesystem without locks, or a holder that keeps it past :data:`LOCK_WAIT`, after
-which this process only tries it)
-saves keep the safe order without it; a forked child never keeps it (util/forks.py).
+file, a filesystem without locks, or a holder that keeps it past :data:`LOCK_WAIT`,
+after which this process only tries it) saves keep the safe order without it; a forked
+child never keeps it (util/forks.py).
 
 The cache only saves compile time, so it may not cost a kernel call: a save that fails
 (a full disk where the package lives, while checkpoints go elsewhere) warns once and the
