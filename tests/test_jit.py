@@ -247,3 +247,24 @@ def test_no_writable_cache_directory_compiles_uncached(tmp_path, monkeypatch):
                 return x + 1
             """)
     assert mod.inc(1) == 2 and not (tmp_path / "__pycache__").exists()
+
+
+def test_a_numba_without_these_cache_classes_keeps_its_own_cache(tmp_path, monkeypatch):
+    import importlib.util
+
+    from numba.core import caching
+    monkeypatch.delattr(caching, "FunctionCache")
+    spec = importlib.util.spec_from_file_location("lcckpt.util._jit_moved", jit.__file__)
+    moved = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(moved)              # imports, where it would have failed
+    monkeypatch.undo()                          # numba itself needs the class back
+    monkeypatch.setitem(sys.modules, spec.name, moved)
+    mod = _module(tmp_path, "kmoved", """
+        from lcckpt.util._jit_moved import kernel
+
+        @kernel
+        def inc(x):
+            return x + 1
+        """)
+    assert mod.inc(1) == 2
+    assert not isinstance(mod.inc._cache, jit.GuardedCache)     # numba's own cache
