@@ -128,11 +128,12 @@ def test_grouped_round_trip_and_exact_size(args):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(5, 8), st.integers(800, 6000), st.floats(0.01, 0.6), st.integers(0, 2**32 - 1))
+@given(st.integers(5, 8), st.integers(800, 20000), st.floats(0.01, 0.6), st.integers(0, 2**32 - 1))
 def test_runs_of_wide_symbols_decode_with_the_multi_table(b, n, density, seed):
     """The uniform quantizer writes runs streams of up to 8-bit symbols; the multi table's
-    items hold 4-bit symbols, so wider ones must take the one-letter path (they once
-    spilled into the next item and a default chain of a large model failed to load)."""
+    items hold them whole (4-bit items once let wider symbols spill into the next item,
+    and a default chain of a large model failed to load). Chunks of more than
+    ``RUNS_BURST * 768`` symbols also take the adding path's bursts of lookups."""
     sym = _symbols(b, n, density, seed)
     S = 1 << b
     hist = np.zeros(rk.RUN_CLASSES * S, np.int64)
@@ -153,6 +154,28 @@ def test_runs_of_wide_symbols_decode_with_the_multi_table(b, n, density, seed):
                           cent, fout, True, multi)
     assert used == nbits and np.array_equal(fout, cent[sym])
 
+
+
+def test_runs_multi_table_holds_eight_bit_symbols():
+    """A letter of symbol 200 after a short run is an item of the multi table, not a
+    trip to the one-letter path (the 12-bit table of 4-bit items left most lookups of a
+    fine-tune's moments there)."""
+    S = 256
+    hist = np.zeros(rk.RUN_CLASSES * S, np.int64)
+    hist[2 * S + 200] = 1000                 # run class 2 (2-3 zeros), symbol 200
+    hist[1 * S + 17] = 500                   # one zero, symbol 17
+    hist[3 * S + 0] = 1                      # the closing letter
+    lengths = hk.code_lengths(hist, hk.MAX_CODE_LEN)
+    codes = hk.canonical_codes(lengths)
+    ln_a, ln_b = int(lengths[2 * S + 200]), int(lengths[1 * S + 17])
+    # the window: (class 2, symbol 200) with extra bit 1 (run 3), then (class 1, 17)
+    w = ((int(codes[2 * S + 200]) << 1 | 1) << ln_b) | int(codes[1 * S + 17])
+    used = ln_a + 1 + ln_b
+    w <<= rk.RUNS_WINDOW - used
+    e = int(rk.runs_decode_table(lengths, S)[w])
+    count = (e >> 5) & 3
+    assert count >= 2 and (e & 31) >= used
+    assert [(e >> (8 + 16 * k)) & 0xFFFF for k in range(2)] == [3 | 200 << 8, 1 | 17 << 8]
 
 def _listed(sym, lo, hi):
     """The nonzero symbols of ``sym[lo:hi]`` as pass 2 lists them: offset | symbol << 24."""
