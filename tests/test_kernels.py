@@ -155,7 +155,6 @@ def test_runs_of_wide_symbols_decode_with_the_multi_table(b, n, density, seed):
     assert used == nbits and np.array_equal(fout, cent[sym])
 
 
-
 def test_runs_multi_table_holds_eight_bit_symbols():
     """A letter of symbol 200 after a short run is an item of the multi table, not a
     trip to the one-letter path (the 12-bit table of 4-bit items left most lookups of a
@@ -176,6 +175,7 @@ def test_runs_multi_table_holds_eight_bit_symbols():
     count = (e >> 5) & 3
     assert count >= 2 and (e & 31) >= used
     assert [(e >> (8 + 16 * k)) & 0xFFFF for k in range(2)] == [3 | 200 << 8, 1 | 17 << 8]
+
 
 def _listed(sym, lo, hi):
     """The nonzero symbols of ``sym[lo:hi]`` as pass 2 lists them: offset | symbol << 24."""

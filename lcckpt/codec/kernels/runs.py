@@ -489,8 +489,8 @@ def decode_runs(buf, start, end, n, S, table, table_bits, out, out_start, cent, 
     then skipped without touching memory, so the cost follows the nonzero count.
     ``multi`` (from :func:`runs_decode_table`, or an empty array) decodes up to three
     short-run items per lookup; adding, up to RUNS_BURST lookups follow each other
-    without a test for the bits left (with 8-bit items, 1.13-1.33x faster on a fine-tune's
-    deltas than one lookup per test: benchmarks/runs_decode.py).
+    without a test for the bits left (both together 1.13-1.33x faster than 4-bit items
+    and one lookup per test on a fine-tune's runs chunks: benchmarks/runs_decode.py).
     """
     acc = Z
     nb = Z
