@@ -9,10 +9,10 @@ once and keeps every runs-coded chunk of 100K symbols or more that the restore d
 (its bytes, code and centroids). Then, in ``--rounds`` rounds taking turns, each kept
 chunk is decoded into one float buffer, in cache as a replay's chunk is (the adding
 path), with the stream's multi-item table and with the one-letter path alone; the
-table's build time is timed apart. Prints medians in ns per coded byte and per nonzero symbol, and a digest of
-the decoded floats. To compare two versions of lcckpt, keep the chunks once (``--keep
-FILE``) and decode them with each (``--reuse FILE``, the other version first on
-``PYTHONPATH``), taking turns: both must print the same digest.
+table's build time is timed apart. Prints medians in ns per coded byte and per nonzero
+decoded float, and a digest of the decoded floats. To compare two versions of lcckpt,
+keep the chunks once (``--keep FILE``) and decode them with each (``--reuse FILE``, the
+other version first on ``PYTHONPATH``), taking turns: both must print the same digest.
 """
 
 import argparse
