@@ -285,6 +285,51 @@ def test_load_into_decodes_into_the_callers_tensors_and_equals_a_plain_load(tmp_
     assert got["model"]["b"] is not shared and torch.equal(got["model"]["b"], want["model"]["b"])
 
 
+class _Classifier(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+        self.fc, self.bn, self.head = nn.Linear(36, 16), nn.BatchNorm1d(16), nn.Linear(16, 2)
+
+    def forward(self, x):
+        return self.head(self.bn(self.fc(self.conv(x).flatten(1))))
+
+
+def test_load_into_fills_every_target_a_stored_tensor_fits(tmp_path):
+    """A model loaded ``into=`` its own tensors gets every one of them: a two-class
+    head's bias and BatchNorm's step counter (small: one pack section, not tracked), a
+    channels_last conv weight (not contiguous: copied in), and a weight the state also
+    holds as a transposed view (its section is the shared storage). Before, those kept
+    the model's old values while the load returned the stored ones beside them."""
+    torch.manual_seed(0)
+
+    def trained(steps):
+        net = _Classifier()
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+        for step in range(steps):
+            net(torch.randn(8, 3, 5, 5)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            yield step, net, opt
+    ck = DeltaCheckpointer(tmp_path / "ck")
+    for step, net, opt in trained(3):
+        ck.save(step, {"model": net.state_dict(), "optim": opt.state_dict(),
+                       "tied": net.fc.weight.t()})
+    want = ck.load()
+    _, fresh, fresh_opt = next(trained(1))              # its own weights, moments, steps
+    model, optim = fresh.state_dict(), fresh_opt.state_dict()
+    got = ck.load(into={"model": model, "optim": optim})
+    assert_same(got, want)
+    for k, v in model.items():
+        assert got["model"][k] is v and torch.equal(v, want["model"][k]), k
+    for i, st in optim["state"].items():
+        for k, v in st.items():
+            assert got["optim"]["state"][i][k] is v and torch.equal(v, want["optim"]["state"][i][k])
+    assert not model["conv.weight"].is_contiguous()
+    assert model["head.bias"].numel() == 2 and model["bn.num_batches_tracked"].item() == 3
+    assert torch.equal(fresh.head.bias.detach(), want["model"]["head.bias"])   # the module's own
+
+
 def _restart_runs(tmp_path, before_save, steps=(6, 9), resume=True, into=False, **kw):
     """A chain of ``steps[0]`` steps continued to ``steps[1]`` by a restarted writer that
     first loads the newest step (``resume``; ``into`` tensors of its own) and changes

@@ -895,6 +895,30 @@ def test_load_into_fills_the_callers_tensors_with_the_bits_of_a_plain_load(
     assert (3000, 1000) not in made
 
 
+@pytest.mark.parametrize("compress", [False, True])
+def test_load_into_fills_targets_whose_tensors_are_views_of_a_shared_storage(
+        tmp_path, compress):
+    """A weight the object also holds as a transposed view or a slice is stored as one
+    storage section of another shape; its target is still filled (a copy), and so is a
+    non-contiguous target. Before, those targets kept their old values."""
+    g = torch.Generator().manual_seed(1)
+    w, c = torch.randn(30, 40, generator=g), torch.randn(4, 3, 3, 3, generator=g)
+    state = {"model": {"w": w, "conv": c.to(memory_format=torch.channels_last)},
+             "t": w.t(), "rows": w[5:9]}
+    path = tmp_path / "ck.lcc"
+    lcckpt.save(state, path, compress=compress)
+    plain = lcckpt.load(path)
+    model = {"w": torch.zeros(30, 40), "conv": torch.zeros(4, 3, 3, 3).to(
+        memory_format=torch.channels_last)}
+    rows = torch.zeros(4, 40)
+    got = lcckpt.load(path, into={"model": dict(model), "rows": rows})
+    assert_same(got, plain)
+    assert got["model"]["w"] is model["w"] and torch.equal(model["w"], w)
+    assert got["model"]["conv"] is model["conv"] and torch.equal(model["conv"], c)
+    assert got["rows"] is rows and torch.equal(rows, w[5:9])
+    assert torch.equal(got["t"], w.t())
+
+
 def test_load_into_and_mmap_exclude_each_other(tmp_path):
     lcckpt.save({"w": torch.ones(3)}, tmp_path / "a.lcc")
     with pytest.raises(InvalidArgumentError, match="into= and mmap"):

@@ -445,11 +445,11 @@ class DeltaCheckpointer:
         (with the same contents), and dropped otherwise.
 
         ``into``: tensors to load into, in an object shaped like the stored one, e.g.
-        ``{"model": model.state_dict()}``: a stored tracked tensor whose place holds a
-        host tensor of its dtype and shape (contiguous) is decoded into it, and the
-        result holds that very tensor there (an fp32 or fp64 one is replayed straight
-        into it: no second copy of the model in memory). Others load as usual. If the
-        load fails, those tensors may hold part of the step.
+        ``{"model": model.state_dict()}``, as in :func:`lcckpt.load`: a contiguous fp32
+        or fp64 target is replayed straight into (no second copy of the model in
+        memory), any other that fits filled with a copy (a small tensor stored in a
+        pack, such as a two-class head's bias). If the load fails, the targets may
+        hold part of the step.
         """
         step = self._step_or_newest(step)
         obj, links, tracks = _restore.restore(

@@ -18,6 +18,7 @@ from ..codec.delta import Reconstruction, settle as _settle
 from ..errors import CorruptDataError, UnsupportedVersionError
 from ..format.sections import DELTA, section_key, section_zero_base
 from ..format import sections as _sections
+from ..format.into import Into
 from .session import finite
 
 __all__ = ["CHAIN_VERSION", "FileReplay", "Link", "delta_key", "elements", "is_keyframe"]
@@ -78,10 +79,11 @@ class FileReplay:
         later, while another file is replayed, carry (``.origin``). ``into``: key path ->
         a host tensor that the tracked tensor of that path is decoded into where it fits
         (its dtype and shape, contiguous); with ``copy=False`` an fp32/fp64 one is
-        replayed straight into it, which then serves as the reference."""
+        replayed straight into it, which then serves as the reference. Any other stored
+        tensor is copied into its target once built (``self.into.fill``, the ``fill`` of
+        :func:`~lcckpt.format.serialization.unpack`)."""
         self.before, self.after, self.copy, self.movement = before, {}, copy, movement
-        self.origin, self.into = origin, into or {}
-        self._claimed: dict = {}             # a target's memory -> the key it receives
+        self.origin, self.into = origin, Into(into or {})
         self.settled = False
 
     def advance(self, c, i: int, meta: dict) -> Reconstruction:
@@ -114,11 +116,7 @@ class FileReplay:
         return target
 
     def _target(self, key: str, rec: Reconstruction):
-        t = self.into.get(key)
-        if rec.dt is None or not _sections.fits(t, rec.dt.torch, rec.shape) \
-                or self._claimed.setdefault(t.data_ptr(), key) != key:   # one tensor each
-            return None
-        return t
+        return None if rec.dt is None else self.into.take(key, rec.dt.torch, rec.shape)
 
     def advance_all(self, c, settle: bool = False) -> dict:
         """Advance every tracked tensor of file ``c`` without building its object;

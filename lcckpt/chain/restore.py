@@ -82,7 +82,8 @@ def restore(d: ChainDirectory, step: int, *, build: bool, map_location=None, kno
                     replay = FileReplay(tracks, copy=keep_tracks and not share,
                                         movement=movement, origin=origin, into=into)
                     replay.advance_all(c, settle=True)
-                    obj = unpack(c, map_location, decode_leaf=replay.decode_leaf)
+                    obj = unpack(c, map_location, decode_leaf=replay.decode_leaf,
+                                 fill=replay.into.fill if into else None)
                     tracks = replay.after
                 else:
                     tracks = FileReplay(tracks, movement=movement, origin=origin).advance_all(c)

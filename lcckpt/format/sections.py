@@ -216,20 +216,16 @@ def replay_into_tensor(rec: Reconstruction, t: torch.Tensor) -> bool:
         and t.is_contiguous() and rec.replay_into(t.detach().view(-1).numpy())
 
 
-def decode_into(targets: dict, base: Callable = decode_leaf) -> Callable:
-    """A leaf decoder that decodes each section into ``targets[key path]`` where that
-    tensor fits it (on the host, the section's dtype and shape, contiguous) and returns
-    that very tensor: a raw section is read into it and a large lossless one decoded
-    into it as it is read; any other is decoded by ``base`` and copied in. A tensor
-    given at two places receives the first section only."""
-    claimed: set = set()
+def decode_into(targets, base: Callable = decode_leaf) -> Callable:
+    """A leaf decoder that decodes each section into the target that
+    ``targets.take`` (an :class:`~lcckpt.format.into.Into`) gives for its key path and
+    returns that very tensor: a raw section is read into it and a large lossless one
+    decoded into it as it is read; any other is decoded by ``base`` and copied in."""
 
     def decode(path: str, c, index: int, meta: dict):
-        t = targets.get(path)
-        if not fits(t, dtypes.NAME_TORCH.get(meta.get("dtype")), meta.get("shape")) \
-                or t.data_ptr() in claimed:
+        t = targets.take(path, dtypes.NAME_TORCH.get(meta.get("dtype")), meta.get("shape"))
+        if t is None:
             return base(path, c, index, meta)
-        claimed.add(t.data_ptr())
         flat = t.detach().view(-1)
         if meta.get("codec") == RAW and c.sections[index]["length"] == meta["nbytes"]:
             c.read_into(index, flat.view(torch.uint8).numpy() if flat.numel() else bytearray())

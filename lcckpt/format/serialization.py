@@ -27,6 +27,7 @@ from . import stream as _stream
 from . import tree as _tree
 from .container import MAGIC, Container, at_path, open_file, read_container, write_container
 from .flatten import census, renumber_sections, tensor_paths
+from .into import Into
 from ..util import durable as _durable
 from ..errors import (
     BrokenChainError, CorruptDataError, InvalidArgumentError, LcckptError, TruncatedError,
@@ -145,13 +146,16 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
 
     ``into`` (lcckpt files): tensors to load into, in an object shaped like the stored
     one, e.g. ``{"model": model.state_dict()}``: a stored tensor whose place holds a host
-    tensor of its dtype and shape (contiguous) is read or decoded into it, and the result
-    holds that very tensor there (unless ``map_location`` then moves it), so a model
-    loads without a second copy of itself. Others load as usual. If the load fails,
-    those tensors may hold part of the file. Not with ``mmap``.
+    tensor of its dtype and shape is loaded into it, and the result holds that very
+    tensor there (unless ``map_location`` then moves it). A contiguous one is read or
+    decoded into in place, so a model loads without a second copy of itself; any other
+    (a ``channels_last`` weight, a tensor stored as a view of memory that other stored
+    tensors share) is filled with a copy. Other targets (another dtype or shape, not on
+    the host) are left as they are and the stored value loads as usual. If the load
+    fails, the targets may hold part of the file. Not with ``mmap``.
     """
     _check_load_args(pickle_module, pickle_load_args, weights_only, mmap, into)
-    targets = None if into is None else _sections.decode_into(tensor_paths(into))
+    targets = None if into is None else Into(tensor_paths(into))
     if isinstance(f, (str, os.PathLike)):
         path = os.fspath(f)
         if os.path.isdir(path):
@@ -166,8 +170,10 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
                                  max_bytes)
         with read_container(path) as c:
             try:
-                decode = _mapped_decoder(path, c) if mmap else targets
-                return _unpack_limited(c, map_location, max_bytes, path, decode)
+                if mmap:
+                    return _unpack_limited(c, map_location, max_bytes, path,
+                                           _mapped_decoder(path, c))
+                return _unpack_limited(c, map_location, max_bytes, path, into=targets)
             except LcckptError as e:
                 raise at_path(e, path) from None
     if not hasattr(f, "read"):
@@ -185,7 +191,7 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
         return _load_foreign(fmt, f, map_location, weights_only, mmap, pickle_load_args,
                              max_bytes)
     with read_container(f) as c:
-        return _unpack_limited(c, map_location, max_bytes, "the file", targets)
+        return _unpack_limited(c, map_location, max_bytes, "the file", into=targets)
 
 
 def _check_load_args(pickle_module, pickle_load_args: dict, weights_only, mmap, into) -> None:
@@ -215,7 +221,8 @@ def _load_foreign(fmt: str, f, map_location, weights_only, mmap, pickle_load_arg
     return _safetensors_load(f, map_location, mmap)
 
 
-def _unpack_limited(c: Container, map_location, max_bytes, what: str, decode_leaf=None):
+def _unpack_limited(c: Container, map_location, max_bytes, what: str, decode_leaf=None,
+                    into: Into | None = None):
     info = c.meta.get("lcckpt_chain")
     if isinstance(info, dict) and info.get("kind") == "delta":     # before the limit: a
         raise BrokenChainError(                                    # delta is tiny by design
@@ -223,7 +230,10 @@ def _unpack_limited(c: Container, map_location, max_bytes, what: str, decode_lea
             "delta against the step before it; open its directory: "
             "lcckpt.DeltaCheckpointer(directory).load(step)")
     limits.check(limits.declared_bytes(c.sections), c.size, max_bytes, what)
-    return unpack(c, map_location, decode_leaf=decode_leaf)
+    if into is not None:
+        decode_leaf = _sections.decode_into(into)
+    return unpack(c, map_location, decode_leaf=decode_leaf,
+                  fill=None if into is None else into.fill)
 
 
 def _safetensors_load(f, map_location, mmap):
@@ -290,14 +300,15 @@ def _torch_load(f, map_location, weights_only, mmap, pickle_load_args):
 
 
 def unpack(container: Container, map_location=None,
-           decode_leaf: _tree.LeafDecoder | None = None) -> Any:
+           decode_leaf: _tree.LeafDecoder | None = None, fill=None) -> Any:
     """Rebuild the object that :func:`pack` stored in ``container``.
 
     ``decode_leaf(key_path, container, index, meta)`` decodes each tensor section
-    (default: :func:`lcckpt.format.sections.decode_leaf`).
+    (default: :func:`lcckpt.format.sections.decode_leaf`); ``fill`` as in
+    :func:`lcckpt.format.tree.unflatten`.
     """
     return _tree.unflatten(tree_of(container.meta), container, decode_leaf or _sections.decode_leaf,
-                           map_location)
+                           map_location, fill)
 
 
 def tree_of(meta: dict) -> Any:

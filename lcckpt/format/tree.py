@@ -47,10 +47,13 @@ __all__ = ["MAX_DEPTH", "LeafDecoder", "LeafEncoder", "Lookahead", "PackRule", "
 LeafDecoder = Callable[[str, Container, int, dict], Any]
 
 
-def unflatten(tree: Any, c: Container, decode_leaf: LeafDecoder, map_location=None) -> Any:
+def unflatten(tree: Any, c: Container, decode_leaf: LeafDecoder, map_location=None,
+              fill: Callable | None = None) -> Any:
     """Rebuild the object of ``tree`` from container ``c``; ``decode_leaf`` decodes each
-    tensor section (after its dtype, shape and size were validated)."""
-    return _Loader(c, decode_leaf, map_location).node(tree, "obj", 0)
+    tensor section (after its dtype, shape and size were validated). ``fill(key_path,
+    tensor)``: what the object holds instead of each tensor built (``Into.fill``, a
+    load's ``into=`` target filled with its values)."""
+    return _Loader(c, decode_leaf, map_location, fill).node(tree, "obj", 0)
 
 
 def leaves(tree: Any) -> list[tuple[tuple, str, dict]]:
@@ -194,10 +197,11 @@ class _Loader(CompositeLoader):
 
     bad, fields = staticmethod(_bad), staticmethod(_fields)    # for CompositeLoader
 
-    def __init__(self, c: Container, decode_leaf: LeafDecoder, map_location):
+    def __init__(self, c: Container, decode_leaf: LeafDecoder, map_location, fill=None):
         self.c = c
         self.decode_leaf = decode_leaf
         self.map_location = map_location
+        self.fill = fill
         self.sections: dict[int, Any] = {}  # section index -> decoded value
         self.objects: dict[tuple, Any] = {}  # (section, obj) -> tensor object
 
@@ -323,6 +327,8 @@ class _Loader(CompositeLoader):
             t = base.view(base.shape) if view is None else _as_view(base, view, path)
         if packed:                           # a small tensor of a pack: its own storage
             t = t.clone()
+        if self.fill is not None:
+            t = self.fill(path, t)
         param, grad = j.get("param", False), j.get("grad", False)
         if type(param) is not bool or type(grad) is not bool:
             _bad(path, "tensor param and grad must be booleans")

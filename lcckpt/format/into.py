@@ -1,0 +1,62 @@
+"""A load's ``into=`` tensors: which stored tensor fills which of them, and how.
+
+A target is decoded into in place where its section fits it (the section's dtype and
+shape, on the host, contiguous: :meth:`Into.take`). Every other stored tensor whose key
+path names a host target of its dtype and shape is copied into that target once it is
+built (:meth:`Into.fill`): a small tensor of a pack, a view of a storage that other stored
+tensors share, a chain's tensor that was not replayed in place, a non-contiguous target
+(a ``channels_last`` weight). Without that copy such a target kept its old values while
+the load returned the stored ones beside it, and a model loaded ``into=`` its own
+tensors silently lost, say, a two-class head's bias.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .sections import fits
+
+__all__ = ["Into"]
+
+
+class Into:
+    """Key path -> target tensor (``lcckpt.format.flatten.tensor_paths`` of ``into``);
+    each target receives one stored tensor, the first whose key path names it."""
+
+    def __init__(self, paths: dict):
+        self.paths = paths
+        self._owner: dict[int, str] = {}     # a target's memory -> the key path it receives
+        self._taken: set[str] = set()        # key paths decoded straight into their target
+
+    def take(self, path: str, dtype: torch.dtype | None, shape) -> torch.Tensor | None:
+        """The target at ``path`` to decode a section of ``dtype`` and ``shape`` into, in
+        place, or None (it does not fit, or another key path has it)."""
+        t = self.paths.get(path)
+        if not fits(t, dtype, shape) or not self._claim(t, path):
+            return None
+        self._taken.add(path)
+        return t
+
+    def fill(self, path: str, t: torch.Tensor) -> torch.Tensor:
+        """The tensor the loaded object holds at ``path``: its target, filled with the
+        values of ``t`` (as built from the file), where one fits; else ``t``. A target
+        on the host receiving a tensor that ``map_location`` put elsewhere is filled, and
+        ``t`` is returned."""
+        target = self.paths.get(path)
+        if path in self._taken or not _receives(target, t) or not self._claim(target, path):
+            return t
+        with torch.no_grad():
+            target.copy_(t)
+        return target if target.device == t.device else t
+
+    def _claim(self, t: torch.Tensor, path: str) -> bool:
+        return t.numel() == 0 or self._owner.setdefault(t.data_ptr(), path) == path
+
+
+def _receives(target, t: torch.Tensor) -> bool:
+    """Whether ``target`` (an ``into`` entry) can take the values of ``t``: a host tensor
+    of its dtype and shape, strided, without a lazy conjugate or negative bit."""
+    return (isinstance(target, torch.Tensor) and target is not t
+            and target.device.type == "cpu" and target.layout == torch.strided
+            and t.layout == torch.strided and target.dtype == t.dtype
+            and target.shape == t.shape and not (target.is_conj() or target.is_neg()))
