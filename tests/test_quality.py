@@ -502,6 +502,30 @@ def test_a_tensor_new_since_the_keyframe_is_coded_against_zeros(tmp_path):
     assert same_bits(again["/optim/state/0/exp_avg"], got["/optim/state/0/exp_avg"])
 
 
+def test_a_weight_new_since_the_keyframe_is_written_exactly(tmp_path):
+    """A weight that joins a chain under way (a head added, a tensor cast to another
+    dtype) is stored exactly, not coded against zeros: against zeros its first delta
+    could err by the update share, 5% of the whole weight. Its later deltas are held to
+    its movement since then."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(300, 200, generator=g)
+    head = torch.randn(200, 10, generator=g)
+    ck = DeltaCheckpointer(tmp_path, keyframe_every=None)
+    ck.save(0, {"w": w})
+    w = w + 0.01 * torch.randn(w.shape, generator=g)
+    ck.save(1, {"w": w, "head": head})
+    stats = ck.info(1)["tensors"]
+    assert stats['obj["head"]']["kind"] == "lossless"
+    assert stats['obj["w"]']["kind"] == "uniform"
+    assert torch.equal(ck.load(1)["head"], head)
+    head2 = head + 0.01 * torch.randn(head.shape, generator=g)
+    ck.save(2, {"w": w, "head": head2})
+    assert ck.info(2)["tensors"]['obj["head"]']["kind"] == "uniform"
+    moved = float(torch.linalg.vector_norm(head2 - head))
+    err = float(torch.linalg.vector_norm(ck.load(2)["head"] - head2))
+    assert 0 < err <= max(RolePolicy().weight * moved, RolePolicy().update * moved) * (1 + 1e-6)
+
+
 def test_an_unknown_delta_base_is_refused():
     from lcckpt.format.sections import section_zero_base
     assert section_zero_base({"codec_params": {"key": "k"}}) is False

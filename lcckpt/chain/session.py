@@ -19,6 +19,7 @@ from ..format.flatten import renumber_sections
 from ..format.sections import DELTA, TRACKABLE, Encoded
 from ..util.ahead import Ahead
 from ..util.pool import threads
+from .policy import role_of
 
 MISSED = 0.5            # a restored error past this share of a step's movement is warned of
 # a stored stat has 4 significant digits (:func:`finite`): a ratio of two of them, set
@@ -150,9 +151,11 @@ class SaveSession:
         elif enc is None or self.exact_of.get(path) != exact:
             enc = self.encoders[path] = self.make(path, exact)
         self.exact_of[path] = exact
-        # a tensor new since the keyframe: lossy against zeros where a target bounds it
+        # an optimizer moment new since the keyframe (its first step): lossy against
+        # zeros where a target bounds it, its movement being its value; a weight new to
+        # the chain is written exactly, as the distributed writer does (targets.py)
         from_zero = not enc.has_ref and not self.keyframe and not exact \
-            and enc.config.target is not None
+            and enc.config.target is not None and role_of(path) != "weight"
         return enc, exact, from_zero
 
     def _code(self, path: str, t: torch.Tensor, job) -> tuple:
