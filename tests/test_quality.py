@@ -1,5 +1,7 @@
 """The error-bounded uniform quantizer, restored-state targets and exact small deltas."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -524,6 +526,35 @@ def test_a_weight_new_since_the_keyframe_is_written_exactly(tmp_path):
     moved = float(torch.linalg.vector_norm(head2 - head))
     err = float(torch.linalg.vector_norm(ck.load(2)["head"] - head2))
     assert 0 < err <= max(RolePolicy().weight * moved, RolePolicy().update * moved) * (1 + 1e-6)
+
+
+def test_nan_in_a_step_is_stored_exactly_and_the_warning_names_step_tensor_and_cause(tmp_path):
+    """A diverged step (NaN/Inf in a weight) and the step after it (its reference holds
+    them) are stored exactly, bit for bit; each warning names the step, the tensor and
+    which of the two held them."""
+    g = torch.Generator().manual_seed(4)
+    w, b = torch.randn(5000, generator=g), torch.randn(5000, generator=g)
+    bad = w.clone()
+    bad[7], bad[9] = float("nan"), float("-inf")
+    steps = [w, w + 0.01, bad, w + 0.02, w + 0.03]
+    ck = DeltaCheckpointer(tmp_path)
+    said = {}
+    for step, x in enumerate(steps):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ck.save(step, {"w": x, "b": b + step})
+        said[step] = [str(c.message) for c in caught]
+    assert said[0] == said[1] == said[4] == []
+    assert len(said[2]) == 1 and said[2][0].startswith('step 2: obj["w"]: the tensor holds NaN')
+    assert len(said[3]) == 1 and said[3][0].startswith('step 3: obj["w"]: the step before')
+    for step in (2, 3):
+        assert same_bits(ck.load(step)["w"], steps[step])
+        assert ck.info(step)["tensors"]['obj["b"]']["kind"] == "uniform"
+    assert ck.info(4)["tensors"]['obj["w"]']["kind"] == "uniform"
+    enc = DeltaEncoder(target=0.01, relative_to="movement")
+    enc.encode(w.numpy())
+    with pytest.warns(RuntimeWarning, match="the tensor holds NaN"):
+        enc.encode(bad.numpy())
 
 
 def test_an_unknown_delta_base_is_refused():

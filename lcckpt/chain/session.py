@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ..codec import blob as _blob
-from ..codec.delta import DeltaEncoder, Reconstruction
+from ..codec.delta import NONFINITE_REFERENCE, NONFINITE_STATE, DeltaEncoder, Reconstruction
 from ..format import sections as _sections
 from ..format import serialization as _serialization
 from ..format import stream as _stream
@@ -53,14 +53,19 @@ class SaveSession:
         self.small, self.warn_error = small, warn_error
         self.drifted: list[tuple[str, float]] = []     # (path, restored error) past warn_error
         self.missed: list[tuple[str, float, float]] = []   # (path, error/movement, target)
+        self.nonfinite: list[tuple[str, str]] = []     # (path, why) stored exactly for NaN/Inf
         self.exact_of = {} if exact_of is None else exact_of   # path -> its encoder is exact
         self.stats: dict[str, dict] = {}
         self._planned: dict[str, tuple] = {}     # path -> (job index, job): ahead()
         self._ahead: Ahead | None = None
 
     def warn(self, step: int, stacklevel: int) -> None:
-        """The saved step's warnings: updates under the precision, restores past
-        ``warn_error``."""
+        """The saved step's warnings: NaN/Inf stored exactly, updates under the
+        precision, restores past ``warn_error``."""
+        for key, why in self.nonfinite:
+            warnings.warn(f"step {step}: {key}: {why}; it is stored exactly in this step, and "
+                          "its next delta is taken against these values",
+                          RuntimeWarning, stacklevel=stacklevel)
         for key, ratio, t in self.missed:
             warnings.warn(f"step {step}: {key} restores with an error of {ratio:.3g}x its "
                           f"movement since the keyframe (target {t:g}): most of the update is "
@@ -164,7 +169,7 @@ class SaveSession:
         written."""
         enc, exact, from_zero = job
         return enc.encode_parts(t, keyframe=self.keyframe, from_zero=from_zero,
-                                defer_copy=True, lazy=self.lazy,
+                                defer_copy=True, lazy=self.lazy, warn=False,
                                 direction=None if exact else self.directions.get(path))
 
     def _encoded(self, path: str, job, parts: list, st) -> Encoded:
@@ -188,6 +193,8 @@ class SaveSession:
                 rec["escapes"] = st.escapes
         if st.fallback and not exact:          # exact deltas are stored exactly by intent
             rec["fallback"] = st.fallback
+            if st.fallback in NONFINITE:
+                self.nonfinite.append((path, st.fallback))
         if self.warn_error is not None and st.rel_error > self.warn_error:
             self.drifted.append((path, float(st.rel_error)))
         params = {"key": path}
@@ -211,6 +218,8 @@ class SaveSession:
         if err > max(target, MISSED) * moved * (1 + 1e-6) and err > 0:
             self.missed.append((path, err / moved if moved else float("inf"), target))
 
+
+NONFINITE = (NONFINITE_STATE, NONFINITE_REFERENCE)
 
 # what a file says already: its sections' sizes, and rel_error / movement
 DERIVED_STATS = ("nbytes", "bits_per_element", "error_vs_movement")

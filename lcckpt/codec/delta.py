@@ -53,6 +53,10 @@ PRECISION = {"F16": 2.0 ** -26, "BF16": 2.0 ** -26, "F32": 2.0 ** -26, "F64": 2.
 MAX_TARGET = 0.99       # a movement target is capped below the quantizer's limit of 1
 
 
+NONFINITE_STATE = "the tensor holds NaN/Inf values (a diverged step?)"
+NONFINITE_REFERENCE = "the step before, as restored, held NaN/Inf values"
+
+
 def _tracked(dt: dtypes.DType) -> bool:
     return dt.kind == "float" and not dt.name.startswith("F8")
 
@@ -189,7 +193,7 @@ class DeltaEncoder:
 
     def encode_parts(self, x, *, keyframe: bool = False, from_zero: bool = False,
                      defer_copy: bool = False, lazy: bool = False,
-                     direction=None) -> tuple[list, EncodeStats]:
+                     direction=None, warn: bool = True) -> tuple[list, EncodeStats]:
         """:meth:`encode` as ``(pieces, stats)``: a container writes the pieces one after
         another, so an exact blob of a large tensor is never joined into one copy.
 
@@ -205,7 +209,9 @@ class DeltaEncoder:
         has been read to the end (a file written as it is encoded reads it at once).
         ``direction``: a tensor of ``x``'s shape (a weight's first moment) that a uniform
         delta's restored error is made orthogonal to (:meth:`ErrorModel.recon_step`);
-        ignored where it does not fit.
+        ignored where it does not fit. ``warn=False``: a delta that falls back to an exact
+        blob because the state or the reference holds NaN/Inf does not warn (the caller
+        reports it from the stats' ``fallback``, where it can name the tensor).
         """
         a, dt = dtypes.to_numpy(x)
         if not _tracked(dt):
@@ -239,9 +245,12 @@ class DeltaEncoder:
             parts, st, lossy = guarded_encode(u, ref, dt, a.shape, cfg, exact,
                                               cache=self.cache, advance=not same, surveyed=sv,
                                               lazy=lazy)
-        except NonFiniteError as e:
-            warnings.warn(f"{e}; writing an exact keyframe instead", RuntimeWarning, stacklevel=3)
-            return self._keyframe(a, dt, u, "non-finite delta", defer_copy, new_base=False)
+        except NonFiniteError:
+            why = NONFINITE_STATE if not np.isfinite(u).all() else NONFINITE_REFERENCE
+            if warn:
+                warnings.warn(f"{why}: stored exactly instead, and the next delta is taken "
+                              "against these values", RuntimeWarning, stacklevel=3)
+            return self._keyframe(a, dt, u, why, defer_copy, new_base=False)
         if self.movement is not None:
             self.movement.at_base = False           # the reference has moved on
         self._zero_from = None
