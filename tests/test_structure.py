@@ -123,7 +123,7 @@ def test_leaf_hooks_are_arguments_and_import_registers_nothing():
         seen.append(path)
         return sections.encode_with("lossless", path, t)
 
-    obj = {"a": torch.arange(10.0), "b": [torch.ones(3, dtype=torch.int64)], "c": 1}
+    obj = {"a": torch.arange(1000.0), "b": [torch.ones(300, dtype=torch.int64)], "c": 1}
     meta, secs = serialization.pack(obj, encode_leaf=encode_leaf)
     assert seen == ['obj["a"]', 'obj["b"][0]']
     assert [m["codec"] for _, m, _ in secs] == ["lossless", "lossless"]
