@@ -295,6 +295,19 @@ def test_load_into_decodes_into_the_callers_tensors_and_equals_a_plain_load(tmp_
     assert got["model"]["b"] is not shared and torch.equal(got["model"]["b"], want["model"]["b"])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_empty_tensors_of_every_float_dtype_save_and_load_in_a_chain(tmp_path, dtype):
+    """An empty bf16 tensor made the delta encoder's widening to fp32 raise (a byte view
+    of nothing has stride 0, which torch's dtype view refuses)."""
+    ck = DeltaCheckpointer(tmp_path)
+    for step in range(3):
+        ck.save(step, {"e": torch.zeros(0, dtype=dtype), "m": torch.zeros(0, 5, dtype=dtype),
+                       "w": torch.full((100,), float(step), dtype=dtype)})
+    got = ck.load(2)
+    assert got["e"].dtype == got["m"].dtype == dtype and got["m"].shape == (0, 5)
+    assert torch.equal(got["w"], torch.full((100,), 2.0, dtype=dtype))
+
+
 class _Classifier(nn.Module):
     def __init__(self):
         super().__init__()

@@ -899,24 +899,117 @@ def test_load_into_fills_the_callers_tensors_with_the_bits_of_a_plain_load(
 def test_load_into_fills_targets_whose_tensors_are_views_of_a_shared_storage(
         tmp_path, compress):
     """A weight the object also holds as a transposed view or a slice is stored as one
-    storage section of another shape; its target is still filled (a copy), and so is a
-    non-contiguous target. Before, those targets kept their old values."""
+    storage section of another shape; its target is still filled (a copy), and so are a
+    non-contiguous target and a target of its own at a second place of the same tensor.
+    Before, those targets kept their old values."""
     g = torch.Generator().manual_seed(1)
     w, c = torch.randn(30, 40, generator=g), torch.randn(4, 3, 3, 3, generator=g)
     state = {"model": {"w": w, "conv": c.to(memory_format=torch.channels_last)},
-             "t": w.t(), "rows": w[5:9]}
+             "t": w.t(), "rows": w[5:9], "again": w}
     path = tmp_path / "ck.lcc"
     lcckpt.save(state, path, compress=compress)
     plain = lcckpt.load(path)
     model = {"w": torch.zeros(30, 40), "conv": torch.zeros(4, 3, 3, 3).to(
         memory_format=torch.channels_last)}
-    rows = torch.zeros(4, 40)
-    got = lcckpt.load(path, into={"model": dict(model), "rows": rows})
+    rows, again = torch.zeros(4, 40), torch.zeros(30, 40)
+    got = lcckpt.load(path, into={"model": dict(model), "rows": rows, "again": again})
     assert_same(got, plain)
     assert got["model"]["w"] is model["w"] and torch.equal(model["w"], w)
+    assert got["again"] is again and torch.equal(again, w)     # the same object, met again
     assert got["model"]["conv"] is model["conv"] and torch.equal(model["conv"], c)
     assert got["rows"] is rows and torch.equal(rows, w[5:9])
     assert torch.equal(got["t"], w.t())
+
+
+_INTO_DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool,
+                torch.uint8, torch.complex64]
+
+
+@st.composite
+def _into_case(draw):
+    """A state of fresh tensors, views of them and repeats, and ``into`` targets for
+    some of its keys: fitting (contiguous or not), or of another shape or dtype."""
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    state, made = {}, []
+    for i in range(draw(st.integers(1, 6))):
+        kind = draw(st.sampled_from(["fresh", "fresh", "view", "again"])) if made else "fresh"
+        if kind == "fresh":
+            dt = draw(st.sampled_from(_INTO_DTYPES))
+            shape = tuple(draw(st.lists(st.integers(0, 40), max_size=3)))
+            t = (torch.randn(shape, generator=g) * 50).to(dt)
+            made.append(t)
+        else:
+            base = made[draw(st.integers(0, len(made) - 1))]
+            t = base
+            if kind == "view" and base.dim() == 2:
+                t = base.t() if draw(st.booleans()) else base[draw(st.integers(0, base.shape[0])):]
+            elif kind == "view" and base.dim() >= 1:
+                t = base[draw(st.integers(0, base.shape[0])):]
+        state[f"k{i}"] = t
+    targets, fits = {}, {}
+    for k, t in state.items():
+        how = draw(st.sampled_from(["none", "fit", "fit", "strided", "shape", "dtype"]))
+        if how == "none":
+            continue
+        if how == "strided" and t.dim() == 2:
+            target = torch.empty(t.shape[::-1], dtype=t.dtype).t()      # not contiguous
+        elif how == "shape":
+            target = torch.empty(t.numel() + 1, dtype=t.dtype)
+        elif how == "dtype":
+            target = torch.empty(t.shape, dtype=torch.int8 if t.dtype != torch.int8 else torch.int16)
+        else:
+            target = torch.empty(t.shape, dtype=t.dtype)
+        target.fill_(7)                     # a sentinel no stored tensor holds everywhere
+        targets[k], fits[k] = target, how in ("fit", "strided")
+    return state, targets, fits
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_into_case(), st.booleans())
+def test_load_into_fills_every_fitting_target_and_nothing_else(tmp_path_factory, case, compress):
+    """Property: ``load(into=...)`` returns what a plain load returns, bit for bit; every
+    host target of a stored tensor's dtype and shape (contiguous or not, whether the
+    stored tensor is a view, a repeat of another key's tensor or its own) holds those
+    values and is the very tensor returned there; targets of another shape or dtype are
+    left alone."""
+    state, targets, fits = case
+    path = tmp_path_factory.mktemp("into") / "x.lcc"
+    lcckpt.save(state, path, compress=compress)
+    plain = lcckpt.load(path)
+    before = {k: t.clone() for k, t in targets.items()}
+    got = lcckpt.load(path, into=dict(targets))
+    for k in state:
+        assert torch.equal(got[k], plain[k]) and got[k].dtype == plain[k].dtype, k
+    for k, target in targets.items():
+        if fits[k]:
+            assert got[k] is target and torch.equal(target, state[k]), k
+        else:
+            assert torch.equal(target.view(-1), before[k].view(-1)), k
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_into_case())
+def test_a_chain_loads_into_every_fitting_target_and_nothing_else(tmp_path_factory, case):
+    """The same property for ``DeltaCheckpointer.load(into=...)`` of a delta step (tracked
+    tensors, packs of small ones, views and repeats), against its plain load."""
+    state, targets, fits = case
+    ck = lcckpt.DeltaCheckpointer(tmp_path_factory.mktemp("chain"))
+    ck.save(0, state)
+    with torch.no_grad():
+        for t in state.values():
+            if t.is_floating_point() and t._base is None:
+                t.add_(0.01)                 # views and repeats follow their storage
+    ck.save(1, state)
+    plain = ck.load(1)
+    before = {k: t.clone() for k, t in targets.items()}
+    got = ck.load(1, into=dict(targets))
+    for k in state:
+        assert torch.equal(got[k], plain[k]) and got[k].dtype == plain[k].dtype, k
+    for k, target in targets.items():
+        if fits[k]:
+            assert got[k] is target and torch.equal(target, plain[k]), k
+        else:
+            assert torch.equal(target.view(-1), before[k].view(-1)), k
 
 
 def test_load_into_and_mmap_exclude_each_other(tmp_path):

@@ -115,6 +115,8 @@ def to_float_work(a: np.ndarray, dt: DType) -> np.ndarray:
         return a.astype(np.float32)
     if dt.native or dt.kind != "float":
         raise UnsupportedDtypeError(f"lossy coding needs a floating dtype, got {dt.name}")
+    if a.size == 0:                  # an empty byte view has stride 0: torch's view refuses
+        return np.zeros(a.shape, np.float32)
     return torch.from_numpy(a.view(np.uint8).copy()).view(dt.torch).float().numpy()
 
 

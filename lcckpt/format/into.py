@@ -4,8 +4,9 @@ A target is decoded into in place where its section fits it (the section's dtype
 shape, on the host, contiguous: :meth:`Into.take`). Every other stored tensor whose key
 path names a host target of its dtype and shape is copied into that target once it is
 built (:meth:`Into.fill`): a small tensor of a pack, a view of a storage that other stored
-tensors share, a chain's tensor that was not replayed in place, a non-contiguous target
-(a ``channels_last`` weight). Without that copy such a target kept its old values while
+tensors share, a tensor met again at another key path that has a target of its own, a
+chain's tensor that was not replayed in place, a non-contiguous target (a
+``channels_last`` weight). Without that copy such a target kept its old values while
 the load returned the stored ones beside it, and a model loaded ``into=`` its own
 tensors silently lost, say, a two-class head's bias.
 """
@@ -43,7 +44,12 @@ class Into:
         on the host receiving a tensor that ``map_location`` put elsewhere is filled, and
         ``t`` is returned."""
         target = self.paths.get(path)
-        if path in self._taken or not _receives(target, t) or not self._claim(target, path):
+        if path in self._taken:              # decoded into it: ``t`` may be a view of it
+            same = isinstance(target, torch.Tensor) and t.dtype == target.dtype \
+                and t.shape == target.shape and t.stride() == target.stride() \
+                and t.data_ptr() == target.data_ptr()
+            return target if same else t
+        if not _receives(target, t) or not self._claim(target, path):
             return t
         with torch.no_grad():
             target.copy_(t)

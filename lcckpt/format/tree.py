@@ -313,8 +313,10 @@ class _Loader(CompositeLoader):
         obj = j.get("obj", 0)
         if not _is_uint(obj):
             _bad(path, "tensor obj is not a non-negative integer")
-        if (s, obj) in self.objects:
-            return self.objects[(s, obj)]
+        if (s, obj) in self.objects:         # met before: the same object, unless this
+            t = self.objects[(s, obj)]       # place has a target of its own to fill
+            got = t if self.fill is None else self.fill(path, t)
+            return t if got is t else self._flags(j, path, got)
         view = _view(j, path)
         packed = j.get("packed", False)
         if type(packed) is not bool or (packed and view is None):
@@ -329,16 +331,21 @@ class _Loader(CompositeLoader):
             t = t.clone()
         if self.fill is not None:
             t = self.fill(path, t)
+        t = self.objects[(s, obj)] = self._flags(j, path, t)
+        return t
+
+    @staticmethod
+    def _flags(j, path, t: torch.Tensor) -> torch.Tensor:
+        """``t`` as the node says: a Parameter, or requiring grad."""
         param, grad = j.get("param", False), j.get("grad", False)
         if type(param) is not bool or type(grad) is not bool:
             _bad(path, "tensor param and grad must be booleans")
         if param:
-            t = torch.nn.Parameter(t, requires_grad=grad)
-        elif grad:
+            return torch.nn.Parameter(t, requires_grad=grad)
+        if grad:
             if not t.dtype.is_floating_point and not t.dtype.is_complex:
                 _bad(path, f"a {t.dtype} tensor cannot require grad")
-            t = t.detach().requires_grad_(True)
-        self.objects[(s, obj)] = t
+            return t.detach().requires_grad_(True)
         return t
 
     def decode_tensor(self, s: int, meta: dict, path: str) -> torch.Tensor:
