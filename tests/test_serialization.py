@@ -5,6 +5,8 @@ import io
 import math
 import os
 import pickle
+import re
+import warnings
 import zlib
 
 import numpy as np
@@ -886,7 +888,9 @@ def test_load_into_fills_the_callers_tensors_with_the_bits_of_a_plain_load(
                     else shape)
         return real(*shape, **kw)
     monkeypatch.setattr(torch, "empty", recording)
-    got = lcckpt.load(path, into={"model": model, "other": torch.zeros(3, dtype=torch.int8)})
+    with pytest.warns(RuntimeWarning, match=r'2 target tensors were left .*obj\["model"\]\["b"\] '
+                      r'\(the stored tensor is float32\[1000\], the target float32\[999\]\)'):
+        got = lcckpt.load(path, into={"model": model, "other": torch.zeros(3, dtype=torch.int8)})
     monkeypatch.setattr(torch, "empty", real)
     assert_same(got, plain)
     for k in state["model"]:
@@ -977,7 +981,10 @@ def test_load_into_fills_every_fitting_target_and_nothing_else(tmp_path_factory,
     lcckpt.save(state, path, compress=compress)
     plain = lcckpt.load(path)
     before = {k: t.clone() for k, t in targets.items()}
-    got = lcckpt.load(path, into=dict(targets))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = lcckpt.load(path, into=dict(targets))
+    _named_the_unfilled(caught, targets, fits)
     for k in state:
         assert torch.equal(got[k], plain[k]) and got[k].dtype == plain[k].dtype, k
     for k, target in targets.items():
@@ -985,6 +992,19 @@ def test_load_into_fills_every_fitting_target_and_nothing_else(tmp_path_factory,
             assert got[k] is target and torch.equal(target, state[k]), k
         else:
             assert torch.equal(target.view(-1), before[k].view(-1)), k
+
+
+def _named_the_unfilled(caught, targets, fits):
+    """One warning, naming the targets that received nothing (empty ones aside), or none."""
+    missed = {f'obj["{k}"]' for k, t in targets.items() if not fits[k] and t.numel()}
+    said = [str(w.message) for w in caught if "into=" in str(w.message)]
+    if not missed:
+        assert said == []
+        return
+    head = "1 target tensor was" if len(missed) == 1 else f"{len(missed)} target tensors were"
+    assert len(said) == 1 and said[0].startswith(f"into=: {head} left")
+    named = set(re.findall(r'obj\["k\d+"\]', said[0]))
+    assert named and named <= missed
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -1002,7 +1022,10 @@ def test_a_chain_loads_into_every_fitting_target_and_nothing_else(tmp_path_facto
     ck.save(1, state)
     plain = ck.load(1)
     before = {k: t.clone() for k, t in targets.items()}
-    got = ck.load(1, into=dict(targets))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = ck.load(1, into=dict(targets))
+    _named_the_unfilled(caught, targets, fits)
     for k in state:
         assert torch.equal(got[k], plain[k]) and got[k].dtype == plain[k].dtype, k
     for k, target in targets.items():
@@ -1010,6 +1033,37 @@ def test_a_chain_loads_into_every_fitting_target_and_nothing_else(tmp_path_facto
             assert got[k] is target and torch.equal(target, plain[k]), k
         else:
             assert torch.equal(target.view(-1), before[k].view(-1)), k
+
+
+@pytest.mark.parametrize("fmt", ["lcckpt", "torch", "safetensors"])
+def test_load_into_fills_from_every_format_and_warns_of_a_misshapen_into(tmp_path, fmt):
+    """``into=model.state_dict()`` where the file holds ``{"model": ...}`` fills nothing:
+    the warning names the targets, where the model silently kept its old values before.
+    A torch.save or safetensors file fills the targets too (with a copy), where ``into``
+    was ignored."""
+    m = torch.nn.Linear(6, 3)
+    state = {"model": m.state_dict()}
+    path = tmp_path / f"ck.{ {'lcckpt': 'lcc', 'torch': 'pt'}.get(fmt, fmt) }"
+    if fmt == "lcckpt":
+        lcckpt.save(state, path)
+    elif fmt == "torch":
+        torch.save(state, path)
+    else:
+        from lcckpt.format.safetensors_io import save_safetensors
+        save_safetensors({"weight": m.weight.detach(), "bias": m.bias.detach()}, path)
+    fresh = torch.nn.Linear(6, 3)
+    right = {"model": fresh.state_dict()} if fmt != "safetensors" else fresh.state_dict()
+    wrong = {"net": fresh.state_dict()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lcckpt.load(path, into=right)
+    assert torch.equal(fresh.weight, m.weight) and torch.equal(fresh.bias, m.bias)
+    with torch.no_grad():
+        fresh.weight.zero_()
+    with pytest.warns(RuntimeWarning, match=r'2 target tensors were left as they were.*'
+                      r'obj\["net"\]\["weight"\] \(nothing is stored at this place\)'):
+        lcckpt.load(path, into=wrong)
+    assert not fresh.weight.any()
 
 
 def test_load_into_and_mmap_exclude_each_other(tmp_path):

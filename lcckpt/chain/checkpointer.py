@@ -55,6 +55,7 @@ from ..codec.movement import Movement
 from ..errors import ConcurrentWriteError, InvalidArgumentError, LcckptError, StorageError
 from ..format.container import write_container
 from ..format.flatten import census, tensor_paths
+from ..format.into import Into
 from ..format import stream as _stream
 from ..util import durable as _durable
 from . import restore as _restore
@@ -444,18 +445,18 @@ class DeltaCheckpointer:
         chain a second time. They are used if the step is still the newest when it saves
         (with the same contents), and dropped otherwise.
 
-        ``into``: tensors to load into, in an object shaped like the stored one, e.g.
-        ``{"model": model.state_dict()}``, as in :func:`lcckpt.load`: a contiguous fp32
-        or fp64 target is replayed straight into (no second copy of the model in
-        memory), any other that fits filled with a copy (a small tensor stored in a
-        pack, such as a two-class head's bias). If the load fails, the targets may
-        hold part of the step.
+        ``into``: tensors to load into, as in :func:`lcckpt.load`; a contiguous fp32 or
+        fp64 target is replayed straight into (no second copy of the model in memory),
+        any other that fits filled with a copy (a small tensor stored in a pack, such as
+        a two-class head's bias). If the load fails, the targets may hold part of it.
         """
         step = self._step_or_newest(step)
+        targets = None if into is None else Into(tensor_paths(into))
         obj, links, tracks = _restore.restore(
             self._dir, step, build=True, map_location=map_location, keep_tracks=resume,
-            max_bytes=max_bytes, movement=resume and self._movement_targets(),
-            into=None if into is None else tensor_paths(into))
+            max_bytes=max_bytes, movement=resume and self._movement_targets(), into=targets)
+        if targets is not None:
+            targets.warn_unfilled(stacklevel=3)
         if resume:
             self._primed = (step, links[-1][1].state_id, links[-1][1].depth, tracks)
         return obj

@@ -74,7 +74,7 @@ class FileReplay:
     the previous step (``before``) into ``after``; other sections decode as anywhere."""
 
     def __init__(self, before: dict, copy: bool = True, movement: bool = False,
-                 origin: tuple | None = None, into: dict | None = None):
+                 origin: tuple | None = None, into: Into | dict | None = None):
         """``origin``: ``(step, path)`` of the file, which errors of its keyframes decoded
         later, while another file is replayed, carry (``.origin``). ``into``: key path ->
         a host tensor that the tracked tensor of that path is decoded into where it fits
@@ -83,7 +83,8 @@ class FileReplay:
         tensor is copied into its target once built (``self.into.fill``, the ``fill`` of
         :func:`~lcckpt.format.serialization.unpack`)."""
         self.before, self.after, self.copy, self.movement = before, {}, copy, movement
-        self.origin, self.into = origin, Into(into or {})
+        self.origin = origin
+        self.into = into if isinstance(into, Into) else Into(into or {})
         self.settled = False
 
     def advance(self, c, i: int, meta: dict) -> Reconstruction:

@@ -13,6 +13,8 @@ tensors silently lost, say, a two-class head's bias.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .sections import fits
@@ -28,6 +30,7 @@ class Into:
         self.paths = paths
         self._owner: dict[int, str] = {}     # a target's memory -> the key path it receives
         self._taken: set[str] = set()        # key paths decoded straight into their target
+        self._seen: dict[str, tuple] = {}    # key path -> (dtype, shape) stored there
 
     def take(self, path: str, dtype: torch.dtype | None, shape) -> torch.Tensor | None:
         """The target at ``path`` to decode a section of ``dtype`` and ``shape`` into, in
@@ -44,6 +47,7 @@ class Into:
         on the host receiving a tensor that ``map_location`` put elsewhere is filled, and
         ``t`` is returned."""
         target = self.paths.get(path)
+        self._seen.setdefault(path, (t.dtype, tuple(t.shape)))
         if path in self._taken:              # decoded into it: ``t`` may be a view of it
             same = isinstance(target, torch.Tensor) and t.dtype == target.dtype \
                 and t.shape == target.shape and t.stride() == target.stride() \
@@ -55,8 +59,42 @@ class Into:
             target.copy_(t)
         return target if target.device == t.device else t
 
+    def unfilled(self) -> list[tuple[str, str]]:
+        """``(key path, why)`` of each host target that received nothing (a target on
+        another device is left to the caller, as documented)."""
+        out = []
+        for path, t in self.paths.items():
+            if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or not t.numel() \
+                    or t.data_ptr() in self._owner:
+                continue
+            seen = self._seen.get(path)
+            out.append((path, "nothing is stored at this place" if seen is None else
+                        f"the stored tensor is {_describe(*seen)}, the target "
+                        f"{_describe(t.dtype, tuple(t.shape))}"))
+        return out
+
+    def warn_unfilled(self, stacklevel: int) -> None:
+        """Warn of the targets that received nothing: a target of another shape, or an
+        ``into`` not shaped like the stored object (``model.state_dict()`` where the
+        file holds ``{"model": ...}``) would otherwise keep its old values silently."""
+        missed = self.unfilled()
+        if not missed:
+            return
+        shown = "; ".join(f"{p} ({why})" for p, why in missed[:4])
+        more = f"; and {len(missed) - 4} more" if len(missed) > 4 else ""
+        what = "1 target tensor was" if len(missed) == 1 else f"{len(missed)} target tensors were"
+        warnings.warn(
+            f"into=: {what} left as they were, and the loaded object holds the stored "
+            f"values there: {shown}{more}. `into` must be "
+            "shaped like the stored object, e.g. {'model': model.state_dict()} for a file "
+            "saved from {'model': ..., 'optim': ...}", RuntimeWarning, stacklevel=stacklevel)
+
     def _claim(self, t: torch.Tensor, path: str) -> bool:
         return t.numel() == 0 or self._owner.setdefault(t.data_ptr(), path) == path
+
+
+def _describe(dtype: torch.dtype, shape: tuple) -> str:
+    return f"{str(dtype).removeprefix('torch.')}{list(shape)}"
 
 
 def _receives(target, t: torch.Tensor) -> bool:

@@ -145,15 +145,15 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
     :func:`lcckpt.limits.set_max_bytes`'s setting, "auto" (192 MiB + 32 x the file size, at most
     what the process can still allocate; see lcckpt/limits.py).
 
-    ``into`` (lcckpt files): tensors to load into, in an object shaped like the stored
-    one, e.g. ``{"model": model.state_dict()}``: a stored tensor whose place holds a host
-    tensor of its dtype and shape is loaded into it, and the result holds that very
-    tensor there (unless ``map_location`` then moves it). A contiguous one is read or
-    decoded into in place, so a model loads without a second copy of itself; any other
-    (a ``channels_last`` weight, a tensor stored as a view of memory that other stored
-    tensors share) is filled with a copy. Other targets (another dtype or shape, not on
-    the host) are left as they are and the stored value loads as usual. If the load
-    fails, the targets may hold part of the file. Not with ``mmap``.
+    ``into``: tensors to load into, in an object shaped like the stored one, e.g.
+    ``{"model": model.state_dict()}``: each host tensor there of the stored tensor's dtype
+    and shape receives its values. From an lcckpt file a contiguous one is read or decoded
+    into in place (no second copy of the model), any other (``channels_last``, a view of
+    memory other stored tensors share) filled with a copy, and the result holds the
+    targets (unless ``map_location`` moves them); a torch.save or safetensors file fills
+    them with a copy. Host targets that receive nothing (another dtype or shape, an
+    ``into`` not shaped like the stored object) are named in a ``RuntimeWarning``. If the
+    load fails, the targets may hold part of the file. Not with ``mmap``.
     """
     _check_load_args(pickle_module, pickle_load_args, weights_only, mmap, into)
     targets = None if into is None else Into(tensor_paths(into))
@@ -168,7 +168,7 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
         fmt = _sniff(head)
         if fmt != "lcckpt":
             return _load_foreign(fmt, f, map_location, weights_only, mmap, pickle_load_args,
-                                 max_bytes)
+                                 max_bytes, targets)
         with read_container(path) as c:
             try:
                 if mmap:
@@ -190,7 +190,7 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
     fmt = _sniff(head)
     if fmt != "lcckpt":
         return _load_foreign(fmt, f, map_location, weights_only, mmap, pickle_load_args,
-                             max_bytes)
+                             max_bytes, targets)
     with read_container(f) as c:
         return _unpack_limited(c, map_location, max_bytes, "the file", into=targets)
 
@@ -214,12 +214,19 @@ def _check_load_args(pickle_module, pickle_load_args: dict, weights_only, mmap, 
 
 
 def _load_foreign(fmt: str, f, map_location, weights_only, mmap, pickle_load_args,
-                  max_bytes=limits.DEFAULT):
-    """A torch.save or safetensors file, by what :func:`_sniff` found."""
+                  max_bytes=limits.DEFAULT, into: Into | None = None):
+    """A torch.save or safetensors file, by what :func:`_sniff` found; ``into``'s
+    targets filled with a copy of what loaded at their places."""
     if fmt == "torch":
         check_before_load(f, max_bytes)
-        return _torch_load(f, map_location, weights_only, mmap, pickle_load_args)
-    return _safetensors_load(f, map_location, mmap)
+        obj = _torch_load(f, map_location, weights_only, mmap, pickle_load_args)
+    else:
+        obj = _safetensors_load(f, map_location, mmap)
+    if into is not None:
+        for path, t in tensor_paths(obj).items():
+            into.fill(path, t)
+        into.warn_unfilled(stacklevel=4)
+    return obj
 
 
 def _unpack_limited(c: Container, map_location, max_bytes, what: str, decode_leaf=None,
@@ -231,10 +238,11 @@ def _unpack_limited(c: Container, map_location, max_bytes, what: str, decode_lea
             "delta against the step before it; open its directory: "
             "lcckpt.DeltaCheckpointer(directory).load(step)")
     limits.check(limits.declared_bytes(c.sections), c.size, max_bytes, what)
-    if into is not None:
-        decode_leaf = _sections.decode_into(into)
-    return unpack(c, map_location, decode_leaf=decode_leaf,
-                  fill=None if into is None else into.fill)
+    if into is None:
+        return unpack(c, map_location, decode_leaf=decode_leaf)
+    obj = unpack(c, map_location, decode_leaf=_sections.decode_into(into), fill=into.fill)
+    into.warn_unfilled(stacklevel=4)
+    return obj
 
 
 def _safetensors_load(f, map_location, mmap):
