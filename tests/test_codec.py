@@ -165,6 +165,9 @@ def test_bad_input_raises_named_errors():
         lcckpt.encode(np.arange(10))
     with pytest.raises(lcckpt.UnsupportedDtypeError):
         lcckpt.encode(np.array(["a"]), lossless=True)
+    swapped = np.arange(5, dtype=np.dtype(np.int64).newbyteorder())       # not native
+    with pytest.raises(lcckpt.UnsupportedDtypeError, match="byte order; convert it first"):
+        lcckpt.encode(swapped, lossless=True)
     with pytest.raises(lcckpt.InvalidArgumentError):
         lcckpt.encode(np.ones(3, np.float32), bits=5)
     with pytest.raises(lcckpt.InvalidArgumentError):

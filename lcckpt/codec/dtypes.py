@@ -80,6 +80,11 @@ def of(x) -> DType:
             return BY_TORCH[x.dtype]
         return BY_NUMPY[np.dtype(x.dtype)]
     except KeyError:
+        if isinstance(x, np.ndarray) and not x.dtype.isnative and \
+                x.dtype.newbyteorder("=") in BY_NUMPY:
+            raise UnsupportedDtypeError(
+                f"dtype {x.dtype.str} is not in this machine's byte order; convert "
+                "it first: a.astype(a.dtype.newbyteorder('='))") from None
         raise UnsupportedDtypeError(
             f"dtype {x.dtype} is not supported; supported: {', '.join(sorted(BY_NAME))}") from None
 
