@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ..codec import blob as _blob
-from ..codec.delta import NONFINITE_REFERENCE, NONFINITE_STATE, DeltaEncoder, Reconstruction
+from ..codec.delta import NONFINITE, DeltaEncoder, Reconstruction
 from ..format import sections as _sections
 from ..format import serialization as _serialization
 from ..format import stream as _stream
@@ -218,8 +218,6 @@ class SaveSession:
         if err > max(target, MISSED) * moved * (1 + 1e-6) and err > 0:
             self.missed.append((path, err / moved if moved else float("inf"), target))
 
-
-NONFINITE = (NONFINITE_STATE, NONFINITE_REFERENCE)
 
 # what a file says already: its sections' sizes, and rel_error / movement
 DERIVED_STATS = ("nbytes", "bits_per_element", "error_vs_movement")

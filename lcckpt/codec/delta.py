@@ -55,6 +55,7 @@ MAX_TARGET = 0.99       # a movement target is capped below the quantizer's limi
 
 NONFINITE_STATE = "the tensor holds NaN/Inf values (a diverged step?)"
 NONFINITE_REFERENCE = "the step before, as restored, held NaN/Inf values"
+NONFINITE = (NONFINITE_STATE, NONFINITE_REFERENCE)     # the fallbacks a caller reports
 
 
 def _tracked(dt: dtypes.DType) -> bool:
