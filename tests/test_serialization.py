@@ -1002,7 +1002,7 @@ def _named_the_unfilled(caught, targets, fits):
         assert said == []
         return
     head = "1 target tensor was" if len(missed) == 1 else f"{len(missed)} target tensors were"
-    assert len(said) == 1 and said[0].startswith(f"into=: {head} left")
+    assert len(said) == 1 and said[0].startswith(f"into=: {head} left as")
     named = set(re.findall(r'obj\["k\d+"\]', said[0]))
     assert named and named <= missed
 

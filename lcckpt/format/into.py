@@ -82,9 +82,10 @@ class Into:
             return
         shown = "; ".join(f"{p} ({why})" for p, why in missed[:4])
         more = f"; and {len(missed) - 4} more" if len(missed) > 4 else ""
-        what = "1 target tensor was" if len(missed) == 1 else f"{len(missed)} target tensors were"
+        what = "1 target tensor was left as it was" if len(missed) == 1 else \
+            f"{len(missed)} target tensors were left as they were"
         warnings.warn(
-            f"into=: {what} left as they were, and the loaded object holds the stored "
+            f"into=: {what}, and the loaded object holds the stored "
             f"values there: {shown}{more}. `into` must be "
             "shaped like the stored object, e.g. {'model': model.state_dict()} for a file "
             "saved from {'model': ..., 'optim': ...}", RuntimeWarning, stacklevel=stacklevel)
