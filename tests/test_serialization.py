@@ -1061,7 +1061,7 @@ def test_load_into_fills_from_every_format_and_warns_of_a_misshapen_into(tmp_pat
     with torch.no_grad():
         fresh.weight.zero_()
     with pytest.warns(RuntimeWarning, match=r'2 target tensors were left as they were.*'
-                      r'obj\["net"\]\["weight"\] \(nothing is stored at this place\)'):
+                      r'obj\["net"\]\["weight"\] \(no dense tensor is stored at this place\)'):
         lcckpt.load(path, into=wrong)
     assert not fresh.weight.any()
 

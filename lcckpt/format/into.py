@@ -68,7 +68,7 @@ class Into:
                     or t.data_ptr() in self._owner:
                 continue
             seen = self._seen.get(path)
-            out.append((path, "nothing is stored at this place" if seen is None else
+            out.append((path, "no dense tensor is stored at this place" if seen is None else
                         f"the stored tensor is {_describe(*seen)}, the target "
                         f"{_describe(t.dtype, tuple(t.shape))}"))
         return out
