@@ -2,6 +2,7 @@
 DeltaCheckpointer's (by role, steered by the first moments), with LC's bits as an option."""
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -186,3 +187,25 @@ def test_a_shards_name_keeps_its_role_and_its_moment():
     got = targets.direction_of({"model.0.weight": m}, Piece("model.0.weight@(4, 0)", 0, 4),
                                torch.zeros(4, 2))
     assert torch.equal(got, m)
+
+
+def test_a_nan_step_is_stored_exactly_and_its_warning_names_the_piece(tmp_path):
+    """As in DeltaCheckpointer: the warning names the tensor, and whether it held the
+    NaN or the restored step before it did."""
+    ck = ld.DistributedCheckpointer(tmp_path)
+    w = torch.linspace(-1, 1, 5000)
+    said = {}
+    for step in range(4):
+        x = w + 0.01 * step
+        if step == 2:
+            x[3] = float("nan")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ck.save(step, {"w": x})
+        said[step] = [str(c.message) for c in caught if "NaN" in str(c.message)]
+    assert said[0] == said[1] == []
+    assert len(said[2]) == 1 and ": w: the tensor holds NaN" in said[2][0]
+    assert len(said[3]) == 1 and ": w: the step before, as restored, held NaN" in said[3][0]
+    got = {"w": torch.zeros(5000)}
+    ck.load(got, 2)
+    assert math.isnan(got["w"][3]) and torch.equal(got["w"][4:], (w + 0.02)[4:])
