@@ -107,7 +107,8 @@ def inspect_dir(path: str) -> dict:
                      "file_bytes": f["file_bytes"], "raw_bytes": f["raw_bytes"],
                      "ratio": f["raw_bytes"] / f["file_bytes"] if f["file_bytes"] else None,
                      "max_rel_error": max((t.get("rel_error") or 0 for t in lossy), default=0.0),
-                     **_movement_columns(info.get("tensors", {}))})
+                     **_movement_columns(info.get("tensors", {})),
+                     **_fallback_column(info)})
     ok: dict[int, bool] = {}
     for row in rows:                    # oldest first: a base is judged before its deltas
         step, info = row["step"], infos.get(row["step"])
@@ -199,6 +200,18 @@ MOVEMENT_LEGEND = (
     "share of the tensor's norm; missed: tensors whose update was mostly not kept")
 
 
+FALLBACK_LEGEND = (
+    "stored_exact: tensors of a delta stored exactly instead (NaN/Inf in the tensor or in "
+    "the step before it, or a delta that would not meet its bound; "
+    "DeltaCheckpointer.info(step)['tensors'][name]['fallback'] says why)")
+
+
+def _fallback_column(info: dict) -> dict:
+    """How many tensors of a delta step fell back to an exact copy (shown where any did)."""
+    n = sum(1 for t in info.get("tensors", {}).values() if isinstance(t, dict) and t.get("fallback"))
+    return {"stored_exact": n} if n and info.get("kind") == "delta" else {}
+
+
 def _movement_columns(tensors: dict) -> dict:
     """Per role, the worst ``error_vs_movement`` of a step's tensors, and how many
     tensors missed their update (an error past half the movement and the target, beyond
@@ -229,11 +242,13 @@ def _inspect(args) -> int:
         print(f"{doc['path']}: {len(doc['steps'])} checkpoints")
         cols = ["step", "kind", "base", "restorable", "file_bytes", "raw_bytes", "ratio",
                 "max_rel_error"]
-        moved = [c for c in (*_ROLE_COLUMNS.values(), "missed")
+        moved = [c for c in (*_ROLE_COLUMNS.values(), "missed", "stored_exact")
                  if any(c in r for r in doc["steps"])]
         print(_table(doc["steps"], cols + moved))
-        if moved:
+        if any(c in moved for c in _ROLE_COLUMNS.values()):
             print(MOVEMENT_LEGEND)
+        if "stored_exact" in moved:
+            print(FALLBACK_LEGEND)
     elif doc["format"] == "lcckpt":
         chain = doc["chain"] or {}
         print(f"{doc['path']}: lcckpt v{doc['version']}, {doc['file_bytes']:,} bytes "

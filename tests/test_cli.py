@@ -40,6 +40,24 @@ def test_inspect_chain_table_has_a_legend(chain_dir, capsys):
     assert "w_err/move" in out and "as a share of their movement since the keyframe" in out
 
 
+def test_inspect_counts_the_tensors_a_delta_stored_exactly(tmp_path, capsys):
+    """A NaN step and the step after it store the tensor exactly: inspect says how many,
+    and its legend where to read why; steps without one show no count."""
+    ck = lcckpt.DeltaCheckpointer(tmp_path / "ck")
+    w = torch.linspace(-1, 1, 5000)
+    with pytest.warns(RuntimeWarning, match="NaN"):
+        for s in range(4):
+            x = w + 0.01 * s
+            if s == 2:
+                x[3] = float("nan")
+            ck.save(s, {"w": x, "b": 2 * w + 0.01 * s})
+    assert main(["inspect", str(tmp_path / "ck"), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["steps"]
+    assert [r.get("stored_exact") for r in rows] == [None, None, 1, 1]
+    assert main(["inspect", str(tmp_path / "ck")]) == 0
+    assert "stored_exact: tensors of a delta stored exactly instead" in capsys.readouterr().out
+
+
 def test_inspect_file_table(tmp_path, capsys):
     lcckpt.save({"a": torch.randn(1000), "n": 3}, tmp_path / "x.lcc", compress=True)
     assert main(["inspect", str(tmp_path / "x.lcc")]) == 0
