@@ -685,3 +685,21 @@ def test_a_version_4_entry_may_leave_out_its_offset_and_nothing_else():
     header = {"version": 4, "meta": {}, "sections": [entry]}
     with C.read_container(_craft(header, version=4)) as c:
         assert c.sections[0]["offset"] == 0 and c.sections[0]["length"] == 0
+
+
+def test_a_missing_directory_and_a_directory_that_makes_no_files_are_told_apart(
+        tmp_path, monkeypatch):
+    """ENOENT from creating the temp file means "create the directory" only where the
+    directory is missing; in one that exists (a filesystem such as /proc) it is the OS's
+    own error, not advice to create what is there."""
+    import lcckpt
+    from lcckpt.errors import NotFoundError, StorageError
+    with pytest.raises(NotFoundError, match="does not exist .create it first."):
+        lcckpt.save({"w": np.ones(3)}, tmp_path / "missing" / "x.lcc")
+
+    def no_files(directory, base):
+        raise FileNotFoundError(2, "No such file or directory")
+    monkeypatch.setattr(_durable, "_create_temp", no_files)
+    with pytest.raises(StorageError) as err:
+        lcckpt.save({"w": np.ones(3)}, tmp_path / "x.lcc")
+    assert not isinstance(err.value, NotFoundError) and "create it first" not in str(err.value)

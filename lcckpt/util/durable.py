@@ -48,7 +48,10 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
     base = os.path.basename(path)
     try:
         tmp, fd = _create_temp(directory, base)
-    except FileNotFoundError:
+    except FileNotFoundError as e:
+        if os.path.isdir(directory):    # a filesystem that makes no files here (/proc)
+            raise StorageError(e.errno, f"cannot write the checkpoint: {e.strerror}",
+                               path) from None
         raise NotFoundError(errno.ENOENT, f"cannot write the checkpoint: its directory "
                             f"{directory} does not exist (create it first)", path) from None
     except OSError as e:
