@@ -1066,6 +1066,20 @@ def test_load_into_fills_from_every_format_and_warns_of_a_misshapen_into(tmp_pat
     assert not fresh.weight.any()
 
 
+def test_a_text_mode_file_or_another_object_is_refused_by_name(tmp_path):
+    """A file opened without 'b' raised a TypeError from inside the writer, or a
+    UnicodeDecodeError from the reader."""
+    lcckpt.save({"w": torch.ones(3)}, tmp_path / "ok.lcc")
+    with open(tmp_path / "t.lcc", "w") as f, \
+            pytest.raises(InvalidArgumentError, match="got a text-mode file: open the file with 'wb'"):
+        lcckpt.save({"w": torch.ones(3)}, f)
+    with open(tmp_path / "ok.lcc") as f, \
+            pytest.raises(InvalidArgumentError, match="got a text-mode file: open the file with 'rb'"):
+        lcckpt.load(f)
+    with pytest.raises(InvalidArgumentError, match="an object of type int"):
+        lcckpt.save({"w": torch.ones(3)}, 3)
+
+
 def test_load_into_and_mmap_exclude_each_other(tmp_path):
     lcckpt.save({"w": torch.ones(3)}, tmp_path / "a.lcc")
     with pytest.raises(InvalidArgumentError, match="into= and mmap"):

@@ -60,6 +60,10 @@ def save(obj: Any, f: str | os.PathLike | BinaryIO, *, codec: str | Callable = "
     """
     if compress and codec == "raw":
         codec = "lossless"
+    if not isinstance(f, (str, os.PathLike)) and (not hasattr(f, "write")
+                                                  or isinstance(f, io.TextIOBase)):
+        raise InvalidArgumentError(f"save needs a path or a binary file object, got "
+                                   f"{_kind_of(f)}: open the file with 'wb'")
     extra = {} if metadata is None else {METADATA_KEY: _check_metadata(metadata, "metadata")}
     encode_leaf = _sections.leaf_encoder(codec)
     to_path = isinstance(f, (str, os.PathLike))
@@ -177,8 +181,9 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
                 return _unpack_limited(c, map_location, max_bytes, path, into=targets)
             except LcckptError as e:
                 raise at_path(e, path) from None
-    if not hasattr(f, "read"):
-        raise InvalidArgumentError(f"load needs a path or a binary file object, got {type(f).__name__}")
+    if not hasattr(f, "read") or isinstance(f, io.TextIOBase):
+        raise InvalidArgumentError(f"load needs a path or a binary file object, got "
+                                   f"{_kind_of(f)}: open the file with 'rb'")
     if mmap:
         raise InvalidArgumentError("mmap=True needs a path: a file object cannot be memory-mapped "
                                    "(torch.load refuses it too)")
@@ -193,6 +198,11 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
                              max_bytes, targets)
     with read_container(f) as c:
         return _unpack_limited(c, map_location, max_bytes, "the file", into=targets)
+
+
+def _kind_of(f) -> str:
+    return "a text-mode file" if isinstance(f, io.TextIOBase) else \
+        f"an object of type {type(f).__name__}"
 
 
 def _check_load_args(pickle_module, pickle_load_args: dict, weights_only, mmap, into) -> None:
