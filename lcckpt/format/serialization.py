@@ -167,9 +167,7 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
             raise InvalidArgumentError(
                 f"{path!r} is a directory; a chain of checkpoints loads with "
                 "lcckpt.DeltaCheckpointer(directory).load(step)")
-        with open_file(path) as fh:
-            head = fh.read(16)
-        fmt = _sniff(head)
+        fmt = _sniff_path(path)
         if fmt != "lcckpt":
             return _load_foreign(fmt, f, map_location, weights_only, mmap, pickle_load_args,
                                  max_bytes, targets)
@@ -283,6 +281,15 @@ def _mapped_decoder(path, c: Container) -> _tree.LeafDecoder:
     return decode
 
 
+def _sniff_path(path: str) -> str:
+    with open_file(path) as fh:
+        head = fh.read(16)
+    try:
+        return _sniff(head)
+    except LcckptError as e:
+        raise at_path(e, path) from None
+
+
 def _sniff(head: bytes) -> str:
     if head[: len(MAGIC)] == MAGIC:
         return "lcckpt"
@@ -292,7 +299,10 @@ def _sniff(head: bytes) -> str:
         return "torch"
     if is_safetensors(head):
         return "safetensors"
-    return "lcckpt"  # let the container reader name the problem (empty, truncated, bad magic)
+    if len(head) >= len(MAGIC):
+        raise CorruptDataError(f"neither an lcckpt, a torch.save nor a safetensors file: it "
+                               f"starts with {head[:8]!r}")
+    return "lcckpt"  # let the container reader name the problem (empty, truncated)
 
 
 def _torch_load(f, map_location, weights_only, mmap, pickle_load_args):
