@@ -1079,8 +1079,8 @@ def test_a_text_mode_file_or_another_object_is_refused_by_name(tmp_path):
     with pytest.raises(InvalidArgumentError, match="an object of type int"):
         lcckpt.save({"w": torch.ones(3)}, 3)
     (tmp_path / "g.bin").write_bytes(b"GARBAGE, NOT A CHECKPOINT")
-    with pytest.raises(CorruptDataError, match="g.bin: neither an lcckpt, a torch.save nor a "
-                       "safetensors file: it starts with b'GARBAGE,'"):
+    with pytest.raises(CorruptDataError, match="g.bin: not a checkpoint lcckpt knows: expected "
+                       "an lcckpt, torch.save or safetensors file, found bytes b'GARBAGE,'"):
         lcckpt.load(tmp_path / "g.bin")
 
 

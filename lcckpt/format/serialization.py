@@ -300,8 +300,8 @@ def _sniff(head: bytes) -> str:
     if is_safetensors(head):
         return "safetensors"
     if len(head) >= len(MAGIC):
-        raise CorruptDataError(f"neither an lcckpt, a torch.save nor a safetensors file: it "
-                               f"starts with {head[:8]!r}")
+        raise CorruptDataError("not a checkpoint lcckpt knows: expected an lcckpt, torch.save "
+                               f"or safetensors file, found bytes {head[:8]!r}")
     return "lcckpt"  # let the container reader name the problem (empty, truncated)
 
 
