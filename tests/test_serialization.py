@@ -1078,6 +1078,9 @@ def test_a_text_mode_file_or_another_object_is_refused_by_name(tmp_path):
         lcckpt.load(f)
     with pytest.raises(InvalidArgumentError, match="an object of type int"):
         lcckpt.save({"w": torch.ones(3)}, 3)
+    with open(tmp_path / "ok.lcc") as f, \
+            pytest.raises(InvalidArgumentError, match="text-mode file: open it with 'rb'"):
+        lcckpt.read_metadata(f)
     (tmp_path / "g.bin").write_bytes(b"GARBAGE, NOT A CHECKPOINT")
     with pytest.raises(CorruptDataError, match="g.bin: not a checkpoint lcckpt knows: expected "
                        "an lcckpt, torch.save or safetensors file, found bytes b'GARBAGE,'"):

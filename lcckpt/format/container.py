@@ -31,6 +31,7 @@ all of them at once with :meth:`Container.verify`.
 from __future__ import annotations
 
 import errno
+import io
 import json
 import math
 import os
@@ -452,6 +453,8 @@ def read_container(source) -> Container:
     elif isinstance(source, (bytes, bytearray, memoryview)):
         src = BufferSource(memoryview(source).cast("B"))
     else:
+        if isinstance(source, io.TextIOBase):
+            raise InvalidArgumentError("cannot read from a text-mode file: open it with 'rb'")
         try:
             seekable = source.seekable()
         except AttributeError:
