@@ -342,3 +342,22 @@ def test_slices_of_a_delta_tensor_decode_it_once(tmp_path, monkeypatch):
         assert torch.equal(torch.cat(rows), full)
         rows[0].zero_()                               # a copy: the next read is intact
         assert torch.equal(sl[0:8], full[0:8])
+
+
+def test_open_names_a_foreign_file_and_its_missing_steps_are_library_errors(tmp_path):
+    """A torch.save or safetensors file is named as such, with what reads it (it was "not
+    an lcckpt file"); a missing step of a directory is a NotFoundError, an LcckptError
+    (it was a bare FileNotFoundError)."""
+    from lcckpt.format.safetensors_io import save_safetensors
+    torch.save({"w": torch.ones(3)}, tmp_path / "m.pt")
+    save_safetensors({"w": torch.ones(3)}, tmp_path / "m.safetensors")
+    with pytest.raises(InvalidArgumentError, match="is a torch.save file: .*lcckpt.load"):
+        lc_open(tmp_path / "m.pt")
+    with pytest.raises(InvalidArgumentError, match="is a safetensors file: .*lcckpt.load"):
+        lc_open(tmp_path / "m.safetensors")
+    (tmp_path / "ck").mkdir()
+    with pytest.raises(lcckpt.NotFoundError):
+        lc_open(tmp_path / "ck")
+    lcckpt.DeltaCheckpointer(tmp_path / "ck").save(0, {"w": torch.ones(3)})
+    with pytest.raises(lcckpt.NotFoundError, match="no checkpoint for step 5; stored: 0"):
+        lc_open(tmp_path / "ck", step=5)

@@ -69,16 +69,31 @@ def open(path: str | os.PathLike, *, step: int | None = None, map_location=None,
         steps = ck.steps()
         if step is None:
             if not steps:
-                raise FileNotFoundError(f"no checkpoints in {path}")
+                raise ck.no_checkpoints()
             step = steps[-1]
         if type(step) is bool or not isinstance(step, int) or step < 0:
             raise InvalidArgumentError(f"step must be a non-negative int, got {step!r}")
         if step not in steps:
-            raise FileNotFoundError(f"no checkpoint for step {step} in {path}; stored: {steps}")
+            raise ck.missing_step(step)
         return Reader(ck.path(step), map_location, chain=(ck, step), max_bytes=max_bytes)
     if step is not None:
         raise InvalidArgumentError(f"step={step!r} is only for a chain directory; {path!r} is a file")
+    _refuse_foreign(path)
     return Reader(path, map_location, max_bytes=max_bytes)
+
+
+def _refuse_foreign(path: str) -> None:
+    """A torch.save or safetensors file is named as such, with what reads it."""
+    from .convert import detect_format
+    try:
+        fmt = detect_format(path)
+    except (CorruptDataError, OSError):
+        return                     # the container reader names the problem
+    if fmt in ("torch", "safetensors"):
+        raise InvalidArgumentError(
+            f"{path} is a {'torch.save' if fmt == 'torch' else 'safetensors'} file: lcckpt.open "
+            "reads lcckpt files and chain directories; load it with lcckpt.load, or convert "
+            "it (lcckpt convert IN OUT.lcc)")
 
 
 class Reader:
