@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ..codec import blob as _blob
-from ..codec.delta import NONFINITE, DeltaEncoder, Reconstruction
+from ..codec.delta import NONFINITE, NONFINITE_DONE, DeltaEncoder, Reconstruction
 from ..format import sections as _sections
 from ..format import serialization as _serialization
 from ..format import stream as _stream
@@ -63,9 +63,8 @@ class SaveSession:
         """The saved step's warnings: NaN/Inf stored exactly, updates under the
         precision, restores past ``warn_error``."""
         for key, why in self.nonfinite:
-            warnings.warn(f"step {step}: {key}: {why}; it is stored exactly in this step, and "
-                          "its next delta is taken against these values",
-                          RuntimeWarning, stacklevel=stacklevel)
+            warnings.warn(f"step {step}: {key}: {why}; {NONFINITE_DONE}", RuntimeWarning,
+                          stacklevel=stacklevel)
         for key, ratio, t in self.missed:
             warnings.warn(f"step {step}: {key} restores with an error of {ratio:.3g}x its "
                           f"movement since the keyframe (target {t:g}): most of the update is "

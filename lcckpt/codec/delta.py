@@ -56,6 +56,7 @@ MAX_TARGET = 0.99       # a movement target is capped below the quantizer's limi
 NONFINITE_STATE = "the tensor holds NaN/Inf values (a diverged step?)"
 NONFINITE_REFERENCE = "the step before, as restored, held NaN/Inf values"
 NONFINITE = (NONFINITE_STATE, NONFINITE_REFERENCE)     # the fallbacks a caller reports
+NONFINITE_DONE = "stored exactly instead, and its next delta is taken against these values"
 
 
 def _tracked(dt: dtypes.DType) -> bool:
@@ -249,8 +250,7 @@ class DeltaEncoder:
         except NonFiniteError:
             why = NONFINITE_STATE if not np.isfinite(u).all() else NONFINITE_REFERENCE
             if warn:
-                warnings.warn(f"{why}: stored exactly instead, and the next delta is taken "
-                              "against these values", RuntimeWarning, stacklevel=3)
+                warnings.warn(f"{why}: {NONFINITE_DONE}", RuntimeWarning, stacklevel=3)
             return self._keyframe(a, dt, u, why, defer_copy, new_base=False)
         if self.movement is not None:
             self.movement.at_base = False           # the reference has moved on

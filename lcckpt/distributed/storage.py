@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from ..codec import dtypes
 from ..codec.tensor import decode, encode
 from ..chain.policy import RolePolicy
-from ..codec.delta import NONFINITE, Reconstruction
+from ..codec.delta import NONFINITE, NONFINITE_DONE, Reconstruction
 from ..errors import CorruptDataError, InvalidArgumentError
 from ..codec.streamed import StreamedBlob
 from . import exchange, targets
@@ -266,9 +266,8 @@ class CompressedWriter(FileSystemWriter):
         parts, st = enc.encode_parts(t, keyframe=fresh and not zero, from_zero=zero,
                                      direction=targets.direction_of(dirs, piece, t), warn=False)
         if st.fallback in NONFINITE:            # named here, where the piece is known
-            warnings.warn(f"{abs_path}: {piece.key}: {st.fallback}; it is stored exactly, and "
-                          "its next delta is taken against these values", RuntimeWarning,
-                          stacklevel=2)
+            warnings.warn(f"{abs_path}: {piece.key}: {st.fallback}; {NONFINITE_DONE}",
+                          RuntimeWarning, stacklevel=2)
         for part in parts:
             f.write(part)
         here = ((abs_path, offset, f.tell() - offset),)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..codec import dtypes
+from ..codec import blob as _blob, dtypes
 from ..codec.tensor import decode as _decode_blob
 from ..codec.tensor import encode_exact
 from ..codec.config import CodecConfig
@@ -169,16 +169,11 @@ def encode_with(name: str, path: str, t: torch.Tensor) -> Encoded:
         codec = _BUILTIN[RAW]
     out = codec.encode(t)
     payload, params = out if isinstance(out, tuple) else (out, None)
-    if codec.name == LOSSLESS and _nbytes(payload) >= t.numel() * t.element_size():
+    if codec.name == LOSSLESS and _blob.nbytes(payload) >= t.numel() * t.element_size():
         # a blob's header and checksums outweigh what coding saves (small tensors,
         # random bytes): the plain bytes, which the section's checksum covers as well
         return Encoded(RAW, _raw_encode(t))
     return Encoded(codec.name, payload, params)
-
-
-def _nbytes(payload) -> int:
-    pieces = payload if isinstance(payload, list) else [payload]
-    return sum(memoryview(p).nbytes for p in pieces)
 
 
 def _names():

@@ -290,7 +290,8 @@ def _sniff_path(path: str) -> str:
         raise at_path(e, path) from None
 
 
-def _sniff(head: bytes) -> str:
+def known_format(head: bytes) -> str | None:
+    """"lcckpt", "torch" or "safetensors" from a file's first 16 bytes, else None."""
     if head[: len(MAGIC)] == MAGIC:
         return "lcckpt"
     if head[:4] == b"PK\x03\x04":  # torch.save's zip format
@@ -299,9 +300,20 @@ def _sniff(head: bytes) -> str:
         return "torch"
     if is_safetensors(head):
         return "safetensors"
+    return None
+
+
+def unknown_format(head: bytes) -> str:
+    return ("not a checkpoint lcckpt knows: expected an lcckpt, torch.save or safetensors "
+            f"file, found bytes {head[:8]!r}")
+
+
+def _sniff(head: bytes) -> str:
+    fmt = known_format(head)
+    if fmt is not None:
+        return fmt
     if len(head) >= len(MAGIC):
-        raise CorruptDataError("not a checkpoint lcckpt knows: expected an lcckpt, torch.save "
-                               f"or safetensors file, found bytes {head[:8]!r}")
+        raise CorruptDataError(unknown_format(head))
     return "lcckpt"  # let the container reader name the problem (empty, truncated)
 
 

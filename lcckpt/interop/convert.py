@@ -29,7 +29,7 @@ from ..format import serialization
 from ..format.container import open_file
 from ..format.torchzip import open_zip, read_members
 from ..errors import CorruptDataError, InvalidArgumentError, UnsafeObjectError
-from ..format.safetensors_io import is_safetensors, read_safetensors, save_safetensors
+from ..format.safetensors_io import read_safetensors, save_safetensors
 
 __all__ = ["FORMATS", "convert", "detect_format", "flat_tensors", "format_for_path",
            "load_torch", "read_checkpoint", "write_checkpoint"]
@@ -52,15 +52,10 @@ def detect_format(path: str | os.PathLike) -> str:
         head = f.read(16)
     if not head:
         raise CorruptDataError(f"{path} is empty (0 bytes): not a checkpoint")
-    if head.startswith(b"LCCKPT"):
-        return "lcckpt"
-    if head[:4] == b"PK\x03\x04" or (head[:1] == b"\x80" and head[1:2] in b"\x02\x03\x04\x05"):
-        return "torch"
-    if is_safetensors(head):
-        return "safetensors"
-    raise CorruptDataError(
-        f"{path} is not a checkpoint lcckpt knows: expected an lcckpt, torch.save or "
-        f"safetensors file, found bytes {head[:8]!r}")
+    fmt = serialization.known_format(head)
+    if fmt is None:
+        raise CorruptDataError(f"{path} is {serialization.unknown_format(head)}")
+    return fmt
 
 
 def format_for_path(path: str | os.PathLike) -> str | None:

@@ -78,22 +78,26 @@ def open(path: str | os.PathLike, *, step: int | None = None, map_location=None,
         return Reader(ck.path(step), map_location, chain=(ck, step), max_bytes=max_bytes)
     if step is not None:
         raise InvalidArgumentError(f"step={step!r} is only for a chain directory; {path!r} is a file")
-    _refuse_foreign(path)
-    return Reader(path, map_location, max_bytes=max_bytes)
+    try:
+        return Reader(path, map_location, max_bytes=max_bytes)
+    except CorruptDataError:
+        _refuse_foreign(path)
+        raise
 
 
 def _refuse_foreign(path: str) -> None:
-    """A torch.save or safetensors file is named as such, with what reads it."""
+    """A torch.save or safetensors file, which the container reader refused, is named as
+    such, with what reads it."""
     from .convert import detect_format
     try:
         fmt = detect_format(path)
     except (CorruptDataError, OSError):
-        return                     # the container reader names the problem
+        return                     # the container reader's error stands
     if fmt in ("torch", "safetensors"):
         raise InvalidArgumentError(
             f"{path} is a {'torch.save' if fmt == 'torch' else 'safetensors'} file: lcckpt.open "
             "reads lcckpt files and chain directories; load it with lcckpt.load, or convert "
-            "it (lcckpt convert IN OUT.lcc)")
+            "it (lcckpt convert IN OUT.lcc)") from None
 
 
 class Reader:
