@@ -101,6 +101,47 @@ def test_a_chain_of_device_tensors_restores_where_map_location_says(tmp_path, de
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_load_into_fills_device_targets_from_every_kind_of_file(tmp_path, device):
+    """``into={"model": model.state_dict()}`` of a model on the GPU: every target is
+    filled (a copy up from the host), the result holds the targets where it would hold
+    tensors on their device, and a target left unfilled is named. Before, GPU targets
+    were skipped and not even warned of."""
+    import warnings
+    model, opt = _model(device)
+    ck = lcckpt.DeltaCheckpointer(tmp_path / "chain", keyframe_every=3)
+    for step in range(4):
+        _train(model, opt, 2, device)
+        state = {"model": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+        ck.save(step, state)
+    lcckpt.save(state, tmp_path / "raw.lcc", compress=False)
+    lcckpt.save(state, tmp_path / "lossless.lcc", compress=True)
+    torch.save(state, tmp_path / "plain.pt")
+    loads = {"chain": lambda **kw: ck.load(3, **kw)}
+    for name in ("raw.lcc", "lossless.lcc", "plain.pt"):
+        loads[name] = lambda name=name, **kw: lcckpt.load(tmp_path / name, **kw)
+    for name, load in loads.items():
+        want = load()
+        for where in (None, "cpu"):
+            fresh, _ = _model(device, seed=7)
+            targets = fresh.state_dict()
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                got = load(map_location=where, into={"model": targets})
+            for k, t in targets.items():
+                assert torch.equal(t, want["model"][k]), (name, where, k)
+                held = (where is None or device == "cpu") and name != "plain.pt"
+                assert (got["model"][k] is t) == held, (name, where, k)   # torch's: a copy
+                assert torch.equal(got["model"][k].to(device), want["model"][k]), (name, k)
+        fresh, _ = _model(device, seed=7)
+        wrong = dict(fresh.state_dict(), **{"2.bias": torch.zeros(3, device=device)})
+        with pytest.warns(RuntimeWarning, match=r'\["2\.bias"\] \(the stored tensor is '
+                                                r'float32\[10\], the target float32\[3\]\)'):
+            load(into={"model": wrong})
+        assert torch.equal(wrong["0.weight"], want["model"]["0.weight"]), name
+        assert not wrong["2.bias"].any(), name
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_streamed_files_of_device_tensors_restore_on_their_device(tmp_path, monkeypatch, device):
     """Files written a tensor at a time (large ones: every one here) copy each tensor off
     the device as it is written: a save, a chain keyframe and a merge."""

@@ -2,8 +2,8 @@
 
 A target is decoded into in place where its section fits it (the section's dtype and
 shape, on the host, contiguous: :meth:`Into.take`). Every other stored tensor whose key
-path names a host target of its dtype and shape is copied into that target once it is
-built (:meth:`Into.fill`): a small tensor of a pack, a view of a storage that other stored
+path names a target of its dtype and shape is copied into that target once it is
+built (:meth:`Into.fill`): a target on a GPU, a small tensor of a pack, a view of a storage that other stored
 tensors share, a tensor met again at another key path that has a target of its own, a
 chain's tensor that was not replayed in place, a non-contiguous target (a
 ``channels_last`` weight). Without that copy such a target kept its old values while
@@ -44,8 +44,8 @@ class Into:
     def fill(self, path: str, t: torch.Tensor) -> torch.Tensor:
         """The tensor the loaded object holds at ``path``: its target, filled with the
         values of ``t`` (as built from the file), where one fits; else ``t``. A target
-        on the host receiving a tensor that ``map_location`` put elsewhere is filled, and
-        ``t`` is returned."""
+        on another device than the one ``map_location`` put ``t`` on is filled, and ``t``
+        is returned."""
         target = self.paths.get(path)
         self._seen.setdefault(path, (t.dtype, tuple(t.shape)))
         if path in self._taken:              # decoded into it: ``t`` may be a view of it
@@ -60,11 +60,10 @@ class Into:
         return target if target.device == t.device else t
 
     def unfilled(self) -> list[tuple[str, str]]:
-        """``(key path, why)`` of each host target that received nothing (a target on
-        another device is left to the caller, as documented)."""
+        """``(key path, why)`` of each target that received nothing."""
         out = []
         for path, t in self.paths.items():
-            if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or not t.numel() \
+            if not isinstance(t, torch.Tensor) or t.device.type == "meta" or not t.numel() \
                     or t.data_ptr() in self._owner:
                 continue
             seen = self._seen.get(path)
@@ -99,9 +98,10 @@ def _describe(dtype: torch.dtype, shape: tuple) -> str:
 
 
 def _receives(target, t: torch.Tensor) -> bool:
-    """Whether ``target`` (an ``into`` entry) can take the values of ``t``: a host tensor
-    of its dtype and shape, strided, without a lazy conjugate or negative bit."""
+    """Whether ``target`` (an ``into`` entry) can take the values of ``t``: a tensor of its
+    dtype and shape on any real device, strided, without a lazy conjugate or negative
+    bit."""
     return (isinstance(target, torch.Tensor) and target is not t
-            and target.device.type == "cpu" and target.layout == torch.strided
+            and target.device.type != "meta" and target.layout == torch.strided
             and t.layout == torch.strided and target.dtype == t.dtype
             and target.shape == t.shape and not (target.is_conj() or target.is_neg()))

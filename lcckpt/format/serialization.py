@@ -150,14 +150,15 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
     what the process can still allocate; see lcckpt/limits.py).
 
     ``into``: tensors to load into, in an object shaped like the stored one, e.g.
-    ``{"model": model.state_dict()}``: each host tensor there of the stored tensor's dtype
-    and shape receives its values. From an lcckpt file a contiguous one is read or decoded
-    into in place (no second copy of the model), any other (``channels_last``, a view of
-    memory other stored tensors share) filled with a copy, and the result holds the
-    targets (unless ``map_location`` moves them); a torch.save or safetensors file fills
-    them with a copy. Host targets that receive nothing (another dtype or shape, an
-    ``into`` not shaped like the stored object) are named in a ``RuntimeWarning``. If the
-    load fails, the targets may hold part of the file. Not with ``mmap``.
+    ``{"model": model.state_dict()}``: each tensor there of the stored tensor's dtype
+    and shape receives its values. From an lcckpt file a contiguous host one is read or
+    decoded into in place (no second copy of the model), any other (on a GPU,
+    ``channels_last``, a view of memory other stored tensors share) filled with a copy,
+    and the result holds the targets (unless ``map_location`` puts the tensor on another
+    device); a torch.save or safetensors file fills them with a copy. Targets that
+    receive nothing (another dtype or shape, an ``into`` not shaped like the stored
+    object) are named in a ``RuntimeWarning``. If the load fails, the targets may hold
+    part of the file. Not with ``mmap``.
     """
     _check_load_args(pickle_module, pickle_load_args, weights_only, mmap, into)
     targets = None if into is None else Into(tensor_paths(into))
