@@ -3,8 +3,10 @@
 A compressed section can describe far more data than it stores (a constant chunk costs
 two bytes for 2**24 elements), so a small file can ask for gigabytes. Every load adds up
 what the file *declares* it will decode (each tensor's and array's ``nbytes``, each bytes
-section's length) and compares it with the limit before decoding anything; decoders then
-refuse a section whose blob does not hold exactly the declared shape.
+section's length; nothing for a tensor of zeros stored as such, which loads as untouched
+pages, so a file holding a large zero buffer loads) and compares it with the limit
+before decoding anything; decoders then refuse a section whose blob does not hold
+exactly the declared shape.
 
 The limit (``max_bytes``) of a call is one of:
 
@@ -202,11 +204,16 @@ def declared_bytes(sections) -> int:
     """What a container's sections say they decode to (validated later, section by
     section: a wrong ``nbytes`` is refused before that section is decoded). A raw
     section is read as stored, so its length counts, whatever its metadata claims; a
-    chain's 16-bit float sections are decoded through fp32, so they count three times."""
+    chain's 16-bit float sections are decoded through fp32, so they count three times.
+    A ``"zeros"`` section (no payload) loads as pages that take memory only where
+    written, so it does not count (a mapping larger than the process may have is
+    refused when it is made)."""
     total = 0
     for s in sections:
         meta = s["meta"]
         n = s["length"]                   # bytes sections, and raw ones (read as stored)
+        if meta.get("codec") == "zeros" and n == 0:
+            continue
         if meta.get("kind") in ("tensor", "ndarray") and meta.get("codec") != "raw":
             n = meta.get("nbytes")
             if meta.get("codec") == "delta" and meta.get("dtype") in ("F16", "BF16") \

@@ -90,6 +90,10 @@ class SaveSession:
         if planned is not None:         # coded ahead (t: a new view of the same tensor)
             i, job = planned
             return self._encoded(path, job, *self._ahead.take(i))
+        if not small and _sections.all_zeros(t):
+            # stored as its shape, and not tracked (no stats: its encoder goes): the
+            # next non-zero value starts afresh, as a tensor new to the chain does
+            return _sections.zeros_encoded()
         job = self._job(path, t, small)
         if job is None:
             return _sections.encode_with(_sections.LOSSLESS, path, t)
@@ -111,7 +115,7 @@ class SaveSession:
         they hold :data:`AHEAD_SHARE` of the elements. :meth:`close` must follow."""
         jobs, planned = [], 0
         for path, t in (leaves if threads() > 1 else ()):    # LCCKPT_THREADS=1: one thread
-            if not AHEAD_MIN <= t.numel() <= AHEAD_MAX:
+            if not AHEAD_MIN <= t.numel() <= AHEAD_MAX or _sections.all_zeros(t):
                 continue
             job = self._job(path, t, False)
             if job is not None:

@@ -1,9 +1,11 @@
 """Section codecs: how one tensor leaf becomes the bytes of a container section, and back.
 
 Built in: ``"raw"`` (exact little-endian bytes), ``"lossless"`` (the tensor codec's
-bit-exact byte-plane coding) and ``"delta"`` (the chain's tracked tensors: a keyframe
-reads anywhere, a lossy delta only through its chain). Users may add codecs of their own
-with :func:`register_section_codec`, an explicit call; importing lcckpt registers nothing.
+bit-exact byte-plane coding), ``"zeros"`` (no payload: a tensor of zero bytes, chosen by
+the writers in place of ``"lossless"``, see :func:`all_zeros`) and ``"delta"`` (the
+chain's tracked tensors: a keyframe reads anywhere, a lossy delta only through its
+chain). Users may add codecs of their own with :func:`register_section_codec`, an
+explicit call; importing lcckpt registers nothing.
 (Not numcodecs' ``register_codec``: lcckpt's numcodecs codecs are in lcckpt/numcodecs.py.)
 
 The tree walk (tree.py) calls a *leaf encoder* ``(key_path, tensor) -> Encoded`` for every
@@ -32,14 +34,20 @@ from ..codec.delta import Reconstruction
 from ..codec.replay import replay
 from ..codec.streamed import STREAM_MIN, read_later, streamed
 from ..errors import (
-    BrokenChainError, CorruptDataError, InvalidArgumentError, UnsupportedDtypeError,
-    UnsupportedVersionError,
+    BrokenChainError, CorruptDataError, InvalidArgumentError, ResourceLimitError,
+    UnsupportedDtypeError, UnsupportedVersionError,
 )
+from ..util import memory as _memory
 
 __all__ = ["DELTA", "LOSSLESS", "RAW", "Encoded", "SectionCodec", "decode_leaf",
            "leaf_encoder", "register_codec", "register_section_codec"]
 
-RAW, LOSSLESS, DELTA = "raw", "lossless", "delta"
+RAW, LOSSLESS, DELTA, ZEROS = "raw", "lossless", "delta", "zeros"
+# A tensor of zero bytes this large is stored as its dtype and shape alone (``"zeros"``)
+# and loads as untouched pages: its lossless blob is thousands of times smaller than the
+# tensor, so a file holding one (a preallocated cache buffer, say) failed the default
+# load limit's 32x bound, which a decompression bomb must not pass (lcckpt/limits.py).
+ZEROS_MIN = 1 << 16
 TRACKABLE = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
 
 
@@ -106,6 +114,46 @@ def _keyframe_decode(data, meta: dict):
     return rec.value(copy=False)
 
 
+def all_zeros(t: torch.Tensor) -> bool:
+    """Whether ``t``, dense on the host and of :data:`ZEROS_MIN` bytes or more, holds only
+    zero bytes (-0.0 is not zero here: loads are bit-exact). Its first 4 KiB are looked
+    at first, so a tensor of real values costs one small read."""
+    if t.numel() * t.element_size() < ZEROS_MIN or t.device.type != "cpu" \
+            or t.layout != torch.strided or not t.is_contiguous() \
+            or t.is_conj() or t.is_neg():
+        return False
+    b = t.detach().reshape(-1).view(torch.uint8)
+    return not bool(b[:4096].any()) and not bool(b.any())
+
+
+def zeros_encoded() -> Encoded:
+    """The section of a tensor :func:`all_zeros` found: its metadata alone."""
+    return Encoded(ZEROS, memoryview(b""))
+
+
+def zeros_tensor(dtype_name: str, shape) -> torch.Tensor:
+    """Zeros of a stored dtype and shape on pages that take memory only when written."""
+    dt = dtypes.NAME_TORCH[dtype_name]
+    n = 1
+    for d in shape:
+        n *= d
+    nbytes = n * torch.empty((), dtype=dt).element_size()
+    if not nbytes:
+        return torch.zeros(shape, dtype=dt)
+    try:
+        buf = _memory.bulk_zeros(nbytes, np.uint8)
+    except (MemoryError, OSError, ValueError, OverflowError) as e:
+        raise ResourceLimitError(f"a tensor of {nbytes:,} bytes of zeros cannot be mapped "
+                                 f"in this process: {e}") from None
+    return torch.from_numpy(buf).view(dt).reshape(shape)
+
+
+def _zeros_decode(data, meta: dict) -> torch.Tensor:
+    if data.nbytes:
+        raise CorruptDataError(f"a zeros section holds {data.nbytes} bytes, none expected")
+    return zeros_tensor(meta["dtype"], meta["shape"])
+
+
 def _raw_decode(data, meta: dict) -> torch.Tensor:
     t = torch.empty(meta["shape"], dtype=dtypes.NAME_TORCH[meta["dtype"]])
     if data.nbytes:
@@ -118,6 +166,7 @@ _BUILTIN = {
     LOSSLESS: SectionCodec(LOSSLESS, _lossless_encode, _lossless_decode,
                            frozenset(dtypes.BY_TORCH)),
     DELTA: SectionCodec(DELTA, None, _keyframe_decode, TRACKABLE),
+    ZEROS: SectionCodec(ZEROS, None, _zeros_decode),
 }
 _registered: dict[str, SectionCodec] = {}
 
@@ -150,9 +199,9 @@ def leaf_encoder(codec: str | Callable) -> Callable[[str, torch.Tensor], Encoded
     """The leaf encoder of ``save(codec=...)``: one codec name for every tensor, or a
     function ``(key_path, tensor) -> codec name`` choosing per tensor."""
     if isinstance(codec, str):
-        if get(codec) is None or codec == DELTA:
-            raise InvalidArgumentError(
-                f"unknown codec {codec!r}; available: {sorted(n for n in _names() if n != DELTA)}")
+        if get(codec) is None or codec in (DELTA, ZEROS):
+            raise InvalidArgumentError(f"unknown codec {codec!r}; available: "
+                                       f"{sorted(n for n in _names() if n not in (DELTA, ZEROS))}")
         return lambda path, t: encode_with(codec, path, t)
     if callable(codec):
         return lambda path, t: encode_with(codec(path, t), path, t)
@@ -163,10 +212,13 @@ def encode_with(name: str, path: str, t: torch.Tensor) -> Encoded:
     """Encode ``t`` with codec ``name``; dtypes it does not handle are stored raw."""
     codec = get(name)
     if codec is None or codec.encode is None:
-        hint = "; the 'delta' codec is written by lcckpt.DeltaCheckpointer only" if name == DELTA else ""
+        hint = {DELTA: "; the 'delta' codec is written by lcckpt.DeltaCheckpointer only",
+                ZEROS: "; 'lossless' stores a tensor of zeros as 'zeros' itself"}.get(name, "")
         raise InvalidArgumentError(f"codec {name!r} chosen for {path} is not registered{hint}")
     if codec.dtypes is not None and t.dtype not in codec.dtypes:
         codec = _BUILTIN[RAW]
+    if codec.name == LOSSLESS and all_zeros(t):
+        return zeros_encoded()
     out = codec.encode(t)
     payload, params = out if isinstance(out, tuple) else (out, None)
     if codec.name == LOSSLESS and _blob.nbytes(payload) >= t.numel() * t.element_size():
@@ -231,6 +283,9 @@ def decode_into(targets, base: Callable = decode_leaf) -> Callable:
         if t is None:
             return base(path, c, index, meta)
         flat = t.detach().view(-1)
+        if meta.get("codec") == ZEROS and c.sections[index]["length"] == 0:
+            flat.zero_()
+            return t
         if meta.get("codec") == RAW and c.sections[index]["length"] == meta["nbytes"]:
             c.read_into(index, flat.view(torch.uint8).numpy() if flat.numel() else bytearray())
             return t

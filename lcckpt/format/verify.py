@@ -19,6 +19,7 @@ from ..errors import (
 __all__ = ["BLOB_CODECS", "verify_file"]
 
 BLOB_CODECS = ("lossless", "delta")    # section codecs whose payload is a tensor blob
+ZEROS = "zeros"                        # a section codec with no payload at all
 
 
 def verify_file(path: str | os.PathLike) -> dict:
@@ -59,6 +60,9 @@ def verify_file(path: str | os.PathLike) -> dict:
             c.verify()
             for i, s in enumerate(c.sections):
                 meta = s["meta"]
+                if meta.get("codec") == ZEROS and s["length"]:
+                    raise CorruptDataError(f"section {s['name']!r} holds {s['length']} bytes, "
+                                           "a 'zeros' section none")
                 if meta.get("kind") != "tensor" or meta.get("codec") not in BLOB_CODECS:
                     continue
                 _, p = _blob.parse(c.data(i), check_payload=True)

@@ -209,7 +209,8 @@ def test_a_delta_cannot_bring_a_large_new_tensor_past_the_limit(tmp_path, monkey
     monkeypatch.setattr(limits, "AUTO_FLOOR", 1 << 20)
     ck = lcckpt.DeltaCheckpointer(tmp_path, keyframe_every=None)
     ck.save(0, {"w": torch.randn(1000)})
-    ck.save(1, {"w": torch.randn(1000), "new": torch.zeros(1 << 21)})   # 8 MiB of zeros
+    ck.save(1, {"w": torch.randn(1000), "new": torch.ones(1 << 21)})    # 8 MiB of ones
+    # (zeros would load: stored as "zeros", they load as untouched pages, tests/test_zeros.py)
     ck.close()
     with pytest.raises(ResourceLimitError):
         ck.load(1)
