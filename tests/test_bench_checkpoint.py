@@ -148,3 +148,35 @@ def test_exact_delta_pieces_are_the_whole_difference(monkeypatch):
     assert b"".join(bytes(p) for p in cb._delta_pieces(ints, ints)) == bytes(cb._bytes(ints))
     assert b"".join(bytes(p) for p in cb._delta_pieces(cur, None)) == bytes(cb._bytes(cur))
     assert b"".join(bytes(p) for p in cb._delta_pieces(cur, prev[:, :5])) == bytes(cb._bytes(cur))
+
+
+def test_the_summary_judges_weights_against_their_steps_and_reports_moments_apart(tmp_path):
+    """Adam's first moment is held to 0.8 of its movement by design; the summary used to
+    call that "lost most of its change" and advise more bits for the default. It now
+    judges the weights, names a lost weight, and reports each moment role beside them."""
+    torch.manual_seed(0)
+    net = torch.nn.Linear(64, 64)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    paths = []
+    for i in range(3):
+        net(torch.randn(16, 64)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        paths.append(tmp_path / f"{i}.pt")
+        torch.save({"model": net.state_dict(), "optim": opt.state_dict()}, paths[-1])
+    out = tmp_path / "s.json"
+    assert main(["bench", "--checkpoint", *map(str, paths), "--json", str(out)]) == 0
+    s = json.loads(out.read_text())["stream"]
+    default = next(r for r in s["rows"] if r["method"] == cb.DEFAULT)
+    roles = default["worst_by_role"]
+    assert set(roles) == {"weight", "first_moment", "second_moment"}
+    assert roles["weight"]["tensor"].startswith("model.")
+    assert roles["first_moment"]["tensor"].endswith(".exp_avg")
+    assert default["worst_tensor_err_vs_change"] == max(r["err_vs_change"] for r in roles.values())
+    line = " ".join(cb.summary_line(s).split())          # unwrapped
+    assert "every weight's restored error stays under" in line and "by design" in line
+    lost = dict(default, worst_by_role=dict(roles, weight={"err_vs_change": 0.9,
+                                                           "tensor": "model.weight"}))
+    rows = [lost if r is default else r for r in s["rows"]]
+    assert "the weight model.weight lost most of its change" in \
+        " ".join(cb.summary_line(dict(s, rows=rows)).split())

@@ -11,7 +11,9 @@ Every lossy row carries its error next to its ratio, measured on the restored te
   far the state moved since the previous file (worst file). Above 1 the restored state is
   further from the truth than the previous checkpoint was: the delta kept little.
 * ``worst_tensor_err_vs_change`` (and ``worst_tensor``): the same for the single tensor
-  where it is largest, since a fast-moving optimizer moment can hide a lost weight delta.
+  where it is largest, since a fast-moving optimizer moment can hide a lost weight delta;
+  ``worst_by_role``: the same per role (weights, first and second moments: the default
+  holds the moments far looser, by design, so the summary judges the weights).
 
 Speeds are decimal MB of tensor data per second of ``save``/``load`` (encode and write,
 read and decode), medians over the files; the zstd rows time compress/decompress only.
@@ -40,6 +42,7 @@ import torch
 import lcckpt
 from lcckpt.bench.timing import environment, format_table, zstandard_module
 from lcckpt.interop.convert import flat_tensors
+from lcckpt.chain.policy import DEFAULT_POLICY, role_of
 from lcckpt.errors import InvalidArgumentError
 
 MB = 1e6
@@ -239,21 +242,29 @@ def _movements(truth: dict, previous: dict | None) -> dict[str, tuple[float, flo
     return out
 
 
-def _errors(restored, truth, moved) -> tuple[float, float, tuple[float, str]]:
+def _role(name: str) -> str:
+    """The chain's role of the tensor ``name`` (dotted, as :func:`_floats` names it)."""
+    return role_of(f'["{name.rsplit(".", 1)[-1]}"]')
+
+
+def _errors(restored, truth, moved) -> tuple[float, float, tuple[float, str], dict]:
     """``(error of the state, error over the step, (worst tensor's error over its step,
-    its name))``: one number for all floating state can hide a tensor the delta lost,
-    when other tensors (an optimizer's moments) move much more. ``moved``: the truth's
-    :func:`_movements`."""
+    its name), {role: the same for that role's tensors})``: one number for all floating
+    state can hide a tensor the delta lost, when other tensors (an optimizer's moments)
+    move much more. ``moved``: the truth's :func:`_movements`."""
     res = tgt = step = 0.0
     worst = (0.0, "")
+    roles: dict[str, tuple[float, str]] = {}
     for k, t in truth.items():
         r = _err(t, restored[k])
         m, n = moved[k]
         res, tgt, step = res + r, tgt + n, step + m
         if r > 0:
-            worst = max(worst, (math.sqrt(r / m) if m else math.inf, k))
+            w = (math.sqrt(r / m) if m else math.inf, k)
+            worst = max(worst, w)
+            roles[_role(k)] = max(roles.get(_role(k), (0.0, "")), w)
     return (math.sqrt(res / tgt) if tgt else 0.0,
-            math.sqrt(res / step) if step else (0.0 if res == 0 else math.inf), worst)
+            math.sqrt(res / step) if step else (0.0 if res == 0 else math.inf), worst, roles)
 
 
 def _chain_row(label, settings, objs, raw, moved, accuracy, bar) -> dict:
@@ -274,13 +285,15 @@ def _chain_row(label, settings, objs, raw, moved, accuracy, bar) -> dict:
         tracked = sum(len(ck.info(i).get("tensors", {})) for i in range(1, len(objs)))
         ck.close()
         ck = lcckpt.DeltaCheckpointer(d)     # a reader: the writer's references (a state) go
-        load_s, err_w, err_c, worst, acc = [], [], [], [], []
+        load_s, err_w, err_c, worst, acc, roles = [], [], [], [], [], {}
         it = iter(ck.replay(copy=False))     # each state used before the next is taken
         for i in range(len(objs)):
             (_, obj), t = _timed(lambda: next(it))
             load_s.append(t)
             if i:
-                ew, ec, wt = _errors(_floats(obj), _floats(objs[i]), moved[i])
+                ew, ec, wt, by_role = _errors(_floats(obj), _floats(objs[i]), moved[i])
+                for role, w in by_role.items():
+                    roles[role] = max(roles.get(role, (0.0, "")), w)
                 err_w.append(ew)
                 err_c.append(ec)
                 worst.append(wt)
@@ -293,6 +306,7 @@ def _chain_row(label, settings, objs, raw, moved, accuracy, bar) -> dict:
            "dec_MBps": _median([r / t / MB for r, t in zip(raw[1:], load_s[1:])]),
            "err_state": max(err_w), "err_vs_change": max(err_c),
            "worst_tensor_err_vs_change": max(worst)[0], "worst_tensor": max(worst)[1],
+           "worst_by_role": {r: {"err_vs_change": v, "tensor": k} for r, (v, k) in roles.items()},
            "lossy_tensors": f"{lossy}/{tracked}", "exact": False,
            "per_file": [{"bytes": s, "err_state": a, "err_vs_change": b,
                          "worst_tensor_err_vs_change": w[0], "worst_tensor": w[1]}
@@ -492,11 +506,21 @@ def summary_line(s: dict) -> str:
     d, z = rows.get(DEFAULT), rows.get("zstd-3 of torch.save")
     if d is None or z is None:
         return ""
-    worst = d["worst_tensor_err_vs_change"]
-    kept = (f"every tensor's restored error stays under {worst:.2g} of its step's change"
+    roles = d.get("worst_by_role", {})
+    w = roles.get("weight", {"err_vs_change": 0.0, "tensor": ""})
+    worst = w["err_vs_change"]
+    kept = (f"every weight's restored error stays under {worst:.2g} of its step's change"
             if worst < 0.5 else
-            f"but {d['worst_tensor']} lost most of its change (error {worst:.2f} of its "
-            "step): try --error-bound, or more bits for such tensors")
+            f"but the weight {w['tensor']} lost most of its change (error {worst:.2f} of "
+            "its step): DeltaCheckpointer(target=lcckpt.RolePolicy(weight=...)) with a "
+            "smaller share keeps more")
+    moments = [f"{name} up to {roles[r]['err_vs_change']:.2g}" for r, name in
+               (("first_moment", "first moments"), ("second_moment", "second moments"))
+               if r in roles]
+    if moments:
+        kept += (f" (optimizer moments are held to {DEFAULT_POLICY.first_moment:g} and "
+                 f"{DEFAULT_POLICY.second_moment:g} of their movement, by design: "
+                 f"{', '.join(moments)})")
     return textwrap.fill(
         f"Default chain: {d['ratio']:.1f}x smaller than torch.save and "
         f"{z['bytes'] / d['bytes']:.1f}x smaller than zstd-3 of the same files; the restored "
