@@ -15,7 +15,7 @@ ROOT = os.path.dirname(lcckpt.__file__)
 LAYERS = [
     {"errors", "limits", "util"},          # below everything
     {"codec"},                             # the tensor codec and its kernels
-    {"format", "numcodecs"},               # the file format; the codec for zarr
+    {"format", "numcodecs", "zarr3"},      # the file format; the codecs for zarr
     {"chain"},                             # delta chains
     {"interop"},                           # lazy reads of files and chains, conversion
     {"schedule", "training", "distributed"},   # what builds on chains

@@ -242,16 +242,10 @@ def _movements(truth: dict, previous: dict | None) -> dict[str, tuple[float, flo
     return out
 
 
-def _role(name: str) -> str:
-    """The chain's role of the tensor ``name`` (dotted, as :func:`_floats` names it)."""
-    return role_of(f'["{name.rsplit(".", 1)[-1]}"]')
-
-
 def _errors(restored, truth, moved) -> tuple[float, float, tuple[float, str], dict]:
     """``(error of the state, error over the step, (worst tensor's error over its step,
-    its name), {role: the same for that role's tensors})``: one number for all floating
-    state can hide a tensor the delta lost, when other tensors (an optimizer's moments)
-    move much more. ``moved``: the truth's :func:`_movements`."""
+    its name), {role: the same for its tensors})``: one number can hide a tensor the delta
+    lost, when others (an optimizer's moments) move more. ``moved``: :func:`_movements`."""
     res = tgt = step = 0.0
     worst = (0.0, "")
     roles: dict[str, tuple[float, str]] = {}
@@ -261,8 +255,8 @@ def _errors(restored, truth, moved) -> tuple[float, float, tuple[float, str], di
         res, tgt, step = res + r, tgt + n, step + m
         if r > 0:
             w = (math.sqrt(r / m) if m else math.inf, k)
-            worst = max(worst, w)
-            roles[_role(k)] = max(roles.get(_role(k), (0.0, "")), w)
+            role = role_of(f'["{k.rsplit(".", 1)[-1]}"]')       # by its last name: exp_avg, ...
+            worst, roles[role] = max(worst, w), max(roles.get(role, (0.0, "")), w)
     return (math.sqrt(res / tgt) if tgt else 0.0,
             math.sqrt(res / step) if step else (0.0 if res == 0 else math.inf), worst, roles)
 
@@ -514,13 +508,11 @@ def summary_line(s: dict) -> str:
             f"but the weight {w['tensor']} lost most of its change (error {worst:.2f} of "
             "its step): DeltaCheckpointer(target=lcckpt.RolePolicy(weight=...)) with a "
             "smaller share keeps more")
-    moments = [f"{name} up to {roles[r]['err_vs_change']:.2g}" for r, name in
-               (("first_moment", "first moments"), ("second_moment", "second moments"))
-               if r in roles]
+    moments = ", ".join(f"{r.replace('_', ' ')}s up to {roles[r]['err_vs_change']:.2g}"
+                        for r in ("first_moment", "second_moment") if r in roles)
     if moments:
         kept += (f" (optimizer moments are held to {DEFAULT_POLICY.first_moment:g} and "
-                 f"{DEFAULT_POLICY.second_moment:g} of their movement, by design: "
-                 f"{', '.join(moments)})")
+                 f"{DEFAULT_POLICY.second_moment:g} of their movement, by design: {moments})")
     return textwrap.fill(
         f"Default chain: {d['ratio']:.1f}x smaller than torch.save and "
         f"{z['bytes'] / d['bytes']:.1f}x smaller than zstd-3 of the same files; the restored "
