@@ -12,6 +12,7 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 import lcckpt
 from lcckpt import limits
@@ -175,3 +176,29 @@ def test_crafted_zeros_sections_fail_cleanly(tmp_path):
         assert "cannot be mapped" in str(e)
     else:                          # an always-overcommitting kernel: nothing is touched
         assert out["t"].shape == (1 << 47,) and not out["t"][-4:].any()
+
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int8,
+          torch.int64, torch.bool, torch.complex64]
+
+
+@settings(max_examples=40, deadline=None)
+@given(dtype=st.sampled_from(DTYPES), nbytes=st.integers(sections.ZEROS_MIN - 64,
+                                                        sections.ZEROS_MIN + 8192),
+       where=st.one_of(st.none(), st.floats(0, 1)), byte=st.integers(1, 255))
+def test_zeros_is_chosen_exactly_when_every_byte_is_zero(dtype, nbytes, where, byte):
+    """One non-zero byte anywhere (in the first 4 KiB the probe reads, or past it; a -0.0
+    is one such byte) keeps a tensor lossless; a tensor of zero bytes from 64 KiB up is
+    stored as zeros. Either way it loads bit for bit."""
+    item = torch.empty((), dtype=dtype).element_size()
+    t = torch.zeros(nbytes // item, dtype=dtype)
+    raw = t.view(torch.uint8)
+    if where is not None:
+        raw[min(int(where * raw.numel()), raw.numel() - 1)] = byte
+    buf = io.BytesIO()
+    lcckpt.save({"t": t}, buf, compress=True)
+    back = lcckpt.load(io.BytesIO(buf.getvalue()))["t"]
+    assert back.dtype == dtype and torch.equal(back.view(torch.uint8), raw)
+    with read_container(io.BytesIO(buf.getvalue())) as c:
+        codec = c.sections[0]["meta"]["codec"]
+    assert (codec == "zeros") == (where is None and raw.numel() >= sections.ZEROS_MIN)
