@@ -635,3 +635,16 @@ def test_a_file_over_the_limit_is_raised_not_set_aside_and_max_bytes_lets_it_in(
     assert Path(path).exists() and not Path(path + ".damaged").exists()
     assert mgr.restore(max_bytes=None) == 6
     mgr.close()
+
+
+def test_a_restore_decodes_into_the_model_s_host_tensors_only():
+    """A GPU model's tensors are no restore targets: the restore decodes on the host
+    (map_location="cpu") and load_state_dict copies each up once; filled as targets
+    they were copied up twice. A tensor on another device (here "meta", as a GPU's would
+    be) is left out; the host ones are the model's own memory."""
+    from lcckpt.training.capture import Capture
+    model = torch.nn.Linear(4, 4)
+    model.register_buffer("elsewhere", torch.empty(3, device="meta"))
+    targets = Capture(model).targets()["model"]
+    assert set(targets) == {"weight", "bias"}
+    assert targets["weight"].data_ptr() == model.weight.data_ptr()

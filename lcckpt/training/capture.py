@@ -40,9 +40,15 @@ class Capture:
                 ("scheduler", self.scheduler), ("scaler", self.scaler)]
 
     def targets(self) -> dict:
-        """Where a restore may decode in place: the model's own tensors (its state dict
-        shares their memory; the optimizer's state is replaced when loaded, not filled)."""
-        return {} if self.model is None else {"model": self.model.state_dict()}
+        """Where a restore may decode in place: the model's own host tensors (its state
+        dict shares their memory; the optimizer's state is replaced when loaded, not
+        filled). Its tensors on a GPU are left to ``load_state_dict``, which copies each
+        up once from the host tensor the restore decoded (filled as a target too, it
+        would be copied up twice)."""
+        if self.model is None:
+            return {}
+        return {"model": {k: v for k, v in self.model.state_dict().items()
+                          if not (isinstance(v, torch.Tensor) and v.device.type != "cpu")}}
 
     def collect(self, manager_state: dict) -> dict:
         tree: dict[str, Any] = {"manager": manager_state}
