@@ -70,8 +70,8 @@ class _Serializer(ArrayBytesCodec):
         native = dtype.to_native_dtype()
         if native.kind not in "biufc" or not native.isnative and native.itemsize > 1:
             raise InvalidArgumentError(
-                f"{self.numcodec.codec_id} codes numbers in this machine's byte order, not "
-                f"{native}")
+                f"{self.numcodec.codec_id} codes bool, integer, float and complex numbers "
+                f"in this machine's byte order, not {native}")
 
 
 @dataclass(frozen=True, init=False)

@@ -448,7 +448,8 @@ class DeltaCheckpointer:
         ``into``: tensors to load into, as in :func:`lcckpt.load`; a contiguous fp32 or
         fp64 target is replayed straight into (no second copy of the model in memory),
         any other that fits filled with a copy (a tensor on a GPU, a small tensor stored
-        in a pack, such as a two-class head's bias). If the load fails, the targets may hold part of it.
+        in a pack, such as a two-class head's bias). If the load fails, the targets may
+        hold part of it.
         """
         step = self._step_or_newest(step)
         targets = None if into is None else Into(tensor_paths(into))

@@ -3,10 +3,10 @@
 A target is decoded into in place where its section fits it (the section's dtype and
 shape, on the host, contiguous: :meth:`Into.take`). Every other stored tensor whose key
 path names a target of its dtype and shape is copied into that target once it is
-built (:meth:`Into.fill`): a target on a GPU, a small tensor of a pack, a view of a storage that other stored
-tensors share, a tensor met again at another key path that has a target of its own, a
-chain's tensor that was not replayed in place, a non-contiguous target (a
-``channels_last`` weight). Without that copy such a target kept its old values while
+built (:meth:`Into.fill`): a target on a GPU, a small tensor of a pack, a view of a
+storage that other stored tensors share, a tensor met again at another key path that
+has a target of its own, a chain's tensor that was not replayed in place, a
+non-contiguous target (a ``channels_last`` weight). Without that copy such a target kept its old values while
 the load returned the stored ones beside it, and a model loaded ``into=`` its own
 tensors silently lost, say, a two-class head's bias.
 """
