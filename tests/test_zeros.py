@@ -202,3 +202,27 @@ def test_zeros_is_chosen_exactly_when_every_byte_is_zero(dtype, nbytes, where, b
     with read_container(io.BytesIO(buf.getvalue())) as c:
         codec = c.sections[0]["meta"]["codec"]
     assert (codec == "zeros") == (where is None and raw.numel() >= sections.ZEROS_MIN)
+
+
+_CHILD = """
+import sys, torch, lcckpt
+before = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS:"))
+state = lcckpt.load(sys.argv[1])
+assert state["cache"].shape == (1 << 28,) and not state["cache"][-1000:].any()
+peak = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+print(peak - before)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_a_gib_of_zeros_loads_without_taking_the_memory(tmp_path):
+    """What the limit does not count must cost nothing: a 1 GiB zero tensor loads in a
+    fresh process whose peak resident memory grows by far less than that."""
+    import subprocess
+    lcckpt.save({"cache": torch.zeros(1 << 28)}, tmp_path / "z.lcc", compress=True)
+    assert os.path.getsize(tmp_path / "z.lcc") < 16384              # its header alone
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path / "z.lcc")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout) * 1024 < 64 << 20, f"peak grew by {int(out.stdout) // 1024} MiB"
