@@ -225,4 +225,5 @@ def test_a_gib_of_zeros_loads_without_taking_the_memory(tmp_path):
     out = subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path / "z.lcc")],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert int(out.stdout) * 1024 < 64 << 20, f"peak grew by {int(out.stdout) // 1024} MiB"
+    # 63 MiB measured (the code a first load brings in); faulted in, the zeros add 1 GiB
+    assert int(out.stdout) * 1024 < 256 << 20, f"peak grew by {int(out.stdout) // 1024} MiB"
