@@ -64,12 +64,20 @@ def _sparse(seed: int) -> dict:
     return {"exp_avg": m, "exp_avg_sq": m.square(), "h": h.half()}
 
 
+def _zeros(seed: int) -> dict:
+    """Zero buffers stored as ``zeros`` sections (no payload) beside coded tensors."""
+    g = torch.Generator().manual_seed(seed)
+    return {"cache": torch.zeros(16, 1024), "mask": torch.zeros(70000, dtype=torch.bool),
+            "w": torch.randn(100, 100, generator=g), "b": torch.zeros(8)}
+
+
 def build(d: str, seed: int) -> list[dict]:
     jobs = []
     for name, make, kw in (("model-plain", _model_state, {}),
                            ("model-compressed", _model_state, {"compress": True}),
                            ("twins-compressed", _twins, {"compress": True}),
-                           ("sparse-compressed", _sparse, {"compress": True})):
+                           ("sparse-compressed", _sparse, {"compress": True}),
+                           ("zeros-compressed", _zeros, {"compress": True})):
         a, b = os.path.join(d, name + ".a"), os.path.join(d, name + ".b")
         lcckpt.save(make(seed), a, **kw)
         lcckpt.save(make(seed + 1), b, **kw)
