@@ -39,7 +39,6 @@ class _Serializer(ArrayBytesCodec):
     numcodec = _numcodecs.LcckptLossless           # the class this serializer wraps
 
     def __init__(self, **settings) -> None:
-        settings.pop("id", None)
         object.__setattr__(self, "codec", self.numcodec.from_config(settings))   # checked
 
     @classmethod

@@ -242,12 +242,11 @@ def _movements(truth: dict, previous: dict | None) -> dict[str, tuple[float, flo
     return out
 
 
-def _errors(restored, truth, moved) -> tuple[float, float, tuple[float, str], dict]:
-    """``(error of the state, error over the step, (worst tensor's error over its step,
-    its name), {role: the same for its tensors})``: one number can hide a tensor the delta
-    lost, when others (an optimizer's moments) move more. ``moved``: :func:`_movements`."""
+def _errors(restored, truth, moved) -> tuple[float, float, dict]:
+    """``(error of the state, error over the step, {role: (its worst tensor's error over
+    its step, its name)})``: one number can hide a tensor the delta lost, when others (an
+    optimizer's moments) move more. ``moved``: :func:`_movements`."""
     res = tgt = step = 0.0
-    worst = (0.0, "")
     roles: dict[str, tuple[float, str]] = {}
     for k, t in truth.items():
         r = _err(t, restored[k])
@@ -256,9 +255,9 @@ def _errors(restored, truth, moved) -> tuple[float, float, tuple[float, str], di
         if r > 0:
             w = (math.sqrt(r / m) if m else math.inf, k)
             role = role_of(f'["{k.rsplit(".", 1)[-1]}"]')       # by its last name: exp_avg, ...
-            worst, roles[role] = max(worst, w), max(roles.get(role, (0.0, "")), w)
+            roles[role] = max(roles.get(role, (0.0, "")), w)
     return (math.sqrt(res / tgt) if tgt else 0.0,
-            math.sqrt(res / step) if step else (0.0 if res == 0 else math.inf), worst, roles)
+            math.sqrt(res / step) if step else (0.0 if res == 0 else math.inf), roles)
 
 
 def _chain_row(label, settings, objs, raw, moved, accuracy, bar) -> dict:
@@ -285,12 +284,12 @@ def _chain_row(label, settings, objs, raw, moved, accuracy, bar) -> dict:
             (_, obj), t = _timed(lambda: next(it))
             load_s.append(t)
             if i:
-                ew, ec, wt, by_role = _errors(_floats(obj), _floats(objs[i]), moved[i])
+                ew, ec, by_role = _errors(_floats(obj), _floats(objs[i]), moved[i])
                 for role, w in by_role.items():
                     roles[role] = max(roles.get(role, (0.0, "")), w)
                 err_w.append(ew)
                 err_c.append(ec)
-                worst.append(wt)
+                worst.append(max(by_role.values(), default=(0.0, "")))
                 if accuracy is not None:
                     acc.append(accuracy(obj))
             bar.update()

@@ -138,27 +138,20 @@ def zeros_encoded() -> Encoded:
     return Encoded(ZEROS, memoryview(b""))
 
 
-def zeros_tensor(dtype_name: str, shape) -> torch.Tensor:
-    """Zeros of a stored dtype and shape on pages that take memory only when written."""
-    dt = dtypes.NAME_TORCH[dtype_name]
-    n = 1
-    for d in shape:
-        n *= d
-    nbytes = n * torch.empty((), dtype=dt).element_size()
+def _zeros_decode(data, meta: dict) -> torch.Tensor:
+    """Zeros of the section's dtype and shape (its ``nbytes`` checked against them by the
+    tree walk) on pages that take memory only when written."""
+    if data.nbytes:
+        raise CorruptDataError(f"a zeros section holds {data.nbytes} bytes, none expected")
+    dt, nbytes = dtypes.NAME_TORCH[meta["dtype"]], meta["nbytes"]
     if not nbytes:
-        return torch.zeros(shape, dtype=dt)
+        return torch.zeros(meta["shape"], dtype=dt)
     try:
         buf = _memory.bulk_zeros(nbytes, np.uint8)
     except (MemoryError, OSError, ValueError, OverflowError) as e:
         raise ResourceLimitError(f"a tensor of {nbytes:,} bytes of zeros cannot be mapped "
                                  f"in this process: {e}") from None
-    return torch.from_numpy(buf).view(dt).reshape(shape)
-
-
-def _zeros_decode(data, meta: dict) -> torch.Tensor:
-    if data.nbytes:
-        raise CorruptDataError(f"a zeros section holds {data.nbytes} bytes, none expected")
-    return zeros_tensor(meta["dtype"], meta["shape"])
+    return torch.from_numpy(buf).view(dt).reshape(meta["shape"])
 
 
 def _raw_decode(data, meta: dict) -> torch.Tensor:

@@ -12,6 +12,7 @@ import os
 from ..codec import blob as _blob
 from .. import limits
 from .container import at_path, read_container
+from .sections import ZEROS
 from ..errors import (
     CorruptDataError, InvalidArgumentError, LcckptError, NotFoundError, StorageError,
 )
@@ -19,7 +20,6 @@ from ..errors import (
 __all__ = ["BLOB_CODECS", "verify_file"]
 
 BLOB_CODECS = ("lossless", "delta")    # section codecs whose payload is a tensor blob
-ZEROS = "zeros"                        # a section codec with no payload at all
 
 
 def verify_file(path: str | os.PathLike) -> dict:
