@@ -630,6 +630,10 @@ t = torch.ones(4)
 dist.all_reduce(t)
 alive = gloo_threads()
 dist.destroy_process_group()
+import time
+deadline = time.monotonic() + 5     # a thread that is exiting is listed until it is gone;
+while gloo_threads() and time.monotonic() < deadline:   # a captured group's live on
+    time.sleep(0.05)
 print(json.dumps({"captured": captured, "alive": alive, "after": gloo_threads()}))
 """
 
