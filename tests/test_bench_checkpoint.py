@@ -180,3 +180,8 @@ def test_the_summary_judges_weights_against_their_steps_and_reports_moments_apar
     rows = [lost if r is default else r for r in s["rows"]]
     assert "the weight model.weight lost most of its change" in \
         " ".join(cb.summary_line(dict(s, rows=rows)).split())
+    exact = dict(default, err_state=0.0, worst_by_role={"weight": {"err_vs_change": 0.0,
+                                                                   "tensor": "model.weight"}})
+    line = " ".join(cb.summary_line(dict(s, rows=[exact if r is default else r
+                                                  for r in s["rows"]])).split())
+    assert "the restored state is exact; every weight is restored exactly." in line

@@ -502,7 +502,8 @@ def summary_line(s: dict) -> str:
     roles = d.get("worst_by_role", {})
     w = roles.get("weight", {"err_vs_change": 0.0, "tensor": ""})
     worst = w["err_vs_change"]
-    kept = (f"every weight's restored error stays under {worst:.2g} of its step's change"
+    kept = ("every weight is restored exactly" if worst == 0 else
+            f"every weight's restored error stays under {worst:.2g} of its step's change"
             if worst < 0.5 else
             f"but the weight {w['tensor']} lost most of its change (error {worst:.2f} of "
             "its step): DeltaCheckpointer(target=lcckpt.RolePolicy(weight=...)) with a "
@@ -512,7 +513,8 @@ def summary_line(s: dict) -> str:
     if moments:
         kept += (f" (optimizer moments are held to {DEFAULT_POLICY.first_moment:g} and "
                  f"{DEFAULT_POLICY.second_moment:g} of their movement, by design: {moments})")
+    state = "is exact" if d["err_state"] == 0 else f"is within {d['err_state']:.2g} relative error"
     return textwrap.fill(
         f"Default chain: {d['ratio']:.1f}x smaller than torch.save and "
         f"{z['bytes'] / d['bytes']:.1f}x smaller than zstd-3 of the same files; the restored "
-        f"state is within {d['err_state']:.2g} relative error; {kept}.", 92)
+        f"state {state}; {kept}.", 92)
