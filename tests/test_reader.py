@@ -361,3 +361,66 @@ def test_open_names_a_foreign_file_and_its_missing_steps_are_library_errors(tmp_
     lcckpt.DeltaCheckpointer(tmp_path / "ck").save(0, {"w": torch.ones(3)})
     with pytest.raises(lcckpt.NotFoundError, match="no checkpoint for step 5; stored: 0"):
         lc_open(tmp_path / "ck", step=5)
+
+
+def _basic_indices(ndim: int):
+    """numpy basic indices for an ``ndim``-d tensor: ints, slices of any step (out of
+    range bounds too), ``None`` and at most one ``...``."""
+    part = st.one_of(st.integers(-6, 5), st.none(),
+                     st.builds(slice, st.none() | st.integers(-9, 9), st.none() | st.integers(-9, 9),
+                               st.sampled_from([None, 1, 2, 3, -1, -2])))
+    return st.lists(part, max_size=ndim + 1).flatmap(
+        lambda items: st.integers(0, len(items)).map(
+            lambda k: tuple(items[:k]) + (Ellipsis,) + tuple(items[k:]))
+        | st.just(tuple(items)) | st.just(items[0] if items else ()))
+
+
+@pytest.fixture(scope="module")
+def sliced_files(tmp_path_factory):
+    """One state written raw, compressed and as step 2 of a chain; what each loads as."""
+    d = tmp_path_factory.mktemp("sliced")
+    torch.manual_seed(0)
+    state = {"a": torch.randn(7, 5, 3), "h": torch.randn(6, 4).half(),
+             "i": torch.arange(40).reshape(4, 10), "z": torch.tensor(2.5), "e": torch.empty(0, 4)}
+    lcckpt.save(state, d / "raw.lcc")
+    lcckpt.save(state, d / "packed.lcc", compress=True)
+    ck = lcckpt.DeltaCheckpointer(d / "chain")
+    for step in range(3):
+        ck.save(step, {k: v + step if v.is_floating_point() else v for k, v in state.items()})
+    ck.close()
+    return {"raw": (d / "raw.lcc", None, state), "packed": (d / "packed.lcc", None, state),
+            "chain": (d / "chain", 2, ck.load(2))}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), kind=st.sampled_from(["raw", "packed", "chain"]),
+       key=st.sampled_from(["a", "h", "i", "z", "e"]))
+def test_a_slice_indexes_as_numpy_does(sliced_files, data, kind, key):
+    """Ellipsis, new axes and negative steps in any dimension read as numpy reads them
+    (safetensors' slices take the first two; torch has no negative steps, so those
+    raised a bare ValueError), and an index numpy refuses raises IndexError."""
+    path, step, state = sliced_files[kind]
+    want_from = state[key].numpy()
+    index = data.draw(_basic_indices(want_from.ndim))
+    try:
+        want = want_from[index]
+    except IndexError:
+        with lc_open(path, step=step) as f, pytest.raises(IndexError):
+            f.get_slice(key)[index]
+        return
+    with lc_open(path, step=step) as f:
+        got = f.get_slice(key)[index]
+    assert isinstance(got, torch.Tensor) and got.dtype == state[key].dtype
+    assert got.shape == want.shape and np.array_equal(got.numpy(), want), index
+
+
+def test_a_slice_refuses_what_is_not_basic_indexing(tmp_path):
+    lcckpt.save({"w": torch.ones(4, 3)}, tmp_path / "a.lcc")
+    with lc_open(tmp_path / "a.lcc") as f:
+        for bad in ([0, 1], torch.tensor([True, False, True, True]), (0, 1.5), True):
+            with pytest.raises(InvalidArgumentError, match="ints, slices, None and"):
+                f.get_slice("w")[bad]
+        with pytest.raises(IndexError, match="single ellipsis"):
+            f.get_slice("w")[..., 0, ...]
+        with pytest.raises(IndexError, match="too many indices"):
+            f.get_slice("w")[0, 0, 0]

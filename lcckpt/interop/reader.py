@@ -259,10 +259,71 @@ class Reader:
         return self._links
 
 
+def _basic_index(index, ndim: int, path: str) -> list:
+    """``index`` as numpy's basic indexing reads it: a list with one int or slice per
+    dimension and ``None`` for each new axis, the ``...`` expanded (a missing one is
+    at the end)."""
+    items = list(index) if isinstance(index, tuple) else [index]
+    for x in items:
+        if not (x is None or x is Ellipsis or isinstance(x, slice) or _is_int(x)):
+            raise InvalidArgumentError(
+                f"a slice read of {path} takes ints, slices, None and ..., got "
+                f"{type(x).__name__}; read the tensor with get_tensor for other indexing")
+    if sum(x is Ellipsis for x in items) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    used = sum(x is not None and x is not Ellipsis for x in items)
+    if used > ndim:
+        raise IndexError(f"too many indices for {path}: {ndim}-d, but {used} were indexed")
+    at = items.index(Ellipsis) if Ellipsis in items else len(items)
+    return items[:at] + [slice(None)] * (ndim - used) + items[at + 1:]
+
+
+def _is_int(x) -> bool:
+    if isinstance(x, bool):
+        return False
+    try:
+        operator.index(x)
+    except TypeError:
+        return False
+    return True
+
+
+def _position(i, n: int, path: str) -> int:
+    i = operator.index(i)
+    if not -n <= i < n:
+        raise IndexError(f"index {i} is out of range for a dimension of size {n} of {path}")
+    return i % n
+
+
+def _apply(t: torch.Tensor, items: list) -> torch.Tensor:
+    """``t[items]`` with numpy's meaning, negative steps included (torch has none): an
+    item is ``None`` (new axis), an int, a slice or a ``range`` of valid positions."""
+    d = 0
+    for x in items:
+        if x is None:
+            t = t.unsqueeze(d)
+            d += 1
+            continue
+        if not isinstance(x, (slice, range)):
+            t = t.select(d, _position(x, t.shape[d], "the tensor"))
+            continue
+        r = range(*x.indices(t.shape[d])) if isinstance(x, slice) else x
+        if not r:
+            t = t.narrow(d, 0, 0)
+        else:
+            lo = min(r[0], r[-1])
+            t = t.narrow(d, lo, max(r[0], r[-1]) + 1 - lo)
+            t = t[(slice(None),) * d + (slice(None, None, abs(r.step)),)]
+            t = t.flip(d) if r.step < 0 else t
+        d += 1
+    return t
+
+
 class Slice:
     """``reader.get_slice(key)``: ``shape``, ``dtype``, and ``[index]`` reading only what
-    the first dimension's rows need. The index is an int, a slice (any step) or a tuple
-    whose first item is one of those; the rest of the tuple indexes the rows read."""
+    the first dimension's rows need. The index is numpy's basic indexing: ints, slices of
+    any step (a negative one gives a copy, as torch has no negative strides), ``None`` and
+    ``...``."""
 
     def __init__(self, reader: Reader, path: str, node: dict):
         self._r, self._path, self._node = reader, path, node
@@ -285,38 +346,21 @@ class Slice:
         return list(self.shape)
 
     def __getitem__(self, index):
-        rest = ()
-        if isinstance(index, tuple):
-            if not index:
-                return self[:]
-            index, rest = index[0], index[1:]
-        if not self.shape:
-            raise InvalidArgumentError(f"{self._path} is a 0-d tensor; read it with get_tensor")
-        n = self.shape[0]
-        if isinstance(index, slice):
-            rows = range(*index.indices(n))
-            if not rows:
-                return self._rows(0, 0)[(slice(None),) + rest]
-            lo, hi = min(rows[0], rows[-1]), max(rows[0], rows[-1]) + 1
-            if rows.step > 0:
-                pick = slice(0, hi - lo, rows.step)
-            else:                             # torch has no negative steps: pick the rows
-                pick = torch.tensor([r - lo for r in rows], dtype=torch.int64)
+        items = _basic_index(index, len(self.shape), self._path)
+        if not self.shape:                      # one element: nothing to save by slicing
+            return _apply(self._r._whole(self._path).detach().clone(), items)
+        at = next(k for k, x in enumerate(items) if x is not None)     # the first dimension's
+        first = items[at]
+        rows = range(*first.indices(self.shape[0])) if isinstance(first, slice) else \
+            _position(first, self.shape[0], self._path)
+        if isinstance(rows, int):
+            lo, hi, items[at] = rows, rows + 1, 0
+        elif not rows:
+            lo = hi = 0
         else:
-            try:
-                i = operator.index(index)
-            except TypeError:
-                raise InvalidArgumentError(
-                    f"a slice read takes an int, a slice or a tuple starting with one, got "
-                    f"{type(index).__name__}") from None
-            if not -n <= i < n:
-                raise IndexError(f"index {i} is out of range for {n} rows of {self._path}")
-            lo = i % n
-            hi, pick = lo + 1, 0
-        out = self._rows(lo, hi)[pick]
-        if not rest:
-            return out
-        return out[rest] if isinstance(pick, int) else out[(slice(None),) + rest]
+            lo, hi = min(rows[0], rows[-1]), max(rows[0], rows[-1]) + 1
+            items[at] = range(rows.start - lo, rows.stop - lo, rows.step)
+        return _apply(self._rows(lo, hi), items)
 
     def _rows(self, lo: int, hi: int) -> torch.Tensor:
         """Rows ``[lo, hi)`` of the tensor, reading only their bytes from a raw section."""
