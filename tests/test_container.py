@@ -71,16 +71,18 @@ def _deflate(header: bytes, version: int) -> bytes:
     return c.compress(header) + c.flush()
 
 
-def _reference(sections, meta, version=4, compress=True):
+def _reference(sections, meta, version=5, compress=True):
     """A container of ``version`` built from docs/format.md alone: 64-byte alignment in
     versions 1 and 2, 16 from version 3 on, whose header is zlib level 6 when that is
     smaller (from version 4 on, deflated from the preset dictionary, the offsets and the
-    keys that equal their section's name left out)."""
+    keys that equal their section's name left out; from version 5 on, only sections with
+    no codec or "raw" aligned, the others right after the one before, and version 4
+    written where that lays every section out the same)."""
     align = 16 if version >= 3 else 64
     key = "crc32" if version == 1 else "crc32c"
-    entries, data = [], b""
+    entries, data, offsets = [], b"", []
     for i, (name, m, payload) in enumerate(sections):
-        if i:
+        if i and (version < 5 or m.get("codec", "raw") == "raw"):
             data += bytes(-len(data) % align)
         check = zlib.crc32(payload) if version == 1 else _section_check(i, name, payload)
         params = m.get("codec_params")
@@ -91,10 +93,13 @@ def _reference(sections, meta, version=4, compress=True):
             m = {**m, "codec_params": params} if params else m
         entry = {"name": name, "offset": len(data), "length": len(payload), key: check,
                  "meta": m}
+        offsets.append(len(data))
         if version >= 4:                             # implied by the layout
             del entry["offset"]
         entries.append(entry)
         data += payload
+    if version == 5 and not any(o % align for o in offsets):
+        version = 4                                  # the same layout: readable by more
     header = json.dumps({"version": version, "meta": meta, "sections": entries},
                         separators=(",", ":")).encode()
     flags = 0
@@ -209,17 +214,49 @@ def test_a_delta_sections_key_is_left_out_where_it_is_the_name():
         assert c.sections[0]["meta"]["codec_params"] == {}
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 4])
+@pytest.mark.parametrize("version", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("compress", [True, False])
 def test_every_version_reads(version, compress):
     """Files as each version's writer wrote them (64-byte aligned before version 3)."""
-    raw = _reference(SECTIONS, {"m": [1] * 50}, version, compress)
+    sections = CODED if version == 5 else SECTIONS
+    raw = _reference(sections, {"m": [1] * 50}, version, compress)
     with C.read_container(raw) as c:
         assert c.version == version and c.meta == {"m": [1] * 50}
         assert c.header_compressed == (compress and version >= 3)
-        assert [bytes(c.data(i)) for i in range(len(c))] == [d for _, _, d in SECTIONS]
-        assert c.sections[1]["offset"] == (16 if version >= 3 else 64)
+        assert [bytes(c.data(i)) for i in range(len(c))] == [d for _, _, d in sections]
+        assert c.sections[1]["offset"] == (5 if version == 5 else 16 if version >= 3 else 64)
         c.verify()
+
+
+CODED = [("a", {"codec": "delta"}, b"hello"), ("b", {"codec": "lossless"}, bytes(range(37))),
+         ("r", {"codec": "raw"}, b"\x01" * 24), ("z", {"codec": "zeros"}, b""),
+         ("c", {}, b"c" * 3), ("d", {"codec": "delta"}, b"d" * 9)]
+
+
+def test_coded_sections_follow_each_other_unpadded():
+    """Version 5: only raw sections (viewed in place by a memory map) are aligned; a coded
+    one, decoded from its bytes, starts where the one before ends. A file whose sections
+    all fall on aligned offsets anyway is written as version 4, which older readers read."""
+    raw = _bytes(CODED, {})
+    assert raw == _reference(CODED, {})
+    with C.read_container(raw) as c:
+        assert c.version == 5
+        assert [s["offset"] for s in c.sections] == [0, 5, 48, 72, 80, 83]
+        assert [bytes(c.data(i)) for i in range(len(c))] == [d for _, _, d in CODED]
+        c.verify()
+        gap = c.data_start + 42                      # the zeros between "b" and "r"
+    assert _bytes(SECTIONS, {})[6] == 4 and _bytes(CODED[3:4] + CODED[:1], {})[6] == 4
+    for i in range(gap, gap + 6):
+        with pytest.raises(CorruptDataError, match="padding after section 'b'"):
+            with C.read_container(raw[:i] + b"\x01" + raw[i + 1:]) as c:
+                c.verify()
+    as_v4 = _reference(CODED, {}, version=4, compress=False)   # aligned coded sections,
+    header = as_v4[24:24 + struct.unpack_from("<Q", as_v4, 8)[0]]   # labelled version 5:
+    # its sections are read where version 5 puts them, and 29 padding bytes are left over
+    header = header.replace(b'"version":4', b'"version":5')
+    labelled = struct.pack("<6sHQII", b"LCCKPT", 5, len(header), zlib.crc32(header), 0)
+    with pytest.raises(CorruptDataError, match="29 unexpected bytes after the last section"):
+        C.read_container(labelled + header + as_v4[24 + len(header):])
 
 
 def test_no_sections_and_buffer_objects():
@@ -281,7 +318,7 @@ def test_prefix_checks():
     with pytest.raises(TruncatedError):
         C.read_container(raw[:10])
     with pytest.raises(UnsupportedVersionError, match="upgrade"):
-        C.read_container(raw[:6] + struct.pack("<H", 5) + raw[8:])
+        C.read_container(raw[:6] + struct.pack("<H", C.FORMAT_VERSION + 1) + raw[8:])
     with pytest.raises(CorruptDataError):
         C.read_container(raw[:6] + struct.pack("<H", 0) + raw[8:])
     for version in (1, 2):                          # the field is reserved: 0, not flags

@@ -41,7 +41,7 @@ def test_a_fitted_header_is_exactly_its_room_and_inflates_to_the_json(obj, extra
 
 
 def _sections(rng, n):
-    return [(f"s{i}", {"i": i}, rng.integers(0, 256, int(rng.integers(0, 5000)),
+    return [(f"s{i}", {"i": i, "codec": "lossless"} if i % 2 else {"i": i}, rng.integers(0, 256, int(rng.integers(0, 5000)),
                                             dtype=np.uint8).tobytes()) for i in range(n)]
 
 
@@ -57,7 +57,7 @@ def test_spooled_and_held_sections_read_back_in_their_new_places(tmp_path, monke
         listed = list(secs)
         for i in spool_first:
             name, meta, data = secs[i]
-            listed[i] = (name, meta, stream.spool(name, [data[:10], data[10:]]))
+            listed[i] = (name, meta, stream.spool(name, [data[:10], data[10:]], meta))
         seen = {}
         size = stream.finish({"tree": None}, listed, lambda meta, m: seen.update(m))
     assert size == os.path.getsize(path)
@@ -66,7 +66,7 @@ def test_spooled_and_held_sections_read_back_in_their_new_places(tmp_path, monke
     c = read_container(str(path))
     c.verify()
     for new, old in enumerate(order):
-        assert c.sections[new]["name"] == secs[old][0] and c.sections[new]["meta"] == {"i": old}
+        assert c.sections[new]["name"] == secs[old][0] and c.sections[new]["meta"] == secs[old][1]
         assert bytes(c.data(new)) == secs[old][2]
     assert verify_file(path)["ok"]
 
@@ -74,8 +74,8 @@ def test_spooled_and_held_sections_read_back_in_their_new_places(tmp_path, monke
 def test_finish_refuses_a_list_that_misses_a_spooled_section(tmp_path):
     with open(tmp_path / "f", "w+b") as f:
         stream = S.SectionStream(f, 100)
-        a = stream.spool("a", b"x")
-        stream.spool("b", b"y")
+        a = stream.spool("a", b"x", {})
+        stream.spool("b", b"y", {})
         with pytest.raises(lcckpt.InvalidArgumentError, match="spooled"):
             stream.finish({}, [("a", {}, a)], lambda *_: None)
 
@@ -138,11 +138,11 @@ def test_a_keyframe_that_fails_midway_leaves_nothing_and_the_next_save_works(tmp
     calls = []
     real = S.SectionStream.spool
 
-    def failing(self, name, payload):
+    def failing(self, name, *args):
         calls.append(name)
         if len(calls) == 3:
             raise OSError(28, "No space left on device")
-        return real(self, name, payload)
+        return real(self, name, *args)
     monkeypatch.setattr(S.SectionStream, "spool", failing)
     ck = C.DeltaCheckpointer(tmp_path)
     with pytest.raises(lcckpt.StorageError, match="No space left"):
@@ -189,7 +189,7 @@ def test_a_room_whose_spaces_would_pass_the_header_limit_shrinks(tmp_path, monke
     secs = _sections(np.random.default_rng(1), 6)
     with open(tmp_path / "f", "w+b") as f:
         stream = S.SectionStream(f, 29_000)
-        listed = [(n, m, stream.spool(n, d)) for n, m, d in secs]
+        listed = [(n, m, stream.spool(n, d, m)) for n, m, d in secs]
         stream.finish({"pad": "x" * 2000}, listed, lambda *_: None)
     c = read_container(str(tmp_path / "f"))
     c.verify()
@@ -215,7 +215,7 @@ def test_a_streamed_merge_restores_what_the_chain_restored(tmp_path, monkeypatch
     spooled = []
     real = S.SectionStream.spool
     monkeypatch.setattr(S.SectionStream, "spool",
-                        lambda self, name, data: (spooled.append(name), real(self, name, data))[1])
+                        lambda self, name, *a: (spooled.append(name), real(self, name, *a))[1])
     ck.merge(2)
     assert ck.info(2)["kind"] == "keyframe" and len(spooled) == len(read_container(ck.path(2)))
     assert verify_file(ck.path(2))["ok"]
@@ -235,7 +235,7 @@ def test_a_large_save_streams_and_loads_the_same(tmp_path, monkeypatch, compress
     spooled = []
     real = S.SectionStream.spool
     monkeypatch.setattr(S.SectionStream, "spool",
-                        lambda self, name, data: (spooled.append(name), real(self, name, data))[1])
+                        lambda self, name, *a: (spooled.append(name), real(self, name, *a))[1])
     path = tmp_path / "streamed.lcc"
     lcckpt.save(s, path, compress=compress, metadata={"run": "a"})
     c = read_container(str(path))
@@ -282,7 +282,7 @@ def test_moving_the_sections_works_without_pread(tmp_path, monkeypatch):
     secs = _sections(np.random.default_rng(3), 5)
     with open(tmp_path / "f", "w+b") as f:
         stream = S.SectionStream(f, 0)               # the header outgrows it: moved up
-        stream.finish({}, [(n, m, stream.spool(n, d)) for n, m, d in secs], lambda *_: None)
+        stream.finish({}, [(n, m, stream.spool(n, d, m)) for n, m, d in secs], lambda *_: None)
     c = read_container(str(tmp_path / "f"))
     c.verify()
     assert [bytes(c.data(i)) for i in range(5)] == [d for *_, d in secs]

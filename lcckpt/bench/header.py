@@ -8,10 +8,11 @@ Two measurements:
   blobs spend on their own headers (fields, code tables and CRCs) and on coded data, and
   the size
   the same header and sections would take laid out as format version 2 (header not
-  compressed, 64-byte alignment) and as version 3 (zlib without the preset dictionary,
-  every delta section's key and every stat written out); computed from the parsed header,
-  whose JSON differs from theirs only in the version digit, the section offsets, and
-  for version 3 the keys and stats that version 4 leaves out.
+  compressed, 64-byte alignment), as version 3 (zlib without the preset dictionary,
+  every delta section's key and every stat written out) and as version 4 (every section
+  aligned, not only raw ones); computed from the parsed header, whose JSON differs from
+  theirs only in the version digit, the section offsets, and for version 3 the keys and
+  stats that version 4 leaves out.
 - **Big headers.** A container of ``tensors`` small sections with chain-like metadata is
   written to memory and read back, with the header compressed and plain, interleaved
   (medians over ``reps``): what compressing and inflating a header of that size costs.
@@ -47,15 +48,14 @@ def _align(n: int, a: int) -> int:
 
 def layout(c: C.Container, version: int, compress: bool) -> tuple[int, int]:
     """File size and stored header size of ``c``'s header and sections laid out as
-    ``version`` (2, 3 or 4)."""
+    ``version`` (2 to 5)."""
     a = C.ALIGNMENTS[version]
-    sections, offset, end = [], 0, 0
-    for s in c.sections:
-        s = {**s, "offset": offset}
+    sections, end = [], 0
+    for i, s in enumerate(c.sections):
+        s = {**s, "offset": H.section_start(end, s["meta"], version) if i else 0}
         sections.append(H.stored_entry(s) if version >= H.DICT_VERSION else s)
-        end = offset + s["length"]
-        offset = _align(end, a)
-    meta = c.meta if version >= H.DICT_VERSION else _with_derived(c.meta)
+        end = s["offset"] + s["length"]
+    meta = c.meta if version >= H.DICT_VERSION else _with_derived(c)
     header = json.dumps({"version": version, "meta": meta, "sections": sections},
                         ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
     if version >= H.DICT_VERSION:
@@ -65,11 +65,24 @@ def layout(c: C.Container, version: int, compress: bool) -> tuple[int, int]:
     return _align(C.PREFIX_SIZE + len(header), a) + end, len(header)
 
 
-def _with_derived(meta: dict) -> dict:
-    """A chain file's meta with the stat versions 2 and 3 wrote and 4 derives."""
+def _with_derived(c: C.Container) -> dict:
+    """A chain file's meta with the stats versions 2 and 3 wrote and 4 derives (the
+    share of the movement; a uniform delta's step, which format version 5 leaves to
+    its blob)."""
+    from ..codec.blob import parse
+    meta = c.meta
     chain = meta.get("lcckpt_chain")
     if not isinstance(chain, dict) or not isinstance(chain.get("tensors"), dict):
         return meta
+    steps = {}
+    for i, s in enumerate(c.sections):
+        key = (s["meta"].get("codec_params") or {}).get("key", s["name"])
+        try:
+            p = parse(bytes(c.data(i)), check_payload=False)[1]
+        except LcckptError:                 # not a blob
+            continue
+        if p.step:
+            steps[key] = float(f"{p.step:.4g}")
     tensors = {}
     for k, st in chain["tensors"].items():
         if st.get("movement"):
@@ -77,6 +90,8 @@ def _with_derived(meta: dict) -> dict:
             items = list(st.items())
             items.insert(at, ("error_vs_movement", finite(st["rel_error"] / st["movement"])))
             st = dict(items)
+        if k in steps and "step" not in st:
+            st = {**st, "step": steps[k]}
         tensors[k] = st
     return {**meta, "lcckpt_chain": {**chain, "tensors": tensors}}
 
@@ -113,13 +128,14 @@ def chain_files(steps: int = 200, snapshot_every: int = 10, directory: str | Non
                 v2_bytes, v2_header = layout(c, 2, False)
                 v3_bytes, v3_header = layout(c, 3, True)
                 rows.append({"step": step, "file_bytes": c.size, "v2_bytes": v2_bytes,
-                             "v3_bytes": v3_bytes, "header_stored": c.header_bytes,
+                             "v3_bytes": v3_bytes, "v4_bytes": layout(c, 4, True)[0],
+                             "header_stored": c.header_bytes,
                              "header_json": c.header_json_bytes, "v2_header": v2_header,
                              "v3_header": v3_header, "section_bytes": data, "sections": len(c),
                              "blob_headers": _blob_headers(c),
                              "padding": c.size - C.PREFIX_SIZE - c.header_bytes - data,
                              "v2_padding": v2_bytes - C.PREFIX_SIZE - v2_header - data})
-                assert (c.size, c.header_bytes) == layout(c, C.FORMAT_VERSION, True)
+                assert (c.size, c.header_bytes) == layout(c, c.version, True)
                 assert c.size == os.path.getsize(ck.path(step))
         ck.close()
     mean = {k: statistics.fmean(r[k] for r in rows) for k in rows[0] if k != "step"} if rows else {}
@@ -186,14 +202,15 @@ def main(argv=None) -> int:
     opt = "SGD momentum" if ch["optimizer"] == "sgd" else "Adam"
     print(f"digits CNN, {opt}, {ch['steps']} steps, a snapshot every "
           f"{ch['snapshot_every']}: {ch['deltas']} delta files")
-    print(format_table(ch["files"], ["step", "file_bytes", "v2_bytes", "v3_bytes",
+    print(format_table(ch["files"], ["step", "file_bytes", "v2_bytes", "v3_bytes", "v4_bytes",
                                      "header_stored", "v2_header", "v3_header",
                                      "section_bytes", "blob_headers", "padding",
                                      "v2_padding"]))
     m = ch["mean"]
     if m:
         print(f"mean delta file: {m['file_bytes']:,.0f} bytes (as format v2: {m['v2_bytes']:,.0f}, "
-              f"{m['file_bytes'] / m['v2_bytes']:.1%}; as v3: {m['v3_bytes']:,.0f}); header "
+              f"{m['file_bytes'] / m['v2_bytes']:.1%}; as v3: {m['v3_bytes']:,.0f}; as v4, "
+              f"coded sections aligned too: {m['v4_bytes']:,.0f}); header "
               f"{m['header_stored']:,.0f} stored of {m['header_json']:,.0f} JSON bytes (v2: "
               f"{m['v2_header']:,.0f}, v3: {m['v3_header']:,.0f}); padding "
               f"{m['padding']:,.0f} (v2: {m['v2_padding']:,.0f}); "

@@ -54,7 +54,7 @@ def _merge_into(f, d: ChainDirectory, upto: int, tracks: dict, state_id: str,
             else:
                 data = c.data(i)
             sections.append((s["name"], meta, data if stream is None
-                             else stream.spool(s["name"], data)))
+                             else stream.spool(s["name"], data, meta)))
         meta = dict(c.meta)
         info = dict(meta["lcckpt_chain"])
         info.update(kind="keyframe", base=None, depth=0, tensors=stats,

@@ -190,10 +190,8 @@ class SaveSession:
             rec["target"] = enc.config.target
         if enc.last_movement is not None and st.kind == "uniform":
             self._note_movement(path, rec, enc, st)
-        if st.kind == "uniform":
-            rec["step"] = float(f"{st.step:.4g}")
-            if st.escapes:
-                rec["escapes"] = st.escapes
+        if st.kind == "uniform" and st.escapes:     # (its step is in the blob's header)
+            rec["escapes"] = st.escapes
         if st.fallback and not exact:          # exact deltas are stored exactly by intent
             rec["fallback"] = st.fallback
             if st.fallback in NONFINITE:

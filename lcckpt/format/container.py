@@ -1,4 +1,4 @@
-"""The lcckpt file format: a checksummed JSON header, then 16-byte aligned data sections.
+"""The lcckpt file format: a checksummed JSON header, then data sections (raw ones aligned).
 
 This module moves bytes and per-section metadata; it knows nothing of torch or of what a
 section holds (serialization.py and the chain decide that). header.py holds the prefix
@@ -15,8 +15,10 @@ with that weakness). Format version 3 stores the header zlib-compressed when tha
 and aligns sections to 16 bytes instead of 64: a small model's delta file was mostly
 header and padding. Version 4 deflates it from a preset dictionary (header_dict.py) and
 leaves out what the layout implies: each section's offset, and a delta section's
-tracking key where it is the name. The header's stored size, inflated size and shape
-are bounded before it is parsed; earlier versions load.
+tracking key where it is the name. Version 5 pads only before raw sections (what a memory
+map views in place); a coded one follows the section before at once. A file whose
+sections all fall on aligned offsets anyway is written as version 4. The header's stored
+size, inflated size and shape are bounded before it is parsed; earlier versions load.
 
 Writes to a path are atomic: a temp file in the same directory is written, fsynced and
 renamed over the target, then the directory is fsynced. A crash leaves either the old
@@ -86,25 +88,28 @@ def write_container(dest: str | os.PathLike | BinaryIO, sections: Iterable[tuple
     the last byte is written, before the file is synced (a path) or returned: the data
     the sections point into is no longer read. Returns the number of bytes written.
     """
-    header, payloads = _build_header(sections, meta, stamp)
+    header, payloads, offsets = _build_header(sections, meta, stamp)
     header, flags = _header.pack(header, compress_header)
     if before_write is not None:
         before_write()
 
     def write(f) -> None:
-        _write_all_parts(f, header, flags, payloads)
+        _write_all_parts(f, header, flags, payloads, offsets)
         if after_write is not None:
             after_write()
     if isinstance(dest, (str, os.PathLike)):
         _durable.atomic_write(os.fspath(dest), write)
     else:
         write(dest)
-    return _file_size(len(header), [sum(v.nbytes for v in p) for p in payloads])
+    end = offsets[-1] + sum(v.nbytes for v in payloads[-1]) if payloads else 0
+    return _align(PREFIX_SIZE + len(header)) + end
 
 
-def _build_header(sections, meta, stamp=None) -> tuple[bytes, list[list[memoryview]]]:
+def _build_header(sections, meta, stamp=None) -> tuple[bytes, list[list[memoryview]], list[int]]:
+    """The header JSON, each section's byte views, and its offset: each at
+    :func:`~lcckpt.format.header.section_start` of the one before."""
     entries, payloads, names = [], [], set()
-    offset = 0
+    end = 0
     for item in sections:
         try:
             name, section_meta, data = item
@@ -120,13 +125,15 @@ def _build_header(sections, meta, stamp=None) -> tuple[bytes, list[list[memoryvi
         for view in views:
             crc = _crc.crc32c(view, crc)
             length += view.nbytes
+        offset = _header.section_start(end, section_meta, FORMAT_VERSION) if entries else 0
         entries.append({"name": name, "offset": offset, "length": length, "crc32c": crc,
                         "meta": section_meta})
         payloads.append(views)
-        offset = _align(offset + length)
+        end = offset + length
     if stamp is not None:
         stamp(entries, meta)
-    return _header_json(entries, meta), payloads
+    offsets = [e["offset"] for e in entries]
+    return _header_json(entries, meta, _header.layout_version(offsets)), payloads, offsets
 
 
 def _section_views(name, data) -> list[memoryview]:
@@ -145,14 +152,14 @@ def _section_views(name, data) -> list[memoryview]:
         ) from None
 
 
-def _header_json(entries: list[dict], meta) -> bytes:
+def _header_json(entries: list[dict], meta, version: int) -> bytes:
     """The header JSON of ``entries`` and ``meta``, checked to survive a round trip."""
     if not isinstance(meta, dict):
         raise InvalidArgumentError(f"meta must be a dict, got {type(meta).__name__}")
     for entry in entries:
         if not isinstance(entry["meta"], dict):
             raise InvalidArgumentError(f"meta of section {entry['name']!r} must be a dict")
-    header_obj = {"version": FORMAT_VERSION, "meta": meta,
+    header_obj = {"version": version, "meta": meta,
                   "sections": [_header.stored_entry(e) for e in entries]}
     try:       # what JSON would change (int keys, tuples, NaN) fails the round trip, in C
         header = json.dumps(header_obj, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
@@ -217,24 +224,18 @@ def _where(at: tuple) -> str:
     return at[0] + "".join(reversed(parts))
 
 
-def _file_size(header_len: int, lengths: list[int]) -> int:
-    size = _align(PREFIX_SIZE + header_len)
-    for i, n in enumerate(lengths):
-        size += n if i == len(lengths) - 1 else _align(n)
-    return size
-
-
 def _write_all_parts(f: BinaryIO, header: bytes, flags: int,
-                     payloads: list[list[memoryview]]) -> None:
-    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header), zlib.crc32(header), flags)
+                     payloads: list[list[memoryview]], offsets: list[int]) -> None:
+    version = _header.layout_version(offsets)
+    prefix = _PREFIX.pack(MAGIC, version, len(header), zlib.crc32(header), flags)
     head_end = PREFIX_SIZE + len(header)
     _write_all(f, prefix + header + bytes(_align(head_end) - head_end))
-    for i, views in enumerate(payloads):
+    end = 0
+    for views, offset in zip(payloads, offsets):
+        _write_all(f, bytes(offset - end))
         for view in views:
             _write_all(f, view)
-        if i != len(payloads) - 1:
-            n = sum(v.nbytes for v in views)
-            _write_all(f, bytes(_align(n) - n))
+        end = offset + sum(v.nbytes for v in views)
 
 
 def _write_all(f: BinaryIO, data) -> None:

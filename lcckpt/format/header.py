@@ -12,13 +12,16 @@ from ..errors import (
 )
 
 MAGIC = b"LCCKPT"
-FORMAT_VERSION = 4              # written; every version from 1 up to it is read
-CHECK_KEY = {1: "crc32", 2: "crc32c", 3: "crc32c", 4: "crc32c"}  # a section's checksum field
-ALIGNMENTS = {1: 64, 2: 64, 3: 16, 4: 16}  # section and data-start alignment, per version
+FORMAT_VERSION = 5              # the newest written; every version from 1 up to it is read
+CHECK_KEY = {1: "crc32", 2: "crc32c", 3: "crc32c", 4: "crc32c", 5: "crc32c"}  # checksum field
+ALIGNMENTS = {1: 64, 2: 64, 3: 16, 4: 16, 5: 16}  # section and data-start alignment, per version
 ALIGNMENT = ALIGNMENTS[FORMAT_VERSION]  # what the writer uses: every dtype's item size divides it
 FLAG_HEADER_ZLIB = 1                   # prefix flag (v3 on): the header is a zlib stream
-KNOWN_FLAGS = {1: 0, 2: 0, 3: FLAG_HEADER_ZLIB, 4: FLAG_HEADER_ZLIB}  # v1/v2: reserved, 0
+KNOWN_FLAGS = {1: 0, 2: 0, 3: FLAG_HEADER_ZLIB, 4: FLAG_HEADER_ZLIB, 5: FLAG_HEADER_ZLIB}
 DICT_VERSION = 4                       # from it on, a zlib header may use HEADER_DICT
+PACKED_VERSION = 5      # from it on, only raw sections are aligned: a coded one (its bytes
+                        # are decoded, never viewed in place) follows the one before at once
+RAW_CODEC = "raw"
 DELTA_CODEC = "delta"                  # v4: a delta section's tracking key defaults to its name
 HEADER_ZLIB_LEVEL = 6                  # ~35 ms for the 8 MB header of 20,000 tensors
 MAX_HEADER_SIZE = limits.MAX_HEADER_BYTES   # bytes of the header, stored and inflated
@@ -30,6 +33,22 @@ PREFIX_SIZE = _PREFIX.size  # 24
 
 def _align(n: int, alignment: int = ALIGNMENT) -> int:
     return -(-n // alignment) * alignment
+
+
+def section_start(end: int, meta, version: int) -> int:
+    """Where a section with ``meta`` starts when the one before ends at ``end``: at the
+    next aligned offset, or, from :data:`PACKED_VERSION` on, right at ``end`` unless it
+    is raw (a section with no codec is raw)."""
+    if version >= PACKED_VERSION and type(meta) is dict and meta.get("codec", RAW_CODEC) != RAW_CODEC:
+        return end
+    return _align(end, ALIGNMENTS[version])
+
+
+def layout_version(offsets) -> int:
+    """The lowest version that reads sections at ``offsets`` (laid out by
+    :func:`section_start` for :data:`FORMAT_VERSION`): where every one is aligned, the
+    layout is version 4's too, which older readers read."""
+    return FORMAT_VERSION if any(o % ALIGNMENT for o in offsets) else PACKED_VERSION - 1
 
 
 def parse(src) -> tuple:
@@ -173,7 +192,7 @@ def _validate_header(header, version: int) -> tuple[dict, list[dict]]:
     sections = header["sections"]
     if type(sections) is not list:
         bad("'sections' is not an array")
-    names, expected, alignment = set(), 0, ALIGNMENTS[version]
+    names, end = set(), 0
     for i, s in enumerate(sections):
         if type(s) is not dict:
             bad(f"section {i} is not an object")
@@ -183,6 +202,7 @@ def _validate_header(header, version: int) -> tuple[dict, list[dict]]:
         if keys != required | {"offset"} and not implied:
             bad(f"section {i} keys are {sorted(s)}, expected {ck}, length, meta, name"
                 + (" (and offset, if any)" if version >= DICT_VERSION else ", offset"))
+        expected = 0 if i == 0 else section_start(end, s["meta"], version)
         if implied:
             s["offset"] = expected
         name = s["name"]
@@ -201,9 +221,10 @@ def _validate_header(header, version: int) -> tuple[dict, list[dict]]:
         if s["offset"] != expected:
             bad(
                 f"section {name!r} starts at {s['offset']}, expected {expected}: sections must be "
-                f"stored in order, each at the next {alignment}-byte boundary"
+                f"stored in order, each at the next {ALIGNMENTS[version]}-byte boundary"
+                + (" (a coded one right after the one before)" if version >= PACKED_VERSION else "")
             )
-        expected = _align(s["offset"] + s["length"], alignment)
+        end = s["offset"] + s["length"]
         if version >= DICT_VERSION and s["meta"].get("codec") == DELTA_CODEC:
             _implied_key(s)
     return header["meta"], sections

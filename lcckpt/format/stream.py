@@ -31,7 +31,7 @@ from ..util import crc as _crc
 from .container import _header_json, _section_views, _write_all, section_seed
 from .header import (
     _PREFIX, FLAG_HEADER_ZLIB, FORMAT_VERSION, HEADER_ZLIB_LEVEL, MAGIC, MAX_HEADER_SIZE,
-    PREFIX_SIZE, _align,
+    PREFIX_SIZE, _align, layout_version, section_start,
 )
 from .header_dict import HEADER_DICT, HEADER_DICT_ID
 from .sections import Encoded
@@ -110,18 +110,20 @@ class SectionStream:
         """``encode`` whose payloads go to the file at once (a :class:`Spooled` stands in)."""
         def spooling(path, t, *args, **kw):
             enc = encode(path, t, *args, **kw)
-            return Encoded(enc.codec, self.spool(path, enc.payload), enc.params)
+            return Encoded(enc.codec, self.spool(path, enc.payload, {"codec": enc.codec}),
+                           enc.params)
         return spooling
 
-    def spool(self, name: str, payload) -> Spooled:
+    def spool(self, name: str, payload, meta: dict) -> Spooled:
         """Write ``payload`` (bytes-like, a list of pieces, or an iterator of byte views,
-        each written before the next is asked for) as the next section ``name``."""
+        each written before the next is asked for) as the next section ``name``, placed
+        as its section ``meta`` (its codec) requires."""
         lazy = isinstance(payload, Iterator)
         views = _section_views(name, [] if lazy else payload)    # the name checked first
         views = payload if lazy else views
         if name in self._names:
             raise InvalidArgumentError(f"duplicate section name {name!r}")
-        offset = self._next_offset()
+        offset = self._next_offset(meta)
         crc, length = section_seed(self._count, name), 0
         for v in views:
             crc = _crc.crc32c(v, crc)
@@ -132,11 +134,11 @@ class SectionStream:
         self._count += 1
         return Spooled(self._count - 1, offset, length, crc)
 
-    def _next_offset(self) -> int:
+    def _next_offset(self, meta: dict) -> int:
         """Pad with zeros to the next section's offset (none before the first)."""
         if self._count == 0:
             return 0
-        offset = _align(self._end)
+        offset = section_start(self._end, meta, FORMAT_VERSION)
         _write_all(self._f, bytes(offset - self._end))
         return offset
 
@@ -155,16 +157,20 @@ class SectionStream:
         entries = []
         for i in spooled:
             name, smeta, sp = sections[i]
+            if sp.index and section_start(entries[-1]["offset"] + entries[-1]["length"], smeta,
+                                          FORMAT_VERSION) != sp.offset:
+                raise InvalidArgumentError(f"section {name!r} was spooled with another codec")
             entries.append({"name": name, "offset": sp.offset, "length": sp.length,
                             "crc32c": sp.crc, "meta": smeta})
         for i in rest:
             name, smeta, payload = sections[i]
-            sp = self.spool(name, payload)
+            sp = self.spool(name, payload, smeta)
             entries.append({"name": name, "offset": sp.offset, "length": sp.length,
                             "crc32c": sp.crc, "meta": smeta})
         if stamp is not None:
             stamp(entries, meta)
-        header = _header_json(entries, meta)
+        version = layout_version([e["offset"] for e in entries])
+        header = _header_json(entries, meta, version)
         body = _deflated(header)
         self.header_need = len(_ZLIB_HEAD) + len(body) + 4 + 5
         spaces = self.data_start - PREFIX_SIZE - self.header_need
@@ -174,7 +180,7 @@ class SectionStream:
             self._move_data(_align(PREFIX_SIZE + self.header_need))
         stored = fit_header(header, self.data_start - PREFIX_SIZE, body)
         self._f.seek(0)
-        _write_all(self._f, _PREFIX.pack(MAGIC, FORMAT_VERSION, len(stored),
+        _write_all(self._f, _PREFIX.pack(MAGIC, version, len(stored),
                                          zlib.crc32(stored), FLAG_HEADER_ZLIB) + stored)
         return self.data_start + self._end
 
