@@ -1097,3 +1097,29 @@ def test_a_target_given_twice_receives_one_tensor_only(tmp_path):
     got = lcckpt.load(tmp_path / "f.lcc", into={"a": t, "b": t})
     assert got["a"] is t and got["b"] is not t
     assert torch.equal(got["a"], a) and torch.equal(got["b"], b)
+
+
+def test_a_url_is_refused_by_name_and_makes_no_local_folder(tmp_path, monkeypatch):
+    """``"memory://x/a.lcc"`` is a valid relative path on POSIX: a chain made a folder
+    named ``memory:`` and wrote there, and ``lcckpt.save`` said its directory was
+    missing. Every local entry point now names the URL and lcckpt.distributed, which
+    writes to fsspec URLs; ``file://`` is a local path."""
+    monkeypatch.chdir(tmp_path)
+    state = {"w": torch.ones(3)}
+    calls = {
+        "lcckpt.save": lambda u: lcckpt.save(state, u),
+        "lcckpt.load": lambda u: lcckpt.load(u),
+        "DeltaCheckpointer": lambda u: lcckpt.DeltaCheckpointer(u).save(0, state),
+        "CheckpointManager": lambda u: lcckpt.CheckpointManager(u, torch.nn.Linear(2, 2), every=1),
+        "lcckpt.open": lambda u: lcckpt.open(u),
+        "lcckpt.convert": lambda u: lcckpt.convert(u, "b.lcc"),
+        "lcckpt.save_safetensors": lambda u: lcckpt.save_safetensors(state, u),
+    }
+    for what, call in calls.items():
+        for url in ("memory://x/a.lcc", "s3://bucket/run/a.lcc"):
+            with pytest.raises(InvalidArgumentError, match=f"{what} reads and writes local files.*"
+                               r"lcckpt\.distributed"):
+                call(url)
+    assert os.listdir(tmp_path) == []
+    lcckpt.save(state, f"file://{tmp_path}/a.lcc")
+    assert torch.equal(lcckpt.load(f"file://{tmp_path}/a.lcc")["w"], state["w"])

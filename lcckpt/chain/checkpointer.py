@@ -57,7 +57,7 @@ from ..format.container import write_container
 from ..format.flatten import census, tensor_paths
 from ..format.into import Into
 from ..format import stream as _stream
-from ..util import durable as _durable
+from ..util import durable as _durable, paths as _paths
 from . import restore as _restore
 from .directory import ChainDirectory, check_step, file_name
 from .links import CHAIN_VERSION, stamp_state_id
@@ -151,7 +151,7 @@ class DeltaCheckpointer:
                      error_bound=error_bound, keyframe_coding=keyframe_coding,
                      target=None if target is None or callable(target) else target)
         self.keyframe_coding = keyframe_coding
-        self.directory = os.fspath(directory)     # created by the first save
+        self.directory = _paths.local(directory, "DeltaCheckpointer")    # made by the first save
         self.bits, self.coder, self.error_bound = bits, coder, error_bound
         self.target = target
         if warn_error is not None and (isinstance(warn_error, bool) or not isinstance(

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import posixpath
-import re
 import shutil
 import threading
 from contextlib import contextmanager
@@ -28,13 +27,7 @@ from contextlib import contextmanager
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemBase
 
 from ..errors import InvalidArgumentError, StorageError
-
-_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*)://")
-
-
-def is_url(path) -> bool:
-    return isinstance(path, str) and _URL.match(path) is not None
-
+from ..util.paths import is_url, url_scheme
 
 def files_for(path, storage_options: dict | None = None):
     """The store ``path`` names: :class:`LocalFiles` for a path, :class:`RemoteFiles` for a
@@ -101,7 +94,7 @@ class RemoteFiles(FileSystemBase):
             self.fs, _ = url_to_fs(url, **storage_options)
         except (ImportError, ValueError) as e:
             raise InvalidArgumentError(f"cannot open {url!r} with fsspec: {e}") from None
-        self.protocol = _URL.match(url).group(1)
+        self.protocol = url_scheme(url)
         self.url, self.storage_options = url, storage_options
 
     def __getstate__(self):                 # process-mode async saves pickle the writer

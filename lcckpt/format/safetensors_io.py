@@ -31,6 +31,7 @@ import torch
 
 from ..codec import dtypes
 from ..errors import CorruptDataError, InvalidArgumentError, TruncatedError, UnsupportedDtypeError
+from ..util.paths import local
 
 __all__ = [
     "MAX_HEADER_SIZE",
@@ -291,7 +292,7 @@ def save_safetensors(tensors: Mapping[str, torch.Tensor], f: str | os.PathLike |
     if not isinstance(f, (str, os.PathLike)):
         _write(f, head, order)
         return
-    path = os.fspath(f)
+    path = local(f, "lcckpt.save_safetensors")
     tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
                        f".{os.path.basename(path)}.{os.getpid()}.tmp")
     try:

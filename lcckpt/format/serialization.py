@@ -29,6 +29,7 @@ from .container import MAGIC, Container, at_path, open_file, read_container, wri
 from .flatten import census, renumber_sections, tensor_paths
 from .into import Into
 from ..util import durable as _durable
+from ..util.paths import local
 from ..errors import (
     BrokenChainError, CorruptDataError, InvalidArgumentError, LcckptError, TruncatedError,
     UnsafeObjectError, UnsupportedVersionError,
@@ -67,13 +68,14 @@ def save(obj: Any, f: str | os.PathLike | BinaryIO, *, codec: str | Callable = "
     extra = {} if metadata is None else {METADATA_KEY: _check_metadata(metadata, "metadata")}
     encode_leaf = _sections.leaf_encoder(codec)
     to_path = isinstance(f, (str, os.PathLike))
+    f = local(f, "lcckpt.save") if to_path else f
     count, nbytes = census(obj) if to_path else (0, 0)
     if to_path and nbytes >= _stream.STREAM_ABOVE:    # written as it is coded
         def write(out) -> None:    # each tensor's section to the file once coded (or copied
             stream = _stream.SectionStream(out, _stream.first_room(count))   # off a device)
             meta, sections = pack(obj, encode_leaf=stream.wrap(encode_leaf))
             stream.finish({**meta, **extra}, sections, renumber_sections)
-        _durable.atomic_write(os.fspath(f), write)
+        _durable.atomic_write(f, write)
         return
     meta, sections = pack(obj, encode_leaf=encode_leaf)
     write_container(f, sections, {**meta, **extra})
@@ -163,7 +165,7 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
     _check_load_args(pickle_module, pickle_load_args, weights_only, mmap, into)
     targets = None if into is None else Into(tensor_paths(into))
     if isinstance(f, (str, os.PathLike)):
-        path = os.fspath(f)
+        path = local(f, "lcckpt.load")
         if os.path.isdir(path):
             raise InvalidArgumentError(
                 f"{path!r} is a directory; a chain of checkpoints loads with "

@@ -29,6 +29,7 @@ from ..format import serialization
 from ..format.container import open_file
 from ..format.torchzip import open_zip, read_members
 from ..errors import CorruptDataError, InvalidArgumentError, UnsafeObjectError
+from ..util.paths import local
 from ..format.safetensors_io import read_safetensors, save_safetensors
 
 __all__ = ["FORMATS", "convert", "detect_format", "flat_tensors", "format_for_path",
@@ -189,7 +190,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = 
     ``to``: the output format; by default it follows ``dst``'s extension (.lcc/.lcckpt,
     .pt/.pth/.bin/.ckpt, .safetensors).
     """
-    src, dst = os.fspath(src), os.fspath(dst)
+    src, dst = local(src, "lcckpt.convert"), local(dst, "lcckpt.convert")
     fmt = to or format_for_path(dst)
     if fmt is None:
         raise InvalidArgumentError(

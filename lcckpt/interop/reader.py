@@ -36,6 +36,7 @@ import torch
 from ..codec import blob as _blob
 from ..codec import dtypes
 from .. import limits
+from ..util.paths import local
 from ..format import sections as _sections
 from ..format import tree as _tree
 from ..chain import restore as _restore
@@ -63,7 +64,7 @@ def open(path: str | os.PathLike, *, step: int | None = None, map_location=None,
     ``close``)."""
     if not isinstance(path, (str, os.PathLike)):
         raise InvalidArgumentError(f"lcckpt.open needs a path, got {type(path).__name__}")
-    path = os.fspath(path)
+    path = local(path, "lcckpt.open")
     if os.path.isdir(path):
         ck = ChainDirectory(path)
         steps = ck.steps()

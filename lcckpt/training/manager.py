@@ -44,6 +44,7 @@ from .losscurve import LossCurve
 from .signals import SigtermHook
 from ..chain.checkpointer import DEFAULT_KEYFRAME_EVERY, DeltaCheckpointer
 from ..errors import InvalidArgumentError, LcckptError, proves_damage
+from ..util.paths import local
 
 __all__ = ["CheckpointManager", "default_bits"]
 
@@ -105,7 +106,7 @@ class CheckpointManager:
         check_arguments(model, policy, mtbf, every, total_steps, objects, extra, downtime,
                          restart_cost, profile_at, backpressure, background, optimizer)
         self._capture = Capture(model, optimizer, scheduler, scaler, objects, extra)
-        self.directory = os.fspath(directory)
+        self.directory = local(directory, "CheckpointManager")
         self.policy, self.mtbf, self.every = policy, mtbf, every
         self.total_steps, self.downtime, self.restart_cost = total_steps, float(downtime), restart_cost
         self.backpressure, self.background = backpressure, background

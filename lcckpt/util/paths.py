@@ -1,0 +1,41 @@
+"""URLs among local paths: lcckpt's own files are local, so a URL is refused by name.
+
+``"memory://x/a.lcc"`` or ``"s3://bucket/run"`` is a valid relative path on POSIX (a
+directory named ``memory:``), so a save used to create such a folder, or fail later
+with a confusing "directory does not exist". ``lcckpt.distributed`` takes fsspec URLs
+itself (lcckpt/distributed/store.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from ..errors import InvalidArgumentError
+
+_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*)://")
+
+
+def is_url(path) -> bool:
+    """Whether ``path`` is a str that starts with a URL scheme (``s3://``, ``file://``)."""
+    return isinstance(path, str) and _URL.match(path) is not None
+
+
+def url_scheme(url: str) -> str:
+    """The scheme of a URL (``"s3"`` of ``"s3://bucket/run"``)."""
+    return _URL.match(url).group(1)
+
+
+def local(path, what: str) -> str:
+    """``os.fspath(path)``, or :class:`InvalidArgumentError` where it is a URL; ``what``
+    names the call (``"lcckpt.save"``). A ``file://`` URL gives its path."""
+    text = os.fspath(path)
+    if not is_url(text):
+        return text
+    scheme = url_scheme(text)
+    if scheme.lower() == "file":
+        return text[len("file://"):]
+    raise InvalidArgumentError(
+        f"{what} reads and writes local files, and {text!r} is a {scheme}:// URL: use a local "
+        "path and copy the files up yourself, or lcckpt.distributed (save, load, "
+        "DistributedCheckpointer), which writes to fsspec URLs directly")
