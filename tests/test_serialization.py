@@ -625,6 +625,9 @@ def test_misbehaving_codecs(monkeypatch):
         raw = round_trip_bytes_with({"w": torch.zeros(2)}, codec=name)
         with pytest.raises(CorruptDataError, match=name):
             S.load(io.BytesIO(raw))
+    with pytest.raises(CorruptDataError, match=r"returned a torch.float32 \[3\] tensor, not a "
+                       r"torch.float32 \[2\] tensor"):      # what it gave, not only its type
+        S.load(io.BytesIO(round_trip_bytes_with({"w": torch.zeros(2)}, codec="bad-shape")))
     with pytest.raises(InvalidArgumentError):
         S.register_codec("raises", lambda t: b"", lambda d, m: None)
     with pytest.raises(InvalidArgumentError):

@@ -374,7 +374,10 @@ class _Loader(CompositeLoader):
                 _bad(path, f"codec {name!r} returned numpy dtype {out.dtype}")
             out = torch.from_numpy(out)
         if not isinstance(out, torch.Tensor) or out.dtype != dtype or list(out.shape) != shape:
-            _bad(path, f"codec {name!r} returned a {type(out).__name__}, not a {dtype} {shape} tensor")
+            got = f"a {out.dtype} {list(out.shape)} tensor" if isinstance(out, torch.Tensor) \
+                else f"a {type(out).__name__}"
+            _bad(path, f"codec {name!r} returned {got}, not a {dtype} {shape} tensor (a "
+                 "decoder gives the dtype and shape of the section's meta)")
         return out
 
     def place(self, t: torch.Tensor, meta: dict, path: str) -> torch.Tensor:
