@@ -301,7 +301,8 @@ def _verify(args) -> int:
 
 def _convert(args) -> int:
     from .interop.convert import convert
-    doc = convert(args.input, args.output, to=args.to, compress=args.compress, step=args.step)
+    doc = convert(args.input, args.output, to=args.to, compress=args.compress, step=args.step,
+                  key=args.key)
     if doc.get("dropped_metadata"):
         _fail("convert", f"the input's safetensors metadata ({doc['dropped_metadata']} keys) "
                          "has no place in a torch.save file and was not kept", "warning")
@@ -365,6 +366,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p.add_argument("--compress", action="store_true",
                    help="lcckpt output: lossless compression of every tensor")
     p.add_argument("--step", type=int, help="which step of a directory input (default: newest)")
+    p.add_argument("--key", help="write only the value at this key path, levels joined by "
+                                 "dots (model: a training checkpoint's state_dict, e.g. for "
+                                 "a .safetensors output)")
     p.add_argument("--json", action="store_true", help="print what was done as JSON")
     _add_max_bytes(p)
     return ap, subs

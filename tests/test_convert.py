@@ -138,6 +138,34 @@ def test_refusals(tmp_path):
         convert(nested, tmp_path / "c.lcc", step=3)
 
 
+def test_a_key_path_converts_one_part_of_a_training_checkpoint(tmp_path, capsys):
+    """A training checkpoint ({"model", "optimizer", ...}) cannot be a safetensors file;
+    its model's state_dict can: ``key="model"`` (``--key model``). Dots join the levels,
+    and a state_dict's own dotted names are found whole."""
+    state = _training_state()
+    src = tmp_path / "ckpt.pt"
+    torch.save(state, src)
+    with pytest.raises(InvalidArgumentError, match=r"--key model\)"):
+        convert(src, tmp_path / "m.safetensors")
+    doc = convert(src, tmp_path / "m.safetensors", key="model")
+    assert doc["tensors"] == 4 and doc["input_bytes"] == os.path.getsize(src)
+    tensors, _ = read_safetensors(tmp_path / "m.safetensors")
+    assert _same(dict(sorted(tensors.items())), dict(sorted(state["model"].items())))
+    assert main(["convert", str(src), str(tmp_path / "w.pt"), "--key", "model.2.weight"]) == 0
+    assert same_bits(torch.load(tmp_path / "w.pt", weights_only=True), state["model"]["2.weight"])
+    convert(src, tmp_path / "b.pt", key="optimizer.param_groups.0.betas")
+    assert torch.load(tmp_path / "b.pt", weights_only=True) == state["optimizer"]["param_groups"][0]["betas"]
+    capsys.readouterr()
+    for bad, where in (("optimizer.nope", "at optimizer it holds 'state', 'param_groups'"),
+                       ("model.2.weight.x", "at model.2.weight it holds a Tensor"),
+                       ("epoch.1", "at epoch it holds a int")):
+        with pytest.raises(InvalidArgumentError, match=where):
+            convert(src, tmp_path / "x.pt", key=bad)
+    assert main(["convert", str(src), str(tmp_path / "x.pt"), "--key", "nope"]) == 1
+    assert "has no key 'nope': at the top it holds 'model', 'optimizer'" in capsys.readouterr().err
+    assert not (tmp_path / "x.pt").exists()
+
+
 def test_to_overrides_the_extension(tmp_path, capsys):
     pt = tmp_path / "a.pt"
     torch.save({"w": torch.randn(3)}, pt)

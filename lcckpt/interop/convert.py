@@ -133,10 +133,11 @@ def _flat_tensors(obj, path: str) -> dict[str, torch.Tensor]:
     for k, v in obj.items():
         if not isinstance(k, str) or not isinstance(v, torch.Tensor):
             what = f"a {type(v).__name__}" if isinstance(k, str) else f"a key of type {type(k).__name__}"
+            key = "model" if isinstance(obj.get("model"), Mapping) else "KEY"
             raise InvalidArgumentError(
                 f"safetensors stores only named tensors, but {path}[{k!r}] holds {what}; "
-                "convert to .lcc or .pt to keep everything, or save just the model's "
-                "state_dict")
+                "convert to .lcc or .pt to keep everything, or convert a state_dict alone: "
+                f"key={key!r} (lcckpt convert --key {key})")
     return dict(obj)
 
 
@@ -184,11 +185,13 @@ def write_checkpoint(obj, path: str | os.PathLike, fmt: str, *, compress: bool =
 
 
 def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = None,
-            compress: bool = False, step: int | None = None) -> dict:
+            compress: bool = False, step: int | None = None, key: str | None = None) -> dict:
     """Convert ``src`` (any readable checkpoint) to ``dst``; returns what was done.
 
     ``to``: the output format; by default it follows ``dst``'s extension (.lcc/.lcckpt,
-    .pt/.pth/.bin/.ckpt, .safetensors).
+    .pt/.pth/.bin/.ckpt, .safetensors). ``key``: write only the value at this key path,
+    its levels joined by dots (``"model"``: a training checkpoint's state_dict, as a
+    safetensors file holds it).
     """
     src, dst = local(src, "lcckpt.convert"), local(dst, "lcckpt.convert")
     fmt = to or format_for_path(dst)
@@ -201,11 +204,36 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = 
     if os.path.isdir(dst):
         raise InvalidArgumentError(f"{dst} is a directory; give an output file name")
     obj, meta, src_fmt = read_checkpoint(src, step=step)
-    write_checkpoint(obj, dst, fmt, compress=compress, metadata=meta, source=src)
+    source = src if key is None else f"{src}[{key!r}]"
+    if key is not None:
+        obj = select(obj, key, src)
+    write_checkpoint(obj, dst, fmt, compress=compress, metadata=meta, source=source)
     dropped = len(meta) if meta and fmt == "torch" else 0
     return {"dropped_metadata": dropped, "input": src, "input_format": src_fmt, "output": dst, "output_format": fmt,
             "input_bytes": _size(src), "output_bytes": os.path.getsize(dst),
             "tensors": len(flat_tensors(obj))}
+
+
+def select(obj, key: str, source: str):
+    """The value of ``obj`` at the dotted key path ``key``: at each level the longest run
+    of parts that names a key (``"model.fc.weight"`` finds a state_dict's ``"fc.weight"``;
+    a dict key as ``str`` writes it, a list's index)."""
+    if not isinstance(key, str) or not key:
+        raise InvalidArgumentError(f"key must be a non-empty key path such as 'model', got {key!r}")
+    parts, at = key.split("."), []
+    while parts:
+        names = {str(k): k for k in obj} if isinstance(obj, Mapping) else \
+            {str(i): i for i in range(len(obj))} if isinstance(obj, (list, tuple)) else {}
+        n = next((n for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in names), 0)
+        if not n:
+            held = ", ".join(repr(k) for k in list(names)[:20]) if names else \
+                f"a {type(obj).__name__}, no keys"
+            raise InvalidArgumentError(f"{source} has no key {key!r}: at "
+                                       f"{'.'.join(at) or 'the top'} it holds {held}")
+        name = ".".join(parts[:n])
+        obj, parts = obj[names[name]], parts[n:]
+        at.append(name)
+    return obj
 
 
 def _size(path: str) -> int:
