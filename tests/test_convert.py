@@ -188,3 +188,18 @@ def test_safetensors_through_lcckpt_is_byte_identical(tensors, meta, compress):
         convert(mid, out)
         with open(src, "rb") as f, open(out, "rb") as g:
             assert f.read() == g.read()
+
+
+def test_meta_tensors_convert_where_the_format_holds_them(tmp_path):
+    """torch.save and lcckpt keep meta tensors (no data); safetensors cannot, and says so
+    instead of failing inside torch ("Cannot copy out of meta tensor")."""
+    sd = torch.nn.Linear(5, 3, device="meta").state_dict()
+    lcckpt.save({"model": sd, "real": torch.ones(2)}, tmp_path / "m.lcc")
+    doc = convert(tmp_path / "m.lcc", tmp_path / "m.pt")
+    assert doc["tensors"] == 1                              # the tensors that hold data
+    back = torch.load(tmp_path / "m.pt", weights_only=True)
+    assert back["model"]["weight"].is_meta and back["model"]["weight"].shape == (3, 5)
+    with pytest.raises(InvalidArgumentError, match=r"\['weight'\] is a meta tensor"):
+        convert(tmp_path / "m.lcc", tmp_path / "m.safetensors", key="model")
+    assert not (tmp_path / "m.safetensors").exists()
+    assert main(["bench", "--checkpoint", str(tmp_path / "m.lcc"), str(tmp_path / "m.pt")]) == 0

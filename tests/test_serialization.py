@@ -228,8 +228,6 @@ def test_other_refusals():
     if torch.backends.mkldnn.is_available():
         with pytest.raises(UnsupportedDtypeError, match="layout"):
             S.save({"s": torch.eye(2).to_mkldnn()}, io.BytesIO())
-    with pytest.raises(InvalidArgumentError, match="meta"):
-        S.save({"m": torch.empty(2, device="meta")}, io.BytesIO())
     cyclic = []
     cyclic.append(cyclic)
     with pytest.raises(InvalidArgumentError, match="cyclic"):
@@ -1126,3 +1124,53 @@ def test_a_url_is_refused_by_name_and_makes_no_local_folder(tmp_path, monkeypatc
     assert os.listdir(tmp_path) == []
     lcckpt.save(state, f"file://{tmp_path}/a.lcc")
     assert torch.equal(lcckpt.load(f"file://{tmp_path}/a.lcc")["w"], state["w"])
+
+
+def test_meta_tensors_save_and_load_as_torch_save_keeps_them(tmp_path):
+    """A model built on ``device="meta"`` (deferred initialisation) has a state_dict of
+    meta tensors, which torch.save stores and lcckpt.save refused ("a meta tensor has no
+    data"). They are kept as torch keeps them: dtype, shape, strides, Parameter and
+    requires_grad, one object where one was met twice, meta whatever ``map_location``;
+    tree version 5, written only where a meta tensor is."""
+    net = torch.nn.Linear(3, 4, device="meta")
+    x = torch.empty(4, 6, device="meta", dtype=torch.bfloat16).t()
+    state = {"sd": net.state_dict(keep_vars=True), "x": x, "again": x, "real": torch.ones(2),
+             "grad": torch.empty(2, device="meta", requires_grad=True)}
+    torch.save(state, tmp_path / "t.pt")
+    lcckpt.save(state, tmp_path / "m.lcc")
+    for loaded in (lcckpt.load(tmp_path / "m.lcc"), lcckpt.load(tmp_path / "m.lcc", map_location="cpu"),
+                   lcckpt.load(tmp_path / "t.pt")):
+        want = torch.load(tmp_path / "t.pt", weights_only=True)
+        for k in ("x", "grad"):
+            got, ref = loaded[k], want[k]
+            assert (got.device.type, got.dtype, got.shape, got.stride(), got.requires_grad) == \
+                (ref.device.type, ref.dtype, ref.shape, ref.stride(), ref.requires_grad)
+        w = loaded["sd"]["weight"]
+        assert type(w) is torch.nn.Parameter and w.requires_grad and w.is_meta
+        assert loaded["x"] is loaded["again"] and torch.equal(loaded["real"], state["real"])
+    assert _tree_version(tmp_path / "m.lcc") == 5
+    lcckpt.save({"real": torch.ones(2)}, tmp_path / "plain.lcc")
+    assert _tree_version(tmp_path / "plain.lcc") == 1
+    ck = lcckpt.DeltaCheckpointer(tmp_path / "chain")
+    for step in range(3):
+        ck.save(step, {"model": net.state_dict(), "w": torch.full((5000,), float(step))})
+    assert ck.load(1)["model"]["weight"].is_meta and torch.equal(ck.load(2)["w"], torch.full((5000,), 2.0))
+
+
+def _tree_version(path):
+    with read_container(path) as c:
+        return c.meta["lcckpt_tree"]
+
+
+@pytest.mark.parametrize("node", [
+    {"m": 0, "dtype": "F99", "shape": [2], "stride": [1]},
+    {"m": 0, "dtype": "F32", "shape": [2, 3], "stride": [1]},
+    {"m": -1, "dtype": "F32", "shape": [2], "stride": [1]},
+    {"m": 0, "dtype": "F32", "shape": [-2], "stride": [1]},
+    {"m": 0, "dtype": "F32", "shape": [2**40, 2**40], "stride": [1, 1]},
+    {"m": 0, "dtype": "F32", "shape": [2], "stride": [1], "extra": 1},
+    {"m": 0, "dtype": "F32", "shape": [2], "stride": [1], "param": "yes"},
+])  # fmt: skip
+def test_hostile_meta_nodes_are_corrupt_data(node):
+    with pytest.raises(CorruptDataError):
+        S.load(_file_with_tree({"$": "meta", **node}))

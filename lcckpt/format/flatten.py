@@ -148,6 +148,7 @@ class _Saver:
         self.storages: dict[tuple, list] = {}  # (device, dtype, storage) -> [(tensor, node, path)]
         self.storage_sections: dict[tuple, int] = {}  # the same key -> its section
         self.version = 1  # tree version the nodes written so far need
+        self.metas = 0  # meta tensors met so far
         self.alive: list[Any] = []  # keeps ids unique while saving
 
     def refuse(self, value, path: str, hint: str = ""):
@@ -285,9 +286,9 @@ class _Saver:
                 f"cannot save {path}: dtype {v.dtype} is not supported; "
                 f"supported: {', '.join(str(d) for d in DTYPE_CODES)}"
             )
-        if v.device.type == "meta":
-            raise InvalidArgumentError(f"cannot save {path}: a meta tensor has no data")
         self.alive.append(v)
+        if v.device.type == "meta":              # no data: its dtype, shape and strides
+            return self.meta(v)
         node = {"$": "tensor"}
         if type(v) is torch.nn.Parameter:        # torch.load gives Parameters back
             node["param"] = True
@@ -305,6 +306,20 @@ class _Saver:
             self.indexed.append(node)
         else:                                    # no storage to share: stored as it is
             node["s"] = self.add_section(path, *self.encode_tensor(v, path), node=node)
+        self.by_id[id(v)] = node
+        return node
+
+    def meta(self, v: torch.Tensor) -> dict:
+        """A meta tensor (a model built on ``device="meta"``), as torch.save keeps it: ``m``
+        numbers the distinct ones, so that one met twice loads as one object."""
+        self.version = max(self.version, 5)
+        node = {"$": "meta", "m": self.metas, "dtype": DTYPE_CODES[v.dtype],
+                "shape": list(v.shape), "stride": list(v.stride())}
+        if type(v) is torch.nn.Parameter:
+            node["param"], node["grad"] = True, bool(v.requires_grad)
+        elif v.requires_grad:
+            node["grad"] = True
+        self.metas += 1
         self.by_id[id(v)] = node
         return node
 

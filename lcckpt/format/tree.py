@@ -212,7 +212,7 @@ class _Loader(CompositeLoader):
         "counter": "dict_", "tensor": "tensor", "ndarray": "ndarray", "bytes": "bytes_",
         "npscalar": "npscalar", "dtype": "dtype", "size": "size", "device": "device",
         "set": "set_", "complex": "complex_", "sparse": "sparse", "nested": "nested",
-        "quantized": "quantized", "qscheme": "qscheme",
+        "quantized": "quantized", "qscheme": "qscheme", "meta": "meta",
     }  # fmt: skip
 
     def node(self, j, path: str, depth: int):
@@ -333,6 +333,22 @@ class _Loader(CompositeLoader):
             t = self.fill(path, t)
         t = self.objects[(s, obj)] = self._flags(j, path, t)
         return t
+
+    def meta(self, j, path, depth):
+        """A meta tensor: dtype, shape and strides, no data (wherever ``map_location``
+        says, as torch.load leaves it); one ``m`` is one object."""
+        _fields(j, path, ("m", "dtype", "shape", "stride"), ("param", "grad"))
+        dtype, shape, stride = _lookup(dtypes.NAME_TORCH, j["dtype"]), j["shape"], j["stride"]
+        if not _is_uint(j["m"]) or dtype is None or type(shape) is not list or \
+                type(stride) is not list or len(shape) > 64 or len(stride) != len(shape) or \
+                not all(_is_uint(n) and n < MAX_ELEMENTS for n in shape + stride) or \
+                math.prod(shape) >= MAX_ELEMENTS:
+            _bad(path, "a meta node needs an id, a known dtype, and a shape and strides of "
+                       "as many sizes")
+        if ("meta", j["m"]) not in self.objects:
+            t = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+            self.objects[("meta", j["m"])] = self._flags(j, path, t)
+        return self.objects[("meta", j["m"])]
 
     @staticmethod
     def _flags(j, path, t: torch.Tensor) -> torch.Tensor:

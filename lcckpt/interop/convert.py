@@ -131,6 +131,9 @@ def _flat_tensors(obj, path: str) -> dict[str, torch.Tensor]:
             f"safetensors stores a flat {{name: tensor}} mapping, but {path} holds a "
             f"{type(obj).__name__}; convert to .lcc or .pt instead")
     for k, v in obj.items():
+        if isinstance(k, str) and isinstance(v, torch.Tensor) and v.is_meta:
+            raise InvalidArgumentError(f"safetensors stores data, but {path}[{k!r}] is a meta "
+                                       "tensor (no data); convert to .lcc or .pt instead")
         if not isinstance(k, str) or not isinstance(v, torch.Tensor):
             what = f"a {type(v).__name__}" if isinstance(k, str) else f"a key of type {type(k).__name__}"
             key = "model" if isinstance(obj.get("model"), Mapping) else "KEY"
@@ -243,10 +246,12 @@ def _size(path: str) -> int:
 
 
 def flat_tensors(obj, prefix: str = "") -> dict[str, torch.Tensor]:
-    """Key path -> tensor for every tensor of a loaded object tree (dicts, lists, tuples)."""
+    """Key path -> tensor for every tensor of a loaded object tree (dicts, lists, tuples)
+    that holds data (not a meta tensor)."""
     out: dict[str, torch.Tensor] = {}
     if isinstance(obj, torch.Tensor):
-        out[prefix or "obj"] = obj
+        if not obj.is_meta:
+            out[prefix or "obj"] = obj
     elif isinstance(obj, Mapping):
         for k, v in obj.items():
             out.update(flat_tensors(v, f"{prefix}.{k}" if prefix else str(k)))
