@@ -46,6 +46,13 @@ def inspect_file(path: str) -> dict:
     from .interop.convert import detect_format
     fmt = detect_format(path)
     size = os.path.getsize(path)
+    if fmt == "sharded":
+        from .format.sharded import read_index
+        shards = {}
+        for name, shard in read_index(path):
+            shards.setdefault(shard, []).append(name)
+        return {"path": path, "format": "sharded", "file_bytes": size,
+                "shards": [{"file": f, "tensors": len(n)} for f, n in shards.items()]}
     if fmt == "safetensors":
         from .format.safetensors_io import read_header
         entries, meta = read_header(path)
@@ -146,6 +153,17 @@ def verify_file(path: str) -> dict:
     Raises an LcckptError for a torch or safetensors file that fails."""
     from .interop.convert import detect_format
     fmt = detect_format(path)
+    if fmt == "sharded":                 # every shard, and every tensor in its shard
+        from .format.sharded import load_index
+        from .interop.convert import read_checkpoint
+
+        def shard(where):
+            r = verify_file(where)
+            if not r["ok"]:
+                raise CorruptDataError(f"shard {where}: {r.get('error')}")
+            return read_checkpoint(where)[0]
+        load_index(path, shard)
+        return {"path": path, "ok": True}
     if fmt == "safetensors":
         from .format.safetensors_io import read_safetensors
         read_safetensors(path)
@@ -263,6 +281,10 @@ def _inspect(args) -> int:
               f"{len(doc['tensors'])} tensors" + (f"; metadata {doc['metadata']}"
                                                   if doc["metadata"] else ""))
         print(_table(doc["tensors"], ["name", "dtype", "shape", "nbytes"]))
+    elif doc["format"] == "sharded":
+        print(f"{doc['path']}: shard index, {sum(r['tensors'] for r in doc['shards'])} tensors "
+              f"in {len(doc['shards'])} files (inspect each file for its tensors)")
+        print(_table(doc["shards"], ["file", "tensors"]))
     else:
         print(f"{doc['path']}: torch.save file, {doc['file_bytes']:,} bytes, "
               f"{doc['tensor_count']} tensors ({doc['raw_bytes']:,} bytes); "

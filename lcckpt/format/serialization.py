@@ -23,6 +23,7 @@ import torch
 from ..codec import dtypes
 from .. import limits
 from . import sections as _sections
+from . import sharded as _sharded
 from . import stream as _stream
 from . import tree as _tree
 from .container import MAGIC, Container, at_path, open_file, read_container, write_container
@@ -123,8 +124,9 @@ def pack(obj: Any, *, encode_leaf: _tree.LeafEncoder | None = None,
 def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None, *,
          weights_only: bool | None = None, mmap: bool | None = None,
          max_bytes=limits.DEFAULT, into: Any = None, **pickle_load_args) -> Any:
-    """Load what :func:`save` wrote, a plain ``torch.save`` file (weights only), or a
-    ``.safetensors`` file (a dict of tensors).
+    """Load what :func:`save` wrote, a plain ``torch.save`` file (weights only), a
+    ``.safetensors`` file (a dict of tensors), or a shard index as Hugging Face writes it
+    (``model.safetensors.index.json``: one dict of every shard's tensors).
 
     Takes ``torch.load``'s arguments, with the same meaning:
 
@@ -165,23 +167,8 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
     _check_load_args(pickle_module, pickle_load_args, weights_only, mmap, into)
     targets = None if into is None else Into(tensor_paths(into))
     if isinstance(f, (str, os.PathLike)):
-        path = local(f, "lcckpt.load")
-        if os.path.isdir(path):
-            raise InvalidArgumentError(
-                f"{path!r} is a directory; a chain of checkpoints loads with "
-                "lcckpt.DeltaCheckpointer(directory).load(step)")
-        fmt = _sniff_path(path)
-        if fmt != "lcckpt":
-            return _load_foreign(fmt, f, map_location, weights_only, mmap, pickle_load_args,
-                                 max_bytes, targets)
-        with read_container(path) as c:
-            try:
-                if mmap:
-                    return _unpack_limited(c, map_location, max_bytes, path,
-                                           _mapped_decoder(path, c))
-                return _unpack_limited(c, map_location, max_bytes, path, into=targets)
-            except LcckptError as e:
-                raise at_path(e, path) from None
+        return _load_path(local(f, "lcckpt.load"), map_location, weights_only, mmap,
+                          pickle_load_args, max_bytes, targets)
     if not hasattr(f, "read") or isinstance(f, io.TextIOBase):
         raise InvalidArgumentError(f"load needs a path or a binary file object, got "
                                    f"{_kind_of(f)}: open the file with 'rb'")
@@ -284,13 +271,48 @@ def _mapped_decoder(path, c: Container) -> _tree.LeafDecoder:
     return decode
 
 
-def _sniff_path(path: str) -> str:
+def _load_path(path: str, map_location, weights_only, mmap, pickle_load_args, max_bytes,
+               targets: Into | None):
+    if os.path.isdir(path):
+        raise InvalidArgumentError(
+            f"{path!r} is a directory; a chain of checkpoints loads with "
+            "lcckpt.DeltaCheckpointer(directory).load(step)")
+    if _sharded.is_index(path, _head(path)):    # shards, as Hugging Face writes them
+        return _load_index(path, map_location, weights_only, mmap, max_bytes, targets)
+    fmt = _sniff_path(path)
+    if fmt != "lcckpt":
+        return _load_foreign(fmt, path, map_location, weights_only, mmap, pickle_load_args,
+                             max_bytes, targets)
+    with read_container(path) as c:
+        try:
+            if mmap:
+                return _unpack_limited(c, map_location, max_bytes, path, _mapped_decoder(path, c))
+            return _unpack_limited(c, map_location, max_bytes, path, into=targets)
+        except LcckptError as e:
+            raise at_path(e, path) from None
+
+
+def _head(path: str) -> bytes:
     with open_file(path) as fh:
-        head = fh.read(16)
+        return fh.read(16)
+
+
+def _sniff_path(path: str) -> str:
     try:
-        return _sniff(head)
+        return _sniff(_head(path))
     except LcckptError as e:
         raise at_path(e, path) from None
+
+
+def _load_index(path: str, map_location, weights_only, mmap, max_bytes, into: Into | None):
+    """The tensors of a shard index, each shard loaded as :func:`load` loads a file."""
+    obj = _sharded.load_index(path, lambda shard: load(
+        shard, map_location, weights_only=weights_only, mmap=mmap, max_bytes=max_bytes))
+    if into is not None:
+        for key, t in tensor_paths(obj).items():
+            into.fill(key, t)
+        into.warn_unfilled(stacklevel=4)
+    return obj
 
 
 def known_format(head: bytes) -> str | None:

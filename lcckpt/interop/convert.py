@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from .. import limits
-from ..format import serialization
+from ..format import serialization, sharded
 from ..format.container import open_file
 from ..format.torchzip import open_zip, read_members
 from ..errors import CorruptDataError, InvalidArgumentError, UnsafeObjectError
@@ -41,7 +41,8 @@ _EXTENSIONS = {".lcc": "lcckpt", ".lcckpt": "lcckpt", ".pt": "torch", ".pth": "t
 
 
 def detect_format(path: str | os.PathLike) -> str:
-    """"lcckpt", "torch", "safetensors" or "chain" (a DeltaCheckpointer directory).
+    """"lcckpt", "torch", "safetensors", "chain" (a DeltaCheckpointer directory) or
+    "sharded" (a shard index, ``model.safetensors.index.json``).
 
     Raises :class:`CorruptDataError` for an empty file or one in no known format,
     :class:`FileNotFoundError` for a missing path.
@@ -53,6 +54,8 @@ def detect_format(path: str | os.PathLike) -> str:
         head = f.read(16)
     if not head:
         raise CorruptDataError(f"{path} is empty (0 bytes): not a checkpoint")
+    if sharded.is_index(path, head):
+        return "sharded"
     fmt = serialization.known_format(head)
     if fmt is None:
         raise CorruptDataError(f"{path} is {serialization.unknown_format(head)}")
@@ -118,6 +121,15 @@ def read_checkpoint(path: str | os.PathLike, *, step: int | None = None,
     if fmt == "safetensors":
         tensors, meta = read_safetensors(path, map_location)
         return tensors, meta, fmt
+    if fmt == "sharded":                   # the shards' metadata where they all agree
+        metas = []
+
+        def shard(where):
+            obj, meta, _ = read_checkpoint(where, map_location=map_location)
+            metas.append(meta)
+            return obj
+        obj = sharded.load_index(path, shard)
+        return obj, metas[0] if all(m == metas[0] for m in metas) else None, fmt
     if fmt == "torch":
         return load_torch(path, map_location), None, fmt
     obj = serialization.load(path, map_location=map_location)
@@ -242,6 +254,10 @@ def select(obj, key: str, source: str):
 def _size(path: str) -> int:
     if os.path.isdir(path):
         return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
+    if detect_format(path) == "sharded":         # the index and every shard it names
+        base = os.path.dirname(os.path.abspath(path))
+        return os.path.getsize(path) + sum(os.path.getsize(os.path.join(base, f)) for f in
+                                           {shard for _, shard in sharded.read_index(path)})
     return os.path.getsize(path)
 
 
