@@ -355,6 +355,9 @@ def test_open_names_a_foreign_file_and_its_missing_steps_are_library_errors(tmp_
         lc_open(tmp_path / "m.pt")
     with pytest.raises(InvalidArgumentError, match="is a safetensors file: .*lcckpt.load"):
         lc_open(tmp_path / "m.safetensors")
+    (tmp_path / "m.safetensors.index.json").write_text('{"weight_map": {"w": "m.safetensors"}}')
+    with pytest.raises(InvalidArgumentError, match="is a shard index: .*lcckpt.load"):
+        lc_open(tmp_path / "m.safetensors.index.json")
     (tmp_path / "ck").mkdir()
     with pytest.raises(lcckpt.NotFoundError):
         lc_open(tmp_path / "ck")

@@ -87,18 +87,19 @@ def open(path: str | os.PathLike, *, step: int | None = None, map_location=None,
 
 
 def _refuse_foreign(path: str) -> None:
-    """A torch.save or safetensors file, which the container reader refused, is named as
-    such, with what reads it."""
+    """A torch.save or safetensors file or a shard index, which the container reader
+    refused, is named as such, with what reads it."""
     from .convert import detect_format
     try:
         fmt = detect_format(path)
     except (CorruptDataError, OSError):
         return                     # the container reader's error stands
-    if fmt in ("torch", "safetensors"):
+    what = {"torch": "a torch.save file", "safetensors": "a safetensors file",
+            "sharded": "a shard index"}.get(fmt)
+    if what is not None:
         raise InvalidArgumentError(
-            f"{path} is a {'torch.save' if fmt == 'torch' else 'safetensors'} file: lcckpt.open "
-            "reads lcckpt files and chain directories; load it with lcckpt.load, or convert "
-            "it (lcckpt convert IN OUT.lcc)") from None
+            f"{path} is {what}: lcckpt.open reads lcckpt files and chain directories; load "
+            "it with lcckpt.load, or convert it (lcckpt convert IN OUT.lcc)") from None
 
 
 class Reader:
