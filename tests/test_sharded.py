@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 
 import lcckpt
 from lcckpt.cli import main
-from lcckpt.errors import CorruptDataError, NotFoundError
+from lcckpt.errors import CorruptDataError, InvalidArgumentError, NotFoundError
 from lcckpt.format.safetensors_io import read_safetensors
 
 from helpers import same_bits
@@ -52,6 +52,8 @@ def test_an_index_loads_and_converts_as_one_checkpoint(tmp_path, torch_shards, c
     assert main(["inspect", str(index)]) == 0
     assert "4 tensors in 2 files" in capsys.readouterr().out
     assert main(["verify", str(index)]) == 0
+    with pytest.raises(InvalidArgumentError, match="is a shard index"):
+        lcckpt.convert(index, tmp_path / "x.pt", step=3)
     targets = {k: torch.zeros_like(v) for k, v in sd.items()}
     lcckpt.load(index, into=targets)
     assert all(same_bits(targets[k], sd[k]) for k in sd)

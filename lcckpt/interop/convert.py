@@ -110,8 +110,8 @@ def read_checkpoint(path: str | os.PathLike, *, step: int | None = None,
     """
     fmt = detect_format(path)
     if step is not None and fmt != "chain":
-        raise InvalidArgumentError(f"--step applies to a checkpoint directory; {path} is a "
-                                   f"{fmt} file")
+        what = "shard index" if fmt == "sharded" else f"{fmt} file"
+        raise InvalidArgumentError(f"--step applies to a checkpoint directory; {path} is a {what}")
     if fmt == "chain":
         from ..chain.checkpointer import DeltaCheckpointer
         ck = DeltaCheckpointer(path)
