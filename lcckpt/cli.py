@@ -151,15 +151,16 @@ def verify_file(path: str) -> dict:
     """Check every checksum and structure of one file; returns a report entry with
     ``ok`` and, for lcckpt files, ``expansion`` (decoded / stored bytes) and ``warnings``.
     Raises an LcckptError for a torch or safetensors file that fails."""
-    from .interop.convert import detect_format
+    from .interop.convert import check_torch_crcs, detect_format, load_torch, read_checkpoint
     fmt = detect_format(path)
     if fmt == "sharded":                 # every shard, and every tensor in its shard
         from .format.sharded import load_index
-        from .interop.convert import read_checkpoint
 
-        def shard(where):
-            r = verify_file(where)
-            if not r["ok"]:
+        def shard(where):                # each shard read once (a load checks what it reads)
+            kind = detect_format(where)
+            if kind == "torch":
+                check_torch_crcs(where)  # torch.load itself does not check them
+            elif kind != "safetensors" and not (r := verify_file(where))["ok"]:
                 raise CorruptDataError(f"shard {where}: {r.get('error')}")
             return read_checkpoint(where)[0]
         load_index(path, shard)
@@ -169,7 +170,6 @@ def verify_file(path: str) -> dict:
         read_safetensors(path)
         return {"path": path, "ok": True}
     if fmt == "torch":
-        from .interop.convert import check_torch_crcs, load_torch
         check_torch_crcs(path)           # torch.load itself does not check them
         load_torch(path)
         return {"path": path, "ok": True}

@@ -277,9 +277,13 @@ def _load_path(path: str, map_location, weights_only, mmap, pickle_load_args, ma
         raise InvalidArgumentError(
             f"{path!r} is a directory; a chain of checkpoints loads with "
             "lcckpt.DeltaCheckpointer(directory).load(step)")
-    if _sharded.is_index(path, _head(path)):    # shards, as Hugging Face writes them
+    head = _head(path)
+    if _sharded.is_index(path, head):           # shards, as Hugging Face writes them
         return _load_index(path, map_location, weights_only, mmap, max_bytes, targets)
-    fmt = _sniff_path(path)
+    try:
+        fmt = _sniff(head)
+    except LcckptError as e:
+        raise at_path(e, path) from None
     if fmt != "lcckpt":
         return _load_foreign(fmt, path, map_location, weights_only, mmap, pickle_load_args,
                              max_bytes, targets)
@@ -295,13 +299,6 @@ def _load_path(path: str, map_location, weights_only, mmap, pickle_load_args, ma
 def _head(path: str) -> bytes:
     with open_file(path) as fh:
         return fh.read(16)
-
-
-def _sniff_path(path: str) -> str:
-    try:
-        return _sniff(_head(path))
-    except LcckptError as e:
-        raise at_path(e, path) from None
 
 
 def _load_index(path: str, map_location, weights_only, mmap, max_bytes, into: Into | None):

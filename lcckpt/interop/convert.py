@@ -225,7 +225,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = 
     write_checkpoint(obj, dst, fmt, compress=compress, metadata=meta, source=source)
     dropped = len(meta) if meta and fmt == "torch" else 0
     return {"dropped_metadata": dropped, "input": src, "input_format": src_fmt, "output": dst, "output_format": fmt,
-            "input_bytes": _size(src), "output_bytes": os.path.getsize(dst),
+            "input_bytes": _size(src, src_fmt), "output_bytes": os.path.getsize(dst),
             "tensors": len(flat_tensors(obj))}
 
 
@@ -251,10 +251,10 @@ def select(obj, key: str, source: str):
     return obj
 
 
-def _size(path: str) -> int:
-    if os.path.isdir(path):
+def _size(path: str, fmt: str) -> int:
+    if fmt == "chain":
         return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
-    if detect_format(path) == "sharded":         # the index and every shard it names
+    if fmt == "sharded":                         # the index and every shard it names
         base = os.path.dirname(os.path.abspath(path))
         return os.path.getsize(path) + sum(os.path.getsize(os.path.join(base, f)) for f in
                                            {shard for _, shard in sharded.read_index(path)})
