@@ -62,7 +62,7 @@ def assert_same(a, b, path="obj"):
         assert a.device == b.device, path
         assert same_bits(a, b), f"{path}: tensors differ"
     elif isinstance(a, np.ndarray):
-        assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), path
+        assert a.dtype.str == b.dtype.str and a.shape == b.shape and a.tobytes() == b.tobytes(), path
     elif isinstance(a, (dict, collections.OrderedDict)):
         assert list(a.keys()) == list(b.keys()), path
         for (k, x), y in zip(a.items(), b.values()):
@@ -77,7 +77,7 @@ def assert_same(a, b, path="obj"):
         assert (math.isnan(a) and math.isnan(b)) or (
             a == b and math.copysign(1, a) == math.copysign(1, b)), path
     elif isinstance(a, np.generic):
-        assert a.tobytes() == b.tobytes(), path
+        assert a.dtype.str == b.dtype.str and a.tobytes() == b.tobytes(), path
     elif isinstance(a, complex):
         assert_same(a.real, b.real, f"{path}.real")
         assert_same(a.imag, b.imag, f"{path}.imag")

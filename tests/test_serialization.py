@@ -168,6 +168,79 @@ def test_nested_values_round_trip():
     assert type(out["od"]) is collections.OrderedDict
 
 
+
+_SPELLED = [np.array(["cat", "dög", "", "🎉"]), np.array([b"a\x00b", b""]), np.zeros((2, 3), "U1"),
+            np.zeros(4, "S2"), np.array([], "U5"), np.array(["x"], ">U1"),
+            np.array(["2020-01-01T00:00:01.5", "NaT"], "M8[ms]"), np.array([1, -5], "m8[25s]"),
+            np.array(["NaT"], "M8"), np.arange(6, dtype=">f4").reshape(2, 3),
+            np.arange(3, dtype=">i8"), np.array([1 + 2j], ">c16"),
+            np.array(["a", "bb", "ccc"])[::2]]   # not contiguous
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_numpy_strings_dates_and_big_endian_round_trip(tmp_path, mmap):
+    """Values numpy alone names (strings, bytes, dates, big-endian numbers) are stored under
+    numpy's own dtype spelling, and the file says tree version 6; others stay version 1."""
+    obj = {f"a{i}": a for i, a in enumerate(_SPELLED)}
+    obj.update(s=np.str_("dog"), s0=np.str_(""), b=np.bytes_(b"\x01"), nat=np.datetime64("NaT"),
+               day=np.datetime64("2021-03-04"), hours=np.timedelta64(5, "h"),
+               be=np.array([1.5], ">f8")[0])
+    path = tmp_path / "np.lcc"
+    S.save(obj, path)
+    out = S.load(path, mmap=mmap)
+    assert_same(obj, out)
+    assert out["a0"].tolist() == ["cat", "dög", "", "🎉"] and out["s0"] == ""
+    assert np.isnat(out["a6"][1]) and out["a9"].dtype.str == ">f4" and out["a9"][1, 2] == 5
+    assert lcckpt.open(path).metadata()["lcckpt_tree"] == 6
+    S.save({"a": np.arange(3.0), "s": np.float16(2)}, path)
+    assert lcckpt.open(path).metadata()["lcckpt_tree"] == 1
+
+
+_spelled_dtypes = st.one_of(
+    st.builds(lambda o, n: f"{o}U{n}", st.sampled_from("<>"), st.integers(1, 9)),
+    st.builds(lambda n: f"|S{n}", st.integers(1, 9)),
+    st.builds(lambda o, k, u: f"{o}{k}8[{u}]", st.sampled_from("<>"), st.sampled_from("Mm"),
+              st.sampled_from(["Y", "M", "W", "D", "h", "m", "s", "ms", "us", "ns", "3s"])),
+    st.sampled_from([">f2", ">f4", ">f8", ">i2", ">i4", ">i8", ">u2", ">u4", ">u8", ">c8", ">c16"]),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_spelled_dtypes, st.lists(st.integers(0, 3), max_size=3), st.randoms(use_true_random=False))
+def test_any_spelled_array_round_trips_byte_for_byte(code, shape, rnd):
+    dt = np.dtype(code)
+    n = math.prod(shape) * dt.itemsize
+    if dt.kind == "U":                   # code points (below the surrogates), not any bytes
+        a = np.array([rnd.randrange(0xD800) for _ in range(n // 4)], code[0] + "u4").view(dt)
+    else:
+        a = np.frombuffer(bytes(rnd.getrandbits(8) for _ in range(n)), dt)
+    a = a.reshape(shape)
+    out = round_trip({"a": a, "s": a.reshape(-1)[0] if a.size else None})
+    assert_same({"a": a, "s": a.reshape(-1)[0] if a.size else None}, out)
+
+
+@pytest.mark.parametrize("code", ["O", "|V8", "<U07", "<f4", "U3", "<S3", "|U3", "<M8[fortnight]",
+                                  "<M8[3]", ">b1", "F32 ", "<U3,<i4", "<U9999999999"])
+def test_a_file_cannot_name_a_dtype_outside_the_allowed_forms(code):
+    with pytest.raises(CorruptDataError):
+        S.load(_file_with_tree({"$": "npscalar", "dtype": code, "hex": ""}))
+    meta = {"kind": "ndarray", "dtype": code, "shape": [0], "nbytes": 0, "codec": "raw"}
+    with pytest.raises(CorruptDataError):
+        S.load(_file_with_tree({"$": "ndarray", "s": 0}, [("a", meta, b"")]))
+
+
+def test_zero_width_values():
+    """np.str_("") is a "<U0" scalar, which no array can hold: numpy makes "<U0" arrays
+    "<U1". A file that claims a zero-width array (it would load as uninitialized "<U1"
+    memory) is refused."""
+    out = round_trip({"s": np.str_(""), "b": np.bytes_(b""), "a": np.array([""])})
+    assert out["s"] == "" and out["s"].dtype.str == "<U0" and out["b"].dtype.str == "|S0"
+    assert out["a"].dtype.str == "<U1" and out["a"].tolist() == [""]
+    for code in ("<U0", "|S0"):
+        meta = {"kind": "ndarray", "dtype": code, "shape": [3], "nbytes": 0, "codec": "raw"}
+        with pytest.raises(CorruptDataError, match="array dtype"):
+            S.load(_file_with_tree({"$": "ndarray", "s": 0}, [("a", meta, b"")]))
+
 def test_deep_nesting_up_to_the_limit():
     deep, key = [], ()
     for i in range(tree.MAX_DEPTH - 1):
@@ -210,6 +283,7 @@ class MyDict(dict):
         (MyDict(), "MyDict"),
         (torch.nn.Parameter(torch.eye(2).to_sparse()), "sparse Parameter"),
         (np.array([object()]), "object"),
+        (np.zeros(2, "f4,i4"), "structured"),
     ],
 )
 def test_unsafe_values_are_refused_with_their_path(tmp_path, bad, kind):

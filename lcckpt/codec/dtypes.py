@@ -1,12 +1,15 @@
 """Element types: the one table of names, numpy/torch equivalents and blob codes.
 
 Names are safetensors' where safetensors has one; files (container headers and blobs)
-store names or codes, never torch's or numpy's own spellings. Every torch dtype has a
+store names or codes, never torch's or numpy's own spellings (except numpy arrays of
+strings, bytes, dates and big-endian numbers, whose width, unit and byte order only
+numpy's spelling says: :func:`numpy_code`). Every torch dtype has a
 name (:data:`TORCH_NAME`); the tensor codec handles the subset in :data:`BY_NAME`. Arrays
 travel through the kernels as numpy; dtypes numpy lacks (bfloat16, float8) travel as
 same-width unsigned integer views and come back as torch tensors.
 """
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +39,45 @@ NUMPY_NAME = {
     "<c16": "C128", "<c8": "C64",
 }  # fmt: skip
 NAME_NUMPY = {name: np.dtype(s) for s, name in NUMPY_NAME.items()}
+# numpy dtypes without a name above, stored under numpy's own dtype.str (tree version 6):
+# fixed-width strings and bytes, datetime64/timedelta64 (any unit), big-endian numbers
+_NUMPY_SPELLED = re.compile(
+    r"[<>]U\d{1,9}|\|S\d{1,9}"
+    r"|[<>][Mm]8(?:\[\d{0,9}(?:Y|M|W|D|h|m|s|ms|us|ns|ps|fs|as)\])?"
+    r"|>(?:f2|f4|f8|i2|i4|i8|u2|u4|u8|c8|c16)")
+
+
+def numpy_code(dt: np.dtype) -> str | None:
+    """The code a numpy array or scalar of dtype ``dt`` is stored under: a name of
+    :data:`NUMPY_NAME`, or numpy's ``dtype.str`` for the types it lacks (``"<U7"``,
+    ``"|S3"``, ``"<M8[ns]"``, ``">f4"``); None for object, structured and other dtypes."""
+    code = NUMPY_NAME.get(dt.str)
+    if code is None and dt.names is None and dt.subdtype is None \
+            and _NUMPY_SPELLED.fullmatch(dt.str):
+        code = dt.str
+    return code
+
+
+def numpy_dtype(code) -> np.dtype | None:
+    """The numpy dtype of a stored ``code`` (see :func:`numpy_code`), or None if ``code``
+    is not one: a file's spelling is parsed only once it matches the allowed forms, and
+    only if numpy spells the parsed dtype back the same way."""
+    if type(code) is not str:
+        return None
+    dt = NAME_NUMPY.get(code)
+    if dt is None and _NUMPY_SPELLED.fullmatch(code):
+        try:
+            dt = np.dtype(code)
+        except (TypeError, ValueError):
+            return None
+        if dt.str != code:
+            return None
+    return dt
+
+
+def numpy_spelled(code: str) -> bool:
+    """Whether ``code`` is numpy's own spelling (a file that holds one is tree version 6)."""
+    return code not in NAME_NUMPY
 
 
 @dataclass(frozen=True)

@@ -196,9 +196,11 @@ class _Saver:
             return self.tensor(v, path)
         if t is np.ndarray:
             return self.ndarray(v, path)
-        if isinstance(v, np.generic) and v.dtype.str in dtypes.NUMPY_NAME:
-            return {"$": "npscalar", "dtype": dtypes.NUMPY_NAME[v.dtype.str],
-                    "hex": v.tobytes().hex()}
+        if isinstance(v, np.generic) and (code := dtypes.numpy_code(v.dtype)) is not None:
+            if dtypes.numpy_spelled(code):
+                self.version = max(self.version, 6)
+            raw = v.tobytes()[:v.dtype.itemsize]    # np.str_("") is "<U0" with 4 bytes
+            return {"$": "npscalar", "dtype": code, "hex": raw.hex()}
         if t is bytes or t is bytearray:
             return self.bytes(v, path)
         if t is torch.dtype:
@@ -427,14 +429,16 @@ class _Saver:
     def ndarray(self, v: np.ndarray, path: str):
         if id(v) in self.by_id:
             return self.by_id[id(v)]
-        code = dtypes.NUMPY_NAME.get(v.dtype.str)
+        code = dtypes.numpy_code(v.dtype)
         if code is None:
             raise UnsupportedDtypeError(
-                f"cannot save {path}: numpy dtype {v.dtype.str} is not supported (object, "
-                "structured and big-endian arrays are not); convert with arr.astype(...)"
+                f"cannot save {path}: numpy dtype {v.dtype.str} is not supported (object "
+                "and structured arrays are not); convert with arr.astype(...)"
             )
+        if dtypes.numpy_spelled(code):
+            self.version = max(self.version, 6)
         self.alive.append(v)
-        data = np.ascontiguousarray(v).reshape(-1).view(np.uint8)
+        data = np.ascontiguousarray(v).reshape(-1).view(np.uint8) if v.nbytes else b""
         meta = {"kind": "ndarray", "dtype": code, "shape": list(v.shape), "nbytes": v.nbytes,
                 "codec": "raw"}  # fmt: skip
         node = {"$": "ndarray"}

@@ -435,15 +435,17 @@ class _Loader(CompositeLoader):
         _fields(j, path, ("s",))
         s, meta = self.section(j, path, "ndarray")
         if s not in self.sections:
-            dtype = _lookup(dtypes.NAME_NUMPY, meta.get("dtype"))
-            if dtype is None:
+            dtype = dtypes.numpy_dtype(meta.get("dtype"))
+            if dtype is None or dtype.itemsize == 0:     # numpy makes no "<U0" array
                 _bad(path, f"unknown array dtype {meta.get('dtype')!r:.40}")
             shape = _shape(meta, path)
             nbytes = math.prod(shape) * dtype.itemsize
             length = self.c.sections[s]["length"]
             if meta.get("nbytes") != nbytes or length != nbytes or meta.get("codec") != "raw":
                 _bad(path, "array section size or codec does not match its dtype and shape")
-            arr = np.empty(shape, dtype=dtype.newbyteorder("="))
+            if not dtypes.numpy_spelled(meta["dtype"]):
+                dtype = dtype.newbyteorder("=")
+            arr = np.empty(shape, dtype=dtype)
             self.c.read_into(s, arr.reshape(-1).view(np.uint8) if nbytes else bytearray())
             self.sections[s] = arr
         return self.sections[s]
@@ -460,14 +462,15 @@ class _Loader(CompositeLoader):
 
     def npscalar(self, j, path, depth):
         _fields(j, path, ("dtype", "hex"))
-        dtype = _lookup(dtypes.NAME_NUMPY, j["dtype"])
+        dtype = dtypes.numpy_dtype(j["dtype"])
         h = j["hex"]
         if dtype is None or type(h) is not str or not re.fullmatch(r"(?:[0-9a-f]{2})*", h):
             _bad(path, "invalid numpy scalar")
-        raw = bytes.fromhex(h)
-        if len(raw) != dtype.itemsize:
+        if len(h) != 2 * dtype.itemsize:
             _bad(path, "numpy scalar has the wrong size")
-        return np.frombuffer(raw, dtype=dtype)[0]
+        if dtype.itemsize == 0:            # np.str_(""), np.bytes_(b""): no array holds them
+            return dtype.type()
+        return np.frombuffer(bytes.fromhex(h), dtype)[0]
 
     def dtype(self, j, path, depth):
         _fields(j, path, ("v",))
