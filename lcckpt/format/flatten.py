@@ -438,7 +438,7 @@ class _Saver:
         if dtypes.numpy_spelled(code):
             self.version = max(self.version, 6)
         self.alive.append(v)
-        data = np.ascontiguousarray(v).reshape(-1).view(np.uint8) if v.nbytes else b""
+        data = np.ascontiguousarray(v).reshape(-1).view(np.uint8)
         meta = {"kind": "ndarray", "dtype": code, "shape": list(v.shape), "nbytes": v.nbytes,
                 "codec": "raw"}  # fmt: skip
         node = {"$": "ndarray"}
