@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 
 import lcckpt.distributed as ld
 from lcckpt.distributed.planner import chunk_nbytes
@@ -563,6 +563,76 @@ def test_unsafe_values_and_foreign_checkpoints_are_refused(tmp_path):
 
 class _Custom:
     pass
+
+
+class _Registered:
+    def __init__(self, v=0):
+        self.v = v
+
+    def __eq__(self, other):
+        return type(other) is _Registered and other.v == self.v
+
+
+def _values():
+    import numpy as np
+    return {"labels": np.array(["cat", "dog"]), "mean": np.arange(3.0), "best": np.str_("dog"),
+            "when": np.datetime64("2021-03-04"), "seen": {1, 2}, "pair": (0.9, 0.999),
+            "z": 1 + 2j, "raw": b"\x00\x01", "dtype": torch.bfloat16,
+            "size": torch.Size([2, 3]), "lr": 1e-3, "name": "adamw", "n": 7, "none": None}
+
+
+def _assert_values(got, want):
+    import numpy as np
+    for k, v in want.items():
+        if isinstance(v, np.ndarray):
+            assert got[k].dtype == v.dtype and np.array_equal(got[k], v), k
+        else:
+            assert type(got[k]) is type(v) and got[k] == v, k
+
+
+def test_values_are_stored_without_pickle(tmp_path):
+    """Non-tensor values are lcckpt files ("tree" items): numpy arrays, sets and numpy
+    scalars, which torch's safe unpickler refuses, load back; and DCP's own load planner
+    reads them too. A value only pickle stores goes in DCP's torch.save bytes ("bytes"),
+    which load as before: refused, unless its class is registered as safe."""
+    state = {"w": torch.randn(5), "values": _values()}
+    ld.save(state, tmp_path / "c")
+    codecs = {i.fqn: info.codec for i, info in CompressedReader(tmp_path / "c")
+              .read_metadata().storage_data.items()}
+    assert codecs.pop("w") == "exact" and set(codecs.values()) == {"tree"}, codecs
+    target = {"w": torch.zeros(5), "values": {k: None for k in _values()}}
+    ld.load(target, tmp_path / "c")
+    _assert_values(target["values"], _values())
+    theirs = {"w": torch.zeros(5), "values": {k: None for k in _values()}}
+    dcp.load(theirs, storage_reader=CompressedReader(tmp_path / "c"),
+             planner=DefaultLoadPlanner(), no_dist=True)
+    _assert_values(theirs["values"], _values())
+    assert torch.equal(theirs["w"], state["w"])
+
+    ld.save({"obj": _Registered(3), "n": 1}, tmp_path / "r")
+    codecs = {i.fqn: info.codec for i, info in CompressedReader(tmp_path / "r")
+              .read_metadata().storage_data.items()}
+    assert codecs == {"obj": "bytes", "n": "tree"}
+    with pytest.raises(UnsafeObjectError, match="unrestricted"):
+        ld.load({"obj": None, "n": None}, tmp_path / "r")
+    with torch.serialization.safe_globals([_Registered]):
+        out = {"obj": None, "n": None}
+        ld.load(out, tmp_path / "r")
+    assert out == {"obj": _Registered(3), "n": 1}
+
+
+def test_values_written_as_torch_save_bytes_still_load(tmp_path):
+    """Checkpoints whose values are DCP's torch.save bytes (codec "bytes", as every value was
+    stored before values became lcckpt files) load as before."""
+    dcp.save({"w": torch.ones(3), "v": {"lr": 0.1, "betas": (0.9, 0.99), "name": "sgd"}},
+             storage_writer=ld.CompressedWriter(str(tmp_path / "c")),
+             planner=DefaultSavePlanner(), no_dist=True)
+    infos = CompressedReader(tmp_path / "c").read_metadata().storage_data
+    assert {info.codec for info in infos.values()} == {"exact", "bytes"}
+    out = {"w": torch.zeros(3), "v": {"lr": None, "betas": None, "name": None}}
+    ld.load(out, tmp_path / "c")
+    assert out["v"] == {"lr": 0.1, "betas": (0.9, 0.99), "name": "sgd"}
+    assert torch.equal(out["w"], torch.ones(3))
 
 
 def test_damaged_blob_is_reported(tmp_path):

@@ -212,7 +212,8 @@ def _live(writer: CompressedWriter, state, live: bool, step: int, process: bool,
 def load(state, directory, *, process_group=None, storage_options: dict | None = None,
          cooperative: bool = True) -> None:
     """Load ``directory`` into ``state`` in place (its tensors/DTensors give the layout: any
-    world size and sharding). Non-tensor values are unpickled with ``weights_only=True``.
+    world size and sharding). Non-tensor values load without pickle (they are stored as
+    lcckpt files), or with ``weights_only=True`` where only pickle stored them.
     ``cooperative``: see :class:`CompressedReader` (ranks share the reading and decoding)."""
     no_dist = _no_dist(process_group)
     reader = CompressedReader(directory, storage_options=storage_options,

@@ -40,6 +40,7 @@ from ..errors import CorruptDataError, LcckptError
 from ..util import pool
 from . import peer
 
+VALUES = ("tree", "bytes")       # the codecs of non-tensor values: read by each rank needing one
 _INFLIGHT_BYTES = 64 << 20      # decoded bytes a sender keeps while its sends complete
 _KEPT: list = []                # buffers of restores that failed while peers could write
 
@@ -71,7 +72,7 @@ def schedule(plans: list, storage_data: dict) -> list:
     shared = []
     for idx, ranks in need.items():
         info = storage_data[idx]         # values, and empty tensors: nothing to send
-        if len(ranks) == 1 or info.codec == "bytes" or not info.raw_nbytes:
+        if len(ranks) == 1 or info.codec in VALUES or not info.raw_nbytes:
             for r in ranks:
                 load[r] += _cost(info)
         else:

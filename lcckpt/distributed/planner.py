@@ -7,8 +7,12 @@ resharding work unchanged) and every piece goes to a rank by cost. It keeps the 
 save's per-piece encoded sizes and owners (:meth:`BalancedSavePlanner.commit`) to estimate
 costs and to keep pieces where their delta references live.
 
-:class:`SafeLoadPlanner` reads non-tensor values with ``torch.load(weights_only=True)``;
-DCP's default planner unpickles them with ``weights_only=False``.
+Non-tensor values are stored as lcckpt files (:class:`TreeBytes`: no pickle, and numpy
+arrays, sets and the rest of what ``lcckpt.save`` stores load back), where DCP stores
+``torch.save`` bytes; a value only pickle stores (a class registered with
+``torch.serialization.add_safe_globals``) is stored as DCP stores it.
+:class:`SafeLoadPlanner` reads those with ``torch.load(weights_only=True)``, where DCP's
+default planner unpickles them with ``weights_only=False``.
 
 Neither encodes nor writes anything: that is the storage layer's job (``storage.py``).
 """
@@ -29,8 +33,24 @@ from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata
 from torch.distributed.checkpoint.planner import (ReadItem, SavePlan, TensorWriteData,
                                                   WriteItem, WriteItemType)
 
-from ..errors import InvalidArgumentError, UnsafeObjectError
+from ..errors import InvalidArgumentError, UnsafeObjectError, UnsupportedDtypeError
+from ..format import serialization
 from .partition import ITEM_OVERHEAD, MIN_SPLIT_BYTES, Assignment, History, Item, Piece, partition
+
+
+class TreeBytes(io.BytesIO):
+    """A non-tensor value's bytes as an lcckpt file (``lcckpt.save``), not a pickle."""
+
+
+def tree_bytes(obj) -> TreeBytes | None:
+    """``obj`` as an lcckpt file, or None if only pickle stores it."""
+    buf = TreeBytes()
+    try:
+        serialization.save(obj, buf)
+    except (UnsafeObjectError, UnsupportedDtypeError):
+        return None
+    buf.seek(0)
+    return buf
 
 
 def item_key(item: WriteItem) -> str:
@@ -166,6 +186,13 @@ class BalancedSavePlanner(DefaultSavePlanner):
         got = self._local.get(item.index)
         return got[0] if got is not None else whole_piece(item)
 
+    def transform_object(self, write_item: WriteItem, object):
+        if write_item.type == WriteItemType.BYTE_IO:
+            got = tree_bytes(object)
+            if got is not None:
+                return got
+        return super().transform_object(write_item, object)
+
     def lookup_object(self, index: MetadataIndex):
         got = self._local.get(index)
         if got is not None and got[1]:
@@ -190,17 +217,20 @@ class BalancedSavePlanner(DefaultSavePlanner):
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
-    """DCP's load planner, except that non-tensor values are unpickled with
-    ``weights_only=True`` (plain containers, numbers, strings, tensors): a checkpoint cannot
-    run code on load."""
+    """DCP's load planner, except that non-tensor values load without pickle (lcckpt files:
+    :class:`TreeBytes`) or are unpickled with ``weights_only=True`` (plain containers,
+    numbers, strings, tensors): a checkpoint cannot run code on load."""
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        try:
-            obj = torch.load(value, weights_only=True)
-        except pickle.UnpicklingError as e:
-            raise UnsafeObjectError(
-                f"value {read_item.dest_index.fqn!r} needs unrestricted unpickling ({e}); "
-                "store only tensors, numbers, strings and plain containers") from None
+        if isinstance(value, TreeBytes):
+            obj = serialization.load(value)
+        else:
+            try:
+                obj = torch.load(value, weights_only=True)
+            except pickle.UnpicklingError as e:
+                raise UnsafeObjectError(
+                    f"value {read_item.dest_index.fqn!r} needs unrestricted unpickling ({e}); "
+                    "store only tensors, numbers, strings and plain containers") from None
         if self.flatten_state_dict:
             _set_path(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
         else:

@@ -50,6 +50,8 @@ from .refs import (BACKGROUND, Background, Ref, park, park_in, read_blob, reopen
                    resync)
 from .metadata import MetadataUnpickler
 from .partition import Piece
+from .planner import SafeLoadPlanner, TreeBytes
+from ..format.serialization import load
 from .store import Flusher, check_size, files_for
 
 SUFFIX = ".distcp"
@@ -62,7 +64,8 @@ class LcckptStorageInfo:
     relative_path: str
     offset: int
     length: int
-    codec: str                 # "exact" (lcckpt lossless blob), "delta" (lossy), "bytes" (raw)
+    codec: str                 # "exact" (lcckpt lossless blob), "delta" (lossy), "tree" (a
+                               # value as an lcckpt file), "bytes" (a value as torch.save bytes)
     piece: tuple               # (key, start, stop): the partition piece it stores
     rank: int                  # the rank that wrote it
     raw_nbytes: int
@@ -244,7 +247,8 @@ class CompressedWriter(FileSystemWriter):
         if wi.type == WriteItemType.BYTE_IO:
             buf = data.getbuffer()
             f.write(buf)
-            return {"codec": "bytes", "raw_nbytes": len(buf)}
+            return {"codec": "tree" if isinstance(data, TreeBytes) else "bytes",
+                    "raw_nbytes": len(buf)}
         t = data.detach()
         if t.device.type != "cpu":
             t = t.cpu()
@@ -458,8 +462,16 @@ class CompressedReader(FileSystemReader):
         """A stored item as read: a value's bytes, or the decoded tensor; an item that one
         request takes whole is decoded straight into its target (a chain's where its
         dtype is the working one: fp32, fp64)."""
-        if info.codec == "bytes":
-            return io.BytesIO(self._read(info.relative_path, info.offset, info.length))
+        if info.codec in exchange.VALUES:
+            data = self._read(info.relative_path, info.offset, info.length)
+            if info.codec == "bytes":
+                return io.BytesIO(data)
+            if isinstance(planner, SafeLoadPlanner):
+                return TreeBytes(data)
+            buf = io.BytesIO()      # DCP's own planner unpickles: give it torch.save bytes
+            torch.save(load(io.BytesIO(data)), buf)
+            buf.seek(0)
+            return buf
         return self._decode(info, exchange.whole_target(info, reqs, planner))
 
     def _read(self, rel: str, offset: int, length: int, stream_as: str | None = None,
