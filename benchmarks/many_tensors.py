@@ -18,22 +18,13 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import lcckpt  # noqa: E402
-
-
-def _time(fn, reps: int) -> float:
-    out = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return statistics.median(out)
+from lcckpt.bench.timing import median_time as _time  # noqa: E402
 
 
 def run(tensors: int, elements: int, reps: int) -> dict:

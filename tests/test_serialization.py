@@ -241,6 +241,58 @@ def test_zero_width_values():
         with pytest.raises(CorruptDataError, match="array dtype"):
             S.load(_file_with_tree({"$": "ndarray", "s": 0}, [("a", meta, b"")]))
 
+
+def _ref_node(v):
+    """The tree node of a plain value, from docs/format.md's table alone (the reference the
+    writer's fast paths for lists and dicts of plain values are held to)."""
+    if v is None or type(v) in (bool, str):
+        return v
+    if type(v) is int:
+        return v if -(2**63) <= v < 2**63 else {"$": "int", "hex": hex(v)}
+    if type(v) is float:
+        return v if math.isfinite(v) else {"$": "float", "v": repr(v)}
+    if type(v) is list:
+        return [_ref_node(x) for x in v]
+    if type(v) is tuple:
+        return {"$": "tuple", "v": [_ref_node(x) for x in v]}
+    return {"$": "dict", "items": [[_ref_node(k), _ref_node(x)] for k, x in v.items()]}
+
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**64), 2**64),
+                     st.sampled_from([2**63 - 1, -(2**63), 2**63]), st.floats(), st.text(max_size=3))
+_plain_trees = st.recursive(
+    st.lists(_scalars, max_size=6),
+    lambda kids: st.one_of(st.lists(kids | _scalars, max_size=4),
+                           st.tuples(kids, _scalars),
+                           st.dictionaries(st.one_of(st.text(max_size=2), st.integers(-3, 3),
+                                                     st.floats(allow_nan=False)),
+                                           kids | _scalars, max_size=4)),
+    max_leaves=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_plain_trees)
+def test_plain_values_are_written_as_the_format_says(obj):
+    """Lists, tuples and dicts of plain values are written without a node call each (a
+    history of a million losses); the tree is still exactly docs/format.md's, and loads
+    back exactly (bools stay bools, -0.0 and NaN stay, 2**63 takes its hex node)."""
+    f = io.BytesIO()
+    S.save({"v": obj}, f)
+    f.seek(0)
+    with read_container(f) as c:
+        tree_json = S.tree_of(c.meta)
+    assert tree_json == {"$": "dict", "items": [["v", _ref_node(obj)]]}
+    f.seek(0)
+    assert_same({"v": obj}, S.load(f))
+
+
+def test_a_long_history_of_plain_values_round_trips():
+    hist = {"loss": [i * 1e-3 for i in range(200_000)], "step": list(range(200_000)),
+            "tag": ["a"] * 1000, "by_step": {i: float(i) for i in range(1000)},
+            "mixed": [1, 2.5, "x", None, True, float("nan"), 2**70]}
+    out = round_trip(hist)
+    assert_same(hist, out)
+
 def test_deep_nesting_up_to_the_limit():
     deep, key = [], ()
     for i in range(tree.MAX_DEPTH - 1):

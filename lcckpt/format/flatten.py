@@ -88,11 +88,24 @@ def census(obj: Any, limit: int = MAX_DEPTH) -> tuple[int, int]:
             stack.extend((t, depth) for t in composite.plain_parts(v))
         elif isinstance(v, torch.Tensor):
             count, nbytes = count + 1, nbytes + v.numel() * v.element_size()
-        elif depth < limit and isinstance(v, dict):
-            stack.extend((x, depth + 1) for x in v.values())
-        elif depth < limit and isinstance(v, (list, tuple)):
-            stack.extend((x, depth + 1) for x in v)
+        elif depth < limit and isinstance(v, (dict, list, tuple)):
+            xs = v.values() if isinstance(v, dict) else v
+            if not set(map(type, xs)) <= _LEAVES:    # a million losses: one C loop
+                stack.extend((x, depth + 1) for x in xs if type(x) not in _LEAVES)
     return count, nbytes
+
+
+_LEAVES = {int, float, str, bool, type(None), bytes, complex}     # what census() skips
+
+
+def _plain(x) -> bool:
+    """Whether ``x`` is its own node: None, a bool, a str, a finite float or a 64-bit int."""
+    t = type(x)
+    if t is float:
+        return math.isfinite(x)
+    if t is int:
+        return -(2**63) <= x < 2**63
+    return x is None or t is str or t is bool
 
 
 def key_repr(k) -> str:
@@ -175,10 +188,9 @@ class _Saver:
         if t is float:
             return v if math.isfinite(v) else {"$": "float", "v": repr(v)}
         if t is list:
-            return [self.node(x, f"{path}[{i}]", depth + 1) for i, x in enumerate(v)]
+            return self.seq(v, path, depth)
         if t is tuple:
-            items = [self.node(x, f"{path}[{i}]", depth + 1) for i, x in enumerate(v)]
-            return {"$": "tuple", "v": items}
+            return {"$": "tuple", "v": self.seq(v, path, depth)}
         if t is dict:
             return {"$": "dict", "items": self.items(v, path, depth)}
         if t is OrderedDict:
@@ -225,9 +237,27 @@ class _Saver:
             self.refuse(v, path, f"It is a subclass of {name}: convert with {name}(x).")
         self.refuse(v, path)
 
+    def seq(self, v, path: str, depth: int) -> list:
+        """A list's or tuple's element nodes. Plain values are their own nodes, taken
+        without building a key path each (a history of a million losses)."""
+        if depth >= MAX_DEPTH:                 # node() says what is nested too deeply
+            return [self.node(x, f"{path}[{i}]", depth + 1) for i, x in enumerate(v)]
+        types = set(map(type, v))              # one type throughout: checked in C loops
+        if len(types) == 1:
+            t = types.pop()
+            if t is str or (t is float and all(map(math.isfinite, v))) \
+                    or (t is int and -(2**63) <= min(v) and max(v) < 2**63):
+                return list(v)
+        return [x if _plain(x) else self.node(x, f"{path}[{i}]", depth + 1)
+                for i, x in enumerate(v)]
+
     def items(self, d: dict, path: str, depth: int) -> list:
         out = []
+        fast = depth < MAX_DEPTH
         for k, v in d.items():
+            if fast and _plain(k) and _plain(v):          # their own nodes, as in seq()
+                out.append([k, v])
+                continue
             sub = f"{path}[{key_repr(k)}]"
             out.append([self.key(k, sub, depth + 1), self.node(v, sub, depth + 1)])
         return out

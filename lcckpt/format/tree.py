@@ -123,6 +123,9 @@ def _is_uint(v) -> bool:
     return type(v) is int and v >= 0
 
 
+_PLAIN = (bool, int, float, str)     # JSON values that are their own nodes (and None)
+
+
 def _lookup(table: dict, code):
     return table.get(code) if type(code) is str else None
 
@@ -222,7 +225,7 @@ class _Loader(CompositeLoader):
         if j is None or t in (bool, int, float, str):
             return j
         if t is list:
-            return [self.node(x, f"{path}[{i}]", depth + 1) for i, x in enumerate(j)]
+            return self.seq(j, path, depth)
         if t is not dict or type(j.get("$")) is not str or j["$"] not in self.HANDLERS:
             _bad(path, f"unknown node {reprlib.repr(j)}")
         return getattr(self, self.HANDLERS[j["$"]])(j, path, depth)
@@ -245,7 +248,14 @@ class _Loader(CompositeLoader):
         _fields(j, path, ("v",))
         if type(j["v"]) is not list:
             _bad(path, "tuple node needs a list")
-        return tuple(self.node(x, f"{path}[{i}]", depth + 1) for i, x in enumerate(j["v"]))
+        return tuple(self.seq(j["v"], path, depth))
+
+    def seq(self, j: list, path, depth) -> list:
+        """A JSON list's values; plain values are taken as they are, without a key path."""
+        if depth >= MAX_DEPTH:                  # node() says what is nested too deeply
+            return [self.node(x, f"{path}[{i}]", depth + 1) for i, x in enumerate(j)]
+        return [x if x is None or type(x) in _PLAIN else self.node(x, f"{path}[{i}]", depth + 1)
+                for i, x in enumerate(j)]
 
     def key(self, j, path, depth):
         if depth > MAX_DEPTH:
@@ -286,14 +296,20 @@ class _Loader(CompositeLoader):
         if type(items) is not list:
             _bad(path, "dict node needs a list of items")
         out = OrderedDict() if ordered else Counter() if j["$"] == "counter" else {}
+        fast = depth < MAX_DEPTH
         for item in items:
             if type(item) is not list or len(item) != 2:
                 _bad(path, "dict item is not a [key, value] pair")
-            k = self.key(item[0], path, depth + 1)
+            k, v = item
+            if fast and (k is None or type(k) in _PLAIN) and (v is None or type(v) in _PLAIN) \
+                    and k not in out:
+                out[k] = v                      # no key path to build (as seq())
+                continue
+            k = self.key(k, path, depth + 1)
             sub = f"{path}[{key_repr(k)}]"
             if k in out:
                 _bad(sub, "duplicate key")
-            out[k] = self.node(item[1], sub, depth + 1)
+            out[k] = self.node(v, sub, depth + 1)
         if "metadata" in j:
             out._metadata = self.node(j["metadata"], f"{path}._metadata", depth + 1)
         return out
