@@ -158,7 +158,7 @@ def test_a_key_path_converts_one_part_of_a_training_checkpoint(tmp_path, capsys)
     capsys.readouterr()
     for bad, where in (("optimizer.nope", "at optimizer it holds 'state', 'param_groups'"),
                        ("model.2.weight.x", "at model.2.weight it holds a Tensor"),
-                       ("epoch.1", "at epoch it holds a int")):
+                       ("epoch.1", "at epoch it holds an int")):
         with pytest.raises(InvalidArgumentError, match=where):
             convert(src, tmp_path / "x.pt", key=bad)
     assert main(["convert", str(src), str(tmp_path / "x.pt"), "--key", "nope"]) == 1

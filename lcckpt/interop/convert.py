@@ -137,6 +137,11 @@ def read_checkpoint(path: str | os.PathLike, *, step: int | None = None,
     return obj, meta, fmt
 
 
+def _a(name: str) -> str:
+    """``name`` with its indefinite article: "an int", "a Tensor"."""
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
 def _flat_tensors(obj, path: str) -> dict[str, torch.Tensor]:
     if not isinstance(obj, Mapping):
         raise InvalidArgumentError(
@@ -147,7 +152,7 @@ def _flat_tensors(obj, path: str) -> dict[str, torch.Tensor]:
             raise InvalidArgumentError(f"safetensors stores data, but {path}[{k!r}] is a meta "
                                        "tensor (no data); convert to .lcc or .pt instead")
         if not isinstance(k, str) or not isinstance(v, torch.Tensor):
-            what = f"a {type(v).__name__}" if isinstance(k, str) else f"a key of type {type(k).__name__}"
+            what = _a(type(v).__name__) if isinstance(k, str) else f"a key of type {type(k).__name__}"
             key = "model" if isinstance(obj.get("model"), Mapping) else "KEY"
             raise InvalidArgumentError(
                 f"safetensors stores only named tensors, but {path}[{k!r}] holds {what}; "
@@ -242,7 +247,7 @@ def select(obj, key: str, source: str):
         n = next((n for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in names), 0)
         if not n:
             held = ", ".join(repr(k) for k in list(names)[:20]) if names else \
-                f"a {type(obj).__name__}, no keys"
+                f"{_a(type(obj).__name__)}, no keys"
             raise InvalidArgumentError(f"{source} has no key {key!r}: at "
                                        f"{'.'.join(at) or 'the top'} it holds {held}")
         name = ".".join(parts[:n])
