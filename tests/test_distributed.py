@@ -21,8 +21,8 @@ from lcckpt.distributed.planner import chunk_nbytes
 from lcckpt.distributed.storage import CompressedReader
 from lcckpt.distributed.targets import MIN_ELEMENTS
 from lcckpt.errors import (
-    CorruptDataError, DistributedCheckpointError, InvalidArgumentError, LcckptError,
-    StateChangedError, UnsafeObjectError,
+    ChecksumError, CorruptDataError, DistributedCheckpointError, InvalidArgumentError,
+    LcckptError, StateChangedError, UnsafeObjectError,
 )
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -619,6 +619,20 @@ def test_values_are_stored_without_pickle(tmp_path):
         out = {"obj": None, "n": None}
         ld.load(out, tmp_path / "r")
     assert out == {"obj": _Registered(3), "n": 1}
+
+
+def test_a_damaged_value_is_reported_by_its_name(tmp_path):
+    import numpy as np
+    ld.save({"w": torch.randn(10), "v": {"labels": np.array(["a", "b"]), "lr": 0.1}},
+            tmp_path / "c")
+    info = next(i for x, i in CompressedReader(tmp_path / "c").read_metadata()
+                .storage_data.items() if x.fqn == "v.labels")
+    path = tmp_path / "c" / info.relative_path
+    data = bytearray(path.read_bytes())
+    data[info.offset + info.length - 3] ^= 0x40          # in the array's bytes
+    path.write_bytes(bytes(data))
+    with pytest.raises(ChecksumError, match="value 'v.labels'"):
+        ld.load({"w": torch.zeros(10), "v": {"labels": None, "lr": None}}, tmp_path / "c")
 
 
 def test_values_written_as_torch_save_bytes_still_load(tmp_path):

@@ -33,8 +33,9 @@ from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata
 from torch.distributed.checkpoint.planner import (ReadItem, SavePlan, TensorWriteData,
                                                   WriteItem, WriteItemType)
 
-from ..errors import InvalidArgumentError, UnsafeObjectError, UnsupportedDtypeError
+from ..errors import InvalidArgumentError, LcckptError, UnsafeObjectError, UnsupportedDtypeError
 from ..format import serialization
+from ..format.container import at_path
 from .partition import ITEM_OVERHEAD, MIN_SPLIT_BYTES, Assignment, History, Item, Piece, partition
 
 
@@ -223,7 +224,10 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         if isinstance(value, TreeBytes):
-            obj = serialization.load(value)
+            try:
+                obj = serialization.load(value)
+            except LcckptError as e:             # named by the value, not the file's "obj"
+                raise at_path(e, f"value {read_item.dest_index.fqn!r}") from None
         else:
             try:
                 obj = torch.load(value, weights_only=True)
