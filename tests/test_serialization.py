@@ -229,6 +229,48 @@ def test_a_file_cannot_name_a_dtype_outside_the_allowed_forms(code):
         S.load(_file_with_tree({"$": "ndarray", "s": 0}, [("a", meta, b"")]))
 
 
+@pytest.mark.parametrize("mmap", [False, True])
+def test_compress_codes_numeric_arrays(tmp_path, mmap):
+    """``compress=True`` codes numpy arrays of the numeric dtypes as it codes tensors
+    (tree version 6); strings, dates, tiny and empty arrays stay raw; without it arrays are
+    stored as before."""
+    rng = np.random.default_rng(0)
+    obs = (rng.standard_normal((4000, 16)) * 0.1).astype(np.float32)
+    ro = obs[:500].copy()
+    ro.flags.writeable = False
+    arrays = {"obs": obs, "f16": obs.astype(np.float16), "f64": obs.astype(np.float64),
+              "act": rng.integers(0, 4, 20000), "done": rng.random(20000) < 0.01,
+              "c": (obs[:300] + 1j).astype(np.complex64), "u16": rng.integers(0, 99, 5000).astype(np.uint16),
+              "strided": obs[:, ::2], "ro": ro, "tiny": np.arange(3.0),
+              "empty": np.zeros((0, 4), np.float32), "labels": np.array(["a", "b"]),
+              "zeros": np.zeros((300, 300), np.float32)}
+    path = tmp_path / "a.lcc"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")            # no read-only array warning from torch
+        S.save(arrays, path, compress=True)
+    assert_same(arrays, S.load(path, mmap=mmap))
+    with read_container(str(path)) as c:
+        codecs = {e["name"].split('"')[1]: e["meta"]["codec"] for e in c.sections}
+        assert c.meta["lcckpt_tree"] == 6
+    assert {k for k, v in codecs.items() if v == "lossless"} == \
+        {"obs", "f16", "f64", "act", "done", "c", "u16", "strided", "ro"}, codecs
+    assert codecs["zeros"] == "zeros" and codecs["tiny"] == codecs["labels"] == "raw"
+    from lcckpt.format.verify import verify_file
+    assert verify_file(path)["ok"]
+    plain = tmp_path / "p.lcc"
+    numeric = {k: v for k, v in arrays.items() if k != "labels"}
+    S.save(numeric, plain)
+    assert os.path.getsize(path) < 0.7 * os.path.getsize(plain)
+    with read_container(str(plain)) as c:
+        assert c.meta["lcckpt_tree"] == 1 and {e["meta"]["codec"] for e in c.sections} == {"raw"}
+
+
+@pytest.mark.parametrize("codec", ["delta", "nope"])
+def test_an_array_section_codes_only_as_compress_writes(codec):
+    meta = {"kind": "ndarray", "dtype": "F32", "shape": [1], "nbytes": 4, "codec": codec}
+    with pytest.raises(CorruptDataError, match="array section"):
+        S.load(_file_with_tree({"$": "ndarray", "s": 0}, [("a", meta, b"\0\0\0\0")]))
+
 def test_zero_width_values():
     """np.str_("") is a "<U0" scalar, which no array can hold: numpy makes "<U0" arrays
     "<U1". A file that claims a zero-width array (it would load as uninitialized "<U1"

@@ -34,7 +34,8 @@ def pack_name(dtype_name: str, device: str) -> str:
 
 
 def flatten(obj: Any, encode_leaf: LeafEncoder, pack: PackRule | None = None,
-            encode_pack: LeafEncoder | None = None, ahead: Lookahead | None = None
+            encode_pack: LeafEncoder | None = None, ahead: Lookahead | None = None,
+            encode_array: LeafEncoder | None = None
             ) -> tuple[Any, list[tuple[str, dict, Any]], int]:
     """``obj`` as ``(json_tree, sections, tree_version)``; ``encode_leaf`` codes each
     tensor leaf. ``tree_version`` is the lowest tree version that holds ``obj`` (1 unless
@@ -50,8 +51,11 @@ def flatten(obj: Any, encode_leaf: LeafEncoder, pack: PackRule | None = None,
 
     ``ahead(leaves)``: told, before the first ``encode_leaf`` call, the ``(key_path,
     tensor)`` of the dense host tensors it will code one by one, in that order (each
-    then comes to ``encode_leaf`` as a new view of that tensor)."""
-    saver = _Saver(encode_leaf, pack, encode_pack, ahead)
+    then comes to ``encode_leaf`` as a new view of that tensor).
+
+    ``encode_array``: codes numpy arrays of the numeric dtypes as tensors (tree version 6
+    where it codes one); default: their bytes as they are."""
+    saver = _Saver(encode_leaf, pack, encode_pack, ahead, encode_array)
     tree = saver.node(obj, "obj", 0)
     return tree, saver.sections, saver.finish()
 
@@ -152,8 +156,9 @@ class _Saver:
     """Walks an object tree, returning its JSON tree and collecting data sections."""
 
     def __init__(self, encode_leaf: LeafEncoder, pack: PackRule | None = None,
-                 encode_pack: LeafEncoder | None = None, ahead: Lookahead | None = None):
-        self.encode_leaf, self.ahead = encode_leaf, ahead
+                 encode_pack: LeafEncoder | None = None, ahead: Lookahead | None = None,
+                 encode_array: LeafEncoder | None = None):
+        self.encode_leaf, self.ahead, self.encode_array = encode_leaf, ahead, encode_array
         self.pack, self.encode_pack = pack, encode_pack or encode_leaf
         self.indexed: list[dict] = []  # every node holding a section index ("s")
         self.sections: list[tuple[str, dict, Any]] = []
@@ -468,13 +473,29 @@ class _Saver:
         if dtypes.numpy_spelled(code):
             self.version = max(self.version, 6)
         self.alive.append(v)
-        data = np.ascontiguousarray(v).reshape(-1).view(np.uint8)
-        meta = {"kind": "ndarray", "dtype": code, "shape": list(v.shape), "nbytes": v.nbytes,
-                "codec": "raw"}  # fmt: skip
         node = {"$": "ndarray"}
+        if self.encode_array is not None and v.size and not dtypes.numpy_spelled(code):
+            meta, data = self.coded_array(v, path)
+        else:
+            data = np.ascontiguousarray(v).reshape(-1).view(np.uint8)
+            meta = {"kind": "ndarray", "dtype": code, "shape": list(v.shape),
+                    "nbytes": v.nbytes, "codec": "raw"}
         node["s"] = self.add_section(path, meta, data, node=node)
         self.by_id[id(v)] = node
         return node
+
+    def coded_array(self, v: np.ndarray, path: str) -> tuple[dict, Any]:
+        """A numeric array's section as ``encode_array`` codes it as a tensor (raw where
+        coding does not pay)."""
+        a = np.ascontiguousarray(v)
+        if not a.flags.writeable:            # torch.from_numpy warns about read-only arrays
+            a = a.copy()
+        meta, data = self.encode_tensor(torch.from_numpy(a), path, encode=self.encode_array)
+        del meta["device"]
+        meta["kind"] = "ndarray"
+        if meta["codec"] != "raw":
+            self.version = max(self.version, 6)
+        return meta, data
 
     def bytes(self, v: bytes | bytearray, path: str):
         node = self.by_id.get(id(v))

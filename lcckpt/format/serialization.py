@@ -52,8 +52,8 @@ def save(obj: Any, f: str | os.PathLike | BinaryIO, *, codec: str | Callable = "
     ``codec``: a section codec for every tensor it handles ("raw", "lossless", or one
     registered with :func:`register_section_codec`), or a function ``(key_path, tensor) -> codec
     name`` choosing per tensor. ``compress=True`` is shorthand for ``codec="lossless"``
-    (bit-exact byte-plane coding of every tensor; one whose blob would not be smaller
-    than its bytes, such as a small tensor, is stored raw). ``metadata``: string pairs stored in
+    (bit-exact byte-plane coding of every tensor, and of every numeric numpy array; one
+    whose blob would not be smaller than its bytes, such as a small tensor, is stored raw). ``metadata``: string pairs stored in
     the header, readable with :func:`read_metadata` without decoding anything (as
     safetensors' ``__metadata__``). Saved to a path, an object of 64 MiB of tensors or
     more goes to the file one tensor at a time, as each is coded or copied off its device,
@@ -74,11 +74,14 @@ def save(obj: Any, f: str | os.PathLike | BinaryIO, *, codec: str | Callable = "
     if to_path and nbytes >= _stream.STREAM_ABOVE:    # written as it is coded
         def write(out) -> None:    # each tensor's section to the file once coded (or copied
             stream = _stream.SectionStream(out, _stream.first_room(count))   # off a device)
-            meta, sections = pack(obj, encode_leaf=stream.wrap(encode_leaf))
+            coder = stream.wrap(encode_leaf)
+            meta, sections = pack(obj, encode_leaf=coder,
+                                  encode_array=coder if codec == "lossless" else None)
             stream.finish({**meta, **extra}, sections, renumber_sections)
         _durable.atomic_write(f, write)
         return
-    meta, sections = pack(obj, encode_leaf=encode_leaf)
+    meta, sections = pack(obj, encode_leaf=encode_leaf,
+                          encode_array=encode_leaf if codec == "lossless" else None)
     write_container(f, sections, {**meta, **extra})
 
 
@@ -107,17 +110,19 @@ def _check_metadata(value, what: str) -> dict[str, str]:
 def pack(obj: Any, *, encode_leaf: _tree.LeafEncoder | None = None,
          pack_small: _tree.PackRule | None = None,
          encode_pack: _tree.LeafEncoder | None = None,
-         ahead: _tree.Lookahead | None = None) -> tuple[dict, list[tuple[str, dict, Any]]]:
+         ahead: _tree.Lookahead | None = None, encode_array: _tree.LeafEncoder | None = None
+         ) -> tuple[dict, list[tuple[str, dict, Any]]]:
     """``obj`` as ``(meta, sections)`` for :func:`write_container` (what ``save`` writes).
 
     ``encode_leaf(key_path, tensor) -> sections.Encoded`` codes each tensor (default:
     raw). ``pack_small(key_path, tensor)``: tensors stored together, one section per
     dtype and device, coded by ``encode_pack``; ``ahead``: told the tensors
-    ``encode_leaf`` will be asked for (see :func:`lcckpt.format.tree.flatten`).
+    ``encode_leaf`` will be asked for; ``encode_array``: codes numeric numpy arrays (see
+    :func:`lcckpt.format.tree.flatten`).
     Callers may add their own keys to ``meta`` before writing; ``load`` ignores them.
     """
     tree, sections, version = _tree.flatten(obj, encode_leaf or _sections.leaf_encoder("raw"),
-                                            pack_small, encode_pack, ahead)
+                                            pack_small, encode_pack, ahead, encode_array)
     return {"lcckpt_tree": version, "tree": tree}, sections
 
 

@@ -456,12 +456,14 @@ class _Loader(CompositeLoader):
                 _bad(path, f"unknown array dtype {meta.get('dtype')!r:.40}")
             shape = _shape(meta, path)
             nbytes = math.prod(shape) * dtype.itemsize
+            spelled = dtypes.numpy_spelled(meta["dtype"])
+            if meta.get("codec") in ("lossless", "zeros") and not spelled:   # compress=True:
+                self.sections[s] = self.decode_tensor(s, meta, path).numpy()  # as a tensor
+                return self.sections[s]
             length = self.c.sections[s]["length"]
             if meta.get("nbytes") != nbytes or length != nbytes or meta.get("codec") != "raw":
                 _bad(path, "array section size or codec does not match its dtype and shape")
-            if not dtypes.numpy_spelled(meta["dtype"]):
-                dtype = dtype.newbyteorder("=")
-            arr = np.empty(shape, dtype=dtype)
+            arr = np.empty(shape, dtype=dtype if spelled else dtype.newbyteorder("="))
             self.c.read_into(s, arr.reshape(-1).view(np.uint8) if nbytes else bytearray())
             self.sections[s] = arr
         return self.sections[s]

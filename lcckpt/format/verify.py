@@ -63,7 +63,8 @@ def verify_file(path: str | os.PathLike) -> dict:
                 if meta.get("codec") == ZEROS and s["length"]:
                     raise CorruptDataError(f"section {s['name']!r} holds {s['length']} bytes, "
                                            "a 'zeros' section none")
-                if meta.get("kind") != "tensor" or meta.get("codec") not in BLOB_CODECS:
+                if meta.get("kind") not in ("tensor", "ndarray") \
+                        or meta.get("codec") not in BLOB_CODECS:
                     continue
                 _, p = _blob.parse(c.data(i), check_payload=True)
                 if list(p.shape) != meta.get("shape"):
