@@ -1,0 +1,64 @@
+"""Numpy arrays and scalars in torch.save files, read without running code from them.
+
+torch's weights-only unpickler refuses numpy values, which training scripts pickled
+freely (``best_acc: np.float64``, a buffer of observations as an array). Reading them takes
+three numpy callables and the dtypes' own state. :data:`GLOBALS` allows guarded stand-ins
+for the callables, under their pickled names (numpy 2's ``numpy._core`` and numpy 1's
+``numpy.core``), and the dtype classes, so that their state may be set:
+
+- a dtype is made only if it holds no Python objects, and no structured dtype's state
+  can be set (its class is not allowed);
+- an array starts empty, of no subclass; its shape, dtype and bytes come from its state,
+  which numpy checks against each other, so nothing larger than the file is allocated
+  (``numpy.ndarray`` itself is not callable from the file);
+- a scalar is made from its dtype and exactly that dtype's number of bytes;
+- ``bytes()`` (an empty array's data) is called with no argument only.
+"""
+
+from __future__ import annotations
+
+from pickle import UnpicklingError
+
+import numpy as np
+from numpy._core import multiarray as _multiarray
+
+
+def _dtype(spec, align=False, copy=False) -> np.dtype:
+    dt = np.dtype(spec, align, copy)
+    if dt.hasobject:
+        raise UnpicklingError("a numpy dtype of Python objects needs full unpickling")
+    return dt
+
+
+class _NdarrayName:
+    """What the file's ``numpy.ndarray`` stands for: a name to pass to
+    :func:`_reconstruct`, not a class to call."""
+
+
+def _reconstruct(subtype, shape, dtype) -> np.ndarray:
+    if subtype is not _NdarrayName:
+        raise UnpicklingError(f"numpy array of type {subtype!r} needs full unpickling")
+    return np.ndarray((0,), np.uint8)      # its state sets shape, dtype and bytes
+
+
+def _empty_bytes(*args) -> bytes:
+    """``bytes()``, which an empty array's pickle calls for its data; never ``bytes(n)``."""
+    if args:
+        raise UnpicklingError("bytes(...) with arguments needs full unpickling")
+    return b""
+
+
+def _scalar(dtype, data=None):
+    if type(dtype) not in _DTYPE_TYPES or type(data) is not bytes \
+            or len(data) != dtype.itemsize:
+        raise UnpicklingError("invalid numpy scalar in the pickle")
+    return _multiarray.scalar(dtype, data)
+
+
+_DTYPE_TYPES = {type(np.dtype(c)) for c in "?bBhHiIlLqQefdgFDGSUMm"}
+GLOBALS = [(_dtype, "numpy.dtype"), (_NdarrayName, "numpy.ndarray"),
+           (np.ndarray, "lcckpt.format.torchnumpy.ndarray"),      # may be built (setstate)
+           (_empty_bytes, "builtins.bytes"), (_empty_bytes, "__builtin__.bytes")]
+GLOBALS += [(f, f"{module}.{name}") for module in ("numpy._core.multiarray", "numpy.core.multiarray")
+            for f, name in ((_reconstruct, "_reconstruct"), (_scalar, "scalar"))]
+GLOBALS += [(t, f"lcckpt.format.torchnumpy.{t.__name__}") for t in _DTYPE_TYPES]

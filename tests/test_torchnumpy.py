@@ -1,0 +1,69 @@
+"""Numpy values in torch.save files: read by lcckpt.load without running code from them."""
+
+import numpy as np
+import pytest
+import torch
+from numpy._core import multiarray
+
+import lcckpt
+from lcckpt.errors import CorruptDataError, UnsafeObjectError
+
+
+def _values():
+    return {"arr": np.arange(6.0).reshape(2, 3), "i": np.int64(3), "f": np.float64(0.5),
+            "b": np.bool_(True), "s": np.str_("xy"), "u8": np.zeros(3, np.uint8),
+            "f16": np.float16(2), "c": np.array([1 + 2j]), "labels": np.array(["ab", "c"]),
+            "day": np.datetime64("2020-01-01"), "strided": np.arange(12.0).reshape(3, 4)[:, ::2],
+            "fortran": np.asfortranarray(np.arange(6.0).reshape(2, 3)), "empty": np.zeros((0, 2)),
+            "w": torch.randn(3), "epoch": 3}
+
+
+def test_numpy_values_in_a_torch_file_load_and_resave(tmp_path):
+    """What torch.load(weights_only=True) refuses (numpy arrays and scalars, as training
+    scripts pickled them) loads, equal to a full unpickling, and saves as lcckpt; torch's
+    own weights-only load outside lcckpt is left as it was."""
+    torch.save(_values(), tmp_path / "a.pt")
+    got = lcckpt.load(tmp_path / "a.pt")
+    want = torch.load(tmp_path / "a.pt", weights_only=False)
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert type(got[k]) is type(v), k
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(got[k], v)
+        elif isinstance(v, np.ndarray):
+            assert got[k].dtype == v.dtype and np.array_equal(got[k], v), k
+        else:
+            assert got[k] == v and getattr(got[k], "dtype", None) == getattr(v, "dtype", None), k
+    lcckpt.save(got, tmp_path / "a.lcc", compress=True)
+    assert np.array_equal(lcckpt.load(tmp_path / "a.lcc")["arr"], want["arr"])
+    with pytest.raises(Exception, match="numpy"):
+        torch.load(tmp_path / "a.pt", weights_only=True)
+
+
+class _Reduce:
+    """Pickles as ``fn(*args)`` (then ``state`` set on the result): what a hostile file holds."""
+
+    def __init__(self, fn, args, state=None):
+        self.fn, self.args, self.state = fn, args, state
+
+    def __reduce__(self):
+        return (self.fn, self.args) if self.state is None else (self.fn, self.args, self.state)
+
+
+@pytest.mark.parametrize("bad", [
+    np.array([1, "a"], dtype=object),                       # Python objects
+    np.zeros(2, "f4,i4"),                                   # a structured dtype's state
+    np.ma.array([1, 2]),                                    # a subclass
+    _Reduce(np.ndarray, ((10**12,),)),                      # allocate by calling the class
+    _Reduce(bytes, (10**12,)),                              # bytes(n): n zero bytes
+    _Reduce(np.dtype, ("O",)),
+    _Reduce(multiarray.scalar, (np.dtype("S100000000"),)),  # a scalar of no bytes
+    _Reduce(multiarray.scalar, (np.dtype("f8"), b"\0")),    # the wrong number of bytes
+    _Reduce(multiarray._reconstruct, (np.ndarray, (0,), b"b"),
+            (1, (10**9,), np.dtype("f8"), False, b"")),      # a shape its bytes do not fill
+], ids=["object", "structured", "subclass", "ndarray-call", "bytes-n", "object-dtype",
+        "scalar-empty", "scalar-short", "state-short"])
+def test_hostile_numpy_pickles_are_refused(tmp_path, bad):
+    torch.save({"x": bad}, tmp_path / "h.pt")
+    with pytest.raises((UnsafeObjectError, CorruptDataError)):
+        lcckpt.load(tmp_path / "h.pt")
