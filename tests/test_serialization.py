@@ -169,8 +169,8 @@ def test_nested_values_round_trip():
 
 
 
-_SPELLED = [np.array(["cat", "dög", "", "🎉"]), np.array([b"a\x00b", b""]), np.zeros((2, 3), "U1"),
-            np.zeros(4, "S2"), np.array([], "U5"), np.array(["x"], ">U1"),
+_SPELLED = [np.array(["cat", "dög", "", "🎉"]), np.array([b"a\x00b", b""]),
+            np.zeros((2, 3), "U1"), np.zeros(4, "S2"), np.array([], "U5"), np.array(["x"], ">U1"),
             np.array(["2020-01-01T00:00:01.5", "NaT"], "M8[ms]"), np.array([1, -5], "m8[25s]"),
             np.array(["NaT"], "M8"), np.arange(6, dtype=">f4").reshape(2, 3),
             np.arange(3, dtype=">i8"), np.array([1 + 2j], ">c16"),
@@ -240,7 +240,8 @@ def test_compress_codes_numeric_arrays(tmp_path, mmap):
     ro.flags.writeable = False
     arrays = {"obs": obs, "f16": obs.astype(np.float16), "f64": obs.astype(np.float64),
               "act": rng.integers(0, 4, 20000), "done": rng.random(20000) < 0.01,
-              "c": (obs[:300] + 1j).astype(np.complex64), "u16": rng.integers(0, 99, 5000).astype(np.uint16),
+              "c": (obs[:300] + 1j).astype(np.complex64),
+              "u16": rng.integers(0, 99, 5000).astype(np.uint16),
               "strided": obs[:, ::2], "ro": ro, "tiny": np.arange(3.0),
               "empty": np.zeros((0, 4), np.float32), "labels": np.array(["a", "b"]),
               "zeros": np.zeros((300, 300), np.float32)}
@@ -270,6 +271,27 @@ def test_an_array_section_codes_only_as_compress_writes(codec):
     meta = {"kind": "ndarray", "dtype": "F32", "shape": [1], "nbytes": 4, "codec": codec}
     with pytest.raises(CorruptDataError, match="array section"):
         S.load(_file_with_tree({"$": "ndarray", "s": 0}, [("a", meta, b"\0\0\0\0")]))
+
+def test_a_runs_args_namespace_round_trips(tmp_path):
+    """argparse.Namespace (a run's args, which checkpoints often carry) is stored by its
+    attributes (tree version 6) and loads as a Namespace."""
+    import argparse
+    ns = argparse.Namespace(lr=0.1, arch="resnet", layers=[1, 2], w=torch.ones(2),
+                            inner=argparse.Namespace(a=1), **{"odd key": None})
+    S.save({"args": ns}, tmp_path / "a.lcc")
+    out = S.load(tmp_path / "a.lcc")["args"]
+    assert type(out) is argparse.Namespace and type(out.inner) is argparse.Namespace
+    assert_same(vars(ns), vars(out))
+    assert lcckpt.open(tmp_path / "a.lcc").metadata()["lcckpt_tree"] == 6
+
+
+@pytest.mark.parametrize("node", [
+    {"$": "namespace"}, {"$": "namespace", "items": 3}, {"$": "namespace", "items": [[1, 2]]},
+    {"$": "namespace", "items": [["a", 1]], "extra": 1},
+])
+def test_hostile_namespaces_are_corrupt_data(node):
+    with pytest.raises(CorruptDataError):
+        S.load(_file_with_tree(node))
 
 def test_zero_width_values():
     """np.str_("") is a "<U0" scalar, which no array can hold: numpy makes "<U0" arrays

@@ -3,6 +3,7 @@ tree and one data section per tensor, array or bytes leaf (loading: tree.py)."""
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import math
@@ -123,7 +124,7 @@ def key_repr(k) -> str:
 _SUPPORTED = (
     "dict, OrderedDict, Counter, list, tuple, set, frozenset, torch.Tensor, numpy.ndarray, "
     "numpy scalars, int, float, complex, str, bytes, bytearray, bool, None, torch.dtype, "
-    "torch.Size, torch.device; sparse, nested and quantized tensors"
+    "torch.Size, torch.device, argparse.Namespace; sparse, nested and quantized tensors"
 )
 
 
@@ -227,6 +228,9 @@ class _Saver:
             if v not in DTYPE_CODES:
                 raise UnsupportedDtypeError(f"cannot save {path}: dtype {v} is not supported")
             return {"$": "dtype", "v": DTYPE_CODES[v]}
+        if t is argparse.Namespace:                # a run's args: its attributes, by name
+            self.version = max(self.version, 6)
+            return {"$": "namespace", "items": self.items(vars(v), path, depth)}
         if t is torch.Size:
             return {"$": "size", "v": list(v)}
         if t is torch.device:

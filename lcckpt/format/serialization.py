@@ -26,7 +26,7 @@ from . import sections as _sections
 from . import sharded as _sharded
 from . import stream as _stream
 from . import tree as _tree
-from . import torchnumpy as _torchnumpy
+from . import torchglobals as _torchglobals
 from .container import MAGIC, Container, at_path, open_file, read_container, write_container
 from .flatten import census, renumber_sections, tensor_paths
 from .into import Into
@@ -352,7 +352,7 @@ def _torch_load(f, map_location, weights_only, mmap, pickle_load_args):
             "code from a file; weights_only=False is refused. If you trust the file, call "
             "torch.load(f, weights_only=False) yourself, then re-save it with lcckpt.save.")
     try:
-        with torch.serialization.safe_globals(_torchnumpy.GLOBALS):   # numpy values
+        with torch.serialization.safe_globals(_torchglobals.GLOBALS):   # numpy values
             return torch.load(f, map_location=map_location, weights_only=True, mmap=mmap,
                               **pickle_load_args)
     except pickle.UnpicklingError as e:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from ..codec import dtypes
-from .composite import QUANTIZED_BY_NAME, CompositeLoader
+from .composite import CompositeLoader
 from .container import Container
 from ..errors import (
     CorruptDataError, InvalidArgumentError, LcckptError,
@@ -40,6 +40,7 @@ from .flatten import (
     MAX_DEPTH, LeafEncoder, Lookahead, PackRule, _dense_strides, key_repr, flatten,
     pack_name,
 )   # the save half (flatten.py), one tree API for both halves
+from .values import DEVICE_RE, ValueLoader
 
 __all__ = ["MAX_DEPTH", "LeafDecoder", "LeafEncoder", "Lookahead", "PackRule", "flatten",
            "leaves", "load_leaf", "pack_name", "unflatten", "view_of"]
@@ -135,7 +136,6 @@ MAX_ELEMENTS = 1 << 48     # per dimension and per tensor: far beyond any real o
                            # small enough that no size computed from a shape overflows
 DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")   # where a file's own device strings may put
                                                # tensors; others need map_location
-_DEVICE_RE = re.compile(r"[a-z][a-z0-9_]{0,31}(?::[0-9]{1,6})?")
 
 
 def _shape(meta: dict, path: str) -> list[int]:
@@ -180,7 +180,7 @@ def _as_view(base: torch.Tensor, view: tuple, path: str) -> torch.Tensor:
 def _saved_device(meta: dict, path: str) -> str:
     """The device string a section was saved from, well formed (not yet allowed)."""
     loc = meta.get("device", "cpu")
-    if type(loc) is not str or not _DEVICE_RE.fullmatch(loc):
+    if type(loc) is not str or not DEVICE_RE.fullmatch(loc):
         _bad(path, f"device {loc!r:.40} is not a device string such as 'cpu' or 'cuda:0'")
     return loc
 
@@ -195,7 +195,7 @@ def _check_file_device(loc: str, path: str) -> None:
             f"(only {', '.join(DEVICE_TYPES)}); pass map_location='cpu', or a dict such as "
             f"{{{loc!r}: 'cpu'}}")
 
-class _Loader(CompositeLoader):
+class _Loader(CompositeLoader, ValueLoader):
     """Walks a JSON tree, validating every node before building its value."""
 
     bad, fields = staticmethod(_bad), staticmethod(_fields)    # for CompositeLoader
@@ -214,6 +214,7 @@ class _Loader(CompositeLoader):
         "int": "int_", "float": "float_", "tuple": "tuple_", "dict": "dict_", "odict": "dict_",
         "counter": "dict_", "tensor": "tensor", "ndarray": "ndarray", "bytes": "bytes_",
         "npscalar": "npscalar", "dtype": "dtype", "size": "size", "device": "device",
+        "namespace": "namespace",
         "set": "set_", "complex": "complex_", "sparse": "sparse", "nested": "nested",
         "quantized": "quantized", "qscheme": "qscheme", "meta": "meta",
     }  # fmt: skip
@@ -477,41 +478,3 @@ class _Loader(CompositeLoader):
         if (s, mutable) not in self.sections:    # a bytearray met twice is one object
             self.sections[(s, mutable)] = (bytearray if mutable else bytes)(self.c.data(s))
         return self.sections[(s, mutable)]
-
-    def npscalar(self, j, path, depth):
-        _fields(j, path, ("dtype", "hex"))
-        dtype = dtypes.numpy_dtype(j["dtype"])
-        h = j["hex"]
-        if dtype is None or type(h) is not str or not re.fullmatch(r"(?:[0-9a-f]{2})*", h):
-            _bad(path, "invalid numpy scalar")
-        if len(h) != 2 * dtype.itemsize:
-            _bad(path, "numpy scalar has the wrong size")
-        if dtype.itemsize == 0:            # np.str_(""), np.bytes_(b""): no array holds them
-            return dtype.type()
-        return np.frombuffer(bytes.fromhex(h), dtype)[0]
-
-    def dtype(self, j, path, depth):
-        _fields(j, path, ("v",))
-        dtype = _lookup(dtypes.NAME_TORCH, j["v"]) or _lookup(QUANTIZED_BY_NAME, j["v"])
-        if dtype is None:
-            _bad(path, f"unknown dtype {j['v']!r:.40}")
-        return dtype
-
-    def size(self, j, path, depth):
-        _fields(j, path, ("v",))
-        if type(j["v"]) is not list or len(j["v"]) > 64 or \
-                not all(type(n) is int and -(2**63) <= n < 2**63 for n in j["v"]):
-            _bad(path, "torch.Size needs a list of at most 64 64-bit ints")
-        try:
-            return torch.Size(j["v"])
-        except (ValueError, OverflowError, RuntimeError) as e:
-            _bad(path, f"invalid torch.Size: {e}")
-
-    def device(self, j, path, depth):
-        _fields(j, path, ("v",))
-        try:
-            if type(j["v"]) is not str or not _DEVICE_RE.fullmatch(j["v"]):
-                raise TypeError("not a device string such as 'cpu' or 'cuda:0'")
-            return torch.device(j["v"])
-        except (RuntimeError, TypeError, ValueError) as e:
-            _bad(path, f"invalid device: {e}")

@@ -1,10 +1,12 @@
-"""Numpy arrays and scalars in torch.save files, read without running code from them.
+"""What lcckpt lets torch's weights-only unpickler read beyond torch's own allowlist:
+numpy arrays and scalars, and ``argparse.Namespace``, without running code from the file.
 
-torch's weights-only unpickler refuses numpy values, which training scripts pickled
-freely (``best_acc: np.float64``, a buffer of observations as an array). Reading them takes
-three numpy callables and the dtypes' own state. :data:`GLOBALS` allows guarded stand-ins
-for the callables, under their pickled names (numpy 2's ``numpy._core`` and numpy 1's
-``numpy.core``), and the dtype classes, so that their state may be set:
+Training scripts pickled these freely (``best_acc: np.float64``, observations as an
+array, the run's ``args``); torch's weights-only load refuses them. A Namespace is made
+empty and given its attributes, as pickle would. Numpy values take three numpy callables
+and the dtypes' own state: :data:`GLOBALS` allows guarded stand-ins for the callables,
+under their pickled names (numpy 2's ``numpy._core`` and numpy 1's ``numpy.core``), and the
+dtype classes, so that their state may be set:
 
 - a dtype is made only if it holds no Python objects, and no structured dtype's state
   can be set (its class is not allowed);
@@ -17,6 +19,7 @@ for the callables, under their pickled names (numpy 2's ``numpy._core`` and nump
 
 from __future__ import annotations
 
+import argparse
 from pickle import UnpicklingError
 
 import numpy as np
@@ -57,8 +60,10 @@ def _scalar(dtype, data=None):
 
 _DTYPE_TYPES = {type(np.dtype(c)) for c in "?bBhHiIlLqQefdgFDGSUMm"}
 GLOBALS = [(_dtype, "numpy.dtype"), (_NdarrayName, "numpy.ndarray"),
-           (np.ndarray, "lcckpt.format.torchnumpy.ndarray"),      # may be built (setstate)
-           (_empty_bytes, "builtins.bytes"), (_empty_bytes, "__builtin__.bytes")]
-GLOBALS += [(f, f"{module}.{name}") for module in ("numpy._core.multiarray", "numpy.core.multiarray")
+           (np.ndarray, "lcckpt.format.torchglobals.ndarray"),      # may be built (setstate)
+           (_empty_bytes, "builtins.bytes"), (_empty_bytes, "__builtin__.bytes"),
+           (argparse.Namespace, "argparse.Namespace")]
+GLOBALS += [(f, f"{module}.{name}")
+            for module in ("numpy._core.multiarray", "numpy.core.multiarray")
             for f, name in ((_reconstruct, "_reconstruct"), (_scalar, "scalar"))]
-GLOBALS += [(t, f"lcckpt.format.torchnumpy.{t.__name__}") for t in _DTYPE_TYPES]
+GLOBALS += [(t, f"lcckpt.format.torchglobals.{t.__name__}") for t in _DTYPE_TYPES]

@@ -1,4 +1,7 @@
-"""Numpy values in torch.save files: read by lcckpt.load without running code from them."""
+"""Numpy values and argparse namespaces in torch.save files: read by lcckpt.load without
+running code from them."""
+
+import argparse
 
 import numpy as np
 import pytest
@@ -15,13 +18,13 @@ def _values():
             "f16": np.float16(2), "c": np.array([1 + 2j]), "labels": np.array(["ab", "c"]),
             "day": np.datetime64("2020-01-01"), "strided": np.arange(12.0).reshape(3, 4)[:, ::2],
             "fortran": np.asfortranarray(np.arange(6.0).reshape(2, 3)), "empty": np.zeros((0, 2)),
-            "w": torch.randn(3), "epoch": 3}
+            "w": torch.randn(3), "epoch": 3, "args": argparse.Namespace(lr=0.1, layers=[1, 2])}
 
 
 def test_numpy_values_in_a_torch_file_load_and_resave(tmp_path):
-    """What torch.load(weights_only=True) refuses (numpy arrays and scalars, as training
-    scripts pickled them) loads, equal to a full unpickling, and saves as lcckpt; torch's
-    own weights-only load outside lcckpt is left as it was."""
+    """What torch.load(weights_only=True) refuses (numpy arrays and scalars, a run's
+    argparse args, as training scripts pickled them) loads, equal to a full unpickling,
+    and saves as lcckpt; torch's own weights-only load outside lcckpt is left as it was."""
     torch.save(_values(), tmp_path / "a.pt")
     got = lcckpt.load(tmp_path / "a.pt")
     want = torch.load(tmp_path / "a.pt", weights_only=False)
@@ -55,14 +58,15 @@ class _Reduce:
     np.zeros(2, "f4,i4"),                                   # a structured dtype's state
     np.ma.array([1, 2]),                                    # a subclass
     _Reduce(np.ndarray, ((10**12,),)),                      # allocate by calling the class
+    _Reduce(argparse.Namespace, (1,)),                      # positional arguments
     _Reduce(bytes, (10**12,)),                              # bytes(n): n zero bytes
     _Reduce(np.dtype, ("O",)),
     _Reduce(multiarray.scalar, (np.dtype("S100000000"),)),  # a scalar of no bytes
     _Reduce(multiarray.scalar, (np.dtype("f8"), b"\0")),    # the wrong number of bytes
     _Reduce(multiarray._reconstruct, (np.ndarray, (0,), b"b"),
             (1, (10**9,), np.dtype("f8"), False, b"")),      # a shape its bytes do not fill
-], ids=["object", "structured", "subclass", "ndarray-call", "bytes-n", "object-dtype",
-        "scalar-empty", "scalar-short", "state-short"])
+], ids=["object", "structured", "subclass", "ndarray-call", "namespace-args", "bytes-n",
+        "object-dtype", "scalar-empty", "scalar-short", "state-short"])
 def test_hostile_numpy_pickles_are_refused(tmp_path, bad):
     torch.save({"x": bad}, tmp_path / "h.pt")
     with pytest.raises((UnsafeObjectError, CorruptDataError)):
