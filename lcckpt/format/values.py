@@ -21,6 +21,8 @@ def _named(table: dict, code):
 
 
 class ValueLoader:
+    """Handlers of the nodes named in ``_Loader.HANDLERS`` that hold one value each."""
+
     def namespace(self, j, path, depth):
         self.fields(j, path, ("items",))
         attrs = self.dict_({"$": "dict", "items": j["items"]}, path, depth)
