@@ -285,6 +285,47 @@ def test_a_runs_args_namespace_round_trips(tmp_path):
     assert lcckpt.open(tmp_path / "a.lcc").metadata()["lcckpt_tree"] == 6
 
 
+def test_a_defaultdict_of_a_builtin_factory_round_trips(tmp_path):
+    """defaultdict(list) and the like (metric logs) load as defaultdicts of that factory,
+    in order, with tensors and nesting (tree version 6)."""
+    logs = collections.defaultdict(list, loss=[0.5, 0.25], w=[torch.ones(2)])
+    counts = collections.defaultdict(int, {3: 1, "a": 2})
+    plain = collections.defaultdict(None, x=1)
+    out = round_trip({"logs": logs, "counts": counts, "plain": plain,
+                      "nested": collections.defaultdict(dict, a={"b": 1})})
+    for k, v in (("logs", logs), ("counts", counts), ("plain", plain)):
+        assert type(out[k]) is collections.defaultdict and out[k].default_factory is \
+            v.default_factory and list(out[k]) == list(v), k
+        assert_same(dict(v), dict(out[k]))
+    out["logs"]["new"].append(1)                 # the factory works
+    assert out["counts"]["missing"] == 0 and out["nested"]["a"] == {"b": 1}
+    S.save({"d": counts}, tmp_path / "d.lcc")
+    assert lcckpt.open(tmp_path / "d.lcc").metadata()["lcckpt_tree"] == 6
+
+
+def test_a_load_into_reaches_tensors_in_a_defaultdict_and_a_namespace(tmp_path):
+    import argparse
+    S.save({"logs": collections.defaultdict(list, w=[torch.ones(3)]),
+            "args": argparse.Namespace(t=torch.full((2,), 5.0))}, tmp_path / "i.lcc")
+    into = {"logs": collections.defaultdict(list, w=[torch.zeros(3)]),
+            "args": argparse.Namespace(t=torch.zeros(2))}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # no "target left as it was" warning
+        out = S.load(tmp_path / "i.lcc", into=into)
+    assert out["logs"]["w"][0] is into["logs"]["w"][0] and out["args"].t is into["args"].t
+    assert into["logs"]["w"][0].tolist() == [1.0] * 3 and into["args"].t.tolist() == [5.0] * 2
+
+
+@pytest.mark.parametrize("node", [
+    {"$": "defaultdict", "items": [], "factory": "eval"},
+    {"$": "defaultdict", "items": [], "factory": 3},
+    {"$": "defaultdict", "items": [], "metadata": {}},
+])
+def test_hostile_defaultdicts_are_corrupt_data(node):
+    with pytest.raises(CorruptDataError):
+        S.load(_file_with_tree(node))
+
+
 @pytest.mark.parametrize("node", [
     {"$": "namespace"}, {"$": "namespace", "items": 3}, {"$": "namespace", "items": [[1, 2]]},
     {"$": "namespace", "items": [["a", 1]], "extra": 1},
@@ -395,7 +436,7 @@ class MyDict(dict):
         ({1, object()}, "set elements"),
         (lambda: 0, "function"),
         (Point(1, 2), "namedtuple"),
-        (collections.defaultdict(list), "defaultdict"),
+        (collections.defaultdict(lambda: 0), "defaultdict"),
         (MyDict(), "MyDict"),
         (torch.nn.Parameter(torch.eye(2).to_sparse()), "sparse Parameter"),
         (np.array([object()]), "object"),

@@ -16,7 +16,7 @@ import lcckpt
 from lcckpt.chain import checkpointer as C
 from lcckpt.format import stream as S
 from lcckpt.format.container import read_container
-from lcckpt.format.flatten import census
+from lcckpt.format.census import census
 from lcckpt.format.header import FORMAT_VERSION, _inflate_header
 from lcckpt.format.verify import verify_file
 

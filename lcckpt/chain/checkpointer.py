@@ -54,7 +54,7 @@ from ..codec.delta import DeltaEncoder, Reconstruction
 from ..codec.movement import Movement
 from ..errors import ConcurrentWriteError, InvalidArgumentError, LcckptError, StorageError
 from ..format.container import write_container
-from ..format.flatten import census, tensor_paths
+from ..format.census import census, tensor_paths
 from ..format.into import Into
 from ..format import stream as _stream
 from ..util import durable as _durable, paths as _paths

@@ -8,7 +8,7 @@ import functools
 import json
 import math
 import re
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -82,35 +82,14 @@ def renumber_sections(meta: dict, new_index: dict[int, int]) -> None:
             stack.extend(v.values())
 
 
-def census(obj: Any, limit: int = MAX_DEPTH) -> tuple[int, int]:
-    """The number of tensors in ``obj``'s dicts, lists and tuples and their bytes (a
-    tensor met twice counts twice): what a writer sizes its header room and choice by."""
-    count = nbytes = 0
-    stack = [(obj, 0)]
-    while stack:
-        v, depth = stack.pop()
-        if isinstance(v, torch.Tensor) and composite.is_composite(v):
-            stack.extend((t, depth) for t in composite.plain_parts(v))
-        elif isinstance(v, torch.Tensor):
-            count, nbytes = count + 1, nbytes + v.numel() * v.element_size()
-        elif depth < limit and isinstance(v, (dict, list, tuple)):
-            xs = v.values() if isinstance(v, dict) else v
-            if not set(map(type, xs)) <= _LEAVES:    # a million losses: one C loop
-                stack.extend((x, depth + 1) for x in xs if type(x) not in _LEAVES)
-    return count, nbytes
-
-
-_LEAVES = {int, float, str, bool, type(None), bytes, complex}     # what census() skips
+FACTORIES = (list, dict, set, int, float, str, tuple, bool)   # a defaultdict's, by name
 
 
 def _plain(x) -> bool:
     """Whether ``x`` is its own node: None, a bool, a str, a finite float or a 64-bit int."""
     t = type(x)
-    if t is float:
-        return math.isfinite(x)
-    if t is int:
-        return -(2**63) <= x < 2**63
-    return x is None or t is str or t is bool
+    return (math.isfinite(x) if t is float else -(2**63) <= x < 2**63 if t is int
+            else x is None or t is str or t is bool)
 
 
 def key_repr(k) -> str:
@@ -124,23 +103,9 @@ def key_repr(k) -> str:
 _SUPPORTED = (
     "dict, OrderedDict, Counter, list, tuple, set, frozenset, torch.Tensor, numpy.ndarray, "
     "numpy scalars, int, float, complex, str, bytes, bytearray, bool, None, torch.dtype, "
-    "torch.Size, torch.device, argparse.Namespace; sparse, nested and quantized tensors"
+    "torch.Size, torch.device, argparse.Namespace, defaultdict (of a builtin type); sparse, "
+    "nested and quantized tensors"
 )
-
-
-def tensor_paths(obj: Any, path: str = "obj", depth: int = 0) -> dict[str, torch.Tensor]:
-    """Key path -> tensor for the tensors in ``obj``'s dicts, lists and tuples, named as
-    :func:`flatten` names their sections (a load that decodes into them)."""
-    if isinstance(obj, torch.Tensor):
-        return {path: obj}
-    out: dict[str, torch.Tensor] = {}
-    if depth < MAX_DEPTH and type(obj) in (list, tuple):
-        for i, x in enumerate(obj):
-            out.update(tensor_paths(x, f"{path}[{i}]", depth + 1))
-    elif depth < MAX_DEPTH and type(obj) in (dict, OrderedDict, Counter):
-        for k, x in obj.items():
-            out.update(tensor_paths(x, f"{path}[{key_repr(k)}]", depth + 1))
-    return out
 
 
 def _dense_strides(shape) -> tuple:
@@ -238,6 +203,15 @@ class _Saver:
         if t is torch.qscheme and str(v).removeprefix("torch.") in composite.QSCHEMES:
             self.version = max(self.version, 4)
             return {"$": "qscheme", "v": str(v).removeprefix("torch.")}
+        if t is defaultdict:
+            if v.default_factory is not None and v.default_factory not in FACTORIES:
+                self.refuse(v, path, "A defaultdict is stored with a default_factory of "
+                            f"{', '.join(f.__name__ for f in FACTORIES)} or None only.")
+            self.version = max(self.version, 6)
+            node = {"$": "defaultdict", "items": self.items(v, path, depth)}
+            if v.default_factory is not None:
+                node["factory"] = v.default_factory.__name__
+            return node
         if isinstance(v, tuple) and hasattr(v, "_fields"):
             self.refuse(v, path, "Convert the namedtuple with tuple(x) or x._asdict().")
         if isinstance(v, (dict, list, tuple, str, int, float, bytes)):
@@ -489,8 +463,7 @@ class _Saver:
         return node
 
     def coded_array(self, v: np.ndarray, path: str) -> tuple[dict, Any]:
-        """A numeric array's section as ``encode_array`` codes it as a tensor (raw where
-        coding does not pay)."""
+        """A numeric array's section, coded as a tensor by ``encode_array`` (or raw)."""
         a = np.ascontiguousarray(v)
         if not a.flags.writeable:            # torch.from_numpy warns about read-only arrays
             a = a.copy()

@@ -23,7 +23,7 @@ __all__ = ["Into"]
 
 
 class Into:
-    """Key path -> target tensor (``lcckpt.format.flatten.tensor_paths`` of ``into``);
+    """Key path -> target tensor (``lcckpt.format.census.tensor_paths`` of ``into``);
     each target receives one stored tensor, the first whose key path names it."""
 
     def __init__(self, paths: dict):

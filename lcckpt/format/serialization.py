@@ -28,7 +28,8 @@ from . import stream as _stream
 from . import tree as _tree
 from . import torchglobals as _torchglobals
 from .container import MAGIC, Container, at_path, open_file, read_container, write_container
-from .flatten import census, renumber_sections, tensor_paths
+from .census import census, tensor_paths
+from .flatten import renumber_sections
 from .into import Into
 from ..util import durable as _durable
 from ..util.paths import local

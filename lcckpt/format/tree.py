@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import re
 import reprlib
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -37,8 +37,8 @@ from ..errors import (
     CorruptDataError, InvalidArgumentError, LcckptError,
 )
 from .flatten import (
-    MAX_DEPTH, LeafEncoder, Lookahead, PackRule, _dense_strides, key_repr, flatten,
-    pack_name,
+    FACTORIES, MAX_DEPTH, LeafEncoder, Lookahead, PackRule, _dense_strides, key_repr,
+    flatten, pack_name,
 )   # the save half (flatten.py), one tree API for both halves
 from .values import DEVICE_RE, ValueLoader
 
@@ -212,9 +212,9 @@ class _Loader(CompositeLoader, ValueLoader):
     # cycle, and keep every tensor it decoded alive until the garbage collector ran
     HANDLERS = {
         "int": "int_", "float": "float_", "tuple": "tuple_", "dict": "dict_", "odict": "dict_",
-        "counter": "dict_", "tensor": "tensor", "ndarray": "ndarray", "bytes": "bytes_",
-        "npscalar": "npscalar", "dtype": "dtype", "size": "size", "device": "device",
-        "namespace": "namespace",
+        "counter": "dict_", "defaultdict": "dict_", "tensor": "tensor", "ndarray": "ndarray",
+        "bytes": "bytes_", "npscalar": "npscalar", "dtype": "dtype", "size": "size",
+        "device": "device", "namespace": "namespace",
         "set": "set_", "complex": "complex_", "sparse": "sparse", "nested": "nested",
         "quantized": "quantized", "qscheme": "qscheme", "meta": "meta",
     }  # fmt: skip
@@ -291,12 +291,14 @@ class _Loader(CompositeLoader, ValueLoader):
         return complex(*parts)
 
     def dict_(self, j, path, depth):
-        ordered = j["$"] == "odict"
-        _fields(j, path, ("items",), ("metadata",) if ordered else ())
+        ordered, tag = j["$"] == "odict", j["$"]
+        _fields(j, path, ("items",), ("metadata",) if ordered else
+                ("factory",) if tag == "defaultdict" else ())
         items = j["items"]
         if type(items) is not list:
             _bad(path, "dict node needs a list of items")
-        out = OrderedDict() if ordered else Counter() if j["$"] == "counter" else {}
+        out = OrderedDict() if ordered else Counter() if tag == "counter" else \
+            defaultdict(self._factory(j, path)) if tag == "defaultdict" else {}
         fast = depth < MAX_DEPTH
         for item in items:
             if type(item) is not list or len(item) != 2:
@@ -323,6 +325,15 @@ class _Loader(CompositeLoader, ValueLoader):
         if meta.get("kind") != kind:
             _bad(path, f"section {s} holds {meta.get('kind')!r}, expected {kind!r}")
         return s, meta
+
+    @staticmethod
+    def _factory(j, path):
+        name = j.get("factory")
+        factory = {f.__name__: f for f in FACTORIES}.get(name) if type(name) is str else None
+        if name is not None and factory is None:
+            _bad(path, f"a defaultdict's factory must be one of "
+                 f"{', '.join(f.__name__ for f in FACTORIES)}, not {name!r:.40}")
+        return factory
 
     def tensor(self, j, path, depth):
         _fields(j, path, ("s",), ("obj", "offset", "shape", "stride", "param", "grad", "packed"))
