@@ -316,6 +316,45 @@ def test_a_load_into_reaches_tensors_in_a_defaultdict_and_a_namespace(tmp_path):
     assert into["logs"]["w"][0].tolist() == [1.0] * 3 and into["args"].t.tolist() == [5.0] * 2
 
 
+def test_dates_times_durations_and_paths_round_trip():
+    """datetime's four types (a fixed-offset time zone, its name and fold kept) and pathlib
+    paths load as they were saved (tree version 6); a zone that only pickle stores is
+    refused, naming what to do."""
+    import datetime as dt
+    import pathlib
+    import zoneinfo
+    utc, ist = dt.timezone.utc, dt.timezone(dt.timedelta(hours=5, minutes=30))
+    obj = {"at": dt.datetime(2026, 12, 1, 2, 3, 4, 567890),
+           "utc": dt.datetime(2020, 1, 1, tzinfo=utc), "ist": dt.datetime(2020, 1, 1, 5, tzinfo=ist),
+           "fold": dt.datetime(2020, 11, 1, 1, 30, fold=1),
+           "named": dt.time(9, tzinfo=dt.timezone(dt.timedelta(hours=1), "CET")),
+           "day": dt.date(1999, 12, 31), "took": dt.timedelta(days=-3, seconds=5, microseconds=7),
+           "out": pathlib.Path("/runs/a/ck.lcc"), "rel": pathlib.PurePosixPath("a/b"),
+           "win": pathlib.PureWindowsPath(r"C:\runs\a")}
+    out = round_trip(obj)
+    for k, v in obj.items():
+        w = out[k]
+        assert type(w) is type(v) and w == v and getattr(w, "fold", 0) == getattr(v, "fold", 0), k
+        if getattr(v, "tzinfo", None) is not None:
+            assert w.tzname() == v.tzname(), k
+    with pytest.raises(UnsafeObjectError, match="astimezone"):
+        S.save({"z": dt.datetime(2020, 1, 1, tzinfo=zoneinfo.ZoneInfo("UTC"))}, io.BytesIO())
+
+
+@pytest.mark.parametrize("node", [
+    {"$": "datetime", "v": [2020, 13, 1, 0, 0, 0, 0]}, {"$": "date", "v": [2020, 1]},
+    {"$": "time", "v": [1, 2, 3, 4], "utcoffset": [1, 0, 0]},
+    {"$": "timedelta", "v": [10**30, 0, 0]},
+    {"$": "date", "v": [2020, 1, 1], "fold": 1}, {"$": "time", "v": [1, 2, 3, 4], "fold": 2},
+    {"$": "time", "v": [1, 2, 3, 4], "utcoffset": [0, 60, 0], "tzname": 3},
+    {"$": "path", "v": "a", "flavour": "mac", "pure": True},
+    {"$": "path", "v": 1, "flavour": "posix", "pure": True},
+])
+def test_hostile_dates_and_paths_are_corrupt_data(node):
+    with pytest.raises(CorruptDataError):
+        S.load(_file_with_tree(node))
+
+
 @pytest.mark.parametrize("node", [
     {"$": "defaultdict", "items": [], "factory": "eval"},
     {"$": "defaultdict", "items": [], "factory": 3},

@@ -2,6 +2,8 @@
 running code from them."""
 
 import argparse
+import datetime
+import pathlib
 
 import numpy as np
 import pytest
@@ -18,12 +20,15 @@ def _values():
             "f16": np.float16(2), "c": np.array([1 + 2j]), "labels": np.array(["ab", "c"]),
             "day": np.datetime64("2020-01-01"), "strided": np.arange(12.0).reshape(3, 4)[:, ::2],
             "fortran": np.asfortranarray(np.arange(6.0).reshape(2, 3)), "empty": np.zeros((0, 2)),
-            "w": torch.randn(3), "epoch": 3, "args": argparse.Namespace(lr=0.1, layers=[1, 2])}
+            "w": torch.randn(3), "epoch": 3, "args": argparse.Namespace(lr=0.1, layers=[1, 2]),
+            "saved_at": datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc),
+            "took": datetime.timedelta(seconds=90), "out": pathlib.Path("/runs/a"),
+            "win": pathlib.PureWindowsPath("C:/runs")}
 
 
 def test_numpy_values_in_a_torch_file_load_and_resave(tmp_path):
     """What torch.load(weights_only=True) refuses (numpy arrays and scalars, a run's
-    argparse args, as training scripts pickled them) loads, equal to a full unpickling,
+    argparse args, dates and paths, as training scripts pickled them) loads, equal to a full unpickling,
     and saves as lcckpt; torch's own weights-only load outside lcckpt is left as it was."""
     torch.save(_values(), tmp_path / "a.pt")
     got = lcckpt.load(tmp_path / "a.pt")

@@ -17,7 +17,7 @@ import torch
 
 from ..codec import dtypes
 from ..errors import InvalidArgumentError, UnsafeObjectError, UnsupportedDtypeError
-from . import composite
+from . import composite, values
 from .sections import Encoded
 
 MAX_DEPTH = 64  # levels of containers; a few JSON levels each in the header
@@ -103,8 +103,9 @@ def key_repr(k) -> str:
 _SUPPORTED = (
     "dict, OrderedDict, Counter, list, tuple, set, frozenset, torch.Tensor, numpy.ndarray, "
     "numpy scalars, int, float, complex, str, bytes, bytearray, bool, None, torch.dtype, "
-    "torch.Size, torch.device, argparse.Namespace, defaultdict (of a builtin type); sparse, "
-    "nested and quantized tensors"
+    "torch.Size, torch.device, argparse.Namespace, defaultdict (of a builtin type), "
+    "datetime's date, time, datetime and timedelta, pathlib paths; sparse, nested and "
+    "quantized tensors"
 )
 
 
@@ -193,6 +194,13 @@ class _Saver:
             if v not in DTYPE_CODES:
                 raise UnsupportedDtypeError(f"cannot save {path}: dtype {v} is not supported")
             return {"$": "dtype", "v": DTYPE_CODES[v]}
+        if t in values.SINGLE:                     # dates, times, durations, paths
+            try:
+                node = values.value_node(v)
+            except ValueError as e:
+                raise UnsafeObjectError(f"cannot save {path}: {e}") from None
+            self.version = max(self.version, 6)
+            return node
         if t is argparse.Namespace:                # a run's args: its attributes, by name
             self.version = max(self.version, 6)
             return {"$": "namespace", "items": self.items(vars(v), path, depth)}

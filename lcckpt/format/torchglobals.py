@@ -1,9 +1,12 @@
 """What lcckpt lets torch's weights-only unpickler read beyond torch's own allowlist:
-numpy arrays and scalars, and ``argparse.Namespace``, without running code from the file.
+numpy arrays and scalars, ``argparse.Namespace``, dates, times and durations, and
+pathlib paths, without running code from the file.
 
 Training scripts pickled these freely (``best_acc: np.float64``, observations as an
-array, the run's ``args``); torch's weights-only load refuses them. A Namespace is made
-empty and given its attributes, as pickle would. Numpy values take three numpy callables
+array, the run's ``args``, when it ran, where it wrote); torch's weights-only load
+refuses them. A Namespace is made empty and given its attributes, as pickle would; the
+``datetime`` and ``pathlib`` classes are called with the values their pickles hold, which
+they check, and touch nothing outside the process. Numpy values take three numpy callables
 and the dtypes' own state: :data:`GLOBALS` allows guarded stand-ins for the callables,
 under their pickled names (numpy 2's ``numpy._core`` and numpy 1's ``numpy.core``), and the
 dtype classes, so that their state may be set:
@@ -20,6 +23,8 @@ dtype classes, so that their state may be set:
 from __future__ import annotations
 
 import argparse
+import datetime
+import pathlib
 from pickle import UnpicklingError
 
 import numpy as np
@@ -67,3 +72,9 @@ GLOBALS += [(f, f"{module}.{name}")
             for module in ("numpy._core.multiarray", "numpy.core.multiarray")
             for f, name in ((_reconstruct, "_reconstruct"), (_scalar, "scalar"))]
 GLOBALS += [(t, f"lcckpt.format.torchglobals.{t.__name__}") for t in _DTYPE_TYPES]
+GLOBALS += [(c, f"datetime.{c.__name__}") for c in (datetime.datetime, datetime.date,
+                                                     datetime.time, datetime.timedelta,
+                                                     datetime.timezone)]
+GLOBALS += [(c, f"{module}.{c.__name__}") for module in ("pathlib", "pathlib._local")
+            for c in (pathlib.PosixPath, pathlib.PurePosixPath, pathlib.PureWindowsPath,
+                      pathlib.WindowsPath)]

@@ -214,7 +214,8 @@ class _Loader(CompositeLoader, ValueLoader):
         "int": "int_", "float": "float_", "tuple": "tuple_", "dict": "dict_", "odict": "dict_",
         "counter": "dict_", "defaultdict": "dict_", "tensor": "tensor", "ndarray": "ndarray",
         "bytes": "bytes_", "npscalar": "npscalar", "dtype": "dtype", "size": "size",
-        "device": "device", "namespace": "namespace",
+        "device": "device", "namespace": "namespace", "datetime": "time_value",
+        "date": "time_value", "time": "time_value", "timedelta": "time_value", "path": "fspath",
         "set": "set_", "complex": "complex_", "sparse": "sparse", "nested": "nested",
         "quantized": "quantized", "qscheme": "qscheme", "meta": "meta",
     }  # fmt: skip
