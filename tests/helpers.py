@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import collections
 import io
 import math
@@ -63,8 +64,11 @@ def assert_same(a, b, path="obj"):
         assert same_bits(a, b), f"{path}: tensors differ"
     elif isinstance(a, np.ndarray):
         assert a.dtype.str == b.dtype.str and a.shape == b.shape and a.tobytes() == b.tobytes(), path
+    elif isinstance(a, argparse.Namespace):
+        assert_same(vars(a), vars(b), path)
     elif isinstance(a, (dict, collections.OrderedDict)):
         assert list(a.keys()) == list(b.keys()), path
+        assert getattr(a, "default_factory", None) is getattr(b, "default_factory", None), path
         for (k, x), y in zip(a.items(), b.values()):
             assert type(k) is type(next(iter(kk for kk in b if kk == k))), path
             assert_same(x, y, f"{path}[{k!r}]")

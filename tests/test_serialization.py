@@ -1,9 +1,12 @@
 """save/load: exact round trips, refusal of unsafe values, torch.save interop, codec hook."""
 
+import argparse
 import collections
+import datetime
 import io
 import math
 import os
+import pathlib
 import pickle
 import re
 import warnings
@@ -959,14 +962,17 @@ def test_hostile_tensor_sections(meta):
 
 _TAGS = ["int", "float", "tuple", "dict", "odict", "tensor", "ndarray", "bytes", "npscalar",
          "dtype", "size", "device", "set", "complex", "counter", "sparse", "nested",
-         "quantized", "qscheme", "nope"]  # fmt: skip
+         "quantized", "qscheme", "namespace", "defaultdict", "datetime", "date", "time",
+         "timedelta", "path", "nope"]  # fmt: skip
 _FIELDS = ["$", "v", "items", "s", "obj", "hex", "dtype", "metadata", "frozen", "re", "im",
            "mutable", "layout", "size", "indices", "values", "compressed", "plain", "coalesced",
-           "scheme", "scale", "zero_point", "scales", "zero_points", "axis", "int"]
+           "scheme", "scale", "zero_point", "scales", "zero_points", "axis", "int", "factory",
+           "fold", "utcoffset", "tzname", "flavour", "pure"]
 _json_leaves = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 2**70), st.floats(allow_nan=False, allow_infinity=False),
     st.sampled_from(_TAGS + ["F32", "U8", "0x1f", "00", "cpu", "nan", "coo", "csr", "qint8",
-                             "per_tensor_affine", "jagged"]),
+                             "per_tensor_affine", "jagged", "list", "posix", "windows",
+                             "<U1", ">f4", "<M8[D]"]),
     st.text(max_size=4),
 )  # fmt: skip
 _json = st.recursive(
@@ -996,6 +1002,8 @@ def test_arbitrary_trees_load_or_raise_lcckpt_errors(tree, meta):
         ("t", meta, b"\0" * 4),
         ("b", {"kind": "bytes"}, b"xy"),
         ("a", {"kind": "ndarray", "dtype": "U8", "shape": [2], "nbytes": 2, "codec": "raw"}, b"ab"),
+        ("u", {"kind": "ndarray", "dtype": "<U1", "shape": [1], "nbytes": 4, "codec": "raw"},
+         b"a\0\0\0"),
     ]
     try:
         S.load(_file_with_tree(tree, sections))
@@ -1023,7 +1031,11 @@ _leaves = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**80), 2**80), st.floats(allow_nan=True),
     st.text(max_size=10), st.binary(max_size=20), st.binary(max_size=5).map(bytearray),
     st.complex_numbers(allow_nan=True), st.frozensets(_keys, max_size=4).map(set),
-    st.frozensets(_keys, max_size=3),
+    st.frozensets(_keys, max_size=3), st.datetimes(), st.dates(), st.times(), st.timedeltas(),
+    st.datetimes(timezones=st.timedeltas(min_value=datetime.timedelta(hours=-23),
+                                         max_value=datetime.timedelta(hours=23))
+                 .map(datetime.timezone)),
+    st.text(max_size=8).map(pathlib.PurePosixPath), st.text(max_size=8).map(pathlib.PureWindowsPath),
 )  # fmt: skip
 _trees = st.recursive(
     _leaves,
@@ -1033,6 +1045,8 @@ _trees = st.recursive(
         st.dictionaries(_keys, kids, max_size=4),
         st.dictionaries(_keys, kids, max_size=4).map(lambda d: collections.OrderedDict(reversed(d.items()))),
         st.dictionaries(_keys, kids, max_size=3).map(collections.Counter),
+        st.dictionaries(_keys, kids, max_size=3).map(lambda d: collections.defaultdict(list, d)),
+        st.dictionaries(st.text(max_size=5), kids, max_size=3).map(lambda d: argparse.Namespace(**d)),
     ),
     max_leaves=20,
 )
