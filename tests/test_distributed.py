@@ -1,5 +1,7 @@
 """lcckpt.distributed on DCP: round trips in one process, and two real 2-process gloo runs."""
 
+import argparse
+import datetime
 import gc
 import math
 import os
@@ -8,6 +10,7 @@ import threading
 import warnings
 import sys
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -574,15 +577,14 @@ class _Registered:
 
 
 def _values():
-    import numpy as np
     return {"labels": np.array(["cat", "dog"]), "mean": np.arange(3.0), "best": np.str_("dog"),
             "when": np.datetime64("2021-03-04"), "seen": {1, 2}, "pair": (0.9, 0.999),
             "z": 1 + 2j, "raw": b"\x00\x01", "dtype": torch.bfloat16,
-            "size": torch.Size([2, 3]), "lr": 1e-3, "name": "adamw", "n": 7, "none": None}
+            "size": torch.Size([2, 3]), "lr": 1e-3, "name": "adamw", "n": 7, "none": None,
+            "args": argparse.Namespace(lr=0.1), "at": datetime.date(2026, 12, 1)}
 
 
 def _assert_values(got, want):
-    import numpy as np
     for k, v in want.items():
         if isinstance(v, np.ndarray):
             assert got[k].dtype == v.dtype and np.array_equal(got[k], v), k
@@ -591,9 +593,9 @@ def _assert_values(got, want):
 
 
 def test_values_are_stored_without_pickle(tmp_path):
-    """Non-tensor values are lcckpt files ("tree" items): numpy arrays, sets and numpy
-    scalars, which torch's safe unpickler refuses, load back; and DCP's own load planner
-    reads them too. A value only pickle stores goes in DCP's torch.save bytes ("bytes"),
+    """Non-tensor values are lcckpt files ("tree" items): numpy arrays and scalars, sets, a
+    Namespace and a date, which torch's safe unpickler refuses, load back; and DCP's own
+    load planner reads them too. A value only pickle stores goes in DCP's torch.save bytes ("bytes"),
     which load as before: refused, unless its class is registered as safe."""
     state = {"w": torch.randn(5), "values": _values()}
     ld.save(state, tmp_path / "c")
@@ -622,7 +624,6 @@ def test_values_are_stored_without_pickle(tmp_path):
 
 
 def test_a_damaged_value_is_reported_by_its_name(tmp_path):
-    import numpy as np
     ld.save({"w": torch.randn(10), "v": {"labels": np.array(["a", "b"]), "lr": 0.1}},
             tmp_path / "c")
     info = next(i for x, i in CompressedReader(tmp_path / "c").read_metadata()
