@@ -354,7 +354,7 @@ def _torch_load(f, map_location, weights_only, mmap, pickle_load_args):
             "code from a file; weights_only=False is refused. If you trust the file, call "
             "torch.load(f, weights_only=False) yourself, then re-save it with lcckpt.save.")
     try:
-        with torch.serialization.safe_globals(_torchglobals.GLOBALS):   # numpy values
+        with _torchglobals.allowed():               # numpy values, dates, paths
             return torch.load(f, map_location=map_location, weights_only=True, mmap=mmap,
                               **pickle_load_args)
     except pickle.UnpicklingError as e:

@@ -23,11 +23,14 @@ dtype classes, so that their state may be set:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import pathlib
+import threading
 from pickle import UnpicklingError
 
 import numpy as np
+import torch
 from numpy._core import multiarray as _multiarray
 
 
@@ -78,3 +81,27 @@ GLOBALS += [(c, f"datetime.{c.__name__}") for c in (datetime.datetime, datetime.
 GLOBALS += [(c, f"{module}.{c.__name__}") for module in ("pathlib", "pathlib._local")
             for c in (pathlib.PosixPath, pathlib.PurePosixPath, pathlib.PureWindowsPath,
                       pathlib.WindowsPath)]
+
+
+_LOCK = threading.Lock()
+_users = 0
+_allowing = torch.serialization.safe_globals(GLOBALS)
+
+
+@contextlib.contextmanager
+def allowed():
+    """:data:`GLOBALS` in torch's allowlist while any thread is inside (torch keeps one
+    list per process: a plain ``with safe_globals(...)`` that ends in one thread would
+    take them away from another thread's load still under way)."""
+    global _users
+    with _LOCK:
+        if _users == 0:
+            _allowing.__enter__()
+        _users += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _users -= 1
+            if _users == 0:
+                _allowing.__exit__(None, None, None)
