@@ -8,7 +8,10 @@ import pathlib
 import numpy as np
 import pytest
 import torch
-from numpy._core import multiarray
+try:
+    from numpy._core import multiarray          # numpy 2
+except ImportError:                             # numpy 1.26
+    from numpy.core import multiarray
 
 import lcckpt
 from lcckpt.errors import CorruptDataError, UnsafeObjectError

@@ -31,7 +31,11 @@ from pickle import UnpicklingError
 
 import numpy as np
 import torch
-from numpy._core import multiarray as _multiarray
+
+try:
+    from numpy._core import multiarray as _multiarray      # numpy 2
+except ImportError:                                         # numpy 1.26
+    from numpy.core import multiarray as _multiarray
 
 
 def _dtype(spec, align=False, copy=False) -> np.dtype:
