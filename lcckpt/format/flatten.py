@@ -456,11 +456,12 @@ class _Saver:
                 f"cannot save {path}: numpy dtype {v.dtype.str} is not supported (object "
                 "and structured arrays are not); convert with arr.astype(...)"
             )
-        if dtypes.numpy_spelled(code):
+        spelled = dtypes.numpy_spelled(code)
+        if spelled:
             self.version = max(self.version, 6)
         self.alive.append(v)
         node = {"$": "ndarray"}
-        if self.encode_array is not None and v.size and not dtypes.numpy_spelled(code):
+        if self.encode_array is not None and v.size and not spelled:
             meta, data = self.coded_array(v, path)
         else:
             data = np.ascontiguousarray(v).reshape(-1).view(np.uint8)

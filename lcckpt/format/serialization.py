@@ -71,6 +71,7 @@ def save(obj: Any, f: str | os.PathLike | BinaryIO, *, codec: str | Callable = "
                                    f"{_kind_of(f)}: open the file with 'wb'")
     extra = {} if metadata is None else {METADATA_KEY: _check_metadata(metadata, "metadata")}
     encode_leaf = _sections.leaf_encoder(codec)
+    arrays = codec == "lossless"           # numeric numpy arrays coded too (compress=True)
     to_path = isinstance(f, (str, os.PathLike))
     f = local(f, "lcckpt.save") if to_path else f
     count, nbytes = census(obj) if to_path else (0, 0)
@@ -78,13 +79,12 @@ def save(obj: Any, f: str | os.PathLike | BinaryIO, *, codec: str | Callable = "
         def write(out) -> None:    # each tensor's section to the file once coded (or copied
             stream = _stream.SectionStream(out, _stream.first_room(count))   # off a device)
             coder = stream.wrap(encode_leaf)
-            meta, sections = pack(obj, encode_leaf=coder,
-                                  encode_array=coder if codec == "lossless" else None)
+            meta, sections = pack(obj, encode_leaf=coder, encode_array=coder if arrays else None)
             stream.finish({**meta, **extra}, sections, renumber_sections)
         _durable.atomic_write(f, write)
         return
     meta, sections = pack(obj, encode_leaf=encode_leaf,
-                          encode_array=encode_leaf if codec == "lossless" else None)
+                          encode_array=encode_leaf if arrays else None)
     write_container(f, sections, {**meta, **extra})
 
 

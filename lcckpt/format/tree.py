@@ -125,6 +125,7 @@ def _is_uint(v) -> bool:
 
 
 _PLAIN = (bool, int, float, str)     # JSON values that are their own nodes (and None)
+_FACTORY_NAMED = {f.__name__: f for f in FACTORIES}   # a defaultdict's factory by its name
 
 
 def _lookup(table: dict, code):
@@ -330,7 +331,7 @@ class _Loader(CompositeLoader, ValueLoader):
     @staticmethod
     def _factory(j, path):
         name = j.get("factory")
-        factory = {f.__name__: f for f in FACTORIES}.get(name) if type(name) is str else None
+        factory = _FACTORY_NAMED.get(name) if type(name) is str else None
         if name is not None and factory is None:
             _bad(path, f"a defaultdict's factory must be one of "
                  f"{', '.join(f.__name__ for f in FACTORIES)}, not {name!r:.40}")
