@@ -427,7 +427,7 @@ _COMMANDS = {"bench": _bench, "inspect": _inspect, "verify": _verify, "convert":
 SUITES = {"schedule": "lcckpt.bench.schedule", "lazy": "lcckpt.bench.lazy",
           "manager": "lcckpt.bench.manager", "exact": "lcckpt.bench.exact",
           "distributed": "lcckpt.bench.distributed", "quality": "lcckpt.bench.quality",
-          "header": "lcckpt.bench.header"}
+          "header": "lcckpt.bench.header", "trainer": "lcckpt.bench.trainer"}
 
 
 def main(argv=None) -> int:

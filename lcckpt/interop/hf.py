@@ -1,0 +1,174 @@
+"""Hugging Face ``Trainer``: every checkpoint it saves also kept in a delta chain, and any
+step of that chain written back as a checkpoint directory ``train()`` resumes from.
+
+    from lcckpt.interop.hf import ChainCallback, export_checkpoint
+
+    trainer = Trainer(..., args=TrainingArguments(..., save_steps=500, save_total_limit=1),
+                      callbacks=[ChainCallback("run/chain")])
+    trainer.train()                      # run/chain: every checkpoint, ~20x smaller
+    export_checkpoint("run/chain", "run/checkpoint-1500", trainer.model, step=1500)
+    trainer.train(resume_from_checkpoint="run/checkpoint-1500")
+
+The callback saves when the Trainer does (``on_save``, after the Trainer's own
+checkpoint directory is written), through a :class:`~lcckpt.DeltaCheckpointer`: the
+model's and the optimizer's state, the LR scheduler's, the AMP scaler's where the Trainer
+wrote one, the random generators the Trainer saves and its ``TrainerState``. The
+Trainer's ``save_total_limit`` then bounds the full-size directories, while the chain
+keeps every step. Why not instead of the Trainer's own save: ``load_best_model_at_end``
+and the Trainer's resume read its directories, and :func:`export_checkpoint` writes one.
+
+Sharded training (FSDP, DeepSpeed) is refused: each rank holds only part of the state
+there (``lcckpt.distributed`` stores such state). Under DDP the process that saves
+(``args.should_save``) writes the chain, and an exported directory holds its random
+generators alone, so a resume from it is not bit-exact across ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import shutil
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import TrainerCallback
+from transformers.training_args import ParallelMode
+
+from ..chain.checkpointer import DeltaCheckpointer
+from ..errors import InvalidArgumentError
+from ..format.serialization import load
+from ..util.durable import fsync_dir
+
+__all__ = ["ChainCallback", "export_checkpoint"]
+
+_SCALER = "scaler.pt"
+
+
+class ChainCallback(TrainerCallback):
+    """Saves every checkpoint of a ``Trainer`` run as a step of a chain in ``directory``
+    (``options``: :class:`~lcckpt.DeltaCheckpointer`'s keywords; ``keyframe_every=1``
+    keeps every step exact). ``last_save`` is the checkpointer's record of the newest
+    save (kind, path, bytes)."""
+
+    def __init__(self, directory: str | os.PathLike, **options: Any) -> None:
+        self.directory = os.fspath(directory)
+        self.options = options
+        self.last_save: dict | None = None
+        self._ck: DeltaCheckpointer | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if getattr(args, "fsdp", None) or getattr(args, "deepspeed", None):
+            raise InvalidArgumentError(
+                "ChainCallback stores one process's whole state, and under FSDP or DeepSpeed "
+                "each rank holds only part of it; save such a run with lcckpt.distributed")
+        if not args.should_save:
+            return
+        self._open()
+        steps = self._ck.steps()
+        if steps and steps[-1] > state.global_step:
+            raise InvalidArgumentError(
+                f"{self.directory} holds steps up to {steps[-1]}, after step "
+                f"{state.global_step} that this run resumes from; a chain's steps only "
+                "increase: resume from its newest step or give the resumed run another "
+                "directory")
+
+    def on_save(self, args, state, control, model=None, optimizer=None, lr_scheduler=None,
+                **kwargs):
+        if not args.should_save or (self.last_save or {}).get("step") == state.global_step:
+            return                          # not this process's, or this step is stored
+        if model is None:
+            raise InvalidArgumentError("the Trainer passed no model to on_save; nothing to store")
+        self._open()
+        self._ck.save(state.global_step, _snapshot(args, state, model, optimizer, lr_scheduler))
+        self.last_save = self._ck.last_save
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self._ck is not None:
+            self._ck.close()
+            self._ck = None
+
+    def _open(self) -> None:
+        if self._ck is None:
+            self._ck = DeltaCheckpointer(self.directory, **self.options)
+
+
+def _snapshot(args, state, model, optimizer, lr_scheduler) -> dict:
+    """What the Trainer's own checkpoint directory holds, as one object."""
+    obj: dict[str, Any] = {"model": model.state_dict(),
+                           "trainer_state": _state_json(state),
+                           "rng": _rng_states(args)}
+    if optimizer is not None:
+        obj["optimizer"] = optimizer.state_dict()
+    if lr_scheduler is not None:
+        obj["scheduler"] = lr_scheduler.state_dict()
+    scaler = os.path.join(args.output_dir, f"checkpoint-{state.global_step}", _SCALER)
+    if os.path.isfile(scaler):       # fp16 on a GPU: only the Trainer's accelerator holds it
+        obj["scaler"] = load(scaler, map_location="cpu")
+    return obj
+
+
+def _state_json(state) -> str:
+    """``trainer_state.json``'s text, as ``TrainerState.save_to_json`` writes it."""
+    return json.dumps(dataclasses.asdict(state), indent=2, sort_keys=True) + "\n"
+
+
+def _rng_states(args) -> dict:
+    """The generators ``Trainer._save_rng_state`` saves, in its layout."""
+    states = {"python": random.getstate(), "numpy": np.random.get_state(),
+              "cpu": torch.random.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = (torch.cuda.random.get_rng_state_all()
+                          if getattr(args, "parallel_mode", None) == ParallelMode.DISTRIBUTED
+                          else torch.cuda.random.get_rng_state())
+    return states
+
+
+def export_checkpoint(directory: str | os.PathLike, out_dir: str | os.PathLike,
+                      model: torch.nn.Module, step: int | None = None) -> str:
+    """Write ``step`` of the chain in ``directory`` (default: the newest) as a Trainer
+    checkpoint directory ``out_dir`` (which must not exist yet), for
+    ``trainer.train(resume_from_checkpoint=out_dir)``; returns ``out_dir``.
+
+    ``model`` is a model of the run's architecture (the Trainer's own will do): its
+    ``save_pretrained`` writes the step's weights with its config, so tied weights are
+    stored once, as the Trainer stores them. ``model`` itself is not changed. The
+    directory is assembled beside ``out_dir`` and renamed into place, so a crash leaves
+    no half-written checkpoint that the Trainer would resume from."""
+    out_dir = os.fspath(out_dir)
+    if os.path.lexists(out_dir):
+        raise InvalidArgumentError(f"{out_dir} exists; export_checkpoint writes a new "
+                                   "directory (remove it first, or choose another name)")
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    obj = DeltaCheckpointer(directory).load(step)
+    missing = [k for k in ("model", "trainer_state", "rng") if k not in obj] \
+        if isinstance(obj, dict) else ["model"]
+    if missing:
+        raise InvalidArgumentError(
+            f"step {step if step is not None else 'newest'} of {os.fspath(directory)} was "
+            f"not written by ChainCallback: it lacks {', '.join(missing)}")
+    json.loads(obj["trainer_state"])                 # the Trainer parses it on resume
+    tmp = f"{out_dir}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save_pretrained(tmp, state_dict=obj["model"])
+        files = {"optimizer.pt": obj.get("optimizer"), "scheduler.pt": obj.get("scheduler"),
+                 _SCALER: obj.get("scaler"), "rng_state.pth": obj["rng"]}
+        for name, value in files.items():
+            if value is not None:
+                torch.save(value, os.path.join(tmp, name))
+        with open(os.path.join(tmp, "trainer_state.json"), "w", encoding="utf-8") as f:
+            f.write(obj["trainer_state"])
+        for name in os.listdir(tmp):
+            with open(os.path.join(tmp, name), "rb") as f:
+                os.fsync(f.fileno())
+        fsync_dir(tmp)
+        os.rename(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(parent)
+    return out_dir
