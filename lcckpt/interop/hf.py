@@ -1,5 +1,6 @@
 """Hugging Face ``Trainer``: every checkpoint it saves also kept in a delta chain, and any
-step of that chain written back as a checkpoint directory ``train()`` resumes from.
+step of that chain written back as a checkpoint directory ``train()`` resumes from;
+an existing run's ``checkpoint-N`` directories stored as such a chain.
 
     from lcckpt.interop.hf import ChainCallback, export_checkpoint
 
@@ -42,9 +43,14 @@ from ..errors import InvalidArgumentError
 from ..format.serialization import load
 from ..util.durable import fsync_dir
 
-__all__ = ["ChainCallback", "export_checkpoint"]
+__all__ = ["ChainCallback", "export_checkpoint", "import_checkpoints"]
 
 _SCALER = "scaler.pt"
+_STATE = "trainer_state.json"
+_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+            "pytorch_model.bin.index.json")      # as save_pretrained names them
+_FILES = {"optimizer": "optimizer.pt", "scheduler": "scheduler.pt", "scaler": _SCALER,
+          "rng": "rng_state.pth"}
 
 
 class ChainCallback(TrainerCallback):
@@ -144,23 +150,21 @@ def export_checkpoint(directory: str | os.PathLike, out_dir: str | os.PathLike,
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     obj = DeltaCheckpointer(directory).load(step)
-    missing = [k for k in ("model", "trainer_state", "rng") if k not in obj] \
+    missing = [k for k in ("model", "trainer_state") if k not in obj] \
         if isinstance(obj, dict) else ["model"]
     if missing:
         raise InvalidArgumentError(
             f"step {step if step is not None else 'newest'} of {os.fspath(directory)} was "
-            f"not written by ChainCallback: it lacks {', '.join(missing)}")
+            f"not written by ChainCallback or import_checkpoints: it lacks {', '.join(missing)}")
     json.loads(obj["trainer_state"])                 # the Trainer parses it on resume
     tmp = f"{out_dir}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         model.save_pretrained(tmp, state_dict=obj["model"])
-        files = {"optimizer.pt": obj.get("optimizer"), "scheduler.pt": obj.get("scheduler"),
-                 _SCALER: obj.get("scaler"), "rng_state.pth": obj["rng"]}
-        for name, value in files.items():
-            if value is not None:
-                torch.save(value, os.path.join(tmp, name))
-        with open(os.path.join(tmp, "trainer_state.json"), "w", encoding="utf-8") as f:
+        for key, name in _FILES.items():
+            if obj.get(key) is not None:
+                torch.save(obj[key], os.path.join(tmp, name))
+        with open(os.path.join(tmp, _STATE), "w", encoding="utf-8") as f:
             f.write(obj["trainer_state"])
         for name in os.listdir(tmp):
             with open(os.path.join(tmp, name), "rb") as f:
@@ -172,3 +176,50 @@ def export_checkpoint(directory: str | os.PathLike, out_dir: str | os.PathLike,
         raise
     fsync_dir(parent)
     return out_dir
+
+
+def import_checkpoints(paths, directory: str | os.PathLike, **options: Any) -> list[int]:
+    """Store Trainer checkpoint directories (``checkpoint-N``, in any order) as the steps
+    of a chain in ``directory``, oldest first, as :class:`ChainCallback` stores them;
+    returns the steps. ``options``: :class:`~lcckpt.DeltaCheckpointer`'s keywords.
+
+    An existing run's history shrinks this way, and :func:`export_checkpoint` writes any
+    step back. Each file is read without running code from it (``training_args.bin``,
+    a pickle of the run's arguments, is left out: the Trainer does not read it to
+    resume). The step is the directory's ``global_step``."""
+    found = {}
+    for path in map(os.fspath, paths):
+        try:
+            with open(os.path.join(path, _STATE), encoding="utf-8") as f:
+                text = f.read()
+            step = json.loads(text)["global_step"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise InvalidArgumentError(
+                f"{path} is not a Trainer checkpoint directory: its {_STATE} cannot be "
+                f"read for a global_step ({e})") from None
+        if step in found:
+            raise InvalidArgumentError(f"{found[step]} and {path} are both step {step}")
+        found[step] = path
+    ck = DeltaCheckpointer(directory, **options)
+    try:
+        for step in sorted(found):
+            ck.save(step, _read_checkpoint_dir(found[step]))
+    finally:
+        ck.close()
+    return sorted(found)
+
+
+def _read_checkpoint_dir(path: str) -> dict:
+    from .convert import read_checkpoint
+    weights = next((os.path.join(path, n) for n in _WEIGHTS
+                    if os.path.isfile(os.path.join(path, n))), None)
+    if weights is None:
+        raise InvalidArgumentError(f"{path} holds no model weights (none of {', '.join(_WEIGHTS)})")
+    with open(os.path.join(path, _STATE), encoding="utf-8") as f:
+        obj = {"model": read_checkpoint(weights)[0], "trainer_state": f.read()}
+    for key, name in _FILES.items():
+        if key == "rng" and not os.path.isfile(os.path.join(path, name)):
+            name = "rng_state_0.pth"       # a run of several processes: the first one's
+        if os.path.isfile(os.path.join(path, name)):
+            obj[key] = load(os.path.join(path, name), map_location="cpu")
+    return obj
