@@ -1,8 +1,8 @@
 """Command line: ``lcckpt bench | inspect | verify | convert``.
 
 ``main(argv) -> int`` is plain argparse so it can be called from tests. ``inspect`` and
-``verify`` take a checkpoint file (lcckpt, torch.save or safetensors) or a
-:class:`DeltaCheckpointer` directory; ``--json`` prints one JSON document instead of
+``verify`` take a checkpoint file (lcckpt, torch.save or safetensors), a
+:class:`DeltaCheckpointer` directory or a Trainer's ``checkpoint-N``; ``--json`` prints one JSON document instead of
 tables. ``convert`` moves a checkpoint between the three file formats, either way.
 
 Exit codes: 0 success; 1 the data is bad (damaged, missing link, unsafe, unknown format)
@@ -90,6 +90,16 @@ def _no_checkpoints(path: str) -> CorruptDataError:
             else "it is empty")
     return CorruptDataError(f"{path} holds no checkpoints (no step-NNNNNNNNNNNN.lcc files; "
                             f"{what}); give a checkpoint file or a DeltaCheckpointer directory")
+
+
+def inspect_trainer_dir(path: str) -> dict:
+    """A Trainer's ``checkpoint-N`` directory: its step and the files it holds."""
+    from .interop import trainerdir
+    from .interop.convert import detect_format
+    rows = [{"part": part, "file": os.path.basename(f), "format": detect_format(f),
+             "file_bytes": os.path.getsize(f)} for part, f in trainerdir.files(path).items()]
+    return {"path": path, "format": "trainer", "global_step": trainerdir.global_step(path),
+            "file_bytes": sum(r["file_bytes"] for r in rows), "files": rows}
 
 
 def inspect_dir(path: str) -> dict:
@@ -180,7 +190,22 @@ def verify_file(path: str) -> dict:
 
 
 def verify_dir(path: str) -> list[dict]:
-    """Check every file, then replay the whole chain (every link, every decode)."""
+    """Check every file, then replay the whole chain (every link, every decode); of a
+    Trainer's checkpoint directory, every file it holds."""
+    from .interop import trainerdir
+    if trainerdir.is_trainer_dir(path):
+        report = []
+        try:
+            trainerdir.global_step(path)
+            parts = trainerdir.files(path)
+        except LcckptError as e:
+            return [{"path": path, "ok": False, "error": _describe(e)}]
+        for f in parts.values():
+            try:
+                report.append(verify_file(f))
+            except (LcckptError, OSError) as e:
+                report.append({"path": f, "ok": False, "error": _describe(e)})
+        return report
     from .chain.checkpointer import DeltaCheckpointer
     ck = DeltaCheckpointer(path)
     if not ck.steps():
@@ -252,10 +277,17 @@ def _movement_columns(tensors: dict) -> dict:
 
 
 def _inspect(args) -> int:
-    doc = inspect_dir(args.path) if os.path.isdir(args.path) else inspect_file(args.path)
+    from .interop.trainerdir import is_trainer_dir
+    doc = (inspect_trainer_dir if is_trainer_dir(args.path) else inspect_dir
+           if os.path.isdir(args.path) else inspect_file)(args.path)
     problems = doc.get("problems", [])
     if args.json:
         print(json.dumps(doc, indent=1, default=str))
+    elif doc.get("format") == "trainer":
+        print(f"{doc['path']}: Trainer checkpoint directory, step {doc['global_step']}, "
+              f"{doc['file_bytes']:,} bytes in {len(doc['files'])} files (inspect each file "
+              "for its tensors)")
+        print(_table(doc["files"], ["part", "file", "format", "file_bytes"]))
     elif "steps" in doc:
         print(f"{doc['path']}: {len(doc['steps'])} checkpoints")
         cols = ["step", "kind", "base", "restorable", "file_bytes", "raw_bytes", "ratio",

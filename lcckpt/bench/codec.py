@@ -481,7 +481,8 @@ def _run_cli(args, hint: bool) -> dict:
         if parent and not os.path.isdir(parent):
             raise FileNotFoundError(2, "no such directory for the output", parent)
     if args.checkpoint:
-        doc = checkpoint.run(args.checkpoint, error_bounds=args.error_bound)
+        from lcckpt.interop.trainerdir import in_step_order   # checkpoint-N: by their steps
+        doc = checkpoint.run(in_step_order(args.checkpoint), error_bounds=args.error_bound)
     else:
         doc = run(args.quick, args.bits, log=print if args.tables else (lambda *a: None),
                   on_story=lambda s: print(story(s) + "\n", flush=True))

@@ -31,6 +31,7 @@ from ..format.torchzip import open_zip, read_members
 from ..errors import CorruptDataError, InvalidArgumentError, UnsafeObjectError
 from ..util.paths import local
 from ..format.safetensors_io import read_safetensors, save_safetensors
+from . import trainerdir
 
 __all__ = ["FORMATS", "convert", "detect_format", "flat_tensors", "format_for_path",
            "load_torch", "read_checkpoint", "write_checkpoint"]
@@ -41,15 +42,16 @@ _EXTENSIONS = {".lcc": "lcckpt", ".lcckpt": "lcckpt", ".pt": "torch", ".pth": "t
 
 
 def detect_format(path: str | os.PathLike) -> str:
-    """"lcckpt", "torch", "safetensors", "chain" (a DeltaCheckpointer directory) or
-    "sharded" (a shard index, ``model.safetensors.index.json``).
+    """"lcckpt", "torch", "safetensors", "chain" (a DeltaCheckpointer directory),
+    "sharded" (a shard index, ``model.safetensors.index.json``) or "trainer" (a Hugging
+    Face Trainer's ``checkpoint-N`` directory: :mod:`.trainerdir`).
 
     Raises :class:`CorruptDataError` for an empty file or one in no known format,
     :class:`FileNotFoundError` for a missing path.
     """
     path = os.fspath(path)
     if os.path.isdir(path):
-        return "chain"
+        return "trainer" if trainerdir.is_trainer_dir(path) else "chain"
     with open(path, "rb") as f:
         head = f.read(16)
     if not head:
@@ -110,8 +112,10 @@ def read_checkpoint(path: str | os.PathLike, *, step: int | None = None,
     """
     fmt = detect_format(path)
     if step is not None and fmt != "chain":
-        what = "shard index" if fmt == "sharded" else f"{fmt} file"
-        raise InvalidArgumentError(f"--step applies to a checkpoint directory; {path} is a {what}")
+        what = {"sharded": "shard index", "trainer": "Trainer checkpoint directory (one "
+                "step)"}.get(fmt, f"{fmt} file")
+        raise InvalidArgumentError(f"--step picks a step of a DeltaCheckpointer directory; "
+                                   f"{path} is a {what}")
     if fmt == "chain":
         from ..chain.checkpointer import DeltaCheckpointer
         ck = DeltaCheckpointer(path)
@@ -132,6 +136,10 @@ def read_checkpoint(path: str | os.PathLike, *, step: int | None = None,
         return obj, metas[0] if all(m == metas[0] for m in metas) else None, fmt
     if fmt == "torch":
         return load_torch(path, map_location), None, fmt
+    if fmt == "trainer":                  # its files, each read as a checkpoint of its own
+        obj = {part: read_checkpoint(f, map_location=map_location)[0]
+               for part, f in trainerdir.files(path).items()}
+        return {**obj, "trainer_state": trainerdir.state_text(path)}, None, fmt
     obj = serialization.load(path, map_location=map_location)
     meta = serialization.read_metadata(path) if fmt == "lcckpt" else None
     return obj, meta, fmt
@@ -259,6 +267,9 @@ def select(obj, key: str, source: str):
 def _size(path: str, fmt: str) -> int:
     if fmt == "chain":
         return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
+    if fmt == "trainer":                         # the files read, trainer_state.json too
+        return os.path.getsize(os.path.join(path, trainerdir.STATE)) + \
+            sum(_size(f, detect_format(f)) for f in trainerdir.files(path).values())
     if fmt == "sharded":                         # the index and every shard it names
         base = os.path.dirname(os.path.abspath(path))
         return os.path.getsize(path) + sum(os.path.getsize(os.path.join(base, f)) for f in

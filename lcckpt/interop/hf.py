@@ -42,15 +42,12 @@ from ..chain.checkpointer import DeltaCheckpointer
 from ..errors import InvalidArgumentError
 from ..format.serialization import load
 from ..util.durable import fsync_dir
+from . import trainerdir
+from .convert import read_checkpoint
 
 __all__ = ["ChainCallback", "export_checkpoint", "import_checkpoints"]
 
-_SCALER = "scaler.pt"
-_STATE = "trainer_state.json"
-_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-            "pytorch_model.bin.index.json")      # as save_pretrained names them
-_FILES = {"optimizer": "optimizer.pt", "scheduler": "scheduler.pt", "scaler": _SCALER,
-          "rng": "rng_state.pth"}
+_SCALER = trainerdir.FILES["scaler"]
 
 
 class ChainCallback(TrainerCallback):
@@ -161,10 +158,10 @@ def export_checkpoint(directory: str | os.PathLike, out_dir: str | os.PathLike,
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         model.save_pretrained(tmp, state_dict=obj["model"])
-        for key, name in _FILES.items():
+        for key, name in trainerdir.FILES.items():
             if obj.get(key) is not None:
                 torch.save(obj[key], os.path.join(tmp, name))
-        with open(os.path.join(tmp, _STATE), "w", encoding="utf-8") as f:
+        with open(os.path.join(tmp, trainerdir.STATE), "w", encoding="utf-8") as f:
             f.write(obj["trainer_state"])
         for name in os.listdir(tmp):
             with open(os.path.join(tmp, name), "rb") as f:
@@ -189,37 +186,17 @@ def import_checkpoints(paths, directory: str | os.PathLike, **options: Any) -> l
     resume). The step is the directory's ``global_step``."""
     found = {}
     for path in map(os.fspath, paths):
-        try:
-            with open(os.path.join(path, _STATE), encoding="utf-8") as f:
-                text = f.read()
-            step = json.loads(text)["global_step"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise InvalidArgumentError(
-                f"{path} is not a Trainer checkpoint directory: its {_STATE} cannot be "
-                f"read for a global_step ({e})") from None
+        if not trainerdir.is_trainer_dir(path):
+            raise InvalidArgumentError(f"{path} is not a Trainer checkpoint directory: it "
+                                       f"holds no {trainerdir.STATE}")
+        step = trainerdir.global_step(path)
         if step in found:
             raise InvalidArgumentError(f"{found[step]} and {path} are both step {step}")
         found[step] = path
     ck = DeltaCheckpointer(directory, **options)
     try:
         for step in sorted(found):
-            ck.save(step, _read_checkpoint_dir(found[step]))
+            ck.save(step, read_checkpoint(found[step])[0])
     finally:
         ck.close()
     return sorted(found)
-
-
-def _read_checkpoint_dir(path: str) -> dict:
-    from .convert import read_checkpoint
-    weights = next((os.path.join(path, n) for n in _WEIGHTS
-                    if os.path.isfile(os.path.join(path, n))), None)
-    if weights is None:
-        raise InvalidArgumentError(f"{path} holds no model weights (none of {', '.join(_WEIGHTS)})")
-    with open(os.path.join(path, _STATE), encoding="utf-8") as f:
-        obj = {"model": read_checkpoint(weights)[0], "trainer_state": f.read()}
-    for key, name in _FILES.items():
-        if key == "rng" and not os.path.isfile(os.path.join(path, name)):
-            name = "rng_state_0.pth"       # a run of several processes: the first one's
-        if os.path.isfile(os.path.join(path, name)):
-            obj[key] = load(os.path.join(path, name), map_location="cpu")
-    return obj

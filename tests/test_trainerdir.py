@@ -1,0 +1,108 @@
+"""A Trainer's checkpoint-N directory as one checkpoint: read_checkpoint, convert, inspect,
+verify. Built here as the Trainer lays it out, so these run without transformers."""
+
+import json
+import os
+import pickle
+import random
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import lcckpt
+from lcckpt.cli import main
+from lcckpt.errors import CorruptDataError, InvalidArgumentError
+from lcckpt.interop import trainerdir
+from lcckpt.interop.convert import detect_format, read_checkpoint
+
+
+class _Boom:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def _checkpoint(d, step=4):
+    """model.safetensors, optimizer.pt, scheduler.pt, rng_state.pth, trainer_state.json,
+    and a training_args.bin that would run code if unpickled."""
+    d.mkdir(parents=True)
+    g = torch.Generator().manual_seed(step)
+    w = {"fc.weight": torch.randn(8, 4, generator=g), "fc.bias": torch.randn(8, generator=g)}
+    save_file(w, str(d / "model.safetensors"))
+    opt = {"state": {0: {"step": torch.tensor(float(step)), "exp_avg": torch.randn(8, 4, generator=g)}},
+           "param_groups": [{"lr": 1e-3, "params": [0]}]}
+    torch.save(opt, d / "optimizer.pt")
+    torch.save({"last_epoch": step, "_last_lr": [1e-3]}, d / "scheduler.pt")
+    torch.save({"python": random.getstate(), "numpy": np.random.get_state(),
+                "cpu": torch.random.get_rng_state()}, d / "rng_state.pth")
+    (d / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": []}))
+    (d / "training_args.bin").write_bytes(pickle.dumps(_Boom()))
+    return w, opt
+
+
+def test_a_trainer_directory_reads_as_one_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    w, opt = _checkpoint(tmp_path / "checkpoint-4")
+    path = str(tmp_path / "checkpoint-4")
+    assert detect_format(path) == "trainer" and trainerdir.global_step(path) == 4
+    obj, meta, fmt = read_checkpoint(path)
+    assert fmt == "trainer" and meta is None
+    assert sorted(obj) == ["model", "optimizer", "rng", "scheduler", "trainer_state"]
+    assert all(torch.equal(obj["model"][k], v) for k, v in w.items())
+    assert torch.equal(obj["optimizer"]["state"][0]["exp_avg"], opt["state"][0]["exp_avg"])
+    assert isinstance(obj["rng"]["numpy"][1], np.ndarray)
+    assert json.loads(obj["trainer_state"])["global_step"] == 4
+    assert not os.path.exists("pwned")                   # training_args.bin never read
+    with pytest.raises(InvalidArgumentError, match="Trainer checkpoint directory"):
+        read_checkpoint(path, step=4)
+
+
+def test_convert_inspect_and_verify_take_a_trainer_directory(tmp_path, capsys):
+    w, opt = _checkpoint(tmp_path / "checkpoint-4")
+    src = str(tmp_path / "checkpoint-4")
+    assert main(["convert", src, str(tmp_path / "c.lcc"), "--compress"]) == 0
+    back = lcckpt.load(tmp_path / "c.lcc")
+    assert all(torch.equal(back["model"][k], v) for k, v in w.items())
+    assert main(["convert", src, str(tmp_path / "m.safetensors"), "--key", "model"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", src, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["format"] == "trainer" and doc["global_step"] == 4
+    assert [r["part"] for r in doc["files"]] == ["model", "optimizer", "scheduler", "rng"]
+    assert [r["format"] for r in doc["files"]] == ["safetensors", "torch", "torch", "torch"]
+    assert main(["verify", src]) == 0
+    assert "OK: 4 of 4 checks passed" in capsys.readouterr().out
+    raw = bytearray((tmp_path / "checkpoint-4" / "optimizer.pt").read_bytes())
+    at = raw.index(opt["state"][0]["exp_avg"].numpy().tobytes())    # a tensor's bytes
+    raw[at + 5] ^= 0xFF
+    (tmp_path / "checkpoint-4" / "optimizer.pt").write_bytes(bytes(raw))
+    assert main(["verify", src]) == 1
+    assert "optimizer.pt" in capsys.readouterr().err
+
+
+def test_what_is_not_a_whole_trainer_directory_is_refused(tmp_path):
+    d = tmp_path / "checkpoint-2"
+    _checkpoint(d, step=2)
+    os.remove(d / "model.safetensors")
+    with pytest.raises(InvalidArgumentError, match="holds no model weights"):
+        read_checkpoint(str(d))
+    (d / "trainer_state.json").write_text('{"log_history": []}')
+    with pytest.raises(CorruptDataError, match="names no global_step"):
+        trainerdir.global_step(str(d))
+    (d / "trainer_state.json").write_text('{"global_step": "2"}')
+    with pytest.raises(CorruptDataError, match="is not a step number"):
+        trainerdir.global_step(str(d))
+    os.remove(d / "trainer_state.json")
+    assert detect_format(str(d)) == "chain"             # any other directory
+
+
+def test_bench_takes_trainer_directories_by_their_steps(tmp_path):
+    for step in (500, 1000, 1500):
+        _checkpoint(tmp_path / f"checkpoint-{step}", step=step)
+    names = sorted(str(p) for p in tmp_path.iterdir())          # as a shell's glob lists them
+    assert [os.path.basename(p) for p in names] == ["checkpoint-1000", "checkpoint-1500",
+                                                    "checkpoint-500"]
+    assert [trainerdir.global_step(p) for p in trainerdir.in_step_order(names)] == [500, 1000, 1500]
+    mixed = names + [str(tmp_path / "x.pt")]
+    assert trainerdir.in_step_order(mixed) == mixed                 # not all directories: as given
