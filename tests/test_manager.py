@@ -357,6 +357,32 @@ def test_host_buffers_are_reused():
     assert hb.nbytes == 3 * 4 and s3["a"].data_ptr() != ptr
 
 
+def test_tied_weights_are_copied_once_and_stored_once(tmp_path):
+    """A model whose output layer is its embedding: the host copy keeps the two names on
+    one buffer, so a background save stores the matrix once, as a save from the live
+    state does (it was stored twice: a keyframe twice the size)."""
+    hb = HostBuffers()
+    emb = torch.nn.Embedding(500, 64)
+    tree = {"emb.weight": emb.weight.detach(), "head.weight": emb.weight.detach(),
+            "rows": emb.weight.detach()[:10]}
+    out = hb.snapshot(tree)
+    assert out["emb.weight"] is out["head.weight"] and hb.nbytes == (500 + 10) * 64 * 4
+    assert out["rows"].data_ptr() != out["emb.weight"].data_ptr()    # views apart: copied
+    sizes = {}
+    for bg in (True, False):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Embedding(500, 64), torch.nn.Linear(64, 500, bias=False))
+        m[1].weight = m[0].weight
+        with CheckpointManager(tmp_path / str(bg), m, every=1, background=bg) as mgr:
+            mgr.step(1.0)
+        f = tmp_path / str(bg) / "step-000000000001.lcc"
+        sizes[bg] = f.stat().st_size
+        back = lcckpt.load(f)["model"]
+        assert back["0.weight"].data_ptr() == back["1.weight"].data_ptr()
+    assert abs(sizes[True] - sizes[False]) < 4096          # the manager's own record aside
+    assert sizes[True] < 500 * 64 * 4 * 1.5
+
+
 def test_host_copy_keeps_what_a_save_keeps():
     """A state dict's module versions, a Counter, a set and a sparse tensor come out of the
     host copy as they went in, so the manager stores what lcckpt.save of the state would."""

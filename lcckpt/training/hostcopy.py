@@ -37,13 +37,17 @@ class HostBuffers:
 
         Containers (dict, OrderedDict, Counter, list, tuple) are rebuilt (a state dict's
         ``_metadata`` kept), tensors are copied into the buffer of their path (a sparse
-        one into a fresh copy), anything else is ``copy.deepcopy``-ed. Returns after
+        one into a fresh copy), anything else is ``copy.deepcopy``-ed. Tensors that are
+        one tensor under two paths (tied weights: the same storage, offset, shape and
+        strides) get one buffer, so the save stores them once, as it does the live state;
+        views of one storage that differ are copied apart. Returns after
         every device copy has finished, so the caller may let training continue.
         A tensor for which ``live(t)`` is true is not copied: it stays in the copy as it
         is (detached), and ``(path, tensor)`` is appended to ``kept``.
         """
         seen: set[str] = set()
         devices: set[torch.device] = set()
+        copies: dict[tuple, torch.Tensor] = {}       # one copy per aliased tensor
 
         def walk(v: Any, path: str) -> Any:
             if isinstance(v, torch.Tensor) and v.layout != torch.strided:
@@ -52,7 +56,12 @@ class HostBuffers:
                 if live is not None and live(v):
                     kept.append((path, v.detach()))
                     return kept[-1][1]
-                return self._tensor(v, path, seen, devices)
+                key = _alias(v)
+                if key is None:
+                    return self._tensor(v, path, seen, devices)
+                if key not in copies:
+                    copies[key] = self._tensor(v, path, seen, devices)
+                return copies[key]
             if isinstance(v, dict):
                 out = type(v)() if type(v) in (OrderedDict, Counter) else {}
                 for k, x in v.items():
@@ -88,6 +97,14 @@ class HostBuffers:
         else:
             buf.copy_(t)
         return buf
+
+
+def _alias(t: torch.Tensor) -> tuple | None:
+    """What makes two tensors the same data (None for one without any)."""
+    if t.numel() == 0 or t.is_meta:
+        return None
+    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), t.dtype,
+            tuple(t.shape), t.stride())
 
 
 def _size(t: torch.Tensor) -> int:
