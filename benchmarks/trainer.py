@@ -1,4 +1,4 @@
-"""A Hugging Face Trainer fine-tune kept by lcckpt.interop.hf.ChainCallback: bytes against
+"""A Hugging Face Trainer fine-tune kept by lcckpt.training.hf.ChainCallback: bytes against
 the Trainer's own checkpoints, every restored step's held-out accuracy, save times; see
 lcckpt/bench/trainer.py. Needs the `.[finetune,hf]` extras.
 

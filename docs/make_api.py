@@ -16,7 +16,7 @@ SECTIONS = [
     ("lcckpt", "The package: codec, files, chains, training loop, errors"),
     ("lcckpt.schedule", "When to checkpoint"),
     ("lcckpt.distributed", "Many ranks on torch.distributed.checkpoint"),
-    ("lcckpt.interop.hf", "Hugging Face Trainer"),
+    ("lcckpt.training.hf", "Hugging Face Trainer"),
 ]
 
 

@@ -17,7 +17,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 import lcckpt  # noqa: E402
 from lcckpt.errors import InvalidArgumentError  # noqa: E402
-from lcckpt.interop.hf import ChainCallback, export_checkpoint, import_checkpoints  # noqa: E402
+from lcckpt.training.hf import ChainCallback, export_checkpoint, import_checkpoints  # noqa: E402
 
 transformers.utils.logging.set_verbosity_error()
 STEPS, EVERY = 12, 4
@@ -57,7 +57,7 @@ def run(tmp_path_factory):
     """One uninterrupted run, its checkpoints kept by the Trainer and by two chains."""
     root = tmp_path_factory.mktemp("hf")
     exact, lossy = ChainCallback(root / "exact", keyframe_every=1), ChainCallback(root / "chain")
-    t = _trainer(root / "out", [exact, lossy])
+    t = _trainer(root / "out", [exact, lossy, ChainCallback(root / "background", background=True)])
     t.train()
     final = {k: v.clone() for k, v in t.model.state_dict().items()}
     return types.SimpleNamespace(root=root, out=root / "out", final=final, lossy=lossy)
@@ -91,6 +91,35 @@ def test_the_chains_hold_every_checkpoint_the_trainer_saved(run):
         assert torch.equal(got["rng"]["cpu"], rng["cpu"])
         assert all(np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b
                    for a, b in zip(got["rng"]["numpy"], rng["numpy"]))
+
+
+def test_a_background_chain_writes_the_same_files(run):
+    """The host copy and the thread change when the bytes are written, not which."""
+    names = sorted(os.listdir(run.root / "chain"))
+    assert names == sorted(os.listdir(run.root / "background"))
+    for name in names:
+        if name.endswith(".lcc"):
+            assert (run.root / "chain" / name).read_bytes() == \
+                (run.root / "background" / name).read_bytes(), name
+
+
+def test_a_failed_background_save_is_raised_by_the_next_call(tmp_path, monkeypatch):
+    cb = ChainCallback(tmp_path / "c", background=True)
+    args = types.SimpleNamespace(fsdp=None, deepspeed=None, should_save=True,
+                                 output_dir=str(tmp_path / "out"))
+    model = torch.nn.Linear(2, 2)
+    cb.on_save(args, transformers.TrainerState(global_step=1), None, model=model)
+    cb.wait()
+    assert cb.last_save["step"] == 1
+
+    def full(*a, **k):
+        raise lcckpt.StorageError(28, "No space left on device", "x")
+    monkeypatch.setattr(lcckpt.DeltaCheckpointer, "save", full)
+    cb.on_save(args, transformers.TrainerState(global_step=2), None, model=model)   # returns
+    with pytest.raises(lcckpt.StorageError, match="No space left"):
+        cb.on_train_end(args, None, None)
+    cb.wait()                                        # raised once, then clear
+    assert lcckpt.DeltaCheckpointer(tmp_path / "c").steps() == [1]
 
 
 def test_lossy_steps_keep_what_training_changed(run):

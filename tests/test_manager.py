@@ -363,10 +363,13 @@ def test_tied_weights_are_copied_once_and_stored_once(tmp_path):
     state does (it was stored twice: a keyframe twice the size)."""
     hb = HostBuffers()
     emb = torch.nn.Embedding(500, 64)
-    tree = {"emb.weight": emb.weight.detach(), "head.weight": emb.weight.detach(),
+    w = emb.weight.detach()
+    tree = {"emb.weight": w, "head.weight": emb.weight.detach(), "same": w,
             "rows": emb.weight.detach()[:10]}
     out = hb.snapshot(tree)
-    assert out["emb.weight"] is out["head.weight"] and hb.nbytes == (500 + 10) * 64 * 4
+    assert out["emb.weight"].data_ptr() == out["head.weight"].data_ptr()
+    assert out["emb.weight"] is not out["head.weight"] and out["same"] is out["emb.weight"]
+    assert hb.nbytes == (500 + 10) * 64 * 4 and torch.equal(out["head.weight"], w)
     assert out["rows"].data_ptr() != out["emb.weight"].data_ptr()    # views apart: copied
     sizes = {}
     for bg in (True, False):

@@ -1,7 +1,7 @@
 """A Hugging Face Trainer's checkpoint directory (``checkpoint-N``): what it holds.
 
 :func:`lcckpt.interop.convert.read_checkpoint` reads it as one checkpoint, in the layout
-that :mod:`lcckpt.interop.hf` stores in a chain: ``model`` (the weights, from
+that :mod:`lcckpt.training.hf` stores in a chain: ``model`` (the weights, from
 ``model.safetensors``, ``pytorch_model.bin`` or their shard index), ``trainer_state``
 (``trainer_state.json``'s text), and where present ``optimizer``, ``scheduler``,
 ``scaler`` and ``rng``. Every file is read without running code from it;

@@ -48,6 +48,7 @@ class HostBuffers:
         seen: set[str] = set()
         devices: set[torch.device] = set()
         copies: dict[tuple, torch.Tensor] = {}       # one copy per aliased tensor
+        objects: dict[tuple, dict[int, torch.Tensor]] = {}    # its tensor objects
 
         def walk(v: Any, path: str) -> Any:
             if isinstance(v, torch.Tensor) and v.layout != torch.strided:
@@ -61,7 +62,10 @@ class HostBuffers:
                     return self._tensor(v, path, seen, devices)
                 if key not in copies:
                     copies[key] = self._tensor(v, path, seen, devices)
-                return copies[key]
+                    objects[key] = {id(v): copies[key]}
+                # the same object stays one object; another tensor on the same data
+                # becomes another tensor on the copy, as the live tree has them
+                return objects[key].setdefault(id(v), copies[key].view(copies[key].shape))
             if isinstance(v, dict):
                 out = type(v)() if type(v) in (OrderedDict, Counter) else {}
                 for k, x in v.items():

@@ -2,7 +2,7 @@
 step of that chain written back as a checkpoint directory ``train()`` resumes from;
 an existing run's ``checkpoint-N`` directories stored as such a chain.
 
-    from lcckpt.interop.hf import ChainCallback, export_checkpoint
+    from lcckpt.training.hf import ChainCallback, export_checkpoint
 
     trainer = Trainer(..., args=TrainingArguments(..., save_steps=500, save_total_limit=1),
                       callbacks=[ChainCallback("run/chain")])
@@ -31,6 +31,7 @@ import json
 import os
 import random
 import shutil
+import threading
 from typing import Any
 
 import numpy as np
@@ -41,9 +42,10 @@ from transformers.training_args import ParallelMode
 from ..chain.checkpointer import DeltaCheckpointer
 from ..errors import InvalidArgumentError
 from ..format.serialization import load
+from ..interop import trainerdir
+from ..interop.convert import read_checkpoint
 from ..util.durable import fsync_dir
-from . import trainerdir
-from .convert import read_checkpoint
+from .hostcopy import HostBuffers
 
 __all__ = ["ChainCallback", "export_checkpoint", "import_checkpoints"]
 
@@ -54,13 +56,24 @@ class ChainCallback(TrainerCallback):
     """Saves every checkpoint of a ``Trainer`` run as a step of a chain in ``directory``
     (``options``: :class:`~lcckpt.DeltaCheckpointer`'s keywords; ``keyframe_every=1``
     keeps every step exact). ``last_save`` is the checkpointer's record of the newest
-    save (kind, path, bytes)."""
+    finished save (kind, path, bytes).
 
-    def __init__(self, directory: str | os.PathLike, **options: Any) -> None:
+    ``background=True``: ``on_save`` copies the state into host buffers (reused from one
+    save to the next: memory of one state) and returns; a thread encodes and writes it
+    while training goes on. The next save, and the end of training, wait for it and
+    raise its error if it failed. The files are those a save in ``on_save`` writes."""
+
+    def __init__(self, directory: str | os.PathLike, *, background: bool = False,
+                 **options: Any) -> None:
         self.directory = os.fspath(directory)
+        self.background = background
         self.options = options
         self.last_save: dict | None = None
         self._ck: DeltaCheckpointer | None = None
+        self._step: int | None = None          # the newest step handed to a save
+        self._buffers = HostBuffers() if background else None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         if getattr(args, "fsdp", None) or getattr(args, "deepspeed", None):
@@ -80,18 +93,48 @@ class ChainCallback(TrainerCallback):
 
     def on_save(self, args, state, control, model=None, optimizer=None, lr_scheduler=None,
                 **kwargs):
-        if not args.should_save or (self.last_save or {}).get("step") == state.global_step:
+        if not args.should_save or self._step == state.global_step:
             return                          # not this process's, or this step is stored
         if model is None:
             raise InvalidArgumentError("the Trainer passed no model to on_save; nothing to store")
+        self.wait()
         self._open()
-        self._ck.save(state.global_step, _snapshot(args, state, model, optimizer, lr_scheduler))
-        self.last_save = self._ck.last_save
+        obj = _snapshot(args, state, model, optimizer, lr_scheduler)
+        self._step = state.global_step
+        if not self.background:
+            self._write(state.global_step, obj)
+            return
+        obj = self._buffers.snapshot(obj)
+        self._thread = threading.Thread(target=self._guarded, args=(state.global_step, obj),
+                                        name="lcckpt-chain-callback")
+        self._thread.start()
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self._ck is not None:
-            self._ck.close()
-            self._ck = None
+        try:
+            self.wait()
+        finally:
+            if self._ck is not None:
+                self._ck.close()
+                self._ck = None
+
+    def wait(self) -> None:
+        """Wait for a background save in flight; raise its error if it failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _write(self, step: int, obj: dict) -> None:
+        self._ck.save(step, obj)
+        self.last_save = self._ck.last_save
+
+    def _guarded(self, step: int, obj: dict) -> None:
+        try:
+            self._write(step, obj)
+        except BaseException as e:          # raised in the training thread by wait()
+            self._error = e
 
     def _open(self) -> None:
         if self._ck is None:
