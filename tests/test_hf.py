@@ -1,6 +1,7 @@
-"""Hugging Face Trainer: ChainCallback keeps every checkpoint the Trainer saves, and
-export_checkpoint writes a step back as a directory the Trainer resumes from. The
-Trainer's own checkpoint directories are the oracle: they hold the true states."""
+"""Hugging Face Trainer: ChainCallback keeps every checkpoint the Trainer saves (also in
+the background), export_checkpoint writes a step back as a directory the Trainer resumes
+from, import_checkpoints stores existing directories as a chain. The Trainer's own
+checkpoint directories are the oracle: they hold the true states."""
 
 import json
 import os
@@ -54,7 +55,8 @@ def _trainer(out, callbacks=()):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """One uninterrupted run, its checkpoints kept by the Trainer and by two chains."""
+    """One uninterrupted run, its checkpoints kept by the Trainer and by three chains:
+    exact, default, and default written in the background."""
     root = tmp_path_factory.mktemp("hf")
     exact, lossy = ChainCallback(root / "exact", keyframe_every=1), ChainCallback(root / "chain")
     t = _trainer(root / "out", [exact, lossy, ChainCallback(root / "background", background=True)])
