@@ -105,6 +105,16 @@ def test_a_background_chain_writes_the_same_files(run):
                 (run.root / "background" / name).read_bytes(), name
 
 
+def test_save_only_model_stores_the_model_alone(tmp_path):
+    cb = ChainCallback(tmp_path / "c")
+    args = types.SimpleNamespace(fsdp=None, deepspeed=None, should_save=True,
+                                 save_only_model=True, output_dir=str(tmp_path / "out"))
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    cb.on_save(args, transformers.TrainerState(global_step=1), None, model=model, optimizer=opt)
+    assert sorted(lcckpt.DeltaCheckpointer(tmp_path / "c").load(1)) == ["model", "trainer_state"]
+
+
 def test_a_failed_background_save_is_raised_by_the_next_call(tmp_path, monkeypatch):
     cb = ChainCallback(tmp_path / "c", background=True)
     args = types.SimpleNamespace(fsdp=None, deepspeed=None, should_save=True,

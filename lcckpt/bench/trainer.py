@@ -7,7 +7,8 @@ linear schedule, dropout on) on the docstring task of :mod:`lcckpt.bench.finetun
 checkpoint every ``save_steps``. Each checkpoint directory the Trainer writes is sized
 as it is written (``save_total_limit=1`` keeps one on disk), the live model is scored on
 the held-out docstrings, and after training every chain step is restored and scored the
-same way. Save times: the Trainer's ``_save_checkpoint`` against the callback's save.
+same way. Save times: the Trainer's ``_save_checkpoint`` against the callback's save
+(with ``--background``, how long the callback held the loop: its host copy).
 """
 
 from __future__ import annotations

@@ -142,10 +142,12 @@ class ChainCallback(TrainerCallback):
 
 
 def _snapshot(args, state, model, optimizer, lr_scheduler) -> dict:
-    """What the Trainer's own checkpoint directory holds, as one object."""
-    obj: dict[str, Any] = {"model": model.state_dict(),
-                           "trainer_state": _state_json(state),
-                           "rng": _rng_states(args)}
+    """What the Trainer's own checkpoint directory holds, as one object (the model and
+    the trainer state alone under ``save_only_model``, as the Trainer saves them)."""
+    obj: dict[str, Any] = {"model": model.state_dict(), "trainer_state": _state_json(state)}
+    if getattr(args, "save_only_model", False):
+        return obj
+    obj["rng"] = _rng_states(args)
     if optimizer is not None:
         obj["optimizer"] = optimizer.state_dict()
     if lr_scheduler is not None:
