@@ -105,6 +105,36 @@ def test_a_background_chain_writes_the_same_files(run):
                 (run.root / "background" / name).read_bytes(), name
 
 
+def test_replace_writes_the_chain_instead_and_resumes_bit_for_bit(run, tmp_path):
+    """No checkpoint-N directory written; the same states as the run's exact chain, and
+    its trainer state but for total_flos (the Trainer adds it up when it saves or logs);
+    a step exported resumes as the run went on."""
+    cb = ChainCallback(tmp_path / "c", keyframe_every=1, replace=True, background=True)
+    t = _trainer(tmp_path / "out", [cb])
+    t.train()
+    assert not any(p.name.startswith("checkpoint-") for p in (tmp_path / "out").iterdir())
+    for step in range(EVERY, STEPS + 1, EVERY):
+        mine = lcckpt.DeltaCheckpointer(tmp_path / "c").load(step)
+        theirs = lcckpt.DeltaCheckpointer(run.root / "exact").load(step)
+        mine_state, theirs_state = (json.loads(x["trainer_state"]) for x in (mine, theirs))
+        assert mine_state.pop("total_flos") <= theirs_state.pop("total_flos")
+        assert mine_state == theirs_state
+        assert all(torch.equal(mine["model"][k], v) for k, v in theirs["model"].items())
+    out = export_checkpoint(tmp_path / "c", tmp_path / "ex" / "checkpoint-8", _model(), step=8)
+    t = _trainer(tmp_path / "resumed")
+    t.train(resume_from_checkpoint=out)
+    assert all(torch.equal(t.model.state_dict()[k], v) for k, v in run.final.items())
+
+
+@pytest.mark.parametrize("kw", [dict(load_best_model_at_end=True),
+                                dict(save_strategy=transformers.trainer_utils.SaveStrategy.BEST)])
+def test_replace_refuses_what_needs_the_trainer_s_directories(kw):
+    args = types.SimpleNamespace(fsdp=None, deepspeed=None, should_save=True, **kw)
+    with pytest.raises(InvalidArgumentError, match="replace=True"):
+        ChainCallback("unused", replace=True).on_train_begin(args, None, None)
+    assert not os.path.exists("unused")
+
+
 def test_save_only_model_stores_the_model_alone(tmp_path):
     cb = ChainCallback(tmp_path / "c")
     args = types.SimpleNamespace(fsdp=None, deepspeed=None, should_save=True,

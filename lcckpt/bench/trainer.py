@@ -41,11 +41,12 @@ def _score(model, task) -> tuple[float, float]:
 
 
 def run(steps: int = 60, save_steps: int = 5, lr: float = 5e-5, directory: str | None = None,
-        background: bool = False, **options) -> dict:
+        background: bool = False, replace: bool = False, **options) -> dict:
     """Fine-tune, checkpointing through the Trainer and the callback; returns a JSON-able
     dict (``options``: DeltaCheckpointer keywords for the chain). ``chain_s`` is how long
     the callback held the loop at each save: the whole save, or with ``background`` the
-    host copy (and any wait for the previous save)."""
+    host copy (and any wait for the previous save). ``replace``: the chain instead of the
+    Trainer's directories (their columns then stay empty)."""
     from transformers import BertForSequenceClassification, Trainer, TrainingArguments
     from transformers.utils import logging
     from ..training.hf import ChainCallback
@@ -75,6 +76,7 @@ def run(steps: int = 60, save_steps: int = 5, lr: float = 5e-5, directory: str |
     class Chain(ChainCallback):
         def on_save(self, args, state, control, model=None, **kw):
             acc, loss = _score(model, task)
+            record.setdefault(state.global_step, {"trainer_s": None, "trainer_bytes": None})
             t0 = time.perf_counter()
             super().on_save(args, state, control, model=model, **kw)
             record[state.global_step].update(chain_s=time.perf_counter() - t0,
@@ -95,24 +97,25 @@ def run(steps: int = 60, save_steps: int = 5, lr: float = 5e-5, directory: str |
         chain = os.path.join(d, "chain")
         t0 = time.perf_counter()
         Timed(model=model, args=args, train_dataset=Data(),
-              callbacks=[Chain(chain, background=background, **options)]).train()
+              callbacks=[Chain(chain, background=background, replace=replace,
+                               **options)]).train()
         train_s = time.perf_counter() - t0
         for step, obj in DeltaCheckpointer(chain).replay(max_bytes=None):
             model.load_state_dict(obj["model"])
             acc, loss = _score(model, task)
             record[step].update(restored_accuracy=acc, restored_loss=loss)
     rows = [{"step": s, **r} for s, r in sorted(record.items())]
-    trainer_total = sum(r["trainer_bytes"] for r in rows)
+    trainer_total = None if replace else sum(r["trainer_bytes"] for r in rows)
     chain_total = sum(r["chain_bytes"] for r in rows)
     return {
         "environment": environment(), "steps": steps, "save_steps": save_steps, "lr": lr,
-        "background": background, "train_s": train_s,
+        "background": background, "replace": replace, "train_s": train_s,
         "options": {k: repr(v) for k, v in options.items()}, "rows": rows,
         "trainer_bytes": trainer_total, "chain_bytes": chain_total,
-        "ratio": trainer_total / chain_total,
+        "ratio": None if replace else trainer_total / chain_total,
         "worst_drop_points": max(100 * (r["accuracy"] - r["restored_accuracy"]) for r in rows),
         "worst_loss_change_pct": max(abs(r["restored_loss"] / r["loss"] - 1) * 100 for r in rows),
-        "trainer_save_s": statistics.median(r["trainer_s"] for r in rows),
+        "trainer_save_s": None if replace else statistics.median(r["trainer_s"] for r in rows),
         "chain_save_s": statistics.median(r["chain_s"] for r in rows),
     }
 
@@ -124,23 +127,28 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=5e-5, help="learning rate (the Trainer's default)")
     ap.add_argument("--background", action="store_true",
                     help="ChainCallback(background=True): saves written while training goes on")
+    ap.add_argument("--replace", action="store_true",
+                    help="ChainCallback(replace=True): the chain instead of checkpoint-N directories")
     ap.add_argument("--dir", default=None, help="where to write the temporary run")
     ap.add_argument("--json", default=None, help="also write the result here")
     a = ap.parse_args(argv)
-    res = run(a.steps, a.save_steps, a.lr, a.dir, a.background)
-    table = [{"step": r["step"], "kind": r["kind"], "trainer_MB": r["trainer_bytes"] / 1e6,
+    res = run(a.steps, a.save_steps, a.lr, a.dir, a.background, a.replace)
+    mb = (lambda n: None if n is None else n / 1e6)
+    table = [{"step": r["step"], "kind": r["kind"], "trainer_MB": mb(r["trainer_bytes"]),
               "chain_MB": r["chain_bytes"] / 1e6, "acc": 100 * r["accuracy"],
               "restored_acc": 100 * r["restored_accuracy"], "loss": r["loss"],
               "restored_loss": r["restored_loss"], "trainer_s": r["trainer_s"],
               "chain_s": r["chain_s"]} for r in res["rows"]]
     print(format_table(table, list(table[0])))
-    print(f"\nwhole run: Trainer checkpoints {res['trainer_bytes'] / 1e6:.0f} MB, chain "
-          f"{res['chain_bytes'] / 1e6:.1f} MB ({res['ratio']:.1f}x smaller); worst restore "
-          f"{res['worst_drop_points']:+.2f} accuracy points below the true model, held-out "
-          f"loss within {res['worst_loss_change_pct']:.2f}%; median save "
-          f"{res['trainer_save_s']:.2f} s (Trainer) and {res['chain_save_s']:.2f} s (chain"
-          f"{', in the background' if a.background else ''}); training took "
-          f"{res['train_s']:.1f} s, saves and scoring included")
+    trainer = "the Trainer wrote no directories" if a.replace else (
+        f"Trainer checkpoints {res['trainer_bytes'] / 1e6:.0f} MB")
+    ratio = "" if a.replace else f" ({res['ratio']:.1f}x smaller)"
+    saves = "" if a.replace else f"{res['trainer_save_s']:.2f} s (Trainer) and "
+    print(f"\nwhole run: {trainer}, chain {res['chain_bytes'] / 1e6:.1f} MB{ratio}; worst "
+          f"restore {res['worst_drop_points']:+.2f} accuracy points below the true model, "
+          f"held-out loss within {res['worst_loss_change_pct']:.2f}%; median save {saves}"
+          f"{res['chain_save_s']:.2f} s (chain{', in the background' if a.background else ''}"
+          f"); training took {res['train_s']:.1f} s, saves and scoring included")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=2)

@@ -15,8 +15,9 @@ checkpoint directory is written), through a :class:`~lcckpt.DeltaCheckpointer`: 
 model's and the optimizer's state, the LR scheduler's, the AMP scaler's where the Trainer
 wrote one, the random generators the Trainer saves and its ``TrainerState``. The
 Trainer's ``save_total_limit`` then bounds the full-size directories, while the chain
-keeps every step. Why not instead of the Trainer's own save: ``load_best_model_at_end``
-and the Trainer's resume read its directories, and :func:`export_checkpoint` writes one.
+keeps every step. Beside the Trainer's own save by default, since ``load_best_model_at_end``
+and the Trainer's resume read its directories (:func:`export_checkpoint` writes one);
+``replace=True`` writes the chain instead.
 
 Sharded training (FSDP, DeepSpeed) is refused: each rank holds only part of the state
 there (``lcckpt.distributed`` stores such state). Under DDP the process that saves
@@ -61,12 +62,22 @@ class ChainCallback(TrainerCallback):
     ``background=True``: ``on_save`` copies the state into host buffers (reused from one
     save to the next: memory of one state) and returns; a thread encodes and writes it
     while training goes on. The next save, and the end of training, wait for it and
-    raise its error if it failed. The files are those a save in ``on_save`` writes."""
+    raise its error if it failed. The files are those a save in ``on_save`` writes.
+
+    ``replace=True``: the chain instead of the Trainer's ``checkpoint-N`` directories.
+    When the Trainer is due to save (``control.should_save`` at the end of a step or an
+    epoch) the callback saves and clears the flag, so the Trainer writes nothing;
+    :func:`export_checkpoint` writes a directory to resume from. The trainer state keeps
+    the Trainer's own flags as its save would. Two things the Trainer adds up only when it
+    saves or logs stay as of then: ``total_flos``, and other stateful callbacks (an early
+    stopping's patience). Refused with ``load_best_model_at_end`` or ``save_strategy="best"``, which
+    need the Trainer's directories."""
 
     def __init__(self, directory: str | os.PathLike, *, background: bool = False,
-                 **options: Any) -> None:
+                 replace: bool = False, **options: Any) -> None:
         self.directory = os.fspath(directory)
         self.background = background
+        self.replace = replace
         self.options = options
         self.last_save: dict | None = None
         self._ck: DeltaCheckpointer | None = None
@@ -80,6 +91,13 @@ class ChainCallback(TrainerCallback):
             raise InvalidArgumentError(
                 "ChainCallback stores one process's whole state, and under FSDP or DeepSpeed "
                 "each rank holds only part of it; save such a run with lcckpt.distributed")
+        strategy = getattr(args, "save_strategy", None)
+        if self.replace and (getattr(args, "load_best_model_at_end", False)
+                             or getattr(strategy, "value", strategy) == "best"):
+            raise InvalidArgumentError(
+                "ChainCallback(replace=True) stops the Trainer's own checkpoint directories, "
+                "and load_best_model_at_end or save_strategy='best' reads them: use "
+                "replace=False (the chain beside the directories) or turn those off")
         if not args.should_save:
             return
         self._open()
@@ -108,6 +126,20 @@ class ChainCallback(TrainerCallback):
         self._thread = threading.Thread(target=self._guarded, args=(state.global_step, obj),
                                         name="lcckpt-chain-callback")
         self._thread.start()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._save_instead(args, state, control, **kwargs)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self._save_instead(args, state, control, **kwargs)
+
+    def _save_instead(self, args, state, control, **kwargs):
+        if self.replace and control.should_save:
+            held = getattr(state, "stateful_callbacks", None)
+            if isinstance(held, dict) and isinstance(held.get("TrainerControl"), dict):
+                held["TrainerControl"] = control.state()    # as the Trainer's save records it
+            self.on_save(args, state, control, **kwargs)
+            control.should_save = False         # the Trainer's own save is skipped
 
     def on_train_end(self, args, state, control, **kwargs):
         try:
