@@ -81,6 +81,26 @@ def test_convert_inspect_and_verify_take_a_trainer_directory(tmp_path, capsys):
     assert "optimizer.pt" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("layout", ["pytorch_model.bin", "model.safetensors.index.json"])
+def test_the_weights_in_any_layout_save_pretrained_writes(tmp_path, layout):
+    """save_safetensors=False writes pytorch_model.bin; a large model, shards and an index."""
+    d = tmp_path / "checkpoint-4"
+    w, _ = _checkpoint(d)
+    os.remove(d / "model.safetensors")
+    if layout == "pytorch_model.bin":
+        torch.save(w, d / layout)
+    else:
+        names = sorted(w)
+        for i, name in enumerate(names):
+            save_file({name: w[name]}, str(d / f"model-0000{i + 1}-of-00002.safetensors"))
+        (d / layout).write_text(json.dumps({"metadata": {}, "weight_map": {
+            n: f"model-0000{i + 1}-of-00002.safetensors" for i, n in enumerate(names)}}))
+    assert trainerdir.files(str(d))["model"] == str(d / layout)
+    got = read_checkpoint(str(d))[0]["model"]
+    assert got.keys() == w.keys() and all(torch.equal(got[k], v) for k, v in w.items())
+    assert main(["verify", str(d)]) == 0
+
+
 def test_what_is_not_a_whole_trainer_directory_is_refused(tmp_path):
     d = tmp_path / "checkpoint-2"
     _checkpoint(d, step=2)
