@@ -3,6 +3,10 @@ the Trainer's own checkpoints, every restored step's held-out accuracy, save tim
 lcckpt/bench/trainer.py. Needs the `.[finetune,hf]` extras.
 
     python benchmarks/trainer.py [--steps 60] [--save-steps 5] [--lr 5e-5] [--json out.json]
+        [--background | --replace] [--resume STEP ...] [--first-moment T]
+
+--resume: the run resumed from those chain steps and from exact copies of them, and
+where each resumed run ends against the uninterrupted one.
 """
 
 import sys

@@ -168,3 +168,31 @@ def test_quality_plot_merges_runs_and_draws_every_point(tmp_path, monkeypatch):
     assert sorted(drawn) == sorted(v for k, v in rows.items() if "keyframe_every" not in k
                                    and not k.startswith("distributed"))
     assert (tmp_path / "q.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_trainer_benchmark_weighs_first_moment_errors_as_adam_does():
+    """``m1_err_adam`` divides each element's error by √v + ε, as Adam's step divides its
+    first moment: the same error counts for far more where the second moment is small,
+    while the plain relative L2 error cannot tell the two apart."""
+    from lcckpt.bench.trainer import _moment_errors
+
+    m = torch.tensor([1.0, 1.0])
+    v = torch.tensor([1.0, 1e-4])
+    exact = {"optimizer": {"state": {0: {"exp_avg": m, "exp_avg_sq": v}}}}
+
+    def restored(m1, m2=v):
+        return {"optimizer": {"state": {0: {"exp_avg": torch.tensor(m1), "exp_avg_sq": m2}}}}
+
+    assert _moment_errors(exact, restored([1.0, 1.0])) == {
+        "m1_err": 0.0, "m1_err_adam": 0.0, "m2_root_ratio": [1.0, 1.0, 1.0]}
+    # the second moment restored 4x too large on the small element: that step is halved
+    p1, p50, p99 = _moment_errors(exact, restored([1.0, 1.0], v * torch.tensor([1.0, 4.0])))[
+        "m2_root_ratio"]
+    assert p1 == pytest.approx(1.01) and p50 == pytest.approx(1.5) and p99 == pytest.approx(1.99)
+    big_v, small_v = (_moment_errors(exact, restored(x)) for x in ([1.5, 1.0], [1.0, 1.5]))
+    assert big_v["m1_err"] == pytest.approx(small_v["m1_err"]) == pytest.approx(0.5 / 2 ** 0.5)
+    root = (v.double().sqrt() + 1e-8).tolist()                 # the oracle, written out
+    norm = ((1 / root[0]) ** 2 + (1 / root[1]) ** 2) ** 0.5
+    assert big_v["m1_err_adam"] == pytest.approx(0.5 / root[0] / norm)
+    assert small_v["m1_err_adam"] == pytest.approx(0.5 / root[1] / norm)
+    assert small_v["m1_err_adam"] > 50 * big_v["m1_err_adam"]

@@ -22,8 +22,10 @@ it did, a MiniLM fine-tune's 7.9 MB instead of 30 MB, with the same worst accura
 
 A model's weights decide the accuracy of a restored model; an optimizer's first moment
 (SGD's ``momentum_buffer``, Adam's ``exp_avg``) is renewed within a few dozen steps after
-a resume, so a coarse copy costs little (runs resumed ten times from copies at 0.8 end
-where uninterrupted ones do: docs/chain.md; not in bf16/fp16, where it is held to
+a resume, so a coarse copy costs little (the digits CNN's runs resumed ten times from
+copies at 0.8 end where uninterrupted ones do; a short AdamW fine-tune resumed once ends
+up to a few percent of held-out loss above, 0.3 narrows that at more bytes: docs/chain.md,
+"Resuming an AdamW fine-tune"; bf16/fp16 ones are held to
 :data:`LOW_PRECISION_FIRST_MOMENT`); a second moment (``exp_avg_sq``) scales every
 step and changes slowly; the quantizer never restores it below a quarter of its value.
 :class:`RolePolicy` maps a key path (``obj["model"]["fc1.weight"]``,
