@@ -219,6 +219,29 @@ def test_keyframe_cadence(tmp_path):
     assert [every.info(s)["kind"] for s in range(3)] == ["keyframe"] * 3
 
 
+
+def test_a_keyframe_asked_for_restores_exactly_and_later_deltas_build_on_it(tmp_path):
+    ck = DeltaCheckpointer(tmp_path)                 # default: one keyframe per 50 saves
+    for step in range(3):
+        ck.save(step, _state(step))
+    ck.save(3, _state(3), keyframe=True)
+    ck.save(4, _state(4))
+    assert [ck.info(s)["kind"] for s in range(5)] == \
+        ["keyframe", "delta", "delta", "keyframe", "delta"]
+    assert ck.info(3)["depth"] == 0 and ck.info(4)["base"]["step"] == 3
+    assert ck.info(4)["depth"] == 1
+    assert_same(ck.load(3), _state(3))             # exact, where a delta step is not:
+    assert not same_bits(ck.load(2)["model"]["w"], _state(2)["model"]["w"])
+    w4, got = _state(4)["model"]["w"], ck.load(4)["model"]["w"]
+    moved = float((w4 - _state(3)["model"]["w"]).norm())       # since the new keyframe
+    policy = lcckpt.RolePolicy()         # its first delta: the update is the movement
+    assert 0 < float((got - w4).norm()) <= max(policy.weight, policy.update) * moved * 1.01
+    for bad in (1, "yes", None):
+        with pytest.raises(lcckpt.InvalidArgumentError, match="keyframe must be"):
+            ck.save(5, _state(5), keyframe=bad)
+    assert ck.steps() == [0, 1, 2, 3, 4]
+
+
 # --------------------------------------------------------------------------- reopen
 
 

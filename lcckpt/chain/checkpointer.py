@@ -70,9 +70,8 @@ from .session import SaveSession, stored_stats, write_streamed
 __all__ = ["DeltaCheckpointer", "file_name"]
 
 DEFAULT_TARGET = DEFAULT_POLICY      # DeltaCheckpointer(directory)'s targets: see docs/chain.md
-# Saves per keyframe. Movement targets make later deltas of a chain cheaper and a new
-# keyframe costs ~0.8 of the state: 50 keeps a 41-checkpoint run above 20x whole
-# (docs/chain.md, "Keyframes"); merge() bounds a restore's chain where that matters.
+# Saves per keyframe: later deltas cost less (movement targets), a keyframe ~0.8 of the
+# state; 50 keeps a 41-checkpoint run above 20x whole (docs/chain.md, "Keyframes").
 DEFAULT_KEYFRAME_EVERY = 50
 LC_MIN_DELTA_ELEMENTS = 4096         # LC mode: smaller floating tensors are stored whole
 TARGET_MIN_DELTA_ELEMENTS = 8        # target mode: smaller ones (scalars: step counts) are delta-coded exactly
@@ -90,8 +89,7 @@ class DeltaCheckpointer:
     tensor at the chain's keyframe (zeros for one first saved after it) and ``t`` its
     role's share (weights 0.007, first moments 0.8 or 0.3 in bf16/fp16, second moments
     0.1): a share of what training changed, or of the update a delta sends where that
-    allows more (0.05 of
-    ``||u - ũ_prev||₂``), never finer than the working precision (fp32's), with a warning
+    allows more (0.05 of ``||u - ũ_prev||₂``), never finer than fp32's precision, with a warning
     naming step and tensor when an update goes unkept (lcckpt/codec/movement.py). The
     uniform quantizer picks per tensor and per checkpoint the coarsest step that meets it
     (a weight's error made orthogonal to its optimizer's first moment where the state
@@ -110,12 +108,12 @@ class DeltaCheckpointer:
     moment, which 2 bits track poorly (see docs/chain.md).
     ``keyframe_every``: every that many saves after a keyframe is a keyframe again (so a
     chain is one keyframe and at most ``keyframe_every - 1`` deltas); None: only the first
-    save. ``keep_last``: after each save, delete files that none of the newest
-    ``keep_last`` steps needs. ``min_delta_elements``: smaller floating tensors are stored
-    exactly. ``track``: optional ``(key_path, tensor) -> bool`` policy replacing the size
-    rule for floating tensors. ``keyframe_coding``: "lossless" (default, ~1.2x smaller
-    keyframes) or "raw" (byte planes stored uncoded; with today's decoder no faster to
-    restore: 0.22 s against 0.21 s for a 245 MB keyframe).
+    save (``save(..., keyframe=True)`` writes one when asked). ``keep_last``: after each
+    save, delete files that none of the newest ``keep_last`` steps needs.
+    ``min_delta_elements``: smaller floating tensors are stored exactly. ``track``:
+    optional ``(key_path, tensor) -> bool`` policy replacing the size rule for floating
+    tensors. ``keyframe_coding``: "lossless" (default, ~1.2x smaller keyframes) or "raw"
+    (byte planes stored uncoded; no faster to restore: 0.22 s against 0.21 s, 245 MB).
 
     One writer per directory: the first save or merge locks the directory until
     :meth:`close` (or ``with DeltaCheckpointer(d) as ck:``); a second writer gets
@@ -170,8 +168,7 @@ class DeltaCheckpointer:
         self._last: dict | None = None      # step, state_id, depth of the newest file
         self._primed: tuple | None = None   # (step, state_id, depth, tracks): load(resume=True)
         self._force_keyframe = False
-        self._header_need = {True: None, False: None}   # the last streamed keyframe's and
-                                                         # delta's header need
+        self._header_need = {True: None, False: None}   # last streamed keyframe's/delta's
         self._dir = ChainDirectory(self.directory)   # its files, headers cached
         self.last_save: dict | None = None  # what the newest save wrote (step, kind, path, nbytes)
         self._lock: WriterLock | None = None
@@ -239,30 +236,35 @@ class DeltaCheckpointer:
 
     # ------------------------------------------------------------------ saving
 
-    def save(self, step: int, obj: Any, *, released: Callable[[], None] | None = None) -> str:
+    def save(self, step: int, obj: Any, *, released: Callable[[], None] | None = None,
+             keyframe: bool = False) -> str:
         """Store ``obj`` as ``step`` (a keyframe or a delta); returns the file's path.
+        ``keyframe=True``: a keyframe whatever ``keyframe_every`` says (restored exactly:
+        a step to resume from exactly); later deltas are taken against it.
 
         ``released``: called once, from this thread, as soon as ``obj``'s tensors are no
         longer read, before the file is synced and committed (not at all if the save fails
         first): a caller saving live tensors from another thread may let training change
         them from then on."""
         step = check_step(step)
+        if type(keyframe) is not bool:
+            raise InvalidArgumentError(f"keyframe must be True or False, got {keyframe!r}")
         try:
             os.makedirs(self.directory, exist_ok=True)
         except OSError as e:
             raise StorageError(e.errno, f"cannot create the checkpoint directory: {e.strerror}",
                                self.directory) from None
         with self._writing():
-            return self._save(step, obj, released)
+            return self._save(step, obj, released, keyframe)
 
-    def _save(self, step: int, obj: Any, released) -> str:
+    def _save(self, step: int, obj: Any, released, force: bool) -> str:
         if self._encoders is None:
             self._resume()
         if self._last is not None and step <= self._last["step"]:
             raise InvalidArgumentError(
                 f"step {step} is not after the newest stored step {self._last['step']}; steps "
                 "must increase (delete the later files first to rewrite history)")
-        keyframe = (self._last is None or self._force_keyframe
+        keyframe = (force or self._last is None or self._force_keyframe
                     or (self.keyframe_every is not None
                         and self._last["depth"] + 1 >= self.keyframe_every))
         count, state_bytes = census(obj)
@@ -386,7 +388,7 @@ class DeltaCheckpointer:
 
     def _resume(self) -> None:
         """Rebuild the encoders' references from disk: what a reader reconstructs."""
-        self._clean_temps()
+        _durable.remove_stale_temps(self.directory)
         self._encoders, self._last, self._force_keyframe = {}, None, False
         primed, self._primed = self._primed, None
         steps = self.steps()
@@ -415,9 +417,6 @@ class DeltaCheckpointer:
     def _fetch(self, key: str) -> np.ndarray | None:
         """A parked reference: tracked tensor ``key`` at the newest step, from the files."""
         return _restore.restore_track(self._dir, self._last["step"], key)
-
-    def _clean_temps(self) -> None:
-        _durable.remove_stale_temps(self.directory)
 
     # ------------------------------------------------------------------ loading
 
