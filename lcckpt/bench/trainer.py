@@ -156,7 +156,7 @@ def run(steps: int = 60, save_steps: int = 5, lr: float = 5e-5, directory: str |
                 report_to=[], disable_tqdm=True, logging_steps=10 ** 6)
         chain, exact = os.path.join(d, "chain"), os.path.join(d, "exact")
         callbacks = [Chain(chain, background=background, replace=replace, **options)]
-        if resume:              # after the timed callback: it may take the Trainer's save
+        if resume:              # exact copies: the control to resume from, and the oracle
             callbacks.append(ChainCallback(exact, keyframe_every=1))
         t0 = time.perf_counter()
         Timed(model=model, args=make_args(os.path.join(d, "out")), train_dataset=Data(),

@@ -89,8 +89,9 @@ class DeltaCheckpointer:
     tensor at the chain's keyframe (zeros for one first saved after it) and ``t`` its
     role's share (weights 0.007, first moments 0.8 or 0.3 in bf16/fp16, second moments
     0.1): a share of what training changed, or of the update a delta sends where that
-    allows more (0.05 of ``||u - ũ_prev||₂``), never finer than fp32's precision, with a warning
-    naming step and tensor when an update goes unkept (lcckpt/codec/movement.py). The
+    allows more (0.05 of ``||u - ũ_prev||₂``), never finer than the working precision
+    (fp32's), with a warning naming step and tensor when an update goes unkept
+    (lcckpt/codec/movement.py). The
     uniform quantizer picks per tensor and per checkpoint the coarsest step that meets it
     (a weight's error made orthogonal to its optimizer's first moment where the state
     holds one: lcckpt/chain/moments.py); floating tensors
