@@ -3,6 +3,7 @@ training after a kill (subprocess tests in _manager_worker.py)."""
 
 import collections
 import contextlib
+import copy
 import importlib.util
 import os
 import random
@@ -95,6 +96,37 @@ def test_fixed_interval_checkpoints_and_restores_everything(tmp_path):
     assert random.random() == py_draw and np.random.rand() == np_draw
     assert torch.equal(torch.rand(2, generator=tgen2), tgen_draw) and ngen2.random() == ngen_draw
     mgr2.close()
+
+
+def test_a_keyframe_checkpoint_restores_exactly_where_deltas_do_not(tmp_path):
+    """``checkpoint(wait=True, keyframe=True)`` (as on SIGTERM): the step the run resumes
+    from is exact, weights and optimizer state, in a chain of lossy deltas; a delta of
+    that very iteration is written again as a keyframe."""
+    model, opt = _setup()
+    with CheckpointManager(tmp_path, model, opt, every=2, backpressure="wait",
+                           keep_last=None) as mgr:                 # default targets
+        for it in range(1, 9):
+            mgr.step(_train(model, opt))
+            if it == 6:
+                mgr.wait()
+                at6 = _params(model)
+        mgr.wait()
+        assert lcckpt.DeltaCheckpointer(tmp_path).info(8)["kind"] == "delta"
+        with pytest.raises(lcckpt.InvalidArgumentError, match="keyframe must be"):
+            mgr.checkpoint(wait=True, keyframe=1)
+        assert mgr.checkpoint(wait=True, keyframe=True) == 8 and mgr.durable_step == 8
+        at8, moments = _params(model), copy.deepcopy(opt.state_dict()["state"])
+    ck = lcckpt.DeltaCheckpointer(tmp_path)
+    assert ck.steps() == [2, 4, 6, 8]
+    assert [ck.info(s)["kind"] for s in ck.steps()] == ["keyframe", "delta", "delta", "keyframe"]
+    got6 = ck.load(6)["model"]
+    assert not all(torch.equal(a, got6[k]) for a, k in zip(at6, model.state_dict()))
+    model2, opt2 = _setup(seed=3)
+    assert CheckpointManager(tmp_path, model2, opt2, every=2).restore() == 8
+    assert all(torch.equal(a, b) for a, b in zip(at8, _params(model2)))
+    for k, state in moments.items():
+        for name, t in state.items():
+            assert torch.equal(t, opt2.state_dict()["state"][k][name]), (k, name)
 
 
 def test_restore_on_empty_directory_returns_none(tmp_path):
@@ -608,6 +640,30 @@ def test_sigterm_checkpoints_then_calls_the_previous_handler(tmp_path):
         mgr.close()
         assert lcckpt.DeltaCheckpointer(tmp_path).steps() == [3]
         assert signal.getsignal(signal.SIGTERM) is handler       # handed back
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def test_the_sigterm_checkpoint_is_a_keyframe_the_run_resumes_from_exactly(tmp_path):
+    calls = []
+    old = signal.signal(signal.SIGTERM, lambda signum, frame: calls.append(signum))
+    try:
+        model, opt = _setup()
+        mgr = CheckpointManager(tmp_path, model, opt, every=2, sigterm=True,
+                                backpressure="wait")
+        for _ in range(4):
+            mgr.step(_train(model, opt))
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert mgr.step(_train(model, opt)) is True and calls == [signal.SIGTERM]
+        at5 = _params(model)
+        mgr.close()
+        ck = lcckpt.DeltaCheckpointer(tmp_path)
+        assert [(s, ck.info(s)["kind"]) for s in ck.steps()] == \
+            [(2, "keyframe"), (4, "delta"), (5, "keyframe")]
+        model2, opt2 = _setup(seed=3)
+        assert CheckpointManager(tmp_path, model2, opt2, every=2).restore() == 5
+        assert all(torch.equal(a, b) for a, b in zip(at5, _params(model2)))
     finally:
         signal.signal(signal.SIGTERM, old)
 

@@ -82,8 +82,9 @@ class CheckpointManager:
     waits until the write has read them, and only it may change them in place meanwhile
     (:class:`~lcckpt.errors.StateChangedError` otherwise; docs/manager.md).
     ``sigterm=True`` installs a SIGTERM handler (main thread only): at the next ``step()``
-    the manager writes a checkpoint of that iteration and waits until it is durable, then
-    calls the handler that was installed before, or exits with status 143 (SystemExit).
+    the manager writes a checkpoint of that iteration (a keyframe: the run resumes from it
+    exactly) and waits until it is durable, then calls the handler that was installed
+    before, or exits with status 143 (SystemExit).
 
     ``bits``, ``keyframe_every``, ``keep_last`` and ``checkpointer_options`` configure the
     :class:`~lcckpt.DeltaCheckpointer` that writes the files; by default (``bits=None``)
@@ -164,18 +165,29 @@ class CheckpointManager:
         self._last_t = time.perf_counter()
         return took
 
-    def checkpoint(self, wait: bool = False) -> int:
+    def checkpoint(self, wait: bool = False, keyframe: bool = False) -> int:
         """Take a checkpoint of the current iteration now; returns its step.
 
         Waits for an earlier save still in flight first. ``wait=True`` also waits until this
         one is durable (e.g. at the end of training, or on SIGTERM); since the loop waits
         anyway, it is written from the live state in this thread, with no host copy.
+        ``keyframe=True``: stored as a keyframe, which restores exactly (a step the run
+        will resume from, as on SIGTERM: docs/manager.md); a delta of this iteration
+        already written is written again as one.
         """
         self._check_usable()
+        if type(keyframe) is not bool:
+            raise InvalidArgumentError(f"keyframe must be True or False, got {keyframe!r}")
+        if keyframe and self.last_checkpoint == self.iteration:
+            self.wait()
+            if self._ck.info(self.iteration)["kind"] != "keyframe":
+                self._ck, removed = remove_newest(self._ck, self.iteration, self._ck_args, None)
+                self.last_checkpoint = self._ck.steps()[-1] if removed else self.iteration
+                self.durable_step = self.last_checkpoint
         if self.last_checkpoint != self.iteration:
             self._join()
             t0 = time.perf_counter()
-            self._snapshot_and_persist(background=False if wait else self.background)
+            self._snapshot_and_persist(False if wait else self.background, keyframe)
             if wait and self.background:        # not the plan's cost: the caller's choice
                 self.stats["waited_s"] += time.perf_counter() - t0
             if self._last_t is not None:        # the write is not an iteration's time
@@ -369,7 +381,7 @@ class CheckpointManager:
         self._snapshot_and_persist(self.background)
         return True
 
-    def _snapshot_and_persist(self, background: bool) -> None:
+    def _snapshot_and_persist(self, background: bool, keyframe: bool = False) -> None:
         """Take the checkpoint of this iteration: ``background``, a snapshot into the host
         buffers written by the job thread; otherwise written now from the live state (the
         whole write is then the stall, and the plan's snapshot cost, when it is the
@@ -390,12 +402,12 @@ class CheckpointManager:
         self.last_checkpoint = step
         if self.every is not None:
             self._next_at = step + self.every
-            args = (step, snap, None, False)
+            args = (step, snap, None, False, keyframe)
         else:
             # follow the plan; the writer re-plans after the save if the inputs moved
             following = bool(self._gaps)
             self._next_at = step + (self._gaps.pop(0) if following else max(1, step))
-            args = (step, snap, self._inputs(), following)
+            args = (step, snap, self._inputs(), following, keyframe)
         self.stats["checkpoints"] += 1
         if background:
             self._record_stall(time.perf_counter() - t0)
@@ -427,9 +439,9 @@ class CheckpointManager:
                 "loss_curve": self._curve.state()}
 
     def _persist(self, step: int, snap: dict, inputs: _replan.Inputs | None,
-                 following: bool, released: Callable | None = None) -> None:
+                 following: bool, keyframe: bool, released: Callable | None = None) -> None:
         t0 = time.perf_counter()
-        self._ck.save(step, snap, released=released)
+        self._ck.save(step, snap, released=released, keyframe=keyframe)
         if self._persists == 1:         # the first save of a process compiles kernels: not typical
             self._costs.clear("persist")
         self._persists += 1
@@ -492,7 +504,7 @@ class CheckpointManager:
 
     def _emergency(self) -> None:
         self._sigterm.pending = False
-        self.checkpoint(wait=True)
+        self.checkpoint(wait=True, keyframe=True)     # the step the run resumes from: exact
         self._sigterm.pass_on()         # the previous handler, or SystemExit(143)
 
 
