@@ -713,6 +713,27 @@ def aborting_worker(rank, world, init_method, log_dir):
     os.abort()
 
 
+def tied(rank, world, root):
+    """A replicated tensor under two names, its rows split between the ranks, is stored
+    once in every step of a chain; both names load back as one tensor's values."""
+    import lcckpt.distributed as ld
+    for name in ("tied", "untied"):
+        emb = replicated_state()["emb"]
+        state = {"emb": emb, "out": emb} if name == "tied" else {"emb": emb}
+        ck = ld.DistributedCheckpointer(os.path.join(root, name), planner=ld.BalancedSavePlanner(
+            min_split_bytes=64 << 10, item_overhead=16 << 10))   # the 1 MiB tensor cut in rows
+        g = torch.Generator().manual_seed(5)
+        for step in range(3):
+            emb.add_(torch.randn(emb.shape, generator=g) * 1e-3)
+            ck.save(step, state)
+        got = {k: torch.zeros_like(emb) for k in state}
+        ck.load(got)
+        assert all(torch.equal(v, got["emb"]) for v in got.values())
+        assert (got["emb"] - emb).norm() <= 0.01 * emb.norm()
+        torch.save(emb, os.path.join(root, f"{name}.pt"))
+    dist.barrier()
+
+
 def two_rank_worker(rank, world, init_method, root, src):
     """One spawn for every 2-process check (process start-up dominates their time)."""
     _init(rank, world, init_method, log_dir=root)
@@ -723,6 +744,7 @@ def two_rank_worker(rank, world, init_method, root, src):
     process_mode(rank, world, root)
     live_staging(rank, world, root)
     process_live(rank, world, root)
+    tied(rank, world, root)
     dist.destroy_process_group()
 
 

@@ -369,6 +369,53 @@ def test_merge_makes_the_newest_step_a_keyframe_that_restores_the_same(tmp_path)
             assert torch.equal(ref, plain.references()[piece]), (step, piece)
 
 
+def _distcp_bytes(d) -> int:
+    return sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d)
+               if n.endswith(".distcp"))
+
+
+def test_a_tied_tensor_is_stored_once_through_deltas_a_merge_and_a_restart(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    emb = torch.randn(2000, 64, generator=g)
+    ld.save({"emb": emb, "out": emb}, tmp_path / "a")
+    ld.save({"emb": emb}, tmp_path / "b")
+    assert _distcp_bytes(tmp_path / "a") == _distcp_bytes(tmp_path / "b")
+    got = {"emb": torch.zeros_like(emb), "out": torch.zeros_like(emb)}
+    reader = CompressedReader(tmp_path / "a")
+    dcp.load(got, storage_reader=reader, planner=ld.SafeLoadPlanner())
+    assert torch.equal(got["emb"], emb) and torch.equal(got["out"], emb)
+    assert reader.bytes_read < 1.01 * _distcp_bytes(tmp_path / "a")     # read once
+
+    ck, one = (ld.DistributedCheckpointer(tmp_path / n) for n in ("c", "d"))
+    for step in range(3):
+        emb.add_(torch.randn(emb.shape, generator=g) * 1e-3)
+        ck.save(step, {"emb": emb, "out": emb})
+        one.save(step, {"emb": emb})
+        assert _distcp_bytes(ck.path(step)) == _distcp_bytes(one.path(step))
+    md = CompressedReader(ck.path(2)).read_metadata()
+    infos = {idx.fqn: info for idx, info in md.storage_data.items()}
+    assert infos["out"].codec == "delta" and infos["out"].alias and not infos["emb"].alias
+    assert (infos["out"].offset, infos["out"].chain) == (infos["emb"].offset,
+                                                         infos["emb"].chain)
+    before = _distcp_bytes(ck.path(2))
+    ck.merge(2)                                    # one keyframe for both names
+    merged = CompressedReader(ck.path(2)).read_metadata().storage_data
+    assert len({(i.relative_path, i.offset) for i in merged.values()}) == 1
+    assert _distcp_bytes(ck.path(2)) - before < 1.01 * emb.numel() * 4
+    want = {"emb": torch.zeros_like(emb)}
+    one.load(want)
+    for loader in (ck, ld.DistributedCheckpointer(tmp_path / "c")):
+        got = {"emb": torch.zeros_like(emb), "out": torch.zeros_like(emb)}
+        loader.load(got)
+        assert torch.equal(got["emb"], want["emb"]) and torch.equal(got["out"], want["emb"])
+    again = ld.DistributedCheckpointer(tmp_path / "c")         # a restarted writer goes on
+    emb.add_(torch.randn(emb.shape, generator=g) * 1e-3)
+    again.save(3, {"emb": emb, "out": emb})
+    assert CompressedReader(again.path(3)).read_metadata().storage_data[
+        next(i for i in merged if i.fqn == "emb")].codec == "delta"
+    assert _distcp_bytes(again.path(3)) < emb.numel()
+
+
 def test_merge_of_an_older_step_rebases_the_later_ones(tmp_path):
     """merge(step) of a step before the newest: it becomes a keyframe of what it
     restores, every later step's chains start there instead of at the old keyframe (so
@@ -763,6 +810,24 @@ def test_two_ranks_save_fail_delta_load_and_reshard_to_one(two_ranks):
             n += 1
     assert n >= 4 + 8 + 1 + 4
     assert torch.equal(target["state"]["ids"], torch.arange(100))
+
+
+def test_two_ranks_store_a_tied_tensor_once_and_one_rank_loads_it(two_ranks):
+    root, _ = two_ranks     # the workers checked that both names loaded as one
+    ranks = set()
+    for step in range(3):
+        tied, untied = (os.path.join(root, n, f"step_{step:010d}") for n in ("tied", "untied"))
+        assert _distcp_bytes(tied) == _distcp_bytes(untied)
+        md = CompressedReader(tied).read_metadata()
+        ranks |= {i.rank for i in md.storage_data.values()}
+        assert {(i.rank, i.offset) for idx, i in md.storage_data.items() if idx.fqn == "out"} \
+            == {(i.rank, i.offset) for idx, i in md.storage_data.items() if idx.fqn == "emb"}
+    assert ranks == {0, 1}                         # the rows were split between the ranks
+    want = torch.load(os.path.join(root, "tied.pt"))
+    got = {"emb": torch.zeros_like(want), "out": torch.zeros_like(want)}
+    ld.DistributedCheckpointer(os.path.join(root, "tied")).load(got)
+    assert torch.equal(got["emb"], got["out"])
+    assert (got["emb"] - want).norm() <= 0.01 * want.norm()
 
 
 @pytest.mark.slow

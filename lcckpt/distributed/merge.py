@@ -45,6 +45,13 @@ def merge_step(files, path: str, storage_options: dict | None = None) -> dict:
     new, moved, at = {}, {}, 0
     with files.create_stream(target, "wb") as f:
         for idx, info in deltas:
+            old = (files.absolute(files.join(path, info.relative_path)), info.offset,
+                   info.length)
+            if old in moved:                    # another name of a tensor merged already
+                _, off, n = moved[old]
+                new[idx] = dataclasses.replace(info, relative_path=name, offset=off,
+                                               length=n, chain=(), zero_base=False)
+                continue
             rec = info.replay(reader._read)
             n = 0
             for piece in rec.exact_blob():
@@ -52,8 +59,7 @@ def merge_step(files, path: str, storage_options: dict | None = None) -> dict:
                 n += memoryview(piece).nbytes
             new[idx] = dataclasses.replace(info, relative_path=name, offset=at, length=n,
                                            chain=(), zero_base=False)
-            moved[(files.absolute(files.join(path, info.relative_path)), info.offset,
-                   info.length)] = (files.absolute(target), at, n)
+            moved[old] = (files.absolute(target), at, n)
             at += n
         _sync(files, f)
     check_size(files, target, at)

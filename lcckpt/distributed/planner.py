@@ -5,7 +5,9 @@ the least-loaded rank, never split) with :func:`~lcckpt.distributed.partition.pa
 large replicated tensors become row-range chunks (ordinary DCP chunks, so loading and
 resharding work unchanged) and every piece goes to a rank by cost. It keeps the last committed
 save's per-piece encoded sizes and owners (:meth:`BalancedSavePlanner.commit`) to estimate
-costs and to keep pieces where their delta references live.
+costs and to keep pieces where their delta references live. A tensor under two names (tied
+input and output embeddings) is planned once: its other names follow its pieces to the same
+ranks, where the writer stores each piece once (``storage.py``).
 
 Non-tensor values are stored as lcckpt files (:class:`TreeBytes`: no pickle, and numpy
 arrays, sets and the rest of what ``lcckpt.save`` stores load back), where DCP stores
@@ -62,6 +64,17 @@ def item_key(item: WriteItem) -> str:
     return item.index.fqn
 
 
+def identity(t) -> tuple | None:
+    """What makes two tensors of a state one: the same memory seen the same way (tied
+    weights under two names; a DTensor by its local shard); None for what is not a tensor
+    with elements or data (a meta tensor: a process-mode save's stand-in)."""
+    t = t.to_local() if hasattr(t, "to_local") else t
+    if not isinstance(t, torch.Tensor) or t.numel() == 0 or t.device.type == "meta":
+        return None
+    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
+            tuple(t.stride()), t.dtype)
+
+
 def whole_piece(item: WriteItem) -> Piece:
     rows = _rows(item)
     return Piece(item_key(item), 0, rows)
@@ -75,6 +88,12 @@ def chunk_nbytes(item: WriteItem) -> int:
         return 0
     itemsize = torch.empty((), dtype=td.properties.dtype).element_size()
     return math.prod(td.chunk.sizes) * itemsize
+
+
+def piece_for(planner, item: WriteItem) -> Piece:
+    """The partition piece ``item`` stands for under any DCP save planner (whole where the
+    planner is not ours)."""
+    return planner.piece_of(item) if hasattr(planner, "piece_of") else whole_piece(item)
 
 
 def _rows(item: WriteItem) -> int:
@@ -119,6 +138,7 @@ class BalancedSavePlanner(DefaultSavePlanner):
         self.assignment: Assignment | None = None
         self._local: dict = {}
         self._local_items: list[WriteItem] | None = None
+        self._aliases: dict[str, str] = {}     # a tied tensor's other name -> its first
 
     def __getstate__(self):
         # process-based async_save pickles the planner on every save: the history (a few
@@ -136,8 +156,13 @@ class BalancedSavePlanner(DefaultSavePlanner):
                 k = item_key(wi)
                 holders.setdefault(k, []).append(rank)
                 first.setdefault(k, wi)
+        # replicated state is alike on every rank: the coordinator's own ties stand for all
+        tied = {a: p for a, p in self._aliases.items()
+                if a in first and p in first and holders[a] == holders[p]}
         items = []
         for k, wi in first.items():
+            if k in tied:
+                continue
             ranks = tuple(sorted(set(holders[k])))
             if wi.type == WriteItemType.BYTE_IO:
                 ranks = (0,) if 0 in ranks else ranks[:1]     # non-tensors: the coordinator
@@ -154,6 +179,9 @@ class BalancedSavePlanner(DefaultSavePlanner):
             wi = first[piece.key]
             whole = piece.start == 0 and piece.stop == _rows(wi)
             per_rank[rank].append(wi if whole else _row_piece_item(wi, piece))
+            for alias in (a for a, p in tied.items() if p == piece.key):   # same rank, rows
+                awi = first[alias]
+                per_rank[rank].append(awi if whole else _row_piece_item(awi, piece))
         plans = [dataclasses.replace(p, items=items_r) for p, items_r in zip(all_plans, per_rank)]
         global_plan, metadata = create_default_global_save_plan(plans)
         if self.flatten_state_dict:
@@ -180,7 +208,24 @@ class BalancedSavePlanner(DefaultSavePlanner):
     def create_local_plan(self) -> SavePlan:
         plan = super().create_local_plan()
         self._local_items = list(plan.items)
+        self._aliases, seen = {}, {}
+        for wi in plan.items:
+            if wi.type != WriteItemType.BYTE_IO:
+                same = identity(self.state_dict.get(wi.index.fqn))
+                if same in seen:
+                    self._aliases[wi.index.fqn] = seen[same]
+                elif same is not None:
+                    seen[same] = wi.index.fqn
         return plan
+
+    def tied_to(self, item: WriteItem) -> Piece | None:
+        """The piece that ``item`` (of this rank's final plan) is another name of: the same
+        rows of the same tensor in the state this rank saves (tied weights); else None."""
+        first = self._aliases.get(item.index.fqn)
+        if first is None:
+            return None
+        p = self.piece_of(item)
+        return Piece(first + p.key[len(item.index.fqn):], p.start, p.stop)
 
     def piece_of(self, item: WriteItem) -> Piece:
         """The partition piece a write item of this rank's final plan stands for."""
@@ -208,7 +253,7 @@ class BalancedSavePlanner(DefaultSavePlanner):
         hist = History()
         for info in (metadata.storage_data or {}).values():
             piece = getattr(info, "piece", None)
-            if piece is None:
+            if piece is None or getattr(info, "alias", False):
                 continue
             p = Piece(*piece)
             hist.encoded[p] = int(info.length)

@@ -77,7 +77,7 @@ def reopened(infos, rank: int, step_dir: str, fs, chained, new_encoder) -> dict:
     out, read = {}, partial(read_blob, fs)
     for info in infos:
         name = chained(info)
-        if name is None or info.rank != rank:
+        if name is None or info.rank != rank or getattr(info, "alias", False):
             continue
         here = fs.absolute(fs.join(step_dir, info.relative_path))
         base = fs.dirname(here)                 # chains are relative to the data file's

@@ -4,7 +4,9 @@
 an exact keyframe, or, in a chain, a lossy delta against this rank's reference of that
 piece (the decoder's reconstruction of the piece's last committed state). Each item's
 :class:`LcckptStorageInfo` records its codec, dtype, shape, raw size, owner rank and, for a
-delta, where the earlier blobs of its chain lie. References advance only in :meth:`commit`,
+delta, where the earlier blobs of its chain lie. A piece that the planner found under two
+names (tied weights, :meth:`~.planner.BalancedSavePlanner.tied_to`) is stored once; the
+other names' records point to its blob. References advance only in :meth:`commit`,
 which the caller runs after the save committed on every rank; :meth:`abort` drops them and
 removes this save's files. File names carry a per-save tag, so saving again into a
 directory never overwrites the files its committed ``.metadata`` points to.
@@ -50,7 +52,7 @@ from .refs import (BACKGROUND, Background, Ref, park, park_in, read_blob, reopen
                    resync)
 from .metadata import MetadataUnpickler
 from .partition import Piece
-from .planner import SafeLoadPlanner, TreeBytes
+from .planner import SafeLoadPlanner, TreeBytes, piece_for
 from ..format.serialization import load
 from .store import Flusher, check_size, files_for
 
@@ -74,6 +76,7 @@ class LcckptStorageInfo:
     chain: tuple = ()          # earlier blobs of a delta, keyframe first: (path, offset, length),
                                # paths relative to this checkpoint's directory
     zero_base: bool = False    # the chain's first blob is a delta against zeros, not a keyframe
+    alias: bool = False        # the blob of another name of the same tensor (tied weights)
 
     def replay(self, read, work: str | None = None) -> Reconstruction:
         """The item's chain applied, keyframe (or the delta from zero) first; ``read(path,
@@ -197,16 +200,27 @@ class CompressedWriter(FileSystemWriter):
         if self._bg is not None:
             self._bg.pending, self._bg.pending_save = None, self.save_id
             self._bg.advanced = self._advanced
-        order = sorted(plan.items, key=lambda wi: wi.type != WriteItemType.BYTE_IO)
         flusher = Flusher() if self.sync_files and not self.fs.remote else None
         dirs = targets.directions(planner) if isinstance(self.target, RolePolicy) else {}
         feed = self.feed                        # a live process-mode save: see pool.py
+        tied = getattr(planner, "tied_to", lambda wi: None) if feed is None else lambda wi: None
+        order = sorted(plan.items, key=lambda wi: (wi.type != WriteItemType.BYTE_IO,
+                                                   tied(wi) is not None))
+        stored: dict[Piece, LcckptStorageInfo] = {}
         if feed is not None:
-            feed.start([_request(planner, wi, dirs) for wi in order
-                        if wi.type != WriteItemType.BYTE_IO])
+            asked = [(wi, piece_for(planner, wi)) for wi in order
+                     if wi.type != WriteItemType.BYTE_IO]        # see pool.FeedClient.start
+            feed.start([(wi.index.fqn, tuple(wi.tensor_data.chunk.offsets),
+                         tuple(wi.tensor_data.chunk.sizes), dataclasses.astuple(p),
+                         targets.fqn(p.key) in dirs) for wi, p in asked])
         with self.fs.create_stream(path, "wb") as f:
             for wi in order:
-                piece = _piece(planner, wi)
+                piece = piece_for(planner, wi)
+                if tied(wi) in stored:          # another name of a piece stored above
+                    results.append(WriteResult(index=wi.index, size_in_bytes=0, storage_data=
+                                               dataclasses.replace(stored[tied(wi)],
+                                                                   alias=True)))
+                    continue
                 data, steer = planner.resolve_data(wi), dirs
                 if feed is not None and wi.type != WriteItemType.BYTE_IO:
                     data, m = feed.next()       # the piece, copied in by the trainer
@@ -217,6 +231,7 @@ class CompressedWriter(FileSystemWriter):
                 info = LcckptStorageInfo(name, offset, f.tell() - offset, rank=rank,
                                          piece=(piece.key, piece.start, piece.stop), **info)
                 raw_total += info.raw_nbytes
+                stored[piece] = info
                 results.append(WriteResult(index=wi.index, size_in_bytes=info.length,
                                            storage_data=info))
                 if flusher is not None:
@@ -363,20 +378,6 @@ class CompressedWriter(FileSystemWriter):
                     pass
 
 
-def _request(planner, wi: WriteItem, dirs: dict) -> tuple:
-    """What a live process-mode save asks the trainer for (``pool.FeedClient.start``)."""
-    piece, chunk = _piece(planner, wi), wi.tensor_data.chunk
-    return (wi.index.fqn, tuple(chunk.offsets), tuple(chunk.sizes),
-            (piece.key, piece.start, piece.stop), targets.fqn(piece.key) in dirs)
-
-
-def _piece(planner, wi: WriteItem) -> Piece:
-    if hasattr(planner, "piece_of"):
-        return planner.piece_of(wi)
-    from .planner import whole_piece  # noqa: PLC0415
-    return whole_piece(wi)
-
-
 class CompressedReader(FileSystemReader):
     """DCP storage reader for checkpoints written by :class:`CompressedWriter`.
 
@@ -443,13 +444,15 @@ class CompressedReader(FileSystemReader):
                              lambda info, reqs: self._item(info, reqs, planner),
                              lambda reqs, whole: exchange.apply(planner, reqs, whole))
             else:
-                groups: dict = {}
+                groups: dict = {}           # by blob: a tied tensor's names decode once
                 for req in plan.items:
-                    groups.setdefault(req.storage_index, []).append(req)
-                for idx in sorted(groups, key=lambda i: (self.storage_data[i].relative_path,
-                                                         self.storage_data[i].offset)):
-                    exchange.apply(planner, groups[idx],
-                           self._item(self.storage_data[idx], groups[idx], planner))
+                    i = self.storage_data[req.storage_index]
+                    groups.setdefault((i.relative_path, i.offset, i.length), []).append(req)
+                for blob in sorted(groups):
+                    reqs = groups[blob]
+                    exchange.apply(planner, reqs,
+                                   self._item(self.storage_data[reqs[0].storage_index], reqs,
+                                              planner))
         finally:
             if self._files is not None:
                 self._files.close()
