@@ -715,8 +715,12 @@ def aborting_worker(rank, world, init_method, log_dir):
 
 def tied(rank, world, root):
     """A replicated tensor under two names, its rows split between the ranks, is stored
-    once in every step of a chain; both names load back as one tensor's values."""
+    once in every step of a chain; both names load back as one tensor's values, each blob
+    read by one rank."""
+    import torch.distributed.checkpoint as dcp
     import lcckpt.distributed as ld
+    from lcckpt.distributed.planner import SafeLoadPlanner
+    from lcckpt.distributed.storage import CompressedReader
     for name in ("tied", "untied"):
         emb = replicated_state()["emb"]
         state = {"emb": emb, "out": emb} if name == "tied" else {"emb": emb}
@@ -727,9 +731,14 @@ def tied(rank, world, root):
             emb.add_(torch.randn(emb.shape, generator=g) * 1e-3)
             ck.save(step, state)
         got = {k: torch.zeros_like(emb) for k in state}
-        ck.load(got)
+        reader = CompressedReader(ck.path(2), cooperative=True)     # as ck.load(got) reads
+        dcp.load(got, storage_reader=reader, planner=SafeLoadPlanner())
         assert all(torch.equal(v, got["emb"]) for v in got.values())
         assert (got["emb"] - emb).norm() <= 0.01 * emb.norm()
+        read = torch.tensor([reader.bytes_read])
+        dist.all_reduce(read)                   # each blob read once, by one of the ranks
+        with open(os.path.join(root, f"{name}.read"), "w") as f:
+            f.write(str(int(read)))
         torch.save(emb, os.path.join(root, f"{name}.pt"))
     dist.barrier()
 

@@ -823,6 +823,9 @@ def test_two_ranks_store_a_tied_tensor_once_and_one_rank_loads_it(two_ranks):
         assert {(i.rank, i.offset) for idx, i in md.storage_data.items() if idx.fqn == "out"} \
             == {(i.rank, i.offset) for idx, i in md.storage_data.items() if idx.fqn == "emb"}
     assert ranks == {0, 1}                         # the rows were split between the ranks
+    for name in ("tied", "untied"):                # both ranks loaded: each blob read once
+        chain = sum(_distcp_bytes(os.path.join(root, name, f"step_{s:010d}")) for s in range(3))
+        assert int(open(os.path.join(root, f"{name}.read")).read()) <= chain
     want = torch.load(os.path.join(root, "tied.pt"))
     got = {"emb": torch.zeros_like(want), "out": torch.zeros_like(want)}
     ld.DistributedCheckpointer(os.path.join(root, "tied")).load(got)

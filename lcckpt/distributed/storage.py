@@ -54,7 +54,7 @@ from .metadata import MetadataUnpickler
 from .partition import Piece
 from .planner import SafeLoadPlanner, TreeBytes, piece_for
 from ..format.serialization import load
-from .store import Flusher, check_size, files_for
+from .store import Flusher, check_size, files_for, remove_stale
 
 SUFFIX = ".distcp"
 _OUR_FILE = re.compile(r"__\d+_[0-9a-f]{8}_\d+\.distcp")
@@ -306,7 +306,8 @@ class CompressedWriter(FileSystemWriter):
         finally:
             self.sync_files = sync
         # from the results, not metadata.storage_data: torch < 2.13 fills that in on a copy
-        self._remove_stale({wr.storage_data.relative_path for wrs in results for wr in wrs})
+        remove_stale(self.fs, self.path, _OUR_FILE,
+                     {wr.storage_data.relative_path for wrs in results for wr in wrs})
 
     def storage_meta(self) -> StorageMeta | None:
         return StorageMeta(checkpoint_id=str(self.path), save_id=self.save_id)
@@ -365,18 +366,6 @@ class CompressedWriter(FileSystemWriter):
         """This rank's committed references: what a load of its pieces will return."""
         return {p: as_tensor(r.encoder.reference()) for p, r in self._refs.items()}
 
-    def _remove_stale(self, keep: set) -> None:
-        try:
-            names = self.fs.listdir(self.path)
-        except OSError:
-            return
-        for name in names:
-            if _OUR_FILE.fullmatch(name) and name not in keep:
-                try:
-                    self.fs.rm_file(self.fs.join(self.path, name))
-                except OSError:
-                    pass
-
 
 class CompressedReader(FileSystemReader):
     """DCP storage reader for checkpoints written by :class:`CompressedWriter`.
@@ -426,6 +415,15 @@ class CompressedReader(FileSystemReader):
                     "torch.distributed.checkpoint.FileSystemReader")
         return md
 
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        """A tied tensor's other names read its first name's item, which decodes once."""
+        sd, tied = self.storage_data, lambda i: getattr(self.storage_data[i], "alias", False)
+        first = {(sd[i].relative_path, sd[i].offset): i for i in sd if not tied(i)}
+        plan.items = [dataclasses.replace(r, storage_index=first[(
+            sd[r.storage_index].relative_path, sd[r.storage_index].offset)])
+            if tied(r.storage_index) else r for r in plan.items]
+        return plan
+
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
         plans = super().prepare_global_plan(plans)
         if self.cooperative and len(plans) > 1:
@@ -444,15 +442,13 @@ class CompressedReader(FileSystemReader):
                              lambda info, reqs: self._item(info, reqs, planner),
                              lambda reqs, whole: exchange.apply(planner, reqs, whole))
             else:
-                groups: dict = {}           # by blob: a tied tensor's names decode once
+                groups: dict = {}
                 for req in plan.items:
-                    i = self.storage_data[req.storage_index]
-                    groups.setdefault((i.relative_path, i.offset, i.length), []).append(req)
-                for blob in sorted(groups):
-                    reqs = groups[blob]
-                    exchange.apply(planner, reqs,
-                                   self._item(self.storage_data[reqs[0].storage_index], reqs,
-                                              planner))
+                    groups.setdefault(req.storage_index, []).append(req)
+                for idx in sorted(groups, key=lambda i: (self.storage_data[i].relative_path,
+                                                         self.storage_data[i].offset)):
+                    exchange.apply(planner, groups[idx],
+                           self._item(self.storage_data[idx], groups[idx], planner))
         finally:
             if self._files is not None:
                 self._files.close()

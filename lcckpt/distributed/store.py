@@ -182,6 +182,21 @@ class RemoteFiles(FileSystemBase):
         self.fs.rm(str(path), recursive=True)
 
 
+def remove_stale(files, path: str, ours, keep: set) -> None:
+    """Remove the files in ``path`` whose names match ``ours`` (a compiled pattern) and are
+    not in ``keep``; best effort."""
+    try:
+        names = files.listdir(path)
+    except OSError:
+        return
+    for name in names:
+        if ours.fullmatch(name) and name not in keep:
+            try:
+                files.rm_file(files.join(path, name))
+            except OSError:
+                pass
+
+
 def check_size(files, path, written: int) -> None:
     """An upload is only as good as what arrived: raise if the stored object is not the
     ``written`` bytes the writer sent (a remote store that dropped unflushed data)."""
