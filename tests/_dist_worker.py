@@ -721,15 +721,18 @@ def tied(rank, world, root):
     import lcckpt.distributed as ld
     from lcckpt.distributed.planner import SafeLoadPlanner
     from lcckpt.distributed.storage import CompressedReader
-    for name in ("tied", "untied"):
+    for name in ("tied", "untied", "tied_live"):
         emb = replicated_state()["emb"]
-        state = {"emb": emb, "out": emb} if name == "tied" else {"emb": emb}
+        state = {"emb": emb} if name == "untied" else {"emb": emb, "out": emb}
         ck = ld.DistributedCheckpointer(os.path.join(root, name), planner=ld.BalancedSavePlanner(
             min_split_bytes=64 << 10, item_overhead=16 << 10))   # the 1 MiB tensor cut in rows
         g = torch.Generator().manual_seed(5)
         for step in range(3):
             emb.add_(torch.randn(emb.shape, generator=g) * 1e-3)
-            ck.save(step, state)
+            if name == "tied_live":             # planned from placeholders in a process
+                ck.async_save(step, state, process=True, staging="live").result(timeout=120)
+            else:
+                ck.save(step, state)
         got = {k: torch.zeros_like(emb) for k in state}
         reader = CompressedReader(ck.path(2), cooperative=True)     # as ck.load(got) reads
         dcp.load(got, storage_reader=reader, planner=SafeLoadPlanner())
@@ -740,6 +743,7 @@ def tied(rank, world, root):
         with open(os.path.join(root, f"{name}.read"), "w") as f:
             f.write(str(int(read)))
         torch.save(emb, os.path.join(root, f"{name}.pt"))
+        ck.close()
     dist.barrier()
 
 

@@ -816,14 +816,16 @@ def test_two_ranks_store_a_tied_tensor_once_and_one_rank_loads_it(two_ranks):
     root, _ = two_ranks     # the workers checked that both names loaded as one
     ranks = set()
     for step in range(3):
-        tied, untied = (os.path.join(root, n, f"step_{step:010d}") for n in ("tied", "untied"))
+        tied, untied, live = (os.path.join(root, n, f"step_{step:010d}")
+                              for n in ("tied", "untied", "tied_live"))
         assert _distcp_bytes(tied) == _distcp_bytes(untied)
+        assert _distcp_bytes(live) < 1.01 * _distcp_bytes(untied)
         md = CompressedReader(tied).read_metadata()
         ranks |= {i.rank for i in md.storage_data.values()}
         assert {(i.rank, i.offset) for idx, i in md.storage_data.items() if idx.fqn == "out"} \
             == {(i.rank, i.offset) for idx, i in md.storage_data.items() if idx.fqn == "emb"}
     assert ranks == {0, 1}                         # the rows were split between the ranks
-    for name in ("tied", "untied"):                # both ranks loaded: each blob read once
+    for name in ("tied", "untied", "tied_live"):   # both ranks loaded: each blob read once
         chain = sum(_distcp_bytes(os.path.join(root, name, f"step_{s:010d}")) for s in range(3))
         assert int(open(os.path.join(root, f"{name}.read")).read()) <= chain
     want = torch.load(os.path.join(root, "tied.pt"))

@@ -67,10 +67,13 @@ def item_key(item: WriteItem) -> str:
 def identity(t) -> tuple | None:
     """What makes two tensors of a state one: the same memory seen the same way (tied
     weights under two names; a DTensor by its local shard); None for what is not a tensor
-    with elements or data (a meta tensor: a process-mode save's stand-in)."""
-    t = t.to_local() if hasattr(t, "to_local") else t
-    if not isinstance(t, torch.Tensor) or t.numel() == 0 or t.device.type == "meta":
+    with elements. A meta tensor (a live process-mode save's placeholder, which holds no
+    memory) is one with itself only: tied names share one placeholder (pool.py)."""
+    t = getattr(t, "_local_tensor", t)
+    if not isinstance(t, torch.Tensor) or t.numel() == 0:
         return None
+    if t.device.type == "meta":
+        return ("meta", id(t))
     return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
             tuple(t.stride()), t.dtype)
 

@@ -36,6 +36,7 @@ from ..chain.moments import first_moments
 from ..errors import DistributedCheckpointError
 from .live import LiveStager, Versions, changed_error
 from .partition import Piece
+from .planner import identity
 from .targets import direction_view
 
 SLOTS = 3           # buffers: one being encoded, the next ones being filled
@@ -57,22 +58,31 @@ def _local(t: torch.Tensor) -> tuple[torch.Tensor, tuple]:
     return t._local_tensor, tuple(offsets)
 
 
-def placeholders(obj: Any) -> Any:
+def placeholders(obj: Any, _memo: dict | None = None) -> Any:
     """``obj`` with each tensor's data replaced by a meta tensor of its shape and dtype (a
-    DTensor keeps its mesh and placements); everything else as it is."""
+    DTensor keeps its mesh and placements); everything else as it is. Names that share a
+    tensor (tied weights) share its placeholder, so the planner still sees them tied."""
+    memo = {} if _memo is None else _memo
     if isinstance(obj, torch.Tensor):
+        same = identity(obj)
+        if same in memo:
+            return memo[same]
         if hasattr(obj, "_local_tensor"):
             from torch.distributed.tensor import DTensor  # noqa: PLC0415
             local = torch.empty_like(obj._local_tensor, device="meta")
-            return DTensor.from_local(local, obj.device_mesh, obj.placements, run_check=False,
-                                      shape=obj.shape, stride=obj.stride())
-        return torch.empty_like(obj, device="meta")
+            out = DTensor.from_local(local, obj.device_mesh, obj.placements, run_check=False,
+                                     shape=obj.shape, stride=obj.stride())
+        else:
+            out = torch.empty_like(obj, device="meta")
+        if same is not None:
+            memo[same] = out
+        return out
     if isinstance(obj, dict):
-        return {k: placeholders(v) for k, v in obj.items()}
+        return {k: placeholders(v, memo) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [placeholders(v) for v in obj]
+        return [placeholders(v, memo) for v in obj]
     if isinstance(obj, tuple):
-        return tuple(placeholders(v) for v in obj)
+        return tuple(placeholders(v, memo) for v in obj)
     return obj
 
 

@@ -203,22 +203,24 @@ class CompressedWriter(FileSystemWriter):
         flusher = Flusher() if self.sync_files and not self.fs.remote else None
         dirs = targets.directions(planner) if isinstance(self.target, RolePolicy) else {}
         feed = self.feed                        # a live process-mode save: see pool.py
-        tied = getattr(planner, "tied_to", lambda wi: None) if feed is None else lambda wi: None
+        tied = getattr(planner, "tied_to", lambda wi: None)
         order = sorted(plan.items, key=lambda wi: (wi.type != WriteItemType.BYTE_IO,
                                                    tied(wi) is not None))
+        here = {piece_for(planner, wi) for wi in order}
+        alias = {wi.index: tied(wi) for wi in order if tied(wi) in here}   # stored before
         stored: dict[Piece, LcckptStorageInfo] = {}
         if feed is not None:
-            asked = [(wi, piece_for(planner, wi)) for wi in order
-                     if wi.type != WriteItemType.BYTE_IO]        # see pool.FeedClient.start
+            asked = [(wi, piece_for(planner, wi)) for wi in order if wi.index not in alias
+                     and wi.type != WriteItemType.BYTE_IO]        # see pool.FeedClient.start
             feed.start([(wi.index.fqn, tuple(wi.tensor_data.chunk.offsets),
                          tuple(wi.tensor_data.chunk.sizes), dataclasses.astuple(p),
                          targets.fqn(p.key) in dirs) for wi, p in asked])
         with self.fs.create_stream(path, "wb") as f:
             for wi in order:
                 piece = piece_for(planner, wi)
-                if tied(wi) in stored:          # another name of a piece stored above
+                if wi.index in alias:           # another name of a piece stored above
                     results.append(WriteResult(index=wi.index, size_in_bytes=0, storage_data=
-                                               dataclasses.replace(stored[tied(wi)],
+                                               dataclasses.replace(stored[alias[wi.index]],
                                                                    alias=True)))
                     continue
                 data, steer = planner.resolve_data(wi), dirs
