@@ -65,7 +65,8 @@ def render() -> str:
         out += [f"## {modname}: {title}", ""]
         for name in public_names(module):
             obj = getattr(module, name)
-            kind = "class" if inspect.isclass(obj) else ("function" if callable(obj) else "value")
+            kind = "class" if inspect.isclass(obj) else ("function" if inspect.isroutine(obj)
+                                                         else "value")   # a policy instance
             out.append(f"### {modname}.{name} ({kind})")
             sig = signature(name, obj) if kind != "value" else ""
             if sig:

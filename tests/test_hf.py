@@ -145,6 +145,35 @@ def test_save_only_model_stores_the_model_alone(tmp_path):
     assert sorted(lcckpt.DeltaCheckpointer(tmp_path / "c").load(1)) == ["model", "trainer_state"]
 
 
+def _first_moment_error(cb, tmp_path) -> float:
+    """The restored ``exp_avg``'s error over its movement since the keyframe, after a
+    keyframe and one delta written through ``cb``."""
+    args = types.SimpleNamespace(fsdp=None, deepspeed=None, should_save=True,
+                                 output_dir=str(tmp_path / "out"))
+    model = torch.nn.Linear(256, 64)
+    opt = torch.optim.AdamW(model.parameters())
+    torch.manual_seed(0)
+    moments = []
+    for step in (1, 2):
+        model.weight.grad = torch.randn_like(model.weight)
+        model.bias.grad = torch.randn_like(model.bias)
+        opt.step()
+        moments.append(opt.state[model.weight]["exp_avg"].clone())
+        cb.on_save(args, transformers.TrainerState(global_step=step), None, model=model,
+                   optimizer=opt)
+    got = lcckpt.DeltaCheckpointer(cb.directory).load(2)["optimizer"]["state"][0]["exp_avg"]
+    return float((got - moments[1]).norm() / (moments[1] - moments[0]).norm())
+
+
+def test_replace_holds_first_moments_closer_for_the_resume_it_serves(tmp_path):
+    """With replace=True a resume can only read the chain: first moments within 0.3 of
+    their movement (RESUMABLE), where the chain beside the Trainer's directories may
+    leave up to 0.8; a target given still wins."""
+    assert _first_moment_error(ChainCallback(tmp_path / "a", replace=True), tmp_path) <= 0.3
+    assert _first_moment_error(ChainCallback(tmp_path / "b"), tmp_path) > 0.3
+    assert ChainCallback(tmp_path / "c", replace=True, target=0.01).options == {"target": 0.01}
+
+
 def test_a_failed_background_save_is_raised_by_the_next_call(tmp_path, monkeypatch):
     cb = ChainCallback(tmp_path / "c", background=True)
     args = types.SimpleNamespace(fsdp=None, deepspeed=None, should_save=True,

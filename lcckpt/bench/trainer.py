@@ -204,7 +204,8 @@ def main(argv=None) -> int:
                          "and report where each resumed run ends")
     ap.add_argument("--first-moment", type=float, default=None, metavar="T",
                     help="the chain's first-moment target (RolePolicy(first_moment=T); "
-                         f"default {RolePolicy().first_moment:g})")
+                         f"default {RolePolicy().first_moment:g}; with --replace, 0.3: "
+                         "lcckpt.training.hf.RESUMABLE)")
     ap.add_argument("--dir", default=None, help="where to write the temporary run")
     ap.add_argument("--json", default=None, help="also write the result here")
     a = ap.parse_args(argv)
