@@ -2,7 +2,8 @@
 
 ``main(argv) -> int`` is plain argparse so it can be called from tests. ``inspect`` and
 ``verify`` take a checkpoint file (lcckpt, torch.save or safetensors), a
-:class:`DeltaCheckpointer` directory or a Trainer's ``checkpoint-N``; ``--json`` prints one JSON document instead of
+:class:`DeltaCheckpointer` directory, a Trainer's ``checkpoint-N`` or a distributed
+checkpoint (one, or a ``DistributedCheckpointer`` directory: ``distributed/report.py``); ``--json`` prints one JSON document instead of
 tables. ``convert`` moves a checkpoint between the three file formats, either way.
 
 Exit codes: 0 success; 1 the data is bad (damaged, missing link, unsafe, unknown format)
@@ -276,13 +277,26 @@ def _movement_columns(tensors: dict) -> dict:
     return out
 
 
+def _distributed(path: str):
+    """lcckpt.distributed's report module where ``path`` is a DCP checkpoint or steps of
+    them (imported only then: it loads torch.distributed), else None."""
+    if os.path.isdir(path) and (os.path.isfile(os.path.join(path, ".metadata")) or any(
+            re.fullmatch(r"step_\d{10}", n) for n in os.listdir(path))):
+        from .distributed import report
+        return report
+    return None
+
+
 def _inspect(args) -> int:
     from .interop.trainerdir import is_trainer_dir
-    doc = (inspect_trainer_dir if is_trainer_dir(args.path) else inspect_dir
-           if os.path.isdir(args.path) else inspect_file)(args.path)
+    dist = _distributed(args.path)
+    doc = (dist.inspect if dist else inspect_trainer_dir if is_trainer_dir(args.path)
+           else inspect_dir if os.path.isdir(args.path) else inspect_file)(args.path)
     problems = doc.get("problems", [])
     if args.json:
         print(json.dumps(doc, indent=1, default=str))
+    elif dist:
+        print(dist.text(doc, _table))
     elif doc.get("format") == "trainer":
         print(f"{doc['path']}: Trainer checkpoint directory, step {doc['global_step']}, "
               f"{doc['file_bytes']:,} bytes in {len(doc['files'])} files (inspect each file "
@@ -327,7 +341,9 @@ def _inspect(args) -> int:
 
 
 def _verify(args) -> int:
-    if os.path.isdir(args.path):
+    if dist := _distributed(args.path):
+        report = dist.verify(args.path, _progress)
+    elif os.path.isdir(args.path):
         report = verify_dir(args.path)
     else:
         try:
@@ -404,8 +420,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     for name, helptext in (("inspect", "show what a checkpoint file or directory holds"),
                            ("verify", "check every checksum and chain link (exit 0 if all hold)")):
         p = subs[name] = sub.add_parser(name, help=helptext, description=helptext)
-        p.add_argument("path", help="a checkpoint file (lcckpt, torch.save, safetensors) or a "
-                                    "DeltaCheckpointer directory")
+        p.add_argument("path", help="a checkpoint file (lcckpt, torch.save, safetensors), a "
+                                    "DeltaCheckpointer directory or a distributed checkpoint")
         p.add_argument("--json", action="store_true", help="print JSON")
         _add_max_bytes(p)
     p = subs["convert"] = sub.add_parser(
@@ -428,25 +444,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     return ap, subs
 
 
-def _max_bytes(text: str):
-    """``--max-bytes``: a number of bytes (suffixes K, M, G, T: powers of 1024), "auto"
-    or "none"."""
-    t = text.strip().lower()
-    if t in ("auto", "none"):
-        return None if t == "none" else "auto"
-    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}.get(t[-1:], 1)
-    try:
-        n = int(t[:-1] if scale > 1 else t) * scale
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: give a number of bytes (e.g. 8G), 'auto' or 'none'")
-    return n
-
-
 def _add_max_bytes(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-bytes", type=_max_bytes, metavar="N",
+    from .limits import parse_max_bytes
+    p.add_argument("--max-bytes", type=parse_max_bytes, metavar="N",
                    help="the most bytes any one load may decode: a number (8G), 'auto' "
                         "(default: 192 MiB + 32x the file's size, at most the memory left; "
                         "a chain's deltas counted against what its keyframe holds) or 'none' (files you trust)")

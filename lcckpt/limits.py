@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import threading
+from argparse import ArgumentTypeError
 
 try:
     import resource
@@ -46,7 +47,8 @@ from .errors import InvalidArgumentError, ResourceLimitError
 
 __all__ = ["AUTO", "AUTO_EXPANSION", "AUTO_FLOOR", "AUTO_SMALL", "DEFAULT", "MAX_HEADER_BYTES",
            "MAX_HEADER_CONTAINERS", "MAX_HEADER_VALUES", "check", "declared_bytes",
-           "get_max_bytes", "is_auto", "resolve", "set_max_bytes", "usable_memory"]
+           "get_max_bytes", "is_auto", "parse_max_bytes", "resolve", "set_max_bytes",
+           "usable_memory"]
 
 AUTO = "auto"
 AUTO_FLOOR = 192 << 20          # decoded bytes any file may ask for
@@ -236,3 +238,20 @@ def check(declared: int, stored_bytes: int, max_bytes, what: str) -> None:
         f"(expansion {declared / max(stored_bytes, 1):,.0f}x), over {limit:,} bytes ({how}). "
         f"{advice}If you trust this file, pass max_bytes=None (or a larger number), or set "
         "lcckpt.limits.set_max_bytes(...) for the whole process")
+
+
+def parse_max_bytes(text: str):
+    """The command line's ``--max-bytes``: a number of bytes (suffixes K, M, G, T: powers
+    of 1024), "auto" or "none" (None)."""
+    t = text.strip().lower()
+    if t in ("auto", "none"):
+        return None if t == "none" else "auto"
+    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}.get(t[-1:], 1)
+    try:
+        n = int(t[:-1] if scale > 1 else t) * scale
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ArgumentTypeError(
+            f"{text!r}: give a number of bytes (e.g. 8G), 'auto' or 'none'")
+    return n

@@ -1,0 +1,83 @@
+"""``lcckpt inspect`` and ``lcckpt verify`` on distributed checkpoints: one checkpoint
+directory, and a DistributedCheckpointer's steps."""
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+import lcckpt.distributed as ld
+from lcckpt.cli import main
+
+
+@pytest.fixture
+def chain(tmp_path):
+    """Three steps (a keyframe, two deltas) of a tensor under two names and a value."""
+    g = torch.Generator().manual_seed(0)
+    emb = torch.randn(1000, 64, generator=g)
+    ck = ld.DistributedCheckpointer(tmp_path / "c")
+    for step in range(3):
+        emb.add_(torch.randn(emb.shape, generator=g) * 1e-3)
+        ck.save(step, {"emb": emb, "out": emb, "epoch": step})
+    return ck
+
+
+def _inspect(path, capsys) -> tuple[int, dict]:
+    code = main(["inspect", "--json", str(path)])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_inspect_shows_the_steps_and_each_item(chain, capsys):
+    code, doc = _inspect(chain.directory, capsys)
+    assert code == 0 and doc["format"] == "distributed chain" and not doc["problems"]
+    assert [(r["step"], r["kind"], r["depth"], r["restorable"]) for r in doc["steps"]] == [
+        (0, "keyframe", 0, True), (1, "delta", 1, True), (2, "delta", 2, True)]
+    assert doc["steps"][2]["ratio"] > 4                     # deltas, the tie stored once
+    code, doc = _inspect(chain.path(2), capsys)
+    items = {r["name"]: r for r in doc["items"]}
+    assert code == 0 and sorted(items) == ["emb", "epoch", "out"]
+    assert items["emb"]["codec"] == "delta" and items["emb"]["depth"] == 2
+    assert items["out"]["alias"] and items["out"]["stored_bytes"] == 0
+    assert doc["raw_bytes"] == 1000 * 64 * 4 + items["epoch"]["raw_bytes"]
+    assert doc["file_bytes"] == sum(r["stored_bytes"] for r in doc["items"])
+    assert main(["inspect", str(chain.path(2))]) == 0
+    assert "alias: another name of a tensor stored once" in capsys.readouterr().out
+
+
+def test_verify_decodes_every_item_and_names_a_damaged_one(chain, capsys):
+    assert main(["verify", str(chain.directory)]) == 0
+    assert "OK: 3 of 3 checks passed" in capsys.readouterr().out
+    step1 = chain.path(1)
+    name = next(n for n in os.listdir(step1) if n.endswith(".distcp"))
+    with open(os.path.join(step1, name), "r+b") as f:    # inside emb's delta blob
+        f.seek(os.path.getsize(f.name) // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xFF]))
+    assert main(["verify", str(chain.directory)]) == 1
+    err = capsys.readouterr().err
+    assert "step_0000000001: emb:" in err and "step_0000000002: emb:" in err   # 2 replays 1
+    assert "step_0000000000" not in err and "checksum" in err
+    assert main(["verify", "--json", str(chain.path(0))]) == 0
+    capsys.readouterr()
+    assert main(["verify", "--max-bytes", "1K", str(chain.path(0))]) == 1   # as any load
+    assert "emb: it declares 256,000 bytes" in capsys.readouterr().err
+
+
+def test_a_missing_step_makes_the_later_ones_unrestorable(chain, capsys):
+    shutil.rmtree(chain.path(0))
+    code, doc = _inspect(chain.directory, capsys)
+    assert code == 1
+    assert [r["restorable"] for r in doc["steps"]] == [False, False]
+    assert any("missing" in p for p in doc["problems"])
+    assert main(["verify", str(chain.directory)]) == 1
+    assert "FAIL" in capsys.readouterr().err
+
+
+def test_a_checkpoint_plain_dcp_wrote_is_named_as_such(tmp_path, capsys):
+    dcp.save({"w": torch.ones(4)}, storage_writer=dcp.FileSystemWriter(str(tmp_path / "p")))
+    assert main(["inspect", str(tmp_path / "p")]) == 1
+    assert "FileSystemReader" in capsys.readouterr().err
