@@ -3,8 +3,9 @@
 ``main(argv) -> int`` is plain argparse so it can be called from tests. ``inspect`` and
 ``verify`` take a checkpoint file (lcckpt, torch.save or safetensors), a
 :class:`DeltaCheckpointer` directory, a Trainer's ``checkpoint-N`` or a distributed
-checkpoint (one, or a ``DistributedCheckpointer`` directory: ``distributed/report.py``); ``--json`` prints one JSON document instead of
-tables. ``convert`` moves a checkpoint between the three file formats, either way.
+checkpoint (one, or a ``DistributedCheckpointer`` directory: ``distributed/report.py``);
+``--json`` prints one JSON document instead of tables. ``convert`` moves a checkpoint
+between the three file formats, either way.
 
 Exit codes: 0 success; 1 the data is bad (damaged, missing link, unsafe, unknown format)
 or a check failed; 2 bad usage (unknown option, missing path). Every failure is one line

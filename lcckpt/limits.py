@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import os
 import threading
-from argparse import ArgumentTypeError
 
 try:
     import resource
@@ -252,6 +251,7 @@ def parse_max_bytes(text: str):
     except ValueError:
         n = -1
     if n < 0:
+        from argparse import ArgumentTypeError      # the command line's error
         raise ArgumentTypeError(
             f"{text!r}: give a number of bytes (e.g. 8G), 'auto' or 'none'")
     return n
