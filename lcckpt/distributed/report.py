@@ -47,13 +47,13 @@ def _metadata(path: str):
 
 
 def inspect_checkpoint(path: str) -> dict:
-    """One checkpoint's items (an alias: another name of a tied tensor, stored once)."""
+    """One checkpoint's items: each stored piece, at ``offset`` in its tensor, of ``shape``
+    (an alias: another name of a tied tensor, whose blob the first name's item holds)."""
     _, md = _metadata(path)
     items = []
     for idx, info in sorted(md.storage_data.items(), key=lambda kv: (kv[0].fqn,
                                                                      tuple(kv[0].offset or ()))):
-        piece = tuple(info.piece)
-        items.append({"name": idx.fqn, "rows": f"{piece[1]}:{piece[2]}" if piece[2] else "",
+        items.append({"name": idx.fqn, "offset": list(idx.offset or ()),   # in the tensor
                       "dtype": info.dtype.replace("torch.", ""), "shape": list(info.shape),
                       "codec": info.codec, "rank": info.rank, "depth": len(info.chain),
                       "raw_bytes": info.raw_nbytes,
@@ -134,7 +134,7 @@ def text(doc: dict, table) -> str:
     return (f"{doc['path']}: distributed checkpoint, {doc['file_bytes']:,} bytes "
             f"({doc['raw_bytes']:,} raw{ratio}), {len(doc['items'])} items written by "
             f"{doc['ranks']} rank(s); alias: another name of a tensor stored once\n"
-            + table(doc["items"], ["name", "rows", "dtype", "shape", "codec", "rank", "depth",
+            + table(doc["items"], ["name", "offset", "dtype", "shape", "codec", "rank", "depth",
                                    "raw_bytes", "stored_bytes", "alias"]))
 
 
