@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 import lcckpt
 from lcckpt import limits
 from lcckpt.errors import CorruptDataError, InvalidArgumentError, ResourceLimitError
-from lcckpt.format import sections
+from lcckpt.format import sections, serialization
 from lcckpt.format.container import read_container
 from lcckpt.format.verify import verify_file
 from lcckpt.training.manager import CheckpointManager
@@ -65,6 +65,26 @@ def test_a_compressed_file_of_a_large_zero_tensor_loads_under_the_default_limit(
     with lcckpt.open(tmp_path / "s.lcc") as f:
         assert torch.equal(f.get_slice("cache")[1:3, 5:9], torch.zeros(2, 4))
         assert not f.get_tensor("mask").any()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_compressed_file_of_a_large_constant_loads_under_the_default_limit(
+        tmp_path, small_limit, monkeypatch, stream):
+    """A buffer of one value other than zero codes to a few bytes, as a bomb does: the
+    sections that expand past 32x may exceed it by the floor together; beyond that, a
+    tensor goes raw, so that the file loads under "auto" (streamed to the file, too)."""
+    if stream:
+        monkeypatch.setattr(serialization._stream, "STREAM_ABOVE", 1)
+    state = {"a_small": torch.full((N // 16,), 2.0), "ones": torch.ones(N),
+             "w": torch.randn(30, 30)}
+    lcckpt.save(state, tmp_path / "s.lcc", compress=True)
+    codecs = _codecs(tmp_path / "s.lcc")
+    assert codecs['obj["a_small"]'][0] == "lossless" and codecs['obj["a_small"]'][1] < 1000
+    assert codecs['obj["ones"]'] == ("raw", 4 * N)
+    back = lcckpt.load(tmp_path / "s.lcc")              # refused before: 4 MiB in ~70 KB
+    assert all(torch.equal(back[k], t) for k, t in state.items())
+    lcckpt.save({"ones": torch.ones(N // 4)}, tmp_path / "t.lcc", compress=True)
+    assert _codecs(tmp_path / "t.lcc")['obj["ones"]'][0] == "lossless"   # within the floor
 
 
 def test_small_zero_tensors_and_raw_files_are_stored_as_before(tmp_path):

@@ -37,6 +37,7 @@ from ..errors import (
     BrokenChainError, CorruptDataError, InvalidArgumentError, ResourceLimitError,
     UnsupportedDtypeError, UnsupportedVersionError,
 )
+from .. import limits
 from ..util import memory as _memory
 
 __all__ = ["DELTA", "LOSSLESS", "RAW", "Encoded", "SectionCodec", "decode_leaf",
@@ -197,15 +198,37 @@ def get(name) -> SectionCodec | None:
 
 def leaf_encoder(codec: str | Callable) -> Callable[[str, torch.Tensor], Encoded]:
     """The leaf encoder of ``save(codec=...)``: one codec name for every tensor, or a
-    function ``(key_path, tensor) -> codec name`` choosing per tensor."""
+    function ``(key_path, tensor) -> codec name`` choosing per tensor. What one encoder
+    writes stays loadable under the default limit (:class:`_Loadable`)."""
+    held = _Loadable()
     if isinstance(codec, str):
         if get(codec) is None or codec in (DELTA, ZEROS):
             raise InvalidArgumentError(f"unknown codec {codec!r}; available: "
                                        f"{sorted(n for n in _names() if n not in (DELTA, ZEROS))}")
-        return lambda path, t: encode_with(codec, path, t)
+        return lambda path, t: held(encode_with(codec, path, t), t)
     if callable(codec):
-        return lambda path, t: encode_with(codec(path, t), path, t)
+        return lambda path, t: held(encode_with(codec(path, t), path, t), t)
     raise InvalidArgumentError("codec must be a codec name or a function (key_path, tensor) -> name")
+
+
+class _Loadable:
+    """A load under ``"auto"`` refuses a file that declares more than 192 MiB + 32x its
+    size (lcckpt/limits.py: a few bytes of a constant chunk can describe gigabytes). A
+    file this library writes must load, so lossless sections that expand more than 32x
+    (a large buffer of one value other than zero) may together exceed 32x their size by
+    192 MiB at most; past that, such a tensor is stored raw."""
+
+    def __init__(self):
+        self.excess = 0
+
+    def __call__(self, enc: Encoded, t: torch.Tensor) -> Encoded:
+        if enc.codec != LOSSLESS:
+            return enc
+        over = t.numel() * t.element_size() - limits.AUTO_EXPANSION * _blob.nbytes(enc.payload)
+        if over <= 0 or self.excess + over <= limits.AUTO_FLOOR:
+            self.excess += max(over, 0)
+            return enc
+        return Encoded(RAW, _raw_encode(t))
 
 
 def encode_with(name: str, path: str, t: torch.Tensor) -> Encoded:

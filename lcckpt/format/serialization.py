@@ -56,7 +56,8 @@ def save(obj: Any, f: str | os.PathLike | BinaryIO, *, codec: str | Callable = "
     name`` choosing per tensor. ``compress=True`` is shorthand for ``codec="lossless"``
     (bit-exact byte-plane coding of every tensor, and of every numeric numpy array; one
     whose blob would not be smaller than its bytes, such as a small tensor, is stored
-    raw). ``metadata``: string pairs stored in
+    raw, as is a large constant past what a load's default limit allows: docs/format.md,
+    "Limits"). ``metadata``: string pairs stored in
     the header, readable with :func:`read_metadata` without decoding anything (as
     safetensors' ``__metadata__``). Saved to a path, an object of 64 MiB of tensors or
     more goes to the file one tensor at a time, as each is coded or copied off its device,
