@@ -87,6 +87,25 @@ def test_a_compressed_file_of_a_large_constant_loads_under_the_default_limit(
     assert _codecs(tmp_path / "t.lcc")['obj["ones"]'][0] == "lossless"   # within the floor
 
 
+def test_a_chain_of_a_large_constant_loads_under_the_default_limit(tmp_path, small_limit):
+    """The same in a chain: a keyframe's, and a merge's, exact blob of a large constant
+    has raw planes, and every step loads; a small constant stays coded."""
+    ck = lcckpt.DeltaCheckpointer(tmp_path / "c")
+    ones, w = torch.ones(N), torch.randn(1000)
+    ck.save(0, {"ones": ones, "small": torch.full((N // 16,), 2.0), "w": w})
+    assert os.path.getsize(ck.path(0)) > 4 * N                    # the ones, raw
+    ones[:10] = 3.0
+    ck.save(1, {"ones": ones, "small": torch.full((N // 16,), 2.0), "w": w + 1})
+    assert os.path.getsize(ck.path(1)) < 10_000                   # a delta
+    for step in (0, 1):
+        assert torch.equal(lcckpt.DeltaCheckpointer(tmp_path / "c").load(step)["ones"][:11],
+                           torch.tensor([3.0] * 10 + [1.0]) if step else torch.ones(11))
+    ck.merge(1)
+    got = lcckpt.DeltaCheckpointer(tmp_path / "c").load(1)
+    assert torch.equal(got["ones"], ones) and torch.equal(got["w"], w + 1)
+    assert ck.info(0)["tensors"]['obj["small"]']["nbytes"] < 1000
+
+
 def test_small_zero_tensors_and_raw_files_are_stored_as_before(tmp_path):
     lcckpt.save({"z": torch.zeros(100), "big": torch.zeros(N)}, tmp_path / "raw.lcc")
     assert {c for c, _ in _codecs(tmp_path / "raw.lcc").values()} == {"raw"}  # mmap-able

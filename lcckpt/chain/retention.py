@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 import warnings
 
+from ..codec import blob as _blob
 from ..errors import BrokenChainError, LcckptError, StorageError
 from ..format import stream as _stream
 from ..format.container import read_container, write_container
-from ..format.sections import DELTA, section_key
+from ..format.sections import DELTA, Loadable, section_key
+from ..limits import declared_bytes
 from ..util import durable as _durable
 from .directory import ChainDirectory
 from .links import Link
@@ -44,15 +46,19 @@ def _merge_into(f, d: ChainDirectory, upto: int, tracks: dict, state_id: str,
             if streamed else None
         sections = []
         stats = {}
+        loadable = Loadable()           # a large constant's keyframe: raw planes
         for i, s in enumerate(c.sections):
             meta = s["meta"]
             if meta.get("codec") == DELTA:
                 key = section_key(meta)
                 data = tracks[key].exact_blob()
+                if not loadable.admit(declared_bytes([s]), _blob.nbytes(data)):
+                    data = tracks[key].exact_blob(raw=True)
                 # its size and bits per element come from its section (links.with_sizes)
                 stats[key] = {"kind": "lossless", "bits": None, "rel_error": 0.0}
             else:
                 data = c.data(i)
+                loadable.admit(declared_bytes([s]), s["length"])
             sections.append((s["name"], meta, data if stream is None
                              else stream.spool(s["name"], data, meta)))
         meta = dict(c.meta)

@@ -12,6 +12,8 @@ import torch
 
 from ..codec import blob as _blob
 from ..codec.delta import NONFINITE, NONFINITE_DONE, DeltaEncoder, Reconstruction
+from ..codec.dtypes import to_numpy
+from ..codec.tensor import encode_exact
 from ..format import sections as _sections
 from ..format import serialization as _serialization
 from ..format import stream as _stream
@@ -58,6 +60,7 @@ class SaveSession:
         self.stats: dict[str, dict] = {}
         self._planned: dict[str, tuple] = {}     # path -> (job index, job): ahead()
         self._ahead: Ahead | None = None
+        self.loadable = _sections.Loadable()     # the file loads under the default limit
 
     def warn(self, step: int, stacklevel: int) -> None:
         """The saved step's warnings: NaN/Inf stored exactly, updates under the
@@ -89,15 +92,15 @@ class SaveSession:
         planned = self._planned.pop(path, None)
         if planned is not None:         # coded ahead (t: a new view of the same tensor)
             i, job = planned
-            return self._encoded(path, job, *self._ahead.take(i))
+            return self._encoded(path, t, job, *self._ahead.take(i))
         if not small and _sections.all_zeros(t):
             # stored as its shape, and not tracked (no stats: its encoder goes): the
             # next non-zero value starts afresh, as a tensor new to the chain does
             return _sections.zeros_encoded()
         job = self._job(path, t, small)
         if job is None:
-            return _sections.encode_with(_sections.LOSSLESS, path, t)
-        return self._encoded(path, job, *self._code(path, t, job))
+            return self.loadable(_sections.encode_with(_sections.LOSSLESS, path, t), t)
+        return self._encoded(path, t, job, *self._code(path, t, job))
 
     def pack(self, obj, encode_leaf: Callable, encode_pack: Callable) -> tuple:
         """``obj`` as ``(meta, sections)``, coded by ``encode_leaf`` and ``encode_pack``
@@ -175,10 +178,17 @@ class SaveSession:
                                 defer_copy=True, lazy=self.lazy, warn=False,
                                 direction=None if exact else self.directions.get(path))
 
-    def _encoded(self, path: str, job, parts: list, st) -> Encoded:
-        """The section of a coded tensor, its stats noted."""
+    def _encoded(self, path: str, t: torch.Tensor, job, parts: list, st) -> Encoded:
+        """The section of a coded tensor, its stats noted. An exact blob that would keep
+        the file from loading under the default limit is stored with raw planes (a large
+        constant: :class:`~lcckpt.format.sections.Loadable`; a chain decodes a 16-bit
+        tensor through fp32, and the limit counts it three times)."""
         enc, exact, from_zero = job
         nbytes = _blob.nbytes(parts)
+        if st.kind == "lossless" and not self.loadable.admit(
+                t.numel() * t.element_size() * (1 if t.element_size() > 2 else 3), nbytes):
+            parts = encode_exact(*to_numpy(t), enc.config.log2, raw=True)
+            nbytes = _blob.nbytes(parts)
         self.stats[path] = rec = {
             "kind": st.kind,
             "bits": st.bits,

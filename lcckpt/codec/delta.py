@@ -479,10 +479,11 @@ class Reconstruction:
             ref = out.reshape(self.shape)
         return dtypes.from_float_work(ref, self.dt)
 
-    def exact_blob(self) -> list:
-        """The reference itself, losslessly, in the working precision (a merge keyframe)."""
+    def exact_blob(self, raw: bool = False) -> list:
+        """The reference itself, losslessly, in the working precision (a merge keyframe);
+        ``raw``: its planes stored uncoded."""
         a = self.ref.reshape(self.shape)
-        return encode_exact(a, dtypes.BY_NUMPY[a.dtype], CodecConfig().log2)
+        return encode_exact(a, dtypes.BY_NUMPY[a.dtype], CodecConfig().log2, raw)
 
 
 class DeltaDecoder:

@@ -199,8 +199,8 @@ def get(name) -> SectionCodec | None:
 def leaf_encoder(codec: str | Callable) -> Callable[[str, torch.Tensor], Encoded]:
     """The leaf encoder of ``save(codec=...)``: one codec name for every tensor, or a
     function ``(key_path, tensor) -> codec name`` choosing per tensor. What one encoder
-    writes stays loadable under the default limit (:class:`_Loadable`)."""
-    held = _Loadable()
+    writes stays loadable under the default limit (:class:`Loadable`)."""
+    held = Loadable()
     if isinstance(codec, str):
         if get(codec) is None or codec in (DELTA, ZEROS):
             raise InvalidArgumentError(f"unknown codec {codec!r}; available: "
@@ -211,22 +211,27 @@ def leaf_encoder(codec: str | Callable) -> Callable[[str, torch.Tensor], Encoded
     raise InvalidArgumentError("codec must be a codec name or a function (key_path, tensor) -> name")
 
 
-class _Loadable:
+class Loadable:
     """A load under ``"auto"`` refuses a file that declares more than 192 MiB + 32x its
     size (lcckpt/limits.py: a few bytes of a constant chunk can describe gigabytes). A
     file this library writes must load, so lossless sections that expand more than 32x
     (a large buffer of one value other than zero) may together exceed 32x their size by
-    192 MiB at most; past that, such a tensor is stored raw."""
+    192 MiB at most; past that, such a tensor is stored raw. One per file written."""
 
     def __init__(self):
         self.excess = 0
 
-    def __call__(self, enc: Encoded, t: torch.Tensor) -> Encoded:
-        if enc.codec != LOSSLESS:
-            return enc
-        over = t.numel() * t.element_size() - limits.AUTO_EXPANSION * _blob.nbytes(enc.payload)
+    def admit(self, declared: int, stored: int) -> bool:
+        """Whether a section of ``stored`` bytes that declares ``declared`` may be kept."""
+        over = declared - limits.AUTO_EXPANSION * stored
         if over <= 0 or self.excess + over <= limits.AUTO_FLOOR:
             self.excess += max(over, 0)
+            return True
+        return False
+
+    def __call__(self, enc: Encoded, t: torch.Tensor) -> Encoded:
+        if enc.codec != LOSSLESS or self.admit(t.numel() * t.element_size(),
+                                               _blob.nbytes(enc.payload)):
             return enc
         return Encoded(RAW, _raw_encode(t))
 
