@@ -14,12 +14,10 @@ from __future__ import annotations
 import math
 import os
 import pickle
-import re
 
 from .. import limits
 from ..errors import LcckptError
-
-_STEP = re.compile(r"step_(\d{10})")
+from .api import _STEP
 
 
 def is_checkpoint(path: str) -> bool:
@@ -97,8 +95,9 @@ def verify_checkpoint(path: str) -> list[dict]:
     """Every stored item read and decoded here: one report entry per item that failed, or
     one saying the checkpoint passed."""
     import io
-    from ..format.serialization import load
     import torch
+    from ..format.serialization import load
+    from .exchange import _dtype
     reader, md = _metadata(path)
     failed, done = [], set()
     for idx, info in md.storage_data.items():
@@ -112,7 +111,6 @@ def verify_checkpoint(path: str) -> list[dict]:
             elif info.codec == "bytes":
                 torch.load(io.BytesIO(reader._read(*blob)), weights_only=True)
             else:                               # held to the limit of any load
-                from .exchange import _dtype
                 limits.check(math.prod(info.shape) * _dtype(info.dtype).itemsize,
                              info.length + sum(n for _, _, n in info.chain), limits.DEFAULT,
                              "it")

@@ -206,18 +206,19 @@ class CompressedWriter(FileSystemWriter):
         tied = getattr(planner, "tied_to", lambda wi: None)
         order = sorted(plan.items, key=lambda wi: (wi.type != WriteItemType.BYTE_IO,
                                                    tied(wi) is not None))
-        here = {piece_for(planner, wi) for wi in order}
+        pieces = {wi.index: piece_for(planner, wi) for wi in order}
+        here = set(pieces.values())
         alias = {wi.index: tied(wi) for wi in order if tied(wi) in here}   # stored before
         stored: dict[Piece, LcckptStorageInfo] = {}
-        if feed is not None:
-            asked = [(wi, piece_for(planner, wi)) for wi in order if wi.index not in alias
-                     and wi.type != WriteItemType.BYTE_IO]        # see pool.FeedClient.start
+        if feed is not None:                    # see pool.FeedClient.start
+            asked = [(wi, pieces[wi.index]) for wi in order
+                     if wi.index not in alias and wi.type != WriteItemType.BYTE_IO]
             feed.start([(wi.index.fqn, tuple(wi.tensor_data.chunk.offsets),
                          tuple(wi.tensor_data.chunk.sizes), dataclasses.astuple(p),
                          targets.fqn(p.key) in dirs) for wi, p in asked])
         with self.fs.create_stream(path, "wb") as f:
             for wi in order:
-                piece = piece_for(planner, wi)
+                piece = pieces[wi.index]
                 if wi.index in alias:           # another name of a piece stored above
                     results.append(WriteResult(index=wi.index, size_in_bytes=0, storage_data=
                                                dataclasses.replace(stored[alias[wi.index]],
