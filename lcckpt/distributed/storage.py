@@ -50,7 +50,7 @@ from ..format.sections import decode_streamed, replay_into_tensor
 from .blobs import LocalFiles, as_tensor, deferred_blob, missing, streamed_blob
 from .refs import (BACKGROUND, Background, Ref, park, park_in, read_blob, reopened, replay,
                    resync)
-from .metadata import MetadataUnpickler
+from .metadata import MetadataUnpickler, check_items
 from .partition import Piece
 from .planner import SafeLoadPlanner, TreeBytes, piece_for
 from ..format.serialization import load
@@ -87,7 +87,8 @@ class LcckptStorageInfo:
         for i, (rel, off, n) in enumerate(blobs):
             first = i == 0 and not self.zero_base and work is not None
             rec.apply(read(rel, off, n, stream_as=work) if first else read(rel, off, n),
-                      dtype=targets.dtype_name(self), zero_base=self.zero_base and i == 0)
+                      dtype=targets.dtype_name(self), shape=self.shape,
+                      zero_base=self.zero_base and i == 0)
         return rec
 
 
@@ -405,17 +406,11 @@ class CompressedReader(FileSystemReader):
                 md = MetadataUnpickler(io.BytesIO(raw), LcckptStorageInfo).load()
             except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as e:
                 raise CorruptDataError(f"{path}: unreadable checkpoint metadata ({e})") from None
-            if not isinstance(md, Metadata):
-                raise CorruptDataError(f"{path}: not DCP checkpoint metadata")
+            check_items(md, self.path, LcckptStorageInfo)
             self._cached = (raw, md)
         if md.storage_meta is None:
             md.storage_meta = StorageMeta()
         md.storage_meta.load_id = self.load_id
-        for info in (md.storage_data or {}).values():
-            if not isinstance(info, LcckptStorageInfo):
-                raise InvalidArgumentError(
-                    f"{self.path} was not written by lcckpt's CompressedWriter; read it with "
-                    "torch.distributed.checkpoint.FileSystemReader")
         return md
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
@@ -496,22 +491,24 @@ class CompressedReader(FileSystemReader):
         return data
 
     def _decode(self, info: LcckptStorageInfo, out: torch.Tensor | None = None) -> torch.Tensor:
-        if info.codec == "exact":
+        if info.codec == "exact":       # its shape is DCP's chunk's (read_metadata)
             args = info.relative_path, info.offset, info.length
+            out = torch.empty(info.shape, dtype=exchange._dtype(info.dtype)) if out is None else out
             blob = self._read(*args, stream_as=targets.dtype_name(info))
             if isinstance(blob, StreamedBlob):       # None: read it whole after all
-                got = decode_streamed(blob, out if out is not None else
-                                      torch.empty(info.shape, dtype=exchange._dtype(info.dtype)))
+                got = decode_streamed(blob, out)
                 blob = got if got is not None else self._read(*args)
-            out = blob if isinstance(blob, torch.Tensor) else as_tensor(decode(blob, out=out))
-        elif info.codec == "delta":
+            if not isinstance(blob, torch.Tensor):
+                try:                    # a blob of another size is refused before decoding
+                    out = as_tensor(decode(blob, out=out))
+                except InvalidArgumentError as e:
+                    raise CorruptDataError(f"{info.relative_path}: {e}") from None
+        else:                           # "delta" (read_metadata refused any other)
             work = dtypes.work_name(targets.dtype_name(info))
             rec = info.replay(partial(self._read, defer=True), work)
             # an fp32/fp64 item replays straight into its target, if it has one
             if out is None or not replay_into_tensor(rec, out):
                 out = as_tensor(rec.value(copy=False))
-        else:
-            raise CorruptDataError(f"unknown codec {info.codec!r} in checkpoint metadata")
         if str(out.dtype) != info.dtype or tuple(out.shape) != tuple(info.shape):
             raise CorruptDataError(f"decoded {out.dtype}{tuple(out.shape)}, metadata says "
                                    f"{info.dtype}{tuple(info.shape)}")
