@@ -22,9 +22,10 @@ import numpy as np
 import torch
 
 from ..codec import dtypes
-from ..codec.blob import parse
+from ..codec.blob import LOSSLESS, parse
+from ..codec.tensor import decode
 from ..codec.streamed import STREAM_MIN, DeferredBlob, StreamedBlob, read_later, streamed
-from ..errors import BrokenChainError, TruncatedError
+from ..errors import BrokenChainError, CorruptDataError, InvalidArgumentError, TruncatedError
 from ..format.sections import DEFER_MIN
 from ..format.sources import FileSource, PartReader
 
@@ -50,6 +51,18 @@ def deferred_blob(path: str, offset: int, length: int, what: str) -> DeferredBlo
     part = PartReader.of_path(path, offset, length)
     return None if part is None else read_later(part, "", parse, what, stream=False,
                                                 defer=True)
+
+
+def decode_exact(blob, out: torch.Tensor, what: str) -> torch.Tensor:
+    """An exact item's blob decoded into ``out`` (of the item's shape, as the checkpoint's
+    metadata gives it): a delta's blob, or one of another size, is refused before anything
+    is decoded."""
+    if parse(blob, False)[1].kind != LOSSLESS:
+        raise CorruptDataError(f"{what}: the blob of an exact item is a delta's")
+    try:
+        return as_tensor(decode(blob, out=out))
+    except InvalidArgumentError as e:
+        raise CorruptDataError(f"{what}: {e}") from None
 
 
 def as_tensor(x) -> torch.Tensor:
@@ -93,6 +106,8 @@ class LocalFiles:
             except FileNotFoundError as e:
                 raise missing(path) from e
             src = self._open[path] = FileSource(f, 0, owned=True)
+        if offset + length > src.size:          # before a buffer of the record's length
+            return exactly(b"", path, offset, length)
         return exactly(src.read(offset, length), path, offset, length)
 
     def close(self) -> None:

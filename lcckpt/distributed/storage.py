@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 from functools import partial
 import io
-import pickle
 import re
 import time
 import uuid
@@ -40,14 +39,15 @@ from torch.distributed.checkpoint.planner import (LoadPlan, LoadPlanner,
 from torch.distributed.checkpoint.storage import WriteResult
 
 from ..codec import dtypes
-from ..codec.tensor import decode, encode
+from ..codec.tensor import encode
 from ..chain.policy import RolePolicy
 from ..codec.delta import NONFINITE, NONFINITE_DONE, Reconstruction
-from ..errors import CorruptDataError, InvalidArgumentError
+from ..errors import CorruptDataError, InvalidArgumentError, LcckptError
 from ..codec.streamed import StreamedBlob
 from . import exchange, targets
 from ..format.sections import decode_streamed, replay_into_tensor
-from .blobs import LocalFiles, as_tensor, deferred_blob, missing, streamed_blob
+from .blobs import (LocalFiles, as_tensor, decode_exact, deferred_blob, missing,
+                    streamed_blob)
 from .refs import (BACKGROUND, Background, Ref, park, park_in, read_blob, reopened, replay,
                    resync)
 from .metadata import MetadataUnpickler, check_items
@@ -404,8 +404,11 @@ class CompressedReader(FileSystemReader):
         else:
             try:
                 md = MetadataUnpickler(io.BytesIO(raw), LcckptStorageInfo).load()
-            except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as e:
-                raise CorruptDataError(f"{path}: unreadable checkpoint metadata ({e})") from None
+            except LcckptError:
+                raise
+            except Exception as e:     # damaged pickles fail in many ways, none of them ours
+                raise CorruptDataError(f"{path}: unreadable checkpoint metadata "
+                                       f"({type(e).__name__}: {e})") from None
             check_items(md, self.path, LcckptStorageInfo)
             self._cached = (raw, md)
         if md.storage_meta is None:
@@ -499,10 +502,7 @@ class CompressedReader(FileSystemReader):
                 got = decode_streamed(blob, out)
                 blob = got if got is not None else self._read(*args)
             if not isinstance(blob, torch.Tensor):
-                try:                    # a blob of another size is refused before decoding
-                    out = as_tensor(decode(blob, out=out))
-                except InvalidArgumentError as e:
-                    raise CorruptDataError(f"{info.relative_path}: {e}") from None
+                out = decode_exact(blob, out, info.relative_path)
         else:                           # "delta" (read_metadata refused any other)
             work = dtypes.work_name(targets.dtype_name(info))
             rec = info.replay(partial(self._read, defer=True), work)
