@@ -1,6 +1,7 @@
 """Lazy reads: keys, metadata, get_tensor and row slices of a file or of a chain step."""
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -101,19 +102,27 @@ def test_slices_equal_slicing_the_loaded_tensor(tmp_path, index, codec):
             assert torch.equal(s[index], want), (k, index)
 
 
-def test_a_raw_slice_reads_only_its_rows(tmp_path):
-    """Damage outside the rows asked for goes unnoticed by the slice (it was not read);
-    get_tensor reads and checks the whole section."""
+@pytest.mark.parametrize("rows, checked", [(20000, False), (1000, True)])
+def test_a_raw_slice_reads_only_its_rows(tmp_path, rows, checked):
+    """Damage outside the rows asked for goes unnoticed by the slice of a large tensor (it
+    was not read); get_tensor reads and checks the whole section, and so does any slice
+    of a tensor of at most CHECKED_SLICE_MAX bytes."""
+    from lcckpt.interop.reader import CHECKED_SLICE_MAX
+    assert (rows * 64 <= CHECKED_SLICE_MAX) == checked
     path = tmp_path / "a.lc"
-    lcckpt.save({"w": torch.zeros(1000, 16)}, path)
+    lcckpt.save({"w": torch.zeros(rows, 16)}, path)
     with read_container(path) as c:
         at = c.data_start + c.sections[0]["offset"] + 900 * 64
     raw = bytearray(path.read_bytes())
     raw[at] = 0x7F
     path.write_bytes(raw)
     with lc_open(path) as f:
-        assert torch.equal(f.get_slice("w")[10:20], torch.zeros(10, 16))
-        assert f.get_slice("w")[900][0] != 0
+        if checked:
+            with pytest.raises(lcckpt.ChecksumError):
+                f.get_slice("w")[10:20]
+        else:
+            assert torch.equal(f.get_slice("w")[10:20], torch.zeros(10, 16))
+            assert f.get_slice("w")[900][0] != 0
         with pytest.raises(lcckpt.ChecksumError):
             f.get_tensor("w")
 
@@ -427,3 +436,30 @@ def test_a_slice_refuses_what_is_not_basic_indexing(tmp_path):
             f.get_slice("w")[..., 0, ...]
         with pytest.raises(IndexError, match="too many indices"):
             f.get_slice("w")[0, 0, 0]
+
+
+@pytest.mark.parametrize("where", ["lossless", "chain"])
+def test_a_slice_of_a_small_coded_tensor_is_checked(tmp_path, where):
+    """A lossless or chain-delta tensor of at most CHECKED_SLICE_MAX bytes is read whole
+    by a slice, so damage anywhere in its section is a ChecksumError, not other values."""
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(500, 64, generator=g)                    # 128 KB
+    if where == "lossless":
+        path = tmp_path / "l.lc"
+        lcckpt.save({"w": w}, path, codec="lossless")
+        opened = lambda: lc_open(path)  # noqa: E731
+    else:
+        ck = lcckpt.DeltaCheckpointer(tmp_path / "ck")
+        for step in range(3):
+            ck.save(step, {"w": w + 0.01 * step})
+        path = Path(ck.path(2))
+        opened = lambda: lc_open(tmp_path / "ck", step=2)  # noqa: E731
+    with read_container(path) as c:
+        i = next(k for k, s in enumerate(c.sections) if s["meta"].get("shape") == [500, 64])
+        assert c.sections[i]["meta"]["codec"] == ("lossless" if where == "lossless" else "delta")
+        at = c.data_start + c.sections[i]["offset"] + c.sections[i]["length"] - 9
+    raw = bytearray(path.read_bytes())
+    raw[at] ^= 0x10                                          # the payload's last bytes
+    path.write_bytes(raw)
+    with opened() as f, pytest.raises(lcckpt.ChecksumError):
+        f.get_slice("w")[:4]
