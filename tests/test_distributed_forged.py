@@ -1,7 +1,9 @@
 """A distributed checkpoint's ``.metadata`` is read from the file, so a forged record must
 not make a load allocate by its word: each stored tensor item's shape is held to DCP's
 chunk of it (lcckpt/distributed/metadata.py::check_items), and a blob of another shape is
-refused before it is decoded."""
+refused before it is decoded. No checksum covers the file: a damaged pickle (any flipped
+bit, a forged memo index or frame) is refused as damage before it can allocate, or reads
+as metadata that loads the saved values or fails with an lcckpt error."""
 
 import io
 import pickle
