@@ -306,7 +306,7 @@ class DeltaCheckpointer:
                     need = self._header_need[keyframe]
                     if need is None and self._header_need[True] is not None:
                         need = 3 * self._header_need[True] // 2   # a first delta's stats
-                    room = _stream.first_room(count) if need is None else need + need // 32
+                    room = need + need // 32 if need else _stream.first_room(count, state_bytes)
                     def write(f):
                         written.append(write_streamed(f, obj, encode, session, start_copies,
                                                       room, stamp))

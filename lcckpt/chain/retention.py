@@ -42,8 +42,8 @@ def _merge_into(f, d: ChainDirectory, upto: int, tracks: dict, state_id: str,
         link = Link(c.meta.get("lcckpt_chain"), upto, path)
         if link.state_id != state_id:
             raise BrokenChainError(f"{path} changed while being merged")
-        stream = _stream.SectionStream(f, c.header_bytes + _stream.first_room(len(c))) \
-            if streamed else None
+        room = _stream.first_room(len(c), sum(s["length"] for s in c.sections))
+        stream = _stream.SectionStream(f, c.header_bytes + room) if streamed else None
         sections = []
         stats = {}
         loadable = Loadable()           # a large constant's keyframe: raw planes

@@ -50,7 +50,7 @@ from ..errors import (
     ChecksumError, CorruptDataError, InvalidArgumentError, LcckptError, NotFoundError,
     StorageError, TruncatedError,
 )
-from . import header as _header
+from . import header as _header, windows as _windows
 from .header import (    # the prefix and header layout
     _PREFIX, ALIGNMENT, ALIGNMENTS, CHECK_KEY, FLAG_HEADER_ZLIB, FORMAT_VERSION,
     MAGIC, MAX_HEADER_SIZE, MAX_JSON_DEPTH, PREFIX_SIZE, _align,
@@ -125,6 +125,10 @@ def _build_header(sections, meta, stamp=None) -> tuple[bytes, list[list[memoryvi
         for view in views:
             crc = _crc.crc32c(view, crc)
             length += view.nbytes
+        crcs = _windows.windows() if length > _windows.WINDOWED_ABOVE else None
+        for view in views if crcs is not None else ():
+            crcs.update(view)
+        section_meta = _windows.with_windows(section_meta, length, crcs)
         offset = _header.section_start(end, section_meta, FORMAT_VERSION) if entries else 0
         entries.append({"name": name, "offset": offset, "length": length, "crc32c": crc,
                         "meta": section_meta})
@@ -274,6 +278,7 @@ class Container:
         self.header_compressed = bool(flags & FLAG_HEADER_ZLIB)
         self._names = {s["name"]: i for i, s in enumerate(sections)}
         self._checked: set[int] = set()
+        self.part: tuple | None = None     # (section, bytes): the last small one a part read
 
     def __len__(self) -> int:
         return len(self.sections)
@@ -359,24 +364,18 @@ class Container:
         self._compare_crc(i, self._checksum(view, self._seed(i)) if crc is None else crc)
 
     def read_part(self, i: int, start: int, out) -> None:
-        """Copy bytes ``[start, start + len(out))`` of section ``i`` into ``out``,
-        **unchecked** (the section's CRC covers it whole): for partial reads that accept
-        that, such as a lazy slice. Raises if the span leaves the section or the file."""
-        s = self.sections[i]
-        view = memoryview(out).cast("B")
-        if not 0 <= start <= start + view.nbytes <= s["length"]:
-            raise CorruptDataError(
-                f"section {s['name']!r}: bytes {start}..{start + view.nbytes} asked for, "
-                f"it holds {s['length']}")
-        if self._source.readinto(self.data_start + s["offset"] + start, view) != view.nbytes:
-            raise TruncatedError(f"section {s['name']!r} ends before the bytes asked for: "
-                                 "the file was truncated or changed while being read")
+        """Copy bytes ``[start, start + len(out))`` of section ``i`` into ``out``, checked
+        by the windows that hold them (:mod:`lcckpt.format.windows`): for part reads such
+        as a lazy slice. Raises if the span leaves the section or the file."""
+        _windows.read_part(self, i, start, out)
 
     def verify(self) -> None:
-        """Check every section's checksum and padding; raises on the first damaged one."""
+        """Check every section's checksum, windows and padding; raises on the first
+        damaged one."""
         for i, s in enumerate(self.sections):
+            crcs = _windows.windows() if _windows.windows_of(s) is not None else None
             if isinstance(self._source, BufferSource):
-                self.data(i)
+                _windows.check_all(s, crcs, self.data(i))
                 continue
             buf = np.empty(min(s["length"], 16 << 20), np.uint8)
             crc, pos, end = self._seed(i), 0, s["length"]
@@ -386,8 +385,10 @@ class Container:
                 if got != view.nbytes:
                     raise TruncatedError(f"section {s['name']!r} is truncated")
                 crc = self._checksum(view, crc)
+                crcs.update(view) if crcs else None
                 pos += got
             self._compare_crc(i, crc)
+            _windows.check_all(s, crcs)
             self._check_gap(i)
 
     def _seed(self, i: int) -> int:

@@ -78,7 +78,7 @@ def save(obj: Any, f: str | os.PathLike | BinaryIO, *, codec: str | Callable = "
     count, nbytes = census(obj) if to_path else (0, 0)
     if to_path and nbytes >= _stream.STREAM_ABOVE:    # written as it is coded
         def write(out) -> None:    # each tensor's section to the file once coded (or copied
-            stream = _stream.SectionStream(out, _stream.first_room(count))   # off a device)
+            stream = _stream.SectionStream(out, _stream.first_room(count, nbytes))  # off a device)
             coder = stream.wrap(encode_leaf)
             meta, sections = pack(obj, encode_leaf=coder, encode_array=coder if arrays else None)
             stream.finish({**meta, **extra}, sections, renumber_sections)

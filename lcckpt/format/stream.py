@@ -35,6 +35,7 @@ from .header import (
 )
 from .header_dict import HEADER_DICT, HEADER_DICT_ID
 from .sections import Encoded
+from . import windows as _windows
 
 __all__ = ["STREAM_ABOVE", "SectionStream", "Spooled", "first_room", "fit_header"]
 
@@ -48,9 +49,10 @@ STREAM_ABOVE = 64 << 20
 HEADER_ROOM, HEADER_ROOM_PER_TENSOR = 8192, 160     # compressed: ~34 B per tensor seen
 
 
-def first_room(tensors: int) -> int:
-    """Header room for a file of ``tensors`` tensors, with no earlier header to go by."""
-    return HEADER_ROOM + HEADER_ROOM_PER_TENSOR * tensors
+def first_room(tensors: int, nbytes: int = 0) -> int:
+    """Header room for a file of ``tensors`` tensors and up to ``nbytes`` of sections,
+    with no earlier header to go by."""
+    return HEADER_ROOM + HEADER_ROOM_PER_TENSOR * tensors + _windows.room(nbytes)
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class Spooled:
     offset: int                   # from the data start
     length: int
     crc: int                      # its section checksum at ``index``
+    windows: Any = None           # its bytes' window CRCs (lcckpt.format.windows)
 
 
 # RFC 1950 stream header: deflate with a 32K window, default level, FDICT set (then the
@@ -124,15 +127,16 @@ class SectionStream:
         if name in self._names:
             raise InvalidArgumentError(f"duplicate section name {name!r}")
         offset = self._next_offset(meta)
-        crc, length = section_seed(self._count, name), 0
+        crc, length, crcs = section_seed(self._count, name), 0, _windows.windows()
         for v in views:
             crc = _crc.crc32c(v, crc)
+            crcs.update(v)
             _write_all(self._f, v)
             length += v.nbytes
         self._names.add(name)
         self._end = offset + length
         self._count += 1
-        return Spooled(self._count - 1, offset, length, crc)
+        return Spooled(self._count - 1, offset, length, crc, crcs)
 
     def _next_offset(self, meta: dict) -> int:
         """Pad with zeros to the next section's offset (none before the first)."""
@@ -161,12 +165,14 @@ class SectionStream:
                                           FORMAT_VERSION) != sp.offset:
                 raise InvalidArgumentError(f"section {name!r} was spooled with another codec")
             entries.append({"name": name, "offset": sp.offset, "length": sp.length,
-                            "crc32c": sp.crc, "meta": smeta})
+                            "crc32c": sp.crc,
+                            "meta": _windows.with_windows(smeta, sp.length, sp.windows)})
         for i in rest:
             name, smeta, payload = sections[i]
             sp = self.spool(name, payload, smeta)
             entries.append({"name": name, "offset": sp.offset, "length": sp.length,
-                            "crc32c": sp.crc, "meta": smeta})
+                            "crc32c": sp.crc,
+                            "meta": _windows.with_windows(smeta, sp.length, sp.windows)})
         if stamp is not None:
             stamp(entries, meta)
         version = layout_version([e["offset"] for e in entries])

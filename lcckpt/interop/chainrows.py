@@ -4,9 +4,9 @@ A lazy slice of a delta-coded tensor used to rebuild the whole tensor: every blo
 chain read and checked, every chunk of each replayed. Here only the chunks holding the
 rows are read, from the keyframe and from every delta after it, and replayed in order:
 the rows come out bit for bit as the whole tensor's, at the cost of a few chunks per
-file. Like a raw or lossless slice of a single file, those bytes are not checksummed
-(each blob's header checksum is); the chunk tables bound every decode, and escapes are
-validated before they are set (docs/interop.md).
+file. Like a raw or lossless slice of a single file, those bytes are checked by the
+windows that hold them (lcckpt/format/windows.py); the chunk tables bound every decode,
+and escapes are validated before they are set (docs/interop.md).
 """
 
 from __future__ import annotations

@@ -17,9 +17,10 @@ leaves would get the same flat name (``{"a.b": x}`` next to ``{"a": {"b": y}}``,
 A slice of a ``"lossless"`` section reads the blob's header and the bytes of the chunks
 holding the rows, and decodes those chunks only; a chain's ``"delta"`` section is rebuilt
 whole, then sliced (the reader keeps the newest rebuilt tensor, so a loop of row reads
-rebuilds it once). A slice read of a raw or lossless section is not checksummed (the CRC
-covers the whole section; the blob's header checksum is checked); ``get_tensor`` always
-is. Deliberately not done here: building whole objects (``lcckpt.load``).
+rebuilds it once). A slice read checks the windows of the section that hold its bytes
+(lcckpt/format/windows.py; unchecked only in a large section of a file written before
+them); ``get_tensor`` checks the whole section. Deliberately not done here: building
+whole objects (``lcckpt.load``).
 """
 
 from __future__ import annotations
@@ -168,9 +169,9 @@ class Reader:
         return self._last[1]
 
     def get_slice(self, key: str) -> Slice:
-        """A handle whose ``[rows]`` reads only what those rows need, unchecked, or, for a
-        tensor of at most :data:`CHECKED_SLICE_MAX` bytes, the tensor whole and checked
-        (see :class:`Slice`)."""
+        """A handle whose ``[rows]`` reads only what those rows need, checked by the
+        windows that hold them, or, for a tensor of at most :data:`CHECKED_SLICE_MAX`
+        bytes, the tensor whole and checked (see :class:`Slice`)."""
         path, node = self._find(key)
         if node.get("$") != "tensor":
             raise InvalidArgumentError(f"{key!r} is a numpy array; read it with get_tensor")
@@ -324,7 +325,7 @@ def _apply(t: torch.Tensor, items: list) -> torch.Tensor:
 
 
 CHECKED_SLICE_MAX = 1 << 20    # a tensor of at most this many bytes is read whole by a
-                               # slice, its checksum checked (a chunk's bytes at most)
+                               # slice, checked, and kept (a chunk's bytes at most)
 
 
 class Slice:
@@ -416,8 +417,8 @@ class Slice:
 
     def _coded_rows(self, first: int, last: int, meta: dict) -> torch.Tensor:
         """Elements ``[first, last]`` of a lossless section: reads the blob's header and
-        the bytes of the chunks that hold them, unchecked like a raw slice (the header's
-        own checksum is checked), and decodes those chunks only."""
+        the bytes of the chunks that hold them, checked like a raw slice's (and the
+        header by its own checksum), and decodes those chunks only."""
         c, s = self._r._c, self._s
         p = self._blob_header(c, s)
         if p.kind != _blob.LOSSLESS or p.dt.name != meta.get("dtype") or \

@@ -126,3 +126,44 @@ def _zero_ops() -> np.ndarray:
 
 def _apply(op: np.ndarray, v: np.ndarray) -> np.ndarray:
     return op[0, v & 0xFF] ^ op[1, (v >> 8) & 0xFF] ^ op[2, (v >> 16) & 0xFF] ^ op[3, v >> 24]
+
+
+# --- the CRC-32C of each window of a section (checked reads of its parts) ----------------
+
+class Windows:
+    """CRC-32C (seed 0) of each ``2**log2``-byte window of a byte stream fed in pieces of
+    any size, the last window shorter; whole windows of a large piece on the pool."""
+
+    def __init__(self, log2: int):
+        self.size, self.crcs, self._fill, self._crc = 1 << log2, [], 0, 0
+
+    def update(self, view) -> None:
+        view, pos = memoryview(view).cast("B"), 0
+        if self._fill:                                  # the window a piece left open
+            pos = min(view.nbytes, self.size - self._fill)
+            self._add(view[:pos])
+        whole = (view.nbytes - pos) // self.size * self.size
+        batch = 16 * self.size                         # windows per pool task
+        tasks = [submit(self._each, view[at:at + min(batch, pos + whole - at)])
+                 for at in range(pos, pos + whole, batch)]
+        for t in tasks:
+            self.crcs.extend(t.result())
+        if pos + whole < view.nbytes:
+            self._add(view[pos + whole:])
+
+    def _each(self, view) -> list:
+        return [crc32c_piece(view[at:at + self.size]) for at in range(0, view.nbytes, self.size)]
+
+    def _add(self, view) -> None:
+        self._crc = crc32c_piece(view, self._crc)
+        self._fill += view.nbytes
+        if self._fill == self.size:
+            self.crcs.append(self._crc)
+            self._fill = self._crc = 0
+
+    def finish(self) -> np.ndarray:
+        """The windows' CRCs, little-endian u32."""
+        if self._fill:
+            self.crcs.append(self._crc)
+            self._fill = self._crc = 0
+        return np.asarray(self.crcs, "<u4")
