@@ -370,8 +370,7 @@ class Container:
         _windows.read_part(self, i, start, out)
 
     def verify(self) -> None:
-        """Check every section's checksum, windows and padding; raises on the first
-        damaged one."""
+        """Check every section's checksum, windows and padding; raises on the first bad one."""
         for i, s in enumerate(self.sections):
             crcs = _windows.windows() if _windows.windows_of(s) is not None else None
             if isinstance(self._source, BufferSource):
@@ -385,7 +384,8 @@ class Container:
                 if got != view.nbytes:
                     raise TruncatedError(f"section {s['name']!r} is truncated")
                 crc = self._checksum(view, crc)
-                crcs.update(view) if crcs else None
+                if crcs is not None:
+                    crcs.update(view)
                 pos += got
             self._compare_crc(i, crc)
             _windows.check_all(s, crcs)
