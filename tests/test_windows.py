@@ -14,7 +14,7 @@ import lcckpt
 from lcckpt.format import stream as _stream, windows as W
 from lcckpt.format.container import read_container, write_container
 from lcckpt.interop.reader import open as lc_open
-from lcckpt.util.crc import Windows, crc32c_piece
+from lcckpt.util.crc import Windows, crc32c, crc32c_piece
 
 
 @settings(max_examples=60, deadline=None)
@@ -27,6 +27,29 @@ def test_windows_fed_in_any_pieces_are_those_of_the_whole(data, cuts, log2):
         pos += k
     want = [crc32c_piece(data[a:a + (1 << log2)]) for a in range(0, len(data), 1 << log2)]
     assert w.finish().tolist() == want
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(max_size=3000), st.binary(min_size=1, max_size=40),
+       st.lists(st.integers(1, 700), max_size=12), st.integers(2, 9))
+def test_a_checksum_continued_from_the_windows_is_the_checksum_of_the_bytes(
+        data, prefix, cuts, log2):
+    """What lets a writer take a large section's checksum from its windows' CRCs."""
+    w, pos = Windows(log2), 0
+    for k in cuts + [len(data)]:
+        w.update(data[pos:pos + k])
+        pos += k
+    seed = crc32c_piece(prefix)
+    assert w.continued(seed, len(prefix)) == crc32c(data, seed) == \
+        crc32c_piece(prefix + data)
+
+
+@pytest.mark.parametrize("n", [0, 1000, W.WINDOWED_ABOVE, W.WINDOWED_ABOVE + 1, 3 << 20])
+def test_a_section_checksum_with_or_without_windows_is_the_same(n):
+    data = np.random.default_rng(n).integers(0, 256, n, np.uint8)
+    views = [memoryview(data[:n // 3]), memoryview(data[n // 3:])]
+    crc, crcs = W.checksum(views, 77, "name", n)
+    assert crc == crc32c(data, 77) and (crcs is None) == (n <= W.WINDOWED_ABOVE)
 
 
 def _big(tmp_path, **kw):

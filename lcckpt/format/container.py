@@ -121,13 +121,8 @@ def _build_header(sections, meta, stamp=None) -> tuple[bytes, list[list[memoryvi
         if name in names:
             raise InvalidArgumentError(f"duplicate section name {name!r}")
         names.add(name)
-        length, crc = 0, section_seed(len(entries), name)
-        for view in views:
-            crc = _crc.crc32c(view, crc)
-            length += view.nbytes
-        crcs = _windows.windows() if length > _windows.WINDOWED_ABOVE else None
-        for view in views if crcs is not None else ():
-            crcs.update(view)
+        length = sum(v.nbytes for v in views)
+        crc, crcs = _windows.checksum(views, section_seed(len(entries), name), name, length)
         section_meta = _windows.with_windows(section_meta, length, crcs)
         offset = _header.section_start(end, section_meta, FORMAT_VERSION) if entries else 0
         entries.append({"name": name, "offset": offset, "length": length, "crc32c": crc,

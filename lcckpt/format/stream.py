@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from ..errors import InvalidArgumentError
-from ..util import crc as _crc
 from .container import _header_json, _section_views, _write_all, section_seed
 from .header import (
     _PREFIX, FLAG_HEADER_ZLIB, FORMAT_VERSION, HEADER_ZLIB_LEVEL, MAGIC, MAX_HEADER_SIZE,
@@ -127,12 +126,12 @@ class SectionStream:
         if name in self._names:
             raise InvalidArgumentError(f"duplicate section name {name!r}")
         offset = self._next_offset(meta)
-        crc, length, crcs = section_seed(self._count, name), 0, _windows.windows()
+        crcs = _windows.windows()
         for v in views:
-            crc = _crc.crc32c(v, crc)
             crcs.update(v)
             _write_all(self._f, v)
-            length += v.nbytes
+        length = crcs.nbytes       # its checksum from its windows' CRCs: one pass
+        crc = crcs.continued(section_seed(self._count, name), _windows.seed_bytes(name))
         self._names.add(name)
         self._end = offset + length
         self._count += 1

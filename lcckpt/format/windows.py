@@ -9,7 +9,8 @@ for and checks each; a section of at most 1 MiB is read whole, its own checksum 
 and kept for the next part. Only a large section of a file written before the windows is
 read unchecked. A section's meta is free-form to readers, and those before the windows
 ignore the key, so the format version stays; the writers compute it from the bytes they
-write and drop any copied from another file.
+write and drop any copied from another file. The section's own checksum follows from
+its windows' CRCs (:meth:`Windows.continued`), so they cost the writer no second pass.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import binascii
 import numpy as np
 
 from ..errors import ChecksumError, CorruptDataError, TruncatedError
-from ..util.crc import Windows, crc32c_piece
+from ..util.crc import Windows, crc32c, crc32c_piece
 
 WINDOW_LOG2 = 18                # 256 KiB: a slice reads at most two windows beyond its bytes
 WINDOWED_ABOVE = 1 << 20        # a shorter section is read whole by a part read, and checked
@@ -41,6 +42,25 @@ def with_windows(meta: dict, length: int, crcs: Windows | None) -> dict:
     if length > WINDOWED_ABOVE:
         out[WINDOWS_KEY] = base64.b64encode(crcs.finish().tobytes()).decode("ascii")
     return out
+
+
+def seed_bytes(name: str) -> int:
+    """Bytes of a section's identity before its own (container.section_seed)."""
+    return 8 + len(name.encode("utf-8", "surrogatepass"))
+
+
+def checksum(views, seed: int, name: str, length: int) -> tuple[int, Windows | None]:
+    """The checksum of section ``name`` of ``length`` bytes in ``views``, continued from
+    ``seed``, and the windows' CRCs of a large one, from which its checksum follows
+    (one pass over its bytes, not two)."""
+    if length <= WINDOWED_ABOVE:
+        for view in views:
+            seed = crc32c(view, seed)
+        return seed, None
+    crcs = windows()
+    for view in views:
+        crcs.update(view)
+    return crcs.continued(seed, seed_bytes(name)), crcs
 
 
 def room(nbytes: int) -> int:

@@ -95,25 +95,26 @@ def _pieced(view, value: int, piece, poly: int) -> int:
 
 # --- the CRC-32 of many pieces at once (the exact codec's planes) ---------------------
 
-def combine_all(crcs: np.ndarray, sizes) -> int:
-    """CRC-32 of the pieces in plane-major order from their own CRCs and sizes."""
+def combine_all(crcs: np.ndarray, sizes, poly: int = _POLY) -> int:
+    """CRC-32 (CRC-32C with ``poly=_POLY_C``) of the pieces in plane-major order from
+    their own CRCs and sizes."""
     sizes = np.asarray(np.stack([np.asarray(x, np.int64) for x in sizes]), np.int64)
     if sizes.max(initial=0) >= 1 << _OP_BITS:
         raise AssertionError("a CRC piece of 2**40 bytes or more")
-    return int(_c.crc_combine_all(np.asarray(crcs, np.int64), sizes, _zero_ops()))
+    return int(_c.crc_combine_all(np.asarray(crcs, np.int64), sizes, _zero_ops(poly)))
 
 
 _OP_BITS = 40
 
 
-@lru_cache(maxsize=1)
-def _zero_ops() -> np.ndarray:
+@lru_cache(maxsize=2)
+def _zero_ops(poly: int = _POLY) -> np.ndarray:
     """Byte-sliced operators appending ``2**k`` zero bytes to a CRC-32 register: the
     first from the images of the 32 unit registers (it is linear over GF(2)), each next
     one the previous applied twice."""
     ops = np.zeros((_OP_BITS, 4, 256), np.uint32)
     bits = np.arange(256)
-    units = np.array([crc32_combine(1 << i, 0, 1) for i in range(32)], np.uint32)
+    units = np.array([crc32_combine(1 << i, 0, 1, poly) for i in range(32)], np.uint32)
     basis = np.uint32(1) << np.arange(32, dtype=np.uint32)
     for k in range(_OP_BITS):
         if k:
@@ -135,10 +136,11 @@ class Windows:
     any size, the last window shorter; whole windows of a large piece on the pool."""
 
     def __init__(self, log2: int):
-        self.size, self.crcs, self._fill, self._crc = 1 << log2, [], 0, 0
+        self.size, self.crcs, self._fill, self._crc, self.nbytes = 1 << log2, [], 0, 0, 0
 
     def update(self, view) -> None:
         view, pos = memoryview(view).cast("B"), 0
+        self.nbytes += view.nbytes
         if self._fill:                                  # the window a piece left open
             pos = min(view.nbytes, self.size - self._fill)
             self._add(view[:pos])
@@ -167,3 +169,14 @@ class Windows:
             self.crcs.append(self._crc)
             self._fill = self._crc = 0
         return np.asarray(self.crcs, "<u4")
+
+    def continued(self, value: int, nbytes: int) -> int:
+        """The CRC-32C continued from ``value`` (that of ``nbytes`` bytes before these)
+        over every byte fed, from the windows' CRCs: no second pass over the bytes."""
+        crcs = self.finish()
+        if not crcs.size:
+            return value
+        sizes = np.full(crcs.size + 1, self.size, np.int64)
+        sizes[0], sizes[-1] = nbytes, self.nbytes - self.size * (crcs.size - 1)
+        return combine_all(np.concatenate([[value], crcs.astype(np.int64)])[None],
+                           sizes[None], _POLY_C)
