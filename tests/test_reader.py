@@ -442,8 +442,8 @@ def test_a_slice_refuses_what_is_not_basic_indexing(tmp_path):
 
 @pytest.mark.parametrize("where", ["lossless", "chain"])
 def test_a_slice_of_a_small_coded_tensor_is_checked(tmp_path, where):
-    """A lossless or chain-delta tensor of at most CHECKED_SLICE_MAX bytes is read whole
-    by a slice, so damage anywhere in its section is a ChecksumError, not other values."""
+    """A lossless or chain-delta section of at most WINDOWED_ABOVE bytes is read whole by a
+    slice, so damage anywhere in it is a ChecksumError, not other values."""
     g = torch.Generator().manual_seed(5)
     w = torch.randn(500, 64, generator=g)                    # 128 KB
     if where == "lossless":

@@ -122,7 +122,7 @@ def _build_header(sections, meta, stamp=None) -> tuple[bytes, list[list[memoryvi
             raise InvalidArgumentError(f"duplicate section name {name!r}")
         names.add(name)
         length = sum(v.nbytes for v in views)
-        crc, crcs = _windows.checksum(views, section_seed(len(entries), name), name, length)
+        crc, crcs = _windows.checksum(views, section_seed(len(entries), name), length)
         section_meta = _windows.with_windows(section_meta, length, crcs)
         offset = _header.section_start(end, section_meta, FORMAT_VERSION) if entries else 0
         entries.append({"name": name, "offset": offset, "length": length, "crc32c": crc,
@@ -367,9 +367,13 @@ class Container:
     def verify(self) -> None:
         """Check every section's checksum, windows and padding; raises on the first bad one."""
         for i, s in enumerate(self.sections):
-            crcs = _windows.windows() if _windows.windows_of(s) is not None else None
+            crcs = _windows.windows() if self.version > 1 and \
+                _windows.windows_of(s) is not None else None
             if isinstance(self._source, BufferSource):
-                _windows.check_all(s, crcs, self.data(i))
+                data = self.data(i)
+                if crcs is not None:
+                    crcs.update(data)
+                _windows.check_all(s, crcs)
                 continue
             buf = np.empty(min(s["length"], 16 << 20), np.uint8)
             crc, pos, end = self._seed(i), 0, s["length"]
@@ -378,11 +382,12 @@ class Container:
                 got = self._source.readinto(self.data_start + s["offset"] + pos, view)
                 if got != view.nbytes:
                     raise TruncatedError(f"section {s['name']!r} is truncated")
-                crc = self._checksum(view, crc)
-                if crcs is not None:
+                if crcs is None:
+                    crc = self._checksum(view, crc)
+                else:                        # its checksum follows from the windows
                     crcs.update(view)
                 pos += got
-            self._compare_crc(i, crc)
+            self._compare_crc(i, crc if crcs is None else crcs.continued(crc))
             _windows.check_all(s, crcs)
             self._check_gap(i)
 

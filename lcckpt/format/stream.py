@@ -131,7 +131,7 @@ class SectionStream:
             crcs.update(v)
             _write_all(self._f, v)
         length = crcs.nbytes       # its checksum from its windows' CRCs: one pass
-        crc = crcs.continued(section_seed(self._count, name), _windows.seed_bytes(name))
+        crc = crcs.continued(section_seed(self._count, name))
         self._names.add(name)
         self._end = offset + length
         self._count += 1

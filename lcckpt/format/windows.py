@@ -44,13 +44,8 @@ def with_windows(meta: dict, length: int, crcs: Windows | None) -> dict:
     return out
 
 
-def seed_bytes(name: str) -> int:
-    """Bytes of a section's identity before its own (container.section_seed)."""
-    return 8 + len(name.encode("utf-8", "surrogatepass"))
-
-
-def checksum(views, seed: int, name: str, length: int) -> tuple[int, Windows | None]:
-    """The checksum of section ``name`` of ``length`` bytes in ``views``, continued from
+def checksum(views, seed: int, length: int) -> tuple[int, Windows | None]:
+    """The checksum of a section of ``length`` bytes in ``views``, continued from
     ``seed``, and the windows' CRCs of a large one, from which its checksum follows
     (one pass over its bytes, not two)."""
     if length <= WINDOWED_ABOVE:
@@ -60,7 +55,7 @@ def checksum(views, seed: int, name: str, length: int) -> tuple[int, Windows | N
     crcs = windows()
     for view in views:
         crcs.update(view)
-    return crcs.continued(seed, seed_bytes(name)), crcs
+    return crcs.continued(seed), crcs
 
 
 def room(nbytes: int) -> int:
@@ -87,11 +82,9 @@ def windows_of(section: dict) -> np.ndarray | None:
     return np.frombuffer(raw, "<u4")
 
 
-def check_all(section: dict, crcs: Windows | None, data=None) -> None:
-    """Raise :class:`ChecksumError` unless ``crcs``, fed all of ``section``'s bytes (or
-    then ``data``, its bytes), are the windows its meta holds (None: it holds none)."""
-    if crcs is not None and data is not None:
-        crcs.update(data)
+def check_all(section: dict, crcs: Windows | None) -> None:
+    """Raise :class:`ChecksumError` unless ``crcs``, fed all of ``section``'s bytes, are
+    the windows its meta holds (None: it holds none)."""
     if crcs is not None and not np.array_equal(crcs.finish(), windows_of(section)):
         raise ChecksumError(f"section {section['name']!r}: its {WINDOWS_KEY} do not match "
                             "its bytes: the file is damaged or forged")

@@ -169,9 +169,8 @@ class Reader:
         return self._last[1]
 
     def get_slice(self, key: str) -> Slice:
-        """A handle whose ``[rows]`` reads only what those rows need, checked by the
-        windows that hold them, or, for a tensor of at most :data:`CHECKED_SLICE_MAX`
-        bytes, the tensor whole and checked (see :class:`Slice`)."""
+        """A handle whose ``[rows]`` reads only what those rows need, checked
+        (see :class:`Slice`)."""
         path, node = self._find(key)
         if node.get("$") != "tensor":
             raise InvalidArgumentError(f"{key!r} is a numpy array; read it with get_tensor")
@@ -324,10 +323,6 @@ def _apply(t: torch.Tensor, items: list) -> torch.Tensor:
     return t
 
 
-CHECKED_SLICE_MAX = 1 << 20    # a tensor of at most this many bytes is read whole by a
-                               # slice, checked, and kept (a chunk's bytes at most)
-
-
 class Slice:
     """``reader.get_slice(key)``: ``shape``, ``dtype``, and ``[index]`` reading only what
     the first dimension's rows need. The index is numpy's basic indexing: ints, slices of
@@ -372,19 +367,15 @@ class Slice:
         return _apply(self._rows(lo, hi), items)
 
     def _rows(self, lo: int, hi: int) -> torch.Tensor:
-        """Rows ``[lo, hi)`` of the tensor, reading only their bytes (their chunks') from a
-        section of more than :data:`CHECKED_SLICE_MAX` bytes; a smaller one is read whole,
-        its checksum checked."""
+        """Rows ``[lo, hi)`` of the tensor, reading only their bytes (their chunks'),
+        checked by ``Container.read_part``."""
         offset, shape, stride = self._view
         sub_shape = [hi - lo] + list(shape[1:])
         codec = self._meta.get("codec")
         partial = (_sections.RAW, _sections.LOSSLESS) + \
             ((_sections.DELTA,) if self._r._chain is not None else ())
-        nbytes = self._meta.get("nbytes")
-        small = not (type(nbytes) is int and nbytes > CHECKED_SLICE_MAX)   # read it checked
-        if codec not in partial or small or self._node.get("param") or \
-                self._node.get("grad") or self._r.map_location is not None or \
-                sys.byteorder != "little":
+        if codec not in partial or self._node.get("param") or self._node.get("grad") or \
+                self._r.map_location is not None or sys.byteorder != "little":
             return self._whole_rows(lo, hi)
         c, s, meta = self._r._c, self._s, self._meta
         item = self.dtype.itemsize

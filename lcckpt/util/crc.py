@@ -170,13 +170,14 @@ class Windows:
             self._fill = self._crc = 0
         return np.asarray(self.crcs, "<u4")
 
-    def continued(self, value: int, nbytes: int) -> int:
-        """The CRC-32C continued from ``value`` (that of ``nbytes`` bytes before these)
-        over every byte fed, from the windows' CRCs: no second pass over the bytes."""
+    def continued(self, value: int) -> int:
+        """The CRC-32C continued from ``value`` over every byte fed, from the windows'
+        CRCs: no second pass over the bytes (what came before ``value`` needs no length:
+        combining shifts only what is before each piece)."""
         crcs = self.finish()
         if not crcs.size:
             return value
         sizes = np.full(crcs.size + 1, self.size, np.int64)
-        sizes[0], sizes[-1] = nbytes, self.nbytes - self.size * (crcs.size - 1)
+        sizes[0], sizes[-1] = 0, self.nbytes - self.size * (crcs.size - 1)
         return combine_all(np.concatenate([[value], crcs.astype(np.int64)])[None],
                            sizes[None], _POLY_C)
