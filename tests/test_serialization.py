@@ -963,11 +963,12 @@ def test_hostile_tensor_sections(meta):
 _TAGS = ["int", "float", "tuple", "dict", "odict", "tensor", "ndarray", "bytes", "npscalar",
          "dtype", "size", "device", "set", "complex", "counter", "sparse", "nested",
          "quantized", "qscheme", "namespace", "defaultdict", "datetime", "date", "time",
-         "timedelta", "path", "nope"]  # fmt: skip
+         "timedelta", "path", "deque", "range", "slice", "ellipsis", "fraction", "decimal",
+         "uuid", "npdtype", "nope"]  # fmt: skip
 _FIELDS = ["$", "v", "items", "s", "obj", "hex", "dtype", "metadata", "frozen", "re", "im",
            "mutable", "layout", "size", "indices", "values", "compressed", "plain", "coalesced",
            "scheme", "scale", "zero_point", "scales", "zero_points", "axis", "int", "factory",
-           "fold", "utcoffset", "tzname", "flavour", "pure"]
+           "fold", "utcoffset", "tzname", "flavour", "pure", "maxlen", "type"]
 _json_leaves = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 2**70), st.floats(allow_nan=False, allow_infinity=False),
     st.sampled_from(_TAGS + ["F32", "U8", "0x1f", "00", "cpu", "nan", "coo", "csr", "qint8",

@@ -96,3 +96,39 @@ def test_loads_in_threads_keep_the_allowlist_until_the_last_ends(tmp_path):
         assert set(ex.map(load, range(200))) == {(100_000,)}
     with pytest.raises(Exception, match="numpy"):
         torch.load(tmp_path / "a.pt", weights_only=True)
+
+
+def test_ranges_slices_fractions_decimals_and_numpy_types_in_a_torch_file_load(tmp_path):
+    """What a training script's state also pickles: they load as a full unpickling gives
+    them, and save as lcckpt; a deque and a UUID stay refused (torch's unpickler cannot
+    fill a deque, and a UUID's pickle sets its number unchecked)."""
+    import decimal
+    import fractions
+    values = {"seen": range(0, 10**20, 3), "window": slice(1, None, -1), "all": ...,
+              "share": fractions.Fraction(-2, 7), "price": decimal.Decimal("-1.10"),
+              "dtypes": [np.float32, np.int8, np.bool_, np.str_, np.datetime64, np.complex64]}
+    torch.save(values, tmp_path / "v.pt")
+    got = lcckpt.load(tmp_path / "v.pt")
+    assert repr(got) == repr(torch.load(tmp_path / "v.pt", weights_only=False))
+    lcckpt.save(got, tmp_path / "v.lcc")
+    assert repr(lcckpt.load(tmp_path / "v.lcc")) == repr(got)
+    with pytest.raises(Exception, match="range"):
+        torch.load(tmp_path / "v.pt", weights_only=True)       # torch's own load unchanged
+    import collections
+    import uuid
+    for refused in (collections.deque([1]), uuid.UUID(int=1)):
+        torch.save({"x": refused}, tmp_path / "r.pt")
+        with pytest.raises(UnsafeObjectError):
+            lcckpt.load(tmp_path / "r.pt")
+
+
+@pytest.mark.parametrize("bad", [
+    _Reduce(__import__("fractions").Fraction, (1, 0)),
+    _Reduce(__import__("decimal").Decimal, ("nope",)),
+    _Reduce(range, ("a",)),
+    _Reduce(np.float32, ("x",)),
+], ids=["fraction-zero", "decimal-text", "range-text", "scalar-type-text"])
+def test_hostile_values_of_the_allowed_classes_are_damage(tmp_path, bad):
+    torch.save({"x": bad}, tmp_path / "h.pt")
+    with pytest.raises(CorruptDataError):
+        lcckpt.load(tmp_path / "h.pt")

@@ -5,7 +5,7 @@ sits (the key paths a load into existing tensors decodes into)."""
 from __future__ import annotations
 
 from argparse import Namespace
-from collections import Counter, OrderedDict, defaultdict
+from collections import Counter, OrderedDict, defaultdict, deque
 from typing import Any
 
 import torch
@@ -15,8 +15,9 @@ from .flatten import MAX_DEPTH, key_repr
 
 
 def census(obj: Any, limit: int = MAX_DEPTH) -> tuple[int, int]:
-    """The number of tensors in ``obj``'s dicts, lists and tuples and their bytes (a
-    tensor met twice counts twice): what a writer sizes its header room and choice by."""
+    """The number of tensors in ``obj``'s dicts, lists, tuples, deques and namespaces and
+    their bytes (a tensor met twice counts twice): what a writer sizes its header room and
+    choice by."""
     count = nbytes = 0
     stack = [(obj, 0)]
     while stack:
@@ -25,7 +26,7 @@ def census(obj: Any, limit: int = MAX_DEPTH) -> tuple[int, int]:
             stack.extend((t, depth) for t in composite.plain_parts(v))
         elif isinstance(v, torch.Tensor):
             count, nbytes = count + 1, nbytes + v.numel() * v.element_size()
-        elif depth < limit and isinstance(v, (dict, list, tuple, Namespace)):
+        elif depth < limit and isinstance(v, (dict, list, tuple, deque, Namespace)):
             xs = v.values() if isinstance(v, dict) else \
                 vars(v).values() if isinstance(v, Namespace) else v
             if not set(map(type, xs)) <= _LEAVES:    # a million losses: one C loop
@@ -37,12 +38,13 @@ _LEAVES = {int, float, str, bool, type(None), bytes, complex}     # what census(
 
 
 def tensor_paths(obj: Any, path: str = "obj", depth: int = 0) -> dict[str, torch.Tensor]:
-    """Key path -> tensor for the tensors in ``obj``'s dicts, lists and tuples, named as
-    :func:`~lcckpt.format.flatten.flatten` names their sections (a load that decodes into them)."""
+    """Key path -> tensor for the tensors in ``obj``'s dicts, lists, tuples and deques,
+    named as :func:`~lcckpt.format.flatten.flatten` names their sections (a load that
+    decodes into them)."""
     if isinstance(obj, torch.Tensor):
         return {path: obj}
     out: dict[str, torch.Tensor] = {}
-    if depth < MAX_DEPTH and type(obj) in (list, tuple):
+    if depth < MAX_DEPTH and type(obj) in (list, tuple, deque):
         for i, x in enumerate(obj):
             out.update(tensor_paths(x, f"{path}[{i}]", depth + 1))
     elif depth < MAX_DEPTH and type(obj) in (dict, OrderedDict, Counter, defaultdict, Namespace):

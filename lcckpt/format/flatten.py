@@ -4,6 +4,8 @@ tree and one data section per tensor, array or bytes leaf (loading: tree.py)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import enum
 import functools
 import json
 import math
@@ -17,7 +19,7 @@ import torch
 
 from ..codec import dtypes
 from ..errors import InvalidArgumentError, UnsafeObjectError, UnsupportedDtypeError
-from . import composite, values
+from . import composite, stdlib, values
 from .sections import Encoded
 
 MAX_DEPTH = 64  # levels of containers; a few JSON levels each in the header
@@ -104,8 +106,8 @@ _SUPPORTED = (
     "dict, OrderedDict, Counter, list, tuple, set, frozenset, torch.Tensor, numpy.ndarray, "
     "numpy scalars, int, float, complex, str, bytes, bytearray, bool, None, torch.dtype, "
     "torch.Size, torch.device, argparse.Namespace, defaultdict (of a builtin type), "
-    "datetime's date, time, datetime and timedelta, pathlib paths; sparse, nested and "
-    "quantized tensors"
+    "datetime's date, time, datetime and timedelta, pathlib paths, deque, range, slice, "
+    "Ellipsis, Fraction, Decimal, UUID, numpy dtypes; sparse, nested and quantized tensors"
 )
 
 
@@ -136,7 +138,7 @@ class _Saver:
         self.metas = 0  # meta tensors met so far
         self.alive: list[Any] = []  # keeps ids unique while saving
 
-    def refuse(self, value, path: str, hint: str = ""):
+    def refuse(self, value, path: str, hint: str | None = ""):
         t = type(value)
         if not hint and callable(getattr(value, "state_dict", None)):
             hint = (f"It has a state_dict(): save {path}.state_dict() instead (a module or "
@@ -220,13 +222,34 @@ class _Saver:
             if v.default_factory is not None:
                 node["factory"] = v.default_factory.__name__
             return node
+        if stdlib.holds(v):                       # deques, ranges, ..., numpy dtypes
+            return self.stdlib_node(v, path, depth)
+        self.refuse_other(v, path)
+
+    def stdlib_node(self, v, path: str, depth: int) -> dict:
+        """The node of a value :func:`stdlib.holds` takes (tree version 7)."""
+        try:
+            node = stdlib.node_of(v, lambda x, at: self.node(x, path + at, depth + 1),
+                                  lambda xs: self.seq(xs, path, depth))
+        except ValueError as e:
+            raise UnsupportedDtypeError(f"cannot save {path}: {e}") from None
+        self.version = max(self.version, 7)
+        return node
+
+    def refuse_other(self, v, path: str):
+        """Refuse a value no node holds, saying what to store instead where a plain form
+        of it exists."""
         if isinstance(v, tuple) and hasattr(v, "_fields"):
             self.refuse(v, path, "Convert the namedtuple with tuple(x) or x._asdict().")
-        if isinstance(v, (dict, list, tuple, str, int, float, bytes)):
-            base = next(b for b in (dict, list, tuple, str, int, float, bytes) if isinstance(v, b))
-            name = base.__name__
-            self.refuse(v, path, f"It is a subclass of {name}: convert with {name}(x).")
-        self.refuse(v, path)
+        if isinstance(v, enum.Enum):
+            self.refuse(v, path, "Store the member's value (x.value) or name (x.name), "
+                        "and look the member up from it after loading.")
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            self.refuse(v, path, "Convert it with dataclasses.asdict(x), and rebuild it "
+                        "from that dict after loading.")
+        base = next((b.__name__ for b in (dict, list, tuple, str, int, float, bytes)
+                     if isinstance(v, b)), None)
+        self.refuse(v, path, base and f"It is a subclass of {base}: convert with {base}(x).")
 
     def seq(self, v, path: str, depth: int) -> list:
         """A list's or tuple's element nodes. Plain values are their own nodes, taken

@@ -44,7 +44,7 @@ from .sections import register_codec, register_section_codec
 __all__ = ["load", "pack", "read_metadata", "register_codec", "register_section_codec", "save",
            "tree_of", "unpack"]
 
-TREE_VERSION = 6  # the newest tree version read; files are written with the lowest that fits
+TREE_VERSION = 7  # the newest tree version read; files are written with the lowest that fits
 
 
 def save(obj: Any, f: str | os.PathLike | BinaryIO, *, codec: str | Callable = "raw",

@@ -1,12 +1,17 @@
 """What lcckpt lets torch's weights-only unpickler read beyond torch's own allowlist:
-numpy arrays and scalars, ``argparse.Namespace``, dates, times and durations, and
-pathlib paths, without running code from the file.
+numpy arrays, scalars and scalar types, ``argparse.Namespace``, dates, times and
+durations, pathlib paths, ``range``, ``slice``, ``Ellipsis``, ``Fraction`` and
+``Decimal``, without running code from the file.
 
 Training scripts pickled these freely (``best_acc: np.float64``, observations as an
 array, the run's ``args``, when it ran, where it wrote); torch's weights-only load
 refuses them. A Namespace is made empty and given its attributes, as pickle would; the
-``datetime`` and ``pathlib`` classes are called with the values their pickles hold, which
-they check, and touch nothing outside the process. Numpy values take three numpy callables
+``datetime``, ``pathlib``, ``range``, ``slice``, ``Fraction`` and ``Decimal`` classes are
+called with the values their pickles hold, which they check, and touch nothing outside
+the process. A numpy scalar type (``np.float32`` in a config) is the class itself, and
+called makes only a scalar. Two stay refused: a ``deque`` (torch's unpickler cannot
+append to one) and a ``UUID`` (its pickle sets its number on an empty object, unchecked:
+a forged one would load as a UUID that is not one). Numpy values take three numpy callables
 and the dtypes' own state: :data:`GLOBALS` allows guarded stand-ins for the callables,
 under their pickled names (numpy 2's ``numpy._core`` and numpy 1's ``numpy.core``), and the
 dtype classes, so that their state may be set:
@@ -25,6 +30,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import decimal
+import fractions
 import pathlib
 import threading
 from pickle import UnpicklingError
@@ -85,6 +92,10 @@ GLOBALS += [(c, f"datetime.{c.__name__}") for c in (datetime.datetime, datetime.
 GLOBALS += [(c, f"{module}.{c.__name__}") for module in ("pathlib", "pathlib._local")
             for c in (pathlib.PosixPath, pathlib.PurePosixPath, pathlib.PureWindowsPath,
                       pathlib.WindowsPath)]
+GLOBALS += [(range, "builtins.range"), (slice, "builtins.slice"),
+            (Ellipsis, "builtins.Ellipsis"), (fractions.Fraction, "fractions.Fraction"),
+            (decimal.Decimal, "decimal.Decimal")]
+GLOBALS += [(t.type, f"numpy.{t.type.__name__}") for t in map(np.dtype, "?bBhHiIlLqQefdgFDGSUMm")]
 
 
 _LOCK = threading.Lock()

@@ -40,6 +40,7 @@ from .flatten import (
     FACTORIES, MAX_DEPTH, LeafEncoder, Lookahead, PackRule, _dense_strides, key_repr,
     flatten, pack_name,
 )   # the save half (flatten.py), one tree API for both halves
+from .stdlib import TAGS as STDLIB_TAGS, StdlibLoader
 from .values import DEVICE_RE, ValueLoader
 
 __all__ = ["MAX_DEPTH", "LeafDecoder", "LeafEncoder", "Lookahead", "PackRule", "flatten",
@@ -59,9 +60,10 @@ def unflatten(tree: Any, c: Container, decode_leaf: LeafDecoder, map_location=No
 
 def leaves(tree: Any) -> list[tuple[tuple, str, dict]]:
     """Every tensor and array leaf of a stored tree, without decoding any data:
-    ``(parts, key_path, node)``; ``parts`` are the dict keys and list/tuple indices on the
-    way (``("model", "fc.weight")``), ``key_path`` the unambiguous ``obj["model"]["fc.weight"]``
-    form of section names. A leaf met at several paths is listed at each."""
+    ``(parts, key_path, node)``; ``parts`` are the dict keys (a namespace's attribute
+    names) and list/tuple/deque indices on the way (``("model", "fc.weight")``),
+    ``key_path`` the unambiguous ``obj["model"]["fc.weight"]`` form of section names. A
+    leaf met at several paths is listed at each."""
     walker, out = _Loader(None, None, None), []
     stack = [(tree, (), "obj", 0)]
     while stack:
@@ -69,12 +71,12 @@ def leaves(tree: Any) -> list[tuple[tuple, str, dict]]:
         if depth > MAX_DEPTH:
             _bad(path, f"nested more than {MAX_DEPTH} levels")
         tag = j.get("$") if type(j) is dict else None
-        if type(j) is list or tag == "tuple":
+        if type(j) is list or tag in ("tuple", "deque"):
             items = j if type(j) is list else j.get("v")
             if type(items) is not list:
-                _bad(path, "tuple node needs a list")
+                _bad(path, f"{tag} node needs a list")
             kids = [(x, parts + (i,), f"{path}[{i}]") for i, x in enumerate(items)]
-        elif tag in ("dict", "odict", "counter"):
+        elif tag in ("dict", "odict", "counter", "defaultdict", "namespace"):
             if type(j.get("items")) is not list:
                 _bad(path, "dict node needs a list of items")
             kids = []
@@ -196,7 +198,7 @@ def _check_file_device(loc: str, path: str) -> None:
             f"(only {', '.join(DEVICE_TYPES)}); pass map_location='cpu', or a dict such as "
             f"{{{loc!r}: 'cpu'}}")
 
-class _Loader(CompositeLoader, ValueLoader):
+class _Loader(CompositeLoader, ValueLoader, StdlibLoader):
     """Walks a JSON tree, validating every node before building its value."""
 
     bad, fields = staticmethod(_bad), staticmethod(_fields)    # for CompositeLoader
@@ -218,7 +220,7 @@ class _Loader(CompositeLoader, ValueLoader):
         "device": "device", "namespace": "namespace", "datetime": "time_value",
         "date": "time_value", "time": "time_value", "timedelta": "time_value", "path": "fspath",
         "set": "set_", "complex": "complex_", "sparse": "sparse", "nested": "nested",
-        "quantized": "quantized", "qscheme": "qscheme", "meta": "meta",
+        "quantized": "quantized", "qscheme": "qscheme", "meta": "meta", **STDLIB_TAGS,
     }  # fmt: skip
 
     def node(self, j, path: str, depth: int):
