@@ -181,6 +181,8 @@ class Config:
 @pytest.mark.parametrize("value, hint", [
     (Color.RED, r"x\.value"), (Config(), r"dataclasses\.asdict"),
     (collections.namedtuple("P", "a")(1), r"_asdict"),
+    (type("MyDict", (dict,), {})(a=1), r"subclass of dict: convert with dict\(x\)"),
+    (type("MyStr", (str,), {})("a"), r"subclass of str: convert with str\(x\)"),
 ])
 def test_enums_and_dataclasses_are_refused_with_what_to_store(value, hint):
     with pytest.raises(UnsafeObjectError, match=hint):
