@@ -65,8 +65,12 @@ def inspect_file(path: str) -> dict:
         from .interop.convert import flat_tensors, load_torch
         obj = load_torch(path)                      # weights only: never runs code
         ts = list(flat_tensors(obj).items())
+        storages = {}                               # what the file stores: each storage once
+        for _, t in ts:                             # (tied weights, views of one tensor)
+            st = t.untyped_storage()
+            storages[(t.device, st.data_ptr())] = st.nbytes()
         return {"path": path, "format": "torch.save", "file_bytes": size,
-                "raw_bytes": sum(t.numel() * t.element_size() for _, t in ts),
+                "raw_bytes": sum(storages.values()),
                 "tensor_count": len(ts),
                 "top_level": sorted(map(str, obj)) if isinstance(obj, dict) else type(obj).__name__}
     from .format.container import read_container

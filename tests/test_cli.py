@@ -71,6 +71,16 @@ def test_inspect_torch_file(tmp_path, capsys):
     assert "torch.save" in capsys.readouterr().out
 
 
+def test_inspect_counts_a_torch_files_shared_storage_once(tmp_path, capsys):
+    """Tied weights (one tensor under two names) and views are one storage in the file:
+    ``raw_bytes`` counts it once, as torch.save stores it."""
+    w = torch.randn(100, 10)
+    torch.save({"emb": w, "head": w, "rows": w[:5], "b": torch.zeros(7)}, tmp_path / "t.pt")
+    assert main(["inspect", "--json", str(tmp_path / "t.pt")]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["raw_bytes"] == 4000 + 28 and doc["tensor_count"] == 4
+
+
 def test_verify_passes_then_fails_on_damage(chain_dir, capsys):
     assert main(["verify", str(chain_dir)]) == 0
     assert "OK" in capsys.readouterr().out
