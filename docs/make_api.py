@@ -17,6 +17,7 @@ SECTIONS = [
     ("lcckpt.schedule", "When to checkpoint"),
     ("lcckpt.distributed", "Many ranks on torch.distributed.checkpoint"),
     ("lcckpt.training.hf", "Hugging Face Trainer"),
+    ("lcckpt.training.lightning", "PyTorch Lightning"),
 ]
 
 

@@ -1,0 +1,151 @@
+"""Lightning through LcckptCheckpointIO: a real Trainer writes its checkpoints as lcckpt
+files, resumes from them to the same weights as an uninterrupted run, and a module loads
+from them."""
+
+import os
+import warnings
+
+import pytest
+import torch
+
+pytest.importorskip("lightning")
+import lightning as L  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+
+import lcckpt  # noqa: E402
+from lcckpt.errors import InvalidArgumentError, UnsafeObjectError  # noqa: E402
+from lcckpt.format.container import MAGIC  # noqa: E402
+from lcckpt.training.lightning import LcckptCheckpointIO, load_module  # noqa: E402
+
+
+class Regressor(L.LightningModule):
+    def __init__(self, width: int = 16, lr: float = 0.05, note: str = "x"):
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(),
+                                       torch.nn.Linear(width, 1))
+        self.loaded_hook = False
+
+    def training_step(self, batch, _):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+        return [opt], [torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.5)]
+
+    def on_load_checkpoint(self, checkpoint):
+        self.loaded_hook = True
+
+
+def _data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 8, generator=g)
+    y = x.sum(1, keepdim=True) + 0.1 * torch.randn(256, 1, generator=g)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
+
+
+def _fit(root, max_steps, ckpt_path=None, io=None, callbacks=()):
+    L.seed_everything(0, verbose=False)
+    model = Regressor(width=16, note="run")
+    trainer = L.Trainer(default_root_dir=root, max_steps=max_steps, accelerator="cpu",
+                        devices=1, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, plugins=[io] if io else None,
+                        callbacks=list(callbacks))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(model, _data(), ckpt_path=ckpt_path)
+    return model, trainer
+
+
+def _same(a, b, where=""):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert list(a) == list(b), where
+        for k in a:
+            _same(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{where}/{i}")
+    else:
+        assert a == b, where
+
+
+def test_a_trainer_writes_lcckpt_files_and_resumes_from_them_as_from_its_own(tmp_path):
+    """The same run checkpointed by Lightning's own CheckpointIO and by this one: equal
+    checkpoints (model, optimizer, scheduler, loops, callbacks), and runs resumed from
+    each, mid-epoch, end with the same weights."""
+    runs = {}
+    for name, io in (("torch", None), ("lcckpt", LcckptCheckpointIO())):
+        every = ModelCheckpoint(dirpath=tmp_path / name, every_n_train_steps=5, save_top_k=-1,
+                                save_last=True)
+        _fit(tmp_path / f"{name}-a", 20, io=io, callbacks=[every])
+        last = str(tmp_path / name / "last.ckpt")
+        resumed, trainer = _fit(tmp_path / f"{name}-b", 30, ckpt_path=last, io=io)
+        assert trainer.global_step == 30
+        runs[name] = (sorted(os.listdir(tmp_path / name)), last, resumed.state_dict())
+    files, last, _ = runs["lcckpt"]
+    assert files == runs["torch"][0] and "last.ckpt" in files and len(files) == 5, files
+    for f in files:
+        with open(tmp_path / "lcckpt" / f, "rb") as fh:
+            assert fh.read(len(MAGIC)) == MAGIC, f          # lcckpt files, not pickles
+    ours = lcckpt.load(last)
+    theirs = torch.load(runs["torch"][1], weights_only=False)
+    assert type(ours["hyper_parameters"]) is dict
+    assert ours["hyper_parameters"] == dict(theirs.pop("hyper_parameters"))
+    ours.pop("hyper_parameters")
+    for key in ("callbacks",):       # ModelCheckpoint's state names its own directory
+        ours.pop(key), theirs.pop(key)
+    _same(ours, theirs)
+    _same(runs["lcckpt"][2], runs["torch"][2])
+
+
+def test_a_module_loads_from_a_checkpoint_of_the_plugin(tmp_path):
+    model, trainer = _fit(tmp_path, 6, io=LcckptCheckpointIO(compress=False))
+    path = tmp_path / "m.ckpt"
+    trainer.save_checkpoint(path)
+    back = load_module(Regressor, path, note="override")
+    assert back.loaded_hook and not back.training and back.hparams.note == "override"
+    for a, b in zip(back.state_dict().values(), model.state_dict().values()):
+        assert torch.equal(a, b)
+    with pytest.raises(InvalidArgumentError, match="state_dict"):
+        lcckpt.save({"x": 1}, tmp_path / "other.lcc")
+        load_module(Regressor, tmp_path / "other.lcc")
+
+
+def test_old_torch_checkpoints_still_resume_and_bad_inputs_are_named(tmp_path):
+    every = ModelCheckpoint(dirpath=tmp_path / "ck", every_n_train_steps=5, save_top_k=-1)
+    _fit(tmp_path, 10, callbacks=[every])                       # Lightning's own torch.save
+    old = max(os.listdir(tmp_path / "ck"), key=lambda n: int(n.split("step=")[1][:-5]))
+    io = LcckptCheckpointIO()
+    ck = io.load_checkpoint(tmp_path / "ck" / old)              # read weights-only
+    assert ck["global_step"] == 10
+    _, t2 = _fit(tmp_path / "b", 12, ckpt_path=str(tmp_path / "ck" / old), io=io)
+    assert t2.global_step == 12
+    with pytest.raises(UnsafeObjectError):
+        io.load_checkpoint(tmp_path / "ck" / old, weights_only=False)
+    with pytest.raises(FileNotFoundError):
+        io.load_checkpoint(tmp_path / "none.ckpt")
+    with pytest.raises(TypeError, match="storage_options"):
+        io.save_checkpoint({}, tmp_path / "x.ckpt", storage_options={"a": 1})
+    with pytest.raises(UnsafeObjectError, match="state_dict"):
+        io.save_checkpoint({"hyper_parameters": {"net": torch.nn.Linear(1, 1)}},
+                           tmp_path / "x.ckpt")
+    assert not os.path.exists(tmp_path / "x.ckpt")
+    io.save_checkpoint({"a": torch.ones(2)}, tmp_path / "gone.ckpt")
+    io.remove_checkpoint(tmp_path / "gone.ckpt")
+    assert not os.path.exists(tmp_path / "gone.ckpt")
+    with pytest.raises(InvalidArgumentError):
+        LcckptCheckpointIO(compress="yes")
+
+
+def test_a_url_goes_through_fsspec(tmp_path):
+    io = LcckptCheckpointIO()
+    io.save_checkpoint({"w": torch.arange(5.0), "step": 3}, "memory://lightning/a.ckpt")
+    back = io.load_checkpoint("memory://lightning/a.ckpt")
+    assert back["step"] == 3 and torch.equal(back["w"], torch.arange(5.0))
+    io.remove_checkpoint("memory://lightning/a.ckpt")
+    with pytest.raises(FileNotFoundError):
+        io.load_checkpoint("memory://lightning/a.ckpt")
