@@ -149,3 +149,37 @@ def test_a_url_goes_through_fsspec(tmp_path):
     io.remove_checkpoint("memory://lightning/a.ckpt")
     with pytest.raises(FileNotFoundError):
         io.load_checkpoint("memory://lightning/a.ckpt")
+
+
+def test_a_chain_callback_keeps_every_checkpoint_and_a_step_resumes(tmp_path):
+    """Every checkpoint the run builds is a step of the chain, stored once per step; an
+    exact chain (keyframe_every=1) exported and resumed ends as a resume from Lightning's
+    own file; the default chain is smaller than the files and resumes too."""
+    from lcckpt.training.lightning import ChainCallback, export_checkpoint
+    ends = {}
+    for name, options in (("exact", {"keyframe_every": 1}), ("default", {})):
+        every = ModelCheckpoint(dirpath=tmp_path / f"{name}-files", every_n_train_steps=5,
+                                save_top_k=-1, save_last=True)
+        chain = ChainCallback(tmp_path / f"{name}-chain", **options)
+        _fit(tmp_path / f"{name}-a", 20, callbacks=[every, chain])
+        assert lcckpt.DeltaCheckpointer(tmp_path / f"{name}-chain").steps() == [5, 10, 15, 20]
+        assert chain.last_save["kind"] == ("keyframe" if name == "exact" else "delta")
+        out = tmp_path / f"{name}.ckpt"
+        assert export_checkpoint(tmp_path / f"{name}-chain", out) == 20
+        resumed, trainer = _fit(tmp_path / f"{name}-b", 30, ckpt_path=str(out),
+                                io=LcckptCheckpointIO())
+        assert trainer.global_step == 30
+        ends[name] = resumed.state_dict()
+    own, _ = _fit(tmp_path / "own", 30, ckpt_path=str(tmp_path / "exact-files" / "last.ckpt"))
+    _same(ends["exact"], own.state_dict())
+    files = sum(os.path.getsize(tmp_path / "default-files" / f)
+                for f in os.listdir(tmp_path / "default-files") if f != "last.ckpt")
+    chain_bytes = sum(os.path.getsize(tmp_path / "default-chain" / f)
+                      for f in os.listdir(tmp_path / "default-chain"))
+    assert chain_bytes < files / 2, (chain_bytes, files)
+    with pytest.raises(InvalidArgumentError, match="only increase"):
+        _fit(tmp_path / "again", 10, callbacks=[ChainCallback(tmp_path / "default-chain"),
+                                                ModelCheckpoint(dirpath=tmp_path / "x",
+                                                                every_n_train_steps=5)])
+    with pytest.raises(InvalidArgumentError, match="no chain steps"):
+        export_checkpoint(tmp_path / "empty", tmp_path / "e.ckpt")

@@ -20,6 +20,10 @@ Two things differ from Lightning's files:
 
 Paths may be fsspec URLs, as with Lightning's own ``CheckpointIO``: a local path is written
 atomically (a temporary file renamed over it), a URL through ``fsspec``'s file object.
+
+:class:`ChainCallback` keeps every checkpoint Lightning builds as a step of a delta chain
+as well, about 20x smaller than the files, and :func:`export_checkpoint` writes any step
+back as a checkpoint file that ``trainer.fit(ckpt_path=...)`` resumes from.
 """
 
 from __future__ import annotations
@@ -30,11 +34,13 @@ from typing import Any
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.fabric.utilities.data import AttributeDict
+from lightning.pytorch.callbacks import Callback
 
+from ..chain.checkpointer import DeltaCheckpointer
 from ..errors import InvalidArgumentError
 from ..format.serialization import load, save
 
-__all__ = ["LcckptCheckpointIO", "load_module"]
+__all__ = ["ChainCallback", "LcckptCheckpointIO", "export_checkpoint", "load_module"]
 
 HPARAMS = "hyper_parameters"
 
@@ -53,9 +59,7 @@ class LcckptCheckpointIO(CheckpointIO):
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options (got "
                             f"{storage_options!r}): the file is written whole, as it is")
-        state = dict(checkpoint)
-        if isinstance(state.get(HPARAMS), AttributeDict):
-            state[HPARAMS] = dict(state[HPARAMS])
+        state = _plain(checkpoint)
         path, fs = str(path), get_filesystem(path)
         if _local(fs):
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -84,6 +88,14 @@ class LcckptCheckpointIO(CheckpointIO):
             fs.rm(str(path), recursive=True)
 
 
+def _plain(checkpoint: dict) -> dict:
+    """``checkpoint`` with its hyperparameters as a plain ``dict`` (a shallow copy)."""
+    state = dict(checkpoint)
+    if isinstance(state.get(HPARAMS), AttributeDict):
+        state[HPARAMS] = dict(state[HPARAMS])
+    return state
+
+
 def _local(fs) -> bool:
     return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
 
@@ -102,3 +114,62 @@ def load_module(cls, path, map_location=None, strict: bool = True, **kwargs):
     model.on_load_checkpoint(checkpoint)
     model.load_state_dict(checkpoint["state_dict"], strict=strict)
     return model.eval()
+
+
+
+class ChainCallback(Callback):
+    """Keeps every checkpoint Lightning builds (each save of ``ModelCheckpoint`` or
+    ``trainer.save_checkpoint``: model, optimizers, LR schedulers, loops, callbacks,
+    hyperparameters) as the step ``trainer.global_step`` of a chain in ``directory``
+    (``options``: :class:`~lcckpt.DeltaCheckpointer`'s keywords; ``keyframe_every=1``
+    keeps every step exact). Beside Lightning's own files: ``ModelCheckpoint``'s
+    ``save_top_k`` then bounds those, while the chain keeps every step. Two saves at one
+    step (a top-k file and ``last.ckpt``) store it once. Only the global-zero process
+    writes; a state split across ranks (FSDP, DeepSpeed) belongs in ``lcckpt.distributed``.
+    ``last_save``: the checkpointer's record of the newest save."""
+
+    def __init__(self, directory, **options: Any) -> None:
+        self.directory = os.fspath(directory)
+        self.options = options
+        self.last_save: dict | None = None
+        self._ck: DeltaCheckpointer | None = None
+        self._step: int | None = None
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        step = trainer.global_step
+        if not trainer.is_global_zero or step == self._step:
+            return
+        if self._ck is None:
+            self._ck = DeltaCheckpointer(self.directory, **self.options)
+        steps = self._ck.steps()
+        if steps and steps[-1] >= step:
+            raise InvalidArgumentError(
+                f"{self.directory} holds steps up to {steps[-1]}, not before step {step} that "
+                "this run saves; a chain's steps only increase: resume from its newest step "
+                "or give the resumed run another directory")
+        self._ck.save(step, _plain(checkpoint))
+        self._step, self.last_save = step, self._ck.last_save
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if self._ck is not None:
+            self._ck.close()
+            self._ck = None
+
+
+def export_checkpoint(directory, path, step: int | None = None, compress: bool = True) -> int:
+    """Write ``step`` of the chain in ``directory`` (default: the newest) to ``path`` as a
+    checkpoint file of :class:`LcckptCheckpointIO` (resume with
+    ``Trainer(plugins=[LcckptCheckpointIO()]).fit(..., ckpt_path=path)``); returns the
+    step. The restored state is within the chain's targets of the saved one (exact where
+    the chain stores it exactly: ``keyframe_every=1``, or a keyframe)."""
+    ck = DeltaCheckpointer(directory)
+    try:
+        steps = ck.steps()
+        if not steps:
+            raise InvalidArgumentError(f"{os.fspath(directory)} holds no chain steps to export")
+        step = steps[-1] if step is None else step
+        state = ck.load(step)
+    finally:
+        ck.close()
+    LcckptCheckpointIO(compress).save_checkpoint(state, path)
+    return step
