@@ -22,8 +22,9 @@ Paths may be fsspec URLs, as with Lightning's own ``CheckpointIO``: a local path
 atomically (a temporary file renamed over it), a URL through ``fsspec``'s file object.
 
 :class:`ChainCallback` keeps every checkpoint Lightning builds as a step of a delta chain
-as well, about 20x smaller than the files, and :func:`export_checkpoint` writes any step
-back as a checkpoint file that ``trainer.fit(ckpt_path=...)`` resumes from.
+as well (17.7x smaller than Lightning's files in ``benchmarks/lightning_trainer.py``),
+and :func:`export_checkpoint` writes any step back as a checkpoint file that
+``trainer.fit(ckpt_path=...)`` resumes from.
 """
 
 from __future__ import annotations
@@ -114,7 +115,6 @@ def load_module(cls, path, map_location=None, strict: bool = True, **kwargs):
     model.on_load_checkpoint(checkpoint)
     model.load_state_dict(checkpoint["state_dict"], strict=strict)
     return model.eval()
-
 
 
 class ChainCallback(Callback):
