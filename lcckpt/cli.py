@@ -43,6 +43,22 @@ def _blob_info(data) -> dict:
     return {"blob": "lossless"}
 
 
+def _stored_bytes(tensors) -> int:
+    """The bytes a torch.save file holds for ``tensors``: each storage once (tied weights,
+    views of one tensor); a sparse or nested tensor, which has no one storage, by its
+    elements; a meta tensor none."""
+    storages = {}
+    for t in tensors:
+        if t.is_meta:
+            continue
+        try:
+            st = t.untyped_storage()
+            storages[(t.device, st.data_ptr())] = st.nbytes()
+        except (NotImplementedError, RuntimeError):
+            storages[id(t)] = t.numel() * t.element_size()
+    return sum(storages.values())
+
+
 def inspect_file(path: str) -> dict:
     """What a checkpoint file holds: format, meta, and per section/tensor sizes and codecs."""
     from .interop.convert import detect_format
@@ -65,12 +81,8 @@ def inspect_file(path: str) -> dict:
         from .interop.convert import flat_tensors, load_torch
         obj = load_torch(path)                      # weights only: never runs code
         ts = list(flat_tensors(obj).items())
-        storages = {}                               # what the file stores: each storage once
-        for _, t in ts:                             # (tied weights, views of one tensor)
-            st = t.untyped_storage()
-            storages[(t.device, st.data_ptr())] = st.nbytes()
         return {"path": path, "format": "torch.save", "file_bytes": size,
-                "raw_bytes": sum(storages.values()),
+                "raw_bytes": _stored_bytes(t for _, t in ts),
                 "tensor_count": len(ts),
                 "top_level": sorted(map(str, obj)) if isinstance(obj, dict) else type(obj).__name__}
     from .format.container import read_container

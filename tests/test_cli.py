@@ -1,6 +1,7 @@
 """The command line: inspect and verify on files and chains, exit codes, JSON."""
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -79,6 +80,13 @@ def test_inspect_counts_a_torch_files_shared_storage_once(tmp_path, capsys):
     assert main(["inspect", "--json", str(tmp_path / "t.pt")]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["raw_bytes"] == 4000 + 28 and doc["tensor_count"] == 4
+    odd = {"sparse": torch.eye(3).to_sparse(), "csr": torch.eye(3).to_sparse_csr(),
+           "meta": torch.empty(5, device="meta"), "w": torch.ones(2)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # torch's beta notes on sparse layouts
+        torch.save(odd, tmp_path / "odd.pt")
+        assert main(["inspect", "--json", str(tmp_path / "odd.pt")]) == 0
+    assert json.loads(capsys.readouterr().out)["tensor_count"] >= 3
 
 
 def test_verify_passes_then_fails_on_damage(chain_dir, capsys):
