@@ -43,22 +43,6 @@ def _blob_info(data) -> dict:
     return {"blob": "lossless"}
 
 
-def _stored_bytes(tensors) -> int:
-    """The bytes a torch.save file holds for ``tensors``: each storage once (tied weights,
-    views of one tensor); a sparse or nested tensor, which has no one storage, by its
-    elements; a meta tensor none."""
-    storages = {}
-    for t in tensors:
-        if t.is_meta:
-            continue
-        try:
-            st = t.untyped_storage()
-            storages[(t.device, st.data_ptr())] = st.nbytes()
-        except (NotImplementedError, RuntimeError):
-            storages[id(t)] = t.numel() * t.element_size()
-    return sum(storages.values())
-
-
 def inspect_file(path: str) -> dict:
     """What a checkpoint file holds: format, meta, and per section/tensor sizes and codecs."""
     from .interop.convert import detect_format
@@ -78,11 +62,11 @@ def inspect_file(path: str) -> dict:
                 "raw_bytes": sum(e["nbytes"] for e in entries), "metadata": meta,
                 "tensors": entries}
     if fmt == "torch":
-        from .interop.convert import flat_tensors, load_torch
+        from .interop.convert import flat_tensors, load_torch, stored_bytes
         obj = load_torch(path)                      # weights only: never runs code
         ts = list(flat_tensors(obj).items())
         return {"path": path, "format": "torch.save", "file_bytes": size,
-                "raw_bytes": _stored_bytes(t for _, t in ts),
+                "raw_bytes": stored_bytes(t for _, t in ts),
                 "tensor_count": len(ts),
                 "top_level": sorted(map(str, obj)) if isinstance(obj, dict) else type(obj).__name__}
     from .format.container import read_container

@@ -291,3 +291,19 @@ def flat_tensors(obj, prefix: str = "") -> dict[str, torch.Tensor]:
         for i, v in enumerate(obj):
             out.update(flat_tensors(v, f"{prefix}.{i}" if prefix else str(i)))
     return out
+
+
+def stored_bytes(tensors) -> int:
+    """The bytes a torch.save file holds for ``tensors``: each storage once (tied weights,
+    views of one tensor); a sparse or nested tensor, which has no one storage, by its
+    elements; a meta tensor none."""
+    storages = {}
+    for t in tensors:
+        if t.is_meta:
+            continue
+        try:
+            st = t.untyped_storage()
+            storages[(t.device, st.data_ptr())] = st.nbytes()
+        except (NotImplementedError, RuntimeError):
+            storages[id(t)] = t.numel() * t.element_size()
+    return sum(storages.values())
