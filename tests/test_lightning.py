@@ -183,3 +183,29 @@ def test_a_chain_callback_keeps_every_checkpoint_and_a_step_resumes(tmp_path):
                                                                 every_n_train_steps=5)])
     with pytest.raises(InvalidArgumentError, match="no chain steps"):
         export_checkpoint(tmp_path / "empty", tmp_path / "e.ckpt")
+
+
+def test_a_background_chain_writes_what_a_save_in_the_hook_writes(tmp_path, monkeypatch):
+    """The same run with the chain written in the hook and in the background: every
+    step restores to the same model and optimizer state, bit for bit; a failed background
+    write is raised in the training thread by the end of the run."""
+    from lcckpt.training.lightning import ChainCallback
+    back = {}
+    for mode in (False, True):
+        every = ModelCheckpoint(dirpath=tmp_path / f"files-{mode}", every_n_train_steps=4,
+                                save_top_k=-1)
+        chain = ChainCallback(tmp_path / f"chain-{mode}", background=mode)
+        _fit(tmp_path / f"run-{mode}", 16, callbacks=[every, chain])
+        ck = lcckpt.DeltaCheckpointer(tmp_path / f"chain-{mode}")
+        assert ck.steps() == [4, 8, 12, 16] and chain.last_save["kind"] == "delta"
+        back[mode] = [{k: ck.load(s)[k] for k in ("state_dict", "optimizer_states")}
+                      for s in ck.steps()]
+    _same(back[False], back[True])
+
+    def broken(self, step, obj, **kw):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(lcckpt.DeltaCheckpointer, "save", broken)
+    every = ModelCheckpoint(dirpath=tmp_path / "files-x", every_n_train_steps=4, save_top_k=-1)
+    with pytest.raises(OSError, match="No space"):
+        _fit(tmp_path / "run-x", 8, callbacks=[every, ChainCallback(tmp_path / "chain-x",
+                                                                    background=True)])

@@ -32,7 +32,6 @@ import json
 import os
 import random
 import shutil
-import threading
 from typing import Any
 
 import numpy as np
@@ -47,6 +46,7 @@ from ..format.serialization import load
 from ..interop import trainerdir
 from ..interop.convert import read_checkpoint
 from ..util.durable import fsync_dir
+from .background import Writer
 from .hostcopy import HostBuffers
 
 __all__ = ["ChainCallback", "RESUMABLE", "export_checkpoint", "import_checkpoints"]
@@ -93,8 +93,7 @@ class ChainCallback(TrainerCallback):
         self._ck: DeltaCheckpointer | None = None
         self._step: int | None = None          # the newest step handed to a save
         self._buffers = HostBuffers() if background else None
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self._writer = Writer("lcckpt-chain-callback")
 
     def on_train_begin(self, args, state, control, **kwargs):
         if getattr(args, "fsdp", None) or getattr(args, "deepspeed", None):
@@ -130,12 +129,10 @@ class ChainCallback(TrainerCallback):
         obj = _snapshot(args, state, model, optimizer, lr_scheduler)
         self._step = state.global_step
         if not self.background:
-            self._write(state.global_step, obj)
+            self._write(self._ck, state.global_step, obj)
             return
-        obj = self._buffers.snapshot(obj)
-        self._thread = threading.Thread(target=self._guarded, args=(state.global_step, obj),
-                                        name="lcckpt-chain-callback")
-        self._thread.start()
+        self._writer.start(self._write, self._ck, state.global_step,
+                           self._buffers.snapshot(obj))
 
     def on_step_end(self, args, state, control, **kwargs):
         self._save_instead(args, state, control, **kwargs)
@@ -152,31 +149,16 @@ class ChainCallback(TrainerCallback):
             control.should_save = False         # the Trainer's own save is skipped
 
     def on_train_end(self, args, state, control, **kwargs):
-        try:
-            self.wait()
-        finally:
-            if self._ck is not None:
-                self._ck.close()
-                self._ck = None
+        ck, self._ck = self._ck, None
+        self._writer.finish(ck)
 
     def wait(self) -> None:
         """Wait for a background save in flight; raise its error if it failed."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
+        self._writer.wait()
 
-    def _write(self, step: int, obj: dict) -> None:
-        self._ck.save(step, obj)
-        self.last_save = self._ck.last_save
-
-    def _guarded(self, step: int, obj: dict) -> None:
-        try:
-            self._write(step, obj)
-        except BaseException as e:          # raised in the training thread by wait()
-            self._error = e
+    def _write(self, ck: DeltaCheckpointer, step: int, obj: dict) -> None:
+        ck.save(step, obj)             # the checkpointer handed over: the run's end may
+        self.last_save = ck.last_save  # detach it from self while this thread writes
 
     def _open(self) -> None:
         if self._ck is None:

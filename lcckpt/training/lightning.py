@@ -40,6 +40,8 @@ from lightning.pytorch.callbacks import Callback
 from ..chain.checkpointer import DeltaCheckpointer
 from ..errors import InvalidArgumentError
 from ..format.serialization import load, save
+from .background import Writer
+from .hostcopy import HostBuffers
 
 __all__ = ["ChainCallback", "LcckptCheckpointIO", "export_checkpoint", "load_module"]
 
@@ -126,19 +128,27 @@ class ChainCallback(Callback):
     ``save_top_k`` then bounds those, while the chain keeps every step. Two saves at one
     step (a top-k file and ``last.ckpt``) store it once. Only the global-zero process
     writes; a state split across ranks (FSDP, DeepSpeed) belongs in ``lcckpt.distributed``.
-    ``last_save``: the checkpointer's record of the newest save."""
+    ``last_save``: the checkpointer's record of the newest finished save.
 
-    def __init__(self, directory, **options: Any) -> None:
+    ``background=True``: the hook copies the checkpoint's tensors into host buffers
+    (reused from one save to the next: memory of one state) and returns; a thread encodes
+    and writes them while training goes on. The next save and the end of the run wait for
+    it and raise its error if it failed. The files are those a save in the hook writes."""
+
+    def __init__(self, directory, *, background: bool = False, **options: Any) -> None:
         self.directory = os.fspath(directory)
         self.options = options
         self.last_save: dict | None = None
         self._ck: DeltaCheckpointer | None = None
         self._step: int | None = None
+        self._buffers = HostBuffers() if background else None
+        self._writer = Writer("lcckpt-lightning-chain")
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         step = trainer.global_step
         if not trainer.is_global_zero or step == self._step:
             return
+        self.wait()
         if self._ck is None:
             self._ck = DeltaCheckpointer(self.directory, **self.options)
         steps = self._ck.steps()
@@ -147,13 +157,27 @@ class ChainCallback(Callback):
                 f"{self.directory} holds steps up to {steps[-1]}, not before step {step} that "
                 "this run saves; a chain's steps only increase: resume from its newest step "
                 "or give the resumed run another directory")
-        self._ck.save(step, _plain(checkpoint))
-        self._step, self.last_save = step, self._ck.last_save
+        self._step = step
+        if self._buffers is None:
+            self._write(self._ck, step, _plain(checkpoint))
+            return
+        self._writer.start(self._write, self._ck, step,
+                           self._buffers.snapshot(_plain(checkpoint)))
+
+    def wait(self) -> None:
+        """Wait for a background save in flight; raise its error if it failed."""
+        self._writer.wait()
+
+    def _write(self, ck: DeltaCheckpointer, step: int, state: dict) -> None:
+        ck.save(step, state)           # the checkpointer handed over: the run's end may
+        self.last_save = ck.last_save  # detach it from self while this thread writes
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.wait()
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
-        if self._ck is not None:
-            self._ck.close()
-            self._ck = None
+        ck, self._ck = self._ck, None
+        self._writer.finish(ck)
 
 
 def export_checkpoint(directory, path, step: int | None = None, compress: bool = True) -> int:
