@@ -209,3 +209,40 @@ def test_a_background_chain_writes_what_a_save_in_the_hook_writes(tmp_path, monk
     with pytest.raises(OSError, match="No space"):
         _fit(tmp_path / "run-x", 8, callbacks=[every, ChainCallback(tmp_path / "chain-x",
                                                                     background=True)])
+
+
+def test_a_chain_behind_the_files_resumes_and_keeps_them_small(tmp_path):
+    """``LcckptCheckpointIO(chain=...)``: ModelCheckpoint's files hold the small parts and a
+    step of the chain; a run resumes from them with no other change; a removed file leaves
+    the chain; a file whose step is gone says so."""
+    io = LcckptCheckpointIO(chain=tmp_path / "chain")
+    top = ModelCheckpoint(dirpath=tmp_path / "ck", every_n_train_steps=5, save_top_k=-1,
+                          save_last=True)
+    model, _ = _fit(tmp_path / "a", 20, io=io, callbacks=[top])
+    assert lcckpt.DeltaCheckpointer(tmp_path / "chain").steps() == [5, 10, 15, 20]
+    files = sorted(os.listdir(tmp_path / "ck"))
+    assert len(files) == 5 and all(os.path.getsize(tmp_path / "ck" / f) < 20_000 for f in files)
+    back = io.load_checkpoint(tmp_path / "ck" / "last.ckpt")
+    assert back["global_step"] == 20 and "lcckpt_chain_step" not in back
+    for k, v in model.state_dict().items():       # within the chain's targets of the model
+        err = (back["state_dict"][k] - v).norm() / (v.norm() + 1e-12)
+        assert err < 0.05, k
+    assert len(back["optimizer_states"][0]["state"]) == 4
+    resumed, trainer = _fit(tmp_path / "b", 30, ckpt_path=str(tmp_path / "ck" / "last.ckpt"),
+                            io=LcckptCheckpointIO(chain=tmp_path / "chain"),
+                            callbacks=[ModelCheckpoint(dirpath=tmp_path / "ck",
+                                                       every_n_train_steps=5, save_top_k=-1)])
+    assert trainer.global_step == 30
+    assert lcckpt.DeltaCheckpointer(tmp_path / "chain").steps() == [5, 10, 15, 20, 25, 30]
+    io.remove_checkpoint(tmp_path / "ck" / "last.ckpt")
+    assert lcckpt.DeltaCheckpointer(tmp_path / "chain").steps()[-1] == 30
+    gone = lcckpt.load(tmp_path / "ck" / "epoch=1-step=30.ckpt")
+    gone["lcckpt_chain_step"]["step"] = 999                 # a step retention removed
+    lcckpt.save(gone, tmp_path / "ck" / "gone.ckpt")
+    with pytest.raises(FileNotFoundError, match="does not hold it"):
+        io.load_checkpoint(tmp_path / "ck" / "gone.ckpt")
+    with pytest.raises(InvalidArgumentError, match="only increase"):
+        _fit(tmp_path / "c", 5, io=LcckptCheckpointIO(chain=tmp_path / "chain"),
+             callbacks=[ModelCheckpoint(dirpath=tmp_path / "x", every_n_train_steps=5)])
+    with pytest.raises(InvalidArgumentError, match="chain's"):
+        LcckptCheckpointIO(keep_last=2)

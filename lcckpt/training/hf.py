@@ -40,7 +40,7 @@ from transformers import TrainerCallback
 from transformers.training_args import ParallelMode
 
 from ..chain.checkpointer import DeltaCheckpointer
-from ..chain.policy import RolePolicy
+from ..chain.policy import RESUMABLE   # with replace=True the chain is all a resume reads
 from ..errors import InvalidArgumentError
 from ..format.serialization import load
 from ..interop import trainerdir
@@ -53,11 +53,6 @@ __all__ = ["ChainCallback", "RESUMABLE", "export_checkpoint", "import_checkpoint
 
 _SCALER = trainerdir.FILES["scaler"]
 
-# With replace=True the chain is all a resume can read. Resumed from a chain whose
-# first moments were held to 0.8 of their movement, an AdamW fine-tune ended 0.95-6.18%
-# of held-out loss above the uninterrupted run; at 0.3, 0.12-2.84%, for 6% more bytes
-# (docs/chain.md, "Resuming an AdamW fine-tune").
-RESUMABLE = RolePolicy(first_moment=0.3)
 
 
 class ChainCallback(TrainerCallback):

@@ -38,7 +38,8 @@ from lightning.fabric.utilities.data import AttributeDict
 from lightning.pytorch.callbacks import Callback
 
 from ..chain.checkpointer import DeltaCheckpointer
-from ..errors import InvalidArgumentError
+from ..chain.policy import RESUMABLE
+from ..errors import CorruptDataError, InvalidArgumentError, NotFoundError
 from ..format.serialization import load, save
 from .background import Writer
 from .hostcopy import HostBuffers
@@ -51,12 +52,31 @@ HPARAMS = "hyper_parameters"
 class LcckptCheckpointIO(CheckpointIO):
     """A Lightning ``CheckpointIO`` that saves with :func:`lcckpt.save` and loads with
     :func:`lcckpt.load` (see the module's notes). ``compress``: code tensors bit-exactly
-    (smaller files, a little more time); ``False`` stores their bytes as they are."""
+    (smaller files, a little more time); ``False`` stores their bytes as they are.
 
-    def __init__(self, compress: bool = True):
+    ``chain``: a directory where the model's and the optimizers' state of every checkpoint
+    go as the step ``global_step`` of a delta chain (``options``: its
+    :class:`~lcckpt.DeltaCheckpointer`'s keywords, the first moments held to
+    :data:`~lcckpt.chain.policy.RESUMABLE`'s 0.3 of their movement unless a target is
+    given), while each checkpoint file keeps the rest (loops, callbacks, schedulers,
+    hyperparameters) and the step; loading a file rebuilds the step, within the chain's
+    targets. A second file at the step it stored last (``last.ckpt`` beside a top-k file)
+    points at the state stored first; removing a file leaves the chain as it is. Local
+    paths only, and steps only increase (a run resumed from an older file needs another
+    chain directory)."""
+
+    def __init__(self, compress: bool = True, *, chain=None, **options: Any):
         if type(compress) is not bool:
             raise InvalidArgumentError(f"compress must be True or False, got {compress!r}")
+        if options and chain is None:
+            raise InvalidArgumentError(f"options {sorted(options)} are a chain's: pass chain=")
         self.compress = compress
+        self.chain = None if chain is None else os.path.abspath(os.fspath(chain))
+        if not {"target", "bits", "error_bound"} & options.keys():
+            options = {**options, "target": RESUMABLE}
+        self.options = options
+        self._ck: DeltaCheckpointer | None = None
+        self._stored: int | None = None          # the step this object stored last
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
         if storage_options is not None:
@@ -64,6 +84,10 @@ class LcckptCheckpointIO(CheckpointIO):
                             f"{storage_options!r}): the file is written whole, as it is")
         state = _plain(checkpoint)
         path, fs = str(path), get_filesystem(path)
+        if self.chain is not None:
+            if not _local(fs):
+                raise InvalidArgumentError(f"{path}: a chain's checkpoint files are local paths")
+            state = self._into_chain(state, path)
         if _local(fs):
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             save(state, path, compress=self.compress)
@@ -72,16 +96,31 @@ class LcckptCheckpointIO(CheckpointIO):
         with fs.open(path, "wb") as f:
             save(state, f, compress=self.compress)
 
+    def _into_chain(self, state: dict, path: str) -> dict:
+        """``state`` without its large parts, stored as a chain step, and where they are."""
+        step = state.get("global_step")
+        if type(step) is not int or step < 0:
+            raise InvalidArgumentError(f"{path}: a checkpoint without a global_step cannot be "
+                                       "a chain step; save it without chain=")
+        if step != self._stored:                  # not a second file of this run's step
+            self._ck = _ready(self._ck, self.chain, self.options, step)
+            self._ck.save(step, {k: state[k] for k in _IN_CHAIN if k in state})
+            self._stored = step
+        rest = {k: v for k, v in state.items() if k not in _IN_CHAIN}
+        where = os.path.relpath(self.chain, os.path.dirname(os.path.abspath(path)))
+        return {**rest, _POINTER: {"chain": where, "step": step}}
+
     def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict[str, Any]:
         """The checkpoint at ``path`` (an lcckpt file, or a Lightning ``torch.save``
         checkpoint read weights-only; ``weights_only=False`` is refused for those, as
-        :func:`lcckpt.load` refuses it). ``FileNotFoundError`` if there is none."""
+        :func:`lcckpt.load` refuses it); a file of a chain with its step rebuilt.
+        ``FileNotFoundError`` if there is none."""
         path, fs = str(path), get_filesystem(path)
         if not fs.exists(path):
             raise FileNotFoundError(f"Checkpoint file not found: {path}")
         kw = {} if weights_only is None else {"weights_only": weights_only}
         if _local(fs):
-            return load(path, map_location=map_location, **kw)
+            return _from_chain(load(path, map_location=map_location, **kw), path, map_location)
         with fs.open(path, "rb") as f:
             return load(f, map_location=map_location, **kw)
 
@@ -89,6 +128,48 @@ class LcckptCheckpointIO(CheckpointIO):
         fs = get_filesystem(path)
         if fs.exists(str(path)):
             fs.rm(str(path), recursive=True)
+
+    def teardown(self) -> None:
+        if self._ck is not None:
+            self._ck.close()
+            self._ck = None
+
+
+def _ready(ck: DeltaCheckpointer | None, directory: str, options: dict,
+           step: int) -> DeltaCheckpointer:
+    """``ck`` (a checkpointer of ``directory`` opened with ``options`` if None), checked
+    to take ``step`` next: a chain's steps only increase."""
+    ck = ck if ck is not None else DeltaCheckpointer(directory, **options)
+    steps = ck.steps()
+    if steps and steps[-1] >= step:
+        raise InvalidArgumentError(
+            f"{directory} holds steps up to {steps[-1]}, not before step {step} that this run "
+            "saves; a chain's steps only increase: resume from its newest step or give the "
+            "resumed run another directory")
+    return ck
+
+
+_IN_CHAIN = ("state_dict", "optimizer_states")    # what a chain step holds
+_POINTER = "lcckpt_chain_step"                     # where a checkpoint file finds it
+
+
+def _from_chain(state, path: str, map_location) -> Any:
+    """``state`` with the parts its chain step holds, where it names one."""
+    ref = state.pop(_POINTER, None) if isinstance(state, dict) else None
+    if ref is None:
+        return state
+    if not isinstance(ref, dict) or type(ref.get("chain")) is not str \
+            or type(ref.get("step")) is not int:
+        raise CorruptDataError(f"{path}: its chain reference {ref!r:.80} is not one")
+    directory = os.path.join(os.path.dirname(os.path.abspath(path)), ref["chain"])
+    ck = DeltaCheckpointer(directory)
+    try:
+        if ref["step"] not in ck.steps():
+            raise NotFoundError(f"{path} points at step {ref['step']} of the chain in "
+                                f"{directory}, which does not hold it (removed by keep_last?)")
+        return {**state, **ck.load(ref["step"], map_location=map_location)}
+    finally:
+        ck.close()
 
 
 def _plain(checkpoint: dict) -> dict:
@@ -149,14 +230,7 @@ class ChainCallback(Callback):
         if not trainer.is_global_zero or step == self._step:
             return
         self.wait()
-        if self._ck is None:
-            self._ck = DeltaCheckpointer(self.directory, **self.options)
-        steps = self._ck.steps()
-        if steps and steps[-1] >= step:
-            raise InvalidArgumentError(
-                f"{self.directory} holds steps up to {steps[-1]}, not before step {step} that "
-                "this run saves; a chain's steps only increase: resume from its newest step "
-                "or give the resumed run another directory")
+        self._ck = _ready(self._ck, self.directory, self.options, step)
         self._step = step
         if self._buffers is None:
             self._write(self._ck, step, _plain(checkpoint))
