@@ -236,6 +236,10 @@ def test_a_chain_behind_the_files_resumes_and_keeps_them_small(tmp_path):
     assert lcckpt.DeltaCheckpointer(tmp_path / "chain").steps() == [5, 10, 15, 20, 25, 30]
     io.remove_checkpoint(tmp_path / "ck" / "last.ckpt")
     assert lcckpt.DeltaCheckpointer(tmp_path / "chain").steps()[-1] == 30
+    model30 = load_module(Regressor, tmp_path / "ck" / "epoch=1-step=30.ckpt")
+    for k, v in resumed.state_dict().items():
+        err = (model30.state_dict()[k] - v).norm() / (v.norm() + 1e-12)
+        assert err < 0.05, k
     gone = lcckpt.load(tmp_path / "ck" / "epoch=1-step=30.ckpt")
     gone["lcckpt_chain_step"]["step"] = 999                 # a step retention removed
     lcckpt.save(gone, tmp_path / "ck" / "gone.ckpt")
