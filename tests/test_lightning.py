@@ -250,3 +250,30 @@ def test_a_chain_behind_the_files_resumes_and_keeps_them_small(tmp_path):
              callbacks=[ModelCheckpoint(dirpath=tmp_path / "x", every_n_train_steps=5)])
     with pytest.raises(InvalidArgumentError, match="chain's"):
         LcckptCheckpointIO(keep_last=2)
+
+
+def test_a_resuming_plugin_goes_on_from_the_references_its_load_decoded(tmp_path):
+    """The plugin that loads a file of its own chain before storing anything keeps the
+    restored references (``load(resume=True)``): its next save continues the chain from
+    them, and loads the same step as a fresh writer's would."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(300, 300, generator=g)
+    def state(step):
+        return {"global_step": step, "state_dict": {"w": w + 0.01 * step * torch.ones(1)},
+                "loops": {"at": step}}
+    first = LcckptCheckpointIO(chain=tmp_path / "chain")
+    for step in (1, 2):
+        first.save_checkpoint(state(step), tmp_path / f"s{step}.ckpt")
+    first.teardown()
+    again = LcckptCheckpointIO(chain=tmp_path / "chain")
+    assert again.load_checkpoint(tmp_path / "s2.ckpt")["loops"] == {"at": 2}
+    assert again._ck is not None and again._ck._primed[0] == 2      # the references kept
+    again.save_checkpoint(state(3), tmp_path / "s3.ckpt")
+    again.teardown()
+    fresh = LcckptCheckpointIO(chain=tmp_path / "other")
+    for step in (1, 2, 3):
+        fresh.save_checkpoint(state(step), tmp_path / f"o{step}.ckpt")
+    fresh.teardown()
+    a = LcckptCheckpointIO().load_checkpoint(tmp_path / "s3.ckpt")["state_dict"]["w"]
+    b = LcckptCheckpointIO().load_checkpoint(tmp_path / "o3.ckpt")["state_dict"]["w"]
+    assert torch.equal(a, b)

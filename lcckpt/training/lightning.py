@@ -120,9 +120,21 @@ class LcckptCheckpointIO(CheckpointIO):
             raise FileNotFoundError(f"Checkpoint file not found: {path}")
         kw = {} if weights_only is None else {"weights_only": weights_only}
         if _local(fs):
-            return _from_chain(load(path, map_location=map_location, **kw), path, map_location)
+            return _from_chain(load(path, map_location=map_location, **kw), path, map_location,
+                               self._writer_of)
         with fs.open(path, "rb") as f:
             return load(f, map_location=map_location, **kw)
+
+    def _writer_of(self, directory: str) -> DeltaCheckpointer | None:
+        """This object's checkpointer if ``directory`` is its chain and it has stored
+        nothing yet: a run resuming from the chain, whose next save then goes on from the
+        references this load decodes instead of replaying the chain again."""
+        if self.chain is None or self._stored is not None \
+                or os.path.realpath(directory) != os.path.realpath(self.chain):
+            return None
+        if self._ck is None:
+            self._ck = DeltaCheckpointer(self.chain, **self.options)
+        return self._ck
 
     def remove_checkpoint(self, path) -> None:
         fs = get_filesystem(path)
@@ -153,8 +165,9 @@ _IN_CHAIN = ("state_dict", "optimizer_states")    # what a chain step holds
 _POINTER = "lcckpt_chain_step"                     # where a checkpoint file finds it
 
 
-def _from_chain(state, path: str, map_location) -> Any:
-    """``state`` with the parts its chain step holds, where it names one."""
+def _from_chain(state, path: str, map_location, writer_of=lambda d: None) -> Any:
+    """``state`` with the parts its chain step holds, where it names one. ``writer_of(d)``:
+    a checkpointer that goes on writing the chain in ``d`` after this load, or None."""
     ref = state.pop(_POINTER, None) if isinstance(state, dict) else None
     if ref is None:
         return state
@@ -162,14 +175,17 @@ def _from_chain(state, path: str, map_location) -> Any:
             or type(ref.get("step")) is not int:
         raise CorruptDataError(f"{path}: its chain reference {ref!r:.80} is not one")
     directory = os.path.join(os.path.dirname(os.path.abspath(path)), ref["chain"])
-    ck = DeltaCheckpointer(directory)
+    writer = writer_of(directory)
+    ck = writer or DeltaCheckpointer(directory)
     try:
         if ref["step"] not in ck.steps():
             raise NotFoundError(f"{path} points at step {ref['step']} of the chain in "
                                 f"{directory}, which does not hold it (removed by keep_last?)")
-        return {**state, **ck.load(ref["step"], map_location=map_location)}
+        return {**state, **ck.load(ref["step"], map_location=map_location,
+                                   resume=writer is not None)}
     finally:
-        ck.close()
+        if writer is None:
+            ck.close()
 
 
 def _plain(checkpoint: dict) -> dict:
