@@ -52,8 +52,8 @@ def _score(net, x, y) -> tuple[float, float]:
             torch.nn.functional.cross_entropy(out, y).item())
 
 
-def _size(d: str, skip=()) -> int:
-    return sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if f not in skip)
+def _size(d: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
 
 
 def run(steps: int = 400, every: int = 10) -> dict:

@@ -77,7 +77,8 @@ def _scalar(dtype, data=None):
     return _multiarray.scalar(dtype, data)
 
 
-_DTYPE_TYPES = {type(np.dtype(c)) for c in "?bBhHiIlLqQefdgFDGSUMm"}
+_DTYPES = [np.dtype(c) for c in "?bBhHiIlLqQefdgFDGSUMm"]    # numbers, bool, bytes, str, dates
+_DTYPE_TYPES = {type(dt) for dt in _DTYPES}
 GLOBALS = [(_dtype, "numpy.dtype"), (_NdarrayName, "numpy.ndarray"),
            (np.ndarray, "lcckpt.format.torchglobals.ndarray"),      # may be built (setstate)
            (_empty_bytes, "builtins.bytes"), (_empty_bytes, "__builtin__.bytes"),
@@ -95,7 +96,7 @@ GLOBALS += [(c, f"{module}.{c.__name__}") for module in ("pathlib", "pathlib._lo
 GLOBALS += [(range, "builtins.range"), (slice, "builtins.slice"),
             (Ellipsis, "builtins.Ellipsis"), (fractions.Fraction, "fractions.Fraction"),
             (decimal.Decimal, "decimal.Decimal")]
-GLOBALS += [(t.type, f"numpy.{t.type.__name__}") for t in map(np.dtype, "?bBhHiIlLqQefdgFDGSUMm")]
+GLOBALS += [(dt.type, f"numpy.{dt.type.__name__}") for dt in _DTYPES]     # scalar types
 
 
 _LOCK = threading.Lock()
