@@ -2,14 +2,18 @@
 checkpoint files against lcckpt's exact files (LcckptCheckpointIO) and the chain
 (ChainCallback), and every chain step's held-out accuracy and loss beside the true
 model's; then the same run with the chain behind ModelCheckpoint's files
-(``LcckptCheckpointIO(chain=...)``), its bytes. Needs the `lightning` extra and scikit-learn.
+(``LcckptCheckpointIO(chain=...)``), its bytes; then once more keeping one file
+(``save_top_k=1``, a keyframe every --keyframe-every checkpoints), the disk that files and
+chain take at most and at the end, against one of Lightning's files. Needs the `lightning`
+extra and scikit-learn.
 
 An MLP (64 -> 512 -> 512 -> 10, AdamW) trains on scikit-learn's digits (1,347 train and
 450 held-out images) from scratch for --steps steps, a checkpoint every --every steps,
 each kept (``save_top_k=-1``) in Lightning's torch.save format, beside the chain (the
 second run's batches come in another order).
 
-    python benchmarks/lightning_trainer.py [--steps 400] [--every 10] [--json out.json]
+    python benchmarks/lightning_trainer.py [--steps 400] [--every 10] [--keyframe-every 10]
+                                           [--json out.json]
 """
 
 import argparse
@@ -22,7 +26,7 @@ import warnings
 import torch
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 import lcckpt
 from lcckpt.bench.manager import _data
@@ -56,7 +60,33 @@ def _size(d: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
 
 
-def run(steps: int = 400, every: int = 10) -> dict:
+class _Disk(Callback):
+    """The most bytes that ``dirs`` held together after any training batch."""
+
+    def __init__(self, *dirs: str):
+        self.dirs, self.most = dirs, 0
+
+    def on_train_batch_end(self, *args) -> None:
+        self.most = max(self.most, sum(_size(d) for d in self.dirs if os.path.isdir(d)))
+
+
+def _keep_one(d: str, loader, steps: int, every: int, keyframe_every: int) -> dict:
+    """The run kept as ``save_top_k=1`` with the chain behind the one file: its disk."""
+    L.seed_everything(0, verbose=False)
+    io = LcckptCheckpointIO(chain=f"{d}/one-chain", keyframe_every=keyframe_every)
+    disk = _Disk(f"{d}/one", f"{d}/one-chain")
+    L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False,
+              enable_progress_bar=False, enable_model_summary=False, plugins=[io],
+              callbacks=[ModelCheckpoint(dirpath=f"{d}/one", every_n_train_steps=every,
+                                         save_top_k=1), disk],
+              default_root_dir=d).fit(MLP(), loader)
+    io.teardown()
+    end = _size(f"{d}/one") + _size(f"{d}/one-chain")
+    return {"one_most_bytes": max(disk.most, end), "one_end_bytes": end,
+            "one_chain_steps": len(lcckpt.DeltaCheckpointer(f"{d}/one-chain").steps())}
+
+
+def run(steps: int = 400, every: int = 10, keyframe_every: int = 10) -> dict:
     x, y = _data()
     g = torch.Generator().manual_seed(0)
     perm = torch.randperm(len(y), generator=g)
@@ -100,6 +130,7 @@ def run(steps: int = 400, every: int = 10) -> dict:
                                              save_top_k=-1)],
                   default_root_dir=d).fit(MLP(), loader)
         behind_bytes = _size(f"{d}/behind") + _size(f"{d}/behind-chain")
+        one = _keep_one(d, loader, steps, every, keyframe_every)
     worst_drop = max(r["true_acc"] - r["restored_acc"] for r in rows)
     changes = [r["restored_loss"] / r["true_loss"] - 1 for r in rows]
     return {"steps": steps, "every": every, "checkpoints": len(rows),
@@ -108,16 +139,17 @@ def run(steps: int = 400, every: int = 10) -> dict:
             "behind_bytes": behind_bytes, "behind_ratio": files / behind_bytes,
             "chain_ratio": files / chain_bytes, "worst_acc_drop": worst_drop,
             "worst_loss_rise": max(changes), "worst_loss_change": max(map(abs, changes)),
-            "per_step": rows}
+            "lightning_file_bytes": files // len(rows), **one, "per_step": rows}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--every", type=int, default=10)
+    ap.add_argument("--keyframe-every", type=int, default=10)
     ap.add_argument("--json", metavar="PATH")
     a = ap.parse_args(argv)
-    r = run(a.steps, a.every)
+    r = run(a.steps, a.every, a.keyframe_every)
     print(f"{r['checkpoints']} checkpoints: Lightning's files {r['lightning_bytes']:,} bytes; "
           f"lcckpt exact files {r['lcckpt_exact_bytes']:,} ({r['exact_ratio']:.2f}x smaller); "
           f"chain {r['chain_bytes']:,} ({r['chain_ratio']:.1f}x smaller); files of "
@@ -126,6 +158,9 @@ def main(argv=None) -> int:
     print(f"chain restores: worst accuracy drop {r['worst_acc_drop']:.2f} points; held-out "
           f"loss worst rise {100 * r['worst_loss_rise']:+.2f}%, worst change either way "
           f"{100 * r['worst_loss_change']:.2f}% (450 held-out digits)")
+    print(f"save_top_k=1, chain behind the file (keyframe_every={a.keyframe_every}): files and "
+          f"chain {r['one_most_bytes']:,} bytes at most, {r['one_end_bytes']:,} at the end "
+          f"({r['one_chain_steps']} chain steps); one Lightning file {r['lightning_file_bytes']:,}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(r, f, indent=1)

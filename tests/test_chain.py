@@ -787,6 +787,38 @@ def test_a_retention_unlink_failing_midway_leaves_every_kept_step_loadable(
     assert ck.steps() == [4, 5]
 
 
+def test_retain_keeps_the_steps_named_and_what_they_need(tmp_path, monkeypatch):
+    """``retain(steps)``: the named steps, their bases back to their keyframes and the
+    newest step's stay; the rest goes newest first, so a failure leaves every step that
+    stays with its base, and the next retain finishes."""
+    ck = DeltaCheckpointer(tmp_path, keyframe_every=4)
+    for step in range(8):                          # keyframes 0 and 4
+        ck.save(step, _state(step))
+    truth = {s: ck.load(s) for s in ck.steps()}
+    real_unlink = os.unlink
+
+    def unlink(p, *a, **kw):
+        if os.path.basename(str(p)) == file_name(2):
+            raise PermissionError(1, "Operation not permitted", str(p))
+        return real_unlink(p, *a, **kw)
+    monkeypatch.setattr(os, "unlink", unlink)
+    with pytest.warns(RuntimeWarning, match="could not remove.*next retain"):
+        assert ck.retain([1]) == [3]
+    assert ck.steps() == [0, 1, 2, 4, 5, 6, 7]
+    monkeypatch.setattr(os, "unlink", real_unlink)
+    assert ck.retain({1}) == [2]
+    assert ck.retain([]) == [0, 1]
+    assert ck.steps() == [4, 5, 6, 7]
+    reader = DeltaCheckpointer(tmp_path)
+    for s in reader.steps():
+        assert_exact(reader.load(s), truth[s])
+    ck.close()
+    with DeltaCheckpointer(tmp_path) as other:
+        other.save(8, _state(8))
+        with pytest.raises(lcckpt.ConcurrentWriteError):
+            DeltaCheckpointer(tmp_path).retain([])
+
+
 def test_a_chain_step_whose_directory_sync_fails_is_saved_with_a_warning(tmp_path, monkeypatch):
     """The file is in place when the directory sync fails: the step is committed, so the
     save warns instead of raising, the step loads, and the next save goes on (and syncs

@@ -277,3 +277,66 @@ def test_a_resuming_plugin_goes_on_from_the_references_its_load_decoded(tmp_path
     a = LcckptCheckpointIO().load_checkpoint(tmp_path / "s3.ckpt")["state_dict"]["w"]
     b = LcckptCheckpointIO().load_checkpoint(tmp_path / "o3.ckpt")["state_dict"]["w"]
     assert torch.equal(a, b)
+
+
+def test_the_chain_keeps_only_what_the_files_lightning_keeps_need(tmp_path):
+    """``save_top_k=1``: each new file's save removes the one before, and the chain keeps
+    only the newest step's keyframe interval, as Lightning keeps one file; the run resumes
+    from the file it kept."""
+    io = LcckptCheckpointIO(chain=tmp_path / "chain", keyframe_every=3)
+    one = ModelCheckpoint(dirpath=tmp_path / "ck", every_n_train_steps=5, save_top_k=1)
+    _fit(tmp_path / "a", 40, io=io, callbacks=[one])
+    io.teardown()
+    assert os.listdir(tmp_path / "ck") == ["epoch=2-step=40.ckpt"]
+    ck = lcckpt.DeltaCheckpointer(tmp_path / "chain")
+    assert ck.steps() == [35, 40] and ck.info(35)["kind"] == "keyframe"
+    kept = LcckptCheckpointIO(chain=tmp_path / "chain", prune=False)
+    _, trainer = _fit(tmp_path / "b", 50, ckpt_path=str(tmp_path / "ck" / "epoch=2-step=40.ckpt"),
+                      io=kept, callbacks=[ModelCheckpoint(dirpath=tmp_path / "ck",
+                                                          every_n_train_steps=5, save_top_k=1)])
+    kept.teardown()
+    assert trainer.global_step == 50
+    assert lcckpt.DeltaCheckpointer(tmp_path / "chain").steps() == [35, 40, 45, 50]
+    with pytest.raises(InvalidArgumentError, match="prune"):
+        LcckptCheckpointIO(chain=tmp_path / "chain", prune=1)
+
+
+def _state(step, w):
+    return {"global_step": step, "state_dict": {"w": w + 0.01 * step}, "loops": {"at": step}}
+
+
+def test_a_step_a_kept_file_names_stays_with_its_base_and_the_rest_goes(tmp_path):
+    """Files removed by Lightning free their steps; a kept file's step keeps the steps back
+    to its keyframe and loads as before; so does a file written before pointer files named
+    their step in the header; an unreadable lcckpt file stops the pruning with a warning;
+    a file elsewhere does not keep its step."""
+    w = torch.randn(200, 200, generator=torch.Generator().manual_seed(0))
+    io = LcckptCheckpointIO(chain=tmp_path / "chain", keyframe_every=3)
+    ck_dir = tmp_path / "ck"
+    for step in range(1, 10):
+        io.save_checkpoint(_state(step, w), ck_dir / f"s{step}.ckpt")
+    before = io.load_checkpoint(ck_dir / "s2.ckpt")["state_dict"]["w"]
+    old = lcckpt.load(ck_dir / "s5.ckpt")                  # as the version before wrote it
+    lcckpt.save(old, ck_dir / "old.ckpt")
+    os.makedirs(tmp_path / "elsewhere")
+    lcckpt.save({**old, "lcckpt_chain_step": {"chain": "../chain", "step": 6}},
+                tmp_path / "elsewhere" / "copy.ckpt")
+    torch.save({"not": "ours"}, ck_dir / "torch.ckpt")     # not an lcckpt file: ignored
+    (ck_dir / "bad.ckpt").write_bytes(MAGIC + b"\0" * 40)
+    with pytest.warns(RuntimeWarning, match="not pruned.*bad.ckpt"):
+        io.remove_checkpoint(ck_dir / "s1.ckpt")
+    assert lcckpt.DeltaCheckpointer(tmp_path / "chain").steps() == list(range(1, 10))
+    os.remove(ck_dir / "bad.ckpt")
+    for step in (1, 3, 4, 5, 6, 8):
+        io.remove_checkpoint(ck_dir / f"s{step}.ckpt")
+    io.teardown()
+    # s2 needs 1 (its keyframe); old.ckpt names 5, which needs 4; s7 is a keyframe; the
+    # newest, 9, needs 7 and 8
+    assert lcckpt.DeltaCheckpointer(tmp_path / "chain").steps() == [1, 2, 4, 5, 7, 8, 9]
+    again = LcckptCheckpointIO(chain=tmp_path / "chain")
+    assert torch.equal(again.load_checkpoint(ck_dir / "s2.ckpt")["state_dict"]["w"], before)
+    assert again.load_checkpoint(ck_dir / "old.ckpt")["loops"] == {"at": 5}
+    with pytest.raises(FileNotFoundError, match="does not hold it"):
+        again.load_checkpoint(tmp_path / "elsewhere" / "copy.ckpt")
+    again.teardown()
+

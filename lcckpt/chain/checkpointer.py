@@ -26,14 +26,11 @@ leaf encoder to :func:`~lcckpt.format.serialization.pack` (``SaveSession.encode_
 ``lcckpt.load`` reads keyframe files directly; a delta file needs its chain and is
 refused with :class:`BrokenChainError`.
 
-One writer per directory (lcckpt/chain/lock.py): the first save (or merge) takes an
-advisory lock on the file ``.lcckpt-writer.lock`` in the directory (``fcntl.flock``) and
-holds it until :meth:`DeltaCheckpointer.close` (or the object is garbage collected); a
-second writer, in this or another process, is refused at once with
-:class:`ConcurrentWriteError`. The kernel drops the lock of a process that dies, so a
-crashed writer never blocks the next one. Two threads calling one checkpointer's
-save/merge at the same time are refused too. Any number of readers may load while it
-writes, since files only ever appear complete.
+One writer per directory (lcckpt/chain/lock.py): the first save, merge or retain takes
+an advisory lock (``fcntl.flock`` on ``.lcckpt-writer.lock`` in the directory) until
+:meth:`DeltaCheckpointer.close` or garbage collection; a second writer, in this or another
+process, or a second thread, gets :class:`ConcurrentWriteError` at once. The kernel drops
+a dead process's lock. Readers may load while it writes: files appear only complete.
 """
 
 from __future__ import annotations
@@ -64,7 +61,7 @@ from .links import CHAIN_VERSION, stamp_state_id
 from .lock import WriterLock
 from .moments import first_moments
 from .policy import DEFAULT_POLICY, low_precision_target
-from .retention import apply_retention, write_merged
+from .retention import apply_retention, retain as _retain, write_merged
 from .session import SaveSession, stored_stats, write_streamed
 
 __all__ = ["DeltaCheckpointer", "file_name"]
@@ -75,9 +72,6 @@ DEFAULT_TARGET = DEFAULT_POLICY      # DeltaCheckpointer(directory)'s targets: s
 DEFAULT_KEYFRAME_EVERY = 50
 LC_MIN_DELTA_ELEMENTS = 4096         # LC mode: smaller floating tensors are stored whole
 TARGET_MIN_DELTA_ELEMENTS = 8        # target mode: smaller ones (scalars: step counts) are delta-coded exactly
-
-
-# --------------------------------------------------------------------------- checkpointer
 
 
 class DeltaCheckpointer:
@@ -517,4 +511,10 @@ class DeltaCheckpointer:
                         enc.movement = Movement(enc.ref)
         apply_retention(self._dir, self.keep_last)
         return self.path(upto)
+
+    def retain(self, steps) -> list[int]:
+        """Delete every file that none of ``steps`` and the newest step needs (a delta
+        needs its base, back to its keyframe); the steps removed, oldest first."""
+        with self._writing():
+            return _retain(self._dir, steps)
 

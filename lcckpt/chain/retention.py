@@ -83,10 +83,22 @@ def apply_retention(d: ChainDirectory, keep_last: int | None) -> None:
         warnings.warn(f"retention (keep_last={keep_last}) skipped: {e}",
                       RuntimeWarning, stacklevel=3)
         return
-    if len(steps) <= keep_last:
-        return
+    if len(steps) > keep_last:
+        remove_unneeded(d, steps, steps[-keep_last:], f"keep_last={keep_last}")
+
+
+def retain(d: ChainDirectory, keep) -> list[int]:
+    """Delete the files that none of the steps ``keep`` and the newest step needs, newest
+    first; the steps removed (a failure warns, as :func:`apply_retention`'s)."""
+    steps = d.steps()
+    roots = [s for s in steps if s in set(keep)] + steps[-1:]
+    return remove_unneeded(d, steps, roots, "retain")
+
+
+def _needed(d: ChainDirectory, steps: list[int], roots) -> set[int]:
+    """``roots`` and every step they walk back through to their keyframes."""
     needed: set[int] = set()
-    for s in steps[-keep_last:]:
+    for s in roots:
         while s not in needed:
             needed.add(s)
             try:
@@ -97,14 +109,20 @@ def apply_retention(d: ChainDirectory, keep_last: int | None) -> None:
             if link.kind == "keyframe":
                 break
             s = link.base_step
-    removed, failed = False, []
+    return needed
+
+
+def remove_unneeded(d: ChainDirectory, steps: list[int], roots, what: str) -> list[int]:
+    """Delete every step of ``steps`` that no step of ``roots`` needs; the steps removed."""
+    needed = _needed(d, steps, roots)
+    removed, failed = [], []
     # newest first, stopping at the first failure: a step left behind (by a failure or
     # a crash) still has every older file its chain walks back through
     for s in reversed(steps):
         if s not in needed:
             try:
                 os.unlink(d.path(s))
-                removed = True
+                removed.append(s)
             except FileNotFoundError:
                 pass
             except OSError as e:     # the step is committed: retried at the next save
@@ -117,7 +135,9 @@ def apply_retention(d: ChainDirectory, keep_last: int | None) -> None:
     except OSError as e:
         failed.append(f"{d.directory} (directory sync: {e.strerror})")
     if failed:
-        warnings.warn(f"retention (keep_last={keep_last}) could not remove "
-                      f"{', '.join(failed[:3])}{' ...' if len(failed) > 3 else ''}; the "
-                      "new step is saved, and the next save tries again",
-                      RuntimeWarning, stacklevel=3)
+        again = "the next retain" if what == "retain" else \
+            "the new step is saved, and the next save"
+        warnings.warn(f"retention ({what}) could not remove "
+                      f"{', '.join(failed[:3])}{' ...' if len(failed) > 3 else ''}; "
+                      f"{again} tries again", RuntimeWarning, stacklevel=4)
+    return removed[::-1]

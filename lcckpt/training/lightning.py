@@ -29,7 +29,9 @@ and :func:`export_checkpoint` writes any step back as a checkpoint file that
 
 from __future__ import annotations
 
+import json
 import os
+import warnings
 from typing import Any
 
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
@@ -39,8 +41,10 @@ from lightning.pytorch.callbacks import Callback
 
 from ..chain.checkpointer import DeltaCheckpointer
 from ..chain.policy import RESUMABLE
-from ..errors import CorruptDataError, InvalidArgumentError, NotFoundError
-from ..format.serialization import load, save
+from ..errors import CorruptDataError, InvalidArgumentError, LcckptError, NotFoundError
+from ..format.container import MAGIC, read_container
+from ..format.serialization import METADATA_KEY, load, save
+from ..util.durable import TEMP_SUFFIX
 from .background import Writer
 from .hostcopy import HostBuffers
 
@@ -61,13 +65,23 @@ class LcckptCheckpointIO(CheckpointIO):
     given), while each checkpoint file keeps the rest (loops, callbacks, schedulers,
     hyperparameters) and the step; loading a file rebuilds the step, within the chain's
     targets. A second file at the step it stored last (``last.ckpt`` beside a top-k file)
-    points at the state stored first; removing a file leaves the chain as it is. Local
-    paths only, and steps only increase (a run resumed from an older file needs another
-    chain directory)."""
+    points at the state stored first. Local paths only, and steps only increase (a run
+    resumed from an older file needs another chain directory).
 
-    def __init__(self, compress: bool = True, *, chain=None, **options: Any):
+    ``prune``: when Lightning removes a file (a top-k file that fell out, the previous
+    ``last.ckpt``), delete the chain's steps that no file in the directories this object
+    writes, loads or removes in names, and that no named step needs (a delta needs its
+    base, back to its keyframe: at most ``keyframe_every`` steps behind each named step and
+    the newest). The chain then takes about as much room as the files Lightning keeps. A
+    file copied elsewhere does not keep its step: export it (:func:`export_checkpoint`) or
+    pass ``prune=False``."""
+
+    def __init__(self, compress: bool = True, *, chain=None, prune: bool = True,
+                 **options: Any):
         if type(compress) is not bool:
             raise InvalidArgumentError(f"compress must be True or False, got {compress!r}")
+        if type(prune) is not bool:
+            raise InvalidArgumentError(f"prune must be True or False, got {prune!r}")
         if options and chain is None:
             raise InvalidArgumentError(f"options {sorted(options)} are a chain's: pass chain=")
         self.compress = compress
@@ -75,8 +89,10 @@ class LcckptCheckpointIO(CheckpointIO):
         if not {"target", "bits", "error_bound"} & options.keys():
             options = {**options, "target": RESUMABLE}
         self.options = options
+        self.prune = prune
         self._ck: DeltaCheckpointer | None = None
         self._stored: int | None = None          # the step this object stored last
+        self._dirs: set[str] = set()             # where its files are: what names steps
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
         if storage_options is not None:
@@ -90,7 +106,7 @@ class LcckptCheckpointIO(CheckpointIO):
             state = self._into_chain(state, path)
         if _local(fs):
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            save(state, path, compress=self.compress)
+            save(state, path, compress=self.compress, metadata=_metadata(state))
             return
         fs.makedirs(os.path.dirname(path), exist_ok=True)
         with fs.open(path, "wb") as f:
@@ -107,6 +123,7 @@ class LcckptCheckpointIO(CheckpointIO):
             self._ck.save(step, {k: state[k] for k in _IN_CHAIN if k in state})
             self._stored = step
         rest = {k: v for k, v in state.items() if k not in _IN_CHAIN}
+        self._dirs.add(os.path.dirname(os.path.abspath(path)))
         where = os.path.relpath(self.chain, os.path.dirname(os.path.abspath(path)))
         return {**rest, _POINTER: {"chain": where, "step": step}}
 
@@ -120,6 +137,8 @@ class LcckptCheckpointIO(CheckpointIO):
             raise FileNotFoundError(f"Checkpoint file not found: {path}")
         kw = {} if weights_only is None else {"weights_only": weights_only}
         if _local(fs):
+            if self.chain is not None:
+                self._dirs.add(os.path.dirname(os.path.abspath(path)))
             return _from_chain(load(path, map_location=map_location, **kw), path, map_location,
                                self._writer_of)
         with fs.open(path, "rb") as f:
@@ -137,9 +156,27 @@ class LcckptCheckpointIO(CheckpointIO):
         return self._ck
 
     def remove_checkpoint(self, path) -> None:
-        fs = get_filesystem(path)
-        if fs.exists(str(path)):
-            fs.rm(str(path), recursive=True)
+        """Remove ``path``; with a chain (and ``prune``), then the steps no file names."""
+        path, fs = str(path), get_filesystem(path)
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
+        if self.chain is not None and self.prune and _local(fs):
+            self._dirs.add(os.path.dirname(os.path.abspath(path)))
+            self._prune()
+
+    def _prune(self) -> None:
+        """Delete the chain's steps that no file in ``_dirs`` names (nor one named needs)."""
+        try:
+            named = _named_steps(self._dirs, self.chain)
+        except (LcckptError, OSError) as e:      # a file that might name a step: keep all
+            warnings.warn(f"the chain in {self.chain} is not pruned: {e}", RuntimeWarning,
+                          stacklevel=3)
+            return
+        if self._ck is None:
+            if not os.path.isdir(self.chain):
+                return
+            self._ck = DeltaCheckpointer(self.chain, **self.options)
+        self._ck.retain(named)
 
     def teardown(self) -> None:
         if self._ck is not None:
@@ -163,6 +200,68 @@ def _ready(ck: DeltaCheckpointer | None, directory: str, options: dict,
 
 _IN_CHAIN = ("state_dict", "optimizer_states")    # what a chain step holds
 _POINTER = "lcckpt_chain_step"                     # where a checkpoint file finds it
+_OLD_POINTER_MAX = 1 << 20      # a file without the header's pointer is loaded if this small
+
+
+def _metadata(state: dict) -> dict | None:
+    """A file's header metadata: where its chain step is, read without decoding it."""
+    ref = state.get(_POINTER)
+    return None if ref is None else {_POINTER: json.dumps(ref)}
+
+
+def _checked(ref, path: str) -> dict:
+    if not isinstance(ref, dict) or type(ref.get("chain")) is not str \
+            or type(ref.get("step")) is not int:
+        raise CorruptDataError(f"{path}: its chain reference {ref!r:.80} is not one")
+    return ref
+
+
+def _named_steps(directories, chain: str) -> set[int]:
+    """The steps of the chain in ``chain`` that the lcckpt files in ``directories`` name,
+    read from their headers (a small file written before the headers said it: loaded)."""
+    real, named = os.path.realpath(chain), set()
+    for d in directories:
+        try:
+            names = os.listdir(d)
+        except FileNotFoundError:
+            continue
+        for name in names:
+            path = os.path.join(d, name)
+            if name.endswith(TEMP_SUFFIX) or not os.path.isfile(path):
+                continue
+            try:
+                with open(path, "rb") as f:
+                    if f.read(len(MAGIC)) != MAGIC:
+                        continue                  # not an lcckpt file: names no step
+            except FileNotFoundError:             # removed since it was listed
+                continue
+            ref = _pointer(path)
+            if ref is None:
+                continue
+            ref = _checked(ref, path)
+            if os.path.realpath(os.path.join(d, ref["chain"])) == real:
+                named.add(ref["step"])
+    return named
+
+
+def _pointer(path: str):
+    """The chain reference of the lcckpt file at ``path``, or None."""
+    with read_container(path) as c:
+        if "lcckpt_chain" in c.meta:
+            return None                           # a chain's own step
+        meta = c.meta.get(METADATA_KEY)
+        text = meta.get(_POINTER) if isinstance(meta, dict) else None
+        small = c.size <= _OLD_POINTER_MAX
+    if isinstance(text, str):
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise CorruptDataError(f"{path}: its chain reference {text!r:.80} is not one") \
+                from None
+    if text is not None or not small:
+        return None
+    obj = load(path)                              # written before headers named the step
+    return obj.get(_POINTER) if isinstance(obj, dict) else None
 
 
 def _from_chain(state, path: str, map_location, writer_of=lambda d: None) -> Any:
@@ -171,9 +270,7 @@ def _from_chain(state, path: str, map_location, writer_of=lambda d: None) -> Any
     ref = state.pop(_POINTER, None) if isinstance(state, dict) else None
     if ref is None:
         return state
-    if not isinstance(ref, dict) or type(ref.get("chain")) is not str \
-            or type(ref.get("step")) is not int:
-        raise CorruptDataError(f"{path}: its chain reference {ref!r:.80} is not one")
+    ref = _checked(ref, path)
     directory = os.path.join(os.path.dirname(os.path.abspath(path)), ref["chain"])
     writer = writer_of(directory)
     ck = writer or DeltaCheckpointer(directory)
