@@ -80,10 +80,12 @@ def inspect_file(path: str) -> dict:
                 row.update(_blob_info(c.data(i)))
             sections.append(row)
         raw = sum(r["raw_bytes"] or 0 for r in sections)
-        return {"path": path, "format": "lcckpt", "version": c.version,
-                "file_bytes": size, "raw_bytes": raw, "header_bytes": c.header_bytes,
-                "header_json_bytes": c.header_json_bytes,
-                "chain": c.meta.get("lcckpt_chain"), "sections": sections}
+        doc = {"path": path, "format": "lcckpt", "version": c.version,
+               "file_bytes": size, "raw_bytes": raw, "header_bytes": c.header_bytes,
+               "header_json_bytes": c.header_json_bytes,
+               "chain": c.meta.get("lcckpt_chain"), "sections": sections}
+    from .chain.pointer import pointed_step
+    return {**doc, **pointed_step(path)}
 
 
 def _no_checkpoints(path: str) -> CorruptDataError:
@@ -185,9 +187,13 @@ def verify_file(path: str) -> dict:
         check_torch_crcs(path)           # torch.load itself does not check them
         load_torch(path)
         return {"path": path, "ok": True}
+    from .chain.pointer import pointer_of, verify_pointed
     from .format.verify import verify_file as verify_container
     r = verify_container(path)
-    return {"path": path, "ok": r["ok"], "error": r["error"], "expansion": r["expansion"],
+    error = r["error"]
+    if r["ok"] and (ref := pointer_of(path)) is not None:
+        error = verify_pointed(path, ref)
+    return {"path": path, "ok": error is None, "error": error, "expansion": r["expansion"],
             "warnings": r["warnings"]}
 
 
@@ -323,6 +329,11 @@ def _inspect(args) -> int:
               + (f", chain step {chain.get('step')} ({chain.get('kind')})" if chain else ""))
         print(_table(doc["sections"], ["name", "dtype", "shape", "codec", "blob", "bits",
                                        "raw_bytes", "stored_bytes"]))
+        if "points_at" in doc:
+            at = doc["points_at"]
+            print(f"its model and optimizer state: step {at['step']} of the chain in "
+                  f"{at['chain']} (a file of LcckptCheckpointIO(chain=...); `lcckpt inspect "
+                  f"{at['chain']}` shows the chain)")
     elif doc["format"] == "safetensors":
         print(f"{doc['path']}: safetensors, {doc['file_bytes']:,} bytes, "
               f"{len(doc['tensors'])} tensors" + (f"; metadata {doc['metadata']}"

@@ -338,3 +338,35 @@ def test_inspect_counts_a_miss_only_beyond_the_stats_rounding():
     assert _movement_columns(past)["missed"] == 1
     half = {'obj["w"]': {"target": 0.05, "error_vs_movement": 0.6}}   # past half the movement
     assert _movement_columns(half)["missed"] == 1
+
+
+def test_a_file_pointing_at_a_chain_step_is_inspected_and_verified_with_its_step(
+        chain_dir, tmp_path, capsys):
+    """A file that holds a chain step's place (``LcckptCheckpointIO(chain=...)``'s):
+    inspect names the step and the chain; verify checks the files its restore reads and
+    fails when one is damaged or gone, and when the chain does not hold the step."""
+    from lcckpt.chain.pointer import POINTER, metadata
+    state = {"loops": {"at": 4}, POINTER: {"chain": "ck", "step": 4}}
+    lcckpt.save(state, tmp_path / "last.ckpt", metadata=metadata(state))
+    assert main(["inspect", str(tmp_path / "last.ckpt"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["points_at"] == {"chain": str(chain_dir), "step": 4}
+    assert main(["inspect", str(tmp_path / "last.ckpt")]) == 0
+    assert f"step 4 of the chain in {chain_dir}" in capsys.readouterr().out
+    assert main(["verify", str(tmp_path / "last.ckpt")]) == 0
+    capsys.readouterr()
+    keyframe = chain_dir / "step-000000000003.lcc"        # step 4's base, a keyframe
+    data = bytearray(keyframe.read_bytes())
+    data[-10] ^= 0xFF
+    keyframe.write_bytes(bytes(data))
+    assert main(["verify", str(tmp_path / "last.ckpt")]) == 1
+    assert "step-000000000003.lcc" in capsys.readouterr().err
+    keyframe.unlink()
+    assert main(["verify", str(tmp_path / "last.ckpt")]) == 1
+    capsys.readouterr()
+    gone = {**state, POINTER: {"chain": "ck", "step": 9}}
+    lcckpt.save(gone, tmp_path / "gone.ckpt", metadata=metadata(gone))
+    assert main(["inspect", str(tmp_path / "gone.ckpt")]) == 1
+    assert "which does not hold it" in capsys.readouterr().err
+    assert main(["verify", str(tmp_path / "gone.ckpt")]) == 1
+    assert "which does not hold it" in capsys.readouterr().err

@@ -29,7 +29,6 @@ and :func:`export_checkpoint` writes any step back as a checkpoint file that
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from typing import Any
@@ -40,10 +39,11 @@ from lightning.fabric.utilities.data import AttributeDict
 from lightning.pytorch.callbacks import Callback
 
 from ..chain.checkpointer import DeltaCheckpointer
+from ..chain.pointer import POINTER, chain_of, checked, metadata, pointer_of
 from ..chain.policy import RESUMABLE
-from ..errors import CorruptDataError, InvalidArgumentError, LcckptError, NotFoundError
-from ..format.container import MAGIC, read_container
-from ..format.serialization import METADATA_KEY, load, save
+from ..errors import InvalidArgumentError, LcckptError, NotFoundError
+from ..format.container import MAGIC
+from ..format.serialization import load, save
 from ..util.durable import TEMP_SUFFIX
 from .background import Writer
 from .hostcopy import HostBuffers
@@ -106,7 +106,7 @@ class LcckptCheckpointIO(CheckpointIO):
             state = self._into_chain(state, path)
         if _local(fs):
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            save(state, path, compress=self.compress, metadata=_metadata(state))
+            save(state, path, compress=self.compress, metadata=metadata(state))
             return
         fs.makedirs(os.path.dirname(path), exist_ok=True)
         with fs.open(path, "wb") as f:
@@ -125,7 +125,7 @@ class LcckptCheckpointIO(CheckpointIO):
         rest = {k: v for k, v in state.items() if k not in _IN_CHAIN}
         self._dirs.add(os.path.dirname(os.path.abspath(path)))
         where = os.path.relpath(self.chain, os.path.dirname(os.path.abspath(path)))
-        return {**rest, _POINTER: {"chain": where, "step": step}}
+        return {**rest, POINTER: {"chain": where, "step": step}}
 
     def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict[str, Any]:
         """The checkpoint at ``path`` (an lcckpt file, or a Lightning ``torch.save``
@@ -199,21 +199,6 @@ def _ready(ck: DeltaCheckpointer | None, directory: str, options: dict,
 
 
 _IN_CHAIN = ("state_dict", "optimizer_states")    # what a chain step holds
-_POINTER = "lcckpt_chain_step"                     # where a checkpoint file finds it
-_OLD_POINTER_MAX = 1 << 20      # a file without the header's pointer is loaded if this small
-
-
-def _metadata(state: dict) -> dict | None:
-    """A file's header metadata: where its chain step is, read without decoding it."""
-    ref = state.get(_POINTER)
-    return None if ref is None else {_POINTER: json.dumps(ref)}
-
-
-def _checked(ref, path: str) -> dict:
-    if not isinstance(ref, dict) or type(ref.get("chain")) is not str \
-            or type(ref.get("step")) is not int:
-        raise CorruptDataError(f"{path}: its chain reference {ref!r:.80} is not one")
-    return ref
 
 
 def _named_steps(directories, chain: str) -> set[int]:
@@ -235,43 +220,20 @@ def _named_steps(directories, chain: str) -> set[int]:
                         continue                  # not an lcckpt file: names no step
             except FileNotFoundError:             # removed since it was listed
                 continue
-            ref = _pointer(path)
-            if ref is None:
-                continue
-            ref = _checked(ref, path)
-            if os.path.realpath(os.path.join(d, ref["chain"])) == real:
+            ref = pointer_of(path)
+            if ref is not None and os.path.realpath(chain_of(path, ref)) == real:
                 named.add(ref["step"])
     return named
-
-
-def _pointer(path: str):
-    """The chain reference of the lcckpt file at ``path``, or None."""
-    with read_container(path) as c:
-        if "lcckpt_chain" in c.meta:
-            return None                           # a chain's own step
-        meta = c.meta.get(METADATA_KEY)
-        text = meta.get(_POINTER) if isinstance(meta, dict) else None
-        small = c.size <= _OLD_POINTER_MAX
-    if isinstance(text, str):
-        try:
-            return json.loads(text)
-        except ValueError:
-            raise CorruptDataError(f"{path}: its chain reference {text!r:.80} is not one") \
-                from None
-    if text is not None or not small:
-        return None
-    obj = load(path)                              # written before headers named the step
-    return obj.get(_POINTER) if isinstance(obj, dict) else None
 
 
 def _from_chain(state, path: str, map_location, writer_of=lambda d: None) -> Any:
     """``state`` with the parts its chain step holds, where it names one. ``writer_of(d)``:
     a checkpointer that goes on writing the chain in ``d`` after this load, or None."""
-    ref = state.pop(_POINTER, None) if isinstance(state, dict) else None
+    ref = state.pop(POINTER, None) if isinstance(state, dict) else None
     if ref is None:
         return state
-    ref = _checked(ref, path)
-    directory = os.path.join(os.path.dirname(os.path.abspath(path)), ref["chain"])
+    ref = checked(ref, path)
+    directory = chain_of(path, ref)
     writer = writer_of(directory)
     ck = writer or DeltaCheckpointer(directory)
     try:

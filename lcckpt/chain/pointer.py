@@ -1,0 +1,97 @@
+"""A checkpoint file that holds a chain step's place instead of its tensors: the files of
+``LcckptCheckpointIO(chain=...)`` (lcckpt/training/lightning.py) keep a trainer's small
+state and ``{"chain": <directory relative to the file>, "step": <step>}`` under
+:data:`POINTER`, in the object and in the header's metadata (read without decoding)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ..errors import CorruptDataError
+
+POINTER = "lcckpt_chain_step"
+OLD_POINTER_MAX = 1 << 20     # a file without the header's pointer is loaded if this small
+
+
+def checked(ref, path: str) -> dict:
+    """``ref`` if it is a pointer, else :class:`CorruptDataError` naming ``path``."""
+    if not isinstance(ref, dict) or type(ref.get("chain")) is not str \
+            or type(ref.get("step")) is not int:
+        raise CorruptDataError(f"{path}: its chain reference {ref!r:.80} is not one")
+    return ref
+
+
+def metadata(state: dict) -> dict | None:
+    """The header metadata of a file holding ``state``: its pointer, if it has one."""
+    ref = state.get(POINTER)
+    return None if ref is None else {POINTER: json.dumps(ref)}
+
+
+def pointer_of(path: str, load_old: bool = True) -> dict | None:
+    """The checked pointer of the lcckpt file at ``path``, or None. A file written before
+    headers held it is loaded when ``load_old`` and at most :data:`OLD_POINTER_MAX`
+    bytes."""
+    from ..format.container import read_container
+    from ..format.serialization import METADATA_KEY, load
+    with read_container(path) as c:
+        if "lcckpt_chain" in c.meta:
+            return None                           # a chain's own step
+        meta = c.meta.get(METADATA_KEY)
+        text = meta.get(POINTER) if isinstance(meta, dict) else None
+        small = c.size <= OLD_POINTER_MAX
+    if isinstance(text, str):
+        try:
+            return checked(json.loads(text), path)
+        except ValueError:
+            raise CorruptDataError(f"{path}: its chain reference {text!r:.80} is not one") \
+                from None
+    if text is not None or not small or not load_old:
+        return None
+    obj = load(path)
+    ref = obj.get(POINTER) if isinstance(obj, dict) else None
+    return None if ref is None else checked(ref, path)
+
+
+def chain_of(path: str, ref: dict) -> str:
+    """The chain directory that ``ref``, read from the file at ``path``, names."""
+    return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), ref["chain"]))
+
+
+def pointed_step(path: str) -> dict:
+    """What ``lcckpt inspect`` adds for the file at ``path``: ``points_at`` (the chain
+    and step), and a problem if the chain does not hold the step; {} for other files."""
+    from .checkpointer import DeltaCheckpointer
+    ref = pointer_of(path)
+    if ref is None:
+        return {}
+    where = chain_of(path, ref)
+    doc = {"points_at": {"chain": where, "step": ref["step"]}}
+    if ref["step"] not in DeltaCheckpointer(where).steps():
+        doc["problems"] = [f"{path} points at step {ref['step']} of the chain in {where}, "
+                           "which does not hold it"]
+    return doc
+
+
+def verify_pointed(path: str, ref: dict) -> str | None:
+    """The error of the chain step that the file at ``path`` points at (every file its
+    restore reads checked, every delta decoded); None if it holds."""
+    from ..format.verify import verify_file
+    from .checkpointer import DeltaCheckpointer
+    where, step = chain_of(path, ref), ref["step"]
+    ck = DeltaCheckpointer(where)
+    if step not in ck.steps():
+        return f"points at step {step} of the chain in {where}, which does not hold it"
+    s = step
+    while True:                          # the files its restore reads, newest first
+        r = verify_file(ck.path(s))
+        if not r["ok"]:
+            return f"the chain step it points at needs {ck.path(s)}: {r['error']}"
+        base = ck.info(s).get("base")
+        base = base.get("step") if isinstance(base, dict) else None
+        if type(base) is not int or not 0 <= base < s:
+            break                        # a keyframe; a broken link the replay names
+        s = base
+    for _ in ck.replay(start=step, stop=step, build=False):
+        pass
+    return None
