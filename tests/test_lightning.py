@@ -340,3 +340,20 @@ def test_a_step_a_kept_file_names_stays_with_its_base_and_the_rest_goes(tmp_path
         again.load_checkpoint(tmp_path / "elsewhere" / "copy.ckpt")
     again.teardown()
 
+
+
+def test_pruning_that_cannot_take_the_chain_warns_and_training_goes_on(tmp_path):
+    """Another writer holds the chain: a removal still removes the file, and the pruning
+    is skipped with a warning instead of failing Lightning's save."""
+    w = torch.randn(100, 100, generator=torch.Generator().manual_seed(2))
+    io = LcckptCheckpointIO(chain=tmp_path / "chain")
+    for step in (1, 2):
+        io.save_checkpoint(_state(step, w), tmp_path / "ck" / f"s{step}.ckpt")
+    io.teardown()
+    other = LcckptCheckpointIO(chain=tmp_path / "chain")
+    with lcckpt.DeltaCheckpointer(tmp_path / "chain") as holder:
+        holder.save(3, _state(3, w))
+        with pytest.warns(RuntimeWarning, match="not pruned.*another"):
+            other.remove_checkpoint(tmp_path / "ck" / "s1.ckpt")
+    assert not os.path.exists(tmp_path / "ck" / "s1.ckpt")
+    assert lcckpt.DeltaCheckpointer(tmp_path / "chain").steps() == [1, 2, 3]

@@ -90,8 +90,8 @@ def apply_retention(d: ChainDirectory, keep_last: int | None) -> None:
 def retain(d: ChainDirectory, keep) -> list[int]:
     """Delete the files that none of the steps ``keep`` and the newest step needs, newest
     first; the steps removed (a failure warns, as :func:`apply_retention`'s)."""
-    steps = d.steps()
-    roots = [s for s in steps if s in set(keep)] + steps[-1:]
+    steps, keep = d.steps(), set(keep)
+    roots = [s for s in steps if s in keep] + steps[-1:]
     return remove_unneeded(d, steps, roots, "retain")
 
 

@@ -165,18 +165,18 @@ class LcckptCheckpointIO(CheckpointIO):
             self._prune()
 
     def _prune(self) -> None:
-        """Delete the chain's steps that no file in ``_dirs`` names (nor one named needs)."""
-        try:
+        """Delete the chain's steps that no file in ``_dirs`` names (nor one named needs).
+        Best effort: a failure warns, and the next removal tries again."""
+        try:                                     # a file that might name a step: keep all
             named = _named_steps(self._dirs, self.chain)
-        except (LcckptError, OSError) as e:      # a file that might name a step: keep all
+            if self._ck is None:
+                if not os.path.isdir(self.chain):
+                    return
+                self._ck = DeltaCheckpointer(self.chain, **self.options)
+            self._ck.retain(named)
+        except (LcckptError, OSError) as e:
             warnings.warn(f"the chain in {self.chain} is not pruned: {e}", RuntimeWarning,
                           stacklevel=3)
-            return
-        if self._ck is None:
-            if not os.path.isdir(self.chain):
-                return
-            self._ck = DeltaCheckpointer(self.chain, **self.options)
-        self._ck.retain(named)
 
     def teardown(self) -> None:
         if self._ck is not None:
