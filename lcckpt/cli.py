@@ -2,9 +2,9 @@
 
 ``main(argv) -> int`` is plain argparse so it can be called from tests. ``inspect`` and
 ``verify`` take a checkpoint file (lcckpt, torch.save or safetensors), a
-:class:`DeltaCheckpointer` directory, a Trainer's ``checkpoint-N`` or a distributed
-checkpoint (one, or a ``DistributedCheckpointer`` directory: ``distributed/report.py``);
-``--json`` prints one JSON document instead of tables. ``convert`` moves a checkpoint
+:class:`DeltaCheckpointer` directory, a Trainer's ``checkpoint-N``, a distributed
+checkpoint (one, or a ``DistributedCheckpointer`` directory: ``distributed/report.py``)
+or a directory holding any of them (``interop/folder.py``); ``--json`` prints one JSON document instead of tables. ``convert`` moves a checkpoint
 between the three file formats, either way.
 
 Exit codes: 0 success; 1 the data is bad (damaged, missing link, unsafe, unknown format)
@@ -19,6 +19,8 @@ import re
 import sys
 
 from .errors import CorruptDataError, LcckptError
+from .interop.steprows import (FALLBACK_LEGEND, MOVEMENT_LEGEND, ROLE_COLUMNS,
+                               fallback_column, movement_columns)
 
 
 def _progress(items, desc: str):
@@ -92,8 +94,9 @@ def _no_checkpoints(path: str) -> CorruptDataError:
     others = sorted(os.listdir(path))
     what = (f"it holds {len(others)} other file(s), e.g. {others[0]!r}" if others
             else "it is empty")
-    return CorruptDataError(f"{path} holds no checkpoints (no step-NNNNNNNNNNNN.lcc files; "
-                            f"{what}); give a checkpoint file or a DeltaCheckpointer directory")
+    return CorruptDataError(f"{path} holds no checkpoints (no step-NNNNNNNNNNNN.lcc files, "
+                            f"no checkpoint files or directories; {what}); give a checkpoint "
+                            "file or a directory of them")
 
 
 def inspect_trainer_dir(path: str) -> dict:
@@ -112,7 +115,7 @@ def inspect_dir(path: str) -> dict:
     ck = DeltaCheckpointer(path)
     steps = ck.steps()
     if not steps:
-        raise _no_checkpoints(path)
+        return inspect_folder(path)
     rows, problems, infos = [], [], {}
     for step in _progress(steps, "inspect"):
         try:
@@ -128,8 +131,8 @@ def inspect_dir(path: str) -> dict:
                      "file_bytes": f["file_bytes"], "raw_bytes": f["raw_bytes"],
                      "ratio": f["raw_bytes"] / f["file_bytes"] if f["file_bytes"] else None,
                      "max_rel_error": max((t.get("rel_error") or 0 for t in lossy), default=0.0),
-                     **_movement_columns(info.get("tensors", {})),
-                     **_fallback_column(info)})
+                     **movement_columns(info.get("tensors", {})),
+                     **fallback_column(info)})
     ok: dict[int, bool] = {}
     for row in rows:                    # oldest first: a base is judged before its deltas
         step, info = row["step"], infos.get(row["step"])
@@ -153,6 +156,42 @@ def inspect_dir(path: str) -> dict:
         problems.append(f"{len(lost)} of {len(steps)} steps cannot be restored "
                         f"({_span(lost)}); restorable: {_span([s for s in steps if ok[s]]) or 'none'}")
     return {"path": path, "format": "lcckpt chain", "steps": rows, "problems": problems}
+
+
+def _folder(path: str) -> list[tuple[str, str]]:
+    """The checkpoints a directory holds, one level down (files, chains, Trainer and
+    distributed checkpoints), as ``(path, kind)``; none: :func:`_no_checkpoints`."""
+    from .interop import folder
+    found = folder.entries(path, _distributed)
+    if not found:
+        raise _no_checkpoints(path)
+    return found
+
+
+def inspect_folder(path: str) -> dict:
+    """One row per checkpoint a directory holds (:func:`_folder`)."""
+    from .interop import folder
+    rows, problems = [], []
+    for entry, kind in _progress(_folder(path), "inspect"):
+        try:
+            doc = (inspect_file if kind == "file" else inspect_trainer_dir if kind == "trainer"
+                   else _distributed(entry).inspect if kind == "distributed"
+                   else inspect_dir)(entry)
+            rows.append(folder.row(entry, kind, doc))
+            problems += doc.get("problems", [])
+        except (LcckptError, OSError) as e:
+            rows.append({"name": os.path.basename(entry), "kind": "unreadable"})
+            problems.append(f"{entry}: {_describe(e)}")
+    return {"path": path, "format": "folder", "entries": rows, "problems": problems}
+
+
+def _verify_entry(entry: str, kind: str) -> list[dict]:
+    try:
+        if kind == "distributed":
+            return _distributed(entry).verify(entry, _progress)
+        return verify_dir(entry) if kind != "file" else [verify_file(entry)]
+    except (LcckptError, OSError) as e:
+        return [{"path": entry, "ok": False, "error": _describe(e)}]
 
 
 def _span(steps: list[int]) -> str:
@@ -217,7 +256,7 @@ def verify_dir(path: str) -> list[dict]:
     from .chain.checkpointer import DeltaCheckpointer
     ck = DeltaCheckpointer(path)
     if not ck.steps():
-        raise _no_checkpoints(path)
+        return [r for entry, kind in _folder(path) for r in _verify_entry(entry, kind)]
     report = [{"path": p, "ok": False, "error": "named like a step but not a regular file "
                "(a link or a directory): not part of the chain; remove it"}
               for p in ck.strays()]
@@ -241,49 +280,6 @@ def _table(rows, cols):
     return format_table(rows, cols)
 
 
-_ROLE_COLUMNS = {"weight": "w_err/move", "first_moment": "m1_err/move",
-                 "second_moment": "m2_err/move"}
-MOVEMENT_LEGEND = (
-    "w_err/move, m1_err/move, m2_err/move: the worst restored error of the weights, first "
-    "and second moments, as a share of their movement since the keyframe (each is held "
-    "to its target, the role's share or a share of the update its delta sends: "
-    "DeltaCheckpointer.info(step)['tensors']); max_rel_error: the worst error as a "
-    "share of the tensor's norm; missed: tensors whose update was mostly not kept")
-
-
-FALLBACK_LEGEND = (
-    "stored_exact: tensors of a delta stored exactly instead (NaN/Inf in the tensor or in "
-    "the step before it, or a delta that would not meet its bound; "
-    "DeltaCheckpointer.info(step)['tensors'][name]['fallback'] says why)")
-
-
-def _fallback_column(info: dict) -> dict:
-    """How many tensors of a delta step fell back to an exact copy (shown where any did)."""
-    n = sum(1 for t in info.get("tensors", {}).values() if isinstance(t, dict) and t.get("fallback"))
-    return {"stored_exact": n} if n and info.get("kind") == "delta" else {}
-
-
-def _movement_columns(tensors: dict) -> dict:
-    """Per role, the worst ``error_vs_movement`` of a step's tensors, and how many
-    tensors missed their update (an error past half the movement and the target, beyond
-    what the stats' rounding explains: 0.8001 of the movement against a target of 0.8 is
-    two rounded stats' ratio, not a miss)."""
-    from .chain.session import MISSED, STATS_ROUNDING
-    from .chain.policy import role_of
-    out, missed, seen = {}, 0, False
-    for key, t in tensors.items():
-        r = t.get("error_vs_movement")
-        if r is None:
-            continue
-        seen = True
-        col = _ROLE_COLUMNS[role_of(key)]
-        out[col] = max(out.get(col, 0.0), r)
-        missed += r > max(t.get("target") or 0.0, MISSED) * (1 + STATS_ROUNDING)
-    if seen:
-        out["missed"] = missed
-    return out
-
-
 def _distributed(path: str):
     """lcckpt.distributed's report module where ``path`` is a DCP checkpoint or steps of
     them (imported only then: it loads torch.distributed), else None."""
@@ -304,6 +300,9 @@ def _inspect(args) -> int:
         print(json.dumps(doc, indent=1, default=str))
     elif dist:
         print(dist.text(doc, _table))
+    elif doc.get("format") == "folder":
+        print(f"{doc['path']}: {len(doc['entries'])} checkpoints")
+        print(_table(doc["entries"], ["name", "kind", "file_bytes", "holds"]))
     elif doc.get("format") == "trainer":
         print(f"{doc['path']}: Trainer checkpoint directory, step {doc['global_step']}, "
               f"{doc['file_bytes']:,} bytes in {len(doc['files'])} files (inspect each file "
@@ -313,10 +312,10 @@ def _inspect(args) -> int:
         print(f"{doc['path']}: {len(doc['steps'])} checkpoints")
         cols = ["step", "kind", "base", "restorable", "file_bytes", "raw_bytes", "ratio",
                 "max_rel_error"]
-        moved = [c for c in (*_ROLE_COLUMNS.values(), "missed", "stored_exact")
+        moved = [c for c in (*ROLE_COLUMNS.values(), "missed", "stored_exact")
                  if any(c in r for r in doc["steps"])]
         print(_table(doc["steps"], cols + moved))
-        if any(c in moved for c in _ROLE_COLUMNS.values()):
+        if any(c in moved for c in ROLE_COLUMNS.values()):
             print(MOVEMENT_LEGEND)
         if "stored_exact" in moved:
             print(FALLBACK_LEGEND)
@@ -433,7 +432,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                            ("verify", "check every checksum and chain link (exit 0 if all hold)")):
         p = subs[name] = sub.add_parser(name, help=helptext, description=helptext)
         p.add_argument("path", help="a checkpoint file (lcckpt, torch.save, safetensors), a "
-                                    "DeltaCheckpointer directory or a distributed checkpoint")
+                                    "DeltaCheckpointer directory, a distributed checkpoint "
+                                    "or a directory holding checkpoints")
         p.add_argument("--json", action="store_true", help="print JSON")
         _add_max_bytes(p)
     p = subs["convert"] = sub.add_parser(

@@ -330,7 +330,7 @@ def test_inspect_counts_a_miss_only_beyond_the_stats_rounding():
     """Stats are stored to 4 significant digits, so the error/movement ratio a reader
     derives can land a hair past the target the writer met (0.8601 / 1.075 = 0.80009
     against 0.8, a first moment's share, as a real MiniLM chain stored it)."""
-    from lcckpt.cli import _movement_columns
+    from lcckpt.interop.steprows import movement_columns as _movement_columns
     key = 'obj["optim"]["state"][4]["exp_avg"]'
     met = {key: {"target": 0.8, "error_vs_movement": 0.8001}}
     assert _movement_columns(met)["missed"] == 0
@@ -370,3 +370,46 @@ def test_a_file_pointing_at_a_chain_step_is_inspected_and_verified_with_its_step
     assert "which does not hold it" in capsys.readouterr().err
     assert main(["verify", str(tmp_path / "gone.ckpt")]) == 1
     assert "which does not hold it" in capsys.readouterr().err
+
+
+def test_a_directory_of_checkpoints_is_inspected_and_verified_entry_by_entry(
+        chain_dir, tmp_path, capsys):
+    """A run's output directory (files of several formats, a chain, a file pointing at
+    one of its steps, a stray text file): inspect gives one row per checkpoint, verify
+    checks each; a damaged file fails both, naming it; a directory with none is an
+    error as before."""
+    from lcckpt.chain.pointer import POINTER, metadata
+    state = {"loops": {"at": 4}, POINTER: {"chain": "ck", "step": 4}}
+    lcckpt.save(state, tmp_path / "last.ckpt", metadata=metadata(state))
+    torch.save({"w": torch.randn(3)}, tmp_path / "old.pt")
+    lcckpt.save_safetensors({"w": torch.randn(3)}, tmp_path / "w.safetensors")
+    lcckpt.save({"a": torch.randn(10), "b": torch.randn(4)}, tmp_path / "x.lcc")
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    assert main(["inspect", str(tmp_path), "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["entries"]}
+    assert sorted(rows) == ["ck", "last.ckpt", "old.pt", "w.safetensors", "x.lcc"]
+    assert rows["ck"]["holds"] == "5 steps, 0 to 4"
+    assert rows["last.ckpt"]["holds"].startswith("its state at step 4 of")
+    assert rows["x.lcc"]["holds"] == "2 tensors" and rows["old.pt"]["holds"] == "1 tensor"
+    assert main(["inspect", str(tmp_path)]) == 0
+    assert "5 checkpoints" in capsys.readouterr().out
+    assert main(["verify", str(tmp_path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["report"]
+    assert len(report) == 4 + 5 and all(r["ok"] for r in report)   # four files, five steps
+    data = bytearray((tmp_path / "x.lcc").read_bytes())
+    data[-3] ^= 0xFF
+    (tmp_path / "x.lcc").write_bytes(bytes(data))
+    assert main(["verify", str(tmp_path)]) == 1
+    assert "x.lcc" in capsys.readouterr().err
+    (tmp_path / "x.lcc").write_bytes(b"LCCKPT" + bytes(10))       # a header cut short
+    assert main(["inspect", str(tmp_path)]) == 1
+    assert "x.lcc" in capsys.readouterr().err
+    (tmp_path / "x.lcc").unlink()
+    (tmp_path / "cut.pt").write_bytes(b"")                        # named like one: named
+    assert main(["verify", str(tmp_path)]) == 1
+    assert "cut.pt" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("x")
+    assert main(["inspect", str(empty)]) == 1
+    assert "holds no checkpoints" in capsys.readouterr().err

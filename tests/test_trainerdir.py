@@ -126,3 +126,26 @@ def test_bench_takes_trainer_directories_by_their_steps(tmp_path):
     assert [trainerdir.global_step(p) for p in trainerdir.in_step_order(names)] == [500, 1000, 1500]
     mixed = names + [str(tmp_path / "x.pt")]
     assert trainerdir.in_step_order(mixed) == mixed                 # not all directories: as given
+
+
+def test_a_trainer_output_directory_is_inspected_and_verified_checkpoint_by_checkpoint(
+        tmp_path, capsys, monkeypatch):
+    """``output_dir`` holding ``checkpoint-N`` directories (and the run's own files):
+    one row per checkpoint directory, each verified; training_args.bin is never read."""
+    monkeypatch.chdir(tmp_path)
+    for step in (4, 8):
+        _, opt = _checkpoint(tmp_path / "out" / f"checkpoint-{step}", step)
+    (tmp_path / "out" / "training_args.bin").write_bytes(pickle.dumps(_Boom()))
+    assert main(["inspect", str(tmp_path / "out"), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["entries"]
+    assert [(r["name"], r["kind"], r["holds"]) for r in rows] == [
+        ("checkpoint-4", "trainer", "step 4, 4 files"),
+        ("checkpoint-8", "trainer", "step 8, 4 files")]
+    assert main(["verify", str(tmp_path / "out")]) == 0
+    assert "OK: 8 of 8 checks passed" in capsys.readouterr().out
+    raw = bytearray((tmp_path / "out" / "checkpoint-8" / "optimizer.pt").read_bytes())
+    raw[raw.index(opt["state"][0]["exp_avg"].numpy().tobytes()) + 5] ^= 0xFF
+    (tmp_path / "out" / "checkpoint-8" / "optimizer.pt").write_bytes(bytes(raw))
+    assert main(["verify", str(tmp_path / "out")]) == 1
+    assert "checkpoint-8" in capsys.readouterr().err
+    assert not os.path.exists("pwned") and not os.path.exists(tmp_path / "pwned")

@@ -25,6 +25,7 @@ WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.b
            "pytorch_model.bin.index.json")         # as save_pretrained names them
 FILES = {"optimizer": "optimizer.pt", "scheduler": "scheduler.pt", "scaler": "scaler.pt",
          "rng": "rng_state.pth"}
+ARGS = "training_args.bin"    # a pickle of the run's arguments, not a checkpoint: never read
 
 
 def is_trainer_dir(path: str) -> bool:
