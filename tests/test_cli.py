@@ -413,3 +413,21 @@ def test_a_directory_of_checkpoints_is_inspected_and_verified_entry_by_entry(
     (empty / "notes.txt").write_text("x")
     assert main(["inspect", str(empty)]) == 1
     assert "holds no checkpoints" in capsys.readouterr().err
+
+
+def test_convert_writes_the_whole_checkpoint_a_file_of_a_chain_step_stands_for(
+        chain_dir, tmp_path, capsys):
+    """``lcckpt convert`` of a file that holds a chain step's place writes the state the
+    step restores, beside the file's own values, without the pointer."""
+    from lcckpt.chain.pointer import POINTER, metadata
+    state = {"loops": {"at": 4}, POINTER: {"chain": "ck", "step": 4}}
+    lcckpt.save(state, tmp_path / "last.ckpt", metadata=metadata(state))
+    assert main(["convert", str(tmp_path / "last.ckpt"), str(tmp_path / "last.pt")]) == 0
+    out = torch.load(tmp_path / "last.pt", weights_only=True)
+    want = lcckpt.DeltaCheckpointer(chain_dir).load(4)
+    assert sorted(out) == ["loops", "step", "w"] and out["loops"] == {"at": 4}
+    assert torch.equal(out["w"], want["w"]) and out["step"] == 4
+    gone = {**state, POINTER: {"chain": "ck", "step": 9}}
+    lcckpt.save(gone, tmp_path / "gone.ckpt", metadata=metadata(gone))
+    assert main(["convert", str(tmp_path / "gone.ckpt"), str(tmp_path / "gone.pt")]) == 1
+    assert "does not hold it" in capsys.readouterr().err

@@ -357,3 +357,21 @@ def test_pruning_that_cannot_take_the_chain_warns_and_training_goes_on(tmp_path)
             other.remove_checkpoint(tmp_path / "ck" / "s1.ckpt")
     assert not os.path.exists(tmp_path / "ck" / "s1.ckpt")
     assert lcckpt.DeltaCheckpointer(tmp_path / "chain").steps() == [1, 2, 3]
+
+
+def test_a_file_of_a_chain_step_converted_resumes_with_lightnings_own_io(tmp_path):
+    """``lcckpt convert`` of a chain-behind-the-files checkpoint writes the whole of it in
+    torch.save format, from which a Trainer without the plugin resumes."""
+    io = LcckptCheckpointIO(chain=tmp_path / "chain")
+    _fit(tmp_path / "a", 10, io=io,
+         callbacks=[ModelCheckpoint(dirpath=tmp_path / "ck", every_n_train_steps=5,
+                                    save_top_k=-1)])
+    io.teardown()
+    src = tmp_path / "ck" / "epoch=0-step=10.ckpt"
+    lcckpt.convert(str(src), str(tmp_path / "torch.ckpt"))
+    plain = torch.load(tmp_path / "torch.ckpt", weights_only=False)
+    assert "lcckpt_chain_step" not in plain and plain["global_step"] == 10
+    want = io.load_checkpoint(src)
+    _same(plain["state_dict"], want["state_dict"])
+    _, trainer = _fit(tmp_path / "b", 15, ckpt_path=str(tmp_path / "torch.ckpt"))
+    assert trainer.global_step == 15

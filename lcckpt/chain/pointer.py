@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 
-from ..errors import CorruptDataError
+from ..errors import CorruptDataError, NotFoundError
 
 POINTER = "lcckpt_chain_step"
 OLD_POINTER_MAX = 1 << 20     # a file without the header's pointer is loaded if this small
@@ -56,6 +56,29 @@ def pointer_of(path: str, load_old: bool = True) -> dict | None:
 def chain_of(path: str, ref: dict) -> str:
     """The chain directory that ``ref``, read from the file at ``path``, names."""
     return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), ref["chain"]))
+
+
+def resolve(state, path: str, map_location=None, ck=None):
+    """``state``, read from the file at ``path``, with the parts its chain step holds in
+    place of its pointer (``state`` itself if it has none). ``ck``: the chain's writer,
+    which keeps the references this load decodes and goes on from them
+    (``load(resume=True)``); else a reader opened and closed here."""
+    from .checkpointer import DeltaCheckpointer
+    ref = state.get(POINTER) if isinstance(state, dict) else None
+    if ref is None:
+        return state
+    directory = chain_of(path, checked(ref, path))
+    reader = DeltaCheckpointer(directory) if ck is None else None
+    try:
+        if ref["step"] not in (ck or reader).steps():
+            raise NotFoundError(f"{path} points at step {ref['step']} of the chain in "
+                                f"{directory}, which does not hold it (removed by keep_last?)")
+        rest = {k: v for k, v in state.items() if k != POINTER}
+        return {**rest, **(ck or reader).load(ref["step"], map_location=map_location,
+                                              resume=ck is not None)}
+    finally:
+        if reader is not None:
+            reader.close()
 
 
 def pointed_step(path: str) -> dict:

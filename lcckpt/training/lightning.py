@@ -39,9 +39,9 @@ from lightning.fabric.utilities.data import AttributeDict
 from lightning.pytorch.callbacks import Callback
 
 from ..chain.checkpointer import DeltaCheckpointer
-from ..chain.pointer import POINTER, chain_of, checked, metadata, pointer_of
+from ..chain.pointer import POINTER, chain_of, checked, metadata, pointer_of, resolve
 from ..chain.policy import RESUMABLE
-from ..errors import InvalidArgumentError, LcckptError, NotFoundError
+from ..errors import InvalidArgumentError, LcckptError
 from ..format.container import MAGIC
 from ..format.serialization import load, save
 from ..util.durable import TEMP_SUFFIX
@@ -229,22 +229,11 @@ def _named_steps(directories, chain: str) -> set[int]:
 def _from_chain(state, path: str, map_location, writer_of=lambda d: None) -> Any:
     """``state`` with the parts its chain step holds, where it names one. ``writer_of(d)``:
     a checkpointer that goes on writing the chain in ``d`` after this load, or None."""
-    ref = state.pop(POINTER, None) if isinstance(state, dict) else None
+    ref = state.get(POINTER) if isinstance(state, dict) else None
     if ref is None:
         return state
-    ref = checked(ref, path)
-    directory = chain_of(path, ref)
-    writer = writer_of(directory)
-    ck = writer or DeltaCheckpointer(directory)
-    try:
-        if ref["step"] not in ck.steps():
-            raise NotFoundError(f"{path} points at step {ref['step']} of the chain in "
-                                f"{directory}, which does not hold it (removed by keep_last?)")
-        return {**state, **ck.load(ref["step"], map_location=map_location,
-                                   resume=writer is not None)}
-    finally:
-        if writer is None:
-            ck.close()
+    writer = writer_of(chain_of(path, checked(ref, path)))
+    return resolve(state, path, map_location, ck=writer)
 
 
 def _plain(checkpoint: dict) -> dict:
