@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import CorruptDataError
+from ..errors import CorruptDataError, LcckptError
 from . import trainerdir
 from .convert import detect_format, format_for_path
 
@@ -34,8 +34,11 @@ def entries(path: str, distributed) -> list[tuple[str, str]]:
                     continue
             out.append((p, "file"))
         elif os.path.isdir(p):
-            kind = ("trainer" if trainerdir.is_trainer_dir(p) else "distributed"
-                    if distributed(p) else "chain" if ChainDirectory(p).steps() else None)
+            try:
+                kind = ("trainer" if trainerdir.is_trainer_dir(p) else "distributed"
+                        if distributed(p) else "chain" if ChainDirectory(p).steps() else None)
+            except (LcckptError, OSError):       # unlistable: inspect and verify name it
+                kind = "chain"
             if kind:
                 out.append((p, kind))
     return out
