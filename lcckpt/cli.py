@@ -4,8 +4,8 @@
 ``verify`` take a checkpoint file (lcckpt, torch.save or safetensors), a
 :class:`DeltaCheckpointer` directory, a Trainer's ``checkpoint-N``, a distributed
 checkpoint (one, or a ``DistributedCheckpointer`` directory: ``distributed/report.py``)
-or a directory holding any of them (``interop/folder.py``); ``--json`` prints one JSON document instead of tables. ``convert`` moves a checkpoint
-between the three file formats, either way.
+or a directory holding any of them (``interop/folder.py``); ``--json`` prints JSON.
+``convert`` moves a checkpoint between the three file formats, either way.
 
 Exit codes: 0 success; 1 the data is bad (damaged, missing link, unsafe, unknown format)
 or a check failed; 2 bad usage (unknown option, missing path). Every failure is one line

@@ -83,9 +83,10 @@ def resolve(state, path: str, map_location=None, ck=None):
 
 def pointed_step(path: str) -> dict:
     """What ``lcckpt inspect`` adds for the file at ``path``: ``points_at`` (the chain
-    and step), and a problem if the chain does not hold the step; {} for other files."""
+    and step), and a problem if the chain does not hold the step; {} for other files.
+    Only the header is read (a file whose header does not name its step shows none)."""
     from .checkpointer import DeltaCheckpointer
-    ref = pointer_of(path)
+    ref = pointer_of(path, load_old=False)
     if ref is None:
         return {}
     where = chain_of(path, ref)
