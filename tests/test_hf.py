@@ -346,3 +346,26 @@ def test_import_refuses_what_is_not_a_trainer_checkpoint(run, tmp_path):
     (tmp_path / "bare" / "trainer_state.json").write_text('{"global_step": 1}')
     with pytest.raises(InvalidArgumentError, match="holds no model weights"):
         import_checkpoints([tmp_path / "bare"], tmp_path / "c")
+
+
+def test_replace_keeps_as_many_checkpoints_as_save_total_limit_asks(tmp_path):
+    """With replace=True the chain is the run's checkpoints: save_total_limit becomes its
+    keep_last (unless given), and a kept step keeps its base back to its keyframe."""
+    args = types.SimpleNamespace(fsdp=None, deepspeed=None, should_save=True,
+                                 save_total_limit=1, output_dir=str(tmp_path / "out"))
+    cb = ChainCallback(tmp_path / "c", replace=True, keyframe_every=2)
+    cb.on_train_begin(args, transformers.TrainerState(global_step=0), None)
+    assert cb.options["keep_last"] == 1
+    model = torch.nn.Linear(64, 64)
+    for step in range(1, 5):                       # keyframes at 1 and 3
+        with torch.no_grad():
+            model.weight.add_(0.01)
+        cb.on_save(args, transformers.TrainerState(global_step=step), None, model=model)
+        cb.wait()
+    assert lcckpt.DeltaCheckpointer(tmp_path / "c").steps() == [3, 4]
+    mine = ChainCallback(tmp_path / "d", replace=True, keep_last=3)
+    mine.on_train_begin(args, transformers.TrainerState(global_step=0), None)
+    assert mine.options["keep_last"] == 3
+    beside = ChainCallback(tmp_path / "e")
+    beside.on_train_begin(args, transformers.TrainerState(global_step=0), None)
+    assert "keep_last" not in beside.options        # beside the directories: every step

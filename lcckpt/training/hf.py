@@ -74,7 +74,9 @@ class ChainCallback(TrainerCallback):
     saves or logs stay as of then: ``total_flos``, and other stateful callbacks (an early
     stopping's patience). Refused with ``load_best_model_at_end`` or ``save_strategy="best"``, which
     need the Trainer's directories. Since a resume reads the chain then, its default target
-    is :data:`RESUMABLE` (first moments held to 0.3 of their movement, not 0.8)."""
+    is :data:`RESUMABLE` (first moments held to 0.3 of their movement, not 0.8), and the
+    Trainer's ``save_total_limit`` is the chain's ``keep_last`` unless ``options`` give
+    one (each kept step keeps the steps back to its keyframe)."""
 
     def __init__(self, directory: str | os.PathLike, *, background: bool = False,
                  replace: bool = False, **options: Any) -> None:
@@ -104,6 +106,9 @@ class ChainCallback(TrainerCallback):
                 "replace=False (the chain beside the directories) or turn those off")
         if not args.should_save:
             return
+        limit = getattr(args, "save_total_limit", None)     # the chain is the checkpoints
+        if self.replace and limit and self._ck is None and "keep_last" not in self.options:
+            self.options = {**self.options, "keep_last": int(limit)}
         self._open()
         steps = self._ck.steps()
         if steps and steps[-1] > state.global_step:
