@@ -14,6 +14,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 import torch
 from torch import nn
 
@@ -817,6 +818,36 @@ def test_retain_keeps_the_steps_named_and_what_they_need(tmp_path, monkeypatch):
         other.save(8, _state(8))
         with pytest.raises(lcckpt.ConcurrentWriteError):
             DeltaCheckpointer(tmp_path).retain([])
+
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 9), every=st.integers(1, 4), data=st.data())
+def test_retain_of_any_steps_leaves_each_kept_step_as_it_was(tmp_path_factory, n, every,
+                                                             data):
+    """Whatever the chain's keyframes and the steps kept, every kept step and the newest
+    load as before retain, the steps removed are exactly those no kept step needs, and
+    a save after it continues the chain."""
+    d = tmp_path_factory.mktemp("retain")
+    ck = DeltaCheckpointer(d, keyframe_every=every)
+    for step in range(n):
+        ck.save(step, {"w": _state(step)["model"]["w"]})
+    keep = data.draw(st.sets(st.integers(0, n - 1)))
+    truth = {s: ck.load(s) for s in keep | {n - 1}}
+    needed = set()
+    for s in keep | {n - 1}:
+        while s not in needed:
+            needed.add(s)
+            if ck.info(s)["kind"] == "keyframe":
+                break
+            s = ck.info(s)["base"]["step"]
+    assert ck.retain(keep) == sorted(set(range(n)) - needed)
+    assert ck.steps() == sorted(needed)
+    for s, obj in truth.items():
+        assert_exact(DeltaCheckpointer(d).load(s), obj)
+    ck.save(n, {"w": _state(n)["model"]["w"]})
+    assert DeltaCheckpointer(d).load(n)["w"].shape == (6000,)
+    ck.close()
 
 
 def test_a_chain_step_whose_directory_sync_fails_is_saved_with_a_warning(tmp_path, monkeypatch):
