@@ -2,7 +2,9 @@
 checkpoint files against lcckpt's exact files (LcckptCheckpointIO) and the chain
 (ChainCallback), and every chain step's held-out accuracy and loss beside the true
 model's; then the same run with the chain behind ModelCheckpoint's files
-(``LcckptCheckpointIO(chain=...)``), its bytes; then once more keeping one file
+(``LcckptCheckpointIO(chain=...)``), its bytes; Lightning's files of the first run
+imported as such a chain (``import_checkpoints(..., replace=True)``), their bytes after;
+then once more keeping one file
 (``save_top_k=1``, a keyframe every --keyframe-every checkpoints), the disk that files and
 chain take at most and at the end, against one of Lightning's files. Needs the `lightning`
 extra and scikit-learn.
@@ -30,7 +32,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 import lcckpt
 from lcckpt.bench.manager import _data
-from lcckpt.training.lightning import ChainCallback, LcckptCheckpointIO
+from lcckpt.training.lightning import ChainCallback, LcckptCheckpointIO, import_checkpoints
 
 
 class MLP(L.LightningModule):
@@ -121,6 +123,10 @@ def run(steps: int = 400, every: int = 10, keyframe_every: int = 10) -> dict:
             rows.append({"step": step, "true_acc": scores[0][0], "restored_acc": scores[1][0],
                          "true_loss": scores[0][1], "restored_loss": scores[1][1]})
         files, chain_bytes = _size(f"{d}/files"), _size(f"{d}/chain")
+        # Lightning's files once more, imported as a chain and rewritten as the plugin's
+        import_checkpoints([os.path.join(f"{d}/files", n) for n in os.listdir(f"{d}/files")],
+                           f"{d}/imported", replace=True)
+        imported_bytes = _size(f"{d}/files") + _size(f"{d}/imported")
         # the same run once more, the chain behind ModelCheckpoint's files (chain=...)
         L.seed_everything(0, verbose=False)
         behind = LcckptCheckpointIO(chain=f"{d}/behind-chain")
@@ -137,6 +143,7 @@ def run(steps: int = 400, every: int = 10, keyframe_every: int = 10) -> dict:
             "lightning_bytes": files, "lcckpt_exact_bytes": exact_bytes,
             "chain_bytes": chain_bytes, "exact_ratio": files / exact_bytes,
             "behind_bytes": behind_bytes, "behind_ratio": files / behind_bytes,
+            "imported_bytes": imported_bytes, "imported_ratio": files / imported_bytes,
             "chain_ratio": files / chain_bytes, "worst_acc_drop": worst_drop,
             "worst_loss_rise": max(changes), "worst_loss_change": max(map(abs, changes)),
             "lightning_file_bytes": files // len(rows), **one, "per_step": rows}
@@ -158,6 +165,9 @@ def main(argv=None) -> int:
     print(f"chain restores: worst accuracy drop {r['worst_acc_drop']:.2f} points; held-out "
           f"loss worst rise {100 * r['worst_loss_rise']:+.2f}%, worst change either way "
           f"{100 * r['worst_loss_change']:.2f}% (450 held-out digits)")
+    print(f"Lightning's files imported as a chain and rewritten (import_checkpoints(..., "
+          f"replace=True)): files and chain {r['imported_bytes']:,} bytes "
+          f"({r['imported_ratio']:.1f}x smaller)")
     print(f"save_top_k=1, chain behind the file (keyframe_every={a.keyframe_every}): files and "
           f"chain {r['one_most_bytes']:,} bytes at most, {r['one_end_bytes']:,} at the end "
           f"({r['one_chain_steps']} chain steps); one Lightning file {r['lightning_file_bytes']:,}")

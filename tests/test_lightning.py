@@ -375,3 +375,39 @@ def test_a_file_of_a_chain_step_converted_resumes_with_lightnings_own_io(tmp_pat
     _same(plain["state_dict"], want["state_dict"])
     _, trainer = _fit(tmp_path / "b", 15, ckpt_path=str(tmp_path / "torch.ckpt"))
     assert trainer.global_step == 15
+
+
+def test_a_run_of_lightnings_own_files_is_imported_as_a_chain_and_resumes(tmp_path):
+    """``import_checkpoints``: Lightning's torch.save files stored as chain steps (a step
+    two files hold, once); with ``replace=True`` each file rewritten as the plugin's, the
+    run resumed from one of them; the steps restored within their targets."""
+    from lcckpt.training.lightning import import_checkpoints
+    own = ModelCheckpoint(dirpath=tmp_path / "ck", every_n_train_steps=5, save_top_k=-1,
+                          save_last=True)
+    _fit(tmp_path / "a", 20, callbacks=[own])
+    files = sorted((tmp_path / "ck").iterdir())
+    before = {f.name: torch.load(f, weights_only=False) for f in files}
+    size = sum(f.stat().st_size for f in files)
+    assert import_checkpoints(files, tmp_path / "kept") == [5, 10, 15, 20]
+    assert sum(f.stat().st_size for f in files) == size          # left as they were
+    steps = import_checkpoints(files, tmp_path / "chain", replace=True)
+    assert steps == [5, 10, 15, 20]
+    for f in files:                                   # the small parts and the step
+        small = lcckpt.load(f)
+        assert "state_dict" not in small and small["lcckpt_chain_step"]["step"] in steps
+    io = LcckptCheckpointIO(chain=tmp_path / "chain")
+    for f in files:
+        back, true = io.load_checkpoint(f), before[f.name]
+        assert back["global_step"] == true["global_step"] and back["loops"] == true["loops"]
+        for k, v in true["state_dict"].items():
+            err = (back["state_dict"][k] - v).norm() / (v.norm() + 1e-12)
+            assert err < 0.05, (f.name, k)
+    io.teardown()
+    _, trainer = _fit(tmp_path / "b", 30, ckpt_path=str(tmp_path / "ck" / "last.ckpt"),
+                      io=LcckptCheckpointIO(chain=tmp_path / "chain"),
+                      callbacks=[ModelCheckpoint(dirpath=tmp_path / "ck2",
+                                                 every_n_train_steps=5, save_top_k=-1)])
+    assert trainer.global_step == 30
+    assert import_checkpoints(files, tmp_path / "chain", replace=True) == []  # run again
+    with pytest.raises(InvalidArgumentError, match="only increase"):
+        import_checkpoints(files, tmp_path / "kept")

@@ -24,7 +24,8 @@ atomically (a temporary file renamed over it), a URL through ``fsspec``'s file o
 :class:`ChainCallback` keeps every checkpoint Lightning builds as a step of a delta chain
 as well (17.7x smaller than Lightning's files in ``benchmarks/lightning_trainer.py``),
 and :func:`export_checkpoint` writes any step back as a checkpoint file that
-``trainer.fit(ckpt_path=...)`` resumes from.
+``trainer.fit(ckpt_path=...)`` resumes from; :func:`import_checkpoints` stores an existing
+run's files as a chain.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ from ..util.durable import TEMP_SUFFIX
 from .background import Writer
 from .hostcopy import HostBuffers
 
-__all__ = ["ChainCallback", "LcckptCheckpointIO", "export_checkpoint", "load_module"]
+__all__ = ["ChainCallback", "LcckptCheckpointIO", "export_checkpoint", "import_checkpoints",
+           "load_module"]
 
 HPARAMS = "hyper_parameters"
 
@@ -336,3 +338,44 @@ def export_checkpoint(directory, path, step: int | None = None, compress: bool =
         ck.close()
     LcckptCheckpointIO(compress).save_checkpoint(state, path)
     return step
+
+
+def import_checkpoints(paths, chain, *, replace: bool = False, **options: Any) -> list[int]:
+    """Store a run's checkpoint files (Lightning's ``torch.save`` files or this plugin's,
+    in any order) as the steps of a chain in ``chain``, oldest first, as
+    ``LcckptCheckpointIO(chain=chain)`` stores them; returns the steps. ``options``: the
+    chain's :class:`~lcckpt.DeltaCheckpointer` keywords (first moments held to
+    :data:`~lcckpt.chain.policy.RESUMABLE`'s 0.3 unless a target is given). Files of
+    one step (``last.ckpt`` beside a top-k file) store it once, from the first.
+
+    ``replace=True`` then rewrites each file, once its step is stored, as a file of that
+    plugin: the small parts and its step (atomically; a file not yet rewritten is as it
+    was), so the run resumes from any of them with ``LcckptCheckpointIO(chain=chain)``
+    and its directory shrinks. Files that already point at ``chain`` are skipped, so an
+    import cut short goes on when run again (a step the chain holds already is refused:
+    the chain's steps only increase). Files are read without running code from them."""
+    io = LcckptCheckpointIO(chain=chain, **options)
+    found: dict[int, list[str]] = {}
+    for path in map(os.fspath, paths):
+        head = load(path, mmap=True)           # tensors mapped, not read: the step only
+        step = head.get("global_step") if isinstance(head, dict) else None
+        ref = head.get(POINTER) if isinstance(head, dict) else None
+        del head
+        if ref is not None and os.path.realpath(chain_of(path, checked(ref, path))) \
+                == os.path.realpath(io.chain):
+            continue                           # stored already (an import run again)
+        if type(step) is not int or step < 0:
+            raise InvalidArgumentError(f"{path} holds no global_step: not a Lightning "
+                                       "checkpoint to store as a chain step")
+        found.setdefault(step, []).append(path)
+    try:
+        for step in sorted(found):
+            for path in found[step]:       # the first stores the step, the rest point at it
+                state = io.load_checkpoint(path)
+                pointer_file = io._into_chain(_plain(state), path)
+                if replace:
+                    save(pointer_file, path, compress=io.compress,
+                         metadata=metadata(pointer_file))
+    finally:
+        io.teardown()
+    return sorted(found)
