@@ -341,7 +341,6 @@ def test_a_step_a_kept_file_names_stays_with_its_base_and_the_rest_goes(tmp_path
     again.teardown()
 
 
-
 def test_pruning_that_cannot_take_the_chain_warns_and_training_goes_on(tmp_path):
     """Another writer holds the chain: a removal still removes the file, and the pruning
     is skipped with a warning instead of failing Lightning's save."""

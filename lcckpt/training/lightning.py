@@ -252,10 +252,10 @@ def _local(fs) -> bool:
 
 def load_module(cls, path, map_location=None, strict: bool = True, **kwargs):
     """``cls.load_from_checkpoint(path, ...)`` for a checkpoint of this plugin, with or
-    without a chain behind it (or any file :func:`lcckpt.load` reads): ``cls`` built from the saved ``hyper_parameters`` updated
-    by ``kwargs``, its ``on_load_checkpoint(checkpoint)`` called, its ``state_dict``
-    loaded (``strict`` as in ``load_state_dict``); in eval mode, on the CPU unless
-    ``map_location`` says otherwise. (Lightning's own also handles a datamodule's
+    without a chain behind it (or any file :func:`lcckpt.load` reads): ``cls`` built from
+    the saved ``hyper_parameters`` updated by ``kwargs``, its
+    ``on_load_checkpoint(checkpoint)`` called, its ``state_dict`` loaded (``strict`` as in
+    ``load_state_dict``); in eval mode, on the CPU unless ``map_location`` says otherwise. (Lightning's own also handles a datamodule's
     hyperparameters and a module saved under another name; this does not.)"""
     where = "cpu" if map_location is None else map_location
     checkpoint = _from_chain(load(path, map_location=where), os.fspath(path), where)
