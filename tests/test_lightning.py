@@ -408,5 +408,9 @@ def test_a_run_of_lightnings_own_files_is_imported_as_a_chain_and_resumes(tmp_pa
                                                  every_n_train_steps=5, save_top_k=-1)])
     assert trainer.global_step == 30
     assert import_checkpoints(files, tmp_path / "chain", replace=True) == []  # run again
+    legacy = tmp_path / "legacy.ckpt"                  # torch.save's pre-zip format too
+    torch.save(before[files[0].name], legacy, _use_new_zipfile_serialization=False)
+    assert import_checkpoints([legacy], tmp_path / "from-legacy") == [
+        before[files[0].name]["global_step"]]
     with pytest.raises(InvalidArgumentError, match="only increase"):
         import_checkpoints(files, tmp_path / "kept")

@@ -42,7 +42,7 @@ from lightning.pytorch.callbacks import Callback
 from ..chain.checkpointer import DeltaCheckpointer
 from ..chain.pointer import POINTER, chain_of, checked, metadata, pointer_of, resolve
 from ..chain.policy import RESUMABLE
-from ..errors import InvalidArgumentError, LcckptError
+from ..errors import CorruptDataError, InvalidArgumentError, LcckptError
 from ..format.container import MAGIC
 from ..format.serialization import load, save
 from ..util.durable import TEMP_SUFFIX
@@ -357,7 +357,10 @@ def import_checkpoints(paths, chain, *, replace: bool = False, **options: Any) -
     io = LcckptCheckpointIO(chain=chain, **options)
     found: dict[int, list[str]] = {}
     for path in map(os.fspath, paths):
-        head = load(path, mmap=True)           # tensors mapped, not read: the step only
+        try:
+            head = load(path, mmap=True)       # tensors mapped, not read: the step only
+        except CorruptDataError:
+            head = load(path)                  # torch.save's legacy format maps nothing
         step = head.get("global_step") if isinstance(head, dict) else None
         ref = head.get(POINTER) if isinstance(head, dict) else None
         del head
