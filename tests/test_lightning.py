@@ -10,6 +10,7 @@ import torch
 
 pytest.importorskip("lightning")
 import lightning as L  # noqa: E402
+from lightning.fabric.utilities.rank_zero import rank_zero_only  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
 import lcckpt  # noqa: E402
@@ -252,10 +253,12 @@ def test_a_chain_behind_the_files_resumes_and_keeps_them_small(tmp_path):
         LcckptCheckpointIO(keep_last=2)
 
 
-def test_a_resuming_plugin_goes_on_from_the_references_its_load_decoded(tmp_path):
+def test_a_resuming_plugin_goes_on_from_the_references_its_load_decoded(tmp_path,
+                                                                         monkeypatch):
     """The plugin that loads a file of its own chain before storing anything keeps the
     restored references (``load(resume=True)``): its next save continues the chain from
-    them, and loads the same step as a fresh writer's would."""
+    them, and loads the same step as a fresh writer's would. A plugin on a rank that does
+    not save keeps none."""
     g = torch.Generator().manual_seed(0)
     w = torch.randn(300, 300, generator=g)
     def state(step):
@@ -270,6 +273,11 @@ def test_a_resuming_plugin_goes_on_from_the_references_its_load_decoded(tmp_path
     assert again._ck is not None and again._ck._primed[0] == 2      # the references kept
     again.save_checkpoint(state(3), tmp_path / "s3.ckpt")
     again.teardown()
+    other_rank = LcckptCheckpointIO(chain=tmp_path / "chain")   # a rank that never saves
+    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    assert other_rank.load_checkpoint(tmp_path / "s2.ckpt")["loops"] == {"at": 2}
+    assert other_rank._ck is None                    # no references held for nothing
+    monkeypatch.setattr(rank_zero_only, "rank", 0)
     fresh = LcckptCheckpointIO(chain=tmp_path / "other")
     for step in (1, 2, 3):
         fresh.save_checkpoint(state(step), tmp_path / f"o{step}.ckpt")

@@ -37,6 +37,7 @@ from typing import Any
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.fabric.utilities.data import AttributeDict
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Callback
 
 from ..chain.checkpointer import DeltaCheckpointer
@@ -149,8 +150,9 @@ class LcckptCheckpointIO(CheckpointIO):
     def _writer_of(self, directory: str) -> DeltaCheckpointer | None:
         """This object's checkpointer if ``directory`` is its chain and it has stored
         nothing yet: a run resuming from the chain, whose next save then goes on from the
-        references this load decodes instead of replaying the chain again."""
-        if self.chain is None or self._stored is not None \
+        references this load decodes instead of replaying the chain again. Only in the
+        process that saves (global rank 0): another rank's would hold them for nothing."""
+        if self.chain is None or self._stored is not None or rank_zero_only.rank != 0 \
                 or os.path.realpath(directory) != os.path.realpath(self.chain):
             return None
         if self._ck is None:
