@@ -82,12 +82,12 @@ def inspect_file(path: str) -> dict:
                 row.update(_blob_info(c.data(i)))
             sections.append(row)
         raw = sum(r["raw_bytes"] or 0 for r in sections)
-        doc = {"path": path, "format": "lcckpt", "version": c.version,
-               "file_bytes": size, "raw_bytes": raw, "header_bytes": c.header_bytes,
-               "header_json_bytes": c.header_json_bytes,
-               "chain": c.meta.get("lcckpt_chain"), "sections": sections}
-    from .chain.pointer import pointed_step
-    return {**doc, **pointed_step(path)}
+        from .chain.pointer import pointed_step
+        return {"path": path, "format": "lcckpt", "version": c.version,
+                "file_bytes": size, "raw_bytes": raw, "header_bytes": c.header_bytes,
+                "header_json_bytes": c.header_json_bytes,
+                "chain": c.meta.get("lcckpt_chain"), "sections": sections,
+                **pointed_step(path, c.meta)}
 
 
 def _no_checkpoints(path: str) -> CorruptDataError:

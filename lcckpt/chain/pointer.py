@@ -28,26 +28,35 @@ def metadata(state: dict) -> dict | None:
     return None if ref is None else {POINTER: json.dumps(ref)}
 
 
-def pointer_of(path: str, load_old: bool = True) -> dict | None:
-    """The checked pointer of the lcckpt file at ``path``, or None. A file written before
-    headers held it is loaded when ``load_old`` and at most :data:`OLD_POINTER_MAX`
-    bytes."""
-    from ..format.container import read_container
-    from ..format.serialization import METADATA_KEY, load
-    with read_container(path) as c:
-        if "lcckpt_chain" in c.meta:
-            return None                           # a chain's own step
-        meta = c.meta.get(METADATA_KEY)
-        text = meta.get(POINTER) if isinstance(meta, dict) else None
-        small = c.size <= OLD_POINTER_MAX
-    if isinstance(text, str):
-        try:
-            return checked(json.loads(text), path)
-        except ValueError:
-            raise CorruptDataError(f"{path}: its chain reference {text!r:.80} is not one") \
-                from None
-    if text is not None or not small or not load_old:
+def in_header(meta: dict, path: str) -> dict | None:
+    """The checked pointer that a container's ``meta`` names in its metadata, or None (a
+    chain's own step, or a file whose header names none)."""
+    from ..format.serialization import METADATA_KEY
+    if "lcckpt_chain" in meta:
+        return None                               # a chain's own step
+    held = meta.get(METADATA_KEY)
+    text = held.get(POINTER) if isinstance(held, dict) else None
+    if text is None:
         return None
+    try:
+        return checked(json.loads(text) if isinstance(text, str) else None, path)
+    except ValueError:
+        raise CorruptDataError(f"{path}: its chain reference {text!r:.80} is not one") \
+            from None
+
+
+def pointer_of(path: str, load_old: bool = False) -> dict | None:
+    """The checked pointer of the lcckpt file at ``path``, from its header, or None.
+    ``load_old``: a file whose header names none (written before headers did) is loaded
+    when it is at most :data:`OLD_POINTER_MAX` bytes and not a chain's own step."""
+    from ..format.container import read_container
+    from ..format.serialization import load
+    with read_container(path) as c:
+        ref = in_header(c.meta, path)
+        old = ref is None and load_old and c.size <= OLD_POINTER_MAX \
+            and "lcckpt_chain" not in c.meta
+    if not old:
+        return ref
     obj = load(path)
     ref = obj.get(POINTER) if isinstance(obj, dict) else None
     return None if ref is None else checked(ref, path)
@@ -81,12 +90,12 @@ def resolve(state, path: str, map_location=None, ck=None):
             reader.close()
 
 
-def pointed_step(path: str) -> dict:
-    """What ``lcckpt inspect`` adds for the file at ``path``: ``points_at`` (the chain
-    and step), and a problem if the chain does not hold the step; {} for other files.
-    Only the header is read (a file whose header does not name its step shows none)."""
+def pointed_step(path: str, meta: dict) -> dict:
+    """What ``lcckpt inspect`` adds for the file at ``path`` whose container holds
+    ``meta``: ``points_at`` (the chain and step), and a problem if the chain does not hold
+    the step; {} for other files (and for one whose header does not name its step)."""
     from .checkpointer import DeltaCheckpointer
-    ref = pointer_of(path, load_old=False)
+    ref = in_header(meta, path)
     if ref is None:
         return {}
     where = chain_of(path, ref)

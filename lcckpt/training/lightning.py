@@ -224,7 +224,7 @@ def _named_steps(directories, chain: str) -> set[int]:
                         continue                  # not an lcckpt file: names no step
             except FileNotFoundError:             # removed since it was listed
                 continue
-            ref = pointer_of(path)
+            ref = pointer_of(path, load_old=True)
             if ref is not None and os.path.realpath(chain_of(path, ref)) == real:
                 named.add(ref["step"])
     return named
