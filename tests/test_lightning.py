@@ -229,6 +229,16 @@ def test_a_chain_behind_the_files_resumes_and_keeps_them_small(tmp_path):
         err = (back["state_dict"][k] - v).norm() / (v.norm() + 1e-12)
         assert err < 0.05, k
     assert len(back["optimizer_states"][0]["state"]) == 4
+    _same(lcckpt.load(tmp_path / "ck" / "last.ckpt"), back)    # lcckpt.load follows it too
+    small = lcckpt.load(tmp_path / "ck" / "last.ckpt", follow=False)
+    assert "state_dict" not in small and small["lcckpt_chain_step"]["step"] == 20
+    with open(tmp_path / "ck" / "last.ckpt", "rb") as fh, \
+            pytest.warns(RuntimeWarning, match="by its path"):
+        assert lcckpt.load(fh) == small           # no directory to find the chain from
+    into = {"state_dict": {k: torch.zeros_like(v) for k, v in back["state_dict"].items()}}
+    filled = lcckpt.load(tmp_path / "ck" / "last.ckpt", into=into)
+    for k, v in into["state_dict"].items():       # the step decoded into the given tensors
+        assert torch.equal(v, back["state_dict"][k]) and filled["state_dict"][k] is v, k
     resumed, trainer = _fit(tmp_path / "b", 30, ckpt_path=str(tmp_path / "ck" / "last.ckpt"),
                             io=LcckptCheckpointIO(chain=tmp_path / "chain"),
                             callbacks=[ModelCheckpoint(dirpath=tmp_path / "ck",
@@ -241,7 +251,7 @@ def test_a_chain_behind_the_files_resumes_and_keeps_them_small(tmp_path):
     for k, v in resumed.state_dict().items():
         err = (model30.state_dict()[k] - v).norm() / (v.norm() + 1e-12)
         assert err < 0.05, k
-    gone = lcckpt.load(tmp_path / "ck" / "epoch=1-step=30.ckpt")
+    gone = lcckpt.load(tmp_path / "ck" / "epoch=1-step=30.ckpt", follow=False)
     gone["lcckpt_chain_step"]["step"] = 999                 # a step retention removed
     lcckpt.save(gone, tmp_path / "ck" / "gone.ckpt")
     with pytest.raises(FileNotFoundError, match="does not hold it"):
@@ -324,8 +334,9 @@ def test_a_step_a_kept_file_names_stays_with_its_base_and_the_rest_goes(tmp_path
     for step in range(1, 10):
         io.save_checkpoint(_state(step, w), ck_dir / f"s{step}.ckpt")
     before = io.load_checkpoint(ck_dir / "s2.ckpt")["state_dict"]["w"]
-    old = lcckpt.load(ck_dir / "s5.ckpt")                  # as the version before wrote it
+    old = lcckpt.load(ck_dir / "s5.ckpt", follow=False)    # as the version before wrote it
     lcckpt.save(old, ck_dir / "old.ckpt")
+    _same(lcckpt.load(ck_dir / "old.ckpt"), io.load_checkpoint(ck_dir / "s5.ckpt"))
     os.makedirs(tmp_path / "elsewhere")
     lcckpt.save({**old, "lcckpt_chain_step": {"chain": "../chain", "step": 6}},
                 tmp_path / "elsewhere" / "copy.ckpt")
@@ -400,7 +411,7 @@ def test_a_run_of_lightnings_own_files_is_imported_as_a_chain_and_resumes(tmp_pa
     steps = import_checkpoints(files, tmp_path / "chain", replace=True)
     assert steps == [5, 10, 15, 20]
     for f in files:                                   # the small parts and the step
-        small = lcckpt.load(f)
+        small = lcckpt.load(f, follow=False)
         assert "state_dict" not in small and small["lcckpt_chain_step"]["step"] in steps
     io = LcckptCheckpointIO(chain=tmp_path / "chain")
     for f in files:

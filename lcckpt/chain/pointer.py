@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 
+from .. import limits
 from ..errors import CorruptDataError, NotFoundError
 
 POINTER = "lcckpt_chain_step"
@@ -57,7 +58,7 @@ def pointer_of(path: str, load_old: bool = False) -> dict | None:
             and "lcckpt_chain" not in c.meta
     if not old:
         return ref
-    obj = load(path)
+    obj = load(path, follow=False)
     ref = obj.get(POINTER) if isinstance(obj, dict) else None
     return None if ref is None else checked(ref, path)
 
@@ -67,11 +68,13 @@ def chain_of(path: str, ref: dict) -> str:
     return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), ref["chain"]))
 
 
-def resolve(state, path: str, map_location=None, ck=None):
+def resolve(state, path: str, map_location=None, ck=None, into=None,
+            max_bytes=limits.DEFAULT):
     """``state``, read from the file at ``path``, with the parts its chain step holds in
     place of its pointer (``state`` itself if it has none). ``ck``: the chain's writer,
     which keeps the references this load decodes and goes on from them
-    (``load(resume=True)``); else a reader opened and closed here."""
+    (``load(resume=True)``); else a reader opened and closed here. ``into`` and
+    ``max_bytes``: :meth:`DeltaCheckpointer.load`'s, for the step."""
     from .checkpointer import DeltaCheckpointer
     ref = state.get(POINTER) if isinstance(state, dict) else None
     if ref is None:
@@ -84,7 +87,8 @@ def resolve(state, path: str, map_location=None, ck=None):
                                 f"{directory}, which does not hold it (removed by keep_last?)")
         rest = {k: v for k, v in state.items() if k != POINTER}
         return {**rest, **(ck or reader).load(ref["step"], map_location=map_location,
-                                              resume=ck is not None)}
+                                              resume=ck is not None, into=into,
+                                              max_bytes=max_bytes)}
     finally:
         if reader is not None:
             reader.close()
