@@ -235,6 +235,12 @@ def test_a_chain_behind_the_files_resumes_and_keeps_them_small(tmp_path):
     with open(tmp_path / "ck" / "last.ckpt", "rb") as fh, \
             pytest.warns(RuntimeWarning, match="by its path"):
         assert lcckpt.load(fh) == small           # no directory to find the chain from
+    name = next(iter(back["state_dict"]))
+    with lcckpt.open(tmp_path / "ck" / "last.ckpt") as f, \
+            pytest.raises(KeyError, match=r"stands for step 20 of a chain.*step=20\)"):
+        f.get_tensor(f"state_dict.{name}")        # the error says where the tensors are
+    with lcckpt.open(tmp_path / "chain", step=20) as f:
+        assert torch.equal(f.get_tensor(f"state_dict.{name}"), back["state_dict"][name])
     into = {"state_dict": {k: torch.zeros_like(v) for k, v in back["state_dict"].items()}}
     filled = lcckpt.load(tmp_path / "ck" / "last.ckpt", into=into)
     for k, v in into["state_dict"].items():       # the step decoded into the given tensors

@@ -200,7 +200,19 @@ class Reader:
                 return hit
         elif not missing:
             return None
-        raise KeyError(f"no tensor {key!r} in {self.path}; keys: {_brief(list(self._index))}")
+        raise KeyError(f"no tensor {key!r} in {self.path}; keys: {_brief(list(self._index))}"
+                       + self._pointed())
+
+    def _pointed(self) -> str:
+        """Where the tensors of a file that holds a chain step's place are read from."""
+        from ..chain.pointer import chain_of, in_header
+        try:
+            ref = in_header(self._c.meta, self.path)
+        except CorruptDataError:
+            return ""
+        return "" if ref is None else (
+            f"; the file stands for step {ref['step']} of a chain, whose tensors read with "
+            f"lcckpt.open({chain_of(self.path, ref)!r}, step={ref['step']})")
 
     def _section(self, node: dict, path: str) -> tuple[int, dict]:
         s = node.get("s")
