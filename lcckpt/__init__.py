@@ -15,7 +15,8 @@ __version__ = "0.1.0"
 from .codec.config import CodecConfig
 from .codec.tensor import EncodeStats, decode, encode
 from .codec.delta import DeltaDecoder, DeltaEncoder
-from .format.serialization import load, read_metadata, register_codec, register_section_codec, save
+from .format.serialization import read_metadata, register_codec, register_section_codec, save
+from .interop.follow import load
 from .format.safetensors_io import load_safetensors, save_safetensors
 from .interop.convert import convert
 from .interop.reader import Reader, open  # noqa: A001  (lcckpt.open, like safetensors.safe_open)

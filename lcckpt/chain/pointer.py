@@ -58,7 +58,7 @@ def pointer_of(path: str, load_old: bool = False) -> dict | None:
             and "lcckpt_chain" not in c.meta
     if not old:
         return ref
-    obj = load(path, follow=False)
+    obj = load(path)
     ref = obj.get(POINTER) if isinstance(obj, dict) else None
     return None if ref is None else checked(ref, path)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import io
 import os
 import pickle
-import warnings
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
@@ -133,8 +132,7 @@ def pack(obj: Any, *, encode_leaf: _tree.LeafEncoder | None = None,
 
 def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None, *,
          weights_only: bool | None = None, mmap: bool | None = None,
-         max_bytes=limits.DEFAULT, into: Any = None, follow: bool = True,
-         **pickle_load_args) -> Any:
+         max_bytes=limits.DEFAULT, into: Any = None, **pickle_load_args) -> Any:
     """Load what :func:`save` wrote, a plain ``torch.save`` file (weights only), a
     ``.safetensors`` file (a dict of tensors), or a shard index as Hugging Face writes it
     (``model.safetensors.index.json``: one dict of every shard's tensors).
@@ -174,23 +172,12 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
     receive nothing (another dtype or shape, an ``into`` not shaped like the stored
     object) are named in a ``RuntimeWarning``. If the load fails, the targets may hold
     part of the file. Not with ``mmap``.
-
-    ``follow``: a file that holds a chain step's place (a pointer file, written by
-    ``LcckptCheckpointIO(chain=...)``) loads as the whole checkpoint: its own small state
-    with the parts the step holds, restored from the chain it points at (a directory
-    relative to the file; ``max_bytes`` and ``into`` apply there too). False gives the
-    file's own dict. ``f`` must be a path for that.
     """
     _check_load_args(pickle_module, pickle_load_args, weights_only, mmap, into)
     targets = None if into is None else Into(tensor_paths(into))
     if isinstance(f, (str, os.PathLike)):
-        path = local(f, "lcckpt.load")
-        if follow and _points(path):
-            return _follow(path, map_location, max_bytes, into)
-        obj = _load_path(path, map_location, weights_only, mmap, pickle_load_args,
-                         max_bytes, targets)
-        return _follow(path, map_location, max_bytes, into, obj) \
-            if follow and _is_pointer(obj) else obj      # a file written before headers named it
+        return _load_path(local(f, "lcckpt.load"), map_location, weights_only, mmap,
+                          pickle_load_args, max_bytes, targets)
     if not hasattr(f, "read") or isinstance(f, io.TextIOBase):
         raise InvalidArgumentError(f"load needs a path or a binary file object, got "
                                    f"{_kind_of(f)}: open the file with 'rb'")
@@ -207,12 +194,7 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
         return _load_foreign(fmt, f, map_location, weights_only, mmap, pickle_load_args,
                              max_bytes, targets)
     with read_container(f) as c:
-        obj = _unpack_limited(c, map_location, max_bytes, "the file", into=targets)
-    if follow and _is_pointer(obj):
-        warnings.warn("this file holds a chain step's place, not the step's tensors: load it "
-                      "by its path to get the whole checkpoint (the chain is found from the "
-                      "file's directory)", RuntimeWarning, stacklevel=2)
-    return obj
+        return _unpack_limited(c, map_location, max_bytes, "the file", into=targets)
 
 
 def _kind_of(f) -> str:
@@ -321,29 +303,6 @@ def _load_path(path: str, map_location, weights_only, mmap, pickle_load_args, ma
             return _unpack_limited(c, map_location, max_bytes, path, into=targets)
         except LcckptError as e:
             raise at_path(e, path) from None
-
-
-def _points(path: str) -> bool:
-    """Whether the lcckpt file at ``path`` names a chain step in its header (a pointer)."""
-    from ..chain.pointer import in_header
-    if not os.path.isfile(path) or _head(path)[: len(MAGIC)] != MAGIC:
-        return False
-    with read_container(path) as c:
-        return in_header(c.meta, path) is not None
-
-
-def _is_pointer(obj) -> bool:
-    from ..chain.pointer import POINTER
-    return isinstance(obj, dict) and POINTER in obj
-
-
-def _follow(path: str, map_location, max_bytes, into, state=None):
-    """The whole checkpoint that the pointer file at ``path`` (its object: ``state``, read
-    here if None) stands for, its chain step restored into ``into``'s tensors."""
-    from ..chain.pointer import resolve
-    if state is None:
-        state = _load_path(path, map_location, None, None, {}, max_bytes, None)
-    return resolve(state, path, map_location, into=into, max_bytes=max_bytes)
 
 
 def _head(path: str) -> bytes:

@@ -140,11 +140,12 @@ def read_checkpoint(path: str | os.PathLike, *, step: int | None = None,
         obj = {part: read_checkpoint(f, map_location=map_location)[0]
                for part, f in trainerdir.files(path).items()}
         return {**obj, "trainer_state": trainerdir.state_text(path)}, None, fmt
-    obj = serialization.load(path, map_location=map_location)   # a pointer file: the
-    meta = serialization.read_metadata(path) if fmt == "lcckpt" else None   # whole checkpoint
-    from ..chain.pointer import POINTER
-    if meta and POINTER in meta:                     # not the checkpoint's: its place
-        meta = {k: v for k, v in meta.items() if k != POINTER} or None
+    obj = serialization.load(path, map_location=map_location)
+    meta = serialization.read_metadata(path) if fmt == "lcckpt" else None
+    from ..chain import pointer
+    if isinstance(obj, dict) and pointer.POINTER in obj:   # a file of a chain step's place:
+        obj = pointer.resolve(obj, os.fspath(path), map_location)   # the whole checkpoint
+        meta = {k: v for k, v in (meta or {}).items() if k != pointer.POINTER} or None
     return obj, meta, fmt
 
 

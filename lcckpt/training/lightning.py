@@ -142,8 +142,8 @@ class LcckptCheckpointIO(CheckpointIO):
         if _local(fs):
             if self.chain is not None:
                 self._dirs.add(os.path.dirname(os.path.abspath(path)))
-            return _from_chain(load(path, map_location=map_location, follow=False, **kw),
-                               path, map_location, self._writer_of)
+            return _from_chain(load(path, map_location=map_location, **kw), path, map_location,
+                               self._writer_of)
         with fs.open(path, "rb") as f:
             return load(f, map_location=map_location, **kw)
 
@@ -260,8 +260,7 @@ def load_module(cls, path, map_location=None, strict: bool = True, **kwargs):
     ``load_state_dict``); in eval mode, on the CPU unless ``map_location`` says otherwise. (Lightning's own also handles a datamodule's
     hyperparameters and a module saved under another name; this does not.)"""
     where = "cpu" if map_location is None else map_location
-    checkpoint = _from_chain(load(path, map_location=where, follow=False), os.fspath(path),
-                             where)
+    checkpoint = _from_chain(load(path, map_location=where), os.fspath(path), where)
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise InvalidArgumentError(f"{path} holds no Lightning checkpoint (no 'state_dict')")
     model = cls(**{**dict(checkpoint.get(HPARAMS) or {}), **kwargs})
@@ -361,9 +360,9 @@ def import_checkpoints(paths, chain, *, replace: bool = False, **options: Any) -
     found: dict[int, list[str]] = {}
     for path in map(os.fspath, paths):
         try:
-            head = load(path, mmap=True, follow=False)   # tensors mapped, not read: the step
+            head = load(path, mmap=True)       # tensors mapped, not read: the step only
         except CorruptDataError:
-            head = load(path, follow=False)     # torch.save's legacy format maps nothing
+            head = load(path)                  # torch.save's legacy format maps nothing
         step = head.get("global_step") if isinstance(head, dict) else None
         ref = head.get(POINTER) if isinstance(head, dict) else None
         del head
