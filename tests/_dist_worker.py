@@ -873,3 +873,41 @@ def three_rank_worker(rank, world, init_method, root2, out):
             f.write("ok")
     dist.barrier()
     dist.destroy_process_group()
+
+
+def ddp_manager_worker(rank, world, init_method, root):
+    """A DDP run with a CheckpointManager on every rank over one directory: rank 0
+    writes, every rank steps; then a restart into differently initialized models, where
+    every rank restores the same parameters and training goes on."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from lcckpt import CheckpointManager, DeltaCheckpointer
+    _init(rank, world, init_method, log_dir=root)
+    d = os.path.join(root, "ck")
+
+    def run(seed, steps, restore):
+        torch.manual_seed(seed)
+        model = DDP(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(rank)             # each rank its own data
+        with CheckpointManager(d, model, opt, every=3, backpressure="wait") as mgr:
+            assert mgr.writer == (rank == 0)
+            start = mgr.restore() if restore else 0
+            for _ in range(steps):
+                loss = model(torch.randn(4, 8, generator=g)).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                mgr.step(loss)
+        dist.barrier()                                      # rank 0's files are durable
+        return start, torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    _, trained = run(0, 9, restore=False)
+    start, restored = run(100 + rank, 0, restore=True)      # a restart: other weights
+    assert start == 9
+    every = [torch.empty_like(restored) for _ in range(world)]
+    dist.all_gather(every, restored)
+    assert all(torch.equal(every[0], p) for p in every)     # one state on every rank
+    assert (restored - trained).norm() <= 0.05 * trained.norm()
+    start, _ = run(7, 3, restore=True)
+    assert start == 9 and DeltaCheckpointer(d).steps() == [3, 6, 9, 12]
+    dist.destroy_process_group()

@@ -730,6 +730,14 @@ def two_ranks(tmp_path_factory):
 
 
 @pytest.mark.slow
+def test_a_checkpoint_manager_under_ddp_writes_on_rank_0_and_restores_on_every_rank(tmp_path):
+    """Two DDP ranks, a manager each over one directory (lcckpt.training.newest): rank 0
+    writes, a restart restores the same parameters on both, and the chain goes on."""
+    W.spawn(W.ddp_manager_worker, (2, W.rendezvous(tmp_path), str(tmp_path)), 2,
+            str(tmp_path))
+
+
+@pytest.mark.slow
 def test_a_rank_killed_by_a_signal_fails_with_its_native_and_python_stacks(tmp_path):
     """The spawn the multi-process tests use quotes a dead rank's stderr: the native stack of
     every thread (to name a C++ thread destroyed while joinable) and the Python ones."""

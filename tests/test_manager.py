@@ -171,6 +171,7 @@ def test_restoring_into_another_architecture_names_the_checkpoint_and_the_part(t
     ({"every": 3, "downtime": float("nan")}, "downtime"),
     ({"every": 3, "total_steps": 0}, "total_steps"),
     ({"every": 3, "keep_last": 0}, "keep_last"),
+    ({"every": 3, "writer": 1}, "writer"),
 ])
 def test_bad_arguments(tmp_path, kwargs, match):
     model, opt = _setup()
@@ -323,6 +324,53 @@ def test_damaged_newest_file_falls_back_and_chain_continues(tmp_path):
     ck = lcckpt.DeltaCheckpointer(tmp_path)
     assert ck.steps() == [2, 4, 6]
     ck.load(6)                                  # the new step 6 continues from step 4
+
+
+def test_under_ddp_rank_0_writes_and_every_rank_restores(tmp_path, monkeypatch):
+    """``writer=None``: global rank 0 of an initialized process group writes. Another
+    rank's manager takes no snapshot and no lock (beside rank 0's open writer in this
+    process, a write would raise), restores what rank 0 wrote with its own generators
+    kept and no references, and leaves a damaged file where it is for rank 0 to rename."""
+    import torch.distributed as dist
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+
+    def manager(rank):
+        monkeypatch.setattr(dist, "get_rank", lambda group=None: rank)
+        model, opt = _setup(seed=rank)
+        return model, opt, CheckpointManager(tmp_path, model, opt, every=2,
+                                             backpressure="wait", background="overlap")
+    (m0, o0, mgr0), (m1, o1, mgr1) = manager(0), manager(1)
+    assert mgr0.writer and not mgr1.writer
+    assert not CheckpointManager(tmp_path / "x", m1, o1, every=2, writer=False).writer
+    taken = []
+    for _ in range(6):
+        taken.append((mgr0.step(_train(m0, o0)), mgr1.step(_train(m1, o1))))
+    assert taken == [(False, False), (True, False)] * 3
+    assert mgr1.checkpoint(wait=True, keyframe=True) == 6
+    mgr0.close(), mgr1.close()
+    ck = lcckpt.DeltaCheckpointer(tmp_path)
+    assert ck.steps() == [2, 4, 6] and mgr1.stats["checkpoints"] == 0
+    ends = []
+    for rank in (1, 0):
+        model, opt, mgr = manager(rank)
+        torch.manual_seed(123)
+        before = torch.get_rng_state()
+        assert mgr.restore() == 6
+        assert torch.equal(torch.get_rng_state(), before) == (rank == 1)
+        assert (mgr._ck._primed is None) == (rank == 1)      # references: the writer's
+        ends.append(_params(model))
+        mgr.close()
+    assert all(torch.equal(a, b) for a, b in zip(*ends))
+    path = ck.path(6)
+    data = bytearray(Path(path).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    Path(path).write_bytes(bytes(data))
+    for rank in (1, 0):
+        model, opt, mgr = manager(rank)
+        with pytest.warns(RuntimeWarning, match="step 6"):
+            assert mgr.restore() == 4
+        assert Path(path + ".damaged").exists() == (rank == 0)
+        mgr.close()
 
 
 @contextlib.contextmanager

@@ -61,9 +61,10 @@ class Capture:
         tree["rng"] = _rng.capture()
         return tree
 
-    def apply(self, state: dict, where: str) -> dict:
+    def apply(self, state: dict, where: str, rng: bool = True) -> dict:
         """Load ``state`` into every registered object (``where`` names the checkpoint in
-        errors); returns its manager section. Nothing is loaded if any part is missing."""
+        errors) and, with ``rng``, the global generators; returns its manager section.
+        Nothing is loaded if any part is missing."""
         for key, obj in self._parts():
             if obj is not None and key not in state:
                 raise InvalidArgumentError(
@@ -86,5 +87,6 @@ class Capture:
             handler(obj)[1](state["objects"][name])
         self.extra.clear()
         self.extra.update(state.get("extra", {}))
-        _rng.restore(state.get("rng", {}))
+        if rng:
+            _rng.restore(state.get("rng", {}))
         return state.get("manager", {})

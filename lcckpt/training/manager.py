@@ -41,9 +41,10 @@ from .options import check_arguments, default_bits
 from .hostcopy import HostBuffers
 from .overlap import LiveState, remove_newest, torn
 from .losscurve import LossCurve
+from .newest import is_writer, load_newest
 from .signals import SigtermHook
 from ..chain.checkpointer import DEFAULT_KEYFRAME_EVERY, DeltaCheckpointer
-from ..errors import InvalidArgumentError, LcckptError, proves_damage
+from ..errors import InvalidArgumentError
 from ..util.paths import local
 
 __all__ = ["CheckpointManager", "default_bits"]
@@ -86,6 +87,14 @@ class CheckpointManager:
     exactly) and waits until it is durable, then calls the handler that was installed
     before, or exits with status 143 (SystemExit).
 
+    ``writer``: whether this process writes the checkpoints; by default, under
+    ``torch.distributed``, the process of global rank 0 (and a process without a process
+    group). Under DDP, where every rank holds the same state, create the manager on every
+    rank with one directory that every rank can read: rank 0 writes and every rank
+    restores. A process that does not write takes no snapshot and never stalls; its
+    ``restore()`` keeps its own random generators (the writer's are the ones saved) and no
+    references. Sharded state (FSDP) is :mod:`lcckpt.distributed`'s.
+
     ``bits``, ``keyframe_every``, ``keep_last`` and ``checkpointer_options`` configure the
     :class:`~lcckpt.DeltaCheckpointer` that writes the files; by default (``bits=None``)
     it keeps the chain's restored-state targets (docs/chain.md); ``bits=default_bits``
@@ -100,7 +109,7 @@ class CheckpointManager:
                  objects: Mapping[str, Any] | None = None, extra: dict | None = None,
                  downtime: float = 0.0, restart_cost: float | None = None,
                  profile_at: int = 20, backpressure: str = "defer", background: bool | str = True,
-                 sigterm: bool = False,
+                 sigterm: bool = False, writer: bool | None = None,
                  bits: int | Callable[[str], int] | None = None,
                  keyframe_every: int | None = DEFAULT_KEYFRAME_EVERY,
                  keep_last: int | None = 3, checkpointer_options: Mapping[str, Any] | None = None):
@@ -111,6 +120,7 @@ class CheckpointManager:
         self.policy, self.mtbf, self.every = policy, mtbf, every
         self.total_steps, self.downtime, self.restart_cost = total_steps, float(downtime), restart_cost
         self.backpressure, self.background = backpressure, background
+        self.writer = is_writer(writer)
         self._ck_args = dict(bits=bits, keyframe_every=keyframe_every, keep_last=keep_last,
                              **dict(checkpointer_options or {}))
         self._ck = DeltaCheckpointer(self.directory, **self._ck_args)   # validates them
@@ -135,7 +145,7 @@ class CheckpointManager:
         self.stats = {"checkpoints": 0, "deferred": 0, "waited_s": 0.0, "stall_s": 0.0, "plans": 0}
 
         self._sigterm = SigtermHook() if sigterm else None
-        self._live = None if background != "overlap" else LiveState(   # optimizers' hooks
+        self._live = None if background != "overlap" or not self.writer else LiveState(
             model, [optimizer, *self._capture.objects.values()], self._before_optimizer_step)
 
     # ---------------------------------------------------------------- the loop
@@ -178,6 +188,8 @@ class CheckpointManager:
         self._check_usable()
         if type(keyframe) is not bool:
             raise InvalidArgumentError(f"keyframe must be True or False, got {keyframe!r}")
+        if not self.writer:
+            return self.iteration
         if keyframe and self.last_checkpoint == self.iteration:
             self.wait()
             if self._ck.info(self.iteration)["kind"] != "keyframe":
@@ -250,28 +262,13 @@ class CheckpointManager:
         self._raise_error()
         t0 = time.perf_counter()
         reader = DeltaCheckpointer(self.directory, **self._ck_args)   # the next writer
-        steps = reader.steps()
-        if not steps:
+        found = load_newest(reader, self._capture.targets(), max_bytes, self.writer)
+        if found is None:
             return None
-        state, step, failed = None, None, []
-        for s in reversed(steps):
-            try:
-                state, step = reader.load(s, map_location="cpu", max_bytes=max_bytes,
-                                          resume=True, into=self._capture.targets()), s
-                break
-            except (LcckptError, OSError) as e:
-                if not proves_damage(e):
-                    raise
-                failed.append((s, e))
-                warnings.warn(f"cannot restore checkpoint step {s} in {self.directory}: "
-                              f"{reader.path(s)} is damaged ({e}); trying the previous one",
-                              RuntimeWarning, stacklevel=2)
-        if state is None:
-            raise failed[0][1]
-        m = self._capture.apply(state, f"checkpoint step {step} in {self.directory}")
+        state, step = found
+        m = self._capture.apply(state, f"checkpoint step {step} in {self.directory}",
+                                rng=self.writer)
         self._load_measurements(m, step)
-        for s, _ in failed:                       # out of the way of the continuing chain
-            os.replace(reader.path(s), reader.path(s) + ".damaged")
         self._ck = reader     # its first save goes on from the references the load kept
         self._costs.add("restore", time.perf_counter() - t0)
         self._restored = True
@@ -369,6 +366,9 @@ class CheckpointManager:
             self._error = e
 
     def _due(self) -> bool:
+        if not self.writer:                       # another process writes: nothing to take
+            self._next_at = self.iteration + (self.every or self.iteration)
+            return False
         if self._busy():
             if self.backpressure == "defer":
                 if not self._deferring:

@@ -1,0 +1,55 @@
+"""The newest checkpoint a manager can restore, and which process of a job writes.
+
+Under ``torch.distributed`` (DDP: every rank holds the same state) one process writes
+the checkpoints, global rank 0 unless told otherwise, and every rank restores from them;
+the others neither snapshot nor lock the directory, and keep no references.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+from ..chain.checkpointer import DeltaCheckpointer
+from ..errors import InvalidArgumentError, LcckptError, proves_damage
+
+
+def is_writer(writer: bool | None) -> bool:
+    """``writer`` if given; else whether this process is global rank 0 of an initialized
+    process group (True without one)."""
+    if writer is not None:
+        if type(writer) is not bool:
+            raise InvalidArgumentError(f"writer must be None, True or False, got {writer!r}")
+        return writer
+    import torch.distributed as dist
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def load_newest(reader: DeltaCheckpointer, into, max_bytes, writer: bool):
+    """``(state, step)`` of the newest step of ``reader``'s chain that loads, or None if
+    it holds none. A step proven damaged is passed over with a warning and, by the
+    ``writer`` (the only process that changes the directory), renamed to ``*.damaged``
+    once an older one loaded, so the run continues its chain from there. Anything else
+    is raised as it is. The writer's reader keeps the references its next save goes on
+    from (``resume``)."""
+    steps = reader.steps()
+    if not steps:
+        return None
+    failed = []
+    for s in reversed(steps):
+        try:
+            state = reader.load(s, map_location="cpu", max_bytes=max_bytes, resume=writer,
+                                into=into)
+            break
+        except (LcckptError, OSError) as e:
+            if not proves_damage(e):
+                raise
+            failed.append((s, e))
+            warnings.warn(f"cannot restore checkpoint step {s} in {reader.directory}: "
+                          f"{reader.path(s)} is damaged ({e}); trying the previous one",
+                          RuntimeWarning, stacklevel=3)
+    else:
+        raise failed[0][1]
+    for bad, _ in failed if writer else ():     # out of the way of the continuing chain
+        os.replace(reader.path(bad), reader.path(bad) + ".damaged")
+    return state, s
