@@ -910,4 +910,34 @@ def ddp_manager_worker(rank, world, init_method, root):
     assert (restored - trained).norm() <= 0.05 * trained.norm()
     start, _ = run(7, 3, restore=True)
     assert start == 9 and DeltaCheckpointer(d).steps() == [3, 6, 9, 12]
+    _ddp_sigterm(rank, d)
     dist.destroy_process_group()
+
+
+def _ddp_sigterm(rank, d):
+    """SIGTERM to rank 1 alone, in its 2nd iteration: both ranks act at the same step()
+    (rank 0 writes a keyframe of it) and both exit with 143 once it is durable."""
+    import signal
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from lcckpt import CheckpointManager, DeltaCheckpointer
+    model = DDP(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    mgr = CheckpointManager(d, model, opt, every=100, sigterm=True)
+    assert mgr.restore() == 12
+    code = None
+    try:
+        for i in range(5):
+            if rank == 1 and i == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            mgr.step(loss)
+    except SystemExit as e:
+        code = e.code
+    finally:
+        mgr.close()
+    assert code == 143 and mgr.iteration == 14, (code, mgr.iteration)
+    ck = DeltaCheckpointer(d)
+    assert ck.steps()[-1] == 14 and ck.info(14)["kind"] == "keyframe"

@@ -41,7 +41,7 @@ from .options import check_arguments, default_bits
 from .hostcopy import HostBuffers
 from .overlap import LiveState, remove_newest, torn
 from .losscurve import LossCurve
-from .newest import is_writer, load_newest
+from .newest import in_group, is_writer, load_newest
 from .signals import SigtermHook
 from ..chain.checkpointer import DEFAULT_KEYFRAME_EVERY, DeltaCheckpointer
 from ..errors import InvalidArgumentError
@@ -85,7 +85,9 @@ class CheckpointManager:
     ``sigterm=True`` installs a SIGTERM handler (main thread only): at the next ``step()``
     the manager writes a checkpoint of that iteration (a keyframe: the run resumes from it
     exactly) and waits until it is durable, then calls the handler that was installed
-    before, or exits with status 143 (SystemExit).
+    before, or exits with status 143 (SystemExit). Under DDP the ranks agree on that
+    iteration (one all-reduce of a flag in every ``step()``) and exit together once the
+    checkpoint is durable.
 
     ``writer``: whether this process writes the checkpoints; by default, under
     ``torch.distributed``, the process of global rank 0 (and a process without a process
@@ -144,7 +146,7 @@ class CheckpointManager:
         self._closed = False
         self.stats = {"checkpoints": 0, "deferred": 0, "waited_s": 0.0, "stall_s": 0.0, "plans": 0}
 
-        self._sigterm = SigtermHook() if sigterm else None
+        self._sigterm = SigtermHook(group=in_group()) if sigterm else None
         self._live = None if background != "overlap" or not self.writer else LiveState(
             model, [optimizer, *self._capture.objects.values()], self._before_optimizer_step)
 
@@ -165,7 +167,7 @@ class CheckpointManager:
         if loss is not None:
             self._curve.add(self.iteration, loss)
         took = False
-        if self._sigterm is not None and self._sigterm.pending:
+        if self._sigterm is not None and self._sigterm.due():
             self._emergency()           # raises SystemExit unless an earlier handler says otherwise
             took = True
         elif self.iteration >= self._next_at:
