@@ -371,6 +371,18 @@ def test_under_ddp_rank_0_writes_and_every_rank_restores(tmp_path, monkeypatch):
             assert mgr.restore() == 4
         assert Path(path + ".damaged").exists() == (rank == 0)
         mgr.close()
+    os.replace(path + ".damaged", path)               # rank 0 sets it aside while rank 1
+    real = lcckpt.DeltaCheckpointer.load             # reads it: rank 1 goes on to step 4
+
+    def set_aside(ck, step, *a, **k):
+        if step == 6 and os.path.exists(path):
+            os.replace(path, path + ".damaged")
+            raise FileNotFoundError(2, "No such file or directory", path)
+        return real(ck, step, *a, **k)
+    monkeypatch.setattr(lcckpt.DeltaCheckpointer, "load", set_aside)
+    model, opt, mgr = manager(1)
+    assert mgr.restore() == 4
+    mgr.close()
 
 
 @contextlib.contextmanager

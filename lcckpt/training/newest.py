@@ -35,8 +35,9 @@ def load_newest(reader: DeltaCheckpointer, into, max_bytes, writer: bool):
     """``(state, step)`` of the newest step of ``reader``'s chain that loads, or None if
     it holds none. A step proven damaged is passed over with a warning and, by the
     ``writer`` (the only process that changes the directory), renamed to ``*.damaged``
-    once an older one loaded, so the run continues its chain from there. Anything else
-    is raised as it is. The writer's reader keeps the references its next save goes on
+    once an older one loaded, so the run continues its chain from there (another rank
+    passes over a step the writer set aside while it read it). Anything else is raised
+    as it is. The writer's reader keeps the references its next save goes on
     from (``resume``)."""
     steps = reader.steps()
     if not steps:
@@ -48,6 +49,8 @@ def load_newest(reader: DeltaCheckpointer, into, max_bytes, writer: bool):
                                 into=into)
             break
         except (LcckptError, OSError) as e:
+            if not writer and not os.path.exists(reader.path(s)):
+                continue            # set aside by the writer meanwhile: proven damaged
             if not proves_damage(e):
                 raise
             failed.append((s, e))
