@@ -911,7 +911,33 @@ def ddp_manager_worker(rank, world, init_method, root):
     start, _ = run(7, 3, restore=True)
     assert start == 9 and DeltaCheckpointer(d).steps() == [3, 6, 9, 12]
     _ddp_sigterm(rank, d)
+    _sigterm_on_rank_0_alone(rank, os.path.join(root, "alone"))
     dist.destroy_process_group()
+
+
+def _sigterm_on_rank_0_alone(rank, d):
+    """A manager with sigterm=True on rank 0 alone (as a loop that gathers the state on
+    one rank makes it): it waits for the others' to register, gives up with a warning,
+    and acts alone; its steps enter no collective."""
+    import warnings
+    from lcckpt import CheckpointManager, DeltaCheckpointer
+    from lcckpt.training import signals
+    signals.REGISTER_WAIT = 1.0
+    if rank == 0:
+        model = nn.Linear(8, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            mgr = CheckpointManager(d, model, opt, every=2, sigterm=True,
+                                    backpressure="wait")
+        assert any("not every rank" in str(w.message) for w in seen)
+        for _ in range(4):
+            model(torch.randn(2, 8)).sum().backward()
+            opt.step()
+            mgr.step()
+        mgr.close()
+        assert DeltaCheckpointer(d).steps() == [2, 4]
+    dist.barrier()
 
 
 def _ddp_sigterm(rank, d):

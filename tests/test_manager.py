@@ -385,6 +385,35 @@ def test_under_ddp_rank_0_writes_and_every_rank_restores(tmp_path, monkeypatch):
     mgr.close()
 
 
+def test_ranks_that_meet_late_all_decide_alike(monkeypatch):
+    """every_rank_has_one, two ranks simulated in one process (each its own round
+    counter): both in time agree; one that gave up marks the count, so a rank that comes
+    after it acts alone too, as does the one that gave up (with a warning)."""
+    import itertools
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+    from lcckpt.training import signals
+    store = dist.HashStore()
+    monkeypatch.setattr(distributed_c10d, "_get_default_store", lambda: store)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+
+    def rank(wait):
+        signals._round = itertools.count()         # each rank its own process
+        return signals.every_rank_has_one(wait)
+    first = threading.Thread(target=lambda: results.append(rank(5.0)))
+    results = []
+    first.start()
+    time.sleep(0.05)
+    results.append(rank(5.0))
+    first.join()
+    assert results == [True, True]
+    store.set("lcckpt/sigterm/0", "0")              # the next meeting, under the same key
+    with pytest.warns(RuntimeWarning, match="not every rank"):
+        assert rank(0.05) is False                  # alone: gives up
+    with pytest.warns(RuntimeWarning, match="not every rank"):
+        assert rank(5.0) is False                   # late: the mark says so at once
+
+
 @contextlib.contextmanager
 def _counting_replays():
     """The chain replays that build no object (a writer resuming from disk), listed."""

@@ -41,7 +41,7 @@ from .options import check_arguments, default_bits
 from .hostcopy import HostBuffers
 from .overlap import LiveState, remove_newest, torn
 from .losscurve import LossCurve
-from .newest import in_group, is_writer, load_newest
+from .newest import is_writer, load_newest
 from .signals import SigtermHook
 from ..chain.checkpointer import DEFAULT_KEYFRAME_EVERY, DeltaCheckpointer
 from ..errors import InvalidArgumentError
@@ -146,7 +146,7 @@ class CheckpointManager:
         self._closed = False
         self.stats = {"checkpoints": 0, "deferred": 0, "waited_s": 0.0, "stall_s": 0.0, "plans": 0}
 
-        self._sigterm = SigtermHook(group=in_group()) if sigterm else None
+        self._sigterm = SigtermHook() if sigterm else None    # in a group: agreed (signals.py)
         self._live = None if background != "overlap" or not self.writer else LiveState(
             model, [optimizer, *self._capture.objects.values()], self._before_optimizer_step)
 

@@ -25,12 +25,6 @@ def is_writer(writer: bool | None) -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
-def in_group() -> bool:
-    """Whether this process is one of several ranks of an initialized process group."""
-    import torch.distributed as dist
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
 def load_newest(reader: DeltaCheckpointer, into, max_bytes, writer: bool):
     """``(state, step)`` of the newest step of ``reader``'s chain that loads, or None if
     it holds none. A step proven damaged is passed over with a warning and, by the

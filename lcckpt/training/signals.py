@@ -5,29 +5,74 @@ Under a process group of several ranks (DDP) the ranks must act at the same iter
 one that left the loop alone would leave the others waiting in their next collective,
 and the writer would never write. Each iteration the ranks agree on a pending SIGTERM
 (an all-reduce of one flag), and before handing it on they wait for each other, so that
-no rank exits before the writer's checkpoint is durable."""
+no rank exits before the writer's checkpoint is durable. That holds only where every
+rank has such a manager (a loop that creates one on rank 0 alone would wait in the first
+all-reduce for ever), so each registers in the group's store first
+(:func:`every_rank_has_one`) and agrees with the others only if all of them did."""
 
 from __future__ import annotations
 
+import itertools
 import signal
 import threading
+import time
+import warnings
 from typing import Any
 
 from ..errors import InvalidArgumentError
 
 SIGTERM_EXIT = 128 + signal.SIGTERM
+REGISTER_WAIT = 60.0          # seconds a manager waits for the other ranks' to register
+_POISON = 1 << 40             # a registration that timed out: later ones count negative
+_round = itertools.count()    # this process's n-th manager meets the others' n-th
+
+
+def in_group() -> bool:
+    """Whether this process is one of several ranks of an initialized process group."""
+    import torch.distributed as dist
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def every_rank_has_one(wait: float | None = None) -> bool:
+    """Whether every rank of the default process group creates a manager with
+    ``sigterm=True`` (this process's n-th meeting the others' n-th in the group's store),
+    waiting at most ``wait`` seconds (:data:`REGISTER_WAIT`). A rank that gives up marks
+    the count so that every rank decides the same, and warns."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+    try:
+        store = distributed_c10d._get_default_store()
+    except (AttributeError, RuntimeError, ValueError):
+        return False                               # no store to meet in: act alone
+    key, world = f"lcckpt/sigterm/{next(_round)}", dist.get_world_size()
+    deadline = time.monotonic() + (REGISTER_WAIT if wait is None else wait)
+    n = store.add(key, 1)
+    while 0 < n < world and time.monotonic() < deadline:
+        time.sleep(0.005)
+        n = store.add(key, 0)
+    if 0 < n < world:                              # gave up: unless all came just now,
+        n = store.add(key, -_POISON) + _POISON     # every later rank counts negative
+    if n >= world:
+        return True
+    warnings.warn("sigterm=True: not every rank of the process group created a "
+                  "CheckpointManager with it, so a SIGTERM is acted on by each rank alone "
+                  "and a rank that stops may leave the others waiting in a collective; "
+                  "create the manager on every rank (docs/manager.md)", RuntimeWarning,
+                  stacklevel=4)
+    return False
 
 
 class SigtermHook:
     """Installed in the main thread only (Python delivers signals only there)."""
 
-    def __init__(self, group: bool = False):
-        """``group``: agree with the other ranks of the default process group."""
+    def __init__(self, group: bool | None = None):
+        """``group``: agree with the other ranks of the default process group (None: if
+        there is one of several ranks and each of them has a hook)."""
         if threading.current_thread() is not threading.main_thread():
             raise InvalidArgumentError("sigterm=True needs the manager to be created in the "
                                        "main thread (Python delivers signals only there)")
         self.pending = False
-        self._group = group
+        self._group = in_group() and every_rank_has_one() if group is None else group
         prev = signal.signal(signal.SIGTERM, self._on_sigterm)
         self._prev: Any = signal.SIG_DFL if prev is None else prev   # None: set from C
 
