@@ -20,7 +20,8 @@ the call's own and not the loading's). Cases:
   ``manager-overlap``: with ``background="overlap"`` (written in the background from the
   live state, the optimizer's next step waiting for it); ``restart``: a new process's
   model and empty Adam optimizer, ``restore()`` of a manager's run of the three states,
-  then one checkpoint written in ``step()``;
+  then one checkpoint written in ``step()``; ``restart-rank``: that restore on a rank
+  that does not write (``writer=False``, as DDP's other ranks), which keeps no reference;
 * ``bench``: ``lcckpt bench --checkpoint`` of two of the torch files;
 * ``dist-restore``: ``lcckpt.distributed.load`` of an exact distributed checkpoint of the
   newest state (``lcckpt.distributed.save``, one process) into that state's tensors,
@@ -108,19 +109,24 @@ elif case.startswith("manager"):
         "manager-sync": "background=False (written in step())",
         "manager-overlap": "background='overlap' (from the live state), each waited for"}[case]
     m.close()
-elif case == "restart":
+elif case in ("restart", "restart-rank"):
     from lcckpt.bench.trajectory import _MODELS
     model = _MODELS["mlp"]()             # a new process: a fresh model, no optimizer state
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    writer = case == "restart"
     before = status("VmRSS"); reset_peak()
-    m = lcckpt.CheckpointManager(f"{d}/restart", model, opt, every=1, background=False)
+    m = lcckpt.CheckpointManager(f"{d}/restart", model, opt, every=1, background=False,
+                                 writer=writer)
     m.restore()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(1e-4)
-    m.step()
+    if writer:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1e-4)
+        m.step()
     m.close()
-    out["calls"] = "CheckpointManager.restore (keyframe + 2 deltas), then a checkpoint in step()"
+    out["calls"] = ("CheckpointManager.restore (keyframe + 2 deltas), then a checkpoint in "
+                    "step()" if writer else "CheckpointManager(writer=False).restore "
+                    "(keyframe + 2 deltas)")
 elif case == "bench":
     from lcckpt.cli import main
     before = status("VmRSS"); reset_peak()
@@ -149,7 +155,7 @@ print(json.dumps(out))
 """
 
 CASES = ("save", "delta", "restore", "restore-into", "manager", "manager-sync",
-         "manager-overlap", "restart", "bench", "dist-restore", "dist-chain")
+         "manager-overlap", "restart", "restart-rank", "bench", "dist-restore", "dist-chain")
 
 
 def prepare(d: str, steps: int = 6) -> dict:
@@ -211,6 +217,7 @@ def run(cases=CASES, directory: str | None = None) -> dict:
     bars = {"save": ref + 0.1 * s, "delta": 0.1 * s, "restore": s + ref + 0.1 * s,
             "restore-into": 0.1 * s, "manager": 1.5 * s, "manager-sync": 1.5 * s,
             "manager-overlap": 1.5 * s, "restart": s - info["model_bytes"] + ref + 0.1 * s,
+            "restart-rank": s - info["model_bytes"] + 0.1 * s,
             "bench": 3 * s, "dist-restore": 0.1 * s, "dist-chain": 0.1 * s}
     for r in rows:
         r["bar"] = bars[r["case"]]
