@@ -414,6 +414,41 @@ def test_ranks_that_meet_late_all_decide_alike(monkeypatch):
         assert rank(5.0) is False                   # late: the mark says so at once
 
 
+def test_restore_of_an_earlier_step_rolls_the_run_back(tmp_path):
+    """``restore(step=N)``: step N loaded, the later steps set aside as ``*.rolledback``
+    by the writer (not by another rank), and the chain goes on from N's references."""
+    model, opt = _setup()
+    kw = dict(every=2, backpressure="wait", keep_last=None)
+    with CheckpointManager(tmp_path, model, opt, **kw) as mgr:
+        for _ in range(8):
+            mgr.step(_train(model, opt))
+    at4 = lcckpt.DeltaCheckpointer(tmp_path).load(4)
+    model, opt = _setup(seed=1)
+    other = CheckpointManager(tmp_path, model, opt, writer=False, **kw)
+    assert other.restore(step=4) == 4 and lcckpt.DeltaCheckpointer(tmp_path).steps() == [2, 4, 6, 8]
+    mgr = CheckpointManager(tmp_path, model, opt, **kw)
+    with pytest.raises(lcckpt.NotFoundError, match=r"holds steps \[2, 4, 6, 8\]"):
+        mgr.restore(step=5)
+    assert mgr.restore(step=4) == 4
+    assert_same(model.state_dict(), at4["model"])
+    assert lcckpt.DeltaCheckpointer(tmp_path).steps() == [2, 4]
+    assert sorted(p.name for p in tmp_path.glob("*.rolledback")) == [
+        Path(lcckpt.DeltaCheckpointer(tmp_path).path(s)).name + ".rolledback" for s in (6, 8)]
+    with _counting_replays() as replays:
+        for _ in range(4):
+            mgr.step(_train(model, opt))
+        mgr.close()
+    assert replays == []                  # from the references the rollback's load kept
+    ck = lcckpt.DeltaCheckpointer(tmp_path)
+    assert ck.steps() == [2, 4, 6, 8] and ck.info(6)["base"]["step"] == 4
+    ck.load(8)
+    mgr = CheckpointManager(tmp_path, model, opt, **kw)
+    assert mgr.restore(step=6) == 6                  # again past step 8: both files kept
+    mgr.close()
+    assert sorted(p.name[len("step-000000000008.lcc"):] for p in tmp_path.glob("*8.lcc.*")) \
+        == [".rolledback", ".rolledback.1"]
+
+
 @contextlib.contextmanager
 def _counting_replays():
     """The chain replays that build no object (a writer resuming from disk), listed."""

@@ -245,26 +245,26 @@ class CheckpointManager:
 
     # ---------------------------------------------------------------- restore
 
-    def restore(self, *, max_bytes=limits.DEFAULT) -> int | None:
-        """Load the newest restorable checkpoint into every registered object.
+    def restore(self, *, max_bytes=limits.DEFAULT, step: int | None = None) -> int | None:
+        """Load the newest restorable checkpoint into every registered object; ``step``:
+        that step instead, the later ones set aside as ``*.rolledback`` files (a rollback,
+        after a loss spike say: the run continues its chain from that step).
 
-        Returns its step (the number of iterations it holds; continue the loop from there),
-        or None when the directory holds no checkpoint. If the newest file is proven
-        damaged (a checksum, its structure or its chain link fails), earlier steps are
-        tried, with a warning naming the file and why, and the newer damaged files are
-        renamed to ``*.damaged`` so that the run can continue its chain after the step it
-        resumed from. Anything else (an unreadable file, a limit, a newer format) is
-        raised as it is and nothing is renamed: the file may be intact. ``max_bytes`` as
-        in :meth:`DeltaCheckpointer.load`. The model's host tensors are decoded into in
-        place (no second copy of the model): if restore raises, they may hold part of a
-        checkpoint.
+        Returns its step (the iterations it holds: continue the loop from there), or None
+        when the directory holds none. If the newest file is proven damaged (a checksum,
+        its structure or its chain link fails), earlier steps are tried, with a warning
+        naming the file and why, and the newer damaged files are renamed to ``*.damaged``
+        so that the run continues its chain from the step it resumed from. Anything else
+        (an unreadable file, a limit, a newer format) is raised and nothing is renamed: the
+        file may be intact. ``max_bytes`` as in :meth:`DeltaCheckpointer.load`. The model's
+        host tensors are decoded into in place: if restore raises, they may hold part of it.
         """
         self._check_usable()
         self._join()
         self._raise_error()
         t0 = time.perf_counter()
         reader = DeltaCheckpointer(self.directory, **self._ck_args)   # the next writer
-        found = load_newest(reader, self._capture.targets(), max_bytes, self.writer)
+        found = load_newest(reader, self._capture.targets(), max_bytes, self.writer, step)
         if found is None:
             return None
         state, step = found

@@ -11,7 +11,7 @@ import os
 import warnings
 
 from ..chain.checkpointer import DeltaCheckpointer
-from ..errors import InvalidArgumentError, LcckptError, proves_damage
+from ..errors import InvalidArgumentError, LcckptError, NotFoundError, proves_damage
 
 
 def is_writer(writer: bool | None) -> bool:
@@ -25,15 +25,25 @@ def is_writer(writer: bool | None) -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
-def load_newest(reader: DeltaCheckpointer, into, max_bytes, writer: bool):
-    """``(state, step)`` of the newest step of ``reader``'s chain that loads, or None if
-    it holds none. A step proven damaged is passed over with a warning and, by the
+def load_newest(reader: DeltaCheckpointer, into, max_bytes, writer: bool, step=None):
+    """``(state, step)`` of ``step`` of ``reader``'s chain, the later steps then set aside
+    by the ``writer`` as ``*.rolledback`` files, newest first (a rollback); without
+    ``step``, of the newest step that loads, or None if it holds none. A step proven damaged is passed over with a warning and, by the
     ``writer`` (the only process that changes the directory), renamed to ``*.damaged``
     once an older one loaded, so the run continues its chain from there (another rank
     passes over a step the writer set aside while it read it). Anything else is raised
     as it is. The writer's reader keeps the references its next save goes on
     from (``resume``)."""
     steps = reader.steps()
+    if step is not None:
+        if type(step) is not int or step not in steps:
+            raise NotFoundError(f"no checkpoint step {step!r} in {reader.directory} to roll "
+                                f"back to; it holds steps {steps}")
+        state = reader.load(step, map_location="cpu", max_bytes=max_bytes, resume=writer,
+                            into=into)
+        for later in sorted((s for s in steps if s > step and writer), reverse=True):
+            _set_aside(reader.path(later), ".rolledback")
+        return state, step
     if not steps:
         return None
     failed = []
@@ -54,5 +64,16 @@ def load_newest(reader: DeltaCheckpointer, into, max_bytes, writer: bool):
     else:
         raise failed[0][1]
     for bad, _ in failed if writer else ():     # out of the way of the continuing chain
-        os.replace(reader.path(bad), reader.path(bad) + ".damaged")
+        _set_aside(reader.path(bad), ".damaged")
     return state, s
+
+
+def _set_aside(path: str, suffix: str) -> None:
+    """Rename ``path`` to ``path + suffix``, or ``.1``, ``.2``, ... after it where that
+    is taken (a second rollback past a step, or a step damaged twice, keeps the first
+    file)."""
+    target, n = path + suffix, 0
+    while os.path.lexists(target):
+        n += 1
+        target = f"{path}{suffix}.{n}"
+    os.replace(path, target)
