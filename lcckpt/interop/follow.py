@@ -11,6 +11,7 @@ from typing import Any, BinaryIO
 
 from .. import limits
 from ..chain.pointer import POINTER, in_header, resolve
+from ..errors import LcckptError
 from ..format import serialization
 from ..format.container import MAGIC, read_container
 from ..util.paths import local
@@ -25,9 +26,10 @@ FOLLOW = """
 """
 
 
-def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None, *, weights_only: bool | None = None,
-         mmap: bool | None = None, max_bytes=limits.DEFAULT, into: Any = None,
-         follow: bool = True, **pickle_load_args) -> Any:
+def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None, *,
+         weights_only: bool | None = None, mmap: bool | None = None,
+         max_bytes=limits.DEFAULT, into: Any = None, follow: bool = True,
+         **pickle_load_args) -> Any:
     kw = dict(weights_only=weights_only, mmap=mmap, max_bytes=max_bytes, **pickle_load_args)
     if not follow:
         return serialization.load(f, map_location, pickle_module, into=into, **kw)
@@ -58,5 +60,8 @@ def _points(path: str) -> bool:
                 return False
     except OSError:
         return False                     # serialization.load names what is wrong
-    with read_container(path) as c:
-        return in_header(c.meta, path) is not None
+    try:
+        with read_container(path) as c:
+            return in_header(c.meta, path) is not None
+    except LcckptError:
+        return False                     # the same: a damaged header, a bad pointer

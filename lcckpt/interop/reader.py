@@ -18,7 +18,8 @@ A slice of a ``"lossless"`` section reads the blob's header and the bytes of the
 holding the rows, and decodes those chunks only. A chain's ``"delta"`` section, the first
 time a slice reads it, replays only the chunks holding the rows from the keyframe and
 every delta after it (chainrows.py); a later slice of it rebuilds it whole, then slices
-(the reader keeps the newest rebuilt tensor, so a loop of row reads rebuilds it once). A slice read checks the windows of the section that hold its bytes
+(the reader keeps the newest rebuilt tensor, so a loop of row reads rebuilds it once).
+A slice read checks the windows of the section that hold its bytes
 (lcckpt/format/windows.py; unchecked only in a large section of a file written before
 them); ``get_tensor`` checks the whole section. Deliberately not done here: building
 whole objects (``lcckpt.load``).

@@ -85,9 +85,9 @@ class CheckpointManager:
     ``sigterm=True`` installs a SIGTERM handler (main thread only): at the next ``step()``
     the manager writes a checkpoint of that iteration (a keyframe: the run resumes from it
     exactly) and waits until it is durable, then calls the handler that was installed
-    before, or exits with status 143 (SystemExit). Under DDP the ranks agree on that
-    iteration (one all-reduce of a flag in every ``step()``) and exit together once the
-    checkpoint is durable.
+    before, or exits with status 143 (SystemExit). Under DDP, with one on every rank, the
+    ranks agree on that iteration (an all-reduce of a flag in every ``step()``) and exit
+    together once the checkpoint is durable (docs/manager.md).
 
     ``writer``: whether this process writes the checkpoints; by default, under
     ``torch.distributed``, the process of global rank 0 (and a process without a process

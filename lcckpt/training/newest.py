@@ -1,4 +1,5 @@
-"""The newest checkpoint a manager can restore, and which process of a job writes.
+"""The checkpoint a manager restores (the newest that loads, or a step rolled back to),
+and which process of a job writes.
 
 Under ``torch.distributed`` (DDP: every rank holds the same state) one process writes
 the checkpoints, global rank 0 unless told otherwise, and every rank restores from them;
@@ -28,12 +29,12 @@ def is_writer(writer: bool | None) -> bool:
 def load_newest(reader: DeltaCheckpointer, into, max_bytes, writer: bool, step=None):
     """``(state, step)`` of ``step`` of ``reader``'s chain, the later steps then set aside
     by the ``writer`` as ``*.rolledback`` files, newest first (a rollback); without
-    ``step``, of the newest step that loads, or None if it holds none. A step proven damaged is passed over with a warning and, by the
-    ``writer`` (the only process that changes the directory), renamed to ``*.damaged``
-    once an older one loaded, so the run continues its chain from there (another rank
-    passes over a step the writer set aside while it read it). Anything else is raised
-    as it is. The writer's reader keeps the references its next save goes on
-    from (``resume``)."""
+    ``step``, of the newest step that loads, or None if it holds none. A step proven
+    damaged is passed over with a warning and, by the ``writer`` (the only process that
+    changes the directory), renamed to ``*.damaged`` once an older one loaded, so the run
+    continues its chain from there (another rank passes over a step the writer set aside
+    while it read it). Anything else is raised as it is. The writer's reader keeps the
+    references its next save goes on from (``resume``)."""
     steps = reader.steps()
     if step is not None:
         if type(step) is not int or step not in steps:
