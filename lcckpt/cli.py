@@ -20,7 +20,7 @@ import sys
 
 from .errors import CorruptDataError, LcckptError
 from .interop.steprows import (FALLBACK_LEGEND, MOVEMENT_LEGEND, ROLE_COLUMNS,
-                               fallback_column, movement_columns)
+                               fallback_column, judge_links, movement_columns, set_aside)
 
 
 def _progress(items, desc: str):
@@ -133,29 +133,13 @@ def inspect_dir(path: str) -> dict:
                      "max_rel_error": max((t.get("rel_error") or 0 for t in lossy), default=0.0),
                      **movement_columns(info.get("tensors", {})),
                      **fallback_column(info)})
-    ok: dict[int, bool] = {}
-    for row in rows:                    # oldest first: a base is judged before its deltas
-        step, info = row["step"], infos.get(row["step"])
-        if info is None:
-            ok[step] = False
-        elif info.get("kind") == "keyframe":
-            ok[step] = True
-        else:
-            base = info["base"]["step"]
-            if base not in ok:
-                ok[step] = False
-                problems.append(f"step {step} is a delta on step {base}, which is missing")
-            elif ok[base] and infos.get(base, {}).get("state_id") != info["base"].get("state_id"):
-                ok[step] = False
-                problems.append(f"step {step} was made against another version of step {base}")
-            else:
-                ok[step] = ok[base]
-        row["restorable"] = ok[step]
+    ok = judge_links(rows, infos, problems)
     lost = [s for s in steps if not ok[s]]
     if lost:
         problems.append(f"{len(lost)} of {len(steps)} steps cannot be restored "
                         f"({_span(lost)}); restorable: {_span([s for s in steps if ok[s]]) or 'none'}")
-    return {"path": path, "format": "lcckpt chain", "steps": rows, "problems": problems}
+    return {"path": path, "format": "lcckpt chain", "steps": rows, "problems": problems,
+            "set_aside": set_aside(path)}
 
 
 def _folder(path: str) -> list[tuple[str, str]]:
@@ -319,6 +303,8 @@ def _inspect(args) -> int:
             print(MOVEMENT_LEGEND)
         if "stored_exact" in moved:
             print(FALLBACK_LEGEND)
+        if doc["set_aside"]:
+            print("set aside, not steps of the chain: " + ", ".join(doc["set_aside"]))
     elif doc["format"] == "lcckpt":
         chain = doc["chain"] or {}
         print(f"{doc['path']}: lcckpt v{doc['version']}, {doc['file_bytes']:,} bytes "

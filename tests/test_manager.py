@@ -414,7 +414,7 @@ def test_ranks_that_meet_late_all_decide_alike(monkeypatch):
         assert rank(5.0) is False                   # late: the mark says so at once
 
 
-def test_restore_of_an_earlier_step_rolls_the_run_back(tmp_path):
+def test_restore_of_an_earlier_step_rolls_the_run_back(tmp_path, capsys):
     """``restore(step=N)``: step N loaded, the later steps set aside as ``*.rolledback``
     by the writer (not by another rank), and the chain goes on from N's references."""
     model, opt = _setup()
@@ -447,6 +447,11 @@ def test_restore_of_an_earlier_step_rolls_the_run_back(tmp_path):
     mgr.close()
     assert sorted(p.name[len("step-000000000008.lcc"):] for p in tmp_path.glob("*8.lcc.*")) \
         == [".rolledback", ".rolledback.1"]
+    from lcckpt.cli import main                      # inspect names what was set aside
+    assert main(["inspect", str(tmp_path)]) == 0
+    assert "set aside, not steps of the chain: step-000000000006.lcc.rolledback, " \
+        "step-000000000008.lcc.rolledback, step-000000000008.lcc.rolledback.1\n" \
+        in capsys.readouterr().out
 
 
 @contextlib.contextmanager

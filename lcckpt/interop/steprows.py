@@ -1,6 +1,12 @@
 """The per-step columns of ``lcckpt inspect DIR`` on a chain: each role's worst error
 against its movement, the tensors that missed their update, the tensors stored exactly
-instead, and the legends that explain them."""
+instead, and the legends that explain them; whether each step's links restore, and the
+files set aside beside the chain."""
+
+import os
+import re
+
+SET_ASIDE = re.compile(r"step-\d+\.lcc\.(damaged|rolledback)(\.\d+)?")
 
 ROLE_COLUMNS = {"weight": "w_err/move", "first_moment": "m1_err/move",
                 "second_moment": "m2_err/move"}
@@ -41,3 +47,35 @@ def movement_columns(tensors: dict) -> dict:
     if seen:
         out["missed"] = missed
     return out
+
+
+def judge_links(rows: list, infos: dict, problems: list) -> dict:
+    """Whether each step (``rows``, oldest first, their headers' ``infos``; a damaged
+    one has none) restores: a keyframe does, a delta if its base does and is the version
+    it was made against. Sets each row's ``restorable``; a broken link's problem goes to
+    ``problems``."""
+    ok: dict[int, bool] = {}
+    for row in rows:                    # oldest first: a base is judged before its deltas
+        step, info = row["step"], infos.get(row["step"])
+        if info is None:
+            ok[step] = False
+        elif info.get("kind") == "keyframe":
+            ok[step] = True
+        else:
+            base = info["base"]["step"]
+            if base not in ok:
+                ok[step] = False
+                problems.append(f"step {step} is a delta on step {base}, which is missing")
+            elif ok[base] and infos.get(base, {}).get("state_id") != info["base"].get("state_id"):
+                ok[step] = False
+                problems.append(f"step {step} was made against another version of step {base}")
+            else:
+                ok[step] = ok[base]
+        row["restorable"] = ok[step]
+    return ok
+
+
+def set_aside(directory: str) -> list[str]:
+    """The files a manager's restore set aside in a chain's directory (``*.damaged``,
+    ``*.rolledback``: training/newest.py), by name."""
+    return sorted(n for n in os.listdir(directory) if SET_ASIDE.fullmatch(n))
