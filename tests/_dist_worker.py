@@ -941,8 +941,9 @@ def _sigterm_on_rank_0_alone(rank, d):
 
 
 def _ddp_sigterm(rank, d):
-    """SIGTERM to rank 1 alone, in its 2nd iteration: both ranks act at the same step()
-    (rank 0 writes a keyframe of it) and both exit with 143 once it is durable."""
+    """SIGTERM to rank 1 alone, in its 2nd iteration: both ranks act at the same step(),
+    the next at which they agree (rank 0 writes a keyframe of it), and both exit with
+    143 once it is durable."""
     import signal
     from torch.nn.parallel import DistributedDataParallel as DDP
     from lcckpt import CheckpointManager, DeltaCheckpointer
@@ -952,7 +953,7 @@ def _ddp_sigterm(rank, d):
     assert mgr.restore() == 12
     code = None
     try:
-        for i in range(5):
+        for i in range(400):                 # agreements at most 100 iterations apart
             if rank == 1 and i == 1:
                 os.kill(os.getpid(), signal.SIGTERM)
             loss = model(torch.randn(4, 8)).pow(2).mean()
@@ -964,6 +965,6 @@ def _ddp_sigterm(rank, d):
         code = e.code
     finally:
         mgr.close()
-    assert code == 143 and mgr.iteration == 14, (code, mgr.iteration)
-    ck = DeltaCheckpointer(d)
-    assert ck.steps()[-1] == 14 and ck.info(14)["kind"] == "keyframe"
+    assert code == 143 and 14 <= mgr.iteration <= 114, (code, mgr.iteration)
+    ck = DeltaCheckpointer(d)                # rank 0's keyframe of the iteration both left
+    assert ck.steps()[-1] == mgr.iteration and ck.info(mgr.iteration)["kind"] == "keyframe"

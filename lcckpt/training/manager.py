@@ -86,8 +86,8 @@ class CheckpointManager:
     the manager writes a checkpoint of that iteration (a keyframe: the run resumes from it
     exactly) and waits until it is durable, then calls the handler that was installed
     before, or exits with status 143 (SystemExit). Under DDP, with one on every rank, the
-    ranks agree on that iteration (an all-reduce of a flag in every ``step()``) and exit
-    together once the checkpoint is durable (docs/manager.md).
+    ranks agree on that iteration (an all-reduce about once a second) and exit together
+    once the checkpoint is durable (docs/manager.md).
 
     ``writer``: whether this process writes the checkpoints; by default, under
     ``torch.distributed``, the process of global rank 0 (and a process without a process
@@ -167,7 +167,7 @@ class CheckpointManager:
         if loss is not None:
             self._curve.add(self.iteration, loss)
         took = False
-        if self._sigterm is not None and self._sigterm.due():
+        if self._sigterm is not None and self._sigterm.due(self.iteration, self._costs.iter_time):
             self._emergency()           # raises SystemExit unless an earlier handler says otherwise
             took = True
         elif self.iteration >= self._next_at:

@@ -3,9 +3,10 @@ then handed to the handler that was installed before.
 
 Under a process group of several ranks (DDP) the ranks must act at the same iteration:
 one that left the loop alone would leave the others waiting in their next collective,
-and the writer would never write. Each iteration the ranks agree on a pending SIGTERM
-(an all-reduce of one flag), and before handing it on they wait for each other, so that
-no rank exits before the writer's checkpoint is durable. That holds only where every
+and the writer would never write. About once a second (every so many iterations, a
+count the ranks agree on) they agree on a pending SIGTERM (an all-reduce of a flag and
+the next count), and before handing it on they wait for each other, so that no rank
+exits before the writer's checkpoint is durable. That holds only where every
 rank has such a manager (a loop that creates one on rank 0 alone would wait in the first
 all-reduce for ever), so each registers in the group's store first
 (:func:`every_rank_has_one`) and agrees with the others only if all of them did."""
@@ -25,6 +26,8 @@ SIGTERM_EXIT = 128 + signal.SIGTERM
 REGISTER_WAIT = 60.0          # seconds a manager waits for the other ranks' to register
 _POISON = 1 << 40             # a registration that timed out: later ones count negative
 _round = itertools.count()    # this process's n-th manager meets the others' n-th
+AGREE_EVERY = 1.0             # seconds between two agreements on a SIGTERM, about ...
+AGREE_MAX_GAP = 100           # ... and at most this many iterations
 
 
 def in_group() -> bool:
@@ -73,23 +76,31 @@ class SigtermHook:
                                        "main thread (Python delivers signals only there)")
         self.pending = False
         self._group = in_group() and every_rank_has_one() if group is None else group
+        self._next = 0                  # the iteration of the next agreement (a group's)
         prev = signal.signal(signal.SIGTERM, self._on_sigterm)
         self._prev: Any = signal.SIG_DFL if prev is None else prev   # None: set from C
 
     def _on_sigterm(self, signum, frame) -> None:
         self.pending = True             # acted on at the next step(), between iterations
 
-    def due(self) -> bool:
-        """Whether to act now: a SIGTERM pending here or, in a group, on any rank."""
+    def due(self, iteration: int = 0, iter_time=lambda: float("nan")) -> bool:
+        """Whether to act now: a SIGTERM pending here, or in a group, at an iteration the
+        ranks agree at, on any rank. ``iter_time()``: seconds an iteration takes, for the
+        gap to the next agreement (each rank proposes one; the shortest is taken)."""
         if not self._group:
             return self.pending
+        if iteration < self._next:
+            return False
         import torch
         import torch.distributed as dist
+        t = iter_time()
+        gap = max(1, min(AGREE_MAX_GAP, int(AGREE_EVERY / t))) if t > 0 else 1
         cuda = "nccl" in str(dist.get_backend()).lower()
-        flag = torch.tensor([int(self.pending)],
+        flag = torch.tensor([int(self.pending), -gap],
                             device=f"cuda:{torch.cuda.current_device()}" if cuda else "cpu")
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        self.pending = bool(flag.item())
+        pending, gap = flag.tolist()
+        self._next, self.pending = iteration - gap, bool(pending)
         return self.pending
 
     def uninstall(self) -> Any:
