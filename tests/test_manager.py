@@ -398,7 +398,7 @@ def test_ranks_that_meet_late_all_decide_alike(monkeypatch):
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
 
     def rank(wait):
-        signals._round = itertools.count()         # each rank its own process
+        monkeypatch.setattr(signals, "_round", itertools.count())   # its own process
         return signals.every_rank_has_one(wait)
     first = threading.Thread(target=lambda: results.append(rank(5.0)))
     results = []
