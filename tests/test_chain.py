@@ -788,6 +788,38 @@ def test_a_retention_unlink_failing_midway_leaves_every_kept_step_loadable(
     assert ck.steps() == [4, 5]
 
 
+def test_rollback_sets_the_later_steps_aside_under_the_lock_and_the_chain_goes_on(tmp_path):
+    """``rollback(step)``: the later steps renamed ``*.rolledback`` (a name taken gets
+    ``.1``), under the writer's lock; the next save is a delta on ``step``, also after a
+    ``load(step, resume=True)`` by a new writer, whose references it goes on from."""
+    g = torch.Generator().manual_seed(0)
+    w = [torch.randn(64, 64, generator=g)]
+    for _ in range(7):
+        w.append(w[-1] + 0.01 * torch.randn(64, 64, generator=g))
+    ck = DeltaCheckpointer(tmp_path, keyframe_every=3)
+    for i in range(6):
+        ck.save(i, {"w": w[i]})
+    with pytest.raises(lcckpt.NotFoundError, match=r"holds steps \[0, 1, 2, 3, 4, 5\]"):
+        ck.rollback(9)
+    with pytest.raises(lcckpt.ConcurrentWriteError):
+        DeltaCheckpointer(tmp_path).rollback(1)           # ck holds the lock
+    assert ck.rollback(1) == [2, 3, 4, 5] and ck.steps() == [0, 1]
+    ck.save(2, {"w": w[6]})
+    assert ck.info(2)["base"]["step"] == 1
+    assert (ck.load(2)["w"] - w[6]).norm() <= 0.05 * (w[6] - w[0]).norm()
+    ck.close()
+    again = DeltaCheckpointer(tmp_path)
+    before = again.load(0, resume=True)["w"]
+    with mock.patch.object(restore_mod, "restore", side_effect=AssertionError("replayed")):
+        assert again.rollback(0) == [1, 2]
+        again.save(1, {"w": w[7]})                        # from the load's references
+    assert again.info(1)["base"]["step"] == 0 and torch.equal(again.load(0)["w"], before)
+    again.close()
+    names = sorted(f for f in os.listdir(tmp_path) if "rolledback" in f)
+    assert [n.split(".lcc")[1] for n in names] == [
+        ".rolledback", ".rolledback", ".rolledback.1", ".rolledback", ".rolledback", ".rolledback"]
+
+
 def test_retain_keeps_the_steps_named_and_what_they_need(tmp_path, monkeypatch):
     """``retain(steps)``: the named steps, their bases back to their keyframes and the
     newest step's stay; the rest goes newest first, so a failure leaves every step that

@@ -2,35 +2,27 @@
 
 Every save writes one container file, ``step-<12-digit step>.lcc``, atomically (temp file,
 fsync, rename). Floating tensors with at least ``min_delta_elements`` elements are tracked
-by their own :class:`~lcckpt.codec.delta.DeltaEncoder` keyed by their key path (the same path
-names their section); a *keyframe* stores them exactly, a *delta* stores each as a lossy
-delta against the reconstruction of the previous step: by default the uniform quantizer
-held to a restored-state target per tensor role, a share of the tensor's movement since
-the keyframe (lcckpt/chain/policy.py, lcckpt/codec/movement.py), with smaller floating
-tensors delta-coded exactly; with ``target=None`` LC-Checkpoint's buckets, smaller
-floating tensors stored whole. Everything else (integer tensors, step counters, Python
-values) is stored exactly in every file, so a file's object tree is always complete and
-only its tracked tensors depend on earlier files.
+by their own :class:`~lcckpt.codec.delta.DeltaEncoder` keyed by their key path; a
+*keyframe* stores them exactly, a *delta* as a lossy delta against the reconstruction of
+the previous step: by default the uniform quantizer held to a restored-state target per
+tensor role (lcckpt/chain/policy.py, lcckpt/codec/movement.py), smaller floating tensors
+delta-coded exactly; with ``target=None`` LC-Checkpoint's buckets. Everything else is
+stored exactly in every file, so a file's object tree is always complete and only its
+tracked tensors depend on earlier files.
 
-Each file's header ``meta["lcckpt_chain"]`` names its base (the previous step) by step,
-file name and ``state_id``, a digest of the file's step, its base's id and its sections'
-checksums; a delta whose base file carries another id is refused. :meth:`merge` rewrites
-a delta as a keyframe of the very same reconstructed state (stored losslessly, in the
-tracking precision), so it keeps the state id and later deltas still apply.
+Each file's header ``meta["lcckpt_chain"]`` names its base by step, file name and
+``state_id`` (a digest of the step, its base's id and its sections' checksums); a delta
+whose base carries another id is refused. :meth:`merge` rewrites a delta as a keyframe of
+the very same reconstructed state, keeping its state id. Tracked sections use the section
+codec ``"delta"``; a save passes its own leaf encoder to
+:func:`~lcckpt.format.serialization.pack` (``SaveSession``), a load a leaf decoder that
+advances each tracked tensor's :class:`~lcckpt.codec.delta.Reconstruction`
+(``links.FileReplay``).
 
-Tracked sections use the section codec ``"delta"``: its blob is a lossless tensor blob
-(keyframes, and tensors new in a delta) or a lossy delta blob. A save passes its own
-leaf encoder to :func:`~lcckpt.format.serialization.pack` (``SaveSession.encode_leaf`` ->
-``DeltaEncoder.encode_parts``); a load passes a leaf decoder that advances the
-:class:`~lcckpt.codec.delta.Reconstruction` of each tracked tensor (``links.FileReplay``).
-``lcckpt.load`` reads keyframe files directly; a delta file needs its chain and is
-refused with :class:`BrokenChainError`.
-
-One writer per directory (lcckpt/chain/lock.py): the first save, merge or retain takes
-an advisory lock (``fcntl.flock`` on ``.lcckpt-writer.lock`` in the directory) until
-:meth:`DeltaCheckpointer.close` or garbage collection; a second writer, in this or another
-process, or a second thread, gets :class:`ConcurrentWriteError` at once. The kernel drops
-a dead process's lock. Readers may load while it writes: files appear only complete.
+One writer per directory (lcckpt/chain/lock.py): the first save, merge, retain or
+rollback takes an advisory lock (``fcntl.flock`` on ``.lcckpt-writer.lock``) until
+:meth:`close`; a second writer, in this or another process, or a second thread, gets
+:class:`ConcurrentWriteError` at once. Readers may load while it writes.
 """
 
 from __future__ import annotations
@@ -49,7 +41,8 @@ import torch
 from .. import limits
 from ..codec.delta import DeltaEncoder, Reconstruction
 from ..codec.movement import Movement
-from ..errors import ConcurrentWriteError, InvalidArgumentError, LcckptError, StorageError
+from ..errors import ConcurrentWriteError, InvalidArgumentError, LcckptError, NotFoundError
+from ..errors import StorageError
 from ..format.container import write_container
 from ..format.census import census, tensor_paths
 from ..format.into import Into
@@ -61,14 +54,13 @@ from .links import CHAIN_VERSION, stamp_state_id
 from .lock import WriterLock
 from .moments import first_moments
 from .policy import DEFAULT_POLICY, low_precision_target
-from .retention import apply_retention, retain as _retain, write_merged
+from .retention import apply_retention, retain as _retain, roll_back, write_merged
 from .session import SaveSession, stored_stats, write_streamed
 
 __all__ = ["DeltaCheckpointer", "file_name"]
 
 DEFAULT_TARGET = DEFAULT_POLICY      # DeltaCheckpointer(directory)'s targets: see docs/chain.md
-# Saves per keyframe: later deltas cost less (movement targets), a keyframe ~0.8 of the
-# state; 50 keeps a 41-checkpoint run above 20x whole (docs/chain.md, "Keyframes").
+# Saves per keyframe: later deltas cost less, a keyframe ~0.8 of the state (docs/chain.md)
 DEFAULT_KEYFRAME_EVERY = 50
 LC_MIN_DELTA_ELEMENTS = 4096         # LC mode: smaller floating tensors are stored whole
 TARGET_MIN_DELTA_ELEMENTS = 8        # target mode: smaller ones (scalars: step counts) are delta-coded exactly
@@ -85,15 +77,14 @@ class DeltaCheckpointer:
     0.1): a share of what training changed, or of the update a delta sends where that
     allows more (0.05 of ``||u - ũ_prev||₂``), never finer than the working precision
     (fp32's), with a warning naming step and tensor when an update goes unkept
-    (lcckpt/codec/movement.py). The
-    uniform quantizer picks per tensor and per checkpoint the coarsest step that meets it
-    (a weight's error made orthogonal to its optimizer's first moment where the state
-    holds one: lcckpt/chain/moments.py); floating tensors
-    under ``min_delta_elements`` (default 8: scalars such as step counts) are
-    delta-coded exactly (an unchanged one costs a few bytes). ``target`` may also be a
-    number (a share of each tensor's *norm*, ``||u - ũ||₂ <= target·||u||₂``) or a
-    ``key_path -> target`` policy (norm-relative unless it has
-    ``relative_to="movement"``, as a ``RolePolicy`` does by default).
+    (lcckpt/codec/movement.py). The uniform quantizer picks per tensor and per checkpoint
+    the coarsest step that meets it (a weight's error made orthogonal to its optimizer's
+    first moment where the state holds one: lcckpt/chain/moments.py); floating tensors
+    under ``min_delta_elements`` (default 8: scalars such as step counts) are delta-coded
+    exactly (an unchanged one costs a few bytes). ``target`` may also be a number (a share
+    of each tensor's *norm*, ``||u - ũ||₂ <= target·||u||₂``) or a ``key_path -> target``
+    policy (norm-relative unless it has ``relative_to="movement"``, as a ``RolePolicy``
+    does by default).
     ``target=None``, or any LC setting (``bits``, ``error_bound``) without a
     ``target``: LC-Checkpoint's exponent buckets, small tensors stored whole, as the paper.
     ``warn_error``: warn (RuntimeWarning) when a tracked tensor's restored relative error
@@ -110,10 +101,9 @@ class DeltaCheckpointer:
     tensors. ``keyframe_coding``: "lossless" (default, ~1.2x smaller keyframes) or "raw"
     (byte planes stored uncoded; no faster to restore: 0.22 s against 0.21 s, 245 MB).
 
-    One writer per directory: the first save or merge locks the directory until
-    :meth:`close` (or ``with DeltaCheckpointer(d) as ck:``); a second writer gets
-    :class:`ConcurrentWriteError` at once. The object is not thread-safe: save/merge from
-    two threads at the same time is refused the same way. ``load`` takes no lock.
+    One writer per directory: the first save, merge, retain or rollback locks the directory
+    until :meth:`close` (or ``with DeltaCheckpointer(d) as ck:``); a second writer, or a
+    second thread of this one, gets :class:`ConcurrentWriteError`. ``load`` takes no lock.
     """
 
     def __init__(self, directory: str | os.PathLike,
@@ -517,4 +507,14 @@ class DeltaCheckpointer:
         needs its base, back to its keyframe); the steps removed, oldest first."""
         with self._writing():
             return _retain(self._dir, steps)
+
+    def rollback(self, step: int) -> list[int]:
+        """Set every step after ``step`` aside (renamed ``*.rolledback``): the next save goes
+        on from it (from ``load(step, resume=True)``'s references if that came first)."""
+        if step not in self.steps():
+            raise NotFoundError(f"no step {step!r} to roll back to in {self.directory}; it "
+                                f"holds steps {self.steps()}")
+        with self._writing():
+            self._encoders = None            # the next save resyncs, at ``step``
+            return roll_back(self._dir, step)
 

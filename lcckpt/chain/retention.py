@@ -1,5 +1,6 @@
 """Keeping a chain short: :func:`write_merged` rewrites a delta as a keyframe of the
-very same restored state, :func:`apply_retention` deletes what no kept step needs."""
+very same restored state, :func:`apply_retention` deletes what no kept step needs, and
+:func:`roll_back` sets the steps after one aside."""
 
 from __future__ import annotations
 
@@ -141,3 +142,26 @@ def remove_unneeded(d: ChainDirectory, steps: list[int], roots, what: str) -> li
                       f"{', '.join(failed[:3])}{' ...' if len(failed) > 3 else ''}; "
                       f"{again} tries again", RuntimeWarning, stacklevel=4)
     return removed[::-1]
+
+
+def roll_back(d: ChainDirectory, step: int) -> list[int]:
+    """Rename every step after ``step`` to ``*.rolledback``, newest first (a crash
+    midway leaves each step still there with its chain); the steps set aside."""
+    later = [s for s in d.steps() if s > step]
+    for s in reversed(later):
+        set_aside(d.path(s), ".rolledback")
+        d.forget(d.path(s))
+    if later:
+        _durable.fsync_dir(d.directory)
+    return later
+
+
+def set_aside(path: str, suffix: str) -> None:
+    """Rename ``path`` to ``path + suffix``, or ``.1``, ``.2``, ... after it where that
+    is taken (a second rollback past a step, or a step damaged twice, keeps the first
+    file)."""
+    target, n = path + suffix, 0
+    while os.path.lexists(target):
+        n += 1
+        target = f"{path}{suffix}.{n}"
+    os.replace(path, target)

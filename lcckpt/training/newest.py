@@ -12,6 +12,7 @@ import os
 import warnings
 
 from ..chain.checkpointer import DeltaCheckpointer
+from ..chain.retention import set_aside
 from ..errors import InvalidArgumentError, LcckptError, NotFoundError, proves_damage
 
 
@@ -42,8 +43,8 @@ def load_newest(reader: DeltaCheckpointer, into, max_bytes, writer: bool, step=N
                                 f"back to; it holds steps {steps}")
         state = reader.load(step, map_location="cpu", max_bytes=max_bytes, resume=writer,
                             into=into)
-        for later in sorted((s for s in steps if s > step and writer), reverse=True):
-            _set_aside(reader.path(later), ".rolledback")
+        if writer:
+            reader.rollback(step)           # under the writer's lock
         return state, step
     if not steps:
         return None
@@ -65,16 +66,6 @@ def load_newest(reader: DeltaCheckpointer, into, max_bytes, writer: bool, step=N
     else:
         raise failed[0][1]
     for bad, _ in failed if writer else ():     # out of the way of the continuing chain
-        _set_aside(reader.path(bad), ".damaged")
+        set_aside(reader.path(bad), ".damaged")
     return state, s
 
-
-def _set_aside(path: str, suffix: str) -> None:
-    """Rename ``path`` to ``path + suffix``, or ``.1``, ``.2``, ... after it where that
-    is taken (a second rollback past a step, or a step damaged twice, keeps the first
-    file)."""
-    target, n = path + suffix, 0
-    while os.path.lexists(target):
-        n += 1
-        target = f"{path}{suffix}.{n}"
-    os.replace(path, target)
