@@ -439,7 +439,20 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                                  "a .safetensors output)")
     p.add_argument("--json", action="store_true", help="print what was done as JSON")
     _add_max_bytes(p)
+    text = "set a chain's steps after STEP aside (*.rolledback): its next save goes on from STEP"
+    p = subs["rollback"] = sub.add_parser("rollback", help=text, description=text)
+    p.add_argument("path", help="a DeltaCheckpointer directory (no writer may hold it)")
+    p.add_argument("step", type=int, help="the step the run goes on from")
     return ap, subs
+
+
+def _rollback(args) -> int:
+    from .chain.checkpointer import DeltaCheckpointer
+    with DeltaCheckpointer(args.path) as ck:
+        gone = ck.rollback(args.step)
+    print(f"{args.path}: steps set aside as *.rolledback: {_span(gone) or 'none'}; the "
+          f"next save goes on from step {args.step}")
+    return 0
 
 
 def _add_max_bytes(p: argparse.ArgumentParser) -> None:
@@ -450,7 +463,8 @@ def _add_max_bytes(p: argparse.ArgumentParser) -> None:
                         "a chain's deltas counted against what its keyframe holds) or 'none' (files you trust)")
 
 
-_COMMANDS = {"bench": _bench, "inspect": _inspect, "verify": _verify, "convert": _convert}
+_COMMANDS = {"bench": _bench, "inspect": _inspect, "verify": _verify, "convert": _convert,
+             "rollback": _rollback}
 
 
 # ``lcckpt bench SUITE ...``: the other benchmark suites, each a module with main(argv)

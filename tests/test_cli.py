@@ -115,6 +115,21 @@ def test_verify_single_file(tmp_path, capsys):
     assert main(["verify", str(p)]) == 1
 
 
+def test_rollback_sets_the_later_steps_aside(chain_dir, capsys):
+    """``lcckpt rollback DIR STEP``: an unknown step and a directory a writer holds are
+    refused (exit 1, nothing renamed); then the later steps are set aside."""
+    assert main(["rollback", str(chain_dir), "9"]) == 1
+    assert "holds steps [0, 1, 2, 3, 4]" in capsys.readouterr().err
+    with lcckpt.DeltaCheckpointer(chain_dir) as ck:
+        ck.save(5, {"w": torch.zeros(5000), "step": 5})          # holds the writer's lock
+        assert main(["rollback", str(chain_dir), "1"]) == 1
+        assert ck.steps() == [0, 1, 2, 3, 4, 5]
+    assert main(["rollback", str(chain_dir), "1"]) == 0
+    assert "set aside as *.rolledback: 2, 3, 4, 5; the next save goes on from step 1" \
+        in capsys.readouterr().out
+    assert lcckpt.DeltaCheckpointer(chain_dir).steps() == [0, 1]
+
+
 def test_missing_path_is_usage_error(tmp_path, capsys):
     assert main(["verify", str(tmp_path / "nope")]) == 2
     assert "no such file" in capsys.readouterr().err
