@@ -19,8 +19,8 @@ import re
 import sys
 
 from .errors import CorruptDataError, LcckptError
-from .interop.steprows import (FALLBACK_LEGEND, MOVEMENT_LEGEND, ROLE_COLUMNS,
-                               fallback_column, judge_links, movement_columns, set_aside)
+from .interop.steprows import (FALLBACK_LEGEND, MOVEMENT_LEGEND, ROLE_COLUMNS, fallback_column,
+                               judge_links, movement_columns, set_aside_files)
 
 
 def _progress(items, desc: str):
@@ -139,7 +139,7 @@ def inspect_dir(path: str) -> dict:
         problems.append(f"{len(lost)} of {len(steps)} steps cannot be restored "
                         f"({_span(lost)}); restorable: {_span([s for s in steps if ok[s]]) or 'none'}")
     return {"path": path, "format": "lcckpt chain", "steps": rows, "problems": problems,
-            "set_aside": set_aside(path)}
+            "set_aside": set_aside_files(path)}
 
 
 def _folder(path: str) -> list[tuple[str, str]]:

@@ -1,8 +1,8 @@
 """What a CheckpointManager costs a DDP loop: two gloo ranks on this host (one thread
 each) train an MLP on random batches for ``--steps`` iterations, three ways taking turns:
 no manager, a manager on every rank (rank 0 writes every ``--every`` iterations in the
-background), and the same with ``sigterm=True`` (the ranks agree on a pending SIGTERM in
-every ``step()``: an all-reduce of one flag). Prints the median time per iteration of
+background), and the same with ``sigterm=True`` (the ranks agree on a pending SIGTERM
+about once a second: lcckpt/training/signals.py). Prints the median time per iteration of
 each over ``--rounds`` rounds, and what the manager and the agreement add to it.
 
     python benchmarks/ddp.py [--steps 300] [--every 50] [--rounds 3]

@@ -144,12 +144,15 @@ def remove_unneeded(d: ChainDirectory, steps: list[int], roots, what: str) -> li
     return removed[::-1]
 
 
+ROLLED_BACK, DAMAGED = ".rolledback", ".damaged"    # the suffixes of a step set aside
+
+
 def roll_back(d: ChainDirectory, step: int) -> list[int]:
     """Rename every step after ``step`` to ``*.rolledback``, newest first (a crash
     midway leaves each step still there with its chain); the steps set aside."""
     later = [s for s in d.steps() if s > step]
     for s in reversed(later):
-        set_aside(d.path(s), ".rolledback")
+        set_aside(d.path(s), ROLLED_BACK)
         d.forget(d.path(s))
     if later:
         _durable.fsync_dir(d.directory)

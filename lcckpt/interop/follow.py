@@ -10,10 +10,9 @@ import warnings
 from typing import Any, BinaryIO
 
 from .. import limits
-from ..chain.pointer import POINTER, in_header, resolve
+from ..chain.pointer import POINTER, pointer_of, resolve
 from ..errors import LcckptError
 from ..format import serialization
-from ..format.container import MAGIC, read_container
 from ..util.paths import local
 
 FOLLOW = """
@@ -31,18 +30,17 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
          max_bytes=limits.DEFAULT, into: Any = None, follow: bool = True,
          **pickle_load_args) -> Any:
     kw = dict(weights_only=weights_only, mmap=mmap, max_bytes=max_bytes, **pickle_load_args)
+    path = local(f, "lcckpt.load") if isinstance(f, (str, os.PathLike)) else None
     if not follow:
         return serialization.load(f, map_location, pickle_module, into=into, **kw)
-    if isinstance(f, (str, os.PathLike)) and _points(local(f, "lcckpt.load")):
-        path = local(f, "lcckpt.load")                  # the step's tensors go into `into`
+    if path is not None and _points(path):              # the step's tensors go into `into`
         state = serialization.load(path, map_location, pickle_module, **kw)
         return resolve(state, path, map_location, into=into, max_bytes=max_bytes)
     obj = serialization.load(f, map_location, pickle_module, into=into, **kw)
     if not (isinstance(obj, dict) and POINTER in obj):
         return obj
-    if isinstance(f, (str, os.PathLike)):               # written before headers named it
-        return resolve(obj, local(f, "lcckpt.load"), map_location, into=into,
-                       max_bytes=max_bytes)
+    if path is not None:                                # written before headers named it
+        return resolve(obj, path, map_location, into=into, max_bytes=max_bytes)
     warnings.warn("this file holds a chain step's place, not the step's tensors: load it "
                   "by its path to get the whole checkpoint (the chain is found from the "
                   "file's directory)", RuntimeWarning, stacklevel=2)
@@ -53,15 +51,8 @@ load.__doc__ = serialization.load.__doc__.rstrip() + "\n" + FOLLOW + "    "
 
 
 def _points(path: str) -> bool:
-    """Whether the lcckpt file at ``path`` names a chain step in its header."""
+    """Whether ``path`` is an lcckpt file whose header names a chain step."""
     try:
-        with open(path, "rb") as fh:
-            if fh.read(len(MAGIC)) != MAGIC:
-                return False
-    except OSError:
-        return False                     # serialization.load names what is wrong
-    try:
-        with read_container(path) as c:
-            return in_header(c.meta, path) is not None
-    except LcckptError:
-        return False                     # the same: a damaged header, a bad pointer
+        return pointer_of(path) is not None
+    except (LcckptError, OSError):       # not one, or damaged: serialization.load says
+        return False

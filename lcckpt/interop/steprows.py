@@ -6,7 +6,9 @@ files set aside beside the chain."""
 import os
 import re
 
-SET_ASIDE = re.compile(r"step-\d+\.lcc\.(damaged|rolledback)(\.\d+)?")
+from ..chain.retention import DAMAGED, ROLLED_BACK
+
+SET_ASIDE = re.compile(rf"step-\d+\.lcc({re.escape(DAMAGED)}|{re.escape(ROLLED_BACK)})(\.\d+)?")
 
 ROLE_COLUMNS = {"weight": "w_err/move", "first_moment": "m1_err/move",
                 "second_moment": "m2_err/move"}
@@ -75,7 +77,7 @@ def judge_links(rows: list, infos: dict, problems: list) -> dict:
     return ok
 
 
-def set_aside(directory: str) -> list[str]:
-    """The files a manager's restore set aside in a chain's directory (``*.damaged``,
-    ``*.rolledback``: training/newest.py), by name."""
+def set_aside_files(directory: str) -> list[str]:
+    """The step files set aside in a chain's directory, by name: ``*.damaged`` (a
+    manager's restore, training/newest.py) and ``*.rolledback`` (chain/retention.py)."""
     return sorted(n for n in os.listdir(directory) if SET_ASIDE.fullmatch(n))

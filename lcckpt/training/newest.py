@@ -12,7 +12,7 @@ import os
 import warnings
 
 from ..chain.checkpointer import DeltaCheckpointer
-from ..chain.retention import set_aside
+from ..chain.retention import DAMAGED, set_aside
 from ..errors import InvalidArgumentError, LcckptError, NotFoundError, proves_damage
 
 
@@ -66,6 +66,6 @@ def load_newest(reader: DeltaCheckpointer, into, max_bytes, writer: bool, step=N
     else:
         raise failed[0][1]
     for bad, _ in failed if writer else ():     # out of the way of the continuing chain
-        set_aside(reader.path(bad), ".damaged")
+        set_aside(reader.path(bad), DAMAGED)
     return state, s
 
