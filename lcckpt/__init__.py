@@ -7,7 +7,7 @@ from .errors import (
     BrokenChainError, ChecksumError, CorruptDataError, InvalidArgumentError, LcckptError,
     NonFiniteError, TruncatedError, UnsafeObjectError, UnsupportedDtypeError,
     UnsupportedVersionError, NotFoundError, StorageError, ResourceLimitError,
-    ConcurrentWriteError, StateChangedError,
+    ConcurrentWriteError, StateChangedError, PeerRestoreError,
 )
 
 __version__ = "0.1.0"

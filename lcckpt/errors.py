@@ -73,6 +73,12 @@ class StateChangedError(LcckptError):
     background="overlap")``); that checkpoint was removed."""
 
 
+class PeerRestoreError(LcckptError):
+    """Under DDP, the writer's restore failed (``CheckpointManager.restore``, where the
+    writer alone reads the checkpoint and sends it); raised on the other ranks with the
+    writer's error, which the writer raises itself."""
+
+
 class DistributedCheckpointError(LcckptError):
     """A distributed save or load failed on some rank; ``failures`` maps rank -> exception.
 

@@ -910,9 +910,123 @@ def ddp_manager_worker(rank, world, init_method, root):
     assert (restored - trained).norm() <= 0.05 * trained.norm()
     start, _ = run(7, 3, restore=True)
     assert start == 9 and DeltaCheckpointer(d).steps() == [3, 6, 9, 12]
+    _cooperative_restore(rank, d)
     _ddp_sigterm(rank, d)
     _sigterm_on_rank_0_alone(rank, os.path.join(root, "alone"))
+    _restore_on_rank_0_alone(rank, d)
     dist.destroy_process_group()
+
+
+def share_worker(rank, world, init_method, root):
+    """broadcast.share: rank 0 loads, rank 1 gets the same tree (values, dtypes, nesting,
+    tensors spread over small pieces), a tensor received into its target in place; a
+    load that finds nothing, or raises, does so on both ranks."""
+    from lcckpt import InvalidArgumentError, PeerRestoreError
+    from lcckpt.training import broadcast
+    _init(rank, world, init_method, log_dir=root)
+    g = torch.Generator().manual_seed(3)
+    tree = {"a": torch.arange(10), "b": [torch.randn(3, 5, generator=g).bfloat16(),
+                                         (torch.tensor(True), 7, "x")],
+            "c": torch.randn(100, 33, generator=g), "e": torch.empty(0, 4),
+            "s": torch.tensor(2.5, dtype=torch.float64), "t": torch.randn(6, 4, generator=g).t()}
+
+    def load():
+        assert rank == 0, "only the source loads"
+        return tree, 42
+    target = torch.zeros(100, 33)
+    state, step = broadcast.share(load, 0, {"c": target, "a": torch.zeros(9)}, piece=1000,
+                                  pack=300)                # tensors cut and packed
+    assert step == 42 and type(state["b"][1]) is tuple and state["b"][1][1:] == (7, "x")
+    for k, v in [("a", tree["a"]), ("c", tree["c"]), ("e", tree["e"]), ("s", tree["s"]),
+                 ("t", tree["t"]), ("b0", tree["b"][0]), ("b1", tree["b"][1][0])]:
+        got = state["b"][0] if k == "b0" else state["b"][1][0] if k == "b1" else state[k]
+        assert got.dtype == v.dtype and got.shape == v.shape and torch.equal(got, v), k
+    assert (state["c"] is target) == (rank == 1)        # received in place
+    assert broadcast.share(lambda: None, 0, {}) is None
+
+    def fails():
+        raise InvalidArgumentError("no checkpoint step 5")
+    try:
+        broadcast.share(fails, 0, {})
+        raise AssertionError("share did not raise")
+    except (InvalidArgumentError, PeerRestoreError) as e:
+        assert type(e) is (InvalidArgumentError if rank == 0 else PeerRestoreError)
+        assert "no checkpoint step 5" in str(e) and (rank == 0 or "rank 0" in str(e))
+    assert broadcast.source_rank(rank == 1) == 1 and broadcast.source_rank(False) is None
+    assert broadcast.source_rank(True) is None                     # two writers
+    dist.destroy_process_group()
+
+
+def _cooperative_restore(rank, d):
+    """The manager's restore under DDP: rank 1 reads no checkpoint file and gets the same
+    values as a restore that reads it (``cooperative=False``); an unknown step raises on
+    both ranks."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from lcckpt import CheckpointManager, DeltaCheckpointer, NotFoundError, PeerRestoreError
+    real, reads = DeltaCheckpointer.load, []
+
+    def counted(self, *a, **k):
+        reads.append(a)
+        return real(self, *a, **k)
+    DeltaCheckpointer.load = counted
+    try:
+        out = {}
+        for coop in (True, False):
+            torch.manual_seed(50 + rank)
+            model = DDP(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)))
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            mgr = CheckpointManager(d, model, opt, every=3)
+            reads.clear()
+            assert mgr.restore(cooperative=coop) == 12
+            assert len(reads) == (1 if coop is False or rank == 0 else 0), reads
+            out[coop] = [*model.state_dict().values(),
+                         *[t for s in opt.state_dict()["state"].values() for t in s.values()]]
+            try:
+                mgr.restore(step=5, cooperative=coop)
+                raise AssertionError("restore(step=5) did not raise")
+            except (NotFoundError, PeerRestoreError) as e:
+                assert type(e) is (NotFoundError if rank == 0 or not coop else PeerRestoreError)
+                assert "no checkpoint step 5" in str(e)
+            mgr.close()
+        assert all(torch.equal(a, b) for a, b in zip(out[True], out[False], strict=True))
+        from lcckpt.training import broadcast           # a default group without gloo
+        made = []                                        # (NCCL alone): a gloo group for it
+        real_group = broadcast.host_group
+
+        def host_group():
+            made.append(dist.new_group(backend="gloo"))
+            return made[-1]
+        broadcast.host_group = host_group
+        try:
+            torch.manual_seed(50 + rank)
+            model = DDP(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)))
+            mgr = CheckpointManager(d, model, torch.optim.AdamW(model.parameters()), every=3)
+            assert mgr.restore() == 12 and len(made) == 1
+            assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), out[True]))
+            mgr.close()
+        finally:
+            broadcast.host_group = real_group
+    finally:
+        DeltaCheckpointer.load = real
+    dist.barrier()
+
+
+def _restore_on_rank_0_alone(rank, d):
+    """A restore called on rank 0 alone waits for the others, warns, and reads alone."""
+    import warnings
+    from lcckpt import CheckpointManager, DeltaCheckpointer
+    from lcckpt.training import ranks
+    ranks.REGISTER_WAIT = 1.0
+    if rank == 0:
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+        model = nn.ModuleDict({"module": model})          # a DDP model's keys, no DDP
+        mgr = CheckpointManager(d, model, torch.optim.AdamW(model.parameters()), every=3)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            assert mgr.restore() == DeltaCheckpointer(d).steps()[-1]
+        assert [w.filename for w in seen if "not every rank" in str(w.message)] == [__file__]
+        mgr.close()
+    dist.barrier()
 
 
 def _sigterm_on_rank_0_alone(rank, d):
@@ -921,8 +1035,8 @@ def _sigterm_on_rank_0_alone(rank, d):
     and acts alone; its steps enter no collective."""
     import warnings
     from lcckpt import CheckpointManager, DeltaCheckpointer
-    from lcckpt.training import signals
-    signals.REGISTER_WAIT = 1.0
+    from lcckpt.training import ranks
+    ranks.REGISTER_WAIT = 1.0
     if rank == 0:
         model = nn.Linear(8, 3)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -737,6 +737,11 @@ def test_a_checkpoint_manager_under_ddp_writes_on_rank_0_and_restores_on_every_r
             str(tmp_path))
 
 
+def test_a_state_shared_by_the_writer_arrives_whole_on_every_rank(tmp_path):
+    """lcckpt.training.broadcast.share over two gloo ranks (see the worker)."""
+    W.spawn(W.share_worker, (2, W.rendezvous(tmp_path), str(tmp_path)), 2, str(tmp_path))
+
+
 @pytest.mark.slow
 def test_a_rank_killed_by_a_signal_fails_with_its_native_and_python_stacks(tmp_path):
     """The spawn the multi-process tests use quotes a dead rank's stderr: the native stack of

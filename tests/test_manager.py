@@ -330,7 +330,8 @@ def test_under_ddp_rank_0_writes_and_every_rank_restores(tmp_path, monkeypatch):
     """``writer=None``: global rank 0 of an initialized process group writes. Another
     rank's manager takes no snapshot and no lock (beside rank 0's open writer in this
     process, a write would raise), restores what rank 0 wrote with its own generators
-    kept and no references, and leaves a damaged file where it is for rank 0 to rename."""
+    kept and no references, and leaves a damaged file where it is for rank 0 to rename
+    (each rank reading the files: ``cooperative=False``, the ranks being simulated)."""
     import torch.distributed as dist
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
 
@@ -355,7 +356,7 @@ def test_under_ddp_rank_0_writes_and_every_rank_restores(tmp_path, monkeypatch):
         model, opt, mgr = manager(rank)
         torch.manual_seed(123)
         before = torch.get_rng_state()
-        assert mgr.restore() == 6
+        assert mgr.restore(cooperative=False) == 6
         assert torch.equal(torch.get_rng_state(), before) == (rank == 1)
         assert (mgr._ck._primed is None) == (rank == 1)      # references: the writer's
         ends.append(_params(model))
@@ -368,7 +369,7 @@ def test_under_ddp_rank_0_writes_and_every_rank_restores(tmp_path, monkeypatch):
     for rank in (1, 0):
         model, opt, mgr = manager(rank)
         with pytest.warns(RuntimeWarning, match="step 6"):
-            assert mgr.restore() == 4
+            assert mgr.restore(cooperative=False) == 4
         assert Path(path + ".damaged").exists() == (rank == 0)
         mgr.close()
     os.replace(path + ".damaged", path)               # rank 0 sets it aside while rank 1
@@ -381,24 +382,25 @@ def test_under_ddp_rank_0_writes_and_every_rank_restores(tmp_path, monkeypatch):
         return real(ck, step, *a, **k)
     monkeypatch.setattr(lcckpt.DeltaCheckpointer, "load", set_aside)
     model, opt, mgr = manager(1)
-    assert mgr.restore() == 4
+    assert mgr.restore(cooperative=False) == 4
     mgr.close()
 
 
 def test_ranks_that_meet_late_all_decide_alike(monkeypatch):
     """every_rank_has_one, two ranks simulated in one process (each its own round
-    counter): both in time agree; one that gave up marks the count, so a rank that comes
+    counters): both in time agree; one that gave up marks the count, so a rank that comes
     after it acts alone too, as does the one that gave up (with a warning)."""
+    import collections
     import itertools
     import torch.distributed as dist
     from torch.distributed import distributed_c10d
-    from lcckpt.training import signals
+    from lcckpt.training import ranks, signals
     store = dist.HashStore()
     monkeypatch.setattr(distributed_c10d, "_get_default_store", lambda: store)
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
 
     def rank(wait):
-        monkeypatch.setattr(signals, "_round", itertools.count())   # its own process
+        monkeypatch.setattr(ranks, "_rounds", collections.defaultdict(itertools.count))
         return signals.every_rank_has_one(wait)
     first = threading.Thread(target=lambda: results.append(rank(5.0)))
     results = []

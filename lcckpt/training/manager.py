@@ -16,8 +16,8 @@ restore), uses Young/Daly until the loss curve can be fitted, and re-plans after
 checkpoint (receding horizon). A process killed at any moment leaves the newest complete
 checkpoint restorable: files only ever appear whole.
 
-It does not coordinate several processes (one writer per directory), and it does not decide
-what a "step" is: one call of :meth:`CheckpointManager.step` is one iteration.
+One process writes a directory (under DDP, global rank 0: newest.py); one call of
+:meth:`CheckpointManager.step` is one iteration.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from .options import check_arguments, default_bits
 from .hostcopy import HostBuffers
 from .overlap import LiveState, remove_newest, torn
 from .losscurve import LossCurve
-from .newest import is_writer, load_newest
+from .newest import is_writer, restore_state
 from .signals import SigtermHook
 from ..chain.checkpointer import DEFAULT_KEYFRAME_EVERY, DeltaCheckpointer
 from ..errors import InvalidArgumentError
@@ -92,10 +92,9 @@ class CheckpointManager:
     ``writer``: whether this process writes the checkpoints; by default, under
     ``torch.distributed``, the process of global rank 0 (and a process without a process
     group). Under DDP, where every rank holds the same state, create the manager on every
-    rank with one directory that every rank can read: rank 0 writes and every rank
-    restores. A process that does not write takes no snapshot and never stalls; its
-    ``restore()`` keeps its own random generators (the writer's are the ones saved) and no
-    references. Sharded state (FSDP) is :mod:`lcckpt.distributed`'s.
+    rank with one directory: rank 0 writes and every rank restores. A process that does
+    not write takes no snapshot and never stalls; its ``restore()`` keeps its own random
+    generators and no references. Sharded state (FSDP) is :mod:`lcckpt.distributed`'s.
 
     ``bits``, ``keyframe_every``, ``keep_last`` and ``checkpointer_options`` configure the
     :class:`~lcckpt.DeltaCheckpointer` that writes the files; by default (``bits=None``)
@@ -245,32 +244,33 @@ class CheckpointManager:
 
     # ---------------------------------------------------------------- restore
 
-    def restore(self, *, max_bytes=limits.DEFAULT, step: int | None = None) -> int | None:
+    def restore(self, *, max_bytes=limits.DEFAULT, step: int | None = None,
+                cooperative: bool | None = None) -> int | None:
         """Load the newest restorable checkpoint into every registered object; ``step``:
         that step instead, the later ones set aside as ``*.rolledback`` files (a rollback,
         after a loss spike say: the run continues its chain from that step).
 
-        Returns its step (the iterations it holds: continue the loop from there), or None
-        when the directory holds none. If the newest file is proven damaged (a checksum,
-        its structure or its chain link fails), earlier steps are tried, with a warning
-        naming the file and why, and the newer damaged files are renamed to ``*.damaged``
-        so that the run continues its chain from the step it resumed from. Anything else
-        (an unreadable file, a limit, a newer format) is raised and nothing is renamed: the
-        file may be intact. ``max_bytes`` as in :meth:`DeltaCheckpointer.load`. The model's
-        host tensors are decoded into in place: if restore raises, they may hold part of it.
+        Returns its step (continue the loop from there), or None when the directory holds
+        none. A newest file proven damaged (a checksum, its structure or its chain link
+        fails) is passed over with a warning naming it and why, and renamed to
+        ``*.damaged`` so that the chain continues from the step restored. Anything else (an
+        unreadable file, a limit, a newer format) is raised, nothing renamed. ``max_bytes``
+        as in :meth:`DeltaCheckpointer.load`. The model's host tensors are decoded into: a
+        restore that raises may leave part of it there. Under DDP, called on every rank,
+        the writer alone reads the checkpoint and sends it (``cooperative=False``: all do).
         """
         self._check_usable()
         self._join()
         self._raise_error()
         t0 = time.perf_counter()
         reader = DeltaCheckpointer(self.directory, **self._ck_args)   # the next writer
-        found = load_newest(reader, self._capture.targets(), max_bytes, self.writer, step)
+        found = restore_state(reader, self._capture.targets(), max_bytes, self.writer, step,
+                              cooperative)
         if found is None:
             return None
         state, step = found
-        m = self._capture.apply(state, f"checkpoint step {step} in {self.directory}",
-                                rng=self.writer)
-        self._load_measurements(m, step)
+        where = f"checkpoint step {step} in {self.directory}"
+        self._load_measurements(self._capture.apply(state, where, rng=self.writer), step)
         self._ck = reader     # its first save goes on from the references the load kept
         self._costs.add("restore", time.perf_counter() - t0)
         self._restored = True

@@ -3,7 +3,9 @@ and which process of a job writes.
 
 Under ``torch.distributed`` (DDP: every rank holds the same state) one process writes
 the checkpoints, global rank 0 unless told otherwise, and every rank restores from them;
-the others neither snapshot nor lock the directory, and keep no references.
+the others neither snapshot nor lock the directory, and keep no references. Where every
+rank restores, the writer alone reads the checkpoint and sends it to the others
+(broadcast.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import warnings
 from ..chain.checkpointer import DeltaCheckpointer
 from ..chain.retention import DAMAGED, set_aside
 from ..errors import InvalidArgumentError, LcckptError, NotFoundError, proves_damage
+from .ranks import all_meet, in_group
 
 
 def is_writer(writer: bool | None) -> bool:
@@ -69,3 +72,18 @@ def load_newest(reader: DeltaCheckpointer, into, max_bytes, writer: bool, step=N
         set_aside(reader.path(bad), DAMAGED)
     return state, s
 
+
+def restore_state(reader: DeltaCheckpointer, into, max_bytes, writer: bool, step=None,
+                  cooperative: bool | None = None):
+    """:func:`load_newest`; under a process group where every rank restores (and
+    ``cooperative`` is not False), on the one writer alone, its state then sent to the
+    other ranks (:func:`lcckpt.training.broadcast.restore`)."""
+    if cooperative is not False and in_group() and all_meet(
+            "restore", "restore(): not every rank of the process group called it, so each "
+            "reads the checkpoint itself; call it on every rank, or pass "
+            "cooperative=False on every rank (docs/manager.md)", stacklevel=3):
+        from .broadcast import restore
+        found = restore(lambda: load_newest(reader, into, max_bytes, True, step), writer, into)
+        if found is not NotImplemented:
+            return found
+    return load_newest(reader, into, max_bytes, writer, step)

@@ -13,56 +13,26 @@ all-reduce for ever), so each registers in the group's store first
 
 from __future__ import annotations
 
-import itertools
 import signal
 import threading
-import time
-import warnings
 from typing import Any
 
 from ..errors import InvalidArgumentError
+from .ranks import all_meet, comm_device, in_group
 
 SIGTERM_EXIT = 128 + signal.SIGTERM
-REGISTER_WAIT = 60.0          # seconds a manager waits for the other ranks' to register
-_POISON = 1 << 40             # a registration that timed out: later ones count negative
-_round = itertools.count()    # this process's n-th manager meets the others' n-th
 AGREE_EVERY = 1.0             # seconds between two agreements on a SIGTERM, about ...
 AGREE_MAX_GAP = 100           # ... and at most this many iterations
 
 
-def in_group() -> bool:
-    """Whether this process is one of several ranks of an initialized process group."""
-    import torch.distributed as dist
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
 def every_rank_has_one(wait: float | None = None) -> bool:
     """Whether every rank of the default process group creates a manager with
-    ``sigterm=True`` (this process's n-th meeting the others' n-th in the group's store),
-    waiting at most ``wait`` seconds (:data:`REGISTER_WAIT`). A rank that gives up marks
-    the count so that every rank decides the same, and warns."""
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d
-    try:
-        store = distributed_c10d._get_default_store()
-    except (AttributeError, RuntimeError, ValueError):
-        return False                               # no store to meet in: act alone
-    key, world = f"lcckpt/sigterm/{next(_round)}", dist.get_world_size()
-    deadline = time.monotonic() + (REGISTER_WAIT if wait is None else wait)
-    n = store.add(key, 1)
-    while 0 < n < world and time.monotonic() < deadline:
-        time.sleep(0.005)
-        n = store.add(key, 0)
-    if 0 < n < world:                              # gave up: unless all came just now,
-        n = store.add(key, -_POISON) + _POISON     # every later rank counts negative
-    if n >= world:
-        return True
-    warnings.warn("sigterm=True: not every rank of the process group created a "
-                  "CheckpointManager with it, so a SIGTERM is acted on by each rank alone "
-                  "and a rank that stops may leave the others waiting in a collective; "
-                  "create the manager on every rank (docs/manager.md)", RuntimeWarning,
-                  stacklevel=4)
-    return False
+    ``sigterm=True`` (:func:`lcckpt.training.ranks.all_meet`)."""
+    return all_meet("sigterm", "sigterm=True: not every rank of the process group created "
+                    "a CheckpointManager with it, so a SIGTERM is acted on by each rank "
+                    "alone and a rank that stops may leave the others waiting in a "
+                    "collective; create the manager on every rank (docs/manager.md)", wait,
+                    stacklevel=4)
 
 
 class SigtermHook:
@@ -95,9 +65,7 @@ class SigtermHook:
         import torch.distributed as dist
         t = iter_time()
         gap = max(1, min(AGREE_MAX_GAP, int(AGREE_EVERY / t))) if t > 0 else 1
-        cuda = "nccl" in str(dist.get_backend()).lower()
-        flag = torch.tensor([int(self.pending), -gap],
-                            device=f"cuda:{torch.cuda.current_device()}" if cuda else "cpu")
+        flag = torch.tensor([int(self.pending), -gap], device=comm_device())
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         pending, gap = flag.tolist()
         self._next, self.pending = iteration - gap, bool(pending)
