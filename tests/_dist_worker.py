@@ -7,6 +7,7 @@ import datetime
 import faulthandler
 import math
 import os
+import random
 import sys
 
 import torch
@@ -1077,8 +1078,18 @@ def _ddp_sigterm(rank, d):
             mgr.step(loss)
     except SystemExit as e:
         code = e.code
+        own = (torch.get_rng_state(), random.getstate())     # this rank's, where it left
     finally:
         mgr.close()
     assert code == 143 and 14 <= mgr.iteration <= 114, (code, mgr.iteration)
     ck = DeltaCheckpointer(d)                # rank 0's keyframe of the iteration both left
     assert ck.steps()[-1] == mgr.iteration and ck.info(mgr.iteration)["kind"] == "keyframe"
+    torch.manual_seed(99)                    # a restart: each rank resumes its generators
+    random.seed(99)
+    mgr = CheckpointManager(d, model, opt, every=100)
+    for coop in (True, False):
+        assert mgr.restore(cooperative=coop) == ck.steps()[-1]
+        assert torch.equal(torch.get_rng_state(), own[0]) and random.getstate() == own[1]
+        torch.manual_seed(99)
+    mgr.close()
+    dist.barrier()

@@ -334,6 +334,7 @@ def test_under_ddp_rank_0_writes_and_every_rank_restores(tmp_path, monkeypatch):
     (each rank reading the files: ``cooperative=False``, the ranks being simulated)."""
     import torch.distributed as dist
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
 
     def manager(rank):
         monkeypatch.setattr(dist, "get_rank", lambda group=None: rank)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import PeerRestoreError
+from .ranks import comm_device
 
 PIECE = 64 << 20        # bytes per broadcast at most
 PACK = 4 << 20          # tensors under this size are packed together into one broadcast
@@ -48,10 +49,11 @@ def host_group():
 
 
 def source_rank(writer: bool, group=None) -> int | None:
-    """The global rank of the one writer (an all-reduce), or None where no rank writes or
-    several do (each then restores alone)."""
+    """The global rank of the one writer (an all-reduce over ``group``, the default one
+    if None), or None where no rank writes or several do (each then restores alone)."""
     import torch.distributed as dist
-    t = torch.tensor([dist.get_rank() + 1 if writer else 0, int(writer)])
+    t = torch.tensor([dist.get_rank() + 1 if writer else 0, int(writer)],
+                     device=comm_device() if group is None else "cpu")
     dist.all_reduce(t, group=group)
     return int(t[0]) - 1 if int(t[1]) == 1 else None
 
@@ -199,3 +201,17 @@ def restore(load, writer: bool, targets: dict):
     finally:
         if group is not None:
             dist.destroy_process_group(group)
+
+
+def gather_generators(writer: bool) -> dict | None:
+    """Every rank's random generators (:func:`lcckpt.training.rng.capture`), by global
+    rank as a string, on the writer (None on the others, and where no one rank writes).
+    Every rank calls it at the same iteration (a SIGTERM's, which the ranks agree on)."""
+    import torch.distributed as dist
+    from . import rng
+    src = source_rank(writer)
+    if src is None:
+        return None
+    got = [None] * dist.get_world_size() if dist.get_rank() == src else None
+    dist.gather_object(rng.capture(), got, dst=src)
+    return None if got is None else {str(r): g for r, g in enumerate(got)}

@@ -34,6 +34,7 @@ class Capture:
         self.scheduler, self.scaler = scheduler, scaler
         self.objects = dict(objects or {})
         self.extra: dict = extra if extra is not None else {}
+        self.rank_generators: dict | None = None   # every rank's, for the next collect()
 
     def _parts(self):
         return [("model", self.model), ("optimizer", self.optimizer),
@@ -59,12 +60,16 @@ class Capture:
             tree["objects"] = {name: handler(obj)[0]() for name, obj in self.objects.items()}
         tree["extra"] = self.extra
         tree["rng"] = _rng.capture()
+        if self.rank_generators is not None:
+            tree["rng_ranks"] = self.rank_generators
         return tree
 
-    def apply(self, state: dict, where: str, rng: bool = True) -> dict:
+    def apply(self, state: dict, where: str, rng: bool | int = True) -> dict:
         """Load ``state`` into every registered object (``where`` names the checkpoint in
-        errors) and, with ``rng``, the global generators; returns its manager section.
-        Nothing is loaded if any part is missing."""
+        errors) and, with ``rng`` True, the global generators; returns its manager
+        section. ``rng`` a global rank: that rank's generators where the checkpoint holds
+        every rank's (a SIGTERM's under DDP), else none. Nothing is loaded if any part is
+        missing."""
         for key, obj in self._parts():
             if obj is not None and key not in state:
                 raise InvalidArgumentError(
@@ -87,6 +92,8 @@ class Capture:
             handler(obj)[1](state["objects"][name])
         self.extra.clear()
         self.extra.update(state.get("extra", {}))
-        if rng:
+        if rng is True:
             _rng.restore(state.get("rng", {}))
+        elif rng is not False and str(rng) in state.get("rng_ranks", {}):
+            _rng.restore(state["rng_ranks"][str(rng)])
         return state.get("manager", {})

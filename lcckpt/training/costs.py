@@ -3,6 +3,7 @@ the snapshot, persist, restore and interference costs the plan is built from."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 
@@ -22,6 +23,14 @@ class Costs:
 
     def add(self, kind: str, seconds: float) -> None:
         self._samples[kind].append(seconds)
+
+    def load(self, m: dict) -> None:
+        """The costs a restored checkpoint's manager measured (its manager section)."""
+        for k in ("snapshot", "interference", "persist"):
+            if m.get(k) is not None:
+                self.add(k, float(m[k]))
+        if isinstance(m.get("iter_time"), float) and math.isfinite(m["iter_time"]):
+            self.intervals.append(m["iter_time"])
 
     def clear(self, kind: str) -> None:
         self._samples[kind].clear()

@@ -41,7 +41,7 @@ from .options import check_arguments, default_bits
 from .hostcopy import HostBuffers
 from .overlap import LiveState, remove_newest, torn
 from .losscurve import LossCurve
-from .newest import is_writer, restore_state
+from .newest import generators_to_restore, is_writer, restore_state
 from .signals import SigtermHook
 from ..chain.checkpointer import DEFAULT_KEYFRAME_EVERY, DeltaCheckpointer
 from ..errors import InvalidArgumentError
@@ -87,14 +87,15 @@ class CheckpointManager:
     exactly) and waits until it is durable, then calls the handler that was installed
     before, or exits with status 143 (SystemExit). Under DDP, with one on every rank, the
     ranks agree on that iteration (an all-reduce about once a second) and exit together
-    once the checkpoint is durable (docs/manager.md).
+    once the checkpoint is durable; it holds every rank's random generators, and each
+    rank resumes its own (docs/manager.md).
 
     ``writer``: whether this process writes the checkpoints; by default, under
     ``torch.distributed``, the process of global rank 0 (and a process without a process
     group). Under DDP, where every rank holds the same state, create the manager on every
     rank with one directory: rank 0 writes and every rank restores. A process that does
-    not write takes no snapshot and never stalls; its ``restore()`` keeps its own random
-    generators and no references. Sharded state (FSDP) is :mod:`lcckpt.distributed`'s.
+    not write takes no snapshot and never stalls; its ``restore()`` keeps no references,
+    and its own random generators but from a SIGTERM's checkpoint. Sharded state (FSDP) is :mod:`lcckpt.distributed`'s.
 
     ``bits``, ``keyframe_every``, ``keep_last`` and ``checkpointer_options`` configure the
     :class:`~lcckpt.DeltaCheckpointer` that writes the files; by default (``bits=None``)
@@ -270,7 +271,10 @@ class CheckpointManager:
             return None
         state, step = found
         where = f"checkpoint step {step} in {self.directory}"
-        self._load_measurements(self._capture.apply(state, where, rng=self.writer), step)
+        m = self._capture.apply(state, where, rng=generators_to_restore(self.writer))
+        if "loss_curve" in m:           # and the costs its manager measured
+            self._curve.load(m["loss_curve"], step)
+        self._costs.load(m)
         self._ck = reader     # its first save goes on from the references the load kept
         self._costs.add("restore", time.perf_counter() - t0)
         self._restored = True
@@ -284,16 +288,6 @@ class CheckpointManager:
             if self._costs.intervals:
                 self._start(self._plan_job, (self._inputs(),))
         return step
-
-    def _load_measurements(self, m: dict, step: int) -> None:
-        """The loss curve and costs a restored checkpoint's manager measured."""
-        if "loss_curve" in m:
-            self._curve.load(m["loss_curve"], step)
-        for k in ("snapshot", "interference", "persist"):
-            if m.get(k) is not None:
-                self._costs.add(k, float(m[k]))
-        if isinstance(m.get("iter_time"), float) and math.isfinite(m["iter_time"]):
-            self._costs.intervals.append(m["iter_time"])
 
     # ---------------------------------------------------------------- explain
 
@@ -506,7 +500,9 @@ class CheckpointManager:
 
     def _emergency(self) -> None:
         self._sigterm.pending = False
+        self._capture.rank_generators = self._sigterm.generators(self.writer)   # under DDP
         self.checkpoint(wait=True, keyframe=True)     # the step the run resumes from: exact
+        self._capture.rank_generators = None
         self._sigterm.pass_on()         # the previous handler, or SystemExit(143)
 
 

@@ -30,6 +30,15 @@ def is_writer(writer: bool | None) -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
+def generators_to_restore(writer: bool) -> bool | int:
+    """``Capture.apply``'s ``rng``: the writer restores the saved generators, another rank
+    its own where the checkpoint holds every rank's (its global rank), else none."""
+    if writer:
+        return True
+    import torch.distributed as dist
+    return dist.get_rank() if in_group() else False
+
+
 def load_newest(reader: DeltaCheckpointer, into, max_bytes, writer: bool, step=None):
     """``(state, step)`` of ``step`` of ``reader``'s chain, the later steps then set aside
     by the ``writer`` as ``*.rolledback`` files, newest first (a rollback); without

@@ -71,6 +71,15 @@ class SigtermHook:
         self._next, self.pending = iteration - gap, bool(pending)
         return self.pending
 
+    def generators(self, writer: bool) -> dict | None:
+        """At the iteration the ranks agreed to act at: every rank's random generators,
+        on the ``writer`` (for its checkpoint: each rank resumes its own); None elsewhere
+        and without a group."""
+        if not self._group:
+            return None
+        from .broadcast import gather_generators
+        return gather_generators(writer)
+
     def uninstall(self) -> Any:
         """Put the previous handler back; returns it (None if already uninstalled)."""
         prev, self._prev = self._prev, None
