@@ -1005,6 +1005,11 @@ def _cooperative_restore(rank, d):
             assert mgr.restore() == 12 and len(made) == 1
             assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), out[True]))
             mgr.close()
+            own = d if rank == 0 else os.path.join(os.path.dirname(d), "rank1-local")
+            mgr = CheckpointManager(own, model, torch.optim.AdamW(model.parameters()), every=3)
+            assert mgr.restore() == 12                   # rank 1's directory holds nothing
+            assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), out[True]))
+            mgr.close()
         finally:
             broadcast.host_group = real_group
     finally:
