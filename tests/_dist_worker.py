@@ -1098,3 +1098,63 @@ def _ddp_sigterm(rank, d):
         torch.manual_seed(99)
     mgr.close()
     dist.barrier()
+
+
+def hf_ddp_worker(rank, world, init_method, root):
+    """A Hugging Face Trainer under DDP (gloo, CPU) with a ChainCallback: each step of the
+    chain holds every process's generators as the Trainer's own ``rng_state_{i}.pth``
+    files hold them (each process draws a different number of values per step, so they
+    differ), and an exported directory writes them back the same."""
+    import random as pyrandom
+    from transformers import (GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback,
+                              TrainingArguments)
+    from transformers.utils import logging as hf_logging
+    from lcckpt import DeltaCheckpointer
+    from lcckpt.training.hf import ChainCallback, export_checkpoint
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world))
+    _init(rank, world, init_method, log_dir=root)
+    hf_logging.set_verbosity_error()
+
+    class Tokens(torch.utils.data.Dataset):
+        x = torch.randint(0, 100, (64, 16), generator=torch.Generator().manual_seed(1))
+
+        def __len__(self):
+            return len(self.x)
+
+        def __getitem__(self, i):
+            return {"input_ids": self.x[i], "labels": self.x[i]}
+
+    class Draw(TrainerCallback):                     # each process its own generator state
+        def on_step_begin(self, *a, **k):
+            torch.rand(rank + 1)
+            pyrandom.random() if rank else None
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=2,
+                                       n_positions=32))
+    out, chain = os.path.join(root, "out"), os.path.join(root, "chain")
+    args = TrainingArguments(output_dir=out, max_steps=8, per_device_train_batch_size=4,
+                             save_strategy="steps", save_steps=4, report_to=[],
+                             logging_steps=100, use_cpu=True, ddp_backend="gloo", seed=0,
+                             disable_tqdm=True)
+    Trainer(model=model, args=args, train_dataset=Tokens(),
+            callbacks=[Draw(), ChainCallback(chain, keyframe_every=1)]).train()
+    dist.barrier()
+    if rank == 0:
+        exported = export_checkpoint(chain, os.path.join(root, "exported"), model, step=8)
+        for step in (4, 8):
+            got = DeltaCheckpointer(chain).load(step)["rng_ranks"]
+            hf = os.path.join(out, f"checkpoint-{step}")
+            assert sorted(got) == [str(i) for i in range(world)]
+            for i in range(world):
+                want = torch.load(os.path.join(hf, f"rng_state_{i}.pth"), weights_only=False)
+                assert torch.equal(got[str(i)]["cpu"], want["cpu"]), (step, i)
+                assert tuple(got[str(i)]["python"][1]) == tuple(want["python"][1]), (step, i)
+                if step == 8:
+                    back = torch.load(os.path.join(exported, f"rng_state_{i}.pth"),
+                                      weights_only=False)
+                    assert torch.equal(back["cpu"], want["cpu"]), i
+        assert not torch.equal(got["0"]["cpu"], got["1"]["cpu"])
+    dist.barrier()
+    dist.destroy_process_group()

@@ -737,6 +737,14 @@ def test_a_checkpoint_manager_under_ddp_writes_on_rank_0_and_restores_on_every_r
             str(tmp_path))
 
 
+@pytest.mark.slow
+def test_a_hugging_face_trainer_under_ddp_keeps_every_process_s_generators(tmp_path):
+    """lcckpt.training.hf.ChainCallback in a two-process DDP Trainer (see the worker)."""
+    pytest.importorskip("accelerate", reason="the Trainer needs accelerate")
+    pytest.importorskip("transformers")
+    W.spawn(W.hf_ddp_worker, (2, W.rendezvous(tmp_path), str(tmp_path)), 2, str(tmp_path))
+
+
 def test_a_state_shared_by_the_writer_arrives_whole_on_every_rank(tmp_path):
     """lcckpt.training.broadcast.share over two gloo ranks (see the worker)."""
     W.spawn(W.share_worker, (2, W.rendezvous(tmp_path), str(tmp_path)), 2, str(tmp_path))

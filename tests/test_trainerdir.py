@@ -149,3 +149,21 @@ def test_a_trainer_output_directory_is_inspected_and_verified_checkpoint_by_chec
     assert main(["verify", str(tmp_path / "out")]) == 1
     assert "checkpoint-8" in capsys.readouterr().err
     assert not os.path.exists("pwned") and not os.path.exists(tmp_path / "pwned")
+
+
+def test_a_ddp_run_s_directory_reads_every_process_s_generators(tmp_path):
+    """Under DDP the Trainer writes rng_state_{i}.pth per process and no rng_state.pth:
+    ``rng`` is process 0's, ``rng_ranks`` all of them, by index, up to the first gap."""
+    d = tmp_path / "checkpoint-4"
+    _checkpoint(d)
+    os.remove(d / "rng_state.pth")
+    states = [torch.Generator().manual_seed(i).get_state() for i in range(3)]
+    for i, g in enumerate(states):
+        torch.save({"cpu": g}, d / f"rng_state_{i}.pth")
+    torch.save({"cpu": states[0]}, d / "rng_state_4.pth")     # after a gap: not a process
+    obj, _, _ = read_checkpoint(str(d))
+    assert torch.equal(obj["rng"]["cpu"], states[0])
+    assert sorted(obj["rng_ranks"]) == ["0", "1", "2"]
+    assert all(torch.equal(obj["rng_ranks"][str(i)]["cpu"], g) for i, g in enumerate(states))
+    os.remove(d / "rng_state_0.pth")
+    assert "rng_ranks" not in read_checkpoint(str(d))[0]

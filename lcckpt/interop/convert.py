@@ -139,6 +139,10 @@ def read_checkpoint(path: str | os.PathLike, *, step: int | None = None,
     if fmt == "trainer":                  # its files, each read as a checkpoint of its own
         obj = {part: read_checkpoint(f, map_location=map_location)[0]
                for part, f in trainerdir.files(path).items()}
+        ranks = {i: read_checkpoint(f, map_location=map_location)[0]
+                 for i, f in trainerdir.rank_rng_files(path).items()}
+        if ranks:
+            obj["rng_ranks"] = ranks
         return {**obj, "trainer_state": trainerdir.state_text(path)}, None, fmt
     obj = serialization.load(path, map_location=map_location)
     meta = serialization.read_metadata(path) if fmt == "lcckpt" else None

@@ -4,9 +4,9 @@
 that :mod:`lcckpt.training.hf` stores in a chain: ``model`` (the weights, from
 ``model.safetensors``, ``pytorch_model.bin`` or their shard index), ``trainer_state``
 (``trainer_state.json``'s text), and where present ``optimizer``, ``scheduler``,
-``scaler`` and ``rng``. Every file is read without running code from it;
-``training_args.bin``, a pickle of the run's arguments that the Trainer does not read to
-resume, is left out. Needs no ``transformers``: the command line reads such directories
+``scaler`` and ``rng``, and under DDP ``rng_ranks`` (every process's generators). Every
+file is read without running code from it; ``training_args.bin``, a pickle of the run's
+arguments that the Trainer does not read to resume, is left out. Needs no ``transformers``: the command line reads such directories
 (``convert``, ``inspect``, ``verify``, ``bench --checkpoint``) on any install.
 """
 
@@ -17,14 +17,15 @@ import os
 
 from ..errors import CorruptDataError, InvalidArgumentError
 
-__all__ = ["FILES", "STATE", "WEIGHTS", "files", "global_step", "in_step_order",
-           "is_trainer_dir", "state_text"]
+__all__ = ["FILES", "RANK_RNG", "STATE", "WEIGHTS", "files", "global_step", "in_step_order",
+           "is_trainer_dir", "rank_rng_files", "state_text"]
 
 STATE = "trainer_state.json"
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
            "pytorch_model.bin.index.json")         # as save_pretrained names them
 FILES = {"optimizer": "optimizer.pt", "scheduler": "scheduler.pt", "scaler": "scaler.pt",
          "rng": "rng_state.pth"}
+RANK_RNG = "rng_state_{}.pth"   # under DDP, each process's generators (process index)
 ARGS = "training_args.bin"    # a pickle of the run's arguments, not a checkpoint: never read
 
 
@@ -62,6 +63,15 @@ def in_step_order(paths: list[str]) -> list[str]:
     return list(paths)
 
 
+def rank_rng_files(path: str) -> dict[str, str]:
+    """``{index: file}`` of every process's generators in a run of several processes
+    (``rng_state_{i}.pth`` from 0 up, while they exist); empty for one process."""
+    found: dict[str, str] = {}
+    while os.path.isfile(f := os.path.join(path, RANK_RNG.format(len(found)))):
+        found[str(len(found))] = f
+    return found
+
+
 def files(path: str) -> dict[str, str]:
     """``{part: file path}`` of what the directory holds (``model`` required)."""
     found = {}
@@ -71,7 +81,7 @@ def files(path: str) -> dict[str, str]:
     found["model"] = os.path.join(path, weights)
     for key, name in FILES.items():
         if key == "rng" and not os.path.isfile(os.path.join(path, name)):
-            name = "rng_state_0.pth"       # a run of several processes: the first one's
+            name = RANK_RNG.format(0)      # a run of several processes: the first one's
         if os.path.isfile(os.path.join(path, name)):
             found[key] = os.path.join(path, name)
     return found

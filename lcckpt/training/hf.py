@@ -21,8 +21,9 @@ and the Trainer's resume read its directories (:func:`export_checkpoint` writes 
 
 Sharded training (FSDP, DeepSpeed) is refused: each rank holds only part of the state
 there (``lcckpt.distributed`` stores such state). Under DDP the process that saves
-(``args.should_save``) writes the chain, and an exported directory holds its random
-generators alone, so a resume from it is not bit-exact across ranks.
+(``args.should_save``) writes the chain, with every process's random generators, and an
+exported directory holds them as the Trainer writes them (``rng_state_{i}.pth``), so
+each process resumes its own.
 """
 
 from __future__ import annotations
@@ -120,6 +121,7 @@ class ChainCallback(TrainerCallback):
 
     def on_save(self, args, state, control, model=None, optimizer=None, lr_scheduler=None,
                 **kwargs):
+        every = _every_process_rng(args)    # every process takes part, the saver keeps it
         if not args.should_save or self._step == state.global_step:
             return                          # not this process's, or this step is stored
         if model is None:
@@ -127,6 +129,8 @@ class ChainCallback(TrainerCallback):
         self.wait()
         self._open()
         obj = _snapshot(args, state, model, optimizer, lr_scheduler)
+        if every is not None:
+            obj["rng_ranks"] = every
         self._step = state.global_step
         if not self.background:
             self._write(self._ck, state.global_step, obj)
@@ -198,6 +202,19 @@ def _rng_states(args) -> dict:
     return states
 
 
+def _every_process_rng(args) -> dict | None:
+    """Under DDP, every process's generators (:func:`_rng_states`) by process index as a
+    string, as the Trainer saves each in ``rng_state_{index}.pth`` (an all-gather that
+    every process makes in each ``on_save``); None in one process or without them."""
+    import torch.distributed as dist
+    if getattr(args, "save_only_model", False) or not (
+            dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return None
+    got = [None] * dist.get_world_size()
+    dist.all_gather_object(got, _rng_states(args))
+    return {str(i): g for i, g in enumerate(got)}
+
+
 def export_checkpoint(directory: str | os.PathLike, out_dir: str | os.PathLike,
                       model: torch.nn.Module, step: int | None = None) -> str:
     """Write ``step`` of the chain in ``directory`` (default: the newest) as a Trainer
@@ -230,6 +247,8 @@ def export_checkpoint(directory: str | os.PathLike, out_dir: str | os.PathLike,
         for key, name in trainerdir.FILES.items():
             if obj.get(key) is not None:
                 torch.save(obj[key], os.path.join(tmp, name))
+        for i, rng in (obj.get("rng_ranks") or {}).items():     # each process its own
+            torch.save(rng, os.path.join(tmp, trainerdir.RANK_RNG.format(int(i))))
         with open(os.path.join(tmp, trainerdir.STATE), "w", encoding="utf-8") as f:
             f.write(obj["trainer_state"])
         for name in os.listdir(tmp):
