@@ -865,3 +865,22 @@ def test_a_restore_decodes_into_the_model_s_host_tensors_only():
     targets = Capture(model).targets()["model"]
     assert set(targets) == {"weight", "bias"}
     assert targets["weight"].data_ptr() == model.weight.data_ptr()
+
+
+@pytest.mark.parametrize("config, device, made", [
+    ("gloo", "cpu", False), ("cpu:gloo,cuda:nccl", "cpu", False),   # init_process_group()
+    ("nccl", "cuda", True), ("cuda:nccl", "cuda", True), ("mpi", "cpu", True)])
+def test_the_group_s_device_and_host_group_follow_its_backends(monkeypatch, config, device,
+                                                               made):
+    """The agreement's tensors go to a GPU only under NCCL alone; a restore's transfer
+    uses the default group where gloo is one of its backends, else a gloo group made
+    for it. ``get_backend()`` says "undefined" for a group of backends by device, so
+    the configuration decides."""
+    import torch.distributed as dist
+    from lcckpt.training import broadcast, ranks
+    monkeypatch.setattr(dist, "get_backend_config", lambda group=None: config)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "undefined")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(dist, "new_group", lambda backend=None: ("group", backend))
+    assert ranks.comm_device().type == device
+    assert broadcast.host_group() == (("group", "gloo") if made else None)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import PeerRestoreError
-from .ranks import comm_device
+from .ranks import backends, comm_device
 
 PIECE = 64 << 20        # bytes per broadcast at most
 PACK = 4 << 20          # tensors under this size are packed together into one broadcast
@@ -39,11 +39,11 @@ class _Slot:
 
 def host_group():
     """A group over every rank whose collectives take host tensors: None (the default
-    group) where its backend has gloo, else a new gloo group (``made``: destroy it after).
-    The decoded state is on the host, and under NCCL alone its bytes would go through
-    the GPUs and back."""
+    group) where one of its backends is gloo, else a new gloo group, which the caller
+    destroys. The decoded state is on the host, and under NCCL alone its bytes would go
+    through the GPUs and back."""
     import torch.distributed as dist
-    if "gloo" in str(dist.get_backend()).lower():
+    if "gloo" in backends():
         return None
     return dist.new_group(backend="gloo")
 

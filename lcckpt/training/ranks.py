@@ -48,9 +48,21 @@ def all_meet(topic: str, warning: str, wait: float | None = None, stacklevel: in
     return False
 
 
-def comm_device() -> torch.device:
-    """Where the default group's collectives take tensors: the rank's GPU under NCCL."""
+def backends() -> str:
+    """The default group's backends, lower case: "gloo", "nccl", or by device, as
+    ``init_process_group()`` without a backend makes them ("cpu:gloo,cuda:nccl"; its
+    ``get_backend()`` then says "undefined")."""
     import torch.distributed as dist
-    if "nccl" in str(dist.get_backend()).lower():
+    try:
+        return str(dist.get_backend_config()).lower()
+    except (AttributeError, RuntimeError, ValueError):     # pragma: no cover - older torch
+        return str(dist.get_backend()).lower()
+
+
+def comm_device() -> torch.device:
+    """Where the default group's collectives take tensors: the host where a backend of
+    the group takes host tensors (gloo), else (NCCL alone) the rank's GPU."""
+    b = backends()
+    if "nccl" in b and "gloo" not in b:
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
