@@ -6,8 +6,9 @@ that :mod:`lcckpt.training.hf` stores in a chain: ``model`` (the weights, from
 (``trainer_state.json``'s text), and where present ``optimizer``, ``scheduler``,
 ``scaler`` and ``rng``, and under DDP ``rng_ranks`` (every process's generators). Every
 file is read without running code from it; ``training_args.bin``, a pickle of the run's
-arguments that the Trainer does not read to resume, is left out. Needs no ``transformers``: the command line reads such directories
-(``convert``, ``inspect``, ``verify``, ``bench --checkpoint``) on any install.
+arguments that the Trainer does not read to resume, is left out. Needs no
+``transformers``: the command line reads such directories (``convert``, ``inspect``,
+``verify``, ``bench --checkpoint``) on any install.
 """
 
 from __future__ import annotations

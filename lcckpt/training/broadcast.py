@@ -89,7 +89,8 @@ def _slots(obj, path=()):
     """(path, slot) of every :class:`_Slot` in ``obj``, in index order."""
     if isinstance(obj, _Slot):
         return [(path, obj)]
-    items = obj.items() if type(obj) in _MAPS else enumerate(obj) if type(obj) in (list, tuple) else ()
+    items = (obj.items() if type(obj) in _MAPS else
+             enumerate(obj) if type(obj) in (list, tuple) else ())
     return sorted((ps for k, v in items for ps in _slots(v, path + (k,))),
                   key=lambda ps: ps[1].index)
 

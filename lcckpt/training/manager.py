@@ -95,7 +95,8 @@ class CheckpointManager:
     group). Under DDP, where every rank holds the same state, create the manager on every
     rank with one directory: rank 0 writes and every rank restores. A process that does
     not write takes no snapshot and never stalls; its ``restore()`` keeps no references,
-    and its own random generators but from a SIGTERM's checkpoint. Sharded state (FSDP) is :mod:`lcckpt.distributed`'s.
+    and keeps its own random generators unless the checkpoint is a SIGTERM's (which holds
+    every rank's). Sharded state (FSDP) is :mod:`lcckpt.distributed`'s.
 
     ``bits``, ``keyframe_every``, ``keep_last`` and ``checkpointer_options`` configure the
     :class:`~lcckpt.DeltaCheckpointer` that writes the files; by default (``bits=None``)
