@@ -958,18 +958,26 @@ def share_worker(rank, world, init_method, root):
     dist.destroy_process_group()
 
 
-def _cooperative_restore(rank, d):
-    """The manager's restore under DDP: rank 1 reads no checkpoint file and gets the same
-    values as a restore that reads it (``cooperative=False``); an unknown step raises on
-    both ranks."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    from lcckpt import CheckpointManager, DeltaCheckpointer, NotFoundError, PeerRestoreError
+def _count_chain_loads():
+    """(the list of ``DeltaCheckpointer.load`` calls made from now on, a function that
+    stops counting)."""
+    from lcckpt import DeltaCheckpointer
     real, reads = DeltaCheckpointer.load, []
 
     def counted(self, *a, **k):
         reads.append(a)
         return real(self, *a, **k)
     DeltaCheckpointer.load = counted
+    return reads, lambda: setattr(DeltaCheckpointer, "load", real)
+
+
+def _cooperative_restore(rank, d):
+    """The manager's restore under DDP: rank 1 reads no checkpoint file and gets the same
+    values as a restore that reads it (``cooperative=False``); an unknown step raises on
+    both ranks."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from lcckpt import CheckpointManager, NotFoundError, PeerRestoreError
+    reads, stop = _count_chain_loads()
     try:
         out = {}
         for coop in (True, False):
@@ -1013,7 +1021,7 @@ def _cooperative_restore(rank, d):
         finally:
             broadcast.host_group = real_group
     finally:
-        DeltaCheckpointer.load = real
+        stop()
     dist.barrier()
 
 
@@ -1156,5 +1164,39 @@ def hf_ddp_worker(rank, world, init_method, root):
                                       weights_only=False)
                     assert torch.equal(back["cpu"], want["cpu"]), i
         assert not torch.equal(got["0"]["cpu"], got["1"]["cpu"])
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def lightning_io_worker(rank, world, init_method, root):
+    """LcckptCheckpointIO(chain=...).load_checkpoint on every rank (Lightning's resume
+    under DDP): rank 0 replays the chain step and sends it, rank 1 reads no chain file
+    and gets the same checkpoint; a file that names no step is read by each rank."""
+    from lcckpt.training.lightning import LcckptCheckpointIO
+    _init(rank, world, init_method, log_dir=root)
+    path, plain = os.path.join(root, "last.ckpt"), os.path.join(root, "plain.ckpt")
+    g = torch.Generator().manual_seed(0)
+    if rank == 0:
+        io = LcckptCheckpointIO(chain=os.path.join(root, "chain"))
+        for step in (1, 2):
+            io.save_checkpoint({"global_step": step, "epoch": 0, "loops": {"n": step},
+                                "state_dict": {"w": torch.randn(300, 200, generator=g),
+                                               "b": torch.randn(200, generator=g)},
+                                "optimizer_states": [{"state": {}, "param_groups": []}]},
+                               path)
+        torch.save({"global_step": 3, "state_dict": {"w": torch.ones(2)}}, plain)
+    dist.barrier()
+    reads, stop = _count_chain_loads()
+    try:
+        got = LcckptCheckpointIO(chain=os.path.join(root, "chain")).load_checkpoint(path)
+        assert len(reads) == (1 if rank == 0 else 0), reads
+        assert got["global_step"] == 2 and got["loops"] == {"n": 2}
+        flat = torch.cat([got["state_dict"]["w"].flatten(), got["state_dict"]["b"]])
+        every = [torch.empty_like(flat) for _ in range(world)]
+        dist.all_gather(every, flat)
+        assert all(torch.equal(every[0], x) for x in every)
+        assert LcckptCheckpointIO().load_checkpoint(plain)["global_step"] == 3
+    finally:
+        stop()
     dist.barrier()
     dist.destroy_process_group()

@@ -745,6 +745,13 @@ def test_a_hugging_face_trainer_under_ddp_keeps_every_process_s_generators(tmp_p
     W.spawn(W.hf_ddp_worker, (2, W.rendezvous(tmp_path), str(tmp_path)), 2, str(tmp_path))
 
 
+def test_a_lightning_resume_under_ddp_replays_the_chain_on_rank_0_alone(tmp_path):
+    """LcckptCheckpointIO.load_checkpoint in two gloo ranks (see the worker)."""
+    pytest.importorskip("lightning")
+    W.spawn(W.lightning_io_worker, (2, W.rendezvous(tmp_path), str(tmp_path)), 2,
+            str(tmp_path))
+
+
 def test_a_state_shared_by_the_writer_arrives_whole_on_every_rank(tmp_path):
     """lcckpt.training.broadcast.share over two gloo ranks (see the worker)."""
     W.spawn(W.share_worker, (2, W.rendezvous(tmp_path), str(tmp_path)), 2, str(tmp_path))

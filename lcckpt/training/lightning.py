@@ -133,8 +133,8 @@ class LcckptCheckpointIO(CheckpointIO):
     def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict[str, Any]:
         """The checkpoint at ``path`` (an lcckpt file, or a Lightning ``torch.save``
         checkpoint read weights-only; ``weights_only=False`` is refused for those, as
-        :func:`lcckpt.load` refuses it); a file of a chain with its step rebuilt.
-        ``FileNotFoundError`` if there is none."""
+        :func:`lcckpt.load` refuses it); a file of a chain with its step rebuilt, under
+        DDP by rank 0 alone (:func:`_read_once`). ``FileNotFoundError`` if there is none."""
         path, fs = str(path), get_filesystem(path)
         if not fs.exists(path):
             raise FileNotFoundError(f"Checkpoint file not found: {path}")
@@ -142,8 +142,9 @@ class LcckptCheckpointIO(CheckpointIO):
         if _local(fs):
             if self.chain is not None:
                 self._dirs.add(os.path.dirname(os.path.abspath(path)))
-            return _from_chain(load(path, map_location=map_location, **kw), path, map_location,
-                               self._writer_of)
+            return _read_once(lambda where: _from_chain(
+                load(path, map_location=where, **kw), path, where, self._writer_of),
+                map_location, path)
         with fs.open(path, "rb") as f:
             return load(f, map_location=map_location, **kw)
 
@@ -238,6 +239,38 @@ def _from_chain(state, path: str, map_location, writer_of=lambda d: None) -> Any
         return state
     writer = writer_of(chain_of(path, checked(ref, path)))
     return resolve(state, path, map_location, ck=writer)
+
+
+def _read_once(read, map_location, path: str):
+    """``read(map_location)``; under DDP, where every rank loads the file (a resume) and
+    it names a chain step, rank 0 alone reads it, on the host where ``map_location`` is
+    None, and sends it to the others (:func:`lcckpt.training.broadcast.share`): the
+    chain is replayed once, not once per rank."""
+    from .ranks import all_meet, in_group
+    if map_location not in (None, "cpu") or not in_group() or not _names_a_step(path) \
+            or not all_meet("lightning-load", f"LcckptCheckpointIO.load_checkpoint({path!r}): "
+                            "not every rank loaded it, so each replays the chain itself",
+                            stacklevel=3):
+        return read(map_location)
+    import torch.distributed as dist
+    from .broadcast import host_group, share
+    group = host_group()
+    try:
+        return share(lambda: (read("cpu"), 0), 0, {}, group)[0]
+    finally:
+        if group is not None:
+            dist.destroy_process_group(group)
+
+
+def _names_a_step(path: str) -> bool:
+    """Whether the file at ``path`` is an lcckpt file whose header names a chain step."""
+    with open(path, "rb") as f:
+        if f.read(len(MAGIC)) != MAGIC:
+            return False                  # Lightning's own (torch.save) file
+    try:
+        return pointer_of(path) is not None
+    except LcckptError:
+        return False                      # the load says what is wrong with it
 
 
 def _plain(checkpoint: dict) -> dict:
