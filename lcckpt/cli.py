@@ -214,7 +214,7 @@ def verify_file(path: str) -> dict:
     from .format.verify import verify_file as verify_container
     r = verify_container(path)
     error = r["error"]
-    if r["ok"] and (ref := pointer_of(path)) is not None:
+    if r["ok"] and (ref := pointer_of(path, load_old=True)) is not None:
         error = verify_pointed(path, ref)
     return {"path": path, "ok": error is None, "error": error, "expansion": r["expansion"],
             "warnings": r["warnings"]}

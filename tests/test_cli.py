@@ -355,12 +355,18 @@ def test_inspect_counts_a_miss_only_beyond_the_stats_rounding():
     assert _movement_columns(half)["missed"] == 1
 
 
+@pytest.mark.parametrize("header", [True, False])
 def test_a_file_pointing_at_a_chain_step_is_inspected_and_verified_with_its_step(
-        chain_dir, tmp_path, capsys):
+        chain_dir, tmp_path, capsys, header):
     """A file that holds a chain step's place (``LcckptCheckpointIO(chain=...)``'s):
     inspect names the step and the chain; verify checks the files its restore reads and
-    fails when one is damaged or gone, and when the chain does not hold the step."""
-    from lcckpt.chain.pointer import POINTER, metadata
+    fails when one is damaged or gone, and when the chain does not hold the step. Also a
+    file written before headers named the step (``header=False``): found by loading it."""
+    from lcckpt.chain.pointer import POINTER
+
+    def metadata(state):
+        from lcckpt.chain.pointer import metadata
+        return metadata(state) if header else None
     state = {"loops": {"at": 4}, POINTER: {"chain": "ck", "step": 4}}
     lcckpt.save(state, tmp_path / "last.ckpt", metadata=metadata(state))
     assert main(["inspect", str(tmp_path / "last.ckpt"), "--json"]) == 0

@@ -97,9 +97,17 @@ def resolve(state, path: str, map_location=None, ck=None, into=None,
 def pointed_step(path: str, meta: dict) -> dict:
     """What ``lcckpt inspect`` adds for the file at ``path`` whose container holds
     ``meta``: ``points_at`` (the chain and step), and a problem if the chain does not hold
-    the step; {} for other files (and for one whose header does not name its step)."""
+    the step; {} for other files. A small file whose header names no step (written
+    before headers did) is loaded to find one (:func:`pointer_of`); one that does not
+    load is left to ``verify``."""
+    from ..errors import LcckptError
     from .checkpointer import DeltaCheckpointer
     ref = in_header(meta, path)
+    if ref is None and "lcckpt_chain" not in meta:
+        try:
+            ref = pointer_of(path, load_old=True)
+        except LcckptError:
+            return {}
     if ref is None:
         return {}
     where = chain_of(path, ref)
