@@ -87,7 +87,7 @@ def inspect_file(path: str) -> dict:
                 "file_bytes": size, "raw_bytes": raw, "header_bytes": c.header_bytes,
                 "header_json_bytes": c.header_json_bytes,
                 "chain": c.meta.get("lcckpt_chain"), "sections": sections,
-                **pointed_step(path, c.meta)}
+                **pointed_step(path, c.meta, size)}
 
 
 def _no_checkpoints(path: str) -> CorruptDataError:

@@ -94,16 +94,17 @@ def resolve(state, path: str, map_location=None, ck=None, into=None,
             reader.close()
 
 
-def pointed_step(path: str, meta: dict) -> dict:
-    """What ``lcckpt inspect`` adds for the file at ``path`` whose container holds
-    ``meta``: ``points_at`` (the chain and step), and a problem if the chain does not hold
-    the step; {} for other files. A small file whose header names no step (written
-    before headers did) is loaded to find one (:func:`pointer_of`); one that does not
-    load is left to ``verify``."""
+def pointed_step(path: str, meta: dict, size: int) -> dict:
+    """What ``lcckpt inspect`` adds for the file at ``path`` of ``size`` bytes whose
+    container holds ``meta``: ``points_at`` (the chain and step), and a problem if the
+    chain does not hold the step; {} for other files. A file of at most
+    :data:`OLD_POINTER_MAX` bytes whose header names no step (written before headers
+    did) is loaded to find one (:func:`pointer_of`); one that does not load is left to
+    ``verify``. A larger one is not read again."""
     from ..errors import LcckptError
     from .checkpointer import DeltaCheckpointer
     ref = in_header(meta, path)
-    if ref is None and "lcckpt_chain" not in meta:
+    if ref is None and "lcckpt_chain" not in meta and size <= OLD_POINTER_MAX:
         try:
             ref = pointer_of(path, load_old=True)
         except LcckptError:

@@ -207,8 +207,8 @@ def _every_process_rng(args) -> dict | None:
     string, as the Trainer saves each in ``rng_state_{index}.pth`` (an all-gather that
     every process makes in each ``on_save``); None in one process or without them."""
     import torch.distributed as dist
-    if getattr(args, "save_only_model", False) or not (
-            dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+    from .ranks import in_group
+    if getattr(args, "save_only_model", False) or not in_group():
         return None
     got = [None] * dist.get_world_size()
     dist.all_gather_object(got, _rng_states(args))

@@ -244,7 +244,7 @@ def _from_chain(state, path: str, map_location, writer_of=lambda d: None) -> Any
 def _read_once(read, map_location, path: str):
     """``read(map_location)``; under DDP, where every rank loads the file (a resume) and
     it names a chain step, rank 0 alone reads it, on the host where ``map_location`` is
-    None, and sends it to the others (:func:`lcckpt.training.broadcast.share`): the
+    None, and sends it to the others (:func:`lcckpt.training.broadcast.restore`): the
     chain is replayed once, not once per rank."""
     from .ranks import all_meet, in_group
     if map_location not in (None, "cpu") or not in_group() or not _names_a_step(path) \
@@ -253,24 +253,16 @@ def _read_once(read, map_location, path: str):
                             stacklevel=3):
         return read(map_location)
     import torch.distributed as dist
-    from .broadcast import host_group, share
-    group = host_group()
-    try:
-        return share(lambda: (read("cpu"), 0), 0, {}, group)[0]
-    finally:
-        if group is not None:
-            dist.destroy_process_group(group)
+    from .broadcast import restore
+    return restore(lambda: (read("cpu"), 0), dist.get_rank() == 0, {})[0]
 
 
 def _names_a_step(path: str) -> bool:
     """Whether the file at ``path`` is an lcckpt file whose header names a chain step."""
-    with open(path, "rb") as f:
-        if f.read(len(MAGIC)) != MAGIC:
-            return False                  # Lightning's own (torch.save) file
     try:
         return pointer_of(path) is not None
     except LcckptError:
-        return False                      # the load says what is wrong with it
+        return False      # Lightning's own (torch.save) file, or one the load refuses
 
 
 def _plain(checkpoint: dict) -> dict:
