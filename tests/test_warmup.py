@@ -19,10 +19,29 @@ SCRIPT = textwrap.dedent("""
     before_dirs = set(os.listdir(tempfile.gettempdir()))
     lcckpt.warmup()
     assert set(os.listdir(tempfile.gettempdir())) <= before_dirs, "warmup left files"
+    loaded_before = loaded()
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
+                                torch.nn.Linear(512, 300))
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    for settings in ({}, {"bits": 2}):                 # the default targets, LC mode
+        d = os.path.join(sys.argv[1], str(len(settings)))
+        ck = lcckpt.DeltaCheckpointer(d, **settings)
+        for step in range(4):
+            for _ in range(3):
+                opt.zero_grad()
+                model(torch.randn(32, 256)).pow(2).mean().backward()
+                opt.step()
+            ck.save(step, {"model": model.state_dict(), "optim": opt.state_dict()})
+        ck.close()
+        lcckpt.DeltaCheckpointer(d).load()
+    new = {k: v for k, v in loaded().items() if v != loaded_before.get(k, 0)}
+    assert not new, f"kernels first loaded by a save after warmup: {sorted(new)}"
     g = torch.Generator().manual_seed(5)
     n = 3_000_000
     state = {"w": torch.randn(n, generator=g), "m": torch.zeros(n), "b": torch.randn(7)}
-    ck = lcckpt.DeltaCheckpointer(sys.argv[1])
+    chain = os.path.join(sys.argv[1], "large")
+    ck = lcckpt.DeltaCheckpointer(chain)
     for step in range(6):
         ck.save(step, state)
         state = {"w": state["w"] + 1e-3 * torch.randn(n, generator=g),
@@ -31,7 +50,7 @@ SCRIPT = textwrap.dedent("""
         state["w"][step::70001] += 0.3
     ck.close()
     loaded_before = loaded()
-    reader = lcckpt.DeltaCheckpointer(sys.argv[1])
+    reader = lcckpt.DeltaCheckpointer(chain)
     for step in (1, 5):
         reader.load(step)
     reader.load(into={k: torch.empty_like(v) for k, v in state.items()})
@@ -41,9 +60,11 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_a_restore_after_warmup_loads_no_kernel(tmp_path):
-    """Restores of a chain of large tensors (one delta; five side by side; escapes; a
-    tensor that moves every other step) in a fresh process load no kernel that
+def test_saves_and_restores_after_warmup_load_no_kernel(tmp_path):
+    """In a fresh process after ``warmup()``: chains of a model and its Adam state (the
+    default targets, whose steps are steered along the first moments, and LC mode) save
+    and restore, and restores of a chain of large tensors (one delta; five side by side;
+    escapes; a tensor that moves every other step) run, loading no kernel that
     ``warmup()`` did not; ``warmup()`` leaves nothing in the temporary directory."""
     env = dict(os.environ, TMPDIR=str(tmp_path / "tmp"))
     os.makedirs(env["TMPDIR"])
