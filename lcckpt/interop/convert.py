@@ -28,7 +28,7 @@ from .. import limits
 from ..format import serialization, sharded
 from ..format.container import open_file
 from ..format.torchzip import open_zip, read_members
-from ..errors import CorruptDataError, InvalidArgumentError, UnsafeObjectError
+from ..errors import BrokenChainError, CorruptDataError, InvalidArgumentError, UnsafeObjectError
 from ..util.paths import local
 from ..format.safetensors_io import read_safetensors, save_safetensors
 from . import trainerdir
@@ -108,7 +108,8 @@ def read_checkpoint(path: str | os.PathLike, *, step: int | None = None,
                     map_location="cpu") -> tuple[Any, dict[str, str] | None, str]:
     """``(object, safetensors metadata or None, format)`` of any checkpoint lcckpt reads.
 
-    ``step`` picks a step of a DeltaCheckpointer directory (default: the newest).
+    ``step`` picks a step of a DeltaCheckpointer directory (default: the newest). A
+    chain's delta file gives its step, replayed by the chain's directory around it.
     """
     fmt = detect_format(path)
     if step is not None and fmt != "chain":
@@ -144,6 +145,9 @@ def read_checkpoint(path: str | os.PathLike, *, step: int | None = None,
         if ranks:
             obj["rng_ranks"] = ranks
         return {**obj, "trainer_state": trainerdir.state_text(path)}, None, fmt
+    step_of = _delta_step(path) if fmt == "lcckpt" else None
+    if step_of is not None:               # a chain's delta: its step, read through its chain
+        return _chain_step(path, step_of, map_location), None, fmt
     obj = serialization.load(path, map_location=map_location)
     meta = serialization.read_metadata(path) if fmt == "lcckpt" else None
     from ..chain import pointer
@@ -151,6 +155,35 @@ def read_checkpoint(path: str | os.PathLike, *, step: int | None = None,
         obj = pointer.resolve(obj, os.fspath(path), map_location)   # the whole checkpoint
         meta = {k: v for k, v in (meta or {}).items() if k != pointer.POINTER} or None
     return obj, meta, fmt
+
+
+def _delta_step(path) -> int | None:
+    """The step of the chain delta stored in the lcckpt file at ``path`` (its header
+    says so), or None for any other lcckpt file."""
+    from ..format.container import read_container
+    with read_container(path) as c:
+        info = c.meta.get("lcckpt_chain")
+    if not (isinstance(info, dict) and info.get("kind") == "delta"):
+        return None
+    step = info.get("step")
+    if type(step) is not int or step < 0:
+        raise CorruptDataError(f"{path}: its header names chain step {step!r:.40}, not a step")
+    return step
+
+
+def _chain_step(path, step: int, map_location):
+    """Step ``step`` of the chain whose delta file is ``path``: the chain's directory
+    replays it (the delta alone is a difference from the step before it)."""
+    from ..chain.checkpointer import DeltaCheckpointer
+    from ..chain.directory import file_name
+    directory = os.path.dirname(os.path.abspath(path))
+    own = os.path.join(directory, file_name(step))
+    if not (os.path.exists(own) and os.path.samefile(own, path)):
+        raise BrokenChainError(
+            f"{path} is step {step} of a DeltaCheckpointer chain, stored as a delta against "
+            f"the step before it, and is not its chain directory's {file_name(step)}: give "
+            f"the chain's directory instead (lcckpt convert DIRECTORY OUTPUT --step {step})")
+    return DeltaCheckpointer(directory).load(step, map_location=map_location)
 
 
 def _a(name: str) -> str:
@@ -186,16 +219,40 @@ def _save_torch(obj, path: str) -> None:
         try:
             torch.load(tmp, weights_only=True, mmap=True)
         except Exception as e:
+            part = "model" if isinstance(obj, Mapping) and "model" in obj else "KEY"
             raise UnsafeObjectError(
-                "the torch.save file would need weights_only=False to load (it holds "
-                f"objects torch's safe loader refuses: {str(e).splitlines()[0][:160]}); "
-                "keep it as .lcc instead") from None
+                "the torch.save file would need weights_only=False to load: it holds "
+                f"objects torch's safe loader refuses ({_refused(obj, e)}); keep it as .lcc, "
+                f"or convert a part without them (--key {part})") from None
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+_SAFE_LEAVES = (torch.Tensor, int, float, complex, str, bytes, bool, type(None), torch.Size,
+                torch.dtype, torch.device)
+
+
+def _refused(obj, e: Exception) -> str:
+    """What torch's safe loader refused in ``obj``: the global its message names, and
+    where ``obj`` holds values of types other than tensors, numbers, strings and plain
+    containers (the first three)."""
+    m = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+    what = m.group(1) if m else str(e).splitlines()[0][:160]
+    found: list[str] = []
+    stack = [("", obj)]
+    while stack and len(found) < 3:
+        at, v = stack.pop()
+        if isinstance(v, Mapping):
+            stack.extend((f"{at}[{k!r}]", x) for k, x in reversed(list(v.items())))
+        elif isinstance(v, (list, tuple)) and type(v) in (list, tuple):
+            stack.extend((f"{at}[{i}]", x) for i, x in reversed(list(enumerate(v))))
+        elif not isinstance(v, _SAFE_LEAVES):
+            found.append(f"{at or 'the object'} is {_a(type(v).__module__ + '.' + type(v).__qualname__)}")
+    return f"{what}: {', '.join(found)}" if found else what
 
 
 def write_checkpoint(obj, path: str | os.PathLike, fmt: str, *, compress: bool = False,
