@@ -1101,12 +1101,33 @@ def test_saving_a_module_suggests_its_state_dict(tmp_path):
         lcckpt.save(torch.nn.Linear(2, 2), tmp_path / "m.lcc")
 
 
-def test_loading_a_delta_file_alone_points_to_its_chain(tmp_path):
+def test_a_delta_file_loads_as_its_step_only_in_its_chain_directory(tmp_path):
+    """By its path, in the directory it was written to, a chain's delta file loads (and
+    opens lazily) as its step; alone (a copy, a file object, ``follow=False``) it says
+    where its chain must be."""
     ck = lcckpt.DeltaCheckpointer(tmp_path / "c")
     ck.save(0, {"w": torch.randn(10_000)})
     ck.save(1, {"w": torch.randn(10_000)})
+    ck.close()
+    step = ck.load(1)
+    got = lcckpt.load(ck.path(1))
+    assert torch.equal(got["w"], step["w"])
+    into = {"w": torch.empty(10_000)}
+    lcckpt.load(ck.path(1), into=into)
+    assert torch.equal(into["w"], step["w"])
+    with lcckpt.open(ck.path(1)) as f:
+        assert torch.equal(f.get_tensor("w"), step["w"])
+        assert torch.equal(f.get_slice("w")[5:9], step["w"][5:9])
+    lone = tmp_path / "lone.lcc"
+    lone.write_bytes(open(ck.path(1), "rb").read())
+    for read in (lambda: lcckpt.load(lone), lambda: lcckpt.open(lone)):
+        with pytest.raises(lcckpt.BrokenChainError, match="not its chain directory's"):
+            read()
+    with open(ck.path(1), "rb") as f, \
+            pytest.raises(lcckpt.BrokenChainError, match="DeltaCheckpointer chain"):
+        lcckpt.load(f)
     with pytest.raises(lcckpt.BrokenChainError, match="DeltaCheckpointer chain"):
-        lcckpt.load(ck.path(1))
+        lcckpt.load(ck.path(1), follow=False)
     assert lcckpt.load(ck.path(0))["w"].numel() == 10_000     # a keyframe loads alone
 
 

@@ -8,7 +8,8 @@ import operator
 import os
 import re
 
-from ..errors import InvalidArgumentError, NotFoundError, StorageError
+from ..errors import (BrokenChainError, CorruptDataError, InvalidArgumentError, NotFoundError,
+                      StorageError)
 from ..format.container import read_container
 from .links import Link, with_sizes
 from .lock import LOCK_NAME
@@ -120,3 +121,24 @@ def brief(steps: list[int]) -> str:
     if len(steps) <= 6:
         return ", ".join(map(str, steps))
     return f"{steps[0]}, {steps[1]}, ..., {steps[-2]}, {steps[-1]} ({len(steps)} steps)"
+
+
+def delta_step(meta: dict, path: str) -> int | None:
+    """The step of the chain delta that a container's ``meta`` describes, None for any
+    other file. A delta is a difference from the step before it, so it reads as its step
+    only in the directory it was written to: :class:`BrokenChainError` where ``path`` is
+    not that directory's file of its step (a copy moved out of it)."""
+    info = meta.get("lcckpt_chain")
+    if not (isinstance(info, dict) and info.get("kind") == "delta"):
+        return None
+    step = info.get("step")
+    if type(step) is not int or step < 0:
+        raise CorruptDataError(f"{path}: its header names chain step {step!r:.40}, not a step")
+    own = os.path.join(os.path.dirname(os.path.abspath(path)), file_name(step))
+    if not (os.path.exists(own) and os.path.samefile(own, path)):
+        raise BrokenChainError(
+            f"{path} is step {step} of a DeltaCheckpointer chain, stored as a delta against "
+            f"the step before it, and is not its chain directory's {file_name(step)}: read "
+            f"the chain's directory instead (lcckpt.DeltaCheckpointer(directory).load({step}), "
+            f"lcckpt convert DIRECTORY OUTPUT --step {step})")
+    return step

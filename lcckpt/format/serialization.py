@@ -242,8 +242,8 @@ def _unpack_limited(c: Container, map_location, max_bytes, what: str, decode_lea
     if isinstance(info, dict) and info.get("kind") == "delta":     # before the limit: a
         raise BrokenChainError(                                    # delta is tiny by design
             f"{what} is step {info.get('step')!r} of a DeltaCheckpointer chain, stored as a "
-            "delta against the step before it; open its directory: "
-            "lcckpt.DeltaCheckpointer(directory).load(step)")
+            "delta against the step before it; load it by its path in its chain's "
+            "directory, or open the directory: lcckpt.DeltaCheckpointer(directory).load(step)")
     limits.check(limits.declared_bytes(c.sections), c.size, max_bytes, what)
     if into is None:
         return unpack(c, map_location, decode_leaf=decode_leaf)

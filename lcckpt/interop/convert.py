@@ -28,7 +28,7 @@ from .. import limits
 from ..format import serialization, sharded
 from ..format.container import open_file
 from ..format.torchzip import open_zip, read_members
-from ..errors import BrokenChainError, CorruptDataError, InvalidArgumentError, UnsafeObjectError
+from ..errors import CorruptDataError, InvalidArgumentError, UnsafeObjectError
 from ..util.paths import local
 from ..format.safetensors_io import read_safetensors, save_safetensors
 from . import trainerdir
@@ -145,45 +145,13 @@ def read_checkpoint(path: str | os.PathLike, *, step: int | None = None,
         if ranks:
             obj["rng_ranks"] = ranks
         return {**obj, "trainer_state": trainerdir.state_text(path)}, None, fmt
-    step_of = _delta_step(path) if fmt == "lcckpt" else None
-    if step_of is not None:               # a chain's delta: its step, read through its chain
-        return _chain_step(path, step_of, map_location), None, fmt
-    obj = serialization.load(path, map_location=map_location)
-    meta = serialization.read_metadata(path) if fmt == "lcckpt" else None
-    from ..chain import pointer
-    if isinstance(obj, dict) and pointer.POINTER in obj:   # a file of a chain step's place:
-        obj = pointer.resolve(obj, os.fspath(path), map_location)   # the whole checkpoint
-        meta = {k: v for k, v in (meta or {}).items() if k != pointer.POINTER} or None
+    from ..chain.pointer import POINTER
+    from .follow import load
+    obj = load(path, map_location=map_location)    # a file of a chain step's place, or a
+    meta = serialization.read_metadata(path)        # chain's delta: the whole step
+    if meta and POINTER in meta:
+        meta = {k: v for k, v in meta.items() if k != POINTER} or None
     return obj, meta, fmt
-
-
-def _delta_step(path) -> int | None:
-    """The step of the chain delta stored in the lcckpt file at ``path`` (its header
-    says so), or None for any other lcckpt file."""
-    from ..format.container import read_container
-    with read_container(path) as c:
-        info = c.meta.get("lcckpt_chain")
-    if not (isinstance(info, dict) and info.get("kind") == "delta"):
-        return None
-    step = info.get("step")
-    if type(step) is not int or step < 0:
-        raise CorruptDataError(f"{path}: its header names chain step {step!r:.40}, not a step")
-    return step
-
-
-def _chain_step(path, step: int, map_location):
-    """Step ``step`` of the chain whose delta file is ``path``: the chain's directory
-    replays it (the delta alone is a difference from the step before it)."""
-    from ..chain.checkpointer import DeltaCheckpointer
-    from ..chain.directory import file_name
-    directory = os.path.dirname(os.path.abspath(path))
-    own = os.path.join(directory, file_name(step))
-    if not (os.path.exists(own) and os.path.samefile(own, path)):
-        raise BrokenChainError(
-            f"{path} is step {step} of a DeltaCheckpointer chain, stored as a delta against "
-            f"the step before it, and is not its chain directory's {file_name(step)}: give "
-            f"the chain's directory instead (lcckpt convert DIRECTORY OUTPUT --step {step})")
-    return DeltaCheckpointer(directory).load(step, map_location=map_location)
 
 
 def _a(name: str) -> str:

@@ -1,7 +1,8 @@
 """``lcckpt.load``: the file format's :func:`~lcckpt.format.serialization.load`, which
 also follows a file that holds a chain step's place (a pointer file,
-``LcckptCheckpointIO(chain=...)``, lcckpt/chain/pointer.py) to the whole checkpoint.
-The format layer knows no chains, so the following happens here."""
+``LcckptCheckpointIO(chain=...)``, lcckpt/chain/pointer.py) to the whole checkpoint,
+and reads a chain's delta file as its step. The format layer knows no chains, so the
+following happens here."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import warnings
 from typing import Any, BinaryIO
 
 from .. import limits
-from ..chain.pointer import POINTER, pointer_of, resolve
+from ..chain.directory import delta_step
+from ..chain.pointer import POINTER, in_header, resolve
+from ..format.container import read_container
 from ..errors import LcckptError
 from ..format import serialization
 from ..util.paths import local
@@ -21,7 +24,8 @@ FOLLOW = """
     with the parts the step holds, restored from the chain it points at (a directory
     relative to the file; ``max_bytes`` and ``into`` apply there too). False gives the
     file's own dict, as does a file object (with a warning: it has no directory to find
-    the chain from).
+    the chain from). A chain's delta file loads as its step, replayed by the chain
+    directory it sits in (a copy moved out of it is a ``BrokenChainError``).
 """
 
 
@@ -33,9 +37,14 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
     path = local(f, "lcckpt.load") if isinstance(f, (str, os.PathLike)) else None
     if not follow:
         return serialization.load(f, map_location, pickle_module, into=into, **kw)
-    if path is not None and _points(path):              # the step's tensors go into `into`
+    place = _place(path) if path is not None else None
+    if place == "pointer":                              # the step's tensors go into `into`
         state = serialization.load(path, map_location, pickle_module, **kw)
         return resolve(state, path, map_location, into=into, max_bytes=max_bytes)
+    if isinstance(place, int) and not mmap:             # a chain's delta: its step
+        from ..chain.checkpointer import DeltaCheckpointer
+        return DeltaCheckpointer(os.path.dirname(os.path.abspath(path))).load(
+            place, map_location=map_location, into=into, max_bytes=max_bytes)
     obj = serialization.load(f, map_location, pickle_module, into=into, **kw)
     if not (isinstance(obj, dict) and POINTER in obj):
         return obj
@@ -50,9 +59,13 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
 load.__doc__ = serialization.load.__doc__.rstrip() + "\n" + FOLLOW + "    "
 
 
-def _points(path: str) -> bool:
-    """Whether ``path`` is an lcckpt file whose header names a chain step."""
+def _place(path: str) -> str | int | None:
+    """``"pointer"`` where ``path`` is an lcckpt file whose header names a chain step, the
+    step where it is a chain's delta file in its directory, else None."""
     try:
-        return pointer_of(path) is not None
+        with read_container(path) as c:
+            meta = c.meta
+        ref = in_header(meta, path)
     except (LcckptError, OSError):       # not one, or damaged: serialization.load says
-        return False
+        return None
+    return "pointer" if ref is not None else delta_step(meta, path)

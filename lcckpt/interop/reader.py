@@ -43,7 +43,7 @@ from ..util.paths import local
 from ..format import sections as _sections
 from ..format import tree as _tree
 from ..chain import restore as _restore
-from ..chain.directory import ChainDirectory
+from ..chain.directory import ChainDirectory, delta_step
 from ..codec.streamed import read_header
 from ..codec.tensor import chunk_spans, decode_exact_chunks
 from ..format.container import Container, read_container
@@ -60,8 +60,9 @@ __all__ = ["Reader", "Slice", "open"]
 
 def open(path: str | os.PathLike, *, step: int | None = None, map_location=None,
          max_bytes=limits.DEFAULT) -> Reader:
-    """A lazy reader of the file at ``path``, or of ``step`` (default: the newest) of the
-    chain directory ``path``. ``map_location`` and ``max_bytes`` as in ``lcckpt.load``
+    """A lazy reader of the file at ``path`` (a chain's delta file: its step, read with
+    the chain directory around it), or of ``step`` (default: the newest) of the chain
+    directory ``path``. ``map_location`` and ``max_bytes`` as in ``lcckpt.load``
     (each read checks what it decodes: a tensor of a file, or a chain step's files as
     ``DeltaCheckpointer.load`` checks them). Use as a context manager (or call
     ``close``)."""
@@ -119,6 +120,9 @@ class Reader:
         self._spanned: set = set()                 # chain tensors a slice read in part
         self._c = read_container(path)
         try:
+            step = None if chain is not None else delta_step(self._c.meta, path)
+            if step is not None:            # a chain's delta file: its step, by its directory
+                self._chain = (ChainDirectory(os.path.dirname(os.path.abspath(path))), step)
             try:
                 tree = tree_of(self._c.meta)
             except (CorruptDataError, UnsupportedVersionError) as e:
