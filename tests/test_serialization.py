@@ -1363,9 +1363,39 @@ def test_load_into_fills_from_every_format_and_warns_of_a_misshapen_into(tmp_pat
     with torch.no_grad():
         fresh.weight.zero_()
     with pytest.warns(RuntimeWarning, match=r'2 target tensors were left as they were.*'
-                      r'obj\["net"\]\["weight"\] \(no dense tensor is stored at this place\)'):
+                      r'obj\["net"\]\["weight"\] \(no dense tensor is stored at this place\)') \
+            as seen:
         lcckpt.load(path, into=wrong)
     assert not fresh.weight.any()
+    assert [w.filename for w in seen] == [__file__]          # the caller's line
+
+
+def test_into_holding_a_module_or_an_optimizer_is_refused_by_its_place(tmp_path):
+    """A module, an optimizer or anything else with a ``state_dict`` inside ``into``
+    (or no container at all) was passed by without a word: its tensors were never
+    reached, so nothing was filled and nothing warned."""
+    m = torch.nn.Linear(6, 3)
+    opt = torch.optim.SGD(m.parameters(), 0.1)
+    lcckpt.save({"model": m.state_dict()}, tmp_path / "a.lcc")
+    ck = lcckpt.DeltaCheckpointer(tmp_path / "c")
+    ck.save(0, {"model": m.state_dict()})
+    fresh = torch.nn.Linear(6, 3)
+    for load in (lambda into: lcckpt.load(tmp_path / "a.lcc", into=into),
+                 lambda into: ck.load(into=into)):
+        for into, where in ((fresh, r"into is a torch\.nn\.modules\.linear\.Linear object"),
+                            ({"model": fresh}, r'into\["model"\] is a torch.*Linear object'),
+                            ({"model": fresh.state_dict(), "o": opt},
+                             r'into\["o"\] is a torch\.optim\.sgd\.SGD object')):
+            with pytest.raises(InvalidArgumentError, match=where + r".*state_dict\(\)"):
+                load(into)
+        with pytest.raises(InvalidArgumentError, match="shaped like the stored object, got "
+                           "builtins.int"):
+            load(3)
+        assert not torch.equal(fresh.weight, m.weight)
+        load({"model": fresh.state_dict()})
+        assert torch.equal(fresh.weight, m.weight)
+        with torch.no_grad():
+            fresh.weight.zero_()
 
 
 def test_a_text_mode_file_or_another_object_is_refused_by_name(tmp_path):

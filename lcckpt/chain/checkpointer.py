@@ -436,12 +436,12 @@ class DeltaCheckpointer:
         hold part of it.
         """
         step = self._step_or_newest(step)
-        targets = None if into is None else Into(tensor_paths(into))
+        targets = None if into is None else Into.of(into)
         obj, links, tracks = _restore.restore(
             self._dir, step, build=True, map_location=map_location, keep_tracks=resume,
             max_bytes=max_bytes, movement=resume and self._movement_targets(), into=targets)
         if targets is not None:
-            targets.warn_unfilled(stacklevel=3)
+            targets.warn_unfilled()
         if resume:
             self._primed = (step, links[-1][1].state_id, links[-1][1].depth, tracks)
         return obj

@@ -14,9 +14,15 @@ tensors silently lost, say, a two-class head's bias.
 from __future__ import annotations
 
 import warnings
+from argparse import Namespace
+from collections import Counter, OrderedDict, defaultdict, deque
 
 import torch
 
+from ..errors import InvalidArgumentError
+from ..util.caller import user_stacklevel
+from .census import tensor_paths
+from .flatten import MAX_DEPTH, key_repr
 from .sections import fits
 
 __all__ = ["Into"]
@@ -25,6 +31,13 @@ __all__ = ["Into"]
 class Into:
     """Key path -> target tensor (``lcckpt.format.census.tensor_paths`` of ``into``);
     each target receives one stored tensor, the first whose key path names it."""
+
+    @classmethod
+    def of(cls, into) -> "Into":
+        """The targets of a load's ``into``, which must reach its tensors: a module or an
+        optimizer inside it (whose tensors a load would pass by in silence) is refused."""
+        _reachable(into, "into", 0)
+        return cls(tensor_paths(into))
 
     def __init__(self, paths: dict):
         self.paths = paths
@@ -72,7 +85,7 @@ class Into:
                         f"{_describe(t.dtype, tuple(t.shape))}"))
         return out
 
-    def warn_unfilled(self, stacklevel: int) -> None:
+    def warn_unfilled(self) -> None:
         """Warn of the targets that received nothing: a target of another shape, or an
         ``into`` not shaped like the stored object (``model.state_dict()`` where the
         file holds ``{"model": ...}``) would otherwise keep its old values silently."""
@@ -87,10 +100,34 @@ class Into:
             f"into=: {what}, and the loaded object holds the stored "
             f"values there: {shown}{more}. `into` must be "
             "shaped like the stored object, e.g. {'model': model.state_dict()} for a file "
-            "saved from {'model': ..., 'optim': ...}", RuntimeWarning, stacklevel=stacklevel)
+            "saved from {'model': ..., 'optim': ...}", RuntimeWarning,
+            stacklevel=user_stacklevel())
 
     def _claim(self, t: torch.Tensor, path: str) -> bool:
         return t.numel() == 0 or self._owner.setdefault(t.data_ptr(), path) == path
+
+
+def _reachable(v, at: str, depth: int) -> None:
+    """Refuse ``v`` (``into`` at key path ``at``) where it holds objects with a
+    ``state_dict`` (modules, optimizers, schedulers) or, at its top, is no tensor and no
+    container: a load fills tensors only."""
+    if isinstance(v, torch.Tensor) or depth >= MAX_DEPTH:
+        return
+    if callable(getattr(v, "state_dict", None)):
+        raise InvalidArgumentError(
+            f"{at} is a {type(v).__module__}.{type(v).__qualname__} object: a load fills "
+            f"tensors, not the objects that hold them; give its state_dict() there, e.g. "
+            "into={'model': model.state_dict()} for a file saved from {'model': ..., ...}")
+    if type(v) in (list, tuple, deque):
+        for i, x in enumerate(v):
+            _reachable(x, f"{at}[{i}]", depth + 1)
+    elif type(v) in (dict, OrderedDict, Counter, defaultdict, Namespace):
+        for k, x in (vars(v) if type(v) is Namespace else v).items():
+            _reachable(x, f"{at}[{key_repr(k)}]", depth + 1)
+    elif depth == 0:
+        raise InvalidArgumentError(
+            f"into= takes the tensors to fill, in dicts, lists and tuples shaped like the "
+            f"stored object, got {type(v).__module__}.{type(v).__qualname__}")
 
 
 def _describe(dtype: torch.dtype, shape: tuple) -> str:

@@ -170,11 +170,12 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
     and the result holds the targets (unless ``map_location`` puts the tensor on another
     device); a torch.save or safetensors file fills them with a copy. Targets that
     receive nothing (another dtype or shape, an ``into`` not shaped like the stored
-    object) are named in a ``RuntimeWarning``. If the load fails, the targets may hold
+    object) are named in a ``RuntimeWarning``; a module or an optimizer inside ``into``
+    (give its ``state_dict()``) is refused. If the load fails, the targets may hold
     part of the file. Not with ``mmap``.
     """
     _check_load_args(pickle_module, pickle_load_args, weights_only, mmap, into)
-    targets = None if into is None else Into(tensor_paths(into))
+    targets = None if into is None else Into.of(into)
     if isinstance(f, (str, os.PathLike)):
         return _load_path(local(f, "lcckpt.load"), map_location, weights_only, mmap,
                           pickle_load_args, max_bytes, targets)
@@ -232,7 +233,7 @@ def _load_foreign(fmt: str, f, map_location, weights_only, mmap, pickle_load_arg
     if into is not None:
         for path, t in tensor_paths(obj).items():
             into.fill(path, t)
-        into.warn_unfilled(stacklevel=4)
+        into.warn_unfilled()
     return obj
 
 
@@ -248,7 +249,7 @@ def _unpack_limited(c: Container, map_location, max_bytes, what: str, decode_lea
     if into is None:
         return unpack(c, map_location, decode_leaf=decode_leaf)
     obj = unpack(c, map_location, decode_leaf=_sections.decode_into(into), fill=into.fill)
-    into.warn_unfilled(stacklevel=4)
+    into.warn_unfilled()
     return obj
 
 
@@ -317,7 +318,7 @@ def _load_index(path: str, map_location, weights_only, mmap, max_bytes, into: In
     if into is not None:
         for key, t in tensor_paths(obj).items():
             into.fill(key, t)
-        into.warn_unfilled(stacklevel=4)
+        into.warn_unfilled()
     return obj
 
 
