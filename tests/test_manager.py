@@ -179,6 +179,17 @@ def test_bad_arguments(tmp_path, kwargs, match):
         CheckpointManager(tmp_path, model, opt, **kwargs)
 
 
+def test_a_model_and_optimizer_given_the_other_way_round_are_refused(tmp_path):
+    """Both have state_dict(), so the swap was taken: the optimizer saved as "model"."""
+    model, opt = _setup()
+    for args in ((opt, model), (model, model)):
+        with pytest.raises(InvalidArgumentError, match="give them in this order"):
+            CheckpointManager(tmp_path, *args, every=3)
+    with pytest.raises(InvalidArgumentError, match="optimizer must have state_dict"):
+        CheckpointManager(tmp_path, model, 0.1, every=3)
+    assert not os.listdir(tmp_path)
+
+
 class _Gate:
     """Holds DeltaCheckpointer.save until released, to make a save 'slow' on purpose."""
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from ..errors import InvalidArgumentError
 from .capture import handler
 
@@ -55,6 +57,14 @@ def check_arguments(model, policy, mtbf, every, total_steps, objects, extra, dow
         raise InvalidArgumentError(f"profile_at must be a positive int, got {profile_at!r}")
     if not hasattr(model, "state_dict"):
         raise InvalidArgumentError(f"model must have state_dict(), got {type(model).__name__}")
+    if isinstance(model, torch.optim.Optimizer) or isinstance(optimizer, torch.nn.Module):
+        raise InvalidArgumentError(
+            f"model is a {type(model).__name__} and optimizer a {type(optimizer).__name__}: "
+            "give them in this order, CheckpointManager(directory, model, optimizer)")
+    if optimizer is not None and not (hasattr(optimizer, "state_dict")
+                                      and hasattr(optimizer, "load_state_dict")):
+        raise InvalidArgumentError(f"optimizer must have state_dict() and load_state_dict(), "
+                                   f"got {type(optimizer).__name__}")
     for name, obj in dict(objects or {}).items():
         if not isinstance(name, str) or handler(obj) is None:
             raise InvalidArgumentError(
