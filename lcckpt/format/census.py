@@ -44,10 +44,17 @@ def tensor_paths(obj: Any, path: str = "obj", depth: int = 0) -> dict[str, torch
     if isinstance(obj, torch.Tensor):
         return {path: obj}
     out: dict[str, torch.Tensor] = {}
-    if depth < MAX_DEPTH and type(obj) in (list, tuple, deque):
-        for i, x in enumerate(obj):
-            out.update(tensor_paths(x, f"{path}[{i}]", depth + 1))
-    elif depth < MAX_DEPTH and type(obj) in (dict, OrderedDict, Counter, defaultdict, Namespace):
-        for k, x in (vars(obj) if type(obj) is Namespace else obj).items():
-            out.update(tensor_paths(x, f"{path}[{key_repr(k)}]", depth + 1))
+    for at, x in (children(obj, path) or ()) if depth < MAX_DEPTH else ():
+        out.update(tensor_paths(x, at, depth + 1))
     return out
+
+
+def children(obj: Any, path: str) -> list[tuple[str, Any]] | None:
+    """``(key path, item)`` of each item of ``obj`` where it is a dict, list, tuple or
+    deque (a container a load's ``into`` is walked through), else None."""
+    if type(obj) in (list, tuple, deque):
+        return [(f"{path}[{i}]", x) for i, x in enumerate(obj)]
+    if type(obj) in (dict, OrderedDict, Counter, defaultdict, Namespace):
+        return [(f"{path}[{key_repr(k)}]", x)
+                for k, x in (vars(obj) if type(obj) is Namespace else obj).items()]
+    return None

@@ -14,15 +14,13 @@ tensors silently lost, say, a two-class head's bias.
 from __future__ import annotations
 
 import warnings
-from argparse import Namespace
-from collections import Counter, OrderedDict, defaultdict, deque
 
 import torch
 
 from ..errors import InvalidArgumentError
 from ..util.caller import user_stacklevel
-from .census import tensor_paths
-from .flatten import MAX_DEPTH, key_repr
+from .census import children, tensor_paths
+from .flatten import MAX_DEPTH
 from .sections import fits
 
 __all__ = ["Into"]
@@ -118,13 +116,10 @@ def _reachable(v, at: str, depth: int) -> None:
             f"{at} is a {type(v).__module__}.{type(v).__qualname__} object: a load fills "
             f"tensors, not the objects that hold them; give its state_dict() there, e.g. "
             "into={'model': model.state_dict()} for a file saved from {'model': ..., ...}")
-    if type(v) in (list, tuple, deque):
-        for i, x in enumerate(v):
-            _reachable(x, f"{at}[{i}]", depth + 1)
-    elif type(v) in (dict, OrderedDict, Counter, defaultdict, Namespace):
-        for k, x in (vars(v) if type(v) is Namespace else v).items():
-            _reachable(x, f"{at}[{key_repr(k)}]", depth + 1)
-    elif depth == 0:
+    items = children(v, at)
+    for where, x in items or ():
+        _reachable(x, where, depth + 1)
+    if items is None and depth == 0:
         raise InvalidArgumentError(
             f"into= takes the tensors to fill, in dicts, lists and tuples shaped like the "
             f"stored object, got {type(v).__module__}.{type(v).__qualname__}")

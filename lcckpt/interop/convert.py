@@ -216,7 +216,7 @@ def _refused(obj, e: Exception) -> str:
         at, v = stack.pop()
         if isinstance(v, Mapping):
             stack.extend((f"{at}[{k!r}]", x) for k, x in reversed(list(v.items())))
-        elif isinstance(v, (list, tuple)) and type(v) in (list, tuple):
+        elif type(v) in (list, tuple):
             stack.extend((f"{at}[{i}]", x) for i, x in reversed(list(enumerate(v))))
         elif not isinstance(v, _SAFE_LEAVES):
             found.append(f"{at or 'the object'} is {_a(type(v).__module__ + '.' + type(v).__qualname__)}")
