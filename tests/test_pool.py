@@ -1,6 +1,8 @@
 """lcckpt's thread pool: a deferred blob read inside a pool task (a small tensor's replay in
-``settle``) reads inline instead of waiting on a pool that is busy with the caller."""
+``settle``) reads inline instead of waiting on a pool that is busy with the caller; its
+size from ``LCCKPT_THREADS``."""
 
+import re
 import threading
 
 import numpy as np
@@ -8,6 +10,7 @@ import pytest
 
 import lcckpt
 from lcckpt.codec import streamed
+from lcckpt.errors import InvalidArgumentError
 from lcckpt.util import pool
 
 
@@ -99,3 +102,17 @@ def test_run_tasks_raises_after_every_range_stopped():
     after = len(seen)
     threading.Event().wait(0.05)
     assert len(seen) == after
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "1.5"])
+def test_a_bad_thread_count_is_refused_by_name(monkeypatch, value):
+    monkeypatch.setenv("LCCKPT_THREADS", value)
+    with pytest.raises(InvalidArgumentError, match="LCCKPT_THREADS.*" + re.escape(repr(value))):
+        pool.threads()
+
+
+def test_a_thread_count_is_read_from_the_environment(monkeypatch):
+    monkeypatch.setenv("LCCKPT_THREADS", " 3 ")
+    assert pool.threads() == 3
+    monkeypatch.setenv("LCCKPT_THREADS", "")
+    assert pool.threads() == pool.cpus()

@@ -13,6 +13,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from ..errors import InvalidArgumentError
+
 _lock = threading.Lock()
 _pool = None
 _local = threading.local()       # .worker is True on the pool's own threads
@@ -21,10 +23,17 @@ _cpus = None                     # usable CPUs, once asked
 
 def threads() -> int:
     """Worker count: ``LCCKPT_THREADS`` if set, else :func:`cpus`."""
-    env = os.environ.get("LCCKPT_THREADS")
-    if env:
-        return max(1, int(env))
-    return cpus()
+    env = os.environ.get("LCCKPT_THREADS", "").strip()
+    if not env:
+        return cpus()
+    try:
+        n = int(env)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise InvalidArgumentError(f"LCCKPT_THREADS must be a whole number of threads, 1 or more, "
+                                   f"got {env!r}: set it so, or unset it to use every CPU")
+    return n
 
 
 def cpus() -> int:
