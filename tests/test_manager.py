@@ -22,6 +22,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import lcckpt
+from lcckpt.errors import InvalidArgumentError
 from lcckpt.training.hostcopy import HostBuffers
 from lcckpt.training.losscurve import LossCurve
 from lcckpt.errors import InvalidArgumentError, UnsafeObjectError
@@ -753,6 +754,24 @@ def test_restores_a_plain_delta_checkpointer_directory(tmp_path):
     with CheckpointManager(tmp_path, model2, opt2, every=5) as mgr:
         assert mgr.restore() == 7
     assert all(torch.equal(a, b) for a, b in zip(_params(model), _params(model2)))
+
+
+def test_a_plain_chain_under_other_keys_is_refused_with_its_keys(tmp_path):
+    """The README's chain ("optim") and manager share a directory: the error says that no
+    manager wrote it, and names what it holds; a manager's own step without an optimizer
+    says to create the manager with the same objects."""
+    model, opt = _setup()
+    lcckpt.DeltaCheckpointer(tmp_path / "a").save(0, {"model": model.state_dict(),
+                                                      "optim": opt.state_dict()})
+    with CheckpointManager(tmp_path / "a", model, opt, every=5) as mgr:
+        with pytest.raises(InvalidArgumentError, match=r"no CheckpointManager wrote it "
+                           r"\(its keys: \['model', 'optim'\]\).*directory of its own"):
+            mgr.restore()
+    with CheckpointManager(tmp_path / "b", model, every=5) as mgr:
+        mgr.checkpoint(wait=True)
+    with CheckpointManager(tmp_path / "b", model, opt, every=5) as mgr:
+        with pytest.raises(InvalidArgumentError, match="written by a manager without one"):
+            mgr.restore()
 
 
 @needs_sklearn

@@ -72,6 +72,11 @@ class Capture:
         missing."""
         for key, obj in self._parts():
             if obj is not None and key not in state:
+                if "manager" not in state:      # a DeltaCheckpointer's own chain, say
+                    raise InvalidArgumentError(
+                        f"{where} holds no {key!r} state, and no CheckpointManager wrote it "
+                        f"(its keys: {sorted(map(str, state))}): give the manager a directory "
+                        "of its own, or read this one with lcckpt.DeltaCheckpointer")
                 raise InvalidArgumentError(
                     f"{where} holds no {key!r} state; it was written by a manager without "
                     "one: create the manager with the same objects")
