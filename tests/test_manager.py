@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from unittest import mock
 
@@ -591,6 +592,26 @@ def test_loss_curve_bins_are_means(values, first, as_tensor):
         lo = int(c - (curve.width - 1) / 2)
         sel = [v for i, v in enumerate(values) if lo <= first + i + 1 < lo + curve.width]
         assert np.isclose(m, np.mean(sel), atol=1e-9)
+
+
+def test_the_loop_counter_given_as_the_loss_is_warned_once_at_the_user_s_line(tmp_path):
+    model, opt = _setup()
+    with CheckpointManager(tmp_path, model, opt, every=100) as mgr:
+        with pytest.warns(UserWarning, match=r"got 2 at iteration 3, the loop's counter") as rec:
+            for it in range(6):
+                mgr.step(it)
+    assert len(rec) == 1 and rec[0].filename == __file__
+    curve = LossCurve()                  # counted from 1, then from 0 after a real loss
+    with pytest.warns(UserWarning, match="got 3 at iteration 3"):
+        for i in (1, 2, 3):
+            curve.add(i, i)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # losses that only look alike: no warning
+        curve = LossCurve()
+        for i in range(1, 9):
+            curve.add(i, [i, 2, float(i), i - 1, True, 7, np.float64(i), i + 1][i - 1])
+        for i in range(9, 12):
+            curve.add(i, i - 2)
 
 
 # ----------------------------------------------------------------------- subprocesses

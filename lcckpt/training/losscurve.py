@@ -12,15 +12,18 @@ It does not fit or smooth anything: the scheduler fits the curve.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
 import torch
 
 from ..errors import InvalidArgumentError
+from ..util.caller import user_stacklevel
 
 MAX_BINS = 512
 FLUSH_EVERY = 1024
+COUNTING = 3       # integer losses in a row that equal the loop's counter: warned once
 
 
 class LossCurve:
@@ -32,6 +35,7 @@ class LossCurve:
         self.sums: list[float] = []
         self.counts: list[int] = []
         self._pending: list[tuple[int, torch.Tensor]] = []
+        self._counting = 0                  # integer losses in a row that were the counter
 
     def add(self, iteration: int, loss: Any) -> None:
         """Record the loss of ``iteration`` (1-based); tensors are converted later."""
@@ -49,7 +53,26 @@ class LossCurve:
         except (TypeError, ValueError):
             raise InvalidArgumentError(
                 f"step(loss) needs a number or a scalar tensor, got {type(loss).__name__}") from None
+        self._check_counter(iteration, loss)
         self._put(iteration, value)
+
+    def _check_counter(self, iteration: int, loss: Any) -> None:
+        """``mgr.step(it)``, the loop's counter given as the loss, would plan checkpoints on a
+        rising curve of step numbers: warned once, at the ``COUNTING``-th integer in a row
+        that equals the iteration (counted from 0 or 1)."""
+        if self._counting < 0:
+            return                          # warned already
+        if (isinstance(loss, (int, np.integer)) and not isinstance(loss, bool)
+                and loss in (iteration, iteration - 1)):
+            self._counting += 1
+        else:
+            self._counting = 0
+        if self._counting == COUNTING:
+            self._counting = -1
+            warnings.warn(
+                f"step(loss) got {loss} at iteration {iteration}, the loop's counter: the "
+                "convergence-aware plan reads it as the training loss; pass the loss (or "
+                "nothing: step())", UserWarning, stacklevel=user_stacklevel())
 
     def flush(self) -> None:
         """Move pending tensor losses to the host (one synchronization per device)."""
