@@ -155,7 +155,8 @@ def test_restoring_into_another_architecture_names_the_checkpoint_and_the_part(t
         for _ in range(2):
             mgr.step(_train(model, opt))
     other = torch.nn.Sequential(torch.nn.Linear(8, 4))
-    with CheckpointManager(tmp_path, other, every=2) as mgr:
+    with CheckpointManager(tmp_path, other, every=2) as mgr, warnings.catch_warnings():
+        warnings.simplefilter("error")      # the error alone: no into= warning before it
         with pytest.raises(InvalidArgumentError, match=r"(?s)checkpoint step 2 .* does not fit "
                            r"this model: .*size mismatch") as e:
             mgr.restore()

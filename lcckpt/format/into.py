@@ -31,14 +31,19 @@ class Into:
     each target receives one stored tensor, the first whose key path names it."""
 
     @classmethod
-    def of(cls, into) -> "Into":
+    def of(cls, into, warn: bool = True) -> "Into":
         """The targets of a load's ``into``, which must reach its tensors: a module or an
-        optimizer inside it (whose tensors a load would pass by in silence) is refused."""
+        optimizer inside it (whose tensors a load would pass by in silence) is refused.
+        ``into`` an ``Into`` already: itself. ``warn=False``: for a caller that checks the
+        fit itself (``load_state_dict`` names every mismatch) and would only repeat it."""
+        if isinstance(into, Into):
+            return into
         _reachable(into, "into", 0)
-        return cls(tensor_paths(into))
+        return cls(tensor_paths(into), warn)
 
-    def __init__(self, paths: dict):
+    def __init__(self, paths: dict, warn: bool = True):
         self.paths = paths
+        self.warn = warn
         self._owner: dict[int, str] = {}     # a target's memory -> the key path it receives
         self._taken: set[str] = set()        # key paths decoded straight into their target
         self._seen: dict[str, tuple] = {}    # key path -> (dtype, shape) stored there
@@ -87,7 +92,7 @@ class Into:
         """Warn of the targets that received nothing: a target of another shape, or an
         ``into`` not shaped like the stored object (``model.state_dict()`` where the
         file holds ``{"model": ...}``) would otherwise keep its old values silently."""
-        missed = self.unfilled()
+        missed = self.unfilled() if self.warn else ()
         if not missed:
             return
         shown = "; ".join(f"{p} ({why})" for p, why in missed[:4])

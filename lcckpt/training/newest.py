@@ -16,6 +16,7 @@ import warnings
 from ..chain.checkpointer import DeltaCheckpointer
 from ..chain.retention import DAMAGED, set_aside
 from ..errors import InvalidArgumentError, LcckptError, NotFoundError, proves_damage
+from ..format.into import Into
 from .ranks import all_meet, in_group
 
 
@@ -39,6 +40,12 @@ def generators_to_restore(writer: bool) -> bool | int:
     return dist.get_rank() if in_group() else False
 
 
+def _quiet(into):
+    """The model's targets, without the load's warning about tensors it could not fill:
+    ``load_state_dict`` then raises, naming every missing and mismatched key."""
+    return None if into is None else Into.of(into, warn=False)
+
+
 def load_newest(reader: DeltaCheckpointer, into, max_bytes, writer: bool, step=None):
     """``(state, step)`` of ``step`` of ``reader``'s chain, the later steps then set aside
     by the ``writer`` as ``*.rolledback`` files, newest first (a rollback); without
@@ -54,7 +61,7 @@ def load_newest(reader: DeltaCheckpointer, into, max_bytes, writer: bool, step=N
             raise NotFoundError(f"no checkpoint step {step!r} in {reader.directory} to roll "
                                 f"back to; it holds steps {steps}")
         state = reader.load(step, map_location="cpu", max_bytes=max_bytes, resume=writer,
-                            into=into)
+                            into=_quiet(into))
         if writer:
             reader.rollback(step)           # under the writer's lock
         return state, step
@@ -64,7 +71,7 @@ def load_newest(reader: DeltaCheckpointer, into, max_bytes, writer: bool, step=N
     for s in reversed(steps):
         try:
             state = reader.load(s, map_location="cpu", max_bytes=max_bytes, resume=writer,
-                                into=into)
+                                into=_quiet(into))
             break
         except (LcckptError, OSError) as e:
             if not writer and not os.path.exists(reader.path(s)):
