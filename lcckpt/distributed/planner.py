@@ -38,6 +38,7 @@ from torch.distributed.checkpoint.planner import (ReadItem, SavePlan, TensorWrit
 from ..errors import InvalidArgumentError, LcckptError, UnsafeObjectError, UnsupportedDtypeError
 from ..format import serialization
 from ..format.container import at_path
+from .fill import fill_empty
 from .partition import ITEM_OVERHEAD, MIN_SPLIT_BYTES, Assignment, History, Item, Piece, partition
 
 
@@ -268,7 +269,19 @@ class BalancedSavePlanner(DefaultSavePlanner):
 class SafeLoadPlanner(DefaultLoadPlanner):
     """DCP's load planner, except that non-tensor values load without pickle (lcckpt files:
     :class:`TreeBytes`) or are unpickled with ``weights_only=True`` (plain containers,
-    numbers, strings, tensors): a checkpoint cannot run code on load."""
+    numbers, strings, tensors): a checkpoint cannot run code on load; and that what the
+    checkpoint holds under an empty container of the state (a fresh optimizer's) is
+    added to it (``filled``: their fqns)."""
+
+    filled: list[str] = []
+
+    def set_up_planner(self, state_dict, metadata: Metadata | None = None,
+                       is_coordinator: bool = False) -> None:
+        """DCP's, after adding the stored entries under the state's empty containers (a
+        fresh optimizer's ``state``: fill.py)."""
+        if metadata is not None and self.flatten_state_dict:
+            self.filled = fill_empty(state_dict, metadata)
+        super().set_up_planner(state_dict, metadata, is_coordinator)
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         if isinstance(value, TreeBytes):

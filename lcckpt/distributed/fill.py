@@ -1,0 +1,108 @@
+"""What a load adds to the state it loads into: the stored entries under an empty container.
+
+DCP loads what the given state holds, in place. An optimizer that has not stepped yet, as
+at every restart, gives ``opt.state_dict()["state"] == {}``: DCP then loads its
+``param_groups`` and not one moment or step count, and says nothing. Where the given state
+holds a container empty, the stored entries under it are added to it (tensors new on the
+CPU, values as stored), so that ``opt.load_state_dict(state["optim"])`` gets them. A
+container that holds anything keeps DCP's rule: only what it holds is loaded (a model's
+state dict with another head loads its own keys, no others).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+
+from ..errors import InvalidArgumentError
+
+__all__ = ["fill_empty"]
+
+_MISSING = object()
+
+
+def _child(container: Any, key: Any) -> Any:
+    if isinstance(container, dict):
+        return container.get(key, _MISSING)
+    if isinstance(container, list) and isinstance(key, int) and 0 <= key < len(container):
+        return container[key]
+    return _MISSING
+
+
+def _empty_container(state: dict, path: tuple) -> Any:
+    """The deepest container along ``path`` (below the top level) that ``state`` holds,
+    if it is empty; else None."""
+    cur, depth = state, 0
+    for key in path[:-1]:
+        nxt = _child(cur, key)
+        if nxt is _MISSING:
+            break
+        cur, depth = nxt, depth + 1
+    else:
+        if _child(cur, path[-1]) is not _MISSING:
+            return None                       # the entry itself is there: DCP loads it
+    return cur if depth >= 1 and isinstance(cur, (dict, list)) and not cur else None
+
+
+def _param_ids(parent: Any, container: Any) -> set:
+    """The parameter indices of an optimizer's state dict, where ``container`` is its
+    ``state``: DCP's paths spell them as strings, ``load_state_dict`` matches ints."""
+    if not (isinstance(parent, dict) and parent.get("state") is container
+            and isinstance(parent.get("param_groups"), list)):
+        return set()
+    return {p for g in parent["param_groups"] if isinstance(g, dict)
+            for p in g.get("params", ()) if isinstance(p, int)}
+
+
+def _set(root: dict, path: tuple, value: Any) -> None:
+    """``root[path[0]][path[1]]... = value``, creating dicts on the way (a list met on the
+    way is extended); an optimizer's state gets its parameter indices back as ints."""
+    parent, cur = None, root
+    for i, key in enumerate(path):
+        if isinstance(cur, list):
+            cur.extend([None] * (key + 1 - len(cur)))
+        elif isinstance(key, str) and key.isdigit() and int(key) in _param_ids(parent, cur):
+            key = int(key)
+        if i == len(path) - 1:
+            cur[key] = value
+        else:
+            if isinstance(cur, list) and cur[key] is None or \
+                    isinstance(cur, dict) and key not in cur:
+                cur[key] = {}
+            parent, cur = cur, cur[key]
+
+
+def _has_dtensor(obj: Any) -> bool:
+    if isinstance(obj, dict):
+        return any(_has_dtensor(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(_has_dtensor(v) for v in obj)
+    return isinstance(obj, torch.Tensor) and type(obj).__name__ == "DTensor"
+
+
+def fill_empty(state: dict, metadata: Metadata) -> list[str]:
+    """Add to ``state`` each stored entry whose deepest container in ``state`` is empty;
+    returns their fqns. Refused where ``state`` holds DTensors: a sharded optimizer's
+    moments must be sharded like its parameters, which a new full tensor is not."""
+    paths = metadata.planner_data or {}
+    found = []
+    for fqn, md in metadata.state_dict_metadata.items():
+        path = paths.get(fqn)
+        if isinstance(path, (tuple, list)) and len(path) >= 2 and \
+                _empty_container(state, tuple(path)) is not None:
+            found.append((fqn, tuple(path), md))
+    if found and _has_dtensor(state):
+        where = ".".join(map(str, found[0][1][:-1]))
+        raise InvalidArgumentError(
+            f"the checkpoint holds {len(found)} entries (e.g. {found[0][0]!r}) under "
+            f"{where!r}, which the state to load into holds empty, and a new full tensor "
+            "would not be sharded like the model's DTensors: create the optimizer's state "
+            "first (one step with zero gradients at lr 0, as torch.distributed.checkpoint."
+            "state_dict.get_state_dict does), then take its state_dict() and load")
+    for fqn, path, md in found:
+        value = torch.empty(md.size, dtype=md.properties.dtype) \
+            if isinstance(md, TensorStorageMetadata) else None
+        _set(state, path, value)
+    return [fqn for fqn, _, _ in found]

@@ -1,0 +1,150 @@
+"""A restart loads into a fresh optimizer: what the checkpoint holds under the state's empty
+containers is added to them (lcckpt/distributed/fill.py), where DCP loads nothing there."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import lcckpt.distributed as ld
+from lcckpt.distributed.fill import fill_empty
+
+sys.path.insert(0, os.path.dirname(__file__))
+import _dist_worker as W  # noqa: E402
+
+
+def _model_and_adamw(seed: int):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 5))
+    return model, torch.optim.AdamW(model.parameters(), lr=3e-3)
+
+
+def _train(model, opt, steps, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(16, 32, generator=g)).square().mean().backward()
+        opt.step()
+
+
+def _fresh_restore(load):
+    """A restarted run's objects, loaded by ``load(state)`` and handed to them."""
+    model, opt = _model_and_adamw(seed=1)
+    assert opt.state_dict()["state"] == {}                    # nothing stepped yet
+    state = {"model": model.state_dict(), "optim": opt.state_dict(), "epoch": -1}
+    load(state)
+    opt.load_state_dict(state["optim"])
+    return model, opt, state
+
+
+def _assert_same_optimizer(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa["param_groups"] == sb["param_groups"]
+    assert sorted(sa["state"]) == sorted(sb["state"]) == list(range(4))    # int keys
+    for i, entry in sa["state"].items():
+        assert entry.keys() == sb["state"][i].keys()
+        for k, v in entry.items():
+            assert torch.equal(v, sb["state"][i][k]), (i, k)
+
+
+def test_a_fresh_optimizer_restores_its_state_and_the_run_goes_on_exactly(tmp_path):
+    model, opt = _model_and_adamw(seed=0)
+    _train(model, opt, 3)
+    ld.save({"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 3}, tmp_path / "c")
+    model2, opt2, state = _fresh_restore(lambda s: ld.load(s, tmp_path / "c"))
+    assert state["epoch"] == 3
+    _assert_same_optimizer(opt2, opt)
+    _train(model, opt, 2, seed=5)
+    _train(model2, opt2, 2, seed=5)
+    for a, b in zip(model.parameters(), model2.parameters()):
+        assert torch.equal(a, b)                                # as if never interrupted
+
+
+def test_a_chain_step_restores_a_fresh_optimizer_as_a_stepped_one(tmp_path):
+    model, opt = _model_and_adamw(seed=0)
+    ck = ld.DistributedCheckpointer(tmp_path / "run")
+    for step in range(3):
+        _train(model, opt, 2, seed=step)
+        ck.save(step, {"model": model.state_dict(), "optim": opt.state_dict(), "epoch": step})
+    _, fresh, state = _fresh_restore(ck.load)
+    _, stepped = _model_and_adamw(seed=2)
+    _train(_, stepped, 1)                          # moments exist: DCP loads in place
+    target = {"model": _.state_dict(), "optim": stepped.state_dict(), "epoch": -1}
+    assert ck.load(target) == 2
+    stepped.load_state_dict(target["optim"])
+    _assert_same_optimizer(fresh, stepped)
+    assert fresh.state_dict()["state"][0]["step"] == 6 and state["epoch"] == 2
+
+
+def test_a_container_that_holds_anything_loads_only_what_it_holds(tmp_path):
+    model, opt = _model_and_adamw(seed=0)
+    _train(model, opt, 1)
+    ld.save({"model": model.state_dict(), "optim": opt.state_dict()}, tmp_path / "c")
+    head = {"2.weight": torch.zeros(5, 64)}
+    target = {"model": head}                       # a part of the model, no optimizer
+    ld.load(target, tmp_path / "c")
+    assert list(target) == ["model"] and list(head) == ["2.weight"]
+    assert torch.equal(head["2.weight"], model[2].weight.detach())
+
+
+def test_fill_adds_under_empty_containers_only():
+    from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, Metadata,
+                                                       TensorProperties, TensorStorageMetadata)
+    md = lambda n: TensorStorageMetadata(TensorProperties(torch.float32), torch.Size([n]), [])  # noqa: E731
+    meta = Metadata(
+        state_dict_metadata={"o.state.3.m": md(2), "o.state.3.n": BytesStorageMetadata(),
+                             "o.param_groups": BytesStorageMetadata(), "m.w": md(4),
+                             "m.b": md(4), "x.0.y": md(1), "top": md(3)},
+        planner_data={"o.state.3.m": ("o", "state", "3", "m"), "o.state.3.n": ("o", "state", "3", "n"),
+                      "o.param_groups": ("o", "param_groups"), "m.w": ("m", "w"),
+                      "m.b": ("m", "b"), "x.0.y": ("x", 0, "y"), "top": ("top",)})
+    state = {"o": {"state": {}, "param_groups": [{"params": [3]}]}, "m": {"w": torch.ones(4)},
+             "x": []}
+    added = fill_empty(state, meta)
+    assert sorted(added) == ["o.state.3.m", "o.state.3.n", "x.0.y"]
+    assert list(state["o"]["state"]) == [3]                    # the optimizer's int key
+    assert state["o"]["state"][3]["m"].shape == (2,) and state["o"]["state"][3]["n"] is None
+    assert list(state["m"]) == ["w"] and "top" not in state    # non-empty, and the top level
+    assert state["x"][0]["y"].shape == (1,)
+    # a str key that is no parameter's index stays a str
+    state = {"o": {"state": {}, "param_groups": [{"params": [0]}]}}
+    fill_empty(state, meta)
+    assert list(state["o"]["state"]) == ["3"]
+
+
+_FSDP_FRESH = """
+import datetime, os, sys, torch, torch.distributed as dist
+sys.path.insert(0, %r)
+dist.init_process_group("gloo", init_method=%r, rank=0, world_size=1,
+                        timeout=datetime.timedelta(seconds=60))
+import lcckpt.distributed as ld
+from lcckpt.errors import InvalidArgumentError
+import _dist_worker as W
+model = W.fsdp_model()
+opt = torch.optim.Adam(model.parameters())
+model(torch.randn(2, 16)).sum().backward()
+opt.step()
+ld.save({"model": model.state_dict(), "optim": opt.state_dict()}, %r)
+model = W.fsdp_model()
+fresh = torch.optim.Adam(model.parameters())
+try:
+    ld.load({"model": model.state_dict(), "optim": fresh.state_dict()}, %r)
+except InvalidArgumentError as e:
+    print("refused:", e)
+dist.destroy_process_group()
+"""
+
+
+def test_a_sharded_fresh_optimizer_is_refused_with_what_to_do(tmp_path):
+    d = str(tmp_path / "c")
+    code = _FSDP_FRESH % (os.path.dirname(__file__), W.rendezvous(tmp_path), d, d)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env=dict(os.environ, LCCKPT_THREADS="1"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = out.stdout.strip().splitlines()[-1]
+    assert line.startswith("refused:") and "DTensors" in line and "get_state_dict" in line, \
+        json.dumps(out.stdout[-2000:])
