@@ -75,11 +75,12 @@ def _set(root: dict, path: tuple, value: Any) -> None:
 
 
 def _has_dtensor(obj: Any) -> bool:
+    from torch.distributed.tensor import DTensor  # noqa: PLC0415 - as pool.py does
     if isinstance(obj, dict):
         return any(_has_dtensor(v) for v in obj.values())
     if isinstance(obj, (list, tuple)):
         return any(_has_dtensor(v) for v in obj)
-    return isinstance(obj, torch.Tensor) and type(obj).__name__ == "DTensor"
+    return isinstance(obj, DTensor)
 
 
 def fill_empty(state: dict, metadata: Metadata) -> list[str]:

@@ -269,18 +269,18 @@ class BalancedSavePlanner(DefaultSavePlanner):
 class SafeLoadPlanner(DefaultLoadPlanner):
     """DCP's load planner, except that non-tensor values load without pickle (lcckpt files:
     :class:`TreeBytes`) or are unpickled with ``weights_only=True`` (plain containers,
-    numbers, strings, tensors): a checkpoint cannot run code on load; and that what the
-    checkpoint holds under an empty container of the state (a fresh optimizer's) is
-    added to it (``filled``: their fqns)."""
+    numbers, strings, tensors): a checkpoint cannot run code on load. What the checkpoint
+    holds under an empty container of the state (a fresh optimizer's) is added to it
+    (``filled``: their fqns)."""
 
-    filled: list[str] = []
+    filled: tuple[str, ...] = ()
 
     def set_up_planner(self, state_dict, metadata: Metadata | None = None,
                        is_coordinator: bool = False) -> None:
         """DCP's, after adding the stored entries under the state's empty containers (a
         fresh optimizer's ``state``: fill.py)."""
         if metadata is not None and self.flatten_state_dict:
-            self.filled = fill_empty(state_dict, metadata)
+            self.filled = tuple(fill_empty(state_dict, metadata))
         super().set_up_planner(state_dict, metadata, is_coordinator)
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
