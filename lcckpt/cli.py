@@ -5,7 +5,8 @@
 :class:`DeltaCheckpointer` directory, a Trainer's ``checkpoint-N``, a distributed
 checkpoint (one, or a ``DistributedCheckpointer`` directory: ``distributed/report.py``)
 or a directory holding any of them (``interop/folder.py``); ``--json`` prints JSON.
-``convert`` moves a checkpoint between the three file formats, either way.
+``convert`` moves a checkpoint between the three file formats, either way, and writes a
+distributed checkpoint as one file.
 
 Exit codes: 0 success; 1 the data is bad (damaged, missing link, unsafe, unknown format)
 or a check failed; 2 bad usage (unknown option, missing path). Every failure is one line
@@ -19,6 +20,7 @@ import re
 import sys
 
 from .errors import CorruptDataError, LcckptError
+from .util.table import format_table as _table
 from .interop.steprows import (FALLBACK_LEGEND, MOVEMENT_LEGEND, ROLE_COLUMNS, fallback_column,
                                judge_links, movement_columns, set_aside_files)
 
@@ -259,19 +261,14 @@ def verify_dir(path: str) -> list[dict]:
     return report
 
 
-def _table(rows, cols):
-    from .util.table import format_table
-    return format_table(rows, cols)
-
-
 def _distributed(path: str):
     """lcckpt.distributed's report module where ``path`` is a DCP checkpoint or steps of
     them (imported only then: it loads torch.distributed), else None."""
-    if os.path.isdir(path) and (os.path.isfile(os.path.join(path, ".metadata")) or any(
+    if not os.path.isdir(path) or not (os.path.isfile(os.path.join(path, ".metadata")) or any(
             re.fullmatch(r"step_\d{10}", n) for n in os.listdir(path))):
-        from .distributed import report
-        return report
-    return None
+        return None
+    from .distributed import report
+    return report
 
 
 def _inspect(args) -> int:
@@ -368,8 +365,10 @@ def _verify(args) -> int:
 
 def _convert(args) -> int:
     from .interop.convert import convert
-    doc = convert(args.input, args.output, to=args.to, compress=args.compress, step=args.step,
-                  key=args.key)
+    dist = _distributed(args.input)   # one DCP checkpoint, or a step of a chain of them
+    doc = convert(dist.checkpoint_dir(args.input, args.step) if dist else args.input,
+                  args.output, to=args.to, compress=args.compress, step=None if dist else
+                  args.step, key=args.key, read=dist and dist.read)
     if doc.get("dropped_metadata"):
         _fail("convert", f"the input's safetensors metadata ({doc['dropped_metadata']} keys) "
                          "has no place in a torch.save file and was not kept", "warning")
@@ -427,7 +426,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         description="Convert a checkpoint between torch.save (.pt), safetensors and lcckpt "
                     "(.lcc) files, keeping every tensor bit for bit. A torch file that needs "
                     "arbitrary code to unpickle is refused, never executed.")
-    p.add_argument("input", help="a checkpoint file, or a DeltaCheckpointer directory")
+    p.add_argument("input", help="a checkpoint file, a DeltaCheckpointer directory or a "
+                                 "distributed checkpoint (or a DistributedCheckpointer's)")
     p.add_argument("output", help="the file to write; its extension picks the format")
     p.add_argument("--to", choices=["lcckpt", "torch", "safetensors"],
                    help="output format (default: from the output's extension)")

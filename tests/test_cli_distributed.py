@@ -1,4 +1,4 @@
-"""``lcckpt inspect`` and ``lcckpt verify`` on distributed checkpoints: one checkpoint
+"""``lcckpt inspect``, ``verify`` and ``convert`` on distributed checkpoints: one checkpoint
 directory, and a DistributedCheckpointer's steps."""
 
 import json
@@ -81,3 +81,42 @@ def test_a_checkpoint_plain_dcp_wrote_is_named_as_such(tmp_path, capsys):
     dcp.save({"w": torch.ones(4)}, storage_writer=dcp.FileSystemWriter(str(tmp_path / "p")))
     assert main(["inspect", str(tmp_path / "p")]) == 1
     assert "FileSystemReader" in capsys.readouterr().err
+
+
+def test_convert_writes_a_step_of_a_chain_as_one_file(chain, tmp_path, capsys):
+    """A distributed checkpoint, or a step of a DistributedCheckpointer (the newest by
+    default), written as one torch.save, safetensors or lcckpt file of the whole state."""
+    import lcckpt
+    for step in (None, 1):
+        want = {}
+        assert chain.load(want, step=step) == (2 if step is None else 1)
+        for out in ("a.pt", "c.lcc"):
+            dst = tmp_path / f"{step}-{out}"
+            args = ["convert", str(chain.directory), str(dst)] + ([] if step is None else
+                                                                   ["--step", str(step)])
+            assert main(args) == 0, capsys.readouterr().err
+            got = lcckpt.load(dst)
+            assert got["epoch"] == want["epoch"] and torch.equal(got["out"], want["emb"])
+    ld.save({"model": {"w": want["emb"]}, "epoch": 1}, tmp_path / "one")
+    assert main(["convert", str(tmp_path / "one"), str(tmp_path / "m.safetensors"),
+                 "--key", "model"]) == 0
+    assert torch.equal(lcckpt.load(tmp_path / "m.safetensors")["w"], want["emb"])
+    capsys.readouterr()
+    assert main(["convert", str(chain.path(0)), str(tmp_path / "k.pt"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["input_format"] == "distributed" and doc["input_bytes"] > 0
+    assert main(["convert", str(chain.directory), str(tmp_path / "x.pt"), "--step", "7"]) == 1
+    assert "step 7 is not committed" in capsys.readouterr().err
+    assert main(["convert", str(chain.path(0)), str(tmp_path / "x.pt"), "--step", "0"]) == 1
+    assert "leave out --step" in capsys.readouterr().err
+
+
+def test_lcckpt_load_of_a_distributed_directory_says_how_to_read_it(chain):
+    import lcckpt
+    from lcckpt.errors import InvalidArgumentError
+    with pytest.raises(InvalidArgumentError, match=r"DistributedCheckpointer's steps.*"
+                       r"DistributedCheckpointer\(directory\)\.load\(\{\}\)"):
+        lcckpt.load(chain.directory)
+    with pytest.raises(InvalidArgumentError, match=r"a distributed checkpoint: lcckpt\."
+                       r"distributed\.load\(\{\}, directory\)"):
+        lcckpt.load(chain.path(1))

@@ -148,3 +148,32 @@ def test_a_sharded_fresh_optimizer_is_refused_with_what_to_do(tmp_path):
     line = out.stdout.strip().splitlines()[-1]
     assert line.startswith("refused:") and "DTensors" in line and "get_state_dict" in line, \
         json.dumps(out.stdout[-2000:])
+
+
+def test_an_empty_state_loads_the_whole_checkpoint(tmp_path):
+    """``{}``: every entry, values and the optimizer's int keys as saved; from one
+    checkpoint and from a chain's step."""
+    model, opt = _model_and_adamw(seed=0)
+    _train(model, opt, 2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 3)
+    saved = {"model": model.state_dict(), "optim": opt.state_dict(), "sched": sched.state_dict(),
+             "epoch": 3, "hist": [1.5, 2.5]}
+    ld.save(saved, tmp_path / "c")
+    whole = {}
+    ld.load(whole, tmp_path / "c")
+    assert sorted(whole) == sorted(saved) and whole["epoch"] == 3 and whole["hist"] == [1.5, 2.5]
+    assert whole["sched"] == sched.state_dict()
+    assert whole["optim"]["param_groups"] == opt.state_dict()["param_groups"]
+    model2, opt2 = _model_and_adamw(seed=1)
+    model2.load_state_dict(whole["model"])
+    opt2.load_state_dict(whole["optim"])
+    _assert_same_optimizer(opt2, opt)
+    ck = ld.DistributedCheckpointer(tmp_path / "run")
+    for step in range(2):
+        _train(model, opt, 1, seed=step)
+        ck.save(step, {"model": model.state_dict(), "optim": opt.state_dict()})
+    whole, target = {}, {"model": model2.state_dict(), "optim": opt2.state_dict()}
+    assert ck.load(whole) == ck.load(target) == 1
+    assert sorted(whole["optim"]["state"]) == [0, 1, 2, 3]
+    for k, v in target["model"].items():
+        assert torch.equal(whole["model"][k], v)

@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 
 from ..errors import DistributedCheckpointError, InvalidArgumentError, LcckptError
 from .exchange import PeerFailedError
+from .fill import settle_keys
 from .live import LiveStager, Versions
 from .pool import Pool, PoolStager, live_stager
 from .merge import merge_step, rebase_step
@@ -212,22 +213,29 @@ def _live(writer: CompressedWriter, state, live: bool, step: int, process: bool,
 def load(state, directory, *, process_group=None, storage_options: dict | None = None,
          cooperative: bool = True) -> None:
     """Load ``directory`` into ``state`` in place (its tensors/DTensors give the layout: any
-    world size and sharding). Non-tensor values load without pickle (they are stored as
+    world size and sharding); what it holds under a container ``state`` holds empty is
+    added there (a fresh optimizer's ``state``; ``{}``: the whole checkpoint, as new CPU
+    tensors). Non-tensor values load without pickle (they are stored as
     lcckpt files), or with ``weights_only=True`` where only pickle stored them.
     ``cooperative``: see :class:`CompressedReader` (ranks share the reading and decoding)."""
     no_dist = _no_dist(process_group)
     reader = CompressedReader(directory, storage_options=storage_options,
                               process_group=process_group, cooperative=cooperative)
     reader.read_metadata()          # its errors unwrapped by DCP's; DCP reuses the parsed copy
+    planner = SafeLoadPlanner()
     try:
         with _quiet(no_dist):
-            dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(),
+            dcp.load(state, storage_reader=reader, planner=planner,
                      process_group=process_group, no_dist=no_dist)
     except BaseException as e:
         err = _unwrap(e, f"loading {directory}")
         if err is e:
             raise
         raise err from e
+    if planner.filled:              # dcp.load hands back the top-level keys it was given
+        for key, value in planner.original_state_dict.items():
+            state.setdefault(key, value)
+        settle_keys(state)
 
 
 class DistributedCheckpointer:

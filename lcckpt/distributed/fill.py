@@ -4,9 +4,10 @@ DCP loads what the given state holds, in place. An optimizer that has not steppe
 at every restart, gives ``opt.state_dict()["state"] == {}``: DCP then loads its
 ``param_groups`` and not one moment or step count, and says nothing. Where the given state
 holds a container empty, the stored entries under it are added to it (tensors new on the
-CPU, values as stored), so that ``opt.load_state_dict(state["optim"])`` gets them. A
-container that holds anything keeps DCP's rule: only what it holds is loaded (a model's
-state dict with another head loads its own keys, no others).
+CPU, values as stored), so that ``opt.load_state_dict(state["optim"])`` gets them; an empty
+state (``{}``) loads the whole checkpoint. A container that holds anything keeps DCP's
+rule: only what it holds is loaded (a model's state dict with another head loads its own
+keys, no others).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["fill_empty"]
+__all__ = ["fill_empty", "settle_keys"]
 
 _MISSING = object()
 
@@ -32,18 +33,18 @@ def _child(container: Any, key: Any) -> Any:
 
 
 def _empty_container(state: dict, path: tuple) -> Any:
-    """The deepest container along ``path`` (below the top level) that ``state`` holds,
-    if it is empty; else None."""
-    cur, depth = state, 0
+    """The deepest container along ``path`` that ``state`` holds (``state`` itself at
+    the top: ``{}`` loads everything), if it is empty; else None."""
+    cur = state
     for key in path[:-1]:
         nxt = _child(cur, key)
         if nxt is _MISSING:
             break
-        cur, depth = nxt, depth + 1
+        cur = nxt
     else:
         if _child(cur, path[-1]) is not _MISSING:
             return None                       # the entry itself is there: DCP loads it
-    return cur if depth >= 1 and isinstance(cur, (dict, list)) and not cur else None
+    return cur if isinstance(cur, (dict, list)) and not cur else None
 
 
 def _param_ids(parent: Any, container: Any) -> set:
@@ -53,12 +54,13 @@ def _param_ids(parent: Any, container: Any) -> set:
             and isinstance(parent.get("param_groups"), list)):
         return set()
     return {p for g in parent["param_groups"] if isinstance(g, dict)
-            for p in g.get("params", ()) if isinstance(p, int)}
+            and isinstance(g.get("params"), list) for p in g["params"] if isinstance(p, int)}
 
 
 def _set(root: dict, path: tuple, value: Any) -> None:
-    """``root[path[0]][path[1]]... = value``, creating dicts on the way (a list met on the
-    way is extended); an optimizer's state gets its parameter indices back as ints."""
+    """``root[path[0]][path[1]]... = value``, creating on the way a list where the next
+    key is an int (DCP's paths give a list's index as an int, a dict's key as a str) and a
+    dict otherwise; an optimizer's state gets its parameter indices back as ints."""
     parent, cur = None, root
     for i, key in enumerate(path):
         if isinstance(cur, list):
@@ -70,7 +72,7 @@ def _set(root: dict, path: tuple, value: Any) -> None:
         else:
             if isinstance(cur, list) and cur[key] is None or \
                     isinstance(cur, dict) and key not in cur:
-                cur[key] = {}
+                cur[key] = [] if isinstance(path[i + 1], int) else {}
             parent, cur = cur, cur[key]
 
 
@@ -90,8 +92,8 @@ def fill_empty(state: dict, metadata: Metadata) -> list[str]:
     paths = metadata.planner_data or {}
     found = []
     for fqn, md in metadata.state_dict_metadata.items():
-        path = paths.get(fqn)
-        if isinstance(path, (tuple, list)) and len(path) >= 2 and \
+        path = paths.get(fqn, (fqn,))          # a checkpoint saved unflattened: its fqn
+        if isinstance(path, (tuple, list)) and path and \
                 _empty_container(state, tuple(path)) is not None:
             found.append((fqn, tuple(path), md))
     if found and _has_dtensor(state):
@@ -107,3 +109,20 @@ def fill_empty(state: dict, metadata: Metadata) -> list[str]:
             if isinstance(md, TensorStorageMetadata) else None
         _set(state, path, value)
     return [fqn for fqn, _, _ in found]
+
+
+def settle_keys(obj: Any) -> None:
+    """Give each optimizer state dict under ``obj`` its parameter indices back as ints,
+    once its ``param_groups`` have loaded (a state loaded whole: they were placeholders
+    when its entries were added)."""
+    if isinstance(obj, dict):
+        state = obj.get("state")
+        ids = _param_ids(obj, state) if isinstance(state, dict) else set()
+        for key in [k for k in state if isinstance(k, str) and k.isdigit()] if ids else ():
+            if int(key) in ids and int(key) not in state:
+                state[int(key)] = state.pop(key)
+        for v in obj.values():
+            settle_keys(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            settle_keys(v)

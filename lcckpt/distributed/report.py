@@ -16,7 +16,7 @@ import os
 import pickle
 
 from .. import limits
-from ..errors import LcckptError
+from ..errors import InvalidArgumentError, LcckptError
 from .api import _STEP
 
 
@@ -150,3 +150,31 @@ def verify(path: str, progress=lambda items, desc: items) -> list[dict]:
             got = [{"path": where, "ok": False, "error": str(e)}]
         report += [{"step": step, **r} if step is not None else r for r in got]
     return report
+
+
+def checkpoint_dir(path: str, step: int | None = None) -> str:
+    """The checkpoint directory ``path`` names: itself, or a DistributedCheckpointer
+    directory's ``step`` (default: its newest committed step)."""
+    if is_checkpoint(path):
+        if step is not None:
+            raise InvalidArgumentError(f"{path} is one checkpoint, not a directory of steps: "
+                                       "leave out --step")
+        return path
+    found = dict(steps(path))
+    if not found:
+        raise InvalidArgumentError(f"{path} holds no committed distributed checkpoint")
+    if step is None:
+        return found[max(found)]
+    if step not in found:
+        raise InvalidArgumentError(f"step {step} is not committed in {path}; committed: "
+                                   f"{sorted(found)}")
+    return found[step]
+
+
+def read(path: str) -> dict:
+    """One distributed checkpoint read whole into this process (CPU tensors, no process
+    group): what ``lcckpt convert`` writes as one file."""
+    from .api import load
+    state: dict = {}
+    load(state, path)
+    return state

@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import re
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
@@ -281,12 +282,22 @@ def _mapped_decoder(path, c: Container) -> _tree.LeafDecoder:
     return decode
 
 
+def _directory_hint(path: str) -> str:
+    """How to read the directory ``path``, by what it holds."""
+    names = os.listdir(path)
+    if ".metadata" in names:
+        return ("it holds a distributed checkpoint: lcckpt.distributed.load({}, directory) "
+                "reads it whole, `lcckpt convert` writes it as one file")
+    if any(re.fullmatch(r"step_\d{10}", n) for n in names):
+        return ("it holds a DistributedCheckpointer's steps: lcckpt.distributed."
+                "DistributedCheckpointer(directory).load({}) reads the newest whole")
+    return "a chain of checkpoints loads with lcckpt.DeltaCheckpointer(directory).load(step)"
+
+
 def _load_path(path: str, map_location, weights_only, mmap, pickle_load_args, max_bytes,
                targets: Into | None):
     if os.path.isdir(path):
-        raise InvalidArgumentError(
-            f"{path!r} is a directory; a chain of checkpoints loads with "
-            "lcckpt.DeltaCheckpointer(directory).load(step)")
+        raise InvalidArgumentError(f"{path!r} is a directory; {_directory_hint(path)}")
     head = _head(path)
     if _sharded.is_index(path, head):           # shards, as Hugging Face writes them
         return _load_index(path, map_location, weights_only, mmap, max_bytes, targets)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -246,13 +246,15 @@ def write_checkpoint(obj, path: str | os.PathLike, fmt: str, *, compress: bool =
 
 
 def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = None,
-            compress: bool = False, step: int | None = None, key: str | None = None) -> dict:
+            compress: bool = False, step: int | None = None, key: str | None = None,
+            read: Callable[[str], Any] | None = None) -> dict:
     """Convert ``src`` (any readable checkpoint) to ``dst``; returns what was done.
 
     ``to``: the output format; by default it follows ``dst``'s extension (.lcc/.lcckpt,
     .pt/.pth/.bin/.ckpt, .safetensors). ``key``: write only the value at this key path,
     its levels joined by dots (``"model"``: a training checkpoint's state_dict, as a
-    safetensors file holds it).
+    safetensors file holds it). ``read``: reads ``src`` instead, a directory in a format
+    of a higher layer (a distributed checkpoint, for the CLI).
     """
     src, dst = local(src, "lcckpt.convert"), local(dst, "lcckpt.convert")
     fmt = to or format_for_path(dst)
@@ -264,7 +266,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = 
         raise InvalidArgumentError(f"{dst} is the input file; write to another path")
     if os.path.isdir(dst):
         raise InvalidArgumentError(f"{dst} is a directory; give an output file name")
-    obj, meta, src_fmt = read_checkpoint(src, step=step)
+    obj, meta, src_fmt = (read(src), None, "distributed") if read else \
+        read_checkpoint(src, step=step)
     source = src if key is None else f"{src}[{key!r}]"
     if key is not None:
         obj = select(obj, key, src)
@@ -298,7 +301,7 @@ def select(obj, key: str, source: str):
 
 
 def _size(path: str, fmt: str) -> int:
-    if fmt == "chain":
+    if fmt in ("chain", "distributed"):
         return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
     if fmt == "trainer":                         # the files read, trainer_state.json too
         return os.path.getsize(os.path.join(path, trainerdir.STATE)) + \
