@@ -1200,3 +1200,30 @@ def lightning_io_worker(rank, world, init_method, root):
         stop()
     dist.barrier()
     dist.destroy_process_group()
+
+
+def fresh_optimizer_worker(rank, world, init_method, root):
+    """Two ranks save a chain of an AdamW run; new objects on each rank (an optimizer that
+    has not stepped) restore from it cooperatively and take the optimizer's state; rank 0
+    writes what each got."""
+    import lcckpt.distributed as ld
+    _init(rank, world, init_method, root)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ck = ld.DistributedCheckpointer(os.path.join(root, "chain"))
+    for step in range(3):
+        _adam_step(model, opt, step)
+        ck.save(step, {"model": model.state_dict(), "optim": opt.state_dict()})
+    torch.manual_seed(5)
+    model2 = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8))
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=1.0)
+    fresh = {"model": model2.state_dict(), "optim": opt2.state_dict()}
+    assert ld.DistributedCheckpointer(os.path.join(root, "chain")).load(fresh) == 2
+    opt2.load_state_dict(fresh["optim"])
+    stepped = {"model": model.state_dict(), "optim": opt.state_dict()}
+    ck.load(stepped)                                   # into existing moments, in place
+    torch.save({"fresh": opt2.state_dict(), "stepped": stepped["optim"],
+                "model": model2.state_dict()}, os.path.join(root, f"fresh{rank}.pt"))
+    ck.close()
+    dist.destroy_process_group()

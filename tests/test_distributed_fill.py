@@ -177,3 +177,19 @@ def test_an_empty_state_loads_the_whole_checkpoint(tmp_path):
     assert sorted(whole["optim"]["state"]) == [0, 1, 2, 3]
     for k, v in target["model"].items():
         assert torch.equal(whole["model"][k], v)
+
+
+@pytest.mark.slow
+def test_two_ranks_restore_a_fresh_optimizer_cooperatively(tmp_path):
+    """Each rank reads half and sends it on (the default restore); both end with the
+    optimizer state a stepped optimizer gets in place."""
+    W.spawn(W.fresh_optimizer_worker, (2, W.rendezvous(tmp_path), str(tmp_path)), 2,
+            str(tmp_path))
+    for rank in range(2):
+        got = torch.load(tmp_path / f"fresh{rank}.pt")
+        fresh, stepped = got["fresh"], got["stepped"]
+        assert sorted(fresh["state"]) == [0, 1, 2, 3] and fresh["param_groups"][0]["lr"] == 1e-3
+        for i, entry in stepped["state"].items():
+            for k, v in entry.items():
+                assert torch.equal(fresh["state"][i][k], v), (rank, i, k)
+        assert fresh["state"][0]["step"] == 3
