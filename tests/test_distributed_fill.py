@@ -193,3 +193,15 @@ def test_two_ranks_restore_a_fresh_optimizer_cooperatively(tmp_path):
             for k, v in entry.items():
                 assert torch.equal(fresh["state"][i][k], v), (rank, i, k)
         assert fresh["state"][0]["step"] == 3
+
+
+def test_objects_given_themselves_load_their_state(tmp_path):
+    """DCP's ``Stateful``: a model and a fresh optimizer in the state are saved through their
+    ``state_dict`` and loaded through their ``load_state_dict``, moments included."""
+    model, opt = _model_and_adamw(seed=0)
+    _train(model, opt, 2)
+    ld.save({"model": model, "optim": opt}, tmp_path / "c")
+    model2, opt2 = _model_and_adamw(seed=1)
+    ld.load({"model": model2, "optim": opt2}, tmp_path / "c")
+    _assert_same_optimizer(opt2, opt)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))
