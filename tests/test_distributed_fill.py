@@ -136,6 +136,8 @@ try:
 except InvalidArgumentError as e:
     print("refused:", e)
 dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)     # FSDP2's groups outlive destroy_process_group (_dist_worker._rank_main)
 """
 
 

@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 
 from ..errors import DistributedCheckpointError, InvalidArgumentError, LcckptError
 from .exchange import PeerFailedError
-from .fill import settle_keys
+from .fill import settle
 from .live import LiveStager, Versions
 from .pool import Pool, PoolStager, live_stager
 from .merge import merge_step, rebase_step
@@ -232,10 +232,8 @@ def load(state, directory, *, process_group=None, storage_options: dict | None =
         if err is e:
             raise
         raise err from e
-    if planner.filled:              # dcp.load hands back the top-level keys it was given
-        for key, value in planner.original_state_dict.items():
-            state.setdefault(key, value)
-        settle_keys(state)
+    if planner.filled:
+        settle(state, planner.original_state_dict)
 
 
 class DistributedCheckpointer:

@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["fill_empty", "settle_keys"]
+__all__ = ["fill_empty", "settle"]
 
 _MISSING = object()
 
@@ -111,7 +111,16 @@ def fill_empty(state: dict, metadata: Metadata) -> list[str]:
     return [fqn for fqn, _, _ in found]
 
 
-def settle_keys(obj: Any) -> None:
+def settle(state: dict, loaded: dict) -> None:
+    """After a load that added entries: the top-level keys that ``dcp.load`` leaves out
+    (it hands back only those it was given) taken from ``loaded``, the state it loaded
+    into, then :func:`_settle_keys`."""
+    for key, value in loaded.items():
+        state.setdefault(key, value)
+    _settle_keys(state)
+
+
+def _settle_keys(obj: Any) -> None:
     """Give each optimizer state dict under ``obj`` its parameter indices back as ints,
     once its ``param_groups`` have loaded (a state loaded whole: they were placeholders
     when its entries were added)."""
@@ -122,7 +131,7 @@ def settle_keys(obj: Any) -> None:
             if int(key) in ids and int(key) not in state:
                 state[int(key)] = state.pop(key)
         for v in obj.values():
-            settle_keys(v)
+            _settle_keys(v)
     elif isinstance(obj, list):
         for v in obj:
-            settle_keys(v)
+            _settle_keys(v)
