@@ -101,3 +101,17 @@ def test_plan_explain_and_invalid():
     with pytest.raises(InvalidArgumentError, match="horizon"):
         S.solve(50.0, **BASE)
     assert S.solve(np.int64(50), window=np.int64(4), **BASE).horizon == 50
+
+
+@pytest.mark.parametrize("mtbf", [1e-3, 0.3, 1.0])
+def test_a_job_that_cannot_finish_is_refused_not_planned_as_nan(mtbf):
+    """An MTBF far below a restart's cost overflowed the model's expected times into NaN,
+    and the plan that came with them was arbitrary."""
+    kw = dict(iter_time=0.35, checkpoint_cost=2.0, persist_time=6.0, restart_cost=40.0)
+    with pytest.raises(InvalidArgumentError, match=rf"mtbf {mtbf:.3g} s is too short.*"
+                       r"never finish; mtbf is in seconds"):
+        S.solve(2000, mtbf=mtbf, **kw)
+    with pytest.raises(InvalidArgumentError, match="too short"):
+        S.score([10, 20], 2000, mtbf=mtbf, **kw)
+    plan = S.solve(2000, mtbf=10.0, **kw)            # a hard job, but one that finishes
+    assert math.isfinite(plan.expected_overhead) and plan.iterations

@@ -15,6 +15,8 @@ import numpy as np
 from ..errors import InvalidArgumentError
 from .failures import FailureModel, as_failure_model
 
+MAX_EXPONENT = 30.0    # failures per try as a power of e past which no job finishes
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -65,7 +67,22 @@ def build_problem(horizon, *, iter_time, checkpoint_cost, restart_cost, mtbf,
         lam = np.asarray(model.expected_failures(t), dtype=np.float64) / tau
     if np.any(~np.isfinite(lam)) or np.any(lam < 0):
         raise InvalidArgumentError("failure rates must be finite and >= 0; check mtbf")
+    _check_finishes(lam, tau + ckpt + persist, restart[1:])
     return Problem(h, tau, ckpt, persist, restart, lam, d, t, model)
+
+
+def _check_finishes(lam: np.ndarray, step: np.ndarray, restart: np.ndarray) -> None:
+    """Refuse failure rates under which one iteration with its checkpoint, or a restart,
+    is expected to fail about e^MAX_EXPONENT times before it gets through: no schedule
+    finishes such a job, and its expected times overflow (they came out NaN)."""
+    k = lam * np.maximum(step, restart)
+    if np.any(k > MAX_EXPONENT):
+        i = int(np.argmax(k))
+        raise InvalidArgumentError(
+            f"mtbf {1 / lam[i]:.3g} s is too short for these costs: an iteration with its "
+            f"checkpoint takes {step[i]:.3g} s and a restart {restart[i]:.3g} s, so the job is "
+            f"expected to fail about e^{k[i]:.0f} times in one of them and never finish; "
+            "mtbf is in seconds")
 
 
 def _scalar(name: str, value) -> float:
