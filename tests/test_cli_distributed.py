@@ -78,9 +78,20 @@ def test_a_missing_step_makes_the_later_ones_unrestorable(chain, capsys):
 
 
 def test_a_checkpoint_plain_dcp_wrote_is_named_as_such(tmp_path, capsys):
-    dcp.save({"w": torch.ones(4)}, storage_writer=dcp.FileSystemWriter(str(tmp_path / "p")))
-    assert main(["inspect", str(tmp_path / "p")]) == 1
-    assert "FileSystemReader" in capsys.readouterr().err
+    """Inspected from its metadata, read safely (plain.py), verified by reading it whole."""
+    dcp.save({"w": torch.ones(4), "epoch": 2},
+             storage_writer=dcp.FileSystemWriter(str(tmp_path / "p")))
+    code, doc = _inspect(tmp_path / "p", capsys)
+    assert code == 0 and doc["format"] == "distributed checkpoint (plain DCP)"
+    items = {r["name"]: r for r in doc["items"]}
+    assert items["w"]["shape"] == [4] and items["w"]["raw_bytes"] == 16
+    assert items["w"]["rank"] == 0 and items["epoch"]["dtype"] == "value"
+    assert main(["verify", str(tmp_path / "p")]) == 0
+    name = next(n for n in os.listdir(tmp_path / "p") if n.endswith(".distcp"))
+    with open(tmp_path / "p" / name, "r+b") as f:
+        f.truncate(8)
+    assert main(["verify", str(tmp_path / "p")]) == 1
+    assert "damaged, truncated or forged" in capsys.readouterr().err
 
 
 def test_convert_writes_a_step_of_a_chain_as_one_file(chain, tmp_path, capsys):

@@ -8,7 +8,7 @@ import torch
 
 import lcckpt.distributed as ld
 from lcckpt.codec.streamed import STREAM_MIN, StreamedBlob
-from lcckpt.distributed import api, storage
+from lcckpt.distributed import plain, storage
 from lcckpt.errors import CorruptDataError
 
 
@@ -58,7 +58,7 @@ def test_large_exact_items_stream_into_their_targets_bit_for_bit(tmp_path, spy, 
         def __init__(self, *a, **k):
             super().__init__(*a, **k)
             readers.append(self)
-    monkeypatch.setattr(api, "CompressedReader", Counted)
+    monkeypatch.setattr(plain, "CompressedReader", Counted)   # the reader load picks
     target = _zeros(state)
     ld.load(target, tmp_path / "c")
     assert seen.count(True) == 2                        # w and h; the rest read whole

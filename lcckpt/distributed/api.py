@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 from ..errors import DistributedCheckpointError, InvalidArgumentError, LcckptError
 from .exchange import PeerFailedError
 from .fill import settle
+from .plain import reader_for
 from .live import LiveStager, Versions
 from .pool import Pool, PoolStager, live_stager
 from .merge import merge_step, rebase_step
@@ -219,9 +220,8 @@ def load(state, directory, *, process_group=None, storage_options: dict | None =
     lcckpt files), or with ``weights_only=True`` where only pickle stored them.
     ``cooperative``: see :class:`CompressedReader` (ranks share the reading and decoding)."""
     no_dist = _no_dist(process_group)
-    reader = CompressedReader(directory, storage_options=storage_options,
-                              process_group=process_group, cooperative=cooperative)
-    reader.read_metadata()          # its errors unwrapped by DCP's; DCP reuses the parsed copy
+    reader = reader_for(directory, storage_options=storage_options,      # plain DCP's too
+                        process_group=process_group, cooperative=cooperative)
     planner = SafeLoadPlanner()
     try:
         with _quiet(no_dist):

@@ -22,8 +22,12 @@ import torch
 from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, Metadata,
                                                    TensorStorageMetadata)
 
-from ..errors import CorruptDataError, InvalidArgumentError, UnsafeObjectError
+from ..errors import CorruptDataError, InvalidArgumentError, LcckptError, UnsafeObjectError
 from .exchange import VALUES
+
+
+class PlainCheckpoint(InvalidArgumentError):
+    """A checkpoint whose items plain DCP wrote (``plain.py`` reads it)."""
 
 
 def _layout_by_name(name: str) -> torch.layout:
@@ -72,6 +76,18 @@ class MetadataUnpickler(pickle.Unpickler):
             return collections.OrderedDict
         raise UnsafeObjectError(f"checkpoint metadata refers to {module}.{name}, which is not "
                                 "part of DCP metadata; refusing to load it")
+
+
+def unpickle(raw: bytes, path, info_class: type):
+    """``raw``, the ``.metadata`` at ``path``, through :class:`MetadataUnpickler`; a damaged
+    pickle is a :class:`CorruptDataError` naming ``path``."""
+    try:
+        return MetadataUnpickler(io.BytesIO(raw), info_class).load()
+    except LcckptError:
+        raise
+    except Exception as e:     # damaged pickles fail in many ways, none of them ours
+        raise CorruptDataError(f"{path}: unreadable checkpoint metadata "
+                               f"({type(e).__name__}: {e})") from None
 
 
 _MEMO_PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
@@ -131,7 +147,7 @@ def _well_typed(info) -> bool:
         return False
 
 
-def _chunks(md, where: str) -> dict:
+def chunks_of(md, where: str) -> dict:
     """``(fqn, offsets) -> sizes`` of every stored chunk, each checked to lie inside its
     tensor."""
     if not isinstance(getattr(md, "state_dict_metadata", None), dict):
@@ -165,9 +181,10 @@ def check_items(md, where: str, info_class: type) -> None:
     if not isinstance(md, Metadata) or not isinstance(items, dict):
         raise CorruptDataError(f"{where}: not DCP checkpoint metadata")
     if not all(isinstance(i, info_class) for i in items.values()):
-        raise InvalidArgumentError(f"{where} was not written by lcckpt's CompressedWriter; "
-                                   "read it with torch.distributed.checkpoint.FileSystemReader")
-    chunks = _chunks(md, where)
+        raise PlainCheckpoint(f"{where} was written by plain DCP, not lcckpt's "
+                              "CompressedWriter: lcckpt.distributed.load reads it (safely), "
+                              "and `lcckpt convert` writes it as one file")
+    chunks = chunks_of(md, where)
     for idx, info in items.items():
         fqn = getattr(idx, "fqn", None)
         if type(fqn) is not str or not _well_typed(info):

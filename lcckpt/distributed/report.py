@@ -14,10 +14,21 @@ from __future__ import annotations
 import math
 import os
 import pickle
+import re
 
 from .. import limits
 from ..errors import InvalidArgumentError, LcckptError
 from .api import _STEP
+from .metadata import PlainCheckpoint
+
+
+def _flat(obj) -> list:
+    """The leaves of a loaded state (dicts and lists walked)."""
+    if isinstance(obj, dict):
+        return [x for v in obj.values() for x in _flat(v)]
+    if isinstance(obj, list):
+        return [x for v in obj for x in _flat(v)]
+    return [obj]
 
 
 def is_checkpoint(path: str) -> bool:
@@ -44,10 +55,42 @@ def _metadata(path: str):
     return reader, reader.read_metadata()
 
 
+def _writer(name: str):
+    """The rank in a plain DCP file's name (``__{rank}_{n}.distcp``), else the name."""
+    m = re.fullmatch(r"__(\d+)_\d+\.distcp", name)
+    return int(m.group(1)) if m else name
+
+
+def _inspect_plain(path: str) -> dict:
+    """A checkpoint plain DCP wrote: each item's bytes as DCP stored them (plain.py)."""
+    from .plain import PlainReader
+    md = PlainReader(path).read_metadata()
+    items = []
+    for idx, info in sorted(md.storage_data.items(), key=lambda kv: (kv[0].fqn,
+                                                                     tuple(kv[0].offset or ()))):
+        smd = md.state_dict_metadata[idx.fqn]
+        chunk = next((c for c in getattr(smd, "chunks", ()) if
+                      tuple(c.offsets) == tuple(idx.offset or ())), None)
+        dtype = getattr(getattr(smd, "properties", None), "dtype", None)
+        shape = list(chunk.sizes) if chunk is not None else []
+        items.append({"name": idx.fqn, "offset": list(idx.offset or ()),
+                      "dtype": str(dtype).replace("torch.", "") if dtype else "value",
+                      "shape": shape, "codec": "plain DCP", "rank": _writer(info.relative_path),
+                      "depth": 0, "stored_bytes": info.length, "alias": False,
+                      "raw_bytes": math.prod(shape) * dtype.itemsize if dtype else info.length})
+    raw, stored = sum(r["raw_bytes"] for r in items), _stored(path)
+    return {"path": path, "format": "distributed checkpoint (plain DCP)", "file_bytes": stored,
+            "raw_bytes": raw, "ratio": raw / stored if stored else None,
+            "ranks": len({r["rank"] for r in items}), "items": items, "problems": []}
+
+
 def inspect_checkpoint(path: str) -> dict:
     """One checkpoint's items: each stored piece, at ``offset`` in its tensor, of ``shape``
     (an alias: another name of a tied tensor, whose blob the first name's item holds)."""
-    _, md = _metadata(path)
+    try:
+        _, md = _metadata(path)
+    except PlainCheckpoint:
+        return _inspect_plain(path)
     items = []
     for idx, info in sorted(md.storage_data.items(), key=lambda kv: (kv[0].fqn,
                                                                      tuple(kv[0].offset or ()))):
@@ -98,7 +141,13 @@ def verify_checkpoint(path: str) -> list[dict]:
     import torch
     from ..format.serialization import load
     from .exchange import _dtype
-    reader, md = _metadata(path)
+    try:
+        reader, md = _metadata(path)
+    except PlainCheckpoint:                     # plain DCP's: every item read, safely
+        try:
+            return [{"path": path, "ok": True, "items": len(_flat(read(path)))}]
+        except (LcckptError, OSError) as e:
+            return [{"path": path, "ok": False, "error": str(e)}]
     failed, done = [], set()
     for idx, info in md.storage_data.items():
         blob = (info.relative_path, info.offset, info.length)

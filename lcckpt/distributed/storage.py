@@ -42,7 +42,7 @@ from ..codec import dtypes
 from ..codec.tensor import encode
 from ..chain.policy import RolePolicy
 from ..codec.delta import NONFINITE, NONFINITE_DONE, Reconstruction
-from ..errors import CorruptDataError, InvalidArgumentError, LcckptError
+from ..errors import CorruptDataError, InvalidArgumentError
 from ..codec.streamed import StreamedBlob
 from . import exchange, targets
 from ..format.sections import decode_streamed, replay_into_tensor
@@ -50,7 +50,7 @@ from .blobs import (LocalFiles, as_tensor, decode_exact, deferred_blob, missing,
                     streamed_blob)
 from .refs import (BACKGROUND, Background, Ref, park, park_in, read_blob, reopened, replay,
                    resync)
-from .metadata import MetadataUnpickler, check_items
+from .metadata import check_items, unpickle
 from .partition import Piece
 from .planner import SafeLoadPlanner, TreeBytes, piece_for
 from ..format.serialization import load
@@ -402,13 +402,7 @@ class CompressedReader(FileSystemReader):
         if self._cached is not None and self._cached[0] == raw:
             md = self._cached[1]
         else:
-            try:
-                md = MetadataUnpickler(io.BytesIO(raw), LcckptStorageInfo).load()
-            except LcckptError:
-                raise
-            except Exception as e:     # damaged pickles fail in many ways, none of them ours
-                raise CorruptDataError(f"{path}: unreadable checkpoint metadata "
-                                       f"({type(e).__name__}: {e})") from None
+            md = unpickle(raw, path, LcckptStorageInfo)
             check_items(md, self.path, LcckptStorageInfo)
             self._cached = (raw, md)
         if md.storage_meta is None:
