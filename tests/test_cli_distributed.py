@@ -131,3 +131,23 @@ def test_lcckpt_load_of_a_distributed_directory_says_how_to_read_it(chain):
     with pytest.raises(InvalidArgumentError, match=r"a distributed checkpoint: lcckpt\."
                        r"distributed\.load\(\{\}, directory\)"):
         lcckpt.load(chain.path(1))
+
+
+def test_bench_measures_the_steps_of_a_distributed_chain(chain, capsys):
+    """``bench --checkpoint`` reads each step whole (and a DistributedCheckpointer
+    directory as its newest step)."""
+    paths = [str(chain.path(s)) for s in range(3)]
+    assert main(["bench", "--checkpoint", *paths]) == 0
+    out = capsys.readouterr().out
+    assert "3 checkpoints" in out and "lcckpt default" in out
+    assert main(["bench", "--checkpoint", str(chain.directory)]) == 0
+    assert "ratios against torch.save" in capsys.readouterr().out
+
+
+def test_lcckpt_s_own_readers_of_a_distributed_directory_say_how_to_read_it(chain):
+    import lcckpt
+    from lcckpt.errors import NotFoundError
+    with pytest.raises(NotFoundError, match=r"DistributedCheckpointer's steps"):
+        lcckpt.DeltaCheckpointer(chain.directory).load()
+    with pytest.raises(NotFoundError, match=r"a distributed checkpoint: lcckpt\.distributed"):
+        lcckpt.open(chain.path(0))

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 import lcckpt
+from lcckpt.bench.inputs import read_any
 from lcckpt.bench.timing import environment, format_table, zstandard_module
 from lcckpt.interop.convert import flat_tensors
 from lcckpt.chain.policy import DEFAULT_POLICY, role_of
@@ -228,8 +229,7 @@ class Files:
         return len(self.paths)
 
     def __getitem__(self, i: int):
-        from lcckpt.interop.convert import read_checkpoint
-        return read_checkpoint(self.paths[i])[0]
+        return read_any(self.paths[i])[0]
 
 
 def _movements(truth: dict, previous: dict | None) -> dict[str, tuple[float, float]]:
@@ -459,11 +459,10 @@ def run(paths: list[str], *, error_bounds=(), runs: int = 3, log=print) -> dict:
     """Benchmark the files (any format lcckpt reads); returns the JSON doc. A run of
     files is read one state at a time (:class:`Files`): beside the writer's or reader's
     references, the bench holds one or two states, however many files there are."""
-    from lcckpt.interop.convert import detect_format, read_checkpoint
     lcckpt.warmup()
     doc: dict[str, Any] = {"environment": environment(), "paths": list(paths)}
     if len(paths) == 1:
-        obj, _, fmt = read_checkpoint(paths[0])
+        obj, fmt = read_any(paths[0])
         tfile = _contents(paths[0]) if fmt == "torch" else _torch_bytes(obj)
         doc["single"] = single(obj, tfile, paths[0], runs)
         d = doc["single"]
@@ -472,15 +471,16 @@ def run(paths: list[str], *, error_bounds=(), runs: int = 3, log=print) -> dict:
         log(format_table(d["rows"], ["method", "bytes", "ratio", "exact", "enc_MBps",
                                      "dec_MBps"]))
         return doc
+    from lcckpt.interop.convert import detect_format
     with tempfile.TemporaryDirectory(prefix="lcckpt-bench-") as d:
         torch_files = []                  # paths: torch.save of the other formats' states
         bar = progress(len(paths), "formats")
         for i, p in enumerate(paths):
-            if detect_format(p) == "torch":
+            if not os.path.isdir(p) and detect_format(p) == "torch":
                 torch_files.append(os.fspath(p))
             else:
                 torch_files.append(os.path.join(d, f"{i}.pt"))
-                torch.save(read_checkpoint(p)[0], torch_files[-1])
+                torch.save(read_any(p)[0], torch_files[-1])
             bar.update()
         bar.close()
         doc["stream"] = stream(Files(paths), torch_files, error_bounds=error_bounds)

@@ -11,6 +11,7 @@ import re
 from ..errors import (BrokenChainError, CorruptDataError, InvalidArgumentError, NotFoundError,
                       StorageError)
 from ..format.container import read_container
+from ..util.paths import distributed_hint
 from .links import Link, with_sizes
 from .lock import LOCK_NAME
 
@@ -87,7 +88,7 @@ class ChainDirectory:
             why = "the directory does not exist"
         else:
             others = [n for n in os.listdir(d) if n != LOCK_NAME]
-            why = ("the directory is empty" if not others else
+            why = ("the directory is empty" if not others else distributed_hint(d) or
                    f"it holds {len(others)} other entries but no step-<step>.lcc file: "
                    "is it the right directory?")
         return NotFoundError(errno.ENOENT, f"no checkpoints to load: {why}", d)

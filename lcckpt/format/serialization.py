@@ -15,7 +15,6 @@ from __future__ import annotations
 import io
 import os
 import pickle
-import re
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
@@ -33,7 +32,7 @@ from .census import census, tensor_paths
 from .flatten import renumber_sections
 from .into import Into
 from ..util import durable as _durable
-from ..util.paths import local
+from ..util.paths import distributed_hint, local
 from ..errors import (
     BrokenChainError, CorruptDataError, InvalidArgumentError, LcckptError, TruncatedError,
     UnsafeObjectError, UnsupportedVersionError,
@@ -284,14 +283,8 @@ def _mapped_decoder(path, c: Container) -> _tree.LeafDecoder:
 
 def _directory_hint(path: str) -> str:
     """How to read the directory ``path``, by what it holds."""
-    names = os.listdir(path)
-    if ".metadata" in names:
-        return ("it holds a distributed checkpoint: lcckpt.distributed.load({}, directory) "
-                "reads it whole, `lcckpt convert` writes it as one file")
-    if any(re.fullmatch(r"step_\d{10}", n) for n in names):
-        return ("it holds a DistributedCheckpointer's steps: lcckpt.distributed."
-                "DistributedCheckpointer(directory).load({}) reads the newest whole")
-    return "a chain of checkpoints loads with lcckpt.DeltaCheckpointer(directory).load(step)"
+    return distributed_hint(path) or \
+        "a chain of checkpoints loads with lcckpt.DeltaCheckpointer(directory).load(step)"
 
 
 def _load_path(path: str, map_location, weights_only, mmap, pickle_load_args, max_bytes,

@@ -29,7 +29,7 @@ from ..format import serialization, sharded
 from ..format.container import open_file
 from ..format.torchzip import open_zip, read_members
 from ..errors import CorruptDataError, InvalidArgumentError, UnsafeObjectError
-from ..util.paths import local
+from ..util.paths import distributed_hint, local
 from ..format.safetensors_io import read_safetensors, save_safetensors
 from . import trainerdir
 
@@ -121,7 +121,9 @@ def read_checkpoint(path: str | os.PathLike, *, step: int | None = None,
         from ..chain.checkpointer import DeltaCheckpointer
         ck = DeltaCheckpointer(path)
         if not ck.steps():
-            raise CorruptDataError(f"{path} holds no checkpoints (no step-NNNNNNNNNNNN.lcc files)")
+            hint = distributed_hint(path)
+            raise CorruptDataError(f"{path} holds no checkpoints (no step-NNNNNNNNNNNN.lcc files)"
+                                   + (f"; {hint}" if hint else ""))
         return ck.load(step, map_location=map_location), None, fmt
     if fmt == "safetensors":
         tensors, meta = read_safetensors(path, map_location)

@@ -39,3 +39,19 @@ def local(path, what: str) -> str:
         f"{what} reads and writes local files, and {text!r} is a {scheme}:// URL: use a local "
         "path and copy the files up yourself, or lcckpt.distributed (save, load, "
         "DistributedCheckpointer), which writes to fsspec URLs directly")
+
+
+def distributed_hint(path) -> str | None:
+    """How to read the directory ``path`` where it holds what ``lcckpt.distributed`` (or
+    plain DCP) writes, for the error of a reader of lcckpt's own files; else None."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return None
+    if ".metadata" in names:
+        return ("it holds a distributed checkpoint: lcckpt.distributed.load({}, directory) "
+                "reads it whole, `lcckpt convert` writes it as one file")
+    if any(re.fullmatch(r"step_\d{10}", n) for n in names):
+        return ("it holds a DistributedCheckpointer's steps: lcckpt.distributed."
+                "DistributedCheckpointer(directory).load({}) reads the newest whole")
+    return None
