@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 from torch import nn
 
 import lcckpt.distributed as ld
@@ -207,3 +208,47 @@ def test_objects_given_themselves_load_their_state(tmp_path):
     ld.load({"model": model2, "optim": opt2}, tmp_path / "c")
     _assert_same_optimizer(opt2, opt)
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))
+
+
+_leaf = st.one_of(st.integers(-5, 5), st.text(max_size=3),
+                  st.tuples(st.integers(1, 4), st.integers(1, 3)).map(
+                      lambda s: torch.arange(s[0] * s[1], dtype=torch.float32).reshape(s)))
+_tree = st.recursive(st.dictionaries(st.text("abc", min_size=1, max_size=2), _leaf,
+                                     min_size=1, max_size=3),
+                     lambda inner: st.dictionaries(st.text("xyz", min_size=1, max_size=2),
+                                                   inner, min_size=1, max_size=3),
+                     max_leaves=12)
+
+
+def _emptied(saved, draw_bits):
+    """A target shaped as ``saved``: tensors zeroed in place of their values, values
+    None, and where ``draw_bits`` says so a sub-dict left empty."""
+    out = {}
+    for k, v in saved.items():
+        if isinstance(v, dict):
+            out[k] = {} if next(draw_bits) else _emptied(v, draw_bits)
+        else:
+            out[k] = torch.zeros_like(v) if isinstance(v, torch.Tensor) else None
+    return out
+
+
+def _same(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], dict):
+            _same(a[k], b[k])
+        elif isinstance(a[k], torch.Tensor):
+            assert torch.equal(a[k], b[k]), k
+        else:
+            assert a[k] == b[k], k
+
+
+@settings(max_examples=25, deadline=None)
+@given(_tree, st.lists(st.booleans(), min_size=40, max_size=40))
+def test_emptied_containers_load_back_whole(tmp_path_factory, saved, bits):
+    """Whatever sub-dicts a target leaves empty, the load gives back the saved tree."""
+    d = tmp_path_factory.mktemp("fill")
+    ld.save(saved, d / "c")
+    target = _emptied(saved, iter(bits + [False] * 100))
+    ld.load(target, d / "c")
+    _same(target, saved)
