@@ -740,3 +740,18 @@ def test_a_missing_directory_and_a_directory_that_makes_no_files_are_told_apart(
     with pytest.raises(StorageError) as err:
         lcckpt.save({"w": np.ones(3)}, tmp_path / "x.lcc")
     assert not isinstance(err.value, NotFoundError) and "create it first" not in str(err.value)
+
+
+def test_a_directory_or_an_empty_path_is_refused_before_anything_is_coded(tmp_path, monkeypatch):
+    """Saved onto a directory, the rename failed after the whole object was coded, as
+    "Device or resource busy" for "."; now the path is refused first, by what it is."""
+    import lcckpt
+    from lcckpt.errors import StorageError
+    coded = []
+    real = _durable._create_temp
+    monkeypatch.setattr(_durable, "_create_temp", lambda *a: coded.append(a) or real(*a))
+    for path, match in ((tmp_path, "that is a directory; give a file name in it"),
+                        (str(tmp_path) + "/", "that is a directory"), ("", "the path is empty")):
+        with pytest.raises(StorageError, match=match):
+            lcckpt.save({"w": np.ones(3)}, path)
+    assert coded == [] and os.listdir(tmp_path) == []

@@ -44,6 +44,10 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
     The target keeps its permission bits when it exists. On any error (or interrupt) the
     temp file is removed and ``path`` is untouched.
     """
+    if not path or os.path.isdir(path):       # found before the object is coded, not after
+        raise StorageError(errno.EISDIR if path else errno.ENOENT, "cannot write the "
+                           "checkpoint: " + ("that is a directory; give a file name in it"
+                                             if path else "the path is empty"), path)
     directory = os.path.dirname(os.path.abspath(path))
     base = os.path.basename(path)
     try:
