@@ -1227,3 +1227,20 @@ def fresh_optimizer_worker(rank, world, init_method, root):
                 "model": model2.state_dict()}, os.path.join(root, f"fresh{rank}.pt"))
     ck.close()
     dist.destroy_process_group()
+
+
+def plain_fsdp_worker(rank, world, init_method, root):
+    """Two FSDP2 ranks save with plain DCP (``dcp.save``); rank 0 writes the full tensors
+    and the optimizer's step for the test to compare."""
+    import torch.distributed.checkpoint as dcp
+    _init(rank, world, init_method, root)
+    model = fsdp_model()
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 16)).sum().backward()
+    opt.step()
+    dcp.save({"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 4},
+             checkpoint_id=os.path.join(root, "plain"))
+    full = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    if rank == 0:
+        torch.save(full, os.path.join(root, "plain.expected.pt"))
+    dist.destroy_process_group()

@@ -99,3 +99,19 @@ def test_a_truncated_file_is_refused_before_it_is_read(tmp_path):
         f.truncate(os.path.getsize(f.name) // 2)
     with pytest.raises(CorruptDataError, match="damaged, truncated or forged"):
         ld.load({}, tmp_path / "c")
+
+
+@pytest.mark.slow
+def test_two_fsdp2_ranks_plain_checkpoint_converts_to_one_file(tmp_path):
+    """A safe ``dcp_to_torch_save``: each rank's shards read back into whole tensors."""
+    import sys
+    sys.path.insert(0, os.path.dirname(__file__))
+    import _dist_worker as W
+    W.spawn(W.plain_fsdp_worker, (2, W.rendezvous(tmp_path), str(tmp_path)), 2, str(tmp_path))
+    assert sorted(n for n in os.listdir(tmp_path / "plain") if n.endswith(".distcp")) == [
+        "__0_0.distcp", "__1_0.distcp"]
+    assert main(["convert", str(tmp_path / "plain"), str(tmp_path / "whole.pt")]) == 0
+    got, want = lcckpt.load(tmp_path / "whole.pt"), torch.load(tmp_path / "plain.expected.pt")
+    assert got["epoch"] == 4 and sorted(got["optim"]["state"]) == [0, 1, 2, 3]
+    for k, v in want.items():
+        assert torch.equal(got["model"][k], v), k
