@@ -115,3 +115,25 @@ def test_two_fsdp2_ranks_plain_checkpoint_converts_to_one_file(tmp_path):
     assert got["epoch"] == 4 and sorted(got["optim"]["state"]) == [0, 1, 2, 3]
     for k, v in want.items():
         assert torch.equal(got["model"][k], v), k
+
+
+def test_a_flipped_bit_in_a_tensor_fails_its_crc_where_torch_load_takes_it(tmp_path, capsys):
+    import io
+    import struct
+    import zipfile
+    from lcckpt.distributed.plain import PlainReader
+    from lcckpt.errors import ChecksumError
+    _plain(tmp_path / "c")
+    md = PlainReader(tmp_path / "c").read_metadata()
+    info = next(v for k, v in md.storage_data.items() if k.fqn == "model.weight")
+    path = tmp_path / "c" / info.relative_path
+    raw = bytearray(path.read_bytes())
+    item = bytes(raw[info.offset:info.offset + info.length])
+    member = next(i for i in zipfile.ZipFile(io.BytesIO(item)).infolist() if "/data/" in i.filename)
+    name_len, extra_len = struct.unpack("<HH", item[member.header_offset + 26:member.header_offset + 30])
+    raw[info.offset + member.header_offset + 30 + name_len + extra_len + 5] ^= 0x40
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ChecksumError, match="Bad CRC-32"):
+        ld.load({}, tmp_path / "c")
+    assert main(["verify", str(tmp_path / "c")]) == 1
+    assert "Bad CRC-32" in capsys.readouterr().err

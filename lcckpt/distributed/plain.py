@@ -3,21 +3,24 @@
 DCP's own ``FileSystemReader`` unpickles ``.metadata`` with ``pickle.load`` and its
 default load planner unpickles values with ``weights_only=False``: a checkpoint from
 elsewhere can run code on load (``dcp_to_torch_save`` too). :class:`PlainReader` reads
-the metadata through :class:`~.metadata.MetadataUnpickler` (DCP's classes only) and checks
-that every item lies in a file of the checkpoint's own directory; DCP then reads the
-tensors with ``torch.load(weights_only=True)``, and :class:`~.planner.SafeLoadPlanner`
-the values. :func:`reader_for` picks it where :class:`~.storage.CompressedReader` finds a
-plain checkpoint, so ``lcckpt.distributed.load`` and ``lcckpt convert`` read both.
+the metadata through :class:`~.metadata.MetadataUnpickler` (DCP's classes only), checks
+that every item lies in a file of the checkpoint's own directory, and each item's CRC-32s
+as it reads it; DCP then reads the tensors with ``torch.load(weights_only=True)``, and
+:class:`~.planner.SafeLoadPlanner` the values. :func:`reader_for` picks it where
+:class:`~.storage.CompressedReader` finds a plain checkpoint, so
+``lcckpt.distributed.load`` and ``lcckpt convert`` read both.
 """
 
 from __future__ import annotations
 
+import io
 import os
 
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from ..errors import CorruptDataError
+from ..format.torchzip import open_zip, read_members
 from .metadata import PlainCheckpoint, chunks_of, unpickle
 from .storage import CompressedReader, LcckptStorageInfo
 from .store import files_for
@@ -26,7 +29,14 @@ __all__ = ["PlainReader", "reader_for"]
 
 
 class PlainReader(FileSystemReader):
-    """DCP's reader of a local checkpoint directory, its metadata read safely."""
+    """DCP's reader of a local checkpoint directory, its metadata read safely and each
+    item's CRC-32s checked (``torch.load`` does not: a flipped bit loaded silently)."""
+
+    def _slice_file(self, file, sinfo):
+        file.seek(sinfo.offset)
+        data = io.BytesIO(file.read(sinfo.length))
+        check_crcs(data, f"{self.path}: {sinfo.relative_path} at {sinfo.offset}")
+        return data
 
     def read_metadata(self, *args, **kwargs) -> Metadata:
         path = self._get_metadata_path(kwargs.get("rank"))
@@ -38,6 +48,16 @@ class PlainReader(FileSystemReader):
             md.storage_meta = StorageMeta()
         md.storage_meta.load_id = self.load_id
         return md
+
+
+def check_crcs(data: io.BytesIO, where: str) -> None:
+    """Read every member of the ``torch.save`` zip in ``data`` to its end, which checks
+    its CRC-32 (:class:`ChecksumError` naming ``where`` otherwise); ``data`` rewound."""
+    z = open_zip(data, where)
+    if z is not None:
+        with z:
+            read_members(z, z.infolist(), where)
+    data.seek(0)
 
 
 def check_plain(md, where: str) -> None:
