@@ -33,10 +33,9 @@ class PlainReader(FileSystemReader):
     item's CRC-32s checked (``torch.load`` does not: a flipped bit loaded silently)."""
 
     def _slice_file(self, file, sinfo):
-        file.seek(sinfo.offset)
-        data = io.BytesIO(file.read(sinfo.length))
-        check_crcs(data, f"{self.path}: {sinfo.relative_path} at {sinfo.offset}")
-        return data
+        check_crcs(_Slice(file, sinfo.offset, sinfo.length),
+                   f"{self.path}: {sinfo.relative_path} at {sinfo.offset}")
+        return super()._slice_file(file, sinfo)
 
     def read_metadata(self, *args, **kwargs) -> Metadata:
         path = self._get_metadata_path(kwargs.get("rank"))
@@ -50,14 +49,43 @@ class PlainReader(FileSystemReader):
         return md
 
 
-def check_crcs(data: io.BytesIO, where: str) -> None:
-    """Read every member of the ``torch.save`` zip in ``data`` to its end, which checks
-    its CRC-32 (:class:`ChecksumError` naming ``where`` otherwise); ``data`` rewound."""
+class _Slice(io.RawIOBase):
+    """``length`` bytes of ``file`` from ``offset``, as a seekable file of their own (DCP's
+    view seeks from its end wrongly, so zipfile would find no directory in it)."""
+
+    def __init__(self, file, offset: int, length: int):
+        super().__init__()
+        self.file, self.offset, self.length, self.pos = file, offset, length, 0
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.length}[whence]
+        self.pos = min(max(base + pos, 0), self.length)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, b) -> int:
+        n = min(len(b), self.length - self.pos)
+        self.file.seek(self.offset + self.pos)
+        got = self.file.readinto(memoryview(b)[:n]) if n > 0 else 0
+        self.pos += got
+        return got
+
+
+def check_crcs(data, where: str) -> None:
+    """Read every member of the ``torch.save`` zip in ``data`` (seekable) to its end,
+    which checks its CRC-32 (:class:`ChecksumError` naming ``where`` otherwise)."""
     z = open_zip(data, where)
     if z is not None:
         with z:
             read_members(z, z.infolist(), where)
-    data.seek(0)
 
 
 def check_plain(md, where: str) -> None:
