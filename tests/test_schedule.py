@@ -105,8 +105,8 @@ def test_plan_explain_and_invalid():
 
 @pytest.mark.parametrize("mtbf", [1e-3, 0.3, 1.0])
 def test_a_job_that_cannot_finish_is_refused_not_planned_as_nan(mtbf):
-    """An MTBF far below a restart's cost overflowed the model's expected times into NaN,
-    and the plan that came with them was arbitrary."""
+    """An MTBF far below a restart's cost gave expected overheads of 3e25 s (1 s) and
+    5e79 s (0.3 s), and at 1 ms NaN beside an arbitrary plan."""
     kw = dict(iter_time=0.35, checkpoint_cost=2.0, persist_time=6.0, restart_cost=40.0)
     with pytest.raises(InvalidArgumentError, match=rf"mtbf {mtbf:.3g} s is too short.*"
                        r"never finish; mtbf is in seconds"):
