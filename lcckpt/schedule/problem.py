@@ -74,7 +74,7 @@ def build_problem(horizon, *, iter_time, checkpoint_cost, restart_cost, mtbf,
 def _check_finishes(lam: np.ndarray, step: np.ndarray, restart: np.ndarray) -> None:
     """Refuse failure rates under which one iteration with its checkpoint, or a restart,
     is expected to fail about e^MAX_EXPONENT times before it gets through: no schedule
-    finishes such a job, and its expected times overflow (they came out NaN)."""
+    finishes such a job, and its expected times grow past any sense (NaN at an MTBF of 1 ms)."""
     k = lam * np.maximum(step, restart)
     if np.any(k > MAX_EXPONENT):
         i = int(np.argmax(k))
