@@ -78,6 +78,7 @@ def test_a_value_only_pickle_stores_is_refused(tmp_path):
     (lambda info: {"relative_path": "/etc/hostname"}, "not a file of the checkpoint"),
     (lambda info: {"length": info.length + 10**9}, "does not lie inside"),
     (lambda info: {"offset": -1}, "does not lie inside"),
+    (lambda info: {"transform_descriptors": 7}, "does not lie inside"),
 ])
 def test_an_item_outside_the_checkpoint_s_files_is_refused(tmp_path, forge, match):
     _plain(tmp_path / "c")

@@ -107,7 +107,8 @@ def check_plain(md, where: str) -> None:
             sizes[name] = os.path.getsize(full) if os.path.isfile(full) else -1
         descriptors = getattr(info, "transform_descriptors", None) or ()
         if type(off) is not int or type(n) is not int or off < 0 or n < 0 or \
-                off + n > sizes[name] or not all(type(d) is str for d in descriptors):
+                off + n > sizes[name] or not isinstance(descriptors, (list, tuple)) or \
+                not all(type(d) is str for d in descriptors):
             raise CorruptDataError(f"{where}: the item {getattr(idx, 'fqn', idx)!r} does not "
                                    f"lie inside {name} ({off}, {n}); the checkpoint is "
                                    "damaged, truncated or forged")
