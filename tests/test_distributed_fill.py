@@ -252,3 +252,46 @@ def test_emptied_containers_load_back_whole(tmp_path_factory, saved, bits):
     target = _emptied(saved, iter(bits + [False] * 100))
     ld.load(target, d / "c")
     _same(target, saved)
+
+
+@pytest.mark.parametrize("plain", [False, True])
+def test_a_forged_size_cannot_make_a_load_allocate_past_the_limit(tmp_path, plain):
+    """What a load adds is sized by the file's metadata alone: a tensor declared far larger
+    than its stored chunk is held to ``max_bytes`` of the stored size, as a load's bytes are."""
+    import pickle
+    import torch.distributed.checkpoint as dcp
+    from lcckpt.errors import ResourceLimitError
+    saved = {"w": torch.ones(4, 4), "b": torch.arange(3.0)}
+    if plain:
+        dcp.save(saved, checkpoint_id=str(tmp_path / "c"), no_dist=True)
+    else:
+        ld.save(saved, tmp_path / "c")
+    with open(tmp_path / "c" / ".metadata", "rb") as f:
+        md = pickle.load(f)                          # the test's own file
+    md.state_dict_metadata["w"].size = torch.Size([4096, 4096])   # 64 MiB, a 4x4 chunk
+    with open(tmp_path / "c" / ".metadata", "wb") as f:
+        pickle.dump(md, f)
+    with pytest.raises(ResourceLimitError, match="entries a load adds to its state"):
+        ld.load({}, tmp_path / "c", max_bytes=1 << 20)
+    whole = {}
+    ld.load(whole, tmp_path / "c", max_bytes=None)   # trusted: allowed, the gap zeros
+    assert whole["w"].shape == (4096, 4096) and whole["w"][4:].abs().sum() == 0
+    assert torch.equal(whole["w"][:4, :4], torch.ones(4, 4))
+    md.state_dict_metadata["w"].size = torch.Size([1 << 20, 1 << 20])   # 4 TiB
+    with open(tmp_path / "c" / ".metadata", "wb") as f:
+        pickle.dump(md, f)
+    with pytest.raises(ResourceLimitError, match="entries a load adds"):
+        ld.load({}, tmp_path / "c")                  # the default limit
+
+
+@pytest.mark.slow
+def test_a_valid_constant_past_the_stored_size_rule_loads_whole(tmp_path):
+    """208 MB of zeros store in a few KB; a whole load of that valid file must not be refused
+    by a limit on expansion over the stored size (the memory left bounds it instead)."""
+    import os
+    ld.save({"z": torch.zeros(52_000_000)}, tmp_path / "c")
+    stored = sum(os.path.getsize(tmp_path / "c" / n) for n in os.listdir(tmp_path / "c"))
+    assert stored < 1 << 20
+    whole = {}
+    ld.load(whole, tmp_path / "c")
+    assert whole["z"].shape == (52_000_000,) and not whole["z"].any()

@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 from torch.distributed.checkpoint.metadata import Metadata
 
+from .. import limits
 from ..errors import DistributedCheckpointError, InvalidArgumentError, LcckptError
 from .exchange import PeerFailedError
 from .fill import settle
@@ -212,17 +213,17 @@ def _live(writer: CompressedWriter, state, live: bool, step: int, process: bool,
 
 
 def load(state, directory, *, process_group=None, storage_options: dict | None = None,
-         cooperative: bool = True) -> None:
+         cooperative: bool = True, max_bytes=limits.DEFAULT) -> None:
     """Load ``directory`` into ``state`` in place (its tensors/DTensors give the layout: any
     world size and sharding); what it holds under a container ``state`` holds empty is
-    added there (a fresh optimizer's ``state``; ``{}``: the whole checkpoint, as new CPU
-    tensors). Non-tensor values load without pickle (they are stored as
-    lcckpt files), or with ``weights_only=True`` where only pickle stored them.
+    added (a fresh optimizer's ``state``; ``{}``: the whole checkpoint, as new CPU tensors,
+    at most ``max_bytes`` of them, as in :func:`lcckpt.load`). Values load without pickle
+    (stored as lcckpt files), or with ``weights_only=True`` where only pickle stored them.
     ``cooperative``: see :class:`CompressedReader` (ranks share the reading and decoding)."""
     no_dist = _no_dist(process_group)
     reader = reader_for(directory, storage_options=storage_options,      # plain DCP's too
                         process_group=process_group, cooperative=cooperative)
-    planner = SafeLoadPlanner()
+    planner = SafeLoadPlanner(max_bytes=max_bytes)
     try:
         with _quiet(no_dist):
             dcp.load(state, storage_reader=reader, planner=planner,
@@ -232,8 +233,7 @@ def load(state, directory, *, process_group=None, storage_options: dict | None =
         if err is e:
             raise
         raise err from e
-    if planner.filled:
-        settle(state, planner.original_state_dict)
+    settle(state, planner)
 
 
 class DistributedCheckpointer:

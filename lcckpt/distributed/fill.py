@@ -12,12 +12,14 @@ keys, no others).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
-from ..errors import InvalidArgumentError
+from .. import limits
+from ..errors import InvalidArgumentError, ResourceLimitError
 
 __all__ = ["fill_empty", "settle"]
 
@@ -85,10 +87,38 @@ def _has_dtensor(obj: Any) -> bool:
     return isinstance(obj, DTensor)
 
 
-def fill_empty(state: dict, metadata: Metadata) -> list[str]:
+def _stored_bytes(metadata: Metadata) -> int:
+    """The bytes a whole load of ``metadata`` reads: each blob once, a delta's chain too."""
+    blobs = set()
+    for info in (metadata.storage_data or {}).values():
+        for blob in ((getattr(info, "relative_path", None), getattr(info, "offset", None),
+                      getattr(info, "length", None)), *(getattr(info, "chain", None) or ())):
+            blobs.add(tuple(blob))
+    return sum(b[2] for b in blobs if len(b) == 3 and type(b[2]) is int and b[2] > 0)
+
+
+def _check_added(added: int, stored: int, max_bytes, what: str) -> None:
+    """New memory sized by the file's metadata, held to ``max_bytes``. Under "auto", to
+    what this process has left: the stored size cannot bound it, since a valid
+    checkpoint stores a constant tensor of any size in a few bytes (lcckpt.distributed's
+    codecs do), and the limit never refuses a valid file that fits."""
+    if not limits.is_auto(max_bytes):
+        limits.check(added, stored, max_bytes, what)
+        return
+    mem = limits.usable_memory()
+    if mem is not None and added > mem[0]:
+        raise ResourceLimitError(
+            f"{what} declares {added:,} bytes of data, over the {mem[0]:,} bytes {mem[1]} "
+            "leaves this process: free memory, load into a state that holds the tensors "
+            "(only what it holds is loaded), or pass max_bytes=None if you trust the file")
+
+
+def fill_empty(state: dict, metadata: Metadata, max_bytes=limits.DEFAULT) -> list[str]:
     """Add to ``state`` each stored entry whose deepest container in ``state`` is empty;
-    returns their fqns. Refused where ``state`` holds DTensors: a sharded optimizer's
-    moments must be sharded like its parameters, which a new full tensor is not."""
+    returns their fqns. Their tensors are new and sized by the file's metadata, so their
+    bytes are held to ``max_bytes`` (:func:`_check_added`). Refused where ``state`` holds
+    DTensors: a sharded optimizer's moments must be sharded like its parameters, which a
+    new full tensor is not."""
     paths = metadata.planner_data or {}
     found = []
     for fqn, md in metadata.state_dict_metadata.items():
@@ -104,18 +134,24 @@ def fill_empty(state: dict, metadata: Metadata) -> list[str]:
             "would not be sharded like the model's DTensors: create the optimizer's state "
             "first (one step with zero gradients at lr 0, as torch.distributed.checkpoint."
             "state_dict.get_state_dict does), then take its state_dict() and load")
-    for fqn, path, md in found:
-        value = torch.empty(md.size, dtype=md.properties.dtype) \
+    added = sum(math.prod(md.size) * md.properties.dtype.itemsize for _, _, md in found
+                if isinstance(md, TensorStorageMetadata))
+    _check_added(added, _stored_bytes(metadata), max_bytes,
+                 f"the {len(found)} entries a load adds to its state")
+    for fqn, path, md in found:     # zeros: no memory's old bytes where a forged file has gaps
+        value = torch.zeros(md.size, dtype=md.properties.dtype) \
             if isinstance(md, TensorStorageMetadata) else None
         _set(state, path, value)
     return [fqn for fqn, _, _ in found]
 
 
-def settle(state: dict, loaded: dict) -> None:
-    """After a load that added entries: the top-level keys that ``dcp.load`` leaves out
-    (it hands back only those it was given) taken from ``loaded``, the state it loaded
-    into, then :func:`_settle_keys`."""
-    for key, value in loaded.items():
+def settle(state: dict, planner) -> None:
+    """After a load whose ``planner`` added entries: the top-level keys that ``dcp.load``
+    leaves out (it hands back only those it was given) taken from the state the planner
+    loaded into, then :func:`_settle_keys`."""
+    if not planner.filled:
+        return
+    for key, value in planner.original_state_dict.items():
         state.setdefault(key, value)
     _settle_keys(state)
 

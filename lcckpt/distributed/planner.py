@@ -35,6 +35,7 @@ from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata
 from torch.distributed.checkpoint.planner import (ReadItem, SavePlan, TensorWriteData,
                                                   WriteItem, WriteItemType)
 
+from .. import limits
 from ..errors import InvalidArgumentError, LcckptError, UnsafeObjectError, UnsupportedDtypeError
 from ..format import serialization
 from ..format.container import at_path
@@ -275,12 +276,16 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 
     filled: tuple[str, ...] = ()
 
+    def __init__(self, *args, max_bytes=limits.DEFAULT, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.max_bytes = max_bytes
+
     def set_up_planner(self, state_dict, metadata: Metadata | None = None,
                        is_coordinator: bool = False) -> None:
         """DCP's, after adding the stored entries under the state's empty containers (a
-        fresh optimizer's ``state``: fill.py)."""
+        fresh optimizer's ``state``, at most ``max_bytes`` of them: fill.py)."""
         if metadata is not None and self.flatten_state_dict:
-            self.filled = tuple(fill_empty(state_dict, metadata))
+            self.filled = tuple(fill_empty(state_dict, metadata, self.max_bytes))
         super().set_up_planner(state_dict, metadata, is_coordinator)
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
