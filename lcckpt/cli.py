@@ -20,6 +20,7 @@ import re
 import sys
 
 from .errors import CorruptDataError, LcckptError
+from .util.paths import distributed_hint
 from .util.table import format_table as _table
 from .interop.steprows import (FALLBACK_LEGEND, MOVEMENT_LEGEND, ROLE_COLUMNS, fallback_column,
                                judge_links, movement_columns, set_aside_files)
@@ -264,8 +265,7 @@ def verify_dir(path: str) -> list[dict]:
 def _distributed(path: str):
     """lcckpt.distributed's report module where ``path`` is a DCP checkpoint or steps of
     them (imported only then: it loads torch.distributed), else None."""
-    if not os.path.isdir(path) or not (os.path.isfile(os.path.join(path, ".metadata")) or any(
-            re.fullmatch(r"step_\d{10}", n) for n in os.listdir(path))):
+    if not os.path.isdir(path) or distributed_hint(path) is None:
         return None
     from .distributed import report
     return report

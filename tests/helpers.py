@@ -89,6 +89,19 @@ def assert_same(a, b, path="obj"):
         assert a == b, path
 
 
+def assert_equal_state(a, b):
+    """Equal nested dicts in any key order (what a DCP load gives back): same keys,
+    tensors of the same dtype and values, other values equal."""
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], dict):
+            assert_equal_state(a[k], b[k])
+        elif isinstance(a[k], torch.Tensor):
+            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+        else:
+            assert a[k] == b[k], k
+
+
 def train_steps(model, opt, steps: int, seed: int = 0, shape=(4, 3, 12, 12)):
     """A few deterministic optimizer steps of a 10-class model on random data."""
     g = torch.Generator().manual_seed(seed)

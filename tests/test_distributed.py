@@ -30,6 +30,7 @@ from lcckpt.errors import (
 
 sys.path.insert(0, os.path.dirname(__file__))
 import _dist_worker as W  # noqa: E402
+from helpers import assert_equal_state  # noqa: E402
 
 
 def zeros_like_state(state):
@@ -42,17 +43,6 @@ def zeros_like_state(state):
         else:
             out[k] = None
     return out
-
-
-def assert_equal_state(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        if isinstance(a[k], dict):
-            assert_equal_state(a[k], b[k])
-        elif isinstance(a[k], torch.Tensor):
-            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
-        else:
-            assert a[k] == b[k], k
 
 
 def various_state():

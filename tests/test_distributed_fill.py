@@ -16,6 +16,7 @@ from lcckpt.distributed.fill import fill_empty
 
 sys.path.insert(0, os.path.dirname(__file__))
 import _dist_worker as W  # noqa: E402
+from helpers import assert_equal_state  # noqa: E402
 
 
 def _model_and_adamw(seed: int):
@@ -232,17 +233,6 @@ def _emptied(saved, draw_bits):
     return out
 
 
-def _same(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        if isinstance(a[k], dict):
-            _same(a[k], b[k])
-        elif isinstance(a[k], torch.Tensor):
-            assert torch.equal(a[k], b[k]), k
-        else:
-            assert a[k] == b[k], k
-
-
 @settings(max_examples=25, deadline=None)
 @given(_tree, st.lists(st.booleans(), min_size=40, max_size=40))
 def test_emptied_containers_load_back_whole(tmp_path_factory, saved, bits):
@@ -251,7 +241,7 @@ def test_emptied_containers_load_back_whole(tmp_path_factory, saved, bits):
     ld.save(saved, d / "c")
     target = _emptied(saved, iter(bits + [False] * 100))
     ld.load(target, d / "c")
-    _same(target, saved)
+    assert_equal_state(target, saved)
 
 
 @pytest.mark.parametrize("plain", [False, True])

@@ -59,16 +59,19 @@ def _param_ids(parent: Any, container: Any) -> set:
             and isinstance(g.get("params"), list) for p in g["params"] if isinstance(p, int)}
 
 
-def _set(root: dict, path: tuple, value: Any) -> None:
+def _set(root: dict, path: tuple, value: Any, ids: dict) -> None:
     """``root[path[0]][path[1]]... = value``, creating on the way a list where the next
     key is an int (DCP's paths give a list's index as an int, a dict's key as a str) and a
-    dict otherwise; an optimizer's state gets its parameter indices back as ints."""
+    dict otherwise; an optimizer's state gets its parameter indices back as ints (``ids``:
+    each container's, found once)."""
     parent, cur = None, root
     for i, key in enumerate(path):
         if isinstance(cur, list):
             cur.extend([None] * (key + 1 - len(cur)))
-        elif isinstance(key, str) and key.isdigit() and int(key) in _param_ids(parent, cur):
-            key = int(key)
+        elif isinstance(key, str) and key.isdigit():
+            if id(cur) not in ids:
+                ids[id(cur)] = _param_ids(parent, cur)
+            key = int(key) if int(key) in ids[id(cur)] else key
         if i == len(path) - 1:
             cur[key] = value
         else:
@@ -97,13 +100,13 @@ def _stored_bytes(metadata: Metadata) -> int:
     return sum(b[2] for b in blobs if len(b) == 3 and type(b[2]) is int and b[2] > 0)
 
 
-def _check_added(added: int, stored: int, max_bytes, what: str) -> None:
+def _check_added(added: int, metadata: Metadata, max_bytes, what: str) -> None:
     """New memory sized by the file's metadata, held to ``max_bytes``. Under "auto", to
     what this process has left: the stored size cannot bound it, since a valid
     checkpoint stores a constant tensor of any size in a few bytes (lcckpt.distributed's
     codecs do), and the limit never refuses a valid file that fits."""
     if not limits.is_auto(max_bytes):
-        limits.check(added, stored, max_bytes, what)
+        limits.check(added, _stored_bytes(metadata), max_bytes, what)
         return
     mem = limits.usable_memory()
     if mem is not None and added > mem[0]:
@@ -136,12 +139,12 @@ def fill_empty(state: dict, metadata: Metadata, max_bytes=limits.DEFAULT) -> lis
             "state_dict.get_state_dict does), then take its state_dict() and load")
     added = sum(math.prod(md.size) * md.properties.dtype.itemsize for _, _, md in found
                 if isinstance(md, TensorStorageMetadata))
-    _check_added(added, _stored_bytes(metadata), max_bytes,
-                 f"the {len(found)} entries a load adds to its state")
+    _check_added(added, metadata, max_bytes, f"the {len(found)} entries a load adds to its state")
+    ids: dict = {}
     for fqn, path, md in found:     # zeros: no memory's old bytes where a forged file has gaps
         value = torch.zeros(md.size, dtype=md.properties.dtype) \
             if isinstance(md, TensorStorageMetadata) else None
-        _set(state, path, value)
+        _set(state, path, value, ids)
     return [fqn for fqn, _, _ in found]
 
 
