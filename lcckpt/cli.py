@@ -28,13 +28,11 @@ from .interop.steprows import (FALLBACK_LEGEND, MOVEMENT_LEGEND, ROLE_COLUMNS, f
 
 def _progress(items, desc: str):
     """tqdm on stderr when it is a terminal and tqdm is installed; plain iteration otherwise."""
-    if not sys.stderr.isatty():
-        return items
     try:
         from tqdm import tqdm
     except ImportError:
         return items
-    return tqdm(items, desc=desc, file=sys.stderr, leave=False)
+    return items if not sys.stderr.isatty() else tqdm(items, desc=desc, file=sys.stderr, leave=False)
 
 
 def _blob_info(data) -> dict:
@@ -353,8 +351,9 @@ def _verify(args) -> int:
                                       else "chain")
             for w in r.get("warnings") or ():
                 _fail("verify", f"{where}: {w}", "warning")
-            if not r["ok"]:
-                _fail("verify", f"{where}: {r['error']}", "FAIL")
+            if not r["ok"]:   # a message that names its path is not prefixed again
+                _fail("verify", r["error"] if r.get("path") and r["path"] in r["error"]
+                      else f"{where}: {r['error']}", "FAIL")
         top = max((r["expansion"] for r in report if r.get("expansion") is not None), default=None)
         if top is not None:
             print(f"largest expansion: {top:g}x (bytes decoded per byte stored; a load refuses "

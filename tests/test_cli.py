@@ -452,3 +452,13 @@ def test_convert_writes_the_whole_checkpoint_a_file_of_a_chain_step_stands_for(
     lcckpt.save(gone, tmp_path / "gone.ckpt", metadata=metadata(gone))
     assert main(["convert", str(tmp_path / "gone.ckpt"), str(tmp_path / "gone.pt")]) == 1
     assert "does not hold it" in capsys.readouterr().err
+
+
+def test_a_torchscript_archive_is_named_once_with_its_path(tmp_path, capsys):
+    path = tmp_path / "scripted.pt"
+    torch.jit.save(torch.jit.script(torch.nn.Linear(3, 2)), path)
+    for argv in (["verify", str(path)], ["convert", str(path), str(tmp_path / "o.lcc")],
+                 ["inspect", str(path)]):
+        line = _one_line_error(capsys, main(argv), 1)
+        assert "TorchScript archive" in line and "torch.jit.load" in line, line
+        assert line.count(str(path)) == 1, line

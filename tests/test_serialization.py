@@ -1510,3 +1510,36 @@ def _tree_version(path):
 def test_hostile_meta_nodes_are_corrupt_data(node):
     with pytest.raises(CorruptDataError):
         S.load(_file_with_tree({"$": "meta", **node}))
+
+
+def _archives(tmp_path) -> dict:
+    """Zips that are no torch.save file, each as its own library writes it."""
+    import zipfile
+    m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+    paths = {k: tmp_path / n for k, n in (("script", "s.pt"), ("export", "e.pt2"),
+                                          ("npz", "a.npz"), ("zip", "x.zip"))}
+    torch.jit.save(torch.jit.script(m), paths["script"])
+    torch.export.save(torch.export.export(m, (torch.randn(2, 4),)), paths["export"])
+    np.savez(paths["npz"], a=np.ones(3))
+    with zipfile.ZipFile(paths["zip"], "w") as z:
+        z.writestr("notes/readme.txt", "hi")
+    return paths
+
+
+def test_zips_that_are_no_torch_save_file_are_named(tmp_path):
+    paths = _archives(tmp_path)
+    expect = {"script": (UnsafeObjectError, "TorchScript archive.*torch.jit.load"),
+              "export": (CorruptDataError, "torch.export archive.*torch.export.load"),
+              "npz": (CorruptDataError, r"numpy \.npz archive"),
+              "zip": (CorruptDataError, "'notes/readme.txt'")}
+    for kind, (cls, pattern) in expect.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")       # torch's TorchScript dispatch warns
+            with pytest.raises(cls, match=pattern) as info:
+                S.load(paths[kind])
+        assert str(info.value).startswith(str(paths[kind])), info.value
+        with open(paths[kind], "rb") as f, pytest.raises(cls, match=pattern):
+            S.load(f)
+    # a torch.save file passes the same check
+    torch.save({"w": torch.ones(2)}, tmp_path / "ok.pt")
+    assert torch.equal(S.load(tmp_path / "ok.pt")["w"], torch.ones(2))

@@ -299,8 +299,11 @@ def _load_path(path: str, map_location, weights_only, mmap, pickle_load_args, ma
     except LcckptError as e:
         raise at_path(e, path) from None
     if fmt != "lcckpt":
-        return _load_foreign(fmt, path, map_location, weights_only, mmap, pickle_load_args,
-                             max_bytes, targets)
+        try:
+            return _load_foreign(fmt, path, map_location, weights_only, mmap,
+                                 pickle_load_args, max_bytes, targets)
+        except LcckptError as e:         # the cause kept: it names what torch refused
+            raise at_path(e, path) from e.__cause__
     with read_container(path) as c:
         try:
             if mmap:

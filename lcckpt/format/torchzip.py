@@ -6,7 +6,9 @@ zip's directory is read here: what its members inflate to is held to ``max_bytes
 what torch.save never writes (a member marked a directory, a zip feature Python's
 zipfile does not read) is damage; and members torch.save would have stored but that are
 compressed (a re-zipped file, or a flipped compression method) are read to their ends,
-which checks their CRC-32s. Of stored members, all of a torch.save file, only the local
+which checks their CRC-32s. A zip that is no torch.save file (a TorchScript or
+torch.export archive, a numpy ``.npz``) is named as such instead of reaching torch's
+loader, which would call it damaged. Of stored members, all of a torch.save file, only the local
 headers are read (torch finds the data by their lengths; 15-17 µs a member, against
 about 200 µs for ``torch.load``'s own work on each of 100,000 tiny tensors): their data
 is checked by :func:`read_members` in ``lcckpt verify``, as ``torch.load`` does not.
@@ -20,7 +22,7 @@ import zipfile
 import zlib
 
 from .. import limits
-from ..errors import ChecksumError, CorruptDataError, StorageError
+from ..errors import ChecksumError, CorruptDataError, StorageError, UnsafeObjectError
 from .container import open_file
 
 __all__ = ["check_before_load", "open_zip", "read_members"]
@@ -42,6 +44,7 @@ def check_before_load(f, max_bytes) -> None:
             return
         with z:
             infos = z.infolist()
+            check_kind([i.filename for i in infos])
             # torch's reader takes a member marked a directory (a DOS attribute bit that
             # Python's zipfile ignores) for one without data: it would load other numbers
             folder = next((i.filename for i in infos if i.external_attr & 0x10
@@ -59,6 +62,30 @@ def check_before_load(f, max_bytes) -> None:
         fh.seek(pos)
         if own:
             fh.close()
+
+
+def check_kind(names: list[str]) -> None:
+    """Raise where the zip members ``names`` are not a torch.save file's (which keeps its
+    pickle in ``<archive>/data.pkl``), saying what the archive is and how to read it."""
+    if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
+        raise UnsafeObjectError(
+            "a TorchScript archive (torch.jit.save), not a torch.save file: it holds the "
+            "model's code, which lcckpt never runs. If you trust it, load it with "
+            "torch.jit.load(path) and save its state_dict() with lcckpt.save")
+    if any(n.endswith("/archive_format") or n.endswith("/models/model.json") for n in names):
+        raise CorruptDataError(
+            "a torch.export archive (torch.export.save), not a checkpoint: load it with "
+            "torch.export.load(path); its module().state_dict() saves with lcckpt.save")
+    if any(n.count("/") == 1 and n.endswith("/data.pkl") for n in names):
+        return
+    if names and all(n.endswith(".npy") for n in names):
+        raise CorruptDataError(
+            "a numpy .npz archive, not a checkpoint lcckpt knows: read it with "
+            "numpy.load(path, allow_pickle=False)")
+    shown = ", ".join(repr(n) for n in names[:4]) + (", ..." if len(names) > 4 else "")
+    raise CorruptDataError(
+        f"a zip archive without a torch.save pickle (no '<archive>/data.pkl'; members: "
+        f"{shown or 'none'}): not a torch.save file, or one that is damaged")
 
 
 def open_zip(fh, where: str) -> zipfile.ZipFile | None:

@@ -75,7 +75,9 @@ def load_torch(path: str | os.PathLike, map_location="cpu"):
     try:
         return serialization.load(path, map_location=map_location)
     except UnsafeObjectError as e:
-        cause = str(e.__cause__ or e)
+        if e.__cause__ is None:          # refused before unpickling (a TorchScript archive)
+            raise
+        cause = str(e.__cause__)
         m = re.search(r"Unsupported global: GLOBAL ([\w.]+)", cause) or \
             re.search(r"Unsupported operand \d+|Unsupported class [\w.]+", cause)
         what = f" (it needs {m.group(1) if m.groups() else m.group(0)})" if m else ""
