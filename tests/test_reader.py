@@ -465,3 +465,44 @@ def test_a_slice_of_a_small_coded_tensor_is_checked(tmp_path, where):
     path.write_bytes(raw)
     with opened() as f, pytest.raises(lcckpt.ChecksumError):
         f.get_slice("w")[:4]
+
+
+def test_code_written_for_safe_open_runs_on_an_lcckpt_file(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    state = {"w": torch.randn(20, 7), "h": torch.randn(9, 3).bfloat16(), "i": torch.arange(5)}
+    save_file(state, tmp_path / "a.safetensors")
+    lcckpt.save(state, tmp_path / "a.lcc", compress=True)
+    ck = lcckpt.DeltaCheckpointer(tmp_path / "run")
+    ck.save(0, state)
+
+    def read(f) -> dict:      # what a user's safe_open loop does
+        out = {}
+        for k in f.keys():
+            s = f.get_slice(k)
+            out[k] = (s.get_shape(), s.get_dtype(), s[2:4], f.get_tensor(k))
+        return out
+
+    with safe_open(tmp_path / "a.safetensors", "pt", device="cpu") as f:
+        want = read(f)
+    for path in (tmp_path / "a.lcc", tmp_path / "run"):
+        with lc_open(path, "pt", device="cpu") as f:
+            got = read(f)
+        assert sorted(got) == sorted(want)
+        for k, (shape, dtype, rows, whole) in want.items():
+            assert got[k][:2] == (shape, dtype), k
+            assert torch.equal(got[k][2], rows) and torch.equal(got[k][3], whole), k
+            assert got[k][3].device == torch.device("cpu")
+
+
+def test_safe_open_arguments_that_cannot_hold_are_refused(tmp_path):
+    path = tmp_path / "a.lcc"
+    lcckpt.save({"w": torch.ones(2)}, path)
+    with pytest.raises(InvalidArgumentError, match="framework='np'"):
+        lc_open(path, "np")
+    with pytest.raises(InvalidArgumentError, match="not both"):
+        lc_open(path, device="cpu", map_location="cpu")
+    with pytest.raises(InvalidArgumentError, match="not a device"):
+        lc_open(path, device="gpu7")
+    with lc_open(path, device="meta") as f:          # device= is a map_location
+        assert f.get_tensor("w").device == torch.device("meta")

@@ -58,16 +58,18 @@ __all__ = ["Reader", "Slice", "open"]
 
 
 
-def open(path: str | os.PathLike, *, step: int | None = None, map_location=None,
-         max_bytes=limits.DEFAULT) -> Reader:
+def open(path: str | os.PathLike, framework: str = "pt", device=None, *,
+         step: int | None = None, map_location=None, max_bytes=limits.DEFAULT) -> Reader:
     """A lazy reader of the file at ``path`` (a chain's delta file: its step, read with
     the chain directory around it), or of ``step`` (default: the newest) of the chain
     directory ``path``. ``map_location`` and ``max_bytes`` as in ``lcckpt.load``
     (each read checks what it decodes: a tensor of a file, or a chain step's files as
     ``DeltaCheckpointer.load`` checks them). Use as a context manager (or call
-    ``close``)."""
+    ``close``). ``framework`` and ``device`` are ``safe_open``'s, so that code written
+    for it runs: torch tensors only, and ``device`` is a ``map_location``."""
     if not isinstance(path, (str, os.PathLike)):
         raise InvalidArgumentError(f"lcckpt.open needs a path, got {type(path).__name__}")
+    map_location = _device(framework, device, map_location)
     path = local(path, "lcckpt.open")
     if os.path.isdir(path):
         ck = ChainDirectory(path)
@@ -88,6 +90,25 @@ def open(path: str | os.PathLike, *, step: int | None = None, map_location=None,
     except CorruptDataError:
         _refuse_foreign(path)
         raise
+
+
+def _device(framework, device, map_location):
+    """``map_location`` from ``safe_open``'s arguments, which name the same thing."""
+    if framework not in ("pt", "torch", "pytorch"):
+        raise InvalidArgumentError(
+            f"framework={framework!r}: lcckpt.open gives torch tensors ('pt'); call .numpy() "
+            "on what it returns for numpy arrays")
+    if device is None:
+        return map_location
+    if map_location is not None:
+        raise InvalidArgumentError("give device= or map_location=, not both: they name the "
+                                   "same thing")
+    if type(device) is int:                  # safe_open's device=0 is the first GPU
+        device = f"cuda:{device}"
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise InvalidArgumentError(f"device={device!r} is not a device: {e}") from None
 
 
 def _refuse_foreign(path: str) -> None:
@@ -366,6 +387,10 @@ class Slice:
 
     def get_shape(self) -> list[int]:
         return list(self.shape)
+
+    def get_dtype(self) -> str:
+        """The dtype as safetensors names it (``"F32"``, ``"BF16"``, ...)."""
+        return self._meta["dtype"]
 
     def __getitem__(self, index):
         items = _basic_index(index, len(self.shape), self._path)
