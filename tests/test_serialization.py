@@ -1543,3 +1543,22 @@ def test_zips_that_are_no_torch_save_file_are_named(tmp_path):
     # a torch.save file passes the same check
     torch.save({"w": torch.ones(2)}, tmp_path / "ok.pt")
     assert torch.equal(S.load(tmp_path / "ok.pt")["w"], torch.ones(2))
+
+
+def test_torch_save_calls_run_unchanged(tmp_path):
+    import json as json_module
+    state = {"w": torch.randn(3, 2), "step": 4}
+    calls = [((), {"pickle_protocol": 4}), ((pickle, 2), {}),
+             ((), {"pickle_module": pickle, "_use_new_zipfile_serialization": False,
+                   "_disable_byteorder_record": True})]
+    for args, kwargs in calls:
+        path = tmp_path / "a.lcc"
+        S.save(state, path, *args, **kwargs)
+        back = S.load(path)
+        assert torch.equal(back["w"], state["w"]) and back["step"] == 4
+    for kwargs, pattern in (({"pickle_module": json_module}, "pickle_module='json'"),
+                            ({"pickle_protocol": "4"}, "must be an int"),
+                            ({"_use_new_zipfile": True}, r"unknown arguments \['_use_new_zipfile'\]")):
+        with pytest.raises(InvalidArgumentError, match=pattern):
+            S.save(state, tmp_path / "b.lcc", **kwargs)
+        assert not (tmp_path / "b.lcc").exists()

@@ -47,9 +47,15 @@ __all__ = ["load", "pack", "read_metadata", "register_codec", "register_section_
 TREE_VERSION = 7  # the newest tree version read; files are written with the lowest that fits
 
 
-def save(obj: Any, f: str | os.PathLike | BinaryIO, *, codec: str | Callable = "raw",
-         compress: bool = False, metadata: dict[str, str] | None = None) -> None:
+def save(obj: Any, f: str | os.PathLike | BinaryIO, pickle_module=None, pickle_protocol=None, *,
+         codec: str | Callable = "raw", compress: bool = False,
+         metadata: dict[str, str] | None = None, **torch_save_args) -> None:
     """Save ``obj`` to a path (atomically) or a writable binary file, without pickle.
+
+    ``torch.save``'s other arguments are taken, so that its calls run unchanged, and
+    change nothing, as nothing is pickled: ``pickle_module`` (None or ``pickle``: another
+    module, such as dill, would be asked to store what lcckpt refuses),
+    ``pickle_protocol``, ``_use_new_zipfile_serialization``, ``_disable_byteorder_record``.
 
     ``codec``: a section codec for every tensor it handles ("raw", "lossless", or one
     registered with :func:`register_section_codec`), or a function ``(key_path, tensor) -> codec
@@ -64,6 +70,7 @@ def save(obj: Any, f: str | os.PathLike | BinaryIO, *, codec: str | Callable = "
     the header last (docs/format.md, "Headers written last"): what is held beside the
     object is one tensor's section, not all of them.
     """
+    _check_save_args(pickle_module, pickle_protocol, torch_save_args)
     if compress and codec == "raw":
         codec = "lossless"
     if not isinstance(f, (str, os.PathLike)) and (not hasattr(f, "write")
@@ -201,6 +208,24 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
 def _kind_of(f) -> str:
     return "a text-mode file" if isinstance(f, io.TextIOBase) else \
         f"an object of type {type(f).__name__}"
+
+
+_TORCH_SAVE_ONLY = ("_use_new_zipfile_serialization", "_disable_byteorder_record")
+
+
+def _check_save_args(pickle_module, pickle_protocol, torch_save_args: dict) -> None:
+    if pickle_module is not None and pickle_module is not pickle:
+        raise InvalidArgumentError(
+            f"pickle_module={getattr(pickle_module, '__name__', pickle_module)!r}: lcckpt.save "
+            "pickles nothing, so a module that pickles more cannot help; it stores tensors, "
+            "containers and plain values (docs/interop.md), and names what it refuses")
+    if pickle_protocol is not None and type(pickle_protocol) is not int:
+        raise InvalidArgumentError(f"pickle_protocol must be an int, got {pickle_protocol!r:.40}")
+    unknown = sorted(set(torch_save_args) - set(_TORCH_SAVE_ONLY))
+    if unknown:
+        raise InvalidArgumentError(
+            f"unknown arguments {unknown}; lcckpt.save takes codec, compress, metadata and "
+            "torch.save's own arguments")
 
 
 def _check_load_args(pickle_module, pickle_load_args: dict, weights_only, mmap, into) -> None:
