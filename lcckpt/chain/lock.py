@@ -138,5 +138,8 @@ def _describe(holder: str) -> str:
     parts = holder.split()
     if len(parts) == 3 and parts[0].isdigit() and parts[2].isdigit():
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(int(parts[2])))
+        if int(parts[0]) == os.getpid() and parts[1] == socket.gethostname():   # a cell run twice
+            return (f"one made earlier in this process, since {since}, still open: close() it "
+                    "or go on with it")
         return f"pid {parts[0]} on {parts[1]}, since {since}"
     return "holder unknown"
