@@ -936,3 +936,20 @@ def test_the_group_s_device_and_host_group_follow_its_backends(monkeypatch, conf
     monkeypatch.setattr(dist, "new_group", lambda backend=None: ("group", backend))
     assert ranks.comm_device().type == device
     assert broadcast.host_group() == (("group", "gloo") if made else None)
+
+
+def test_a_second_writer_on_a_run_directory_is_refused_when_made(tmp_path):
+    """Two jobs started on one run directory: the second learns it when its manager is
+    made, not from a failed background save at its first checkpoint."""
+    model, opt = _setup()
+    first = CheckpointManager(tmp_path, model, opt, every=1)
+    _train(model, opt)
+    first.step(1.0)
+    first.wait()
+    with pytest.raises(lcckpt.ConcurrentWriteError, match="one writer per directory"):
+        CheckpointManager(tmp_path, *_setup(1), every=1)
+    CheckpointManager(tmp_path, *_setup(1), every=1, writer=False).close()   # a reader
+    first.close()
+    again = CheckpointManager(tmp_path, *_setup(1), every=1)
+    assert again.restore() == 1
+    again.close()

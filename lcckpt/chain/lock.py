@@ -20,7 +20,7 @@ import warnings
 from ..errors import ConcurrentWriteError, StorageError
 from ..util import forks
 
-__all__ = ["LOCK_NAME", "WriterLock"]
+__all__ = ["LOCK_NAME", "WriterLock", "check_free"]
 
 LOCK_NAME = ".lcckpt-writer.lock"
 # what flock says on a filesystem that has no locks (NFS without lockd, Lustre mounted
@@ -120,6 +120,14 @@ class WriterLock:
                 pass
             _close(self.fd)                 # closing the fd drops the flock
         self.fd = None
+
+
+def check_free(directory: str) -> None:
+    """Raise :class:`ConcurrentWriteError` now where another writer holds ``directory``'s
+    lock, as its first save would (a second job started on the same run directory): the
+    lock is taken and released at once."""
+    if os.path.isdir(directory):
+        WriterLock(directory).release()
 
 
 def _close(fd: int) -> None:

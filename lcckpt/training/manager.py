@@ -44,6 +44,7 @@ from .losscurve import LossCurve
 from .newest import generators_to_restore, is_writer, restore_state
 from .signals import SigtermHook
 from ..chain.checkpointer import DEFAULT_KEYFRAME_EVERY, DeltaCheckpointer
+from ..chain.lock import check_free
 from ..errors import InvalidArgumentError
 from ..util.paths import local
 
@@ -127,6 +128,8 @@ class CheckpointManager:
         self._ck_args = dict(bits=bits, keyframe_every=keyframe_every, keep_last=keep_last,
                              **dict(checkpointer_options or {}))
         self._ck = DeltaCheckpointer(self.directory, **self._ck_args)   # validates them
+        if self.writer:                 # a second job on this directory: told now, not later
+            check_free(self.directory)
 
         self.iteration = 0              # completed iterations (calls of step)
         self.last_checkpoint: int | None = None   # newest snapshot taken
