@@ -1,6 +1,8 @@
 """Lazy reads: keys, metadata, get_tensor and row slices of a file or of a chain step."""
 
+import json
 import os
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -355,17 +357,42 @@ def test_slices_of_a_delta_tensor_decode_it_once(tmp_path, monkeypatch):
         assert torch.equal(sl[0:8], full[0:8])
 
 
-def test_open_names_a_foreign_file_and_its_missing_steps_are_library_errors(tmp_path):
-    """A torch.save or safetensors file is named as such, with what reads it (it was "not
-    an lcckpt file"); a missing step of a directory is a NotFoundError, an LcckptError
-    (it was a bare FileNotFoundError)."""
+def test_open_reads_torch_and_safetensors_files_lazily_and_names_what_it_cannot(tmp_path):
+    """A torch.save file (zip or legacy) or a safetensors file opens with the same
+    methods, its tensors mapped, not read; a shard index is named, with what reads it; a
+    missing step of a directory is a NotFoundError, an LcckptError (it was a bare
+    FileNotFoundError)."""
     from lcckpt.format.safetensors_io import save_safetensors
-    torch.save({"w": torch.ones(3)}, tmp_path / "m.pt")
-    save_safetensors({"w": torch.ones(3)}, tmp_path / "m.safetensors")
-    with pytest.raises(InvalidArgumentError, match="is a torch.save file: .*lcckpt.load"):
-        lc_open(tmp_path / "m.pt")
-    with pytest.raises(InvalidArgumentError, match="is a safetensors file: .*lcckpt.load"):
-        lc_open(tmp_path / "m.safetensors")
+    from lcckpt.interop import foreign
+    state = {"model": {"w": torch.arange(12.0).reshape(4, 3), "b": torch.ones(3)}, "n": 5}
+    torch.save(state, tmp_path / "m.pt")
+    torch.save(state, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
+    save_safetensors({"w": torch.arange(12.0).reshape(4, 3)}, tmp_path / "m.safetensors",
+                     metadata={"step": "7"})
+    for name, key in (("m.pt", "model.w"), ("old.pt", 'obj["model"]["w"]'),
+                      ("m.safetensors", "w")):
+        with lc_open(tmp_path / name, "pt", device="cpu") as f:
+            assert key in f and len(f) == (1 if "safetensors" in name else 2)
+            w = f.get_tensor(key)
+            w += 1                                     # a copy: the file is untouched
+            assert torch.equal(f.get_slice(key)[1:3, ::-1], state["model"]["w"][1:3].flip(1))
+            assert f.get_slice(key).get_dtype() == "F32"
+            assert f.metadata() == ({"step": "7"} if "safetensors" in name else {})
+            with pytest.raises(KeyError, match="no tensor 'x'"):
+                f.get_tensor("x")
+    head = json.dumps({"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
+                       "b": {"dtype": "F32", "shape": [3], "data_offsets": [1, 13]}}).encode()
+    head += b" " * (-len(head) % 8)                    # b at an odd offset: read, not mapped
+    (tmp_path / "odd.safetensors").write_bytes(
+        struct.pack("<Q", len(head)) + head + b"\x07" + np.arange(3, dtype="<f4").tobytes())
+    with lc_open(tmp_path / "odd.safetensors") as f:
+        assert torch.equal(f.get_slice("b")[1:], torch.tensor([1.0, 2.0]))
+        assert f.get_tensor("a").tolist() == [7]
+    if os.path.exists("/proc/self/maps"):              # views of the mapped files
+        with lc_open(tmp_path / "m.pt") as f:
+            assert all(_mapped_from(t, tmp_path / "m.pt") for _, t in f._index.values())
+        tensors, _ = foreign._mapped_safetensors(str(tmp_path / "m.safetensors"))
+        assert _mapped_from(tensors["w"], tmp_path / "m.safetensors")
     (tmp_path / "m.safetensors.index.json").write_text('{"weight_map": {"w": "m.safetensors"}}')
     with pytest.raises(InvalidArgumentError, match="is a shard index: .*lcckpt.load"):
         lc_open(tmp_path / "m.safetensors.index.json")
@@ -375,6 +402,19 @@ def test_open_names_a_foreign_file_and_its_missing_steps_are_library_errors(tmp_
     lcckpt.DeltaCheckpointer(tmp_path / "ck").save(0, {"w": torch.ones(3)})
     with pytest.raises(lcckpt.NotFoundError, match="no checkpoint for step 5; stored: 0"):
         lc_open(tmp_path / "ck", step=5)
+
+
+def _mapped_from(t: torch.Tensor, path) -> bool:
+    """Whether ``t``'s data lies in a mapping of the file ``path`` (Linux)."""
+    at = t.data_ptr()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].strip() == str(path):
+                lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                if lo <= at < hi:
+                    return True
+    return False
 
 
 def _basic_indices(ndim: int):
@@ -398,16 +438,20 @@ def sliced_files(tmp_path_factory):
              "i": torch.arange(40).reshape(4, 10), "z": torch.tensor(2.5), "e": torch.empty(0, 4)}
     lcckpt.save(state, d / "raw.lcc")
     lcckpt.save(state, d / "packed.lcc", compress=True)
+    torch.save(state, d / "t.pt")
+    from lcckpt.format.safetensors_io import save_safetensors
+    save_safetensors(state, d / "t.safetensors")
     ck = lcckpt.DeltaCheckpointer(d / "chain")
     for step in range(3):
         ck.save(step, {k: v + step if v.is_floating_point() else v for k, v in state.items()})
     ck.close()
     return {"raw": (d / "raw.lcc", None, state), "packed": (d / "packed.lcc", None, state),
-            "chain": (d / "chain", 2, ck.load(2))}
+            "chain": (d / "chain", 2, ck.load(2)), "torch": (d / "t.pt", None, state),
+            "safetensors": (d / "t.safetensors", None, state)}
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.data(), kind=st.sampled_from(["raw", "packed", "chain"]),
+@given(data=st.data(), kind=st.sampled_from(["raw", "packed", "chain", "torch", "safetensors"]),
        key=st.sampled_from(["a", "h", "i", "z", "e"]))
 def test_a_slice_indexes_as_numpy_does(sliced_files, data, kind, key):
     """Ellipsis, new axes and negative steps in any dimension read as numpy reads them

@@ -4,7 +4,8 @@ Writes a file of ``size_mb`` MB (float32 tensors of 64 MB each plus one small te
 then times ``lcckpt.load`` of the whole file against ``lcckpt.interop.reader.open(path)
 .get_tensor(small)`` and a 16-row ``get_slice`` of a large tensor (open included in both).
 Both run from the page cache after the write: the ratio is the work saved, not disk speed.
-Stored raw by default; ``codec="lossless"`` shows a coded file.
+Stored raw by default; ``codec="lossless"`` shows a coded file, ``fmt="torch"`` or
+``"safetensors"`` the same tensors in those files (``lcckpt.open`` maps them).
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import tempfile
 import torch
 
 from ..format import serialization
+from ..format.safetensors_io import save_safetensors
 from ..interop.reader import open as lazy_open
 from .timing import environment, format_table, measure
 
 
 def run(size_mb: int = 512, codec: str = "raw", directory: str | None = None,
-        min_runs: int = 3) -> dict:
+        min_runs: int = 3, fmt: str = "lcckpt") -> dict:
     """Time full and lazy reads of one file of ``size_mb`` MB; returns a JSON-able dict."""
     per = 16 << 20                                     # elements: 64 MB per big tensor
     n_big = max(1, size_mb * (1 << 20) // (per * 4))
@@ -31,8 +33,13 @@ def run(size_mb: int = 512, codec: str = "raw", directory: str | None = None,
                      for i in range(n_big)}}
     obj["model"]["head.bias"] = torch.randn(1000, generator=g)
     with tempfile.TemporaryDirectory(dir=directory) as d:
-        path = os.path.join(d, "big.lcckpt")
-        serialization.save(obj, path, codec=codec)
+        path = os.path.join(d, f"big.{fmt}")
+        if fmt == "torch":
+            torch.save(obj, path)
+        elif fmt == "safetensors":
+            save_safetensors({f"model.{k}": t for k, t in obj["model"].items()}, path)
+        else:
+            serialization.save(obj, path, codec=codec)
         file_bytes = os.path.getsize(path)
         del obj
 
@@ -47,7 +54,8 @@ def run(size_mb: int = 512, codec: str = "raw", directory: str | None = None,
         full = measure(lambda: serialization.load(path), min_runs=min_runs, min_time=0.0)
         lazy_small = measure(small, min_runs=max(min_runs, 5), min_time=0.2)
         lazy_rows = measure(rows, min_runs=max(min_runs, 5), min_time=0.2)
-    res = {"environment": environment(), "codec": codec, "file_bytes": file_bytes,
+    res = {"environment": environment(), "format": fmt,
+           "codec": codec if fmt == "lcckpt" else None, "file_bytes": file_bytes,
            "tensors": n_big + 1, "rows": []}
     for name, t in (("lcckpt.load (whole file)", full), ("get_tensor(small, 4 KB)", lazy_small),
                     ("get_slice(big)[100:116]", lazy_rows)):
@@ -103,11 +111,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-mb", type=int, default=512, help="file size in MB (default 512)")
     ap.add_argument("--codec", default="raw", choices=["raw", "lossless"])
+    ap.add_argument("--format", default="lcckpt", choices=["lcckpt", "torch", "safetensors"],
+                    help="the file's format (default lcckpt; --codec is for lcckpt files)")
     ap.add_argument("--dir", default=None, help="where to write the temporary file")
     ap.add_argument("--json", default=None, help="also write the result here")
     args = ap.parse_args(argv)
-    res = run(args.size_mb, args.codec, args.dir)
-    print(f"file: {res['file_bytes'] / 1e6:.0f} MB, {res['tensors']} tensors, codec {res['codec']}")
+    res = run(args.size_mb, args.codec, args.dir, fmt=args.format)
+    print(f"file: {res['file_bytes'] / 1e6:.0f} MB, {res['tensors']} tensors, {res['format']}"
+          + (f", codec {res['codec']}" if res["codec"] else ""))
     print(format_table(res["rows"], ["read", "median_s", "min_s", "runs", "speedup"]))
     e = res["embedding"] = embedding_slice(directory=args.dir)
     print(f"\nget_slice(emb)[:{e['rows']}] of a {e['shape'][0]}x{e['shape'][1]} tensor "

@@ -206,16 +206,22 @@ def read_safetensors(f: str | os.PathLike | BinaryIO, map_location=None
     f, entries, meta, base = _open(f)
     out = {}
     for name, dt, shape, begin, end in entries:
-        t = torch.empty(shape, dtype=TORCH_DTYPE[dt])
-        if end > begin:
-            f.seek(base + begin)
-            buf = t.reshape(-1).view(torch.uint8).numpy()
-            got = f.readinto(memoryview(buf))
-            if got != end - begin:
-                raise TruncatedError(f"safetensors tensor {name!r}: file ended after {got} of "
-                                     f"{end - begin} bytes")
-        out[name] = _place(t, map_location)
+        out[name] = _place(read_range(f, base + begin, TORCH_DTYPE[dt], shape, name), map_location)
     return out, meta
+
+
+def read_range(f: BinaryIO, at: int, dtype: torch.dtype, shape: list, name: str) -> torch.Tensor:
+    """The tensor ``name`` of ``dtype`` and ``shape`` whose bytes start at byte ``at``
+    of the file ``f``, read into memory of its own."""
+    t = torch.empty(shape, dtype=dtype)
+    if t.numel():
+        f.seek(at)
+        buf = t.reshape(-1).view(torch.uint8).numpy()
+        got = f.readinto(memoryview(buf))
+        if got != buf.size:
+            raise TruncatedError(f"safetensors tensor {name!r}: file ended after {got} of "
+                                 f"{buf.size} bytes")
+    return t
 
 
 def load_safetensors(path_or_file: str | os.PathLike | BinaryIO,

@@ -1,4 +1,5 @@
-"""Lazy, partial reads of a saved file or of one step of a chain, like ``safe_open``.
+"""Lazy, partial reads of a saved file or of one step of a chain, like ``safe_open``
+(a torch.save or safetensors file: foreign.py, the same methods over its mapped tensors).
 
 ``with lcckpt.open(path) as f:`` reads and validates only the header; ``f.get_tensor(key)``
 then reads and decodes the one section that tensor needs (for a chain step, that key's
@@ -28,7 +29,6 @@ whole objects (``lcckpt.load``).
 from __future__ import annotations
 
 import math
-import operator
 import os
 import sys
 from contextlib import ExitStack
@@ -49,6 +49,8 @@ from ..codec.tensor import chunk_spans, decode_exact_chunks
 from ..format.container import Container, read_container
 from ..codec.delta import Reconstruction
 from .chainrows import chain_span
+from .foreign import ForeignReader
+from .naming import Keyed, apply_index, basic_index, brief, flat_names, position
 from ..errors import (
     CorruptDataError, InvalidArgumentError, UnsupportedVersionError,
 )
@@ -57,12 +59,13 @@ from ..format.serialization import tree_of
 __all__ = ["Reader", "Slice", "open"]
 
 
-
 def open(path: str | os.PathLike, framework: str = "pt", device=None, *,
-         step: int | None = None, map_location=None, max_bytes=limits.DEFAULT) -> Reader:
+         step: int | None = None, map_location=None, max_bytes=limits.DEFAULT
+         ) -> Reader | ForeignReader:
     """A lazy reader of the file at ``path`` (a chain's delta file: its step, read with
-    the chain directory around it), or of ``step`` (default: the newest) of the chain
-    directory ``path``. ``map_location`` and ``max_bytes`` as in ``lcckpt.load``
+    the chain directory around it; a torch.save or safetensors file: the same methods over
+    its tensors mapped into memory, foreign.py), or of ``step`` (default: the newest) of
+    the chain directory ``path``. ``map_location`` and ``max_bytes`` as in ``lcckpt.load``
     (each read checks what it decodes: a tensor of a file, or a chain step's files as
     ``DeltaCheckpointer.load`` checks them). Use as a context manager (or call
     ``close``). ``framework`` and ``device`` are ``safe_open``'s, so that code written
@@ -88,8 +91,10 @@ def open(path: str | os.PathLike, framework: str = "pt", device=None, *,
     try:
         return Reader(path, map_location, max_bytes=max_bytes)
     except CorruptDataError:
-        _refuse_foreign(path)
-        raise
+        fmt = _foreign(path)
+        if fmt is None:
+            raise
+    return ForeignReader(path, fmt, map_location, max_bytes)
 
 
 def _device(framework, device, map_location):
@@ -111,23 +116,22 @@ def _device(framework, device, map_location):
         raise InvalidArgumentError(f"device={device!r} is not a device: {e}") from None
 
 
-def _refuse_foreign(path: str) -> None:
-    """A torch.save or safetensors file or a shard index, which the container reader
-    refused, is named as such, with what reads it."""
+def _foreign(path: str) -> str | None:
+    """"torch" or "safetensors" for a file of those that the container reader refused;
+    None where its error stands. A shard index is refused here, with what reads it."""
     from .convert import detect_format
     try:
         fmt = detect_format(path)
     except (CorruptDataError, OSError):
-        return                     # the container reader's error stands
-    what = {"torch": "a torch.save file", "safetensors": "a safetensors file",
-            "sharded": "a shard index"}.get(fmt)
-    if what is not None:
+        return None
+    if fmt == "sharded":
         raise InvalidArgumentError(
-            f"{path} is {what}: lcckpt.open reads lcckpt files and chain directories; load "
-            "it with lcckpt.load, or convert it (lcckpt convert IN OUT.lcc)") from None
+            f"{path} is a shard index: lcckpt.open reads one file or a chain directory; open "
+            "each shard, or load them all with lcckpt.load") from None
+    return fmt if fmt in ("torch", "safetensors") else None
 
 
-class Reader:
+class Reader(Keyed):
     """An open file: :meth:`keys`, :meth:`metadata`, :meth:`get_tensor`, :meth:`get_slice`."""
 
     def __init__(self, path: str, map_location=None, chain=None, max_bytes=limits.DEFAULT):
@@ -148,30 +152,17 @@ class Reader:
                 tree = tree_of(self._c.meta)
             except (CorruptDataError, UnsupportedVersionError) as e:
                 raise type(e)(f"{path}: {e}") from None
-            self._index = _names(_tree.leaves(tree))
+            self._index = flat_names(_tree.leaves(tree))
         except BaseException:
             self._c.close()
             raise
 
     # -- listing
 
-    def keys(self) -> list[str]:
-        """The leaves' names, in the order they were saved."""
-        return list(self._index)
-
     def metadata(self) -> dict:
         """The file's header metadata other than the object tree (e.g. a chain step's
         ``lcckpt_chain`` entry with its kind, base and per-tensor stats)."""
         return {k: v for k, v in self._c.meta.items() if k != "tree"}
-
-    def __contains__(self, key) -> bool:
-        return self._find(key, missing=False) is not None
-
-    def __iter__(self):
-        return iter(self._index)
-
-    def __len__(self) -> int:
-        return len(self._index)
 
     # -- reading
 
@@ -210,12 +201,6 @@ class Reader:
             self._stack.close()
         self._stack = self._links = None
 
-    def __enter__(self) -> Reader:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     # -- internals
 
     def _find(self, key, missing: bool = True):
@@ -227,7 +212,7 @@ class Reader:
                 return hit
         elif not missing:
             return None
-        raise KeyError(f"no tensor {key!r} in {self.path}; keys: {_brief(list(self._index))}"
+        raise KeyError(f"no tensor {key!r} in {self.path}; keys: {brief(list(self._index))}"
                        + self._pointed())
 
     def _pointed(self) -> str:
@@ -302,66 +287,6 @@ class Reader:
         return self._links
 
 
-def _basic_index(index, ndim: int, path: str) -> list:
-    """``index`` as numpy's basic indexing reads it: a list with one int or slice per
-    dimension and ``None`` for each new axis, the ``...`` expanded (a missing one is
-    at the end)."""
-    items = list(index) if isinstance(index, tuple) else [index]
-    for x in items:
-        if not (x is None or x is Ellipsis or isinstance(x, slice) or _is_int(x)):
-            raise InvalidArgumentError(
-                f"a slice read of {path} takes ints, slices, None and ..., got "
-                f"{type(x).__name__}; read the tensor with get_tensor for other indexing")
-    if sum(x is Ellipsis for x in items) > 1:
-        raise IndexError("an index can only have a single ellipsis ('...')")
-    used = sum(x is not None and x is not Ellipsis for x in items)
-    if used > ndim:
-        raise IndexError(f"too many indices for {path}: {ndim}-d, but {used} were indexed")
-    at = items.index(Ellipsis) if Ellipsis in items else len(items)
-    return items[:at] + [slice(None)] * (ndim - used) + items[at + 1:]
-
-
-def _is_int(x) -> bool:
-    if isinstance(x, bool):
-        return False
-    try:
-        operator.index(x)
-    except TypeError:
-        return False
-    return True
-
-
-def _position(i, n: int, path: str) -> int:
-    i = operator.index(i)
-    if not -n <= i < n:
-        raise IndexError(f"index {i} is out of range for a dimension of size {n} of {path}")
-    return i % n
-
-
-def _apply(t: torch.Tensor, items: list) -> torch.Tensor:
-    """``t[items]`` with numpy's meaning, negative steps included (torch has none): an
-    item is ``None`` (new axis), an int, a slice or a ``range`` of valid positions."""
-    d = 0
-    for x in items:
-        if x is None:
-            t = t.unsqueeze(d)
-            d += 1
-            continue
-        if not isinstance(x, (slice, range)):
-            t = t.select(d, _position(x, t.shape[d], "the tensor"))
-            continue
-        r = range(*x.indices(t.shape[d])) if isinstance(x, slice) else x
-        if not r:
-            t = t.narrow(d, 0, 0)
-        else:
-            lo = min(r[0], r[-1])
-            t = t.narrow(d, lo, max(r[0], r[-1]) + 1 - lo)
-            t = t[(slice(None),) * d + (slice(None, None, abs(r.step)),)]
-            t = t.flip(d) if r.step < 0 else t
-        d += 1
-    return t
-
-
 class Slice:
     """``reader.get_slice(key)``: ``shape``, ``dtype``, and ``[index]`` reading only what
     the first dimension's rows need. The index is numpy's basic indexing: ints, slices of
@@ -393,13 +318,13 @@ class Slice:
         return self._meta["dtype"]
 
     def __getitem__(self, index):
-        items = _basic_index(index, len(self.shape), self._path)
+        items = basic_index(index, len(self.shape), self._path)
         if not self.shape:                      # one element: nothing to save by slicing
-            return _apply(self._r._whole(self._path).detach().clone(), items)
+            return apply_index(self._r._whole(self._path).detach().clone(), items)
         at = next(k for k, x in enumerate(items) if x is not None)     # the first dimension's
         first = items[at]
         rows = range(*first.indices(self.shape[0])) if isinstance(first, slice) else \
-            _position(first, self.shape[0], self._path)
+            position(first, self.shape[0], self._path)
         if isinstance(rows, int):
             lo, hi, items[at] = rows, rows + 1, 0
         elif not rows:
@@ -407,7 +332,7 @@ class Slice:
         else:
             lo, hi = min(rows[0], rows[-1]), max(rows[0], rows[-1]) + 1
             items[at] = range(rows.start - lo, rows.stop - lo, rows.step)
-        return _apply(self._rows(lo, hi), items)
+        return apply_index(self._rows(lo, hi), items)
 
     def _rows(self, lo: int, hi: int) -> torch.Tensor:
         """Rows ``[lo, hi)`` of the tensor, reading only their bytes (their chunks'),
@@ -488,23 +413,3 @@ def _delta_sections(c: Container) -> dict:
         if m.get("kind") == "tensor" and m.get("codec") == _sections.DELTA:
             out[_sections.section_key(m)] = i
     return out
-
-
-def _flat(parts: tuple) -> str:
-    return ".".join(p if type(p) is str else str(p) for p in parts)
-
-
-def _names(found: list) -> dict[str, tuple[str, dict]]:
-    """Flat name -> (key path, node); colliding flat names fall back to key paths."""
-    flat: dict[str, list] = {}
-    for parts, path, node in found:
-        flat.setdefault(_flat(parts), []).append((path, node))
-    out = {}
-    for parts, path, node in found:
-        name = _flat(parts)
-        out[name if len(flat[name]) == 1 else path] = (path, node)
-    return out
-
-
-def _brief(keys: list) -> str:
-    return ", ".join(map(repr, keys[:8])) + (f", ... ({len(keys)} in all)" if len(keys) > 8 else "")

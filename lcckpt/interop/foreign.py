@@ -1,0 +1,141 @@
+"""``lcckpt.open`` of a torch.save or safetensors file: the reader's methods over the
+file's tensors mapped into memory, so that a key or a slice reads only its own pages.
+
+A safetensors file is mapped whole (copy-on-write) once its header is validated
+(``format/safetensors_io.py``: every tensor inside the data buffer, no gaps, no overlaps);
+each tensor is a view at its offset. A torch.save zip goes through ``lcckpt.load(path,
+mmap=True)``: the zip checked first, then torch's weights-only unpickler, whose tensors
+are views of the mapped file. A legacy (non-zip) torch.save file cannot be mapped and is
+loaded whole. What a read returns is a copy, the caller's to keep and change; neither
+format has checksums to check on the way (``lcckpt verify`` checks a torch.save zip's
+CRC-32s).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+
+import torch
+
+from ..codec import dtypes
+from ..errors import InvalidArgumentError
+from ..format import safetensors_io as _st
+from ..format.flatten import MAX_DEPTH, key_repr
+from ..format.serialization import load
+from .naming import Keyed, apply_index, basic_index, brief, flat_names
+
+__all__ = ["ForeignReader"]
+
+
+class ForeignReader(Keyed):
+    """:class:`~lcckpt.interop.reader.Reader`'s methods for a torch.save or safetensors
+    file (``fmt``: "torch" or "safetensors")."""
+
+    def __init__(self, path: str, fmt: str, map_location=None, max_bytes=None):
+        self.path, self.format = path, fmt
+        self.map_location, self.max_bytes = map_location, max_bytes
+        if fmt == "safetensors":
+            tensors, self._meta = _mapped_safetensors(path)
+            found = [((name,), name, t) for name, t in tensors.items()]
+        else:
+            with open(path, "rb") as fh:       # torch maps zips only, not the legacy format
+                zipped = fh.read(4) == b"PK\x03\x04"
+            obj = load(path, mmap=zipped, max_bytes=max_bytes)
+            self._meta = {}
+            found = list(_leaves(obj))
+        self._index = flat_names(found)
+
+    def metadata(self) -> dict:
+        """A safetensors file's ``__metadata__`` ({} for a torch.save file)."""
+        return dict(self._meta or {})
+
+    def get_tensor(self, key: str) -> torch.Tensor:
+        """A copy of the tensor ``key``, at ``map_location`` where one was given."""
+        return self._place(self._find(key)[1])
+
+    def get_slice(self, key: str) -> MappedSlice:
+        path, t = self._find(key)
+        return MappedSlice(self, path, t)
+
+    def close(self) -> None:
+        self._index = {}                       # the mapped file goes with its last view
+
+    def _find(self, key, missing: bool = True):
+        hit = self._index.get(key) if isinstance(key, str) else None
+        if hit is None and isinstance(key, str):
+            hit = next(((p, t) for p, t in self._index.values() if p == key), None)
+        if hit is not None or not missing:
+            return hit
+        raise KeyError(f"no tensor {key!r} in {self.path}; keys: {brief(list(self._index))}")
+
+    def _place(self, t: torch.Tensor) -> torch.Tensor:
+        out = t.detach().clone(memory_format=torch.contiguous_format)
+        if isinstance(t, torch.nn.Parameter):
+            out = torch.nn.Parameter(out, requires_grad=t.requires_grad)
+        loc = self.map_location
+        if isinstance(loc, dict):              # {"cpu": device}: where the file's tensors are
+            loc = loc.get("cpu", "cpu")
+        if loc is None:
+            return out
+        if isinstance(loc, (str, torch.device)):
+            return out.to(loc)
+        raise InvalidArgumentError(f"lcckpt.open of a {self.format} file takes a device or a "
+                                   f"{{'cpu': device}} dict as map_location, got {type(loc).__name__}")
+
+
+class MappedSlice:
+    """``get_slice(key)`` of a mapped tensor: ``shape``, ``dtype``, ``get_shape()``,
+    ``get_dtype()`` and ``[index]`` (numpy's basic indexing), which copies only what the
+    index selects, and so reads only its pages."""
+
+    def __init__(self, reader: ForeignReader, path: str, t: torch.Tensor):
+        self._r, self._path, self._t = reader, path, t
+        self.dtype, self.shape = t.dtype, t.shape
+
+    def get_shape(self) -> list[int]:
+        return list(self.shape)
+
+    def get_dtype(self) -> str:
+        """The dtype as safetensors names it (``"F32"``, ``"BF16"``, ...)."""
+        return dtypes.TORCH_NAME[self.dtype]
+
+    def __getitem__(self, index) -> torch.Tensor:
+        part = apply_index(self._t.detach(), basic_index(index, len(self.shape), self._path))
+        return self._r._place(part)
+
+
+def _mapped_safetensors(path: str) -> tuple[dict[str, torch.Tensor], dict | None]:
+    """Each tensor of the safetensors file ``path`` as a view of the file mapped
+    copy-on-write (one whose offset its dtype does not divide is read into memory)."""
+    with open(path, "rb") as fh:
+        fh, entries, meta, base = _st._open(fh)
+        size = os.fstat(fh.fileno()).st_size
+        storage = torch.UntypedStorage.from_file(path, shared=False, nbytes=size) if size else None
+        out = {}
+        for name, dt, shape, begin, end in entries:
+            dtype = _st.TORCH_DTYPE[dt]
+            if end == begin or (base + begin) % dtype.itemsize:
+                out[name] = _st.read_range(fh, base + begin, dtype, shape, name)
+                continue
+            raw = torch.empty(0, dtype=torch.uint8).set_(storage, base + begin, (end - begin,), (1,))
+            out[name] = raw.view(dtype).reshape(shape)
+    return out, meta
+
+
+def _leaves(obj, parts: tuple = (), path: str = "obj", depth: int = 0):
+    """``(keys on the way, key path, tensor)`` for each tensor in ``obj``'s dicts, lists
+    and tuples, named as a load names its sections."""
+    if isinstance(obj, torch.Tensor):
+        yield parts, path, obj
+        return
+    if depth >= MAX_DEPTH:
+        return
+    if type(obj) in (list, tuple, deque):
+        items = [(i, x, f"{path}[{i}]") for i, x in enumerate(obj)]
+    elif isinstance(obj, dict):
+        items = [(k, x, f"{path}[{key_repr(k)}]") for k, x in obj.items()]
+    else:
+        return
+    for k, x, at in items:
+        yield from _leaves(x, parts + (k,), at, depth + 1)
