@@ -1562,3 +1562,13 @@ def test_torch_save_calls_run_unchanged(tmp_path):
         with pytest.raises(InvalidArgumentError, match=pattern):
             S.save(state, tmp_path / "b.lcc", **kwargs)
         assert not (tmp_path / "b.lcc").exists()
+
+
+def test_an_lcckpt_file_named_safetensors_is_warned_of(tmp_path):
+    with pytest.warns(RuntimeWarning, match="safetensors cannot read.*save_safetensors"):
+        S.save({"w": torch.ones(2)}, tmp_path / "model.safetensors")
+    assert torch.equal(S.load(tmp_path / "model.safetensors")["w"], torch.ones(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        S.save({"w": torch.ones(2)}, tmp_path / "model.lcc")
+        S.save({"w": torch.ones(2)}, tmp_path / "model.pt")    # torch.save's drop-in

@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import warnings
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
@@ -82,6 +83,10 @@ def save(obj: Any, f: str | os.PathLike | BinaryIO, pickle_module=None, pickle_p
     arrays = codec == "lossless"           # numeric numpy arrays coded too (compress=True)
     to_path = isinstance(f, (str, os.PathLike))
     f = local(f, "lcckpt.save") if to_path else f
+    if to_path and f.lower().endswith(".safetensors"):
+        warnings.warn(f"{f}: lcckpt.save writes lcckpt's format, which safetensors cannot "
+                      "read; name it .lcc, or write safetensors with lcckpt.save_safetensors",
+                      RuntimeWarning, stacklevel=2)
     count, nbytes = census(obj) if to_path else (0, 0)
     if to_path and nbytes >= _stream.STREAM_ABOVE:    # written as it is coded
         def write(out) -> None:    # each tensor's section to the file once coded (or copied
