@@ -410,6 +410,8 @@ def test_a_directory_of_checkpoints_is_inspected_and_verified_entry_by_entry(
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["entries"]}
     assert sorted(rows) == ["ck", "last.ckpt", "old.pt", "w.safetensors", "x.lcc"]
     assert rows["ck"]["holds"] == "5 steps, 0 to 4"
+    from lcckpt.interop.folder import row
+    assert row("one", "chain", {"steps": [{"step": 7, "file_bytes": 9}]})["holds"] == "step 7"
     assert rows["last.ckpt"]["holds"].startswith("its state at step 4 of")
     assert rows["x.lcc"]["holds"] == "2 tensors" and rows["old.pt"]["holds"] == "1 tensor"
     assert main(["inspect", str(tmp_path)]) == 0

@@ -50,7 +50,8 @@ def row(path: str, kind: str, doc: dict) -> dict:
     if kind == "chain":
         steps = [r["step"] for r in doc["steps"]]
         out.update(file_bytes=sum(r.get("file_bytes") or 0 for r in doc["steps"]),
-                   holds=f"{len(steps)} steps, {steps[0]} to {steps[-1]}")
+                   holds=f"step {steps[0]}" if len(steps) == 1 else
+                   f"{len(steps)} steps, {steps[0]} to {steps[-1]}")
         return out
     out["file_bytes"] = doc.get("file_bytes")
     if "points_at" in doc:
