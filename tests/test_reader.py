@@ -359,8 +359,7 @@ def test_slices_of_a_delta_tensor_decode_it_once(tmp_path, monkeypatch):
 
 def test_open_reads_torch_and_safetensors_files_lazily_and_names_what_it_cannot(tmp_path):
     """A torch.save file (zip or legacy) or a safetensors file opens with the same
-    methods, its tensors mapped, not read; a shard index is named, with what reads it; a
-    missing step of a directory is a NotFoundError, an LcckptError (it was a bare
+    methods, its tensors mapped, not read; a    missing step of a directory is a NotFoundError, an LcckptError (it was a bare
     FileNotFoundError)."""
     from lcckpt.format.safetensors_io import save_safetensors
     from lcckpt.interop import foreign
@@ -393,9 +392,6 @@ def test_open_reads_torch_and_safetensors_files_lazily_and_names_what_it_cannot(
             assert all(_mapped_from(t, tmp_path / "m.pt") for _, t in f._index.values())
         tensors, _ = foreign._mapped_safetensors(str(tmp_path / "m.safetensors"))
         assert _mapped_from(tensors["w"], tmp_path / "m.safetensors")
-    (tmp_path / "m.safetensors.index.json").write_text('{"weight_map": {"w": "m.safetensors"}}')
-    with pytest.raises(InvalidArgumentError, match="is a shard index: .*lcckpt.load"):
-        lc_open(tmp_path / "m.safetensors.index.json")
     (tmp_path / "ck").mkdir()
     with pytest.raises(lcckpt.NotFoundError):
         lc_open(tmp_path / "ck")
@@ -550,3 +546,38 @@ def test_safe_open_arguments_that_cannot_hold_are_refused(tmp_path):
         lc_open(path, device="gpu7")
     with lc_open(path, device="meta") as f:          # device= is a map_location
         assert f.get_tensor("w").device == torch.device("meta")
+
+
+def test_a_shard_index_opens_each_shard_when_one_of_its_tensors_is_read(tmp_path):
+    from lcckpt.errors import CorruptDataError
+    from lcckpt.format.safetensors_io import save_safetensors
+    first = {"l0.w": torch.randn(4, 3), "l0.b": torch.ones(3)}
+    save_safetensors(first, tmp_path / "model-1.safetensors")
+    torch.save({"l1.w": torch.randn(5, 2)}, tmp_path / "model-2.bin")   # shards of any format
+    lcckpt.save({"l2.w": torch.arange(6.0)}, tmp_path / "model-3.lcc")
+    wmap = {"l0.w": "model-1.safetensors", "l0.b": "model-1.safetensors",
+            "l1.w": "model-2.bin", "l2.w": "model-3.lcc"}
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {"total_size": 1}, "weight_map": wmap}))
+    whole = lcckpt.load(index)
+    with lc_open(index) as f:
+        assert f.keys() == list(wmap) and f.metadata() == {"weight_map": wmap}
+        assert torch.equal(f.get_slice("l0.w")[1:3], first["l0.w"][1:3])
+        assert list(f._shards) == ["model-1.safetensors"]          # the others unopened
+        for key in wmap:
+            assert torch.equal(f.get_tensor(key), whole[key]), key
+        assert f.get_slice("l2.w").get_dtype() == "F32"
+        with pytest.raises(KeyError, match="no tensor 'x'"):
+            f.get_tensor("x")
+    wmap["l3.w"] = "model-3.lcc"                                    # not in its shard
+    wmap["l4.w"] = "model-4.safetensors"                            # a shard that is gone
+    index.write_text(json.dumps({"weight_map": wmap}))
+    with lc_open(index) as f:
+        assert torch.equal(f.get_tensor("l1.w"), whole["l1.w"])
+        with pytest.raises(CorruptDataError, match="has no tensor 'l3.w'"):
+            f.get_tensor("l3.w")
+        with pytest.raises(lcckpt.NotFoundError, match="a shard the index"):
+            f.get_tensor("l4.w")
+    index.write_text(json.dumps({"weight_map": {"w": "../model-1.safetensors"}}))
+    with pytest.raises(CorruptDataError, match="not a file name beside the index"):
+        lc_open(index)

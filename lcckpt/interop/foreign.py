@@ -1,5 +1,7 @@
 """``lcckpt.open`` of a torch.save or safetensors file: the reader's methods over the
-file's tensors mapped into memory, so that a key or a slice reads only its own pages.
+file's tensors mapped into memory, so that a key or a slice reads only its own pages; and
+of a shard index (Hugging Face's ``model.safetensors.index.json``): each tensor from its
+shard, opened when first asked for.
 
 A safetensors file is mapped whole (copy-on-write) once its header is validated
 (``format/safetensors_io.py``: every tensor inside the data buffer, no gaps, no overlaps);
@@ -19,13 +21,14 @@ from collections import deque
 import torch
 
 from ..codec import dtypes
-from ..errors import InvalidArgumentError
+from ..errors import CorruptDataError, InvalidArgumentError, NotFoundError
 from ..format import safetensors_io as _st
+from ..format.sharded import read_index
 from ..format.flatten import MAX_DEPTH, key_repr
 from ..format.serialization import load
 from .naming import Keyed, apply_index, basic_index, brief, flat_names
 
-__all__ = ["ForeignReader"]
+__all__ = ["ForeignReader", "ShardedReader"]
 
 
 class ForeignReader(Keyed):
@@ -82,6 +85,54 @@ class ForeignReader(Keyed):
             return out.to(loc)
         raise InvalidArgumentError(f"lcckpt.open of a {self.format} file takes a device or a "
                                    f"{{'cpu': device}} dict as map_location, got {type(loc).__name__}")
+
+
+class ShardedReader(Keyed):
+    """The reader's methods over a shard index: its ``weight_map``'s tensors, in its order,
+    each read from its shard's own reader (``open_shard(path)``), opened on first use."""
+
+    def __init__(self, path: str, open_shard):
+        self.path = path
+        self._index = {name: (name, shard) for name, shard in read_index(path)}
+        self._base = os.path.dirname(os.path.abspath(path))
+        self._open_shard = open_shard
+        self._shards: dict = {}
+
+    def metadata(self) -> dict:
+        """Which shard holds each tensor (the index's ``weight_map``)."""
+        return {"weight_map": {name: shard for name, (_, shard) in self._index.items()}}
+
+    def get_tensor(self, key: str) -> torch.Tensor:
+        name, reader = self._locate(key)
+        return reader.get_tensor(name)
+
+    def get_slice(self, key: str):
+        name, reader = self._locate(key)
+        return reader.get_slice(name)
+
+    def close(self) -> None:
+        shards, self._shards = self._shards, {}
+        for reader in shards.values():
+            reader.close()
+
+    def _find(self, key, missing: bool = True):
+        hit = self._index.get(key) if isinstance(key, str) else None
+        if hit is not None or not missing:
+            return hit
+        raise KeyError(f"no tensor {key!r} in {self.path}; keys: {brief(list(self._index))}")
+
+    def _locate(self, key: str) -> tuple:
+        name, shard = self._find(key)
+        reader = self._shards.get(shard)
+        if reader is None:
+            where = os.path.join(self._base, shard)
+            if not os.path.isfile(where):
+                raise NotFoundError(2, f"a shard the index {self.path} names is missing", where)
+            reader = self._shards[shard] = self._open_shard(where)
+        if name not in reader:
+            raise CorruptDataError(f"shard {reader.path} has no tensor {name!r}, which the "
+                                   f"index {self.path} puts there")
+        return name, reader
 
 
 class MappedSlice:

@@ -49,7 +49,7 @@ from ..codec.tensor import chunk_spans, decode_exact_chunks
 from ..format.container import Container, read_container
 from ..codec.delta import Reconstruction
 from .chainrows import chain_span
-from .foreign import ForeignReader
+from .foreign import ForeignReader, ShardedReader
 from .naming import Keyed, apply_index, basic_index, brief, flat_names, position
 from ..errors import (
     CorruptDataError, InvalidArgumentError, UnsupportedVersionError,
@@ -61,10 +61,10 @@ __all__ = ["Reader", "Slice", "open"]
 
 def open(path: str | os.PathLike, framework: str = "pt", device=None, *,
          step: int | None = None, map_location=None, max_bytes=limits.DEFAULT
-         ) -> Reader | ForeignReader:
+         ) -> Reader | ForeignReader | ShardedReader:
     """A lazy reader of the file at ``path`` (a chain's delta file: its step, read with
     the chain directory around it; a torch.save or safetensors file: the same methods over
-    its tensors mapped into memory, foreign.py), or of ``step`` (default: the newest) of
+    its tensors mapped into memory; a shard index: each tensor from its shard; foreign.py), or of ``step`` (default: the newest) of
     the chain directory ``path``. ``map_location`` and ``max_bytes`` as in ``lcckpt.load``
     (each read checks what it decodes: a tensor of a file, or a chain step's files as
     ``DeltaCheckpointer.load`` checks them). Use as a context manager (or call
@@ -94,6 +94,9 @@ def open(path: str | os.PathLike, framework: str = "pt", device=None, *,
         fmt = _foreign(path)
         if fmt is None:
             raise
+    if fmt == "sharded":
+        return ShardedReader(path, lambda shard: open(shard, map_location=map_location,
+                                                      max_bytes=max_bytes))
     return ForeignReader(path, fmt, map_location, max_bytes)
 
 
@@ -117,18 +120,14 @@ def _device(framework, device, map_location):
 
 
 def _foreign(path: str) -> str | None:
-    """"torch" or "safetensors" for a file of those that the container reader refused;
-    None where its error stands. A shard index is refused here, with what reads it."""
+    """"torch", "safetensors" or "sharded" (a shard index) for a file of those that the
+    container reader refused; None where its error stands."""
     from .convert import detect_format
     try:
         fmt = detect_format(path)
     except (CorruptDataError, OSError):
         return None
-    if fmt == "sharded":
-        raise InvalidArgumentError(
-            f"{path} is a shard index: lcckpt.open reads one file or a chain directory; open "
-            "each shard, or load them all with lcckpt.load") from None
-    return fmt if fmt in ("torch", "safetensors") else None
+    return fmt if fmt in ("torch", "safetensors", "sharded") else None
 
 
 class Reader(Keyed):
