@@ -365,6 +365,9 @@ def test_open_reads_torch_and_safetensors_files_lazily_and_names_what_it_cannot(
     from lcckpt.interop import foreign
     state = {"model": {"w": torch.arange(12.0).reshape(4, 3), "b": torch.ones(3)}, "n": 5}
     torch.save(state, tmp_path / "m.pt")
+    torch.save({**state, "sparse": torch.eye(3).to_sparse()}, tmp_path / "s.pt")
+    with lc_open(tmp_path / "s.pt") as f:                # no rows to map: left to load
+        assert f.keys() == ["model.w", "model.b"]
     torch.save(state, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
     save_safetensors({"w": torch.arange(12.0).reshape(4, 3)}, tmp_path / "m.safetensors",
                      metadata={"step": "7"})

@@ -76,7 +76,7 @@ def check_kind(names: list[str]) -> None:
         raise CorruptDataError(
             "a torch.export archive (torch.export.save), not a checkpoint: load it with "
             "torch.export.load(path); its module().state_dict() saves with lcckpt.save")
-    if any(n.count("/") == 1 and n.endswith("/data.pkl") for n in names):
+    if any(n.endswith("/data.pkl") for n in names):
         return
     if names and all(n.endswith(".npy") for n in names):
         raise CorruptDataError(

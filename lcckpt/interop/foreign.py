@@ -8,7 +8,8 @@ A safetensors file is mapped whole (copy-on-write) once its header is validated
 each tensor is a view at its offset. A torch.save zip goes through ``lcckpt.load(path,
 mmap=True)``: the zip checked first, then torch's weights-only unpickler, whose tensors
 are views of the mapped file. A legacy (non-zip) torch.save file cannot be mapped and is
-loaded whole. What a read returns is a copy, the caller's to keep and change; neither
+loaded whole. Sparse and quantized tensors are not listed (``lcckpt.load`` reads
+them). What a read returns is a copy, the caller's to keep and change; neither
 format has checksums to check on the way (``lcckpt verify`` checks a torch.save zip's
 CRC-32s).
 """
@@ -21,9 +22,10 @@ from collections import deque
 import torch
 
 from ..codec import dtypes
-from ..errors import CorruptDataError, InvalidArgumentError, NotFoundError
+from ..errors import CorruptDataError, InvalidArgumentError, LcckptError, NotFoundError
 from ..format import safetensors_io as _st
 from ..format.sharded import read_index
+from ..format.container import at_path
 from ..format.flatten import MAX_DEPTH, key_repr
 from ..format.serialization import load
 from .naming import Keyed, apply_index, basic_index, brief, flat_names
@@ -39,7 +41,10 @@ class ForeignReader(Keyed):
         self.path, self.format = path, fmt
         self.map_location, self.max_bytes = map_location, max_bytes
         if fmt == "safetensors":
-            tensors, self._meta = _mapped_safetensors(path)
+            try:
+                tensors, self._meta = _mapped_safetensors(path)
+            except LcckptError as e:
+                raise at_path(e, path) from None
             found = [((name,), name, t) for name, t in tensors.items()]
         else:
             with open(path, "rb") as fh:       # torch maps zips only, not the legacy format
@@ -175,10 +180,12 @@ def _mapped_safetensors(path: str) -> tuple[dict[str, torch.Tensor], dict | None
 
 
 def _leaves(obj, parts: tuple = (), path: str = "obj", depth: int = 0):
-    """``(keys on the way, key path, tensor)`` for each tensor in ``obj``'s dicts, lists
-    and tuples, named as a load names its sections."""
+    """``(keys on the way, key path, tensor)`` for each dense tensor in ``obj``'s dicts,
+    lists and tuples, named as a load names its sections (sparse and quantized tensors,
+    which have no rows to slice, are left to ``lcckpt.load``)."""
     if isinstance(obj, torch.Tensor):
-        yield parts, path, obj
+        if obj.layout == torch.strided and not obj.is_quantized:
+            yield parts, path, obj
         return
     if depth >= MAX_DEPTH:
         return
