@@ -1,5 +1,5 @@
 """Lazy, partial reads of a saved file or of one step of a chain, like ``safe_open``
-(a torch.save or safetensors file: foreign.py, the same methods over its mapped tensors).
+(a torch.save or safetensors file, or a shard index: foreign.py, the same methods).
 
 ``with lcckpt.open(path) as f:`` reads and validates only the header; ``f.get_tensor(key)``
 then reads and decodes the one section that tensor needs (for a chain step, that key's
@@ -63,9 +63,9 @@ def open(path: str | os.PathLike, framework: str = "pt", device=None, *,
          step: int | None = None, map_location=None, max_bytes=limits.DEFAULT
          ) -> Reader | ForeignReader | ShardedReader:
     """A lazy reader of the file at ``path`` (a chain's delta file: its step, read with
-    the chain directory around it; a torch.save or safetensors file: the same methods over
-    its tensors mapped into memory; a shard index: each tensor from its shard; foreign.py), or of ``step`` (default: the newest) of
-    the chain directory ``path``. ``map_location`` and ``max_bytes`` as in ``lcckpt.load``
+    the chain directory around it; a torch.save or safetensors file: the same methods
+    over its tensors mapped into memory; a shard index: each tensor from its shard;
+    foreign.py), or of ``step`` (default: the newest) of the chain directory ``path``. ``map_location`` and ``max_bytes`` as in ``lcckpt.load``
     (each read checks what it decodes: a tensor of a file, or a chain step's files as
     ``DeltaCheckpointer.load`` checks them). Use as a context manager (or call
     ``close``). ``framework`` and ``device`` are ``safe_open``'s, so that code written
