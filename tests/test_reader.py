@@ -362,7 +362,6 @@ def test_open_reads_torch_and_safetensors_files_lazily_and_names_what_it_cannot(
     methods, its tensors mapped, not read; a    missing step of a directory is a NotFoundError, an LcckptError (it was a bare
     FileNotFoundError)."""
     from lcckpt.format.safetensors_io import save_safetensors
-    from lcckpt.interop import foreign
     state = {"model": {"w": torch.arange(12.0).reshape(4, 3), "b": torch.ones(3)}, "n": 5}
     torch.save(state, tmp_path / "m.pt")
     torch.save({**state, "sparse": torch.eye(3).to_sparse()}, tmp_path / "s.pt")
@@ -393,8 +392,9 @@ def test_open_reads_torch_and_safetensors_files_lazily_and_names_what_it_cannot(
     if os.path.exists("/proc/self/maps"):              # views of the mapped files
         with lc_open(tmp_path / "m.pt") as f:
             assert all(_mapped_from(t, tmp_path / "m.pt") for _, t in f._index.values())
-        tensors, _ = foreign._mapped_safetensors(str(tmp_path / "m.safetensors"))
-        assert _mapped_from(tensors["w"], tmp_path / "m.safetensors")
+        mapped = lcckpt.load(tmp_path / "m.safetensors", mmap=True)   # as torch.load's mmap
+        assert _mapped_from(mapped["w"], tmp_path / "m.safetensors")
+        assert torch.equal(mapped["w"], state["model"]["w"])
     (tmp_path / "ck").mkdir()
     with pytest.raises(lcckpt.NotFoundError):
         lc_open(tmp_path / "ck")

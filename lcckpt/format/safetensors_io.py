@@ -37,6 +37,8 @@ __all__ = [
     "MAX_HEADER_SIZE",
     "is_safetensors",
     "load_safetensors",
+    "map_safetensors",
+    "place",
     "read_header",
     "read_safetensors",
     "save_safetensors",
@@ -141,7 +143,8 @@ def _parse_header(raw: bytes, buffer_len: int
     return entries, meta
 
 
-def _place(t: torch.Tensor, map_location) -> torch.Tensor:
+def place(t: torch.Tensor, map_location) -> torch.Tensor:
+    """``t`` where ``map_location`` (None, a device or ``{"cpu": device}``) puts it."""
     if map_location is None:
         return t
     if isinstance(map_location, dict):
@@ -206,7 +209,7 @@ def read_safetensors(f: str | os.PathLike | BinaryIO, map_location=None
     f, entries, meta, base = _open(f)
     out = {}
     for name, dt, shape, begin, end in entries:
-        out[name] = _place(read_range(f, base + begin, TORCH_DTYPE[dt], shape, name), map_location)
+        out[name] = place(read_range(f, base + begin, TORCH_DTYPE[dt], shape, name), map_location)
     return out, meta
 
 
@@ -222,6 +225,25 @@ def read_range(f: BinaryIO, at: int, dtype: torch.dtype, shape: list, name: str)
             raise TruncatedError(f"safetensors tensor {name!r}: file ended after {got} of "
                                  f"{buf.size} bytes")
     return t
+
+
+def map_safetensors(path: str) -> tuple[dict[str, torch.Tensor], dict | None]:
+    """``(tensors, metadata)`` of the safetensors file ``path``, each tensor a view of the
+    file mapped copy-on-write (``load(mmap=True)``, ``lcckpt.open``: pages are read when
+    touched; one whose offset its dtype does not divide is read into memory)."""
+    with open(path, "rb") as fh:
+        fh, entries, meta, base = _open(fh)
+        size = os.fstat(fh.fileno()).st_size
+        storage = torch.UntypedStorage.from_file(path, shared=False, nbytes=size) if size else None
+        out = {}
+        for name, dt, shape, begin, end in entries:
+            dtype = TORCH_DTYPE[dt]
+            if end == begin or (base + begin) % dtype.itemsize:
+                out[name] = read_range(fh, base + begin, dtype, shape, name)
+                continue
+            raw = torch.empty(0, dtype=torch.uint8).set_(storage, base + begin, (end - begin,), (1,))
+            out[name] = raw.view(dtype).reshape(shape)
+    return out, meta
 
 
 def load_safetensors(path_or_file: str | os.PathLike | BinaryIO,

@@ -38,7 +38,8 @@ from ..errors import (
     BrokenChainError, CorruptDataError, InvalidArgumentError, LcckptError, TruncatedError,
     UnsafeObjectError, UnsupportedVersionError,
 )
-from .safetensors_io import is_safetensors, load_safetensors
+from .safetensors_io import place as _place_st
+from .safetensors_io import is_safetensors, load_safetensors, map_safetensors
 from .torchzip import check_before_load
 from .sections import register_codec, register_section_codec
 
@@ -284,10 +285,8 @@ def _unpack_limited(c: Container, map_location, max_bytes, what: str, decode_lea
 
 
 def _safetensors_load(f, map_location, mmap):
-    if mmap:
-        raise InvalidArgumentError(
-            "mmap=True is not supported for .safetensors files: load without mmap, or read "
-            "single tensors with safetensors.safe_open")
+    if mmap:                     # a path (load refuses mmap for a file object before this)
+        return {k: _place_st(t, map_location) for k, t in map_safetensors(f)[0].items()}
     return load_safetensors(f, map_location)
 
 

@@ -42,7 +42,7 @@ class ForeignReader(Keyed):
         self.map_location, self.max_bytes = map_location, max_bytes
         if fmt == "safetensors":
             try:
-                tensors, self._meta = _mapped_safetensors(path)
+                tensors, self._meta = _st.map_safetensors(path)
             except LcckptError as e:
                 raise at_path(e, path) from None
             found = [((name,), name, t) for name, t in tensors.items()]
@@ -159,24 +159,6 @@ class MappedSlice:
     def __getitem__(self, index) -> torch.Tensor:
         part = apply_index(self._t.detach(), basic_index(index, len(self.shape), self._path))
         return self._r._place(part)
-
-
-def _mapped_safetensors(path: str) -> tuple[dict[str, torch.Tensor], dict | None]:
-    """Each tensor of the safetensors file ``path`` as a view of the file mapped
-    copy-on-write (one whose offset its dtype does not divide is read into memory)."""
-    with open(path, "rb") as fh:
-        fh, entries, meta, base = _st._open(fh)
-        size = os.fstat(fh.fileno()).st_size
-        storage = torch.UntypedStorage.from_file(path, shared=False, nbytes=size) if size else None
-        out = {}
-        for name, dt, shape, begin, end in entries:
-            dtype = _st.TORCH_DTYPE[dt]
-            if end == begin or (base + begin) % dtype.itemsize:
-                out[name] = _st.read_range(fh, base + begin, dtype, shape, name)
-                continue
-            raw = torch.empty(0, dtype=torch.uint8).set_(storage, base + begin, (end - begin,), (1,))
-            out[name] = raw.view(dtype).reshape(shape)
-    return out, meta
 
 
 def _leaves(obj, parts: tuple = (), path: str = "obj", depth: int = 0):
