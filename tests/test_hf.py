@@ -369,3 +369,15 @@ def test_replace_keeps_as_many_checkpoints_as_save_total_limit_asks(tmp_path):
     beside = ChainCallback(tmp_path / "e")
     beside.on_train_begin(args, transformers.TrainerState(global_step=0), None)
     assert "keep_last" not in beside.options        # beside the directories: every step
+
+
+def test_a_chain_another_writer_holds_is_refused_when_training_begins(tmp_path):
+    """A second run given a chain that a running writer holds learns it at the start,
+    not from its first save."""
+    other = lcckpt.DeltaCheckpointer(tmp_path / "chain")
+    other.save(0, {"w": torch.ones(2)})                       # holds the writer lock
+    t = _trainer(tmp_path / "out", [ChainCallback(tmp_path / "chain")])
+    with pytest.raises(lcckpt.ConcurrentWriteError, match="one writer per directory"):
+        t.train()
+    assert t.state.global_step == 0
+    other.close()

@@ -41,6 +41,7 @@ from transformers import TrainerCallback
 from transformers.training_args import ParallelMode
 
 from ..chain.checkpointer import DeltaCheckpointer
+from ..chain.lock import check_free
 from ..chain.policy import RESUMABLE   # with replace=True the chain is all a resume reads
 from ..errors import InvalidArgumentError
 from ..format.serialization import load
@@ -166,6 +167,7 @@ class ChainCallback(TrainerCallback):
 
     def _open(self) -> None:
         if self._ck is None:
+            check_free(self.directory)  # another run writing this chain: told now, not at a save
             self._ck = DeltaCheckpointer(self.directory, **self.options)
 
 
