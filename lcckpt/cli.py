@@ -66,7 +66,7 @@ def inspect_file(path: str) -> dict:
                 "tensors": entries}
     if fmt == "torch":
         from .interop.convert import flat_tensors, load_torch, stored_bytes
-        obj = load_torch(path)                      # weights only: never runs code
+        obj = load_torch(path, mmap=True)           # weights only; mapped: shapes, no reads
         ts = list(flat_tensors(obj).items())
         return {"path": path, "format": "torch.save", "file_bytes": size,
                 "raw_bytes": stored_bytes(t for _, t in ts),

@@ -464,3 +464,22 @@ def test_a_torchscript_archive_is_named_once_with_its_path(tmp_path, capsys):
         line = _one_line_error(capsys, main(argv), 1)
         assert "TorchScript archive" in line and "torch.jit.load" in line, line
         assert line.count(str(path)) == 1, line
+
+
+def test_inspect_maps_a_torch_zip_instead_of_reading_it(tmp_path, capsys, monkeypatch):
+    from lcckpt.interop import convert as convert_mod
+    state = {"w": torch.randn(64, 64), "b": torch.ones(3)}
+    torch.save(state, tmp_path / "z.pt")
+    torch.save(state, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
+    asked = []
+    real = convert_mod.serialization.load
+
+    def spy(path, *a, **kw):
+        asked.append(kw.get("mmap"))
+        return real(path, *a, **kw)
+    monkeypatch.setattr(convert_mod.serialization, "load", spy)
+    for name in ("z.pt", "old.pt"):
+        assert main(["inspect", str(tmp_path / name), "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["tensor_count"] == 2 and doc["raw_bytes"] == 64 * 64 * 4 + 12
+    assert asked == [True, False]              # the legacy format cannot be mapped

@@ -25,7 +25,7 @@ from .. import limits
 from ..errors import ChecksumError, CorruptDataError, StorageError, UnsafeObjectError
 from .container import open_file
 
-__all__ = ["check_before_load", "open_zip", "read_members"]
+__all__ = ["check_before_load", "is_zip", "open_zip", "read_members"]
 
 PIECE = 1 << 24         # bytes read at a time from a member
 
@@ -62,6 +62,13 @@ def check_before_load(f, max_bytes) -> None:
         fh.seek(pos)
         if own:
             fh.close()
+
+
+def is_zip(path: str) -> bool:
+    """Whether the file at ``path`` is a zip (torch.save's format since 1.6, which torch
+    can map), not the legacy pickle stream (which it cannot)."""
+    with open(path, "rb") as fh:
+        return fh.read(4) == b"PK\x03\x04"
 
 
 def check_kind(names: list[str]) -> None:

@@ -27,7 +27,7 @@ import torch
 from .. import limits
 from ..format import serialization, sharded
 from ..format.container import open_file
-from ..format.torchzip import open_zip, read_members
+from ..format.torchzip import is_zip, open_zip, read_members
 from ..errors import CorruptDataError, InvalidArgumentError, UnsafeObjectError
 from ..util.paths import distributed_hint, local
 from ..format.safetensors_io import read_safetensors, save_safetensors
@@ -69,11 +69,13 @@ def format_for_path(path: str | os.PathLike) -> str | None:
     return _EXTENSIONS.get(os.path.splitext(os.fspath(path))[1].lower())
 
 
-def load_torch(path: str | os.PathLike, map_location="cpu"):
+def load_torch(path: str | os.PathLike, map_location="cpu", mmap: bool = False):
     """A torch.save file through lcckpt's weights-only loader, with a refusal that names
-    the object that would have needed code to unpickle."""
+    the object that would have needed code to unpickle. ``mmap``: its tensors mapped, not
+    read, where it is a zip (for what needs their shapes, not their values)."""
     try:
-        return serialization.load(path, map_location=map_location)
+        return serialization.load(path, map_location=map_location,
+                                  mmap=mmap and is_zip(os.fspath(path)))
     except UnsafeObjectError as e:
         if e.__cause__ is None:          # refused before unpickling (a TorchScript archive)
             raise

@@ -28,6 +28,7 @@ from ..format.sharded import read_index
 from ..format.container import at_path
 from ..format.flatten import MAX_DEPTH, key_repr
 from ..format.serialization import load
+from ..format.torchzip import is_zip
 from .naming import Keyed, apply_index, basic_index, brief, flat_names
 
 __all__ = ["ForeignReader", "ShardedReader"]
@@ -47,9 +48,7 @@ class ForeignReader(Keyed):
                 raise at_path(e, path) from None
             found = [((name,), name, t) for name, t in tensors.items()]
         else:
-            with open(path, "rb") as fh:       # torch maps zips only, not the legacy format
-                zipped = fh.read(4) == b"PK\x03\x04"
-            obj = load(path, mmap=zipped, max_bytes=max_bytes)
+            obj = load(path, mmap=is_zip(path), max_bytes=max_bytes)   # legacy: read whole
             self._meta = {}
             found = list(_leaves(obj))
         self._index = flat_names(found)
