@@ -209,7 +209,7 @@ def verify_file(path: str) -> dict:
         return {"path": path, "ok": True}
     if fmt == "torch":
         check_torch_crcs(path)           # torch.load itself does not check them
-        load_torch(path)
+        load_torch(path, mmap=True)      # its pickle loads (weights only); values checked above
         return {"path": path, "ok": True}
     from .chain.pointer import pointer_of, verify_pointed
     from .format.verify import verify_file as verify_container
