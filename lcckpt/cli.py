@@ -203,9 +203,9 @@ def verify_file(path: str) -> dict:
             return read_checkpoint(where)[0]
         load_index(path, shard)
         return {"path": path, "ok": True}
-    if fmt == "safetensors":             # no checksums: its header, checked against the
-        from .format.safetensors_io import read_header   # file's size, is all to verify
-        read_header(path)
+    if fmt == "safetensors":
+        from .format.safetensors_io import verify_safetensors
+        verify_safetensors(path)
         return {"path": path, "ok": True}
     if fmt == "torch":
         check_torch_crcs(path)           # torch.load itself does not check them
