@@ -439,3 +439,19 @@ def test_a_run_of_lightnings_own_files_is_imported_as_a_chain_and_resumes(tmp_pa
         before[files[0].name]["global_step"]]
     with pytest.raises(InvalidArgumentError, match="only increase"):
         import_checkpoints(files, tmp_path / "kept")
+
+
+def test_a_chain_another_writer_holds_is_refused_when_fitting_starts(tmp_path):
+    from lcckpt.training.lightning import ChainCallback
+    other = lcckpt.DeltaCheckpointer(tmp_path / "chain")
+    other.save(0, {"w": torch.ones(2)})                       # holds the writer lock
+    steps = []
+
+    class Steps(L.Callback):
+        def on_train_batch_end(self, *args):
+            steps.append(1)
+    with pytest.raises(lcckpt.ConcurrentWriteError, match="one writer per directory"):
+        _fit(tmp_path / "run", 4, callbacks=[ChainCallback(tmp_path / "chain"), Steps()])
+    assert steps == []                          # before training, not at its first save
+    other.close()
+    _fit(tmp_path / "run", 4, callbacks=[ChainCallback(tmp_path / "chain")])   # free again

@@ -41,6 +41,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Callback
 
 from ..chain.checkpointer import DeltaCheckpointer
+from ..chain.lock import check_free
 from ..chain.pointer import POINTER, chain_of, checked, metadata, pointer_of, resolve
 from ..chain.policy import RESUMABLE
 from ..errors import CorruptDataError, InvalidArgumentError, LcckptError
@@ -318,6 +319,10 @@ class ChainCallback(Callback):
         self._step: int | None = None
         self._buffers = HostBuffers() if background else None
         self._writer = Writer("lcckpt-lightning-chain")
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        if trainer.is_global_zero and self._ck is None:
+            check_free(self.directory)   # another run writing this chain: told now
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         step = trainer.global_step
