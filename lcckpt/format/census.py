@@ -52,9 +52,15 @@ def tensor_paths(obj: Any, path: str = "obj", depth: int = 0) -> dict[str, torch
 def children(obj: Any, path: str) -> list[tuple[str, Any]] | None:
     """``(key path, item)`` of each item of ``obj`` where it is a dict, list, tuple or
     deque (a container a load's ``into`` is walked through), else None."""
+    found = keyed_children(obj, path)
+    return None if found is None else [(at, x) for _, at, x in found]
+
+
+def keyed_children(obj: Any, path: str) -> list[tuple[Any, str, Any]] | None:
+    """:func:`children` with each item's key (its index in a list) in front."""
     if type(obj) in (list, tuple, deque):
-        return [(f"{path}[{i}]", x) for i, x in enumerate(obj)]
+        return [(i, f"{path}[{i}]", x) for i, x in enumerate(obj)]
     if type(obj) in (dict, OrderedDict, Counter, defaultdict, Namespace):
-        return [(f"{path}[{key_repr(k)}]", x)
+        return [(k, f"{path}[{key_repr(k)}]", x)
                 for k, x in (vars(obj) if type(obj) is Namespace else obj).items()]
     return None

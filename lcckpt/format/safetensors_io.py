@@ -153,7 +153,8 @@ def place(t: torch.Tensor, map_location) -> torch.Tensor:
     if isinstance(map_location, (str, torch.device)):
         return t.to(map_location)
     raise InvalidArgumentError(
-        "map_location for a safetensors file must be None, a device or a dict "
+        "map_location for a safetensors file (or one lcckpt.open maps) must be None, a "
+        "device or a dict "
         f"{{'cpu': device}}; got {type(map_location).__name__}")
 
 

@@ -17,19 +17,18 @@ CRC-32s).
 from __future__ import annotations
 
 import os
-from collections import deque
 
 import torch
 
-from ..codec import dtypes
-from ..errors import CorruptDataError, InvalidArgumentError, LcckptError, NotFoundError
+from ..errors import CorruptDataError, LcckptError, NotFoundError
 from ..format import safetensors_io as _st
 from ..format.sharded import read_index
 from ..format.container import at_path
-from ..format.flatten import MAX_DEPTH, key_repr
+from ..format.census import keyed_children
+from ..format.flatten import MAX_DEPTH
 from ..format.serialization import load
 from ..format.torchzip import is_zip
-from .naming import Keyed, apply_index, basic_index, brief, flat_names
+from .naming import Keyed, Sliced, apply_index, basic_index, flat_names
 
 __all__ = ["ForeignReader", "ShardedReader"]
 
@@ -68,27 +67,11 @@ class ForeignReader(Keyed):
     def close(self) -> None:
         self._index = {}                       # the mapped file goes with its last view
 
-    def _find(self, key, missing: bool = True):
-        hit = self._index.get(key) if isinstance(key, str) else None
-        if hit is None and isinstance(key, str):
-            hit = next(((p, t) for p, t in self._index.values() if p == key), None)
-        if hit is not None or not missing:
-            return hit
-        raise KeyError(f"no tensor {key!r} in {self.path}; keys: {brief(list(self._index))}")
-
     def _place(self, t: torch.Tensor) -> torch.Tensor:
         out = t.detach().clone(memory_format=torch.contiguous_format)
         if isinstance(t, torch.nn.Parameter):
             out = torch.nn.Parameter(out, requires_grad=t.requires_grad)
-        loc = self.map_location
-        if isinstance(loc, dict):              # {"cpu": device}: where the file's tensors are
-            loc = loc.get("cpu", "cpu")
-        if loc is None:
-            return out
-        if isinstance(loc, (str, torch.device)):
-            return out.to(loc)
-        raise InvalidArgumentError(f"lcckpt.open of a {self.format} file takes a device or a "
-                                   f"{{'cpu': device}} dict as map_location, got {type(loc).__name__}")
+        return _st.place(out, self.map_location)   # the file's tensors are on the host
 
 
 class ShardedReader(Keyed):
@@ -119,12 +102,6 @@ class ShardedReader(Keyed):
         for reader in shards.values():
             reader.close()
 
-    def _find(self, key, missing: bool = True):
-        hit = self._index.get(key) if isinstance(key, str) else None
-        if hit is not None or not missing:
-            return hit
-        raise KeyError(f"no tensor {key!r} in {self.path}; keys: {brief(list(self._index))}")
-
     def _locate(self, key: str) -> tuple:
         name, shard = self._find(key)
         reader = self._shards.get(shard)
@@ -139,7 +116,7 @@ class ShardedReader(Keyed):
         return name, reader
 
 
-class MappedSlice:
+class MappedSlice(Sliced):
     """``get_slice(key)`` of a mapped tensor: ``shape``, ``dtype``, ``get_shape()``,
     ``get_dtype()`` and ``[index]`` (numpy's basic indexing), which copies only what the
     index selects, and so reads only its pages."""
@@ -148,33 +125,18 @@ class MappedSlice:
         self._r, self._path, self._t = reader, path, t
         self.dtype, self.shape = t.dtype, t.shape
 
-    def get_shape(self) -> list[int]:
-        return list(self.shape)
-
-    def get_dtype(self) -> str:
-        """The dtype as safetensors names it (``"F32"``, ``"BF16"``, ...)."""
-        return dtypes.TORCH_NAME[self.dtype]
-
     def __getitem__(self, index) -> torch.Tensor:
         part = apply_index(self._t.detach(), basic_index(index, len(self.shape), self._path))
         return self._r._place(part)
 
 
 def _leaves(obj, parts: tuple = (), path: str = "obj", depth: int = 0):
-    """``(keys on the way, key path, tensor)`` for each dense tensor in ``obj``'s dicts,
-    lists and tuples, named as a load names its sections (sparse and quantized tensors,
-    which have no rows to slice, are left to ``lcckpt.load``)."""
+    """``(keys on the way, key path, tensor)`` for each dense tensor in ``obj``'s
+    containers, named as a load names its sections (sparse and quantized tensors, which
+    have no rows to slice, are left to ``lcckpt.load``)."""
     if isinstance(obj, torch.Tensor):
         if obj.layout == torch.strided and not obj.is_quantized:
             yield parts, path, obj
         return
-    if depth >= MAX_DEPTH:
-        return
-    if type(obj) in (list, tuple, deque):
-        items = [(i, x, f"{path}[{i}]") for i, x in enumerate(obj)]
-    elif isinstance(obj, dict):
-        items = [(k, x, f"{path}[{key_repr(k)}]") for k, x in obj.items()]
-    else:
-        return
-    for k, x, at in items:
+    for k, at, x in (keyed_children(obj, path) or ()) if depth < MAX_DEPTH else ():
         yield from _leaves(x, parts + (k,), at, depth + 1)

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..codec import dtypes
 from ..errors import InvalidArgumentError
 
 
@@ -97,10 +98,25 @@ def brief(keys: list) -> str:
 
 
 class Keyed:
-    """What both readers answer from their ``_index`` (flat name -> (key path, leaf)),
-    their ``_find`` and their ``close``."""
+    """What the readers answer from their ``_index`` (flat name -> (key path, leaf)),
+    ``path`` and ``close``."""
 
     _index: dict
+    path: str
+
+    def _find(self, key, missing: bool = True):
+        """``(key path, leaf)`` of ``key``, a flat name or a key path; a ``KeyError``
+        listing the keys where it is neither (None with ``missing=False``)."""
+        hit = self._index.get(key) if isinstance(key, str) else None
+        if hit is None and isinstance(key, str):
+            hit = next(((p, n) for p, n in self._index.values() if p == key), None)
+        if hit is not None or not missing:
+            return hit
+        raise KeyError(f"no tensor {key!r} in {self.path}; keys: {brief(list(self._index))}"
+                       + self._missing_hint())
+
+    def _missing_hint(self) -> str:
+        return ""
 
     def keys(self) -> list[str]:
         """The leaves' names, in the order they were saved."""
@@ -120,3 +136,18 @@ class Keyed:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class Sliced:
+    """``get_shape()`` and ``get_dtype()`` of the readers' slices, as safetensors' slices
+    answer them, from their ``shape`` and ``dtype``."""
+
+    shape: torch.Size
+    dtype: torch.dtype
+
+    def get_shape(self) -> list[int]:
+        return list(self.shape)
+
+    def get_dtype(self) -> str:
+        """The dtype as safetensors names it (``"F32"``, ``"BF16"``, ...)."""
+        return dtypes.TORCH_NAME[self.dtype]

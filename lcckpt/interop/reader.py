@@ -50,7 +50,7 @@ from ..format.container import Container, read_container
 from ..codec.delta import Reconstruction
 from .chainrows import chain_span
 from .foreign import ForeignReader, ShardedReader
-from .naming import Keyed, apply_index, basic_index, brief, flat_names, position
+from .naming import Keyed, Sliced, apply_index, basic_index, flat_names, position
 from ..errors import (
     CorruptDataError, InvalidArgumentError, UnsupportedVersionError,
 )
@@ -202,19 +202,7 @@ class Reader(Keyed):
 
     # -- internals
 
-    def _find(self, key, missing: bool = True):
-        if isinstance(key, str):
-            hit = self._index.get(key)
-            if hit is None:
-                hit = next(((p, n) for p, n in self._index.values() if p == key), None)
-            if hit is not None or not missing:
-                return hit
-        elif not missing:
-            return None
-        raise KeyError(f"no tensor {key!r} in {self.path}; keys: {brief(list(self._index))}"
-                       + self._pointed())
-
-    def _pointed(self) -> str:
+    def _missing_hint(self) -> str:
         """Where the tensors of a file that holds a chain step's place are read from."""
         from ..chain.pointer import chain_of, in_header
         try:
@@ -286,7 +274,7 @@ class Reader(Keyed):
         return self._links
 
 
-class Slice:
+class Slice(Sliced):
     """``reader.get_slice(key)``: ``shape``, ``dtype``, and ``[index]`` reading only what
     the first dimension's rows need. The index is numpy's basic indexing: ints, slices of
     any step (a negative one gives a copy, as torch has no negative strides), ``None`` and
@@ -308,13 +296,6 @@ class Slice:
             raise CorruptDataError(f"invalid object tree at {path}: {e}") from None
         self.dtype = dtype
         self.shape = torch.Size(self._view[1])
-
-    def get_shape(self) -> list[int]:
-        return list(self.shape)
-
-    def get_dtype(self) -> str:
-        """The dtype as safetensors names it (``"F32"``, ``"BF16"``, ...)."""
-        return self._meta["dtype"]
 
     def __getitem__(self, index):
         items = basic_index(index, len(self.shape), self._path)
