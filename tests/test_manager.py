@@ -242,6 +242,33 @@ def test_backpressure_defer_never_waits(tmp_path, monkeypatch):
     assert lcckpt.DeltaCheckpointer(tmp_path).steps() == [2, 7]
 
 
+def test_close_takes_the_checkpoint_deferred_behind_the_last_write(tmp_path, monkeypatch):
+    # A loop faster than the first write: every due step after it was deferred, and the
+    # run ended before one was taken. close() takes it, at the run's last iteration.
+    gate = _Gate(monkeypatch)
+    model, opt = _setup()
+    with CheckpointManager(tmp_path, model, opt, every=2, keyframe_every=1) as mgr:
+        for _ in range(9):
+            mgr.step(_train(model, opt))
+        assert gate.entered.wait(5) and mgr.stats["deferred"] == 1
+        gate.release.set()
+    assert lcckpt.DeltaCheckpointer(tmp_path).steps() == [2, 9]
+    state = lcckpt.DeltaCheckpointer(tmp_path).load(9)
+    assert_same(state["model"], model.state_dict())
+
+
+def test_a_failing_loop_leaves_its_deferred_checkpoint_untaken(tmp_path, monkeypatch):
+    gate = _Gate(monkeypatch)
+    model, opt = _setup()
+    with pytest.raises(ZeroDivisionError):
+        with CheckpointManager(tmp_path, model, opt, every=2) as mgr:
+            for _ in range(5):
+                mgr.step(1.0)
+            gate.release.set()
+            1 / 0                       # the state may be what failed: not written at exit
+    assert lcckpt.DeltaCheckpointer(tmp_path).steps() == [2]
+
+
 def test_backpressure_wait_blocks_until_written(tmp_path, monkeypatch):
     gate = _Gate(monkeypatch)
     model, opt = _setup()

@@ -73,8 +73,8 @@ class CheckpointManager:
     ``profile_at``: iteration of the first checkpoint, taken to measure the costs.
 
     ``backpressure``: what a due checkpoint does while the previous one is still being
-    written: "defer" (default: it is taken at the first step after the write finishes; the
-    loop never waits) or "wait" (the loop waits for the write, then snapshots).
+    written: "defer" (default: it is taken at the first step after the write finishes, or
+    by ``close()``; the loop never waits) or "wait" (the loop waits, then snapshots).
     ``background=False`` writes every checkpoint inside ``step()`` from the live state: no
     host copy of it (the process holds the state, the writer's reference and small
     buffers, where a background write also holds the copy), and the loop stalls for the
@@ -134,10 +134,8 @@ class CheckpointManager:
         self.iteration = 0              # completed iterations (calls of step)
         self.last_checkpoint: int | None = None   # newest snapshot taken
         self.durable_step: int | None = None      # newest step known complete on disk
-        self._restored = False
-        self._curve = LossCurve()
-        self._buffers = HostBuffers()
-        self._costs = Costs(restart_cost)
+        self._restored, self._deferring, self._closed = False, False, False
+        self._curve, self._buffers, self._costs = LossCurve(), HostBuffers(), Costs(restart_cost)
         self._last_t: float | None = None
         self._next_at = every if every is not None else profile_at
         self._decision: _replan.Decision | None = None
@@ -145,9 +143,7 @@ class CheckpointManager:
         self._gaps: list[int] = []                     # the plan's gaps still to follow
         self._job: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._deferring = False
         self._persists = 0              # saves finished by this object
-        self._closed = False
         self.stats = {"checkpoints": 0, "deferred": 0, "waited_s": 0.0, "stall_s": 0.0, "plans": 0}
 
         self._sigterm = SigtermHook() if sigterm else None    # in a group: agreed (signals.py)
@@ -220,8 +216,8 @@ class CheckpointManager:
         self._raise_error()
 
     def close(self) -> None:
-        """Wait for the save in flight, release the directory's writer lock and uninstall
-        the SIGTERM handler. Idempotent."""
+        """Wait for the save in flight, take a checkpoint deferred behind it (it was due),
+        release the directory's writer lock and uninstall the SIGTERM handler. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -231,6 +227,8 @@ class CheckpointManager:
             self._live.remove_hooks()
         try:
             self._join()
+            if self._deferring and self._error is None:
+                self._snapshot_and_persist(False)
         finally:
             self._ck.close()
         self._raise_error()
@@ -242,6 +240,7 @@ class CheckpointManager:
         if exc_type is None:
             self.close()
             return
+        self._deferring = False         # the state may be what failed: not written now
         try:                            # do not hide the exception that is unwinding
             self.close()
         except Exception as e:
@@ -432,9 +431,8 @@ class CheckpointManager:
     def _manager_state(self) -> dict:
         d = self._decision
         return {"version": STATE_VERSION, "iteration": self.iteration,
-                "iter_time": self._costs.iter_time(), "snapshot": self._costs.cost("snapshot"),
-                "interference": self._costs.cost("interference"),
-                "persist": self._costs.cost("persist"),
+                "iter_time": self._costs.iter_time(),
+                **{k: self._costs.cost(k) for k in ("snapshot", "interference", "persist")},
                 "gap": d.gap if d is not None and d.gap else (self.every or 0),
                 "loss_curve": self._curve.state()}
 
