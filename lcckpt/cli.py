@@ -21,7 +21,7 @@ import sys
 
 from .errors import CorruptDataError, LcckptError
 from .util.paths import distributed_hint
-from .util.table import format_table as _table
+from .util.table import count, format_table as _table
 from .interop.steprows import (FALLBACK_LEGEND, MOVEMENT_LEGEND, ROLE_COLUMNS, fallback_column,
                                judge_links, movement_columns, set_aside_files)
 
@@ -93,7 +93,8 @@ def inspect_file(path: str) -> dict:
 
 def _no_checkpoints(path: str) -> CorruptDataError:
     others = sorted(os.listdir(path))
-    what = (f"it holds {len(others)} other file(s), e.g. {others[0]!r}" if others
+    what = (f"it holds {len(others)} other entr{'y' if len(others) == 1 else 'ies'}, e.g. "
+            f"{others[0]!r}" if others
             else "it is empty")
     return CorruptDataError(f"{path} holds no checkpoints (no step-NNNNNNNNNNNN.lcc files, "
                             f"no checkpoint files or directories; {what}); give a checkpoint "
@@ -280,7 +281,7 @@ def _inspect(args) -> int:
     elif dist:
         print(dist.text(doc, _table))
     elif doc.get("format") == "folder":
-        print(f"{doc['path']}: {len(doc['entries'])} checkpoints")
+        print(f"{doc['path']}: {count(len(doc['entries']), 'checkpoint')}")
         print(_table(doc["entries"], ["name", "kind", "file_bytes", "holds"]))
     elif doc.get("format") == "trainer":
         print(f"{doc['path']}: Trainer checkpoint directory, step {doc['global_step']}, "
@@ -288,7 +289,7 @@ def _inspect(args) -> int:
               "for its tensors)")
         print(_table(doc["files"], ["part", "file", "format", "file_bytes"]))
     elif "steps" in doc:
-        print(f"{doc['path']}: {len(doc['steps'])} checkpoints")
+        print(f"{doc['path']}: {count(len(doc['steps']), 'checkpoint')}")
         cols = ["step", "kind", "base", "restorable", "file_bytes", "raw_bytes", "ratio",
                 "max_rel_error"]
         moved = [c for c in (*ROLE_COLUMNS.values(), "missed", "stored_exact")
@@ -316,7 +317,7 @@ def _inspect(args) -> int:
                   f"{at['chain']}` shows the chain)")
     elif doc["format"] == "safetensors":
         print(f"{doc['path']}: safetensors, {doc['file_bytes']:,} bytes, "
-              f"{len(doc['tensors'])} tensors" + (f"; metadata {doc['metadata']}"
+              f"{count(len(doc['tensors']), 'tensor')}" + (f"; metadata {doc['metadata']}"
                                                   if doc["metadata"] else ""))
         print(_table(doc["tensors"], ["name", "dtype", "shape", "nbytes"]))
     elif doc["format"] == "sharded":
@@ -325,7 +326,7 @@ def _inspect(args) -> int:
         print(_table(doc["shards"], ["file", "tensors"]))
     else:
         print(f"{doc['path']}: torch.save file, {doc['file_bytes']:,} bytes, "
-              f"{doc['tensor_count']} tensors ({doc['raw_bytes']:,} bytes); "
+              f"{count(doc['tensor_count'], 'tensor')} ({doc['raw_bytes']:,} bytes); "
               f"top level: {doc['top_level']}")
     for p in problems:
         _fail("inspect", p, "warning")
@@ -376,7 +377,7 @@ def _convert(args) -> int:
     else:
         print(f"{doc['input']} ({doc['input_format']}, {doc['input_bytes']:,} bytes) -> "
               f"{doc['output']} ({doc['output_format']}, {doc['output_bytes']:,} bytes), "
-              f"{doc['tensors']} tensors, exact")
+              f"{count(doc['tensors'], 'tensor')}, exact")
     return 0
 
 

@@ -1,5 +1,6 @@
 """The command line: inspect and verify on files and chains, exit codes, JSON."""
 
+import os
 import json
 import warnings
 
@@ -436,6 +437,39 @@ def test_a_directory_of_checkpoints_is_inspected_and_verified_entry_by_entry(
     (empty / "notes.txt").write_text("x")
     assert main(["inspect", str(empty)]) == 1
     assert "holds no checkpoints" in capsys.readouterr().err
+
+
+def test_a_directory_of_checkpoint_files_one_level_down_is_a_folder_entry(tmp_path, capsys):
+    """Accelerate's ``save_state`` writes a directory of files (``checkpoint_0``: weights,
+    optimizer, scheduler, generators): a run's directory lists it as one entry, and
+    verify checks every file in it; convert of it names the files it could convert."""
+    run = tmp_path / "run"
+    ck = run / "checkpoint_0"
+    ck.mkdir(parents=True)
+    lcckpt.save_safetensors({"w": torch.randn(3)}, ck / "model.safetensors")
+    torch.save({"state": {0: {"step": torch.tensor(1.0)}}}, ck / "optimizer.bin")
+    torch.save({"last_epoch": 1}, ck / "scheduler.bin")
+    (run / "logs").mkdir()
+    (run / "logs" / "events.txt").write_text("not a checkpoint")
+    assert main(["inspect", str(run), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["entries"]
+    assert [(r["name"], r["kind"], r["holds"]) for r in rows] == [
+        ("checkpoint_0", "folder", "3 checkpoints")]
+    assert rows[0]["file_bytes"] == sum(f.stat().st_size for f in ck.iterdir())
+    assert main(["inspect", str(run)]) == 0
+    assert f"{run}: 1 checkpoint\n" in capsys.readouterr().out
+    assert main(["verify", str(run), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["report"]
+    assert sorted(os.path.basename(r["path"]) for r in report) == [
+        "model.safetensors", "optimizer.bin", "scheduler.bin"]
+    (ck / "optimizer.bin").write_bytes((ck / "optimizer.bin").read_bytes()[:-30])
+    assert main(["verify", str(run)]) == 1
+    assert "optimizer.bin" in capsys.readouterr().err
+    assert main(["convert", str(ck), str(tmp_path / "x.lcc")]) == 1
+    assert "(model.safetensors, optimizer.bin, scheduler.bin): give one of them" in \
+        capsys.readouterr().err
+    assert main(["convert", str(ck / "scheduler.bin"), str(tmp_path / "s.lcc")]) == 0
+    assert "0 tensors, exact" in capsys.readouterr().out
 
 
 def test_convert_writes_the_whole_checkpoint_a_file_of_a_chain_step_stands_for(

@@ -69,6 +69,18 @@ def format_for_path(path: str | os.PathLike) -> str | None:
     return _EXTENSIONS.get(os.path.splitext(os.fspath(path))[1].lower())
 
 
+def is_checkpoint_file(path: str) -> bool:
+    """A file in a format lcckpt reads, or named like a checkpoint (a damaged one); not a
+    Trainer's ``training_args.bin`` (a pickle of its arguments)."""
+    if not os.path.isfile(path) or os.path.basename(path) == trainerdir.ARGS:
+        return False
+    try:
+        detect_format(path)
+    except (CorruptDataError, OSError):
+        return format_for_path(path) is not None
+    return True
+
+
 def load_torch(path: str | os.PathLike, map_location="cpu", mmap: bool = False):
     """A torch.save file through lcckpt's weights-only loader, with a refusal that names
     the object that would have needed code to unpickle. ``mmap``: its tensors mapped, not
@@ -126,6 +138,10 @@ def read_checkpoint(path: str | os.PathLike, *, step: int | None = None,
         ck = DeltaCheckpointer(path)
         if not ck.steps():
             hint = distributed_hint(path)
+            files = [n for n in sorted(os.listdir(path))
+                     if is_checkpoint_file(os.path.join(path, n))]
+            hint = hint or (files and f"it holds checkpoint files ({', '.join(files[:4])}"
+                            f"{', ...' if len(files) > 4 else ''}): give one of them")
             raise CorruptDataError(f"{path} holds no checkpoints (no step-NNNNNNNNNNNN.lcc files)"
                                    + (f"; {hint}" if hint else ""))
         return ck.load(step, map_location=map_location), None, fmt

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["format_table"]
+__all__ = ["count", "format_table"]
 
 
 def _fmt(value: Any) -> str:
@@ -45,3 +45,8 @@ def format_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     out = [line(list(columns)), "  ".join("-" * w for w in widths)]
     out.extend(line(r) for r in cells)
     return "\n".join(out)
+
+
+def count(n: int, word: str) -> str:
+    """"1 tensor", "2 tensors"."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
