@@ -190,7 +190,15 @@ def test_a_model_and_optimizer_given_the_other_way_round_are_refused(tmp_path):
             CheckpointManager(tmp_path, *args, every=3)
     with pytest.raises(InvalidArgumentError, match="optimizer must have state_dict"):
         CheckpointManager(tmp_path, model, 0.1, every=3)
+    # an LR scheduler has state_dict() too, and was saved as the optimizer, the optimizer
+    # itself not at all
+    for sched in (torch.optim.lr_scheduler.StepLR(opt, 3),
+                  torch.optim.lr_scheduler.ReduceLROnPlateau(opt)):
+        with pytest.raises(InvalidArgumentError, match="scheduler as scheduler="):
+            CheckpointManager(tmp_path, model, sched, every=3)
     assert not os.listdir(tmp_path)
+    wrapped = mock.Mock(wraps=opt, optimizer=opt, param_groups=opt.param_groups)
+    CheckpointManager(tmp_path, model, wrapped, every=3).close()   # Accelerate's wrapper
 
 
 class _Gate:

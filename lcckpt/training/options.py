@@ -61,6 +61,11 @@ def check_arguments(model, policy, mtbf, every, total_steps, objects, extra, dow
         raise InvalidArgumentError(
             f"model is a {type(model).__name__} and optimizer a {type(optimizer).__name__}: "
             "give them in this order, CheckpointManager(directory, model, optimizer)")
+    if optimizer is not None and hasattr(optimizer, "optimizer") and \
+            not hasattr(optimizer, "param_groups"):      # an LR scheduler, which wraps one
+        raise InvalidArgumentError(
+            f"optimizer is a {type(optimizer).__name__}, which holds an optimizer: give the "
+            "optimizer itself, and the scheduler as scheduler=...")
     if optimizer is not None and not (hasattr(optimizer, "state_dict")
                                       and hasattr(optimizer, "load_state_dict")):
         raise InvalidArgumentError(f"optimizer must have state_dict() and load_state_dict(), "
