@@ -21,11 +21,16 @@ SECTIONS = [
 ]
 
 
+# public, but kept out of the module's __all__ on purpose (it would shadow a builtin)
+NOT_STARRED = {"lcckpt": ["open"]}
+
+
 def public_names(module) -> list[str]:
     names = getattr(module, "__all__", None)
     if names is None:
-        names = [n for n in dir(module) if not n.startswith("_")
-                 and not isinstance(getattr(module, n), types.ModuleType)]
+        names = [n for n in dir(module) if not n.startswith("_")]
+    names = [n for n in names if not isinstance(getattr(module, n), types.ModuleType)]
+    names += NOT_STARRED.get(module.__name__, [])
     return sorted(names, key=lambda n: (not n[0].isupper(), n.lower()))
 
 

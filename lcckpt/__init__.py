@@ -25,3 +25,15 @@ from .chain.warm import warmup
 from .chain.policy import DEFAULT_POLICY, RolePolicy
 from .training.manager import CheckpointManager
 from . import schedule
+
+# What ``from lcckpt import *`` gives: not ``open``, which would shadow the builtin.
+__all__ = [
+    "BrokenChainError", "ChecksumError", "ConcurrentWriteError", "CorruptDataError",
+    "InvalidArgumentError", "LcckptError", "NonFiniteError", "NotFoundError",
+    "PeerRestoreError", "ResourceLimitError", "StateChangedError", "StorageError",
+    "TruncatedError", "UnsafeObjectError", "UnsupportedDtypeError", "UnsupportedVersionError",
+    "CheckpointManager", "CodecConfig", "DEFAULT_POLICY", "DeltaCheckpointer", "DeltaDecoder",
+    "DeltaEncoder", "EncodeStats", "Reader", "RolePolicy", "convert", "decode", "encode",
+    "load", "load_safetensors", "read_metadata", "register_codec", "register_section_codec",
+    "save", "save_safetensors", "schedule", "warmup",
+]
