@@ -352,6 +352,25 @@ def test_background_error_surfaces_at_the_next_call(tmp_path):
     assert lcckpt.DeltaCheckpointer(tmp_path).steps() == [2]
 
 
+def test_a_warning_of_a_save_names_the_line_that_asked_for_it(tmp_path):
+    """The same warning reached through a manager and through the checkpointer names the
+    user's line both ways (a fixed stack level named one of lcckpt's own lines)."""
+    model, opt = _setup()
+    with torch.no_grad():
+        model[0].bias[0] = float("nan")
+    ck = lcckpt.DeltaCheckpointer(tmp_path / "ck")
+    ck.save(0, model.state_dict())
+    with pytest.warns(RuntimeWarning, match="NaN") as direct:
+        ck.save(1, model.state_dict())
+    mgr = CheckpointManager(tmp_path / "mgr", model, opt, every=100)
+    mgr.checkpoint(wait=True)
+    mgr.step()
+    with pytest.warns(RuntimeWarning, match="NaN") as managed:
+        mgr.checkpoint(wait=True)
+    mgr.close()
+    assert {w.filename for w in [*direct, *managed]} == {__file__}
+
+
 def test_damaged_newest_file_falls_back_and_chain_continues(tmp_path):
     model, opt = _setup()
     with CheckpointManager(tmp_path, model, opt, every=2, backpressure="wait") as mgr:
@@ -362,8 +381,9 @@ def test_damaged_newest_file_falls_back_and_chain_continues(tmp_path):
     data[len(data) // 2] ^= 0xFF
     Path(path).write_bytes(bytes(data))
     mgr = CheckpointManager(tmp_path, model, opt, every=2, backpressure="wait")
-    with pytest.warns(RuntimeWarning, match="step 6"):
+    with pytest.warns(RuntimeWarning, match="step 6.*set aside as") as caught:
         assert mgr.restore() == 4
+    assert [w.filename for w in caught] == [__file__]     # the caller's line, not lcckpt's
     assert Path(path + ".damaged").exists()
     with _counting_replays() as replays:
         for _ in range(2):

@@ -30,7 +30,6 @@ from __future__ import annotations
 import functools
 import os
 import threading
-import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any
@@ -56,6 +55,7 @@ from .moments import first_moments
 from .policy import DEFAULT_POLICY, low_precision_target
 from .retention import apply_retention, retain as _retain, roll_back, write_merged
 from .session import SaveSession, stored_stats, write_streamed
+from ..util.caller import warn_user
 
 __all__ = ["DeltaCheckpointer", "file_name"]
 
@@ -310,13 +310,13 @@ class DeltaCheckpointer:
             self._encoders = None      # references may have advanced: resync from disk
             raise
         if unsynced is not None:
-            warnings.warn(f"step {step} is saved, but syncing {self.directory} failed "
-                          f"({unsynced.strerror}): the step may not survive a power loss; the "
-                          "next save syncs the directory again (as every save does)", RuntimeWarning, stacklevel=2)
+            warn_user(f"step {step} is saved, but syncing {self.directory} failed "
+                      f"({unsynced.strerror}): the step may not survive a power loss; the "
+                      "next save syncs the directory again (as every save does)")
         depth = 0 if keyframe else self._last["depth"] + 1
         self._last = {"step": step, "state_id": ids[-1], "depth": depth}
         self._force_keyframe = False
-        session.warn(step, stacklevel=4)
+        session.warn(step)
         self._park()
         self.last_save = {"step": step, "kind": kind, "path": path,
                           "nbytes": nbytes}
@@ -384,8 +384,8 @@ class DeltaCheckpointer:
             tracks, state_id, depth = _restore.resume_from(self._dir, latest, primed,
                                                            self._movement_targets())
         except (LcckptError, OSError) as e:
-            warnings.warn(f"cannot continue the delta chain from step {latest} ({e}); the next "
-                          "save is written as a keyframe", RuntimeWarning, stacklevel=3)
+            warn_user(f"cannot continue the delta chain from step {latest} ({e}); the next "
+                      "save is written as a keyframe")
             self._last = {"step": latest, "state_id": "", "depth": 0}
             self._force_keyframe = True
             return

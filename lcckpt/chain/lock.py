@@ -15,10 +15,10 @@ import os
 import socket
 import stat
 import time
-import warnings
 
 from ..errors import ConcurrentWriteError, StorageError
 from ..util import forks
+from ..util.caller import warn_user
 
 __all__ = ["LOCK_NAME", "WriterLock", "check_free"]
 
@@ -53,10 +53,9 @@ class WriterLock:
             try:
                 fd = self._lock_once(fcntl, directory)
             except _NoLocks as e:
-                warnings.warn(
-                    f"{directory}: this filesystem does not support file locks ({e}); the "
-                    "writer lock is off, so make sure one writer at a time saves into this "
-                    "directory", RuntimeWarning, stacklevel=2)
+                warn_user(f"{directory}: this filesystem does not support file locks ({e}); the "
+                          "writer lock is off, so make sure one writer at a time saves into this "
+                          "directory")
                 return
             try:
                 same = os.path.samestat(os.fstat(fd), os.stat(self.path))

@@ -5,7 +5,6 @@ very same restored state, :func:`apply_retention` deletes what no kept step need
 from __future__ import annotations
 
 import os
-import warnings
 
 from ..codec import blob as _blob
 from ..errors import BrokenChainError, LcckptError, StorageError
@@ -16,6 +15,7 @@ from ..limits import declared_bytes
 from ..util import durable as _durable
 from .directory import ChainDirectory
 from .links import Link
+from ..util.caller import warn_user
 
 
 def write_merged(d: ChainDirectory, upto: int, tracks: dict, state_id: str) -> None:
@@ -30,9 +30,8 @@ def write_merged(d: ChainDirectory, upto: int, tracks: dict, state_id: str) -> N
         _durable.atomic_write(path, lambda f: _merge_into(f, d, upto, tracks, state_id,
                                                           streamed))
     except _durable.UnsyncedError as e:     # in place: the merge is done
-        warnings.warn(f"step {upto} is merged, but syncing {d.directory} failed "
-                      f"({e.strerror}): the next save syncs the directory again",
-                      RuntimeWarning, stacklevel=4)
+        warn_user(f"step {upto} is merged, but syncing {d.directory} failed "
+                  f"({e.strerror}): the next save syncs the directory again")
     d.forget(path)
 
 
@@ -81,8 +80,7 @@ def apply_retention(d: ChainDirectory, keep_last: int | None) -> None:
     try:
         steps = d.steps()
     except StorageError as e:       # the step is committed: retried at the next save
-        warnings.warn(f"retention (keep_last={keep_last}) skipped: {e}",
-                      RuntimeWarning, stacklevel=3)
+        warn_user(f"retention (keep_last={keep_last}) skipped: {e}")
         return
     if len(steps) > keep_last:
         remove_unneeded(d, steps, steps[-keep_last:], f"keep_last={keep_last}")
@@ -138,9 +136,9 @@ def remove_unneeded(d: ChainDirectory, steps: list[int], roots, what: str) -> li
     if failed:
         again = "the next retain" if what == "retain" else \
             "the new step is saved, and the next save"
-        warnings.warn(f"retention ({what}) could not remove "
-                      f"{', '.join(failed[:3])}{' ...' if len(failed) > 3 else ''}; "
-                      f"{again} tries again", RuntimeWarning, stacklevel=4)
+        warn_user(f"retention ({what}) could not remove "
+                  f"{', '.join(failed[:3])}{' ...' if len(failed) > 3 else ''}; "
+                  f"{again} tries again")
     return removed[::-1]
 
 

@@ -4,7 +4,6 @@ with the stats its file's header reports (docs/chain.md, "What each file reports
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -22,6 +21,7 @@ from ..format.sections import DELTA, TRACKABLE, Encoded
 from ..util.ahead import Ahead
 from ..util.pool import threads
 from .policy import role_of
+from ..util.caller import warn_user
 
 MISSED = 0.5            # a restored error past this share of a step's movement is warned of
 # a stored stat has 4 significant digits (:func:`finite`): a ratio of two of them, set
@@ -62,22 +62,19 @@ class SaveSession:
         self._ahead: Ahead | None = None
         self.loadable = _sections.Loadable()     # the file loads under the default limit
 
-    def warn(self, step: int, stacklevel: int) -> None:
+    def warn(self, step: int) -> None:
         """The saved step's warnings: NaN/Inf stored exactly, updates under the
         precision, restores past ``warn_error``."""
         for key, why in self.nonfinite:
-            warnings.warn(f"step {step}: {key}: {why}; {NONFINITE_DONE}", RuntimeWarning,
-                          stacklevel=stacklevel)
+            warn_user(f"step {step}: {key}: {why}; {NONFINITE_DONE}")
         for key, ratio, t in self.missed:
-            warnings.warn(f"step {step}: {key} restores with an error of {ratio:.3g}x its "
-                          f"movement since the keyframe (target {t:g}): most of the update is "
-                          "under the working precision (fp32's; fp64's for fp64) and was "
-                          "not kept; merge() this step into a keyframe if it matters",
-                          RuntimeWarning, stacklevel=stacklevel)
+            warn_user(f"step {step}: {key} restores with an error of {ratio:.3g}x its "
+                      f"movement since the keyframe (target {t:g}): most of the update is "
+                      "under the working precision (fp32's; fp64's for fp64) and was "
+                      "not kept; merge() this step into a keyframe if it matters")
         for key, err in self.drifted:
-            warnings.warn(f"step {step}: {key} restores with relative error {err:.3g}, past "
-                          f"warn_error={self.warn_error:g}; raise its bits or set a target",
-                          RuntimeWarning, stacklevel=stacklevel)
+            warn_user(f"step {step}: {key} restores with relative error {err:.3g}, past "
+                      f"warn_error={self.warn_error:g}; raise its bits or set a target")
 
     def packs(self, path: str, t: torch.Tensor) -> bool:
         """Whether ``t`` joins its dtype's pack: a small tensor no rule tracks (one

@@ -16,7 +16,6 @@ checkpoint chain both use it. It applies deltas lazily, all pending ones in one 
 from __future__ import annotations
 
 import dataclasses
-import warnings
 
 import numpy as np
 
@@ -39,6 +38,7 @@ from ..errors import (
 from .movement import BUCKETS, LOG2, Movement, copy_sketched
 from .parked import PARK_MIN, Parked, fingerprint
 from .uniform import survey
+from ..util.caller import warn_user
 
 __all__ = ["DeltaDecoder", "DeltaEncoder", "Reconstruction", "replay", "settle"]
 
@@ -165,9 +165,8 @@ class DeltaEncoder:
         except (LcckptError, OSError) as e:
             ref, why = None, str(e)
         if ref is None:
-            warnings.warn(f"cannot read the reference of {parked.name} back from the chain "
-                          f"({why}): it is stored exactly in this save", RuntimeWarning,
-                          stacklevel=2)
+            warn_user(f"cannot read the reference of {parked.name} back from the chain "
+                      f"({why}): it is stored exactly in this save")
         self._ref, self._lost = ref, ref is None
 
     def reset(self):
@@ -250,7 +249,7 @@ class DeltaEncoder:
         except NonFiniteError:
             why = NONFINITE_STATE if not np.isfinite(u).all() else NONFINITE_REFERENCE
             if warn:
-                warnings.warn(f"{why}: {NONFINITE_DONE}", RuntimeWarning, stacklevel=3)
+                warn_user(f"{why}: {NONFINITE_DONE}")
             return self._keyframe(a, dt, u, why, defer_copy, new_base=False)
         if self.movement is not None:
             self.movement.at_base = False           # the reference has moved on

@@ -42,6 +42,7 @@ from .planner import BalancedSavePlanner, SafeLoadPlanner
 from .retention import apply_retention
 from .storage import CompressedReader, CompressedWriter
 from .store import files_for
+from ..util.caller import warn_user
 
 _STEP = re.compile(r"step_(\d{10})")
 
@@ -339,8 +340,7 @@ class DistributedCheckpointer:
         try:
             md = CompressedReader(path, storage_options=self.storage_options).read_metadata()
         except (LcckptError, OSError) as e:
-            warnings.warn(f"cannot go on from the chain in {path} ({e}); this save writes "
-                          "keyframes", RuntimeWarning, stacklevel=4)
+            warn_user(f"cannot go on from the chain in {path} ({e}); this save writes keyframes")
             return
         infos = (md.storage_data or {}).values()
         if any(info.rank >= world for info in infos):
@@ -416,8 +416,8 @@ class DistributedCheckpointer:
             known = set(committed)
             stray = [s for s in self._step_dirs() if s not in known]
         except OSError as e:           # the step is committed: retried at the next save
-            warnings.warn(f"retention (keep_last={self.keep_last}) skipped: cannot list "
-                          f"{self.directory} ({e.strerror})", RuntimeWarning, stacklevel=3)
+            warn_user(f"retention (keep_last={self.keep_last}) skipped: cannot list "
+                      f"{self.directory} ({e.strerror})")
             return
         apply_retention(self.files, self.directory, committed, self.keep_last, _step_of,
                         self.path, stray, self.storage_options)

@@ -4,7 +4,6 @@ in place; a save that fails puts back, from the committed files, those it advanc
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from functools import partial
 
@@ -12,6 +11,7 @@ from ..codec.delta import DeltaEncoder, Reconstruction
 from ..errors import LcckptError
 from .blobs import exactly
 from .partition import Piece
+from ..util.caller import warn_user
 
 
 class Background:
@@ -47,9 +47,9 @@ def resync(refs: dict, advanced: set, read) -> dict:
         try:
             r.encoder.resume(replay(r, read))        # replays the pending blobs
         except (LcckptError, OSError) as e:
-            warnings.warn(f"piece {piece.key}[{piece.start}:{piece.stop}]: its reference "
-                          f"cannot be read back after a failed save ({e}); its next save "
-                          "is a keyframe", RuntimeWarning, stacklevel=3)
+            warn_user(f"piece {piece.key}[{piece.start}:{piece.stop}]: its reference "
+                      f"cannot be read back after a failed save ({e}); its next save "
+                      "is a keyframe")
             del out[piece]
     return out
 
@@ -88,9 +88,8 @@ def reopened(infos, rank: int, step_dir: str, fs, chained, new_encoder) -> dict:
         try:
             r.encoder.resume(replay(r, read, name))
         except (LcckptError, OSError) as e:
-            warnings.warn(f"piece {piece.key}[{piece.start}:{piece.stop}]: its chain in "
-                          f"{step_dir} cannot be read ({e}); its next save is a keyframe",
-                          RuntimeWarning, stacklevel=3)
+            warn_user(f"piece {piece.key}[{piece.start}:{piece.stop}]: its chain in "
+                      f"{step_dir} cannot be read ({e}); its next save is a keyframe")
             continue
         out[piece] = r
     return out

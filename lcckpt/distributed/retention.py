@@ -13,10 +13,10 @@ The guarantees are :class:`~lcckpt.DeltaCheckpointer`'s:
 
 from __future__ import annotations
 
-import warnings
 
 from ..errors import LcckptError
 from .storage import CompressedReader
+from ..util.caller import warn_user
 
 
 def needed_steps(files, directory: str, steps: list[int], keep_last: int, step_of, path_of,
@@ -57,7 +57,7 @@ def apply_retention(files, directory: str, steps: list[int], keep_last: int | No
         try:
             files.rmtree(path)          # .metadata first: no longer a checkpoint
         except OSError as e:
-            warnings.warn(f"retention (keep_last={keep_last}) could not remove {path} "
-                          f"({e.strerror}); the new step is saved, and the next save tries "
-                          "again", RuntimeWarning, stacklevel=3)
+            warn_user(f"retention (keep_last={keep_last}) could not remove {path} "
+                      f"({e.strerror}); the new step is saved, and the next save tries "
+                      "again")
             return

@@ -26,7 +26,6 @@ import io
 import re
 import time
 import uuid
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +54,7 @@ from .partition import Piece
 from .planner import SafeLoadPlanner, TreeBytes, piece_for
 from ..format.serialization import load
 from .store import Flusher, check_size, files_for, remove_stale
+from ..util.caller import warn_user
 
 SUFFIX = ".distcp"
 _OUR_FILE = re.compile(r"__\d+_[0-9a-f]{8}_\d+\.distcp")
@@ -168,10 +168,9 @@ class CompressedWriter(FileSystemWriter):
             raise InvalidArgumentError("CompressedWriter needs use_collectives=True: the "
                                        "balanced plan is made by the coordinator")
         if self._pending is not None:
-            warnings.warn("the previous save was neither committed nor aborted; the references "
-                          "it advanced are read back from the committed files (call commit() "
-                          "after a save returns on every rank)",
-                          RuntimeWarning, stacklevel=2)
+            warn_user("the previous save was neither committed nor aborted; the references "
+                      "it advanced are read back from the committed files (call commit() "
+                      "after a save returns on every rank)")
             self._refs = resync(self._refs, self._advanced, partial(read_blob, self.fs))
             self._pending, self._advanced = None, set()
         if self.resume_from is not None:        # in DCP's background process, if there
@@ -289,8 +288,7 @@ class CompressedWriter(FileSystemWriter):
         parts, st = enc.encode_parts(t, keyframe=fresh and not zero, from_zero=zero,
                                      direction=targets.direction_of(dirs, piece, t), warn=False)
         if st.fallback in NONFINITE:            # named here, where the piece is known
-            warnings.warn(f"{abs_path}: {piece.key}: {st.fallback}; {NONFINITE_DONE}",
-                          RuntimeWarning, stacklevel=2)
+            warn_user(f"{abs_path}: {piece.key}: {st.fallback}; {NONFINITE_DONE}")
         for part in parts:
             f.write(part)
         here = ((abs_path, offset, f.tell() - offset),)

@@ -13,12 +13,11 @@ tensors silently lost, say, a two-class head's bias.
 
 from __future__ import annotations
 
-import warnings
 
 import torch
 
 from ..errors import InvalidArgumentError
-from ..util.caller import user_stacklevel
+from ..util.caller import warn_user
 from .census import children, tensor_paths
 from .flatten import MAX_DEPTH
 from .sections import fits
@@ -99,12 +98,10 @@ class Into:
         more = f"; and {len(missed) - 4} more" if len(missed) > 4 else ""
         what = "1 target tensor was left as it was" if len(missed) == 1 else \
             f"{len(missed)} target tensors were left as they were"
-        warnings.warn(
-            f"into=: {what}, and the loaded object holds the stored "
-            f"values there: {shown}{more}. `into` must be "
-            "shaped like the stored object, e.g. {'model': model.state_dict()} for a file "
-            "saved from {'model': ..., 'optim': ...}", RuntimeWarning,
-            stacklevel=user_stacklevel())
+        warn_user(f"into=: {what}, and the loaded object holds the stored values there: "
+                  f"{shown}{more}. `into` must be shaped like the stored object, e.g. "
+                  "{'model': model.state_dict()} for a file saved from "
+                  "{'model': ..., 'optim': ...}")
 
     def _claim(self, t: torch.Tensor, path: str) -> bool:
         return t.numel() == 0 or self._owner.setdefault(t.data_ptr(), path) == path

@@ -15,7 +15,6 @@ from __future__ import annotations
 import io
 import os
 import pickle
-import warnings
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
@@ -42,6 +41,7 @@ from .safetensors_io import place as _place_st
 from .safetensors_io import is_safetensors, load_safetensors, map_safetensors
 from .torchzip import check_before_load
 from .sections import register_codec, register_section_codec
+from ..util.caller import warn_user
 
 __all__ = ["load", "pack", "read_metadata", "register_codec", "register_section_codec", "save",
            "tree_of", "unpack"]
@@ -85,9 +85,8 @@ def save(obj: Any, f: str | os.PathLike | BinaryIO, pickle_module=None, pickle_p
     to_path = isinstance(f, (str, os.PathLike))
     f = local(f, "lcckpt.save") if to_path else f
     if to_path and f.lower().endswith(".safetensors"):
-        warnings.warn(f"{f}: lcckpt.save writes lcckpt's format, which safetensors cannot "
-                      "read; name it .lcc, or write safetensors with lcckpt.save_safetensors",
-                      RuntimeWarning, stacklevel=2)
+        warn_user(f"{f}: lcckpt.save writes lcckpt's format, which safetensors cannot "
+                  "read; name it .lcc, or write safetensors with lcckpt.save_safetensors")
     count, nbytes = census(obj) if to_path else (0, 0)
     if to_path and nbytes >= _stream.STREAM_ABOVE:    # written as it is coded
         def write(out) -> None:    # each tensor's section to the file once coded (or copied

@@ -7,7 +7,6 @@ following happens here."""
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Any, BinaryIO
 
 from .. import limits
@@ -17,6 +16,7 @@ from ..format.container import read_container
 from ..errors import LcckptError
 from ..format import serialization
 from ..util.paths import local
+from ..util.caller import warn_user
 
 FOLLOW = """
     ``follow``: a file that holds a chain step's place (a pointer file, written by
@@ -50,9 +50,9 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
         return obj
     if path is not None:                                # written before headers named it
         return resolve(obj, path, map_location, into=into, max_bytes=max_bytes)
-    warnings.warn("this file holds a chain step's place, not the step's tensors: load it "
-                  "by its path to get the whole checkpoint (the chain is found from the "
-                  "file's directory)", RuntimeWarning, stacklevel=2)
+    warn_user("this file holds a chain step's place, not the step's tensors: load it "
+              "by its path to get the whole checkpoint (the chain is found from the "
+              "file's directory)")
     return obj
 
 

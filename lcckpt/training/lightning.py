@@ -31,7 +31,6 @@ run's files as a chain.
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Any
 
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
@@ -50,6 +49,7 @@ from ..format.serialization import load, save
 from ..util.durable import TEMP_SUFFIX
 from .background import Writer
 from .hostcopy import HostBuffers
+from ..util.caller import warn_user
 
 __all__ = ["ChainCallback", "LcckptCheckpointIO", "export_checkpoint", "import_checkpoints",
            "load_module"]
@@ -181,8 +181,7 @@ class LcckptCheckpointIO(CheckpointIO):
                 self._ck = DeltaCheckpointer(self.chain, **self.options)
             self._ck.retain(named)
         except (LcckptError, OSError) as e:
-            warnings.warn(f"the chain in {self.chain} is not pruned: {e}", RuntimeWarning,
-                          stacklevel=3)
+            warn_user(f"the chain in {self.chain} is not pruned: {e}")
 
     def teardown(self) -> None:
         if self._ck is not None:
@@ -250,8 +249,7 @@ def _read_once(read, map_location, path: str):
     from .ranks import all_meet, in_group
     if map_location not in (None, "cpu") or not in_group() or not _names_a_step(path) \
             or not all_meet("lightning-load", f"LcckptCheckpointIO.load_checkpoint({path!r}): "
-                            "not every rank loaded it, so each replays the chain itself",
-                            stacklevel=3):
+                            "not every rank loaded it, so each replays the chain itself"):
         return read(map_location)
     import torch.distributed as dist
     from .broadcast import restore

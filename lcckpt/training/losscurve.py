@@ -12,14 +12,13 @@ It does not fit or smooth anything: the scheduler fits the curve.
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any
 
 import numpy as np
 import torch
 
 from ..errors import InvalidArgumentError
-from ..util.caller import user_stacklevel
+from ..util.caller import warn_user
 
 MAX_BINS = 512
 FLUSH_EVERY = 1024
@@ -69,10 +68,9 @@ class LossCurve:
             self._counting = 0
         if self._counting == COUNTING:
             self._counting = -1
-            warnings.warn(
-                f"step(loss) got {loss} at iteration {iteration}, the loop's counter: the "
-                "convergence-aware plan reads it as the training loss; pass the loss (or "
-                "nothing: step())", UserWarning, stacklevel=user_stacklevel())
+            warn_user(f"step(loss) got {loss} at iteration {iteration}, the loop's counter: the "
+                      "convergence-aware plan reads it as the training loss; pass the loss (or "
+                      "nothing: step())", UserWarning)
 
     def flush(self) -> None:
         """Move pending tensor losses to the host (one synchronization per device)."""

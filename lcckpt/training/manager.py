@@ -26,7 +26,6 @@ import math
 import os
 import threading
 import time
-import warnings
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
@@ -46,6 +45,7 @@ from .signals import SigtermHook
 from ..chain.checkpointer import DEFAULT_KEYFRAME_EVERY, DeltaCheckpointer
 from ..chain.lock import check_free
 from ..errors import InvalidArgumentError
+from ..util.caller import warn_user
 from ..util.paths import local
 
 __all__ = ["CheckpointManager", "default_bits"]
@@ -244,7 +244,7 @@ class CheckpointManager:
         try:                            # do not hide the exception that is unwinding
             self.close()
         except Exception as e:
-            warnings.warn(f"closing the checkpoint manager failed too: {e!r}", RuntimeWarning)
+            warn_user(f"closing the checkpoint manager failed too: {e!r}")
 
     # ---------------------------------------------------------------- restore
 

@@ -11,13 +11,13 @@ rank restores, the writer alone reads the checkpoint and sends it to the others
 from __future__ import annotations
 
 import os
-import warnings
 
 from ..chain.checkpointer import DeltaCheckpointer
 from ..chain.retention import DAMAGED, set_aside
 from ..errors import InvalidArgumentError, LcckptError, NotFoundError, proves_damage
 from ..format.into import Into
 from .ranks import all_meet, in_group
+from ..util.caller import warn_user
 
 
 def is_writer(writer: bool | None) -> bool:
@@ -79,9 +79,9 @@ def load_newest(reader: DeltaCheckpointer, into, max_bytes, writer: bool, step=N
             if not proves_damage(e):
                 raise
             failed.append((s, e))
-            warnings.warn(f"cannot restore checkpoint step {s} in {reader.directory}: "
-                          f"{reader.path(s)} is damaged ({e}); trying the previous one",
-                          RuntimeWarning, stacklevel=3)
+            warn_user(f"cannot restore checkpoint step {s} in {reader.directory} ({e}); "
+                      "trying the previous one" + (f" ({os.path.basename(reader.path(s))} "
+                      f"will be set aside as *{DAMAGED})" if writer else ""))
     else:
         raise failed[0][1]
     for bad, _ in failed if writer else ():     # out of the way of the continuing chain
@@ -97,7 +97,7 @@ def restore_state(reader: DeltaCheckpointer, into, max_bytes, writer: bool, step
     if cooperative is not False and in_group() and all_meet(
             "restore", "restore(): not every rank of the process group called it, so each "
             "reads the checkpoint itself; call it on every rank, or pass "
-            "cooperative=False on every rank (docs/manager.md)", stacklevel=3):
+            "cooperative=False on every rank (docs/manager.md)"):
         from .broadcast import restore
         found = restore(lambda: load_newest(reader, into, max_bytes, True, step), writer, into)
         if found is not NotImplemented:

@@ -7,9 +7,10 @@ from __future__ import annotations
 import collections
 import itertools
 import time
-import warnings
 
 import torch
+
+from ..util.caller import warn_user
 
 REGISTER_WAIT = 60.0          # seconds a rank waits for the others to come to a meeting
 _POISON = 1 << 40             # a meeting that timed out: later arrivals count negative
@@ -22,12 +23,11 @@ def in_group() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def all_meet(topic: str, warning: str, wait: float | None = None, stacklevel: int = 3) -> bool:
+def all_meet(topic: str, warning: str, wait: float | None = None) -> bool:
     """Whether every rank of the default process group comes to this meeting (this
     process's n-th of ``topic`` meeting the others' n-th in the group's store), waiting
     at most ``wait`` seconds (:data:`REGISTER_WAIT`). A rank that gives up marks the
-    count, so that every rank decides the same, and warns with ``warning`` (``stacklevel``
-    as the caller's own ``warnings.warn`` would take it)."""
+    count, so that every rank decides the same, and warns with ``warning``."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d
     try:
@@ -44,7 +44,7 @@ def all_meet(topic: str, warning: str, wait: float | None = None, stacklevel: in
         n = store.add(key, -_POISON) + _POISON     # every later rank counts negative
     if n >= world:
         return True
-    warnings.warn(warning, RuntimeWarning, stacklevel=stacklevel + 1)
+    warn_user(warning)
     return False
 
 

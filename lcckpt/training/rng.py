@@ -12,11 +12,12 @@ a data loader's sampler): hand those to the manager as objects with ``state_dict
 from __future__ import annotations
 
 import random
-import warnings
 from typing import Any
 
 import numpy as np
 import torch
+
+from ..util.caller import warn_user
 
 
 def capture() -> dict[str, Any]:
@@ -43,12 +44,12 @@ def restore(state: dict[str, Any]) -> None:
     cuda = state.get("cuda")
     if cuda:
         if not torch.cuda.is_available():
-            warnings.warn("the checkpoint holds CUDA generator states but CUDA is not "
-                          "available; they are not restored", RuntimeWarning, stacklevel=3)
+            warn_user("the checkpoint holds CUDA generator states but CUDA is not "
+                      "available; they are not restored")
         elif torch.cuda.device_count() < len(cuda):
-            warnings.warn(f"the checkpoint holds {len(cuda)} CUDA generator states but only "
-                          f"{torch.cuda.device_count()} devices are visible; restoring the "
-                          "first ones", RuntimeWarning, stacklevel=3)
+            warn_user(f"the checkpoint holds {len(cuda)} CUDA generator states but only "
+                      f"{torch.cuda.device_count()} devices are visible; restoring the "
+                      "first ones")
             torch.cuda.set_rng_state_all([t.cpu() for t in cuda[:torch.cuda.device_count()]])
         else:
             torch.cuda.set_rng_state_all([t.cpu() for t in cuda])

@@ -31,8 +31,7 @@ def every_rank_has_one(wait: float | None = None) -> bool:
     return all_meet("sigterm", "sigterm=True: not every rank of the process group created "
                     "a CheckpointManager with it, so a SIGTERM is acted on by each rank "
                     "alone and a rank that stops may leave the others waiting in a "
-                    "collective; create the manager on every rank (docs/manager.md)", wait,
-                    stacklevel=4)
+                    "collective; create the manager on every rank (docs/manager.md)", wait)
 
 
 class SigtermHook:

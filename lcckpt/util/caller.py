@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
@@ -19,3 +20,8 @@ def user_stacklevel() -> int:
     while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def warn_user(message: str, category: type[Warning] = RuntimeWarning) -> None:
+    """``warnings.warn`` naming the first line outside lcckpt (:func:`user_stacklevel`)."""
+    warnings.warn(message, category, stacklevel=user_stacklevel())

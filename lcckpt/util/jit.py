@@ -31,7 +31,6 @@ import itertools
 import os
 import pickle
 import time
-import warnings
 
 from numba import njit
 
@@ -41,6 +40,7 @@ except ImportError:         # a Numba that moved them: its own cache, unguarded 
     FunctionCache = IndexDataCacheFile = object
 
 from . import forks
+from .caller import warn_user
 
 __all__ = ["kernel", "CACHE_LOCK", "GuardedCache", "GuardedIndex"]
 
@@ -155,4 +155,4 @@ def _warn_once(message: str) -> None:
     global _warned
     if not _warned:
         _warned = True
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        warn_user(message)
