@@ -770,6 +770,22 @@ def test_malicious_pickles_are_refused_and_never_run(tmp_path):
     assert not marker.exists()
 
 
+def test_a_refused_torch_file_names_what_needs_code(tmp_path):
+    """lcckpt.load said only torch's banner ("Weights only load failed. ..."), cut short
+    and with terminal escapes; the command line named the object. Both name it now, and
+    a whole module saved with torch.save(model) is told to save its state_dict()."""
+    torch.save(torch.nn.Sequential(torch.nn.Linear(2, 2)), tmp_path / "whole.pt")
+    torch.save({"w": torch.ones(2), "x": Evil(str(tmp_path / "never"))}, tmp_path / "evil.pt")
+    with pytest.raises(UnsafeObjectError) as e:
+        S.load(tmp_path / "whole.pt")
+    assert "whole.pt: " in str(e.value) and "torch.nn.modules.container.Sequential" in str(e.value)
+    assert "save model.state_dict()" in str(e.value) and "\x1b" not in str(e.value)
+    with pytest.raises(UnsafeObjectError, match=r"\(it needs exec\)") as e:   # its __reduce__
+        S.load(tmp_path / "evil.pt")
+    assert "state_dict" not in str(e.value)
+    assert not (tmp_path / "never").exists()
+
+
 def test_damaged_torch_file_is_corrupt_data(tmp_path):
     path = tmp_path / "x.pt"
     torch.save({"w": torch.ones(100)}, path)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import re
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
@@ -396,16 +397,27 @@ def _torch_load(f, map_location, weights_only, mmap, pickle_load_args):
                               **pickle_load_args)
     except pickle.UnpicklingError as e:
         if "weights only" in str(e).lower():
-            raise UnsafeObjectError(
-                "refused to load a torch.save file that needs arbitrary code to unpickle "
-                f"({str(e).splitlines()[0][:200]}). Load it with torch.load(weights_only=False) "
-                "only if you trust its source, then re-save it with lcckpt.save."
-            ) from e
+            raise UnsafeObjectError(_refusal(str(e))) from e
         raise CorruptDataError(f"damaged torch.save file: {e}") from e
     except LcckptError:
         raise
     except Exception as e:  # torch reports damage with many exception types
         raise CorruptDataError(f"damaged or unreadable torch.save file: {type(e).__name__}: {e}") from e
+
+
+def _refusal(torch_message: str) -> str:
+    """What to say of a file that torch's weights-only unpickler refused: the object
+    that needs code, named from torch's message (its first line is only a banner)."""
+    m = re.search(r"Unsupported global: GLOBAL ([\w.]+)", torch_message) or \
+        re.search(r"Unsupported operand \d+|Unsupported class [\w.]+", torch_message)
+    what = (m.group(1) if m.groups() else m.group(0)) if m else None
+    module = what is not None and what.startswith("torch.nn.modules.")
+    return ("unpickling this torch.save file would run arbitrary code"
+            + (f" (it needs {what})" if what else "") + "; lcckpt never does that. "
+            + ("It holds a whole module (torch.save(model)): if you trust its source, load "
+               "it with torch.load(f, weights_only=False) and save model.state_dict() with "
+               "lcckpt.save" if module else "If you trust its source, load it with "
+               "torch.load(f, weights_only=False) and re-save it with lcckpt.save"))
 
 
 def unpack(container: Container, map_location=None,

@@ -88,17 +88,8 @@ def load_torch(path: str | os.PathLike, map_location="cpu", mmap: bool = False):
     try:
         return serialization.load(path, map_location=map_location,
                                   mmap=mmap and is_zip(os.fspath(path)))
-    except UnsafeObjectError as e:
-        if e.__cause__ is None:          # refused before unpickling (a TorchScript archive)
-            raise
-        cause = str(e.__cause__)
-        m = re.search(r"Unsupported global: GLOBAL ([\w.]+)", cause) or \
-            re.search(r"Unsupported operand \d+|Unsupported class [\w.]+", cause)
-        what = f" (it needs {m.group(1) if m.groups() else m.group(0)})" if m else ""
-        raise UnsafeObjectError(
-            f"refused {os.fspath(path)}: unpickling this torch.save file would run arbitrary "
-            f"code{what}; lcckpt never does that. If you trust its source, load it with "
-            "torch.load(path, weights_only=False) and re-save it with lcckpt.save") from None
+    except UnsafeObjectError as e:       # the path and the object named: torch's cause not
+        raise UnsafeObjectError(str(e)) from None   # needed (its message is a long banner)
 
 
 def check_torch_crcs(path: str | os.PathLike) -> None:
