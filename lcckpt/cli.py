@@ -227,18 +227,12 @@ def verify_dir(path: str) -> list[dict]:
     Trainer's checkpoint directory, every file it holds."""
     from .interop import trainerdir
     if trainerdir.is_trainer_dir(path):
-        report = []
         try:
             trainerdir.global_step(path)
             parts = trainerdir.files(path)
         except LcckptError as e:
             return [{"path": path, "ok": False, "error": _describe(e)}]
-        for f in parts.values():
-            try:
-                report.append(verify_file(f))
-            except (LcckptError, OSError) as e:
-                report.append({"path": f, "ok": False, "error": _describe(e)})
-        return report
+        return [r for f in parts.values() for r in _verify_entry(f, "file")]
     from .chain.checkpointer import DeltaCheckpointer
     ck = DeltaCheckpointer(path)
     if not ck.steps():
@@ -377,7 +371,9 @@ def _convert(args) -> int:
     else:
         print(f"{doc['input']} ({doc['input_format']}, {doc['input_bytes']:,} bytes) -> "
               f"{doc['output']} ({doc['output_format']}, {doc['output_bytes']:,} bytes), "
-              f"{count(doc['tensors'], 'tensor')}, exact")
+              f"{count(doc['tensors'], 'tensor')}, " + ("exact" if doc.get("step_kind") in
+              (None, "keyframe") else f"step {doc['step']} as the chain restores it (a delta: "
+              "within the chain's targets of the state saved)"))
     return 0
 
 

@@ -472,6 +472,22 @@ def test_a_directory_of_checkpoint_files_one_level_down_is_a_folder_entry(tmp_pa
     assert "0 tensors, exact" in capsys.readouterr().out
 
 
+def test_convert_of_a_chain_step_says_whether_it_restores_exactly(chain_dir, tmp_path, capsys):
+    """A delta's step is written as the chain restores it, not as saved: the line said
+    "exact" of every conversion."""
+    ck = lcckpt.DeltaCheckpointer(chain_dir)
+    kinds = {s: ck.info(s)["kind"] for s in ck.steps()}
+    delta = max(s for s, k in kinds.items() if k == "delta")
+    assert main(["convert", str(chain_dir), str(tmp_path / "d.pt"), "--step", str(delta)]) == 0
+    out = capsys.readouterr().out
+    assert f"step {delta} as the chain restores it" in out and "exact" not in out
+    assert main(["convert", str(chain_dir), str(tmp_path / "k.pt"), "--step", "0"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("exact") and kinds[0] == "keyframe"
+    assert main(["convert", str(chain_dir), str(tmp_path / "n.pt"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["step"], doc["step_kind"]) == (ck.steps()[-1], kinds[ck.steps()[-1]])
+
+
 def test_convert_writes_the_whole_checkpoint_a_file_of_a_chain_step_stands_for(
         chain_dir, tmp_path, capsys):
     """``lcckpt convert`` of a file that holds a chain step's place writes the state the

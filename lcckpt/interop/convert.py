@@ -288,7 +288,16 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = 
     dropped = len(meta) if meta and fmt == "torch" else 0
     return {"dropped_metadata": dropped, "input": src, "input_format": src_fmt, "output": dst, "output_format": fmt,
             "input_bytes": _size(src, src_fmt), "output_bytes": os.path.getsize(dst),
-            "tensors": len(flat_tensors(obj))}
+            "tensors": len(flat_tensors(obj)), **(_chain_step(src, step) if src_fmt == "chain" else {})}
+
+
+def _chain_step(directory: str, step: int | None) -> dict:
+    """Which step of a chain was written, and whether it restores exactly (a keyframe)
+    or within the chain's targets (a delta)."""
+    from ..chain.checkpointer import DeltaCheckpointer
+    ck = DeltaCheckpointer(directory)
+    step = ck.steps()[-1] if step is None else step
+    return {"step": step, "step_kind": ck.info(step).get("kind")}
 
 
 def select(obj, key: str, source: str):
