@@ -41,7 +41,7 @@ def test_keys_are_flat_names_and_tensors_load_like_load(tmp_path):
     with lc_open(path) as f:
         assert f.keys() == ["model.fc.weight", "model.fc.bias", "optim.state.0.exp_avg", "t", "e",
                             "p", "np", "seq.0", "seq.1.0"]
-        assert f.metadata() == {"lcckpt_tree": 2}
+        assert f.metadata() == {} and f.header() == {"lcckpt_tree": 2}
         assert len(f) == 9 and "t" in f and "nope" not in f
         for k, want in [("model.fc.weight", full["model"]["fc.weight"]), ("t", full["t"]),
                         ("e", full["e"]), ("p", full["p"]), ("seq.1.0", full["seq"][1][0]),
@@ -141,12 +141,12 @@ def test_chain_steps_read_lazily(tmp_path):
         full = ck.load(step)
         with lc_open(d, step=step) as f:
             assert f.keys() == ["model.w", "model.b"]
-            assert f.metadata()["lcckpt_chain"]["step"] == step
+            assert f.header()["lcckpt_chain"]["step"] == step
             assert torch.equal(f.get_tensor("model.w"), full["model"]["w"])
             assert torch.equal(f.get_slice("model.w")[10:20, 3], full["model"]["w"][10:20, 3])
             assert torch.equal(f.get_tensor("model.b"), full["model"]["b"])
     with lc_open(d) as f:                      # the newest step
-        assert f.metadata()["lcckpt_chain"]["step"] == 5
+        assert f.header()["lcckpt_chain"]["step"] == 5
     os.remove(ck.path(3))                      # the keyframe of steps 4 and 5
     with lc_open(d, step=5) as f:
         assert f.get_tensor("model.b").shape == (3,)        # not delta-coded: readable
@@ -514,13 +514,13 @@ def test_code_written_for_safe_open_runs_on_an_lcckpt_file(tmp_path):
     from safetensors import safe_open
     from safetensors.torch import save_file
     state = {"w": torch.randn(20, 7), "h": torch.randn(9, 3).bfloat16(), "i": torch.arange(5)}
-    save_file(state, tmp_path / "a.safetensors")
-    lcckpt.save(state, tmp_path / "a.lcc", compress=True)
+    save_file(state, tmp_path / "a.safetensors", metadata={"format": "pt"})
+    lcckpt.save(state, tmp_path / "a.lcc", compress=True, metadata={"format": "pt"})
     ck = lcckpt.DeltaCheckpointer(tmp_path / "run")
     ck.save(0, state)
 
     def read(f) -> dict:      # what a user's safe_open loop does
-        out = {}
+        out = {"metadata": f.metadata()}     # was the lcckpt header's own entries
         for k in f.keys():
             s = f.get_slice(k)
             out[k] = (s.get_shape(), s.get_dtype(), s[2:4], f.get_tensor(k))
@@ -532,7 +532,8 @@ def test_code_written_for_safe_open_runs_on_an_lcckpt_file(tmp_path):
         with lc_open(path, "pt", device="cpu") as f:
             got = read(f)
         assert sorted(got) == sorted(want)
-        for k, (shape, dtype, rows, whole) in want.items():
+        assert got.pop("metadata") == (want["metadata"] if path.suffix else {})
+        for k, (shape, dtype, rows, whole) in list(want.items())[1:]:
             assert got[k][:2] == (shape, dtype), k
             assert torch.equal(got[k][2], rows) and torch.equal(got[k][3], whole), k
             assert got[k][3].device == torch.device("cpu")

@@ -194,9 +194,9 @@ def test_numpy_strings_dates_and_big_endian_round_trip(tmp_path, mmap):
     assert_same(obj, out)
     assert out["a0"].tolist() == ["cat", "dög", "", "🎉"] and out["s0"] == ""
     assert np.isnat(out["a6"][1]) and out["a9"].dtype.str == ">f4" and out["a9"][1, 2] == 5
-    assert lcckpt.open(path).metadata()["lcckpt_tree"] == 6
+    assert lcckpt.open(path).header()["lcckpt_tree"] == 6
     S.save({"a": np.arange(3.0), "s": np.float16(2)}, path)
-    assert lcckpt.open(path).metadata()["lcckpt_tree"] == 1
+    assert lcckpt.open(path).header()["lcckpt_tree"] == 1
 
 
 _spelled_dtypes = st.one_of(
@@ -285,7 +285,7 @@ def test_a_runs_args_namespace_round_trips(tmp_path):
     out = S.load(tmp_path / "a.lcc")["args"]
     assert type(out) is argparse.Namespace and type(out.inner) is argparse.Namespace
     assert_same(vars(ns), vars(out))
-    assert lcckpt.open(tmp_path / "a.lcc").metadata()["lcckpt_tree"] == 6
+    assert lcckpt.open(tmp_path / "a.lcc").header()["lcckpt_tree"] == 6
 
 
 def test_a_defaultdict_of_a_builtin_factory_round_trips(tmp_path):
@@ -303,7 +303,7 @@ def test_a_defaultdict_of_a_builtin_factory_round_trips(tmp_path):
     out["logs"]["new"].append(1)                 # the factory works
     assert out["counts"]["missing"] == 0 and out["nested"]["a"] == {"b": 1}
     S.save({"d": counts}, tmp_path / "d.lcc")
-    assert lcckpt.open(tmp_path / "d.lcc").metadata()["lcckpt_tree"] == 6
+    assert lcckpt.open(tmp_path / "d.lcc").header()["lcckpt_tree"] == 6
 
 
 def test_a_load_into_reaches_tensors_in_a_defaultdict_and_a_namespace(tmp_path):

@@ -108,7 +108,12 @@ METADATA_KEY = "metadata"
 def read_metadata(f: str | os.PathLike | BinaryIO) -> dict[str, str] | None:
     """The ``metadata`` given to :func:`save` (None if none), reading only the header."""
     with read_container(f) as c:
-        value = c.meta.get(METADATA_KEY)
+        return metadata_of(c.meta)
+
+
+def metadata_of(header: dict) -> dict[str, str] | None:
+    """The ``metadata`` given to :func:`save`, from a container's header (None if none)."""
+    value = header.get(METADATA_KEY)
     if value is None:
         return None
     try:

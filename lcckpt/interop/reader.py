@@ -54,7 +54,7 @@ from .naming import Keyed, Sliced, apply_index, basic_index, flat_names, positio
 from ..errors import (
     CorruptDataError, InvalidArgumentError, UnsupportedVersionError,
 )
-from ..format.serialization import tree_of
+from ..format.serialization import metadata_of, tree_of
 
 __all__ = ["Reader", "Slice", "open"]
 
@@ -158,9 +158,14 @@ class Reader(Keyed):
 
     # -- listing
 
-    def metadata(self) -> dict:
-        """The file's header metadata other than the object tree (e.g. a chain step's
-        ``lcckpt_chain`` entry with its kind, base and per-tensor stats)."""
+    def metadata(self) -> dict[str, str]:
+        """The ``metadata`` given to ``lcckpt.save`` ({} if none), as ``safe_open`` gives a
+        safetensors file's: the same call reads either."""
+        return dict(metadata_of(self._c.meta) or {})
+
+    def header(self) -> dict:
+        """The file's header entries other than the object tree (its tree version; a chain
+        step's ``lcckpt_chain`` entry with its kind, base and per-tensor stats)."""
         return {k: v for k, v in self._c.meta.items() if k != "tree"}
 
     # -- reading
