@@ -1244,3 +1244,32 @@ def plain_fsdp_worker(rank, world, init_method, root):
     if rank == 0:
         torch.save(full, os.path.join(root, "plain.expected.pt"))
     dist.destroy_process_group()
+
+
+def async_beside_collectives_worker(rank, world, init_method, root):
+    """Thread-mode async saves while the loop keeps all-reducing on the default group, as
+    DDP's backward does: DCP's collectives in the save's thread ran on that group too, met
+    the loop's in another order on each rank, and the job hung. They run on a group of
+    their own (groups.background_group); each save commits and loads back."""
+    import lcckpt.distributed as ld
+    from lcckpt.distributed import groups
+    _init(rank, world, init_method, log_dir=root)
+    ck = ld.DistributedCheckpointer(os.path.join(root, "ck"), keyframe_every=3)
+    g = torch.Generator().manual_seed(5)
+    state = {"w": torch.randn(300_000, generator=g), "b": torch.randn(64, generator=g)}
+    for step in range(4):
+        state["w"] += 0.01 * torch.randn(300_000, generator=g)
+        fut = ck.async_save(step, state)
+        for _ in range(40):                  # the loop's collectives, while the save runs
+            t = torch.ones(4096)
+            dist.all_reduce(t)
+            assert t[0].item() == world
+        fut.result(timeout=60)
+    background = groups.background_group(None)
+    assert background is not None and background is groups.background_group(None)  # made once
+    assert ck.steps() == [0, 1, 2, 3]
+    back = {"w": torch.zeros(300_000), "b": torch.zeros(64)}
+    ck.load(back)
+    assert torch.equal(back["b"], state["b"])     # too small for a delta: stored exactly
+    ck.close()
+    dist.destroy_process_group()

@@ -745,6 +745,12 @@ def test_a_lightning_resume_under_ddp_replays_the_chain_on_rank_0_alone(tmp_path
             str(tmp_path))
 
 
+def test_thread_async_saves_beside_the_loop_s_collectives_do_not_hang(tmp_path):
+    """ck.async_save(step, state) in a DDP loop (see the worker)."""
+    W.spawn(W.async_beside_collectives_worker, (2, W.rendezvous(tmp_path), str(tmp_path)), 2,
+            str(tmp_path))
+
+
 def test_a_state_shared_by_the_writer_arrives_whole_on_every_rank(tmp_path):
     """lcckpt.training.broadcast.share over two gloo ranks (see the worker)."""
     W.spawn(W.share_worker, (2, W.rendezvous(tmp_path), str(tmp_path)), 2, str(tmp_path))

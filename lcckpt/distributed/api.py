@@ -34,6 +34,7 @@ from .. import limits
 from ..errors import DistributedCheckpointError, InvalidArgumentError, LcckptError
 from .exchange import PeerFailedError
 from .fill import settle
+from .groups import background_group
 from .plain import reader_for
 from .live import LiveStager, Versions
 from .pool import Pool, PoolStager, live_stager
@@ -105,7 +106,7 @@ def _save(state, writer: CompressedWriter, planner: BalancedSavePlanner, process
     return md
 
 
-def _finish_async(fut: Future, writer, planner, out: Future, on_done=None):
+def _finish_async(fut: Future, writer, planner, out: Future):
     writer.live = None
     try:
         md = fut.result()
@@ -117,8 +118,6 @@ def _finish_async(fut: Future, writer, planner, out: Future, on_done=None):
         writer.commit()
         planner.commit(md)
         out.set_result(md)
-    if on_done is not None:
-        on_done()
 
 
 def _reusable(stager: DefaultStager) -> bool:
@@ -127,8 +126,7 @@ def _reusable(stager: DefaultStager) -> bool:
     return bool(getattr(inner, "_deepcopy_dispatch", True))
 
 
-def _async(state, writer, planner, process_group, on_done=None, process=False,
-           stager=None) -> Future:
+def _async(state, writer, planner, process_group, process=False, stager=None) -> Future:
     kind = AsyncCheckpointerType.PROCESS if process else AsyncCheckpointerType.THREAD
     fed = stager.feeder if isinstance(stager, PoolStager) else None
     try:
@@ -139,6 +137,8 @@ def _async(state, writer, planner, process_group, on_done=None, process=False,
                 "process=False")
         if process:
             _forget_dead_background_process()
+        else:                            # the loop's collectives go on meanwhile: not beside them
+            process_group = background_group(process_group)
         inner = dcp.async_save(state, storage_writer=writer, planner=planner,
                                process_group=process_group, no_dist=_no_dist(process_group),
                                async_checkpointer_type=kind, async_stager=stager)
@@ -150,7 +150,7 @@ def _async(state, writer, planner, process_group, on_done=None, process=False,
     out: Future = Future()
     if fed is not None:
         fed.attach(writer, out)
-    inner.add_done_callback(lambda f: _finish_async(f, writer, planner, out, on_done))
+    inner.add_done_callback(lambda f: _finish_async(f, writer, planner, out))
     return out
 
 

@@ -1,6 +1,14 @@
-"""Let ``destroy_process_group`` really destroy the default group.
+"""Process groups: the one an async save runs on, and letting ``destroy_process_group``
+really destroy the default group.
 
-``torch.distributed.nn.functional`` (which DCP imports, through its sharded-tensor support)
+**A background save's own group.** A thread-mode async save runs DCP's collectives (the
+plan's gather and scatter, the commit's) in its thread while the training loop goes on,
+and under DDP every backward all-reduces on the default group: the two streams of
+collectives on one group meet in a different order on each rank, and the job hangs
+(DCP's documentation asks for a separate group for async saves). :func:`background_group`
+gives it one, made once per default group.
+
+**Destroying the default group.** ``torch.distributed.nn.functional`` (which DCP imports, through its sharded-tensor support)
 writes ``group=group.WORLD`` as a default argument of each of its collectives. Imported
 before ``init_process_group`` that default is ``None``; imported after it, it is the default
 process group itself, held by the functions for as long as the interpreter lives. Then
@@ -19,8 +27,29 @@ from __future__ import annotations
 
 import sys
 import types
+import weakref
 
 import torch.distributed as dist
+
+# weak references (a held group would outlive destroy_process_group, as below):
+# (the default group, the background group made beside it)
+_background: tuple = (None, None)
+
+
+def background_group(process_group):
+    """The group a thread-mode async save runs on: ``process_group`` where one is given
+    (the caller's choice) or where there is no process group of several ranks; else a
+    gloo group over every rank, made at the first such save beside each default group
+    (every rank makes it at the same call, as an async save is called on every rank)."""
+    global _background
+    if process_group is not None or not (dist.is_available() and dist.is_initialized()) \
+            or dist.get_world_size() < 2:
+        return process_group
+    world, group = (ref() if ref is not None else None for ref in _background)
+    if world is not dist.group.WORLD or group is None:
+        group = dist.new_group(backend="gloo")
+        _background = (weakref.ref(dist.group.WORLD), weakref.ref(group))
+    return group
 
 
 def release_captured_default_group() -> int:
