@@ -9,6 +9,7 @@ import pickle
 import threading
 import warnings
 import sys
+from concurrent.futures import Future
 
 import numpy as np
 import pytest
@@ -1126,6 +1127,38 @@ def test_a_live_save_whose_state_changed_commits_nothing(tmp_path, monkeypatch):
     md = ck.save(2, state)
     assert {i.codec for i in md.storage_data.values()} == {"delta"}
     _loads_as_referenced(ck, 2)
+
+
+def test_a_failed_async_save_whose_future_was_dropped_is_raised_by_the_next_call(tmp_path):
+    """ck.async_save(step, state) with the future dropped: its failure used to be lost
+    (the step simply missing). The next save, load, wait or close raises it, once; a
+    caller that asked the future is not told twice."""
+    ck = ld.DistributedCheckpointer(tmp_path, bits=2)
+    state = {"a": torch.randn(400, 8)}
+    ck.save(0, state)
+    real = ck.writer._encode_into
+
+    def failing(*args):
+        raise OSError("no space left on device (injected)")
+    for then in ("save", "load", "close", "asked"):
+        ck.writer._encode_into = failing
+        fut = ck.async_save(1, state)
+        if then == "asked":
+            assert isinstance(fut.exception(timeout=60), DistributedCheckpointError)
+        else:
+            Future.exception(fut, timeout=60)          # done, not asked
+        ck.writer._encode_into = real
+        state["a"] += 0.01
+        if then == "asked":
+            ck.save(1, state)                          # nothing raised twice
+            continue
+        with pytest.raises(DistributedCheckpointError, match="no space left") as e:
+            (ck.save(1, state) if then == "save" else ck.load({"a": torch.zeros(400, 8)})
+             if then == "load" else ck.close())
+        assert "async_save of step 1" in "".join(getattr(e.value, "__notes__", []))
+        ck.close()                                     # raised once: then it is done
+        assert ck.steps() == [0]
+    assert ck.steps() == [0, 1]
 
 
 def test_a_failed_save_reads_back_the_references_it_advanced(tmp_path):

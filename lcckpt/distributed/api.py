@@ -34,6 +34,7 @@ from .. import limits
 from ..errors import DistributedCheckpointError, InvalidArgumentError, LcckptError
 from .exchange import PeerFailedError
 from .fill import settle
+from .futures import Outcome, settle as settle_future
 from .groups import background_group
 from .plain import reader_for
 from .live import LiveStager, Versions
@@ -147,7 +148,7 @@ def _async(state, writer, planner, process_group, process=False, stager=None) ->
             fed.attach(writer, None)
         raise
     inner = getattr(inner, "upload_completion", inner)
-    out: Future = Future()
+    out = Outcome()
     if fed is not None:
         fed.attach(writer, out)
     inner.add_done_callback(lambda f: _finish_async(f, writer, planner, out))
@@ -157,8 +158,7 @@ def _async(state, writer, planner, process_group, process=False, stager=None) ->
 def _forget_dead_background_process() -> bool:
     """DCP keeps one background process for process-mode async saves and, once it died,
     fails every later save on it; forget a dead one so that the next save starts another
-    (every rank's died with it, or the new ones cannot form their group: the save fails).
-    Whether there was one."""
+    (every rank's died with it, or the new ones cannot form their group). Whether one was."""
     try:
         from torch.distributed.checkpoint import _async_process_executor as ape  # noqa: PLC0415
         proc = ape._CHECKPOINT_PROCESS
@@ -268,7 +268,7 @@ class DistributedCheckpointer:
         # costs, and with them the plan and the references, stay put across keyframes and deltas
         self.planner = planner or BalancedSavePlanner(raw_weight=0.25)
         self._busy = threading.Lock()
-        self._inflight: Future | None = None
+        self._inflight: tuple[Future, int] | None = None   # with its step
         self._versions = None              # the live save in flight's version check
         self._stagers: dict[bool, DefaultStager] = {}
         self._pool = Pool()                 # live process-mode saves' buffers (pool.py)
@@ -279,10 +279,8 @@ class DistributedCheckpointer:
         state into the buffers of the previous one (one copy of this rank's state; pinned
         where CUDA is present; shared memory in process mode, so handing it to the
         background process copies nothing). Safe because a save waits for the one in flight.
-
-        Some torch releases (2.11, for one) close the inner stager after every non-blocking
-        stage, which empties its copy table, and the next save failed with ``KeyError:
-        <class 'type'>``: such a stager is replaced (its buffers were dropped anyway)."""
+        A stager that torch closed after a stage (2.11 does; its copy table emptied, the next
+        save failed with ``KeyError: <class 'type'>``) is replaced."""
         old = self._stagers.get(process)
         if old is not None and not _reusable(old):
             old.close()
@@ -295,12 +293,15 @@ class DistributedCheckpointer:
         return self._stagers[process]
 
     def close(self) -> None:
-        """Wait for a save in flight, then free the async saves' staging buffers."""
-        self.wait()
-        for stager in self._stagers.values():
-            stager.close()
-        self._stagers.clear()
-        self._pool.close()
+        """Wait for a save in flight, then free the async saves' staging buffers (and raise
+        the save's failure if its future was not asked: :meth:`wait`)."""
+        try:
+            self.wait()
+        finally:
+            for stager in self._stagers.values():
+                stager.close()
+            self._stagers.clear()
+            self._pool.close()
 
     def path(self, step: int) -> str:
         return self.files.join(self.directory, f"step_{int(step):010d}")
@@ -385,12 +386,12 @@ class DistributedCheckpointer:
             raise
         if self.keep_last is not None:
             fut = self._then_retain(fut)
-        self._inflight = fut
+        self._inflight = fut, step
         return fut
 
     def _then_retain(self, inner: Future) -> Future:
         """A future that completes after the committed save's retention ran."""
-        out: Future = Future()
+        out = Outcome()
 
         def done(f: Future) -> None:
             try:
@@ -434,18 +435,17 @@ class DistributedCheckpointer:
         sync and commit. Returns the hook's handle (``.remove()`` undoes it)."""
         return optimizer.register_step_pre_hook(lambda *_: self._wait_read())
 
-    def _wait_read(self) -> None:
-        fut, versions = self._inflight, self._versions
-        if versions is None:
-            return self.wait()
+    def _wait_read(self) -> None:       # a failure is left for the next save to raise
+        fut = self._inflight[0] if self._inflight is not None else None
         if fut is not None:
-            versions.wait(done=fut.done)
+            self._versions.wait(done=fut.done) if self._versions else Future.exception(fut)
 
     def wait(self) -> None:
-        """Wait for an in-flight :meth:`async_save` (its errors are the future's, not ours)."""
+        """Wait for an in-flight :meth:`async_save`; raise its failure if its future was
+        not asked (:mod:`.futures`: a dropped future lost it)."""
         if self._inflight is not None:
-            fut, self._inflight = self._inflight, None
-            fut.exception()
+            (fut, step), self._inflight = self._inflight, None
+            settle_future(fut, step)
 
     def steps(self) -> list[int]:
         """Committed steps, oldest first."""
