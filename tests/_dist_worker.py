@@ -1255,21 +1255,25 @@ def async_beside_collectives_worker(rank, world, init_method, root):
     from lcckpt.distributed import groups
     _init(rank, world, init_method, log_dir=root)
     ck = ld.DistributedCheckpointer(os.path.join(root, "ck"), keyframe_every=3)
+    ema = ld.DistributedCheckpointer(os.path.join(root, "ema"))   # a second saver beside it
     g = torch.Generator().manual_seed(5)
     state = {"w": torch.randn(300_000, generator=g), "b": torch.randn(64, generator=g)}
     for step in range(4):
         state["w"] += 0.01 * torch.randn(300_000, generator=g)
-        fut = ck.async_save(step, state)
-        for _ in range(40):                  # the loop's collectives, while the save runs
+        futs = [ck.async_save(step, state), ema.async_save(step, {"e": state["w"] * 0.5})]
+        for _ in range(40):                  # the loop's collectives, while the saves run
             t = torch.ones(4096)
             dist.all_reduce(t)
             assert t[0].item() == world
-        fut.result(timeout=60)
-    background = groups.background_group(None)
-    assert background is not None and background is groups.background_group(None)  # made once
-    assert ck.steps() == [0, 1, 2, 3]
+        for fut in futs:
+            fut.result(timeout=60)
+    mine = ck._background.group(None)
+    assert mine is not None and mine is ck._background.group(None)        # made once
+    assert mine is not ema._background.group(None) and mine is not groups.background_group(None)
+    assert ck.steps() == ema.steps() == [0, 1, 2, 3]
     back = {"w": torch.zeros(300_000), "b": torch.zeros(64)}
     ck.load(back)
     assert torch.equal(back["b"], state["b"])     # too small for a delta: stored exactly
     ck.close()
+    ema.close()
     dist.destroy_process_group()

@@ -35,7 +35,7 @@ from ..errors import DistributedCheckpointError, InvalidArgumentError, LcckptErr
 from .exchange import PeerFailedError
 from .fill import settle
 from .futures import Outcome, settle as settle_future
-from .groups import background_group
+from .groups import Background, background_group
 from .plain import reader_for
 from .live import LiveStager, Versions
 from .pool import Pool, PoolStager, live_stager
@@ -127,7 +127,7 @@ def _reusable(stager: DefaultStager) -> bool:
     return bool(getattr(inner, "_deepcopy_dispatch", True))
 
 
-def _async(state, writer, planner, process_group, process=False, stager=None) -> Future:
+def _async(state, writer, planner, process_group, process=False, stager=None, saver=None):
     kind = AsyncCheckpointerType.PROCESS if process else AsyncCheckpointerType.THREAD
     fed = stager.feeder if isinstance(stager, PoolStager) else None
     try:
@@ -139,7 +139,7 @@ def _async(state, writer, planner, process_group, process=False, stager=None) ->
         if process:
             _forget_dead_background_process()
         else:                            # the loop's collectives go on meanwhile: not beside them
-            process_group = background_group(process_group)
+            process_group = background_group(process_group, saver)
         inner = dcp.async_save(state, storage_writer=writer, planner=planner,
                                process_group=process_group, no_dist=_no_dist(process_group),
                                async_checkpointer_type=kind, async_stager=stager)
@@ -188,9 +188,9 @@ def async_save(state, directory, *, process_group=None,
                staging: str = "copy") -> Future:
     """:func:`save` in a background thread, or with ``process=True`` in DCP's background
     process (the training process's GIL stays free); the state is staged to CPU first, or
-    with ``staging="live"`` read as it is: see
-    :meth:`DistributedCheckpointer.async_save`. The future gives the metadata, or raises
-    DistributedCheckpointError (StateChangedError for a live save whose state changed)."""
+    with ``staging="live"`` read as it is: see :meth:`DistributedCheckpointer.async_save`.
+    The future gives the metadata, or raises DistributedCheckpointError (StateChangedError
+    for a live save whose state changed)."""
     writer = CompressedWriter(directory, storage_options=storage_options)
     stager = _live(writer, state, _check_staging(staging), 0, process, Pool())
     return _async(state, writer, planner or BalancedSavePlanner(), process_group,
@@ -245,8 +245,7 @@ class DistributedCheckpointer:
     chains. ``keep_last``: after each committed save, rank 0 deletes the step directories
     that none of the newest ``keep_last`` steps needs (:mod:`.retention`); None keeps all.
     Deltas are held to ``target`` (default :data:`lcckpt.DEFAULT_POLICY`, as
-    ``DeltaCheckpointer``'s), or coded with LC-Checkpoint's ``bits`` (1..4) instead.
-    """
+    ``DeltaCheckpointer``'s), or coded with LC-Checkpoint's ``bits`` (1..4) instead."""
 
     def __init__(self, directory, *, bits: int | None = None, target=None,
                  keyframe_every: int = 20,
@@ -272,6 +271,7 @@ class DistributedCheckpointer:
         self._versions = None              # the live save in flight's version check
         self._stagers: dict[bool, DefaultStager] = {}
         self._pool = Pool()                 # live process-mode saves' buffers (pool.py)
+        self._background = Background()     # its thread-mode saves' group (groups.py)
         self._reopen = True                 # the first save goes on from a chain on disk
 
     def _stager(self, process: bool) -> DefaultStager:
@@ -380,7 +380,7 @@ class DistributedCheckpointer:
         self._versions = self.writer.live
         try:
             fut = _async(state, self.writer, self.planner, self.process_group,
-                         process=process, stager=stager)
+                         process=process, stager=stager, saver=self._background)
         except BaseException:
             self.writer.live = None          # not left to fail a later save's check
             raise

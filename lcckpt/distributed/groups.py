@@ -31,25 +31,37 @@ import weakref
 
 import torch.distributed as dist
 
-# weak references (a held group would outlive destroy_process_group, as below):
-# (the default group, the background group made beside it)
-_background: tuple = (None, None)
+class Background:
+    """Where one saver keeps its background group: weak references only (a held group
+    would outlive ``destroy_process_group``, as below) to the default group it was made
+    beside and to the group itself, which torch's own registry keeps alive."""
+
+    def __init__(self):
+        self._world = self._group = None
+
+    def group(self, process_group):
+        """The group a thread-mode async save runs on: ``process_group`` where one is given
+        (the caller's choice) or where there is no process group of several ranks; else a
+        gloo group over every rank, made at this saver's first such save beside each
+        default group (every rank makes it at the same call, as an async save is called
+        on every rank). One per saver: two savers' saves in flight at once would meet
+        on one group as a save and the loop do on the default one."""
+        if process_group is not None or not (dist.is_available() and dist.is_initialized()) \
+                or dist.get_world_size() < 2:
+            return process_group
+        world, group = (ref() if ref is not None else None for ref in (self._world, self._group))
+        if world is not dist.group.WORLD or group is None:
+            group = dist.new_group(backend="gloo")
+            self._world, self._group = weakref.ref(dist.group.WORLD), weakref.ref(group)
+        return group
 
 
-def background_group(process_group):
-    """The group a thread-mode async save runs on: ``process_group`` where one is given
-    (the caller's choice) or where there is no process group of several ranks; else a
-    gloo group over every rank, made at the first such save beside each default group
-    (every rank makes it at the same call, as an async save is called on every rank)."""
-    global _background
-    if process_group is not None or not (dist.is_available() and dist.is_initialized()) \
-            or dist.get_world_size() < 2:
-        return process_group
-    world, group = (ref() if ref is not None else None for ref in _background)
-    if world is not dist.group.WORLD or group is None:
-        group = dist.new_group(backend="gloo")
-        _background = (weakref.ref(dist.group.WORLD), weakref.ref(group))
-    return group
+_shared = Background()      # lcckpt.distributed.async_save's, one for every such call
+
+
+def background_group(process_group, saver: Background | None = None):
+    """``saver``'s (default: the module functions' shared one) :meth:`Background.group`."""
+    return (saver or _shared).group(process_group)
 
 
 def release_captured_default_group() -> int:
