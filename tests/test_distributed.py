@@ -1129,6 +1129,27 @@ def test_a_live_save_whose_state_changed_commits_nothing(tmp_path, monkeypatch):
     _loads_as_referenced(ck, 2)
 
 
+def test_a_key_missing_under_a_wrapper_s_prefix_names_the_stored_one(tmp_path):
+    """A DDP-wrapped model's state dict ('module.' keys) against a checkpoint of the bare
+    model, and the other way: DCP says only which key is missing; the note says which the
+    checkpoint holds instead. A key missing outright gets no note."""
+    model = nn.Sequential(nn.Linear(4, 4))
+    ld.save({"model": model.state_dict()}, tmp_path / "bare")
+    wrapped = {"model": {f"module.{k}": torch.zeros_like(v) for k, v in model.state_dict().items()}}
+    with pytest.raises(DistributedCheckpointError) as e:
+        ld.load(wrapped, tmp_path / "bare")
+    assert "the checkpoint holds 'model.0.weight' where this state has 'model.module.0." \
+        in "".join(e.value.__notes__)
+    ck = ld.DistributedCheckpointer(tmp_path / "ck")
+    ck.save(0, {"model": {f"_orig_mod.{k}": v for k, v in model.state_dict().items()}})
+    with pytest.raises(DistributedCheckpointError) as e:
+        ck.load({"model": model.state_dict()})
+    assert "holds 'model._orig_mod.0." in "".join(e.value.__notes__)
+    with pytest.raises(DistributedCheckpointError, match="Missing key") as e:
+        ld.load({"model": {"other": torch.zeros(1)}}, tmp_path / "bare")
+    assert not getattr(e.value, "__notes__", None)
+
+
 def test_a_failed_async_save_whose_future_was_dropped_is_raised_by_the_next_call(tmp_path):
     """ck.async_save(step, state) with the future dropped: its failure used to be lost
     (the step simply missing). The next save, load, wait or close raises it, once; a

@@ -33,7 +33,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 from .. import limits
 from ..errors import DistributedCheckpointError, InvalidArgumentError, LcckptError
 from .exchange import PeerFailedError
-from .fill import settle
+from .fill import missing_key_hint, settle
 from .futures import Outcome, settle as settle_future
 from .groups import Background, background_group
 from .plain import reader_for
@@ -230,7 +230,7 @@ def load(state, directory, *, process_group=None, storage_options: dict | None =
             dcp.load(state, storage_reader=reader, planner=planner,
                      process_group=process_group, no_dist=no_dist)
     except BaseException as e:
-        err = _unwrap(e, f"loading {directory}")
+        err = missing_key_hint(_unwrap(e, f"loading {directory}"), reader)
         if err is e:
             raise
         raise err from e

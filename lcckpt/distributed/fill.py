@@ -174,3 +174,33 @@ def _settle_keys(obj: Any) -> None:
     elif isinstance(obj, list):
         for v in obj:
             _settle_keys(v)
+
+
+_WRAPPERS = ("module.", "_orig_mod.")     # DistributedDataParallel's, torch.compile's
+
+
+def missing_key_hint(err: BaseException, reader) -> BaseException:
+    """``err`` with a note where DCP found a key of the state missing from the checkpoint
+    and the checkpoint holds it under a wrapper's prefix, or without one (a state dict of a
+    DDP-wrapped or compiled model against one of the bare model, either way)."""
+    import re
+    m = re.search(r"Missing key in checkpoint state_dict: (\S+?)\.?$", str(err), re.M)
+    if m is None:
+        return err
+    try:
+        stored = list(reader.read_metadata().state_dict_metadata)
+    except Exception:                          # the error says enough as it is
+        return err
+
+    def bare(key: str) -> str:
+        for w in _WRAPPERS:
+            key = key.replace(w, "")
+        return key
+    want = m.group(1)
+    near = [k for k in stored if bare(k) == bare(want)]
+    if near:
+        err.add_note(f"the checkpoint holds {near[0]!r} where this state has {want!r}: a "
+                     "DistributedDataParallel's state_dict() adds 'module.' to every key and "
+                     "torch.compile's '_orig_mod.'; load into a state dict made as the saved "
+                     "one was (model.module.state_dict() of a DDP model, say)")
+    return err
