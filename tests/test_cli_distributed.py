@@ -116,6 +116,12 @@ def test_convert_writes_a_step_of_a_chain_as_one_file(chain, tmp_path, capsys):
     assert main(["convert", str(chain.path(0)), str(tmp_path / "k.pt"), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["input_format"] == "distributed" and doc["input_bytes"] > 0
+    assert (doc["step"], doc["step_kind"]) == (0, "keyframe")
+    # a delta step is written as the chain restores it, which the line says ("exact" before)
+    assert main(["convert", str(chain.directory), str(tmp_path / "d.pt")]) == 0
+    assert "step 2 as the chain restores it" in capsys.readouterr().out
+    assert main(["convert", str(tmp_path / "one"), str(tmp_path / "o.pt")]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("exact")
     assert main(["convert", str(chain.directory), str(tmp_path / "x.pt"), "--step", "7"]) == 1
     assert "step 7 is not committed" in capsys.readouterr().err
     assert main(["convert", str(chain.path(0)), str(tmp_path / "x.pt"), "--step", "0"]) == 1

@@ -112,6 +112,20 @@ def inspect_checkpoint(path: str) -> dict:
             "problems": [f"{path}: needs {m}, which is missing" for m in missing]}
 
 
+def _kind(items: list[dict]) -> tuple[str, int]:
+    """("delta", its depth) where a piece restores through a chain, else ("keyframe", 0)."""
+    depth = max((r.get("depth", 0) for r in items if r.get("codec") == "delta"), default=0)
+    return ("delta" if depth else "keyframe"), depth
+
+
+def step_kind(path: str) -> dict:
+    """The step and kind of the checkpoint at ``path`` (a keyframe restores exactly, a
+    delta within its chain's targets), for what ``lcckpt convert`` says it wrote."""
+    m = _STEP.fullmatch(os.path.basename(os.path.normpath(path)))
+    return {"step": int(m.group(1)) if m else None,
+            "step_kind": _kind(inspect_checkpoint(path)["items"])[0]}
+
+
 def inspect(path: str) -> dict:
     """A checkpoint, or a chain's steps (one row each) and its problems."""
     if is_checkpoint(path):
@@ -124,9 +138,8 @@ def inspect(path: str) -> dict:
             rows.append({"step": step, "kind": "damaged", "restorable": False})
             problems.append(f"step {step}: {e}")
             continue
-        deltas = [r for r in doc["items"] if r["codec"] == "delta"]
-        rows.append({"step": step, "kind": "delta" if any(r["depth"] for r in deltas)
-                     else "keyframe", "depth": max((r["depth"] for r in deltas), default=0),
+        kind, depth = _kind(doc["items"])
+        rows.append({"step": step, "kind": kind, "depth": depth,
                      "restorable": not doc["problems"], "file_bytes": doc["file_bytes"],
                      "raw_bytes": doc["raw_bytes"], "ratio": doc["ratio"],
                      "items": len(doc["items"])})
