@@ -34,7 +34,7 @@ from .. import limits
 from ..errors import DistributedCheckpointError, InvalidArgumentError, LcckptError
 from .exchange import PeerFailedError
 from .fill import missing_key_hint, settle
-from .futures import Outcome, settle as settle_future
+from .futures import Outcome, raise_unasked
 from .groups import Background, background_group
 from .plain import reader_for
 from .live import LiveStager, Versions
@@ -445,7 +445,7 @@ class DistributedCheckpointer:
         not asked (:mod:`.futures`: a dropped future lost it)."""
         if self._inflight is not None:
             (fut, step), self._inflight = self._inflight, None
-            settle_future(fut, step)
+            raise_unasked(fut, step)
 
     def steps(self) -> list[int]:
         """Committed steps, oldest first."""

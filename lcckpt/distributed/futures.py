@@ -27,7 +27,7 @@ class Outcome(Future):
         return super().exception(timeout)
 
 
-def settle(fut: Future, step: int | None) -> None:
+def raise_unasked(fut: Future, step: int | None) -> None:
     """Wait for ``fut``; raise its failure if nobody has asked for it yet."""
     err = Future.exception(fut)               # waits, and does not count as asking
     if err is not None and not getattr(fut, "asked", True):

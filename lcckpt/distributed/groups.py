@@ -5,13 +5,14 @@ really destroy the default group.
 plan's gather and scatter, the commit's) in its thread while the training loop goes on,
 and under DDP every backward all-reduces on the default group: the two streams of
 collectives on one group meet in a different order on each rank, and the job hangs
-(DCP's documentation asks for a separate group for async saves). :func:`background_group`
-gives it one, made once per default group.
+(DCP's documentation asks for a separate group for async saves). :class:`Background`
+gives each saver one, made beside each default group.
 
-**Destroying the default group.** ``torch.distributed.nn.functional`` (which DCP imports, through its sharded-tensor support)
-writes ``group=group.WORLD`` as a default argument of each of its collectives. Imported
-before ``init_process_group`` that default is ``None``; imported after it, it is the default
-process group itself, held by the functions for as long as the interpreter lives. Then
+**Destroying the default group.** ``torch.distributed.nn.functional`` (which DCP imports,
+through its sharded-tensor support) writes ``group=group.WORLD`` as a default argument of
+each of its collectives. Imported before ``init_process_group`` that default is ``None``;
+imported after it, it is the default process group itself, held by the functions for as
+long as the interpreter lives. Then
 ``destroy_process_group()`` drops torch's own references but not that one: the group is
 not destroyed, its gloo worker threads are never joined, and one that releases a finished
 collective's tensor after the interpreter has begun to exit asks for the GIL there and

@@ -288,7 +288,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = 
     dropped = len(meta) if meta and fmt == "torch" else 0
     return {"dropped_metadata": dropped, "input": src, "input_format": src_fmt, "output": dst, "output_format": fmt,
             "input_bytes": _size(src, src_fmt), "output_bytes": os.path.getsize(dst),
-            "tensors": len(flat_tensors(obj)), **(_chain_step(src, step) if src_fmt == "chain" else {})}
+            "tensors": len(flat_tensors(obj)),
+            **(_chain_step(src, step) if src_fmt == "chain" else {})}
 
 
 def _chain_step(directory: str, step: int | None) -> dict:
