@@ -360,11 +360,11 @@ def _verify(args) -> int:
 def _convert(args) -> int:
     from .interop.convert import convert
     dist = _distributed(args.input)   # one DCP checkpoint, or a step of a chain of them
-    doc = convert(dist.checkpoint_dir(args.input, args.step) if dist else args.input,
-                  args.output, to=args.to, compress=args.compress, step=None if dist else
-                  args.step, key=args.key, read=dist and dist.read)
+    src = dist.checkpoint_dir(args.input, args.step) if dist else args.input
+    doc = convert(src, args.output, to=args.to, compress=args.compress,
+                  step=None if dist else args.step, key=args.key, read=dist and dist.read)
     if dist:                          # a chain's delta step is written as it restores
-        doc.update(dist.step_kind(dist.checkpoint_dir(args.input, args.step)))
+        doc.update(dist.step_kind(src))
     if doc.get("dropped_metadata"):
         _fail("convert", f"the input's safetensors metadata ({doc['dropped_metadata']} keys) "
                          "has no place in a torch.save file and was not kept", "warning")

@@ -393,16 +393,13 @@ class DistributedCheckpointer:
         """A future that completes after the committed save's retention ran."""
         out = Outcome()
 
-        def done(f: Future) -> None:
-            try:
-                md = f.result()
-            except BaseException as e:
-                out.set_exception(e)
-                return
+        def done(f: Future) -> None:       # f is done: its result or error is there
+            if f.exception() is not None:
+                return out.set_exception(f.exception())
             try:
                 self._retain()
             finally:
-                out.set_result(md)
+                out.set_result(f.result())
         inner.add_done_callback(done)
         return out
 
@@ -437,8 +434,10 @@ class DistributedCheckpointer:
 
     def _wait_read(self) -> None:       # a failure is left for the next save to raise
         fut = self._inflight[0] if self._inflight is not None else None
-        if fut is not None:
-            self._versions.wait(done=fut.done) if self._versions else Future.exception(fut)
+        if fut is not None and self._versions is not None:
+            self._versions.wait(done=fut.done)
+        elif fut is not None:
+            Future.exception(fut)                      # waits; does not count as asking
 
     def wait(self) -> None:
         """Wait for an in-flight :meth:`async_save`; raise its failure if its future was

@@ -13,6 +13,7 @@ keys, no others).
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import torch
@@ -183,7 +184,6 @@ def missing_key_hint(err: BaseException, reader) -> BaseException:
     """``err`` with a note where DCP found a key of the state missing from the checkpoint
     and the checkpoint holds it under a wrapper's prefix, or without one (a state dict of a
     DDP-wrapped or compiled model against one of the bare model, either way)."""
-    import re
     m = re.search(r"Missing key in checkpoint state_dict: (\S+?)\.?$", str(err), re.M)
     if m is None:
         return err
