@@ -43,10 +43,10 @@ from ..codec.movement import Movement
 from ..errors import ConcurrentWriteError, InvalidArgumentError, LcckptError, NotFoundError
 from ..errors import StorageError
 from ..format.container import write_container
-from ..format.census import census, tensor_paths
+from ..format.census import census
 from ..format.into import Into
 from ..format import stream as _stream
-from ..util import durable as _durable, paths as _paths
+from ..util import collector, durable as _durable, paths as _paths
 from . import restore as _restore
 from .directory import ChainDirectory, check_step, file_name
 from .links import CHAIN_VERSION, stamp_state_id
@@ -239,7 +239,7 @@ class DeltaCheckpointer:
         except OSError as e:
             raise StorageError(e.errno, f"cannot create the checkpoint directory: {e.strerror}",
                                self.directory) from None
-        with self._writing():
+        with self._writing(), collector.paused():
             return self._save(step, obj, released, keyframe)
 
     def _save(self, step: int, obj: Any, released, force: bool) -> str:

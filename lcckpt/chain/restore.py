@@ -15,6 +15,7 @@ from ..codec.delta import Reconstruction, settle
 from ..errors import BrokenChainError, CorruptDataError, LcckptError, StorageError
 from ..format.container import read_container
 from ..format.serialization import unpack
+from ..util.collector import pausing
 from .directory import ChainDirectory
 from .links import FileReplay, Link, delta_key, elements
 
@@ -55,6 +56,7 @@ def walk(d: ChainDirectory, step: int, stack: ExitStack, known=None, max_bytes=l
     return links, tracks
 
 
+@pausing
 def restore(d: ChainDirectory, step: int, *, build: bool, map_location=None, known=None,
             keep_tracks: bool = True, max_bytes=limits.DEFAULT, movement: bool = False,
             share: bool = False, into: dict | None = None):

@@ -45,6 +45,7 @@ from .retention import apply_retention
 from .storage import CompressedReader, CompressedWriter
 from .store import files_for
 from ..util.caller import warn_user
+from ..util.collector import paused
 
 _STEP = re.compile(r"step_(\d{10})")
 
@@ -60,13 +61,15 @@ def _no_dist(process_group) -> bool:
 
 @contextlib.contextmanager
 def _quiet(no_dist: bool):
-    """No DCP warning that a process-group-less call means one process: that is intended."""
-    if not no_dist:
-        yield
-        return
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
+    """No DCP warning that a process-group-less call means one process (that is intended),
+    and no garbage collection meanwhile in the main thread (util/collector.py)."""
+    with paused():
+        if not no_dist:
+            yield
+            return
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            yield
 
 
 def _unwrap(exc: BaseException, what: str) -> BaseException:
@@ -457,17 +460,22 @@ class DistributedCheckpointer:
                 out.append(int(m.group(1)))
         return sorted(out)
 
-    def load(self, state, step: int | None = None) -> int:
-        """Load ``step`` (default: the latest committed) into ``state``; returns the step."""
+    def _committed(self, step: int | None) -> int:
+        """``step``, or the newest committed step where None, once saves in flight end."""
         self.wait()
         steps = self.steps()
         if not steps:
             raise InvalidArgumentError(f"no committed checkpoint in {self.directory}")
         if step is None:
-            step = steps[-1]
-        elif step not in steps:
+            return steps[-1]
+        if step not in steps:
             raise InvalidArgumentError(f"step {step} is not committed in {self.directory}; "
                                        f"committed: {steps}")
+        return step
+
+    def load(self, state, step: int | None = None) -> int:
+        """Load ``step`` (default: the latest committed) into ``state``; returns the step."""
+        step = self._committed(step)
         load(state, self.path(step), process_group=self.process_group,
              storage_options=self.storage_options)
         return step
@@ -478,15 +486,7 @@ class DistributedCheckpointer:
         deltas give the same tensors, and need no earlier step, so that retention
         (``keep_last``) may delete those; the later steps' chains are made to start at
         the new keyframes. Rank 0 writes; call it on every rank. Returns the step."""
-        self.wait()
-        steps = self.steps()
-        if not steps:
-            raise InvalidArgumentError(f"no committed checkpoint in {self.directory}")
-        if step is None:
-            step = steps[-1]
-        elif step not in steps:
-            raise InvalidArgumentError(f"step {step} is not committed in {self.directory}; "
-                                       f"committed: {steps}")
+        step = self._committed(step)
         no_dist = _no_dist(self.process_group)
         rank = 0 if no_dist else dist.get_rank(self.process_group)
         outcome: list = [None]
@@ -494,7 +494,7 @@ class DistributedCheckpointer:
         if rank == 0:
             try:
                 outcome[0] = merge_step(self.files, self.path(step), self.storage_options)
-                for later in (s for s in steps if s > step):
+                for later in (s for s in self.steps() if s > step):
                     rebase_step(self.files, self.path(later), outcome[0],
                                 self.storage_options)
             except Exception as e:       # every rank raises, this one its own error

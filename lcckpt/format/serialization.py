@@ -43,6 +43,7 @@ from .safetensors_io import is_safetensors, load_safetensors, map_safetensors
 from .torchzip import check_before_load
 from .sections import register_codec, register_section_codec
 from ..util.caller import warn_user
+from ..util.collector import pausing
 
 __all__ = ["load", "pack", "read_metadata", "register_codec", "register_section_codec", "save",
            "tree_of", "unpack"]
@@ -50,6 +51,7 @@ __all__ = ["load", "pack", "read_metadata", "register_codec", "register_section_
 TREE_VERSION = 7  # the newest tree version read; files are written with the lowest that fits
 
 
+@pausing
 def save(obj: Any, f: str | os.PathLike | BinaryIO, pickle_module=None, pickle_protocol=None, *,
          codec: str | Callable = "raw", compress: bool = False,
          metadata: dict[str, str] | None = None, **torch_save_args) -> None:
@@ -148,6 +150,7 @@ def pack(obj: Any, *, encode_leaf: _tree.LeafEncoder | None = None,
     return {"lcckpt_tree": version, "tree": tree}, sections
 
 
+@pausing
 def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None, *,
          weights_only: bool | None = None, mmap: bool | None = None,
          max_bytes=limits.DEFAULT, into: Any = None, **pickle_load_args) -> Any:
