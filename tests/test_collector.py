@@ -12,6 +12,8 @@ import lcckpt.distributed as ld
 import lcckpt.distributed.api as api
 from lcckpt.chain import restore as chain_restore
 from lcckpt.distributed.planner import BalancedSavePlanner, SafeLoadPlanner
+from lcckpt.training.background import Writer
+from lcckpt.util import collector
 from lcckpt.util.collector import paused
 
 
@@ -53,11 +55,37 @@ def test_paused_leaves_an_off_collector_off():
         gc.enable()
 
 
-def test_paused_does_nothing_outside_the_main_thread():
-    def check():
-        with paused():
+def test_paused_does_nothing_outside_the_main_thread_unless_asked():
+    def check(background):
+        with paused(background=background):
             return gc.isenabled()
-    assert _in_thread(check) is True
+    assert _in_thread(lambda: check(False)) is True
+    assert _in_thread(lambda: check(True)) is False
+    assert gc.isenabled()
+
+
+def test_hold_off_false_leaves_the_collector_alone(monkeypatch):
+    monkeypatch.setattr(collector, "HOLD_OFF", False)
+    with paused():
+        assert gc.isenabled()
+
+
+def test_the_writers_beside_training_save_with_the_collector_off(tmp_path):
+    seen = []
+    w = Writer("test-writer")
+    w.start(lambda: seen.append((gc.isenabled(), threading.current_thread().name)))
+    w.wait()
+    assert seen == [(False, "test-writer")]
+    model = torch.nn.Linear(4, 4)
+    mgr = lcckpt.CheckpointManager(tmp_path, model, every=1)
+    real = mgr._ck.save
+    def save(*args, **kwargs):
+        seen.append((gc.isenabled(), threading.current_thread() is threading.main_thread()))
+        return real(*args, **kwargs)
+    mgr._ck.save = save
+    mgr.step()
+    mgr.close()
+    assert seen[1:] and all(s == (False, False) for s in seen[1:])   # in its thread, off
 
 
 def _recording_codec(seen):

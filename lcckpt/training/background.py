@@ -11,6 +11,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from ..util.collector import paused
+
 
 class Writer:
     """Runs one job at a time on a thread; :meth:`wait` joins it and raises its error."""
@@ -46,6 +48,7 @@ class Writer:
 
     def _guarded(self, job: Callable, args: tuple) -> None:
         try:
-            job(*args)
+            with paused(background=True):       # collections here would stall training
+                job(*args)
         except BaseException as e:          # raised in the caller's thread by wait()
             self._error = e

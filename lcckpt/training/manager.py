@@ -33,6 +33,7 @@ import torch
 
 from . import replan as _replan
 from .. import limits
+from ..util import collector
 from .capture import Capture
 from .costs import Costs
 from .explain import explain
@@ -439,7 +440,8 @@ class CheckpointManager:
     def _persist(self, step: int, snap: dict, inputs: _replan.Inputs | None,
                  following: bool, keyframe: bool, released: Callable | None = None) -> None:
         t0 = time.perf_counter()
-        self._ck.save(step, snap, released=released, keyframe=keyframe)
+        with collector.paused(background=True):      # beside training: no GIL-held collections
+            self._ck.save(step, snap, released=released, keyframe=keyframe)
         if self._persists == 1:         # the first save of a process compiles kernels: not typical
             self._costs.clear("persist")
         self._persists += 1

@@ -1,16 +1,20 @@
-"""Python's cyclic garbage collector held off while a save or a load runs in the main thread.
+"""Python's cyclic garbage collector held off while a save or a load runs in the main thread
+or in a writer beside training.
 
 Coding a state allocates a few Python objects per tensor (headers, stats, plans) that live
 until the file is written. Enough of them start a full collection, which in a process that
 has imported torch walks a few hundred thousand objects: in a chain of 2,000 small tensors,
-12 full collections took 14 s of a 56 s run of saves and loads (docs/benchmarks.md, "The
+8 full collections took 3.7 s of a 28 s run of saves and loads (docs/benchmarks.md, "The
 garbage collector"). The objects are freed by their reference counts when the call ends,
-so the collections are not put off but avoided: 0.45 s of collection in the same run.
+so the collections are not put off but avoided: 0.16 s of collecting held off.
 
-Only the main thread pauses the collector, and only if it was on: a save there stops the
-program anyway, while one in a background thread (the manager's writer, an async save)
-leaves it alone, since training goes on beside it and may make cyclic garbage. A block
-inside another finds the collector off and leaves it so."""
+Only the main thread pauses the collector unless told otherwise, and only if it was on. A
+writer that saves beside training (the manager's, the framework callbacks') pauses it too
+(``background=True``): a full collection started there holds the GIL and stalls training,
+4.25 s of them in a 57.5 s run of a manager's background saves (docs/benchmarks.md). Cyclic
+garbage that training makes meanwhile waits until the save ends; ``gc.collect()`` still
+runs when called. A block that finds the collector off leaves it so; the block that turned
+it off turns it back on."""
 
 from __future__ import annotations
 
@@ -22,12 +26,15 @@ from typing import Callable, Iterator, TypeVar
 
 F = TypeVar("F", bound=Callable)
 
+HOLD_OFF = True     # False: the collector is left alone (benchmarks/collector.py compares)
+
 
 @contextlib.contextmanager
-def paused() -> Iterator[None]:
-    """The block runs with the collector off; it is turned back on at the end, also on an
-    exception."""
-    if threading.current_thread() is not threading.main_thread() or not gc.isenabled():
+def paused(background: bool = False) -> Iterator[None]:
+    """The block runs with the collector off (in the main thread, or in any with
+    ``background=True``); it is turned back on at the end, also on an exception."""
+    main = threading.current_thread() is threading.main_thread()
+    if not HOLD_OFF or not (main or background) or not gc.isenabled():
         yield
         return
     gc.disable()
