@@ -10,6 +10,7 @@ import torch
 import lcckpt
 import lcckpt.distributed as ld
 import lcckpt.distributed.api as api
+from lcckpt.distributed import storage
 from lcckpt.chain import restore as chain_restore
 from lcckpt.distributed.planner import BalancedSavePlanner, SafeLoadPlanner
 from lcckpt.training.background import Writer
@@ -147,3 +148,17 @@ def test_distributed_save_and_load_run_with_the_collector_off(tmp_path, monkeypa
     ld.load(out, tmp_path / "d")
     assert torch.equal(out["w"], torch.arange(8.0))
     assert seen == [False, False]
+
+
+def test_a_distributed_async_save_writes_with_the_collector_off(tmp_path, monkeypatch):
+    seen = []
+    real = storage.CompressedWriter._write
+    def write(self, plan, planner):
+        seen.append((gc.isenabled(), threading.current_thread() is threading.main_thread()))
+        return real(self, plan, planner)
+    monkeypatch.setattr(storage.CompressedWriter, "_write", write)
+    ld.async_save({"w": torch.arange(8.0)}, tmp_path / "d").result()
+    out = {"w": torch.zeros(8)}
+    ld.load(out, tmp_path / "d")
+    assert torch.equal(out["w"], torch.arange(8.0))
+    assert seen == [(False, False)]          # in DCP's thread, off

@@ -143,9 +143,10 @@ def _async(state, writer, planner, process_group, process=False, stager=None, sa
             _forget_dead_background_process()
         else:                            # the loop's collectives go on meanwhile: not beside them
             process_group = background_group(process_group, saver)
-        inner = dcp.async_save(state, storage_writer=writer, planner=planner,
-                               process_group=process_group, no_dist=_no_dist(process_group),
-                               async_checkpointer_type=kind, async_stager=stager)
+        with _quiet(_no_dist(process_group)):
+            inner = dcp.async_save(state, storage_writer=writer, planner=planner,
+                                   process_group=process_group, no_dist=_no_dist(process_group),
+                                   async_checkpointer_type=kind, async_stager=stager)
     except BaseException:
         if fed is not None:
             fed.attach(writer, None)

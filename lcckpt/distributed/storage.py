@@ -55,6 +55,7 @@ from .planner import SafeLoadPlanner, TreeBytes, piece_for
 from ..format.serialization import load
 from .store import Flusher, check_size, files_for, remove_stale
 from ..util.caller import warn_user
+from ..util.collector import paused
 
 SUFFIX = ".distcp"
 _OUR_FILE = re.compile(r"__\d+_[0-9a-f]{8}_\d+\.distcp")
@@ -188,6 +189,10 @@ class CompressedWriter(FileSystemWriter):
                 for i, p in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        with paused(background=True):   # an async save's thread beside training: no GIL-held
+            return self._write(plan, planner)     # collections (util/collector.py)
+
+    def _write(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         t0, c0 = time.perf_counter(), time.process_time()
         name = f"{plan.storage_data.prefix}0{SUFFIX}"
         path = self.fs.concat_path(self.path, name)

@@ -9,7 +9,8 @@ garbage collector"). The objects are freed by their reference counts when the ca
 so the collections are not put off but avoided: 0.16 s of collecting held off.
 
 Only the main thread pauses the collector unless told otherwise, and only if it was on. A
-writer that saves beside training (the manager's, the framework callbacks') pauses it too
+writer that saves beside training (the manager's, the framework callbacks', the write of
+a distributed async save in DCP's thread) pauses it too
 (``background=True``): a full collection started there holds the GIL and stalls training,
 4.25 s of them in a 57.5 s run of a manager's background saves (docs/benchmarks.md). Cyclic
 garbage that training makes meanwhile waits until the save ends; ``gc.collect()`` still
