@@ -23,7 +23,6 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import lcckpt
-from lcckpt.errors import InvalidArgumentError
 from lcckpt.training.hostcopy import HostBuffers
 from lcckpt.training.losscurve import LossCurve
 from lcckpt.errors import InvalidArgumentError, UnsafeObjectError

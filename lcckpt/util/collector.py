@@ -4,18 +4,18 @@ or in a writer beside training.
 Coding a state allocates a few Python objects per tensor (headers, stats, plans) that live
 until the file is written. Enough of them start a full collection, which in a process that
 has imported torch walks a few hundred thousand objects: in a chain of 2,000 small tensors,
-8 full collections took 3.7 s of a 28 s run of saves and loads (docs/benchmarks.md, "The
-garbage collector"). The objects are freed by their reference counts when the call ends,
-so the collections are not put off but avoided: 0.16 s of collecting held off.
+8 full collections took 2.7-3.7 s of 22-28 s runs of saves and loads (docs/benchmarks.md,
+"The garbage collector"). The objects are freed by their reference counts when the call
+ends, so the collections are not put off but avoided: 0.11-0.16 s of collecting held off.
 
-Only the main thread pauses the collector unless told otherwise, and only if it was on. A
-writer that saves beside training (the manager's, the framework callbacks', the write of
-a distributed async save in DCP's thread) pauses it too
-(``background=True``): a full collection started there holds the GIL and stalls training,
-4.25 s of them in a 57.5 s run of a manager's background saves (docs/benchmarks.md). Cyclic
-garbage that training makes meanwhile waits until the save ends; ``gc.collect()`` still
-runs when called. A block that finds the collector off leaves it so; the block that turned
-it off turns it back on."""
+Only the main thread pauses the collector unless told otherwise, and only if it was on.
+A writer that saves beside training (the manager's, the framework callbacks', the write
+of a distributed async save in DCP's thread) pauses it too (``background=True``): a full
+collection started there holds the GIL and stalls training, 2.8-4.3 s of them in 43-58 s
+runs of a manager's background saves (docs/benchmarks.md). Cyclic garbage that training
+makes meanwhile waits until the save ends; ``gc.collect()`` still runs when called. A
+block that finds the collector off leaves it so; the block that turned it off turns it
+back on."""
 
 from __future__ import annotations
 
