@@ -1,5 +1,5 @@
-"""The garbage collector is held off in the main thread while a save or a load runs, and
-left alone elsewhere (lcckpt/util/collector.py)."""
+"""The garbage collector is held off while a save or a load runs in the main thread or in a
+writer beside training, and left alone in other threads (lcckpt/util/collector.py)."""
 
 import gc
 import threading
