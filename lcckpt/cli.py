@@ -93,9 +93,8 @@ def inspect_file(path: str) -> dict:
 
 def _no_checkpoints(path: str) -> CorruptDataError:
     others = sorted(os.listdir(path))
-    what = (f"it holds {len(others)} other entr{'y' if len(others) == 1 else 'ies'}, e.g. "
-            f"{others[0]!r}" if others
-            else "it is empty")
+    what = (f"it holds {count(len(others), 'other entry', 'other entries')}, e.g. "
+            f"{others[0]!r}" if others else "it is empty")
     return CorruptDataError(f"{path} holds no checkpoints (no step-NNNNNNNNNNNN.lcc files, "
                             f"no checkpoint files or directories; {what}); give a checkpoint "
                             "file or a directory of them")

@@ -47,6 +47,6 @@ def format_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return "\n".join(out)
 
 
-def count(n: int, word: str) -> str:
-    """"1 tensor", "2 tensors"."""
-    return f"{n} {word}{'' if n == 1 else 's'}"
+def count(n: int, word: str, plural: str | None = None) -> str:
+    """"1 tensor", "2 tensors" (``plural`` where it is not ``word`` + "s")."""
+    return f"{n} {word if n == 1 else plural or word + 's'}"
