@@ -209,3 +209,19 @@ def test_a_nan_step_is_stored_exactly_and_its_warning_names_the_piece(tmp_path):
     got = {"w": torch.zeros(5000)}
     ck.load(got, 2)
     assert math.isnan(got["w"][3]) and torch.equal(got["w"][4:], (w + 0.02)[4:])
+
+
+def test_a_mask_of_minus_inf_goes_on_as_unchanged(tmp_path):
+    """A buffer that holds -inf by design is coded as unchanged at each delta, with no
+    warning, and restores bit for bit."""
+    ck = ld.DistributedCheckpointer(tmp_path)
+    mask = torch.full((80, 80), float("-inf")).triu(1)
+    w = torch.linspace(-1, 1, 5000)
+    for step in range(3):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ck.save(step, {"w": w + 0.01 * step, "mask": mask})
+        assert [str(c.message) for c in caught if "NaN" in str(c.message)] == []
+        got = {"w": torch.zeros(5000), "mask": torch.zeros(80, 80)}
+        ck.load(got, step)
+        assert torch.equal(got["mask"], mask)

@@ -16,6 +16,7 @@ checkpoint chain both use it. It applies deltas lazily, all pending ones in one 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -36,7 +37,7 @@ from ..errors import (
     UnsupportedDtypeError,
 )
 from .movement import BUCKETS, LOG2, Movement, copy_sketched
-from .parked import PARK_MIN, Parked, fingerprint
+from .parked import PARK_MIN, Parked, fingerprint, same_bits
 from .uniform import survey
 from ..util.caller import warn_user
 
@@ -247,6 +248,8 @@ class DeltaEncoder:
                                               cache=self.cache, advance=not same, surveyed=sv,
                                               lazy=lazy)
         except NonFiniteError:
+            if ref is u or same_bits(u, ref):      # unchanged NaN/Inf (a -inf mask buffer)
+                return guarded_encode(*(np.zeros_like(u),) * 2, dt, a.shape, cfg, exact)[:2]
             why = NONFINITE_STATE if not np.isfinite(u).all() else NONFINITE_REFERENCE
             if warn:
                 warn_user(f"{why}: {NONFINITE_DONE}")
@@ -276,6 +279,8 @@ class DeltaEncoder:
         moved, norm = self.movement.measure(
             u, None if sv is None or (sv.sketch is None and self.movement.sketched)
             else (sv.sketch, sv.norm_sq), update_sq)
+        if not math.isfinite(norm):     # u holds NaN/Inf: the encode stores it exactly
+            return self.config
         t = self.config.target
         if self.low_precision_target is not None and dt.name in ("F16", "BF16"):
             t = min(t, self.low_precision_target)

@@ -15,10 +15,14 @@ overestimated (with few changed elements a collision of two large ones can pass 
 docs/chain.md). While the reference a delta is coded against is still the base (the
 first delta after a keyframe or a merge), the movement is that delta's own norm, which
 the delta's survey measures exactly: no estimate, and no sketch of ``u`` to take.
+A base that holds NaN/Inf (a keyframe of a diverged step, or a mask buffer of ``-inf``)
+measures nothing: the movement of a finite ``u`` is then taken from zeros, ``||u||``.
 It knows nothing of files or chains.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -99,6 +103,13 @@ class Movement:
         :attr:`sketched`), when the caller took it already (in the delta's one read of
         the state); ``to_ref_sq``: ``||u - ref||²`` against the delta's reference, which
         is the movement's square while :attr:`at_base`."""
+        with np.errstate(invalid="ignore", over="ignore"):
+            moved, norm = self._measure(u, sketch_of_u, to_ref_sq)
+        if not math.isfinite(moved) and math.isfinite(norm):
+            return norm, norm           # a base (or reference) of NaN/Inf: from zeros
+        return moved, norm
+
+    def _measure(self, u, sketch_of_u, to_ref_sq) -> tuple[float, float]:
         if self.parts is not None:
             raise RuntimeError("the base's sketch is not finished (Movement.finish)")
         if self.at_base and to_ref_sq is not None and u.size > BUCKETS:

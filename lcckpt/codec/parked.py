@@ -24,7 +24,7 @@ import numpy as np
 
 from ..util.crc import crc32, crc32c
 
-__all__ = ["PARK_MIN", "Parked", "fingerprint"]
+__all__ = ["PARK_MIN", "Parked", "fingerprint", "same_bits"]
 
 PARK_MIN = 1 << 16      # elements: smaller references are not worth a fetch
 
@@ -33,6 +33,13 @@ def fingerprint(a: np.ndarray) -> tuple:
     """``(dtype, size, CRC-32, CRC-32C)`` of ``a``'s bytes in C order (on the pool)."""
     view = memoryview(np.ascontiguousarray(a)).cast("B")
     return a.dtype.str, a.size, crc32(view), crc32c(view)
+
+
+def same_bits(u: np.ndarray, ref: np.ndarray) -> bool:
+    """Whether ``u`` is ``ref`` bit for bit (NaN payloads and signed zeros included)."""
+    bits = f"u{u.dtype.itemsize}"
+    return u.shape == ref.shape and u.dtype == ref.dtype \
+        and np.array_equal(u.view(bits), ref.view(bits))
 
 
 class Parked:

@@ -1,0 +1,83 @@
+"""NaN and Inf in a chain's tensors: a buffer that holds them by design (an attention
+mask of -inf) and a step whose weights diverged. Neither may stop the chain."""
+
+import warnings
+
+import pytest
+import torch
+
+from lcckpt import DeltaCheckpointer
+from lcckpt.chain.policy import RolePolicy
+
+from helpers import same_bits
+
+
+def _saved(ck, step, state):
+    """Save ``state``; return the warnings the save gave."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ck.save(step, state)
+    return [str(c.message) for c in caught]
+
+
+@pytest.mark.parametrize("side", [64, 256])       # the base kept exactly, and sketched
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_mask_of_minus_inf_costs_a_few_bytes_a_delta_and_restores_bit_for_bit(
+        tmp_path, side, dtype):
+    """A causal mask buffer of -inf never changes: each delta codes it as unchanged,
+    without a warning, and every step (also after a resume) gives it back bit for bit."""
+    g = torch.Generator().manual_seed(1)
+    mask = torch.full((side, side), float("-inf")).triu(1).to(dtype)
+    w = torch.randn(20000, generator=g).to(dtype)
+    ck = DeltaCheckpointer(tmp_path)
+    for step in range(4):
+        w = w + (0.01 * torch.randn(20000, generator=g)).to(dtype)
+        assert _saved(ck, step, {"w": w, "mask": mask}) == []
+        assert same_bits(ck.load(step)["mask"], mask)
+        if step:
+            kept = ck.info(step)["tensors"]['obj["mask"]']
+            assert kept["kind"] == "uniform" and kept["nbytes"] < 100
+    ck.close()
+    ck = DeltaCheckpointer(tmp_path)
+    ck.load(resume=True)
+    assert _saved(ck, 4, {"w": w, "mask": mask}) == []
+    assert same_bits(ck.load(4)["mask"], mask)
+
+
+def test_an_inf_without_nan_is_stored_exactly_and_the_chain_goes_on(tmp_path):
+    """A step whose weight overflowed to +Inf (no NaN) is stored exactly with a warning,
+    as a NaN step is; the step after it too, since its reference holds the Inf."""
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(5000, generator=g)
+    bad = w + 0.02
+    bad[11] = float("inf")
+    steps = [w, w + 0.01, bad, w + 0.03, w + 0.04]
+    ck = DeltaCheckpointer(tmp_path)
+    said = [_saved(ck, step, {"w": x}) for step, x in enumerate(steps)]
+    assert said[0] == said[1] == said[4] == []
+    assert len(said[2]) == 1 and "the tensor holds NaN/Inf" in said[2][0]
+    assert len(said[3]) == 1 and "the step before" in said[3][0]
+    for step, x in enumerate(steps):
+        if step in (0, 2, 3):
+            assert same_bits(ck.load(step)["w"], x)
+    assert ck.info(4)["tensors"]['obj["w"]']["kind"] == "uniform"
+
+
+@pytest.mark.parametrize("n", [3000, 50000])      # the base kept exactly, and sketched
+def test_a_keyframe_holding_nan_leaves_later_steps_held_to_their_norm(tmp_path, n):
+    """A keyframe with a NaN measures no movement: the step after it is stored exactly
+    (its reference holds the NaN), and later deltas keep the weight's share of the
+    tensor's own norm, as a tensor without a keyframe does."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(n, generator=g)
+    first = w.clone()
+    first[5] = float("nan")
+    ck = DeltaCheckpointer(tmp_path)
+    assert _saved(ck, 0, {"w": first}) == []
+    assert "the step before" in _saved(ck, 1, {"w": w})[0]
+    for step in (2, 3):
+        w = w + 0.01 * torch.randn(n, generator=g)
+        assert _saved(ck, step, {"w": w}) == []
+        assert ck.info(step)["tensors"]['obj["w"]']["kind"] == "uniform"
+        err = float(torch.linalg.vector_norm(ck.load(step)["w"] - w))
+        assert 0 < err <= RolePolicy().weight * float(torch.linalg.vector_norm(w)) * 1.001
