@@ -157,8 +157,8 @@ def test_a_chain_whose_earlier_file_is_gone_or_cut_short_says_so(tmp_path):
         gc.collect()
     assert not [w for w in unclosed if issubclass(w.category, ResourceWarning)], unclosed
     assert os.path.basename(files[0][0]) in str(e.value)
-    if fds is not None:
-        assert len(os.listdir("/proc/self/fd")) == fds
+    if fds is not None:     # none left open (another thread may have closed one since)
+        assert len(os.listdir("/proc/self/fd")) <= fds
 
 
 def test_chain_deltas_reload_bit_identical_to_references(tmp_path):
