@@ -246,6 +246,24 @@ def test_an_update_under_the_working_precision_warns_naming_step_and_tensor(tmp_
         ck.save(1, {"w": u})
 
 
+def test_a_tensor_back_at_its_keyframe_values_is_held_to_its_update_not_warned(tmp_path):
+    """A tensor that returns to its keyframe's values (no movement) after a large step away
+    has only its update share to hold: the restore stays within it, and no update is
+    reported missed (the check once divided by the zero movement and warned of an
+    error "infx" the movement)."""
+    g = torch.Generator().manual_seed(5)
+    k = (torch.rand(10_000, generator=g) * 2 - 1) * 6e4
+    ck = DeltaCheckpointer(tmp_path, keyframe_every=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for step, u in enumerate((k, -k, k)):
+            ck.save(step, {"w": u.half()})
+    back = ck.load(2)["w"].double()
+    update = torch.linalg.vector_norm(k.half().double() - ck.load(1)["w"].double())
+    err = float(torch.linalg.vector_norm(back - k.half().double()))
+    assert 0 < err <= RolePolicy().update * float(update) * 1.001
+
+
 def test_a_bf16_state_keeps_its_whole_ulp_changes(tmp_path):
     """A bf16 state moves by whole bf16 ulps: one ulp on 3 of 10,000 elements, then on 30
     more. Each restore keeps that movement within its target (the error a few percent of

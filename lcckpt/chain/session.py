@@ -68,8 +68,9 @@ class SaveSession:
         for key, why in self.nonfinite:
             warn_user(f"step {step}: {key}: {why}; {NONFINITE_DONE}")
         for key, ratio, t in self.missed:
-            warn_user(f"step {step}: {key} restores with an error of {ratio:.3g}x its "
-                      f"movement since the keyframe (target {t:g}): most of the update is "
+            how = "" if ratio is None else f" of {ratio:.3g}x its movement since the keyframe"
+            warn_user(f"step {step}: {key} restores with an error{how} (target {t:g}): "
+                      "most of the update is "
                       "under the working precision (fp32's; fp64's for fp64) and was "
                       "not kept; merge() this step into a keyframe if it matters")
         for key, err in self.drifted:
@@ -223,8 +224,10 @@ class SaveSession:
         rec["target"] = finite(target)
         if moved > 0:
             rec["error_vs_movement"] = finite(err / moved)
-        if err > max(target, MISSED) * moved * (1 + 1e-6) and err > 0:
-            self.missed.append((path, err / moved if moved else float("inf"), target))
+        # past what the target kept (kept: a tensor back at its keyframe's values has no
+        # movement, and only its update share to hold) and past MISSED of the movement
+        if err > max(kept, MISSED * moved) * (1 + 1e-6) and err > 0:
+            self.missed.append((path, err / moved if moved else None, target))
 
 
 # what a file says already: its sections' sizes, and rel_error / movement
