@@ -1032,8 +1032,8 @@ def _restore_on_rank_0_alone(rank, d):
     from lcckpt.training import ranks
     ranks.REGISTER_WAIT = 1.0
     if rank == 0:
+        # no DDP: the manager saved the model inside DDP's wrapper, whose keys fit this
         model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
-        model = nn.ModuleDict({"module": model})          # a DDP model's keys, no DDP
         mgr = CheckpointManager(d, model, torch.optim.AdamW(model.parameters()), every=3)
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")

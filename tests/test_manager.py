@@ -1011,3 +1011,55 @@ def test_a_second_writer_on_a_run_directory_is_refused_when_made(tmp_path):
     again = CheckpointManager(tmp_path, *_setup(1), every=1)
     assert again.restore() == 1
     again.close()
+
+
+@pytest.mark.parametrize("wrap", ["compile", "data_parallel", "both"])
+def test_a_wrapped_model_s_checkpoint_restores_into_the_bare_model_and_back(tmp_path, wrap):
+    """torch.compile and (Distributed)DataParallel prefix the state dict's keys; the
+    manager saves the model's own keys, so a run trained wrapped restores unwrapped (an
+    evaluation, one device) and the reverse, bit for bit with exact checkpoints."""
+    def wrapped(m):
+        if wrap in ("data_parallel", "both"):
+            m = torch.nn.DataParallel(m)
+        return torch.compile(m, backend="eager") if wrap in ("compile", "both") else m
+    model, opt = _setup()
+    with CheckpointManager(tmp_path / "a", wrapped(model), opt, every=2,
+                           keyframe_every=1) as mgr:
+        for _ in range(4):
+            mgr.step(_train(model, opt))
+    saved = lcckpt.DeltaCheckpointer(tmp_path / "a").load()["model"]
+    assert sorted(saved) == sorted(model.state_dict())
+    bare, bare_opt = _setup(seed=1)
+    with CheckpointManager(tmp_path / "a", bare, bare_opt, every=2) as mgr:
+        assert mgr.restore() == 4
+    assert_same(_params(bare), _params(model))
+    with CheckpointManager(tmp_path / "b", bare, bare_opt, every=1, keyframe_every=1) as mgr:
+        mgr.step(_train(bare, bare_opt))
+    again, again_opt = _setup(seed=2)
+    with CheckpointManager(tmp_path / "b", bare, again_opt, every=1) as mgr:
+        mgr.model = wrapped(again)                      # set later: unwrapped as well
+        assert mgr.model is again and mgr.restore() == 1
+    assert_same(_params(again), _params(bare))
+
+
+def test_a_checkpoint_with_wrapper_prefixes_restores_into_the_bare_model(tmp_path):
+    """A checkpoint whose model keys all carry the wrappers' prefixes (written before the
+    manager unwrapped its model) loads into the bare model; the prefixes are stripped only
+    where every key has them and the model's own keys do not."""
+    from lcckpt.training.capture import Capture, own_keys
+    model, opt = _setup()
+    state = Capture(model, opt).collect({})
+    state["model"] = {f"module._orig_mod.{k}": v for k, v in state["model"].items()}
+    ck = lcckpt.DeltaCheckpointer(tmp_path, keyframe_every=1)
+    ck.save(3, state)
+    ck.close()
+    bare, bare_opt = _setup(seed=1)
+    with CheckpointManager(tmp_path, bare, bare_opt, every=2) as mgr:
+        assert mgr.restore() == 3
+    assert_same(_params(bare), _params(model))
+    part = {"module.w": 1, "b": 2}
+    assert own_keys(part, bare) is part                 # not every key: left as it is
+    holder = torch.nn.Module()
+    holder.module = torch.nn.Linear(2, 2)               # the model's own keys have it
+    part = {"module.weight": 1, "module.bias": 2}
+    assert own_keys(part, holder) is part

@@ -25,6 +25,37 @@ def handler(obj: Any):
     return None
 
 
+WRAPPER_PREFIXES = ("_orig_mod.", "module.")     # torch.compile's; (Distributed)DataParallel's
+
+
+def unwrapped(model):
+    """The module inside torch.compile's and (Distributed)DataParallel's wrappers. Its
+    state dict has the model's own keys (``0.weight``, not ``_orig_mod.0.weight`` or
+    ``module.0.weight``), so a checkpoint restores into the model however either run
+    wrapped it (compiled to train, plain to evaluate; under DDP, then on one device)."""
+    while True:
+        if type(model).__name__ == "OptimizedModule" \
+                and isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
+            model = model._orig_mod
+        elif isinstance(model, (torch.nn.DataParallel,
+                                torch.nn.parallel.DistributedDataParallel)):
+            model = model.module
+        else:
+            return model
+
+
+def own_keys(part: dict, model) -> dict:
+    """``part`` (a model's saved state dict) without the wrapper prefixes that every one
+    of its keys has and the model's own keys lack: a checkpoint written before the
+    manager unwrapped its model."""
+    own = model.state_dict().keys()
+    while part and (prefix := next((p for p in WRAPPER_PREFIXES if all(
+            isinstance(k, str) and k.startswith(p) for k in part)
+            and not any(k.startswith(p) for k in own)), None)):
+        part = {k[len(prefix):]: v for k, v in part.items()}
+    return part
+
+
 class Capture:
     """What one manager saves: ``collect()`` builds the tree, ``apply()`` loads one back."""
 
@@ -35,6 +66,15 @@ class Capture:
         self.objects = dict(objects or {})
         self.extra: dict = extra if extra is not None else {}
         self.rank_generators: dict | None = None   # every rank's, for the next collect()
+
+    @property
+    def model(self):
+        """The model, unwrapped (:func:`unwrapped`) when it is given."""
+        return self._model
+
+    @model.setter
+    def model(self, model) -> None:
+        self._model = None if model is None else unwrapped(model)
 
     def _parts(self):
         return [("model", self.model), ("optimizer", self.optimizer),
@@ -88,7 +128,8 @@ class Capture:
         for key, obj in self._parts():
             if obj is not None:
                 try:
-                    obj.load_state_dict(state[key])
+                    obj.load_state_dict(own_keys(state[key], obj) if key == "model"
+                                        else state[key])
                 except (RuntimeError, ValueError, KeyError) as e:    # torch's own wording
                     raise InvalidArgumentError(
                         f"{where} does not fit this {key}: {e} -- restore into a {key} "

@@ -62,7 +62,7 @@ class CheckpointManager:
     ``state_dict()``/``load_state_dict()``, a ``torch.Generator`` or a
     ``numpy.random.Generator``) are saved and restored together with ``extra`` (a dict of
     your own storable values, e.g. epoch and data position, available as ``mgr.extra``)
-    and the global random generators.
+    and the global random generators. The model is saved unwrapped (``torch.compile``, DDP).
 
     When: ``every=N`` checkpoints every N iterations; otherwise ``mtbf`` (seconds between
     failures of the whole job) is required and ``policy`` picks the plan: "young_daly"
