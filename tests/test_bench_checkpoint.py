@@ -4,6 +4,7 @@ short story table."""
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -185,3 +186,28 @@ def test_the_summary_judges_weights_against_their_steps_and_reports_moments_apar
     line = " ".join(cb.summary_line(dict(s, rows=[exact if r is default else r
                                                   for r in s["rows"]])).split())
     assert "the restored state is exact; every weight is restored exactly." in line
+
+
+def test_a_mask_of_minus_inf_and_a_nan_buffer_leave_the_errors_finite(tmp_path, capsys):
+    """Files whose model holds -inf and NaN by design (a mask buffer, an unset statistic)
+    given back as they were: every method's errors are finite, not NaN, and the default's
+    within its usual range; sq_dist counts a restored NaN where the truth is finite as
+    infinitely wrong."""
+    states, _ = _run_states()
+    mask = torch.full((64, 64), float("-inf")).triu(1)
+    paths = []
+    for i, s in enumerate(states):
+        paths.append(str(tmp_path / f"m{i}.pt"))
+        torch.save({**s, "mask": mask, "unset": torch.full((3000,), float("nan"))}, paths[-1])
+    out = tmp_path / "m.json"
+    assert main(["bench", "--checkpoint", *paths, "--json", str(out)]) == 0
+    assert "nan" not in capsys.readouterr().out
+    rows = {r["method"]: r for r in json.loads(out.read_text())["stream"]["rows"]}
+    for label, _ in cb.SETTINGS:
+        assert math.isfinite(rows[label]["err_state"]), label
+    assert rows[cb.DEFAULT]["err_state"] < 0.01
+    from lcckpt.bench.norms import sq_dist
+    a = np.array([1.0, np.inf, np.nan, -np.inf])
+    assert sq_dist(a) == 1.0 and sq_dist(a, a.copy()) == 0.0
+    assert sq_dist(a, np.array([1.0, np.inf, 0.0, -np.inf])) == np.inf
+    assert sq_dist(a, np.array([3.0, np.inf, np.nan, np.inf])) == np.inf

@@ -41,6 +41,7 @@ import torch
 
 import lcckpt
 from lcckpt.bench.inputs import read_any
+from lcckpt.bench.norms import sq_dist
 from lcckpt.bench.timing import environment, format_table, zstandard_module
 from lcckpt.interop.convert import flat_tensors
 from lcckpt.chain.policy import DEFAULT_POLICY, role_of
@@ -106,23 +107,22 @@ PIECE = 1 << 20          # elements widened to float64 at a time
 
 def _moved(truth, previous) -> tuple[float, float]:
     """``(||truth - previous||², ||truth||²)`` in float64, a million elements at a time
-    (never a float64 copy of a whole large tensor); ``previous=None`` counts the whole of
-    ``truth`` as moved."""
+    (no float64 copy of a large tensor); ``previous=None``: all of ``truth`` moved."""
     t = truth.reshape(-1)
     p = None if previous is None else previous.reshape(-1)
     moved = norm = 0.0
     for lo in range(0, t.numel(), PIECE):
         u = _f64(t[lo:lo + PIECE])
-        sq = float(np.sum(u ** 2))
+        sq = sq_dist(u)
         norm += sq
-        moved += sq if p is None else float(np.sum((u - _f64(p[lo:lo + PIECE])) ** 2))
+        moved += sq if p is None else sq_dist(u, _f64(p[lo:lo + PIECE]))
     return moved, norm
 
 
 def _err(truth, restored) -> float:
     """``||restored - truth||²`` in float64, a million elements at a time."""
     t, r = truth.reshape(-1), restored.reshape(-1)
-    return sum(float(np.sum((_f64(r[lo:lo + PIECE]) - _f64(t[lo:lo + PIECE])) ** 2))
+    return sum(sq_dist(_f64(r[lo:lo + PIECE]), _f64(t[lo:lo + PIECE]))
                for lo in range(0, t.numel(), PIECE))
 
 
