@@ -1,6 +1,7 @@
 """Curve fitting, termination and failure models, baseline rules, policies."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -35,6 +36,19 @@ def test_isotonic_fallback_when_no_family_decays():
     c = S.fit_curve(K, y)
     assert c.family == "isotonic"
     assert np.all(c.rate(np.arange(1, 800)) == 0)
+
+
+def test_losses_logged_at_one_iteration_give_a_finite_rate_without_warnings():
+    """Losses logged several times an iteration (micro-batches under gradient
+    accumulation) put isotonic knots at one iteration: no division by their zero width."""
+    rng = np.random.default_rng(1)
+    for k in (np.zeros(40), np.repeat(np.arange(0.0, 50.0, 5.0), 4)):
+        y = 1.0 + 0.1 * rng.standard_normal(k.size)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            c = S.fit_curve(k, y, families=())
+            r = c.rate(np.arange(0, 80))
+        assert c.family == "isotonic" and np.all(np.isfinite(r)) and np.all(r >= 0)
 
 
 def test_staircase_gives_a_monotone_nonnegative_rate():

@@ -75,7 +75,9 @@ class FittedCurve:
             r = -p["theta1"] * np.exp(p["theta1"] * k + p["theta2"])
         elif self.family == "isotonic":
             x, y = np.asarray(p["x"]), np.asarray(p["y"])
-            slopes = -np.diff(y) / np.diff(x) if x.size > 1 else np.zeros(0)
+            dx = np.diff(x)         # 0 between blocks at one iteration (repeated logs)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                slopes = np.where(dx > 0, -np.diff(y) / dx, 0.0)
             idx = np.clip(np.searchsorted(x, k, side="right") - 1, 0, max(slopes.size - 1, 0))
             r = slopes[idx] if slopes.size else np.zeros_like(k)
             r = np.where(k >= x[-1], p["tail_rate"], r)
