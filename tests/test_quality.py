@@ -169,6 +169,8 @@ def test_bad_targets_are_refused():
         RolePolicy(weight=2.0)
     with pytest.raises(InvalidArgumentError):
         DeltaCheckpointer("unused", target="tight")
+    with pytest.raises(InvalidArgumentError, match=r"RolePolicy\(weight="):   # roles by name
+        DeltaCheckpointer("unused", target={"weight": 0.01})
 
 
 def test_roles():

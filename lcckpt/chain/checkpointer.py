@@ -122,11 +122,11 @@ class DeltaCheckpointer:
         if min_delta_elements is not None and (type(min_delta_elements) is not int
                                                or min_delta_elements < 1):
             raise InvalidArgumentError(f"min_delta_elements must be a positive int, got {min_delta_elements!r}")
-        if isinstance(target, str):
+        if isinstance(target, (str, dict)):     # a dict of roles: RolePolicy(**it)
             if target != "default":
                 raise InvalidArgumentError(
-                    f"target must be a number, a key_path -> target policy, None or 'default',"
-                    f" got {target!r}")
+                    f"target must be a number, a key_path -> target policy (lcckpt.RolePolicy"
+                    f"(weight=0.01, ...)), None or 'default', got {target!r}")
             target = DEFAULT_TARGET if bits is None and error_bound is None else None
         if bits is None:
             bits = 2
