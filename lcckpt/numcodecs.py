@@ -24,7 +24,8 @@ from . import limits
 from .codec.tensor import decode as _raw_decode
 from .codec.tensor import encode as _encode
 from .codec.config import CodecConfig
-from .errors import InvalidArgumentError
+from .codec.rounding import rounded
+from .errors import InvalidArgumentError, NonFiniteError
 
 def _decode(data, out=None, max_bytes=limits.DEFAULT):
     """``lcckpt.decode`` under the process's ``max_bytes`` (zarr feeds codecs bytes from
@@ -165,12 +166,13 @@ class LcckptLossy(_LcckptCodec):
     """Lossy coding of a floating array, error-bounded by default.
 
     ``LcckptLossy()`` holds each chunk to ``||x - x̃||₂ <= target·||x||₂`` (``target``,
-    default :data:`DEFAULT_TARGET`; the uniform quantizer, or the chunk stored exactly
-    where that is smaller), which suits ordinary arrays. Any
+    default :data:`DEFAULT_TARGET`; the uniform quantizer, or the chunk rounded to fewer
+    mantissa bits and stored exactly where that is smaller), which suits ordinary arrays. Any
     LC-Checkpoint setting (``bits``, ``error_bound``, ``midpoint``) without a ``target``
     selects LC-Checkpoint's exponent buckets instead, meant for deltas and other
     mostly-small values (every element becomes a bucket mean). Arrays that are not
-    floating (a byte buffer, integers) are stored exactly.
+    floating (a byte buffer, integers), and chunks that hold NaN or Inf (zarr's NaN fill
+    value for missing data), which no quantizer can bound, are stored exactly.
     """
     codec_id = "lcckpt_lossy"
     _keys = ("target",) + _LC_KEYS
@@ -198,6 +200,25 @@ class LcckptLossy(_LcckptCodec):
 
     def _config_for(self, a: np.ndarray) -> CodecConfig:
         return self._config if a.dtype.kind == "f" and a.size else self._exact
+
+    def encode(self, buf) -> bytes:
+        """One self-describing blob of ``buf``. With a ``target``, the smaller of the
+        uniform quantizer's blob and an exact one of ``buf`` rounded to the fewest
+        mantissa bits within the target (:mod:`lcckpt.codec.rounding`: an ordinary array
+        at a fine target spans more levels than the quantizer's symbols). Where it holds
+        NaN/Inf, which no quantizer can bound, the rounded or the exact blob."""
+        a = _as_array(buf)
+        cfg = self._config_for(a)
+        try:
+            blob = _encode(a, config=cfg)
+        except NonFiniteError:
+            blob = None
+        if cfg is self._config and self.target is not None:
+            r = rounded(a, self.target)
+            if r is not None:
+                alt = _encode(r, config=self._exact)
+                blob = alt if blob is None or len(alt) < len(blob) else blob
+        return blob if blob is not None else _encode(a, config=self._exact)
 
 
 class LcckptLossless(_LcckptCodec):
