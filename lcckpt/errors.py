@@ -39,7 +39,7 @@ class UnsupportedDtypeError(LcckptError, TypeError):
 
 
 class NonFiniteError(LcckptError, ValueError):
-    """A delta holds NaN or Inf, which no quantizer bucket can represent."""
+    """An array or delta to be coded lossily holds NaN or Inf, which no quantizer can bound."""
 
 
 class InvalidArgumentError(LcckptError, ValueError):

@@ -157,10 +157,12 @@ def test_all_zero_and_constant_tensors_are_tiny():
 
 
 def test_bad_input_raises_named_errors():
-    with pytest.raises(lcckpt.NonFiniteError):
+    with pytest.raises(lcckpt.NonFiniteError, match="array holds 1 NaN/Inf.*lossless=True"):
         lcckpt.encode(np.array([1.0, np.nan], np.float32))
-    with pytest.raises(lcckpt.NonFiniteError):
+    with pytest.raises(lcckpt.NonFiniteError, match="array holds 1 NaN/Inf"):
         lcckpt.encode(np.array([1.0, -np.inf]))
+    with pytest.raises(lcckpt.NonFiniteError, match="array holds 2 NaN/Inf"):
+        lcckpt.encode(np.array([np.inf, -np.inf, 3.0]), target=0.01)
     with pytest.raises(lcckpt.UnsupportedDtypeError):
         lcckpt.encode(np.arange(10))
     with pytest.raises(lcckpt.UnsupportedDtypeError):

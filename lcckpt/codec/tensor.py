@@ -23,7 +23,7 @@ from ..util.pool import run_balanced, run_tasks
 from .blob import LOSSLESS, UNIFORM, Parsed, parse
 from .config import CodecConfig
 from ..errors import (
-    ChecksumError, CorruptDataError, InvalidArgumentError, UnsupportedDtypeError,
+    ChecksumError, CorruptDataError, InvalidArgumentError, NonFiniteError, UnsupportedDtypeError,
 )
 from .quantize import SPLIT_SHARE, Quantized, quantize
 from .kernels import runs as rk, uniform as uk
@@ -100,8 +100,13 @@ def encode(x, bits: int = 2, coder: str = "auto", *, lossless: bool = False,
         raise UnsupportedDtypeError(
             f"lossy coding needs a floating dtype, got {dt.name}; use lossless=True")
     u = dtypes.to_float_work(a, dt).reshape(-1)
-    parts, st, _ = guarded_encode(u, None, dt, a.shape, cfg,
-                                  exact=lambda: encode_exact(a, dt, cfg.log2))
+    try:
+        parts, st, _ = guarded_encode(u, None, dt, a.shape, cfg,
+                                      exact=lambda: encode_exact(a, dt, cfg.log2))
+    except NonFiniteError:      # the quantizers speak of chains; here there is one array
+        raise NonFiniteError(f"the array holds {int(np.sum(~np.isfinite(u)))} NaN/Inf values, "
+                             "which no quantizer can bound: encode it with lossless=True "
+                             "(or lcckpt.numcodecs.LcckptLossy, which does so)") from None
     blob = b"".join(parts)
     return (blob, st) if report else blob
 
