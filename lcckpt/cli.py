@@ -21,18 +21,10 @@ import sys
 
 from .errors import CorruptDataError, LcckptError
 from .util.paths import distributed_hint
+from .util.bars import byte_bar, items as _progress
 from .util.table import count, format_table as _table
 from .interop.steprows import (FALLBACK_LEGEND, MOVEMENT_LEGEND, ROLE_COLUMNS, fallback_column,
                                judge_links, movement_columns, set_aside_files)
-
-
-def _progress(items, desc: str):
-    """tqdm on stderr when it is a terminal and tqdm is installed; plain iteration otherwise."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return items
-    return items if not sys.stderr.isatty() else tqdm(items, desc=desc, file=sys.stderr, leave=False)
 
 
 def _blob_info(data) -> dict:
@@ -360,8 +352,10 @@ def _convert(args) -> int:
     from .interop.convert import convert
     dist = _distributed(args.input)   # one DCP checkpoint, or a step of a chain of them
     src = dist.checkpoint_dir(args.input, args.step) if dist else args.input
-    doc = convert(src, args.output, to=args.to, compress=args.compress,
-                  step=None if dist else args.step, key=args.key, read=dist and dist.read)
+    with byte_bar("convert") as bar:
+        doc = convert(src, args.output, to=args.to, compress=args.compress,
+                      step=None if dist else args.step, key=args.key, read=dist and dist.read,
+                      progress=bar)
     if dist:                          # a chain's delta step is written as it restores
         doc.update(dist.step_kind(src))
     if doc.get("dropped_metadata"):

@@ -54,7 +54,8 @@ TREE_VERSION = 7  # the newest tree version read; files are written with the low
 @pausing
 def save(obj: Any, f: str | os.PathLike | BinaryIO, pickle_module=None, pickle_protocol=None, *,
          codec: str | Callable = "raw", compress: bool = False,
-         metadata: dict[str, str] | None = None, **torch_save_args) -> None:
+         metadata: dict[str, str] | None = None, progress: Callable[[int], None] | None = None,
+         **torch_save_args) -> None:
     """Save ``obj`` to a path (atomically) or a writable binary file, without pickle.
 
     ``torch.save``'s other arguments are taken, so that its calls run unchanged, and
@@ -70,7 +71,8 @@ def save(obj: Any, f: str | os.PathLike | BinaryIO, pickle_module=None, pickle_p
     raw, as is a large constant past what a load's default limit allows: docs/format.md,
     "Limits"). ``metadata``: string pairs stored in
     the header, readable with :func:`read_metadata` without decoding anything (as
-    safetensors' ``__metadata__``). Saved to a path, an object of 64 MiB of tensors or
+    safetensors' ``__metadata__``). ``progress``: called with each tensor's (or coded
+    array's) bytes once it is coded, for a progress bar. Saved to a path, an object of 64 MiB of tensors or
     more goes to the file one tensor at a time, as each is coded or copied off its device,
     the header last (docs/format.md, "Headers written last"): what is held beside the
     object is one tensor's section, not all of them.
@@ -84,6 +86,8 @@ def save(obj: Any, f: str | os.PathLike | BinaryIO, pickle_module=None, pickle_p
                                    f"{_kind_of(f)}: open the file with 'wb'")
     extra = {} if metadata is None else {METADATA_KEY: _check_metadata(metadata, "metadata")}
     encode_leaf = _sections.leaf_encoder(codec)
+    if progress is not None:
+        encode_leaf = _counted(encode_leaf, progress)
     arrays = codec == "lossless"           # numeric numpy arrays coded too (compress=True)
     to_path = isinstance(f, (str, os.PathLike))
     f = local(f, "lcckpt.save") if to_path else f
@@ -102,6 +106,15 @@ def save(obj: Any, f: str | os.PathLike | BinaryIO, pickle_module=None, pickle_p
     meta, sections = pack(obj, encode_leaf=encode_leaf,
                           encode_array=encode_leaf if arrays else None)
     write_container(f, sections, {**meta, **extra})
+
+
+def _counted(encode_leaf, progress: Callable[[int], None]):
+    """``encode_leaf`` reporting each leaf's bytes (a tensor's or an array's) to ``progress``."""
+    def encode(path, t):
+        out = encode_leaf(path, t)
+        progress(int(t.nbytes))
+        return out
+    return encode
 
 
 METADATA_KEY = "metadata"
@@ -238,8 +251,8 @@ def _check_save_args(pickle_module, pickle_protocol, torch_save_args: dict) -> N
     unknown = sorted(set(torch_save_args) - set(_TORCH_SAVE_ONLY))
     if unknown:
         raise InvalidArgumentError(
-            f"unknown arguments {unknown}; lcckpt.save takes codec, compress, metadata and "
-            "torch.save's own arguments")
+            f"unknown arguments {unknown}; lcckpt.save takes codec, compress, metadata, "
+            "progress and torch.save's own arguments")
 
 
 def _check_load_args(pickle_module, pickle_load_args: dict, weights_only, mmap, into) -> None:

@@ -237,11 +237,14 @@ def _refused(obj, e: Exception) -> str:
 
 
 def write_checkpoint(obj, path: str | os.PathLike, fmt: str, *, compress: bool = False,
-                     metadata: Mapping[str, str] | None = None, source: str = "the input") -> None:
+                     metadata: Mapping[str, str] | None = None, source: str = "the input",
+                     progress: Callable[[int], None] | None = None) -> None:
     """Write ``obj`` as ``fmt`` ("lcckpt", "torch" or "safetensors") to ``path``.
 
     ``compress``: lcckpt's lossless codec (lcckpt only). ``metadata``: safetensors string
     metadata, written to a safetensors file or kept in an lcckpt file's header.
+    ``progress``: called with each tensor's bytes as an lcckpt file codes it (the other
+    formats copy bytes as they are, at the disk's speed).
     """
     path = os.fspath(path)
     if fmt not in FORMATS:
@@ -255,19 +258,21 @@ def write_checkpoint(obj, path: str | os.PathLike, fmt: str, *, compress: bool =
     elif fmt == "torch":
         _save_torch(obj, path)
     else:
-        serialization.save(obj, path, compress=compress, metadata=metadata)
+        serialization.save(obj, path, compress=compress, metadata=metadata, progress=progress)
 
 
 def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = None,
             compress: bool = False, step: int | None = None, key: str | None = None,
-            read: Callable[[str], Any] | None = None) -> dict:
+            read: Callable[[str], Any] | None = None,
+            progress: Callable[[int, int], None] | None = None) -> dict:
     """Convert ``src`` (any readable checkpoint) to ``dst``; returns what was done.
 
     ``to``: the output format; by default it follows ``dst``'s extension (.lcc/.lcckpt,
     .pt/.pth/.bin/.ckpt, .safetensors). ``key``: write only the value at this key path,
     its levels joined by dots (``"model"``: a training checkpoint's state_dict, as a
     safetensors file holds it). ``read``: reads ``src`` instead, a directory in a format
-    of a higher layer (a distributed checkpoint, for the CLI).
+    of a higher layer (a distributed checkpoint, for the CLI). ``progress(nbytes, total)``:
+    called as an lcckpt output codes each tensor, ``total`` the bytes of all of them.
     """
     src, dst = local(src, "lcckpt.convert"), local(dst, "lcckpt.convert")
     fmt = to or format_for_path(dst)
@@ -284,7 +289,9 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = 
     source = src if key is None else f"{src}[{key!r}]"
     if key is not None:
         obj = select(obj, key, src)
-    write_checkpoint(obj, dst, fmt, compress=compress, metadata=meta, source=source)
+    total = stored_bytes(flat_tensors(obj).values()) if progress is not None else 0
+    write_checkpoint(obj, dst, fmt, compress=compress, metadata=meta, source=source,
+                     progress=progress and (lambda n: progress(n, total)))
     dropped = len(meta) if meta and fmt == "torch" else 0
     return {"dropped_metadata": dropped, "input": src, "input_format": src_fmt, "output": dst, "output_format": fmt,
             "input_bytes": _size(src, src_fmt), "output_bytes": os.path.getsize(dst),
