@@ -359,15 +359,15 @@ def test_a_warning_of_a_save_names_the_line_that_asked_for_it(tmp_path):
         model[0].bias[0] = float("nan")
     ck = lcckpt.DeltaCheckpointer(tmp_path / "ck")
     ck.save(0, model.state_dict())
-    with torch.no_grad():       # a changed tensor: an unchanged one is an unchanged delta
-        model[0].bias[1] += 1
+    with torch.no_grad():       # a new NaN: NaN where the step before had it is a delta
+        model[0].bias[1] = float("nan")
     with pytest.warns(RuntimeWarning, match="NaN") as direct:
         ck.save(1, model.state_dict())
     mgr = CheckpointManager(tmp_path / "mgr", model, opt, every=100)
     mgr.checkpoint(wait=True)
     mgr.step()
     with torch.no_grad():
-        model[0].bias[1] += 1
+        model[0].bias[2] = float("nan")
     with pytest.warns(RuntimeWarning, match="NaN") as managed:
         mgr.checkpoint(wait=True)
     mgr.close()

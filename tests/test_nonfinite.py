@@ -81,3 +81,32 @@ def test_a_keyframe_holding_nan_leaves_later_steps_held_to_their_norm(tmp_path, 
         assert ck.info(step)["tensors"]['obj["w"]']["kind"] == "uniform"
         err = float(torch.linalg.vector_norm(ck.load(step)["w"] - w))
         assert 0 < err <= RolePolicy().weight * float(torch.linalg.vector_norm(w)) * 1.001
+
+
+@pytest.mark.parametrize("kw", [{}, {"bits": 2}])     # the default chain, and LC mode
+def test_a_trained_bias_whose_masked_entries_stay_minus_inf_is_coded_as_a_delta(tmp_path, kw):
+    """A learned attention bias with -inf at its masked places: the finite part moves,
+    the -inf stay. Each delta codes the finite part (a fraction of an exact blob, no
+    warning); the -inf come back bit for bit, the rest within the chain's target. One
+    whose -inf moved is stored exactly, with the warning."""
+    g = torch.Generator().manual_seed(6)
+    keep = torch.rand(300, 300, generator=g) < 0.7
+    bias = torch.where(keep, torch.randn(300, 300, generator=g), float("-inf"))
+    ck = DeltaCheckpointer(tmp_path, **kw)
+    assert _saved(ck, 0, {"bias": bias}) == []
+    exact = ck.info(0)["tensors"]['obj["bias"]']["nbytes"]
+    for step in (1, 2, 3):
+        bias = bias + torch.where(keep, 0.01 * torch.randn(300, 300, generator=g), 0.0)
+        assert _saved(ck, step, {"bias": bias}) == []
+        kept = ck.info(step)["tensors"]['obj["bias"]']
+        assert kept["kind"] != "lossless" and kept["nbytes"] < exact / 2
+        got = ck.load(step)["bias"]
+        assert same_bits(got[~keep], bias[~keep])
+        err = float(torch.linalg.vector_norm(got[keep] - bias[keep]))
+        assert err <= 0.05 * float(torch.linalg.vector_norm(bias[keep]))
+    moved = bias.clone()
+    moved[0, 0], moved[0, 1] = moved[0, 1], moved[0, 0]
+    moved[1, :] = float("-inf")
+    said = _saved(ck, 4, {"bias": moved})
+    assert len(said) == 1 and "the tensor holds NaN/Inf" in said[0]
+    assert same_bits(ck.load(4)["bias"], moved)

@@ -20,9 +20,8 @@ import math
 
 import numpy as np
 
-from . import blob as _blob
+from . import blob as _blob, dtypes
 from ..util import memory as _memory, pool as _pool
-from . import dtypes
 from ..util.pool import run_tasks, submit
 from .blob import LOSSLESS, Parsed, parse
 from .tensor import (
@@ -37,7 +36,8 @@ from ..errors import (
     UnsupportedDtypeError,
 )
 from .movement import BUCKETS, LOG2, Movement, copy_sketched
-from .parked import PARK_MIN, Parked, fingerprint, same_bits
+from .masked import masked_delta
+from .parked import PARK_MIN, Parked, fingerprint
 from .uniform import survey
 from ..util.caller import warn_user
 
@@ -248,8 +248,8 @@ class DeltaEncoder:
                                               cache=self.cache, advance=not same, surveyed=sv,
                                               lazy=lazy)
         except NonFiniteError:
-            if ref is u or same_bits(u, ref):      # unchanged NaN/Inf (a -inf mask buffer)
-                return guarded_encode(*(np.zeros_like(u),) * 2, dt, a.shape, cfg, exact)[:2]
+            if (got := masked_delta(self, a, dt, u, ref, exact)) is not None:
+                return got      # NaN/Inf where the reference has them (a -inf mask)
             why = NONFINITE_STATE if not np.isfinite(u).all() else NONFINITE_REFERENCE
             if warn:
                 warn_user(f"{why}: {NONFINITE_DONE}")

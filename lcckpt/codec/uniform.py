@@ -300,7 +300,9 @@ def survey(u: np.ndarray, ref: np.ndarray | None, sketch_log2: int = 0,
     r = ref if use_ref else u
     run_tasks(lambda t: uk.survey_range(u, r, use_ref, t * per, min(n, (t + 1) * per), out[t],
                                         sk[t], sketch_log2, cnt[t], s1[t], s2[t]), tasks)
-    hist = (h[0] if tasks == 1 else h.sum(axis=0) for h in (cnt, s1, s2))   # one: no copy
+    with np.errstate(invalid="ignore", over="ignore"):     # NaN/Inf: not finite, refused
+        hist = [h[0] if tasks == 1 else h.sum(axis=0) for h in (cnt, s1, s2)]  # one: no copy
+        sketch = sk.sum(axis=0) if sketch_log2 else None
     model = ErrorModel(n, *hist)
     finite = bool(np.all(out[:, 0] == 0.0))
     least = float(out[:, 2].min()) if n else 0.0
@@ -312,8 +314,7 @@ def survey(u: np.ndarray, ref: np.ndarray | None, sketch_log2: int = 0,
         run_tasks(lambda t: uk.direction_range(u, r, use_ref, direction, t * per,
                                                min(n, (t + 1) * per), a[t], b[t]), tasks)
         model.steer(a.sum(axis=0), b.sum(axis=0), cnt.sum(axis=0))
-    return Survey(finite, float(out[:, 1].sum()), least,
-                  sk.sum(axis=0) if sketch_log2 else None, model)
+    return Survey(finite, float(out[:, 1].sum()), least, sketch, model)
 
 
 def _next_step(oks: list, misses: list, aim_sq: float, model: ErrorModel, up: float):
