@@ -36,11 +36,11 @@ def _round(x: np.ndarray, keep: int) -> np.ndarray:
 
 def rounded(x: np.ndarray, target: float) -> np.ndarray | None:
     """``x`` with the fewest mantissa bits whose error over its finite elements is within
-    ``target·||x||₂`` (in float64), or None where no bit can go (the dtype is not
-    fp16/fp32/fp64, or ``target`` needs every bit). The bound per element,
-    ``2^-(keep+1) <= target``, fixes a first ``keep``; it and fewer bits are tried while
-    the measured error stays within the target (rounding errs by about a quarter of its
-    bound on real values; subnormals, whose leading mantissa bits are zeros, by more)."""
+    ``target·||x||₂``, or None where no bit can go (the dtype is not fp16/fp32/fp64, or
+    ``target`` needs every bit). The bound per element, ``2^-(keep+1) <= target``, fixes
+    a first ``keep``; its measured error (about a quarter of the bound on real values;
+    subnormals, whose leading mantissa bits are zeros, err more) then predicts how many
+    more bits can go, each doubling it, and the prediction is measured in turn."""
     bits = MANTISSA.get(x.dtype)
     if bits is None or not 0 < target < 1 or x.size == 0:
         return None
@@ -48,16 +48,22 @@ def rounded(x: np.ndarray, target: float) -> np.ndarray | None:
     if keep >= bits:
         return None
     finite = np.isfinite(x)
-    x64 = x[finite].astype(np.float64)
-    scale = float(np.max(np.abs(x64))) if x64.size else 0.0
+    xf = x.reshape(-1) if finite.all() else x[finite]
+    work = np.float64 if x.dtype == np.float64 else np.float32    # y - x exact in it
+    scale = float(np.max(np.abs(xf))) if xf.size else 0.0
     if scale == 0.0:
         return None                     # nothing finite to round but zeros
-    x64 /= scale                        # no square overflows (fp64 near its largest)
-    allowed = target * float(np.linalg.norm(x64))
-    best = None
-    for k in range(keep, max(-1, keep - 1 - TRIES), -1):
-        y = _round(x, k)    # measured at ``keep`` too: a subnormal's bound is looser
-        if float(np.linalg.norm(y[finite].astype(np.float64) / scale - x64)) > allowed:
-            break
-        best = y
-    return best
+    allowed = target * float(np.linalg.norm(xf.astype(work) / work(scale)))
+
+    def error(k: int) -> float:         # scaled: no square overflows near the largest
+        d = _round(xf, k).astype(work)
+        d -= xf
+        d /= work(scale)
+        return float(np.sqrt(np.dot(d, d)))
+    e = error(keep)
+    if e > allowed:
+        return None
+    k = keep - (min(TRIES, int(math.log2(allowed / e))) if e > 0 else TRIES)
+    while k < keep and error(k) > allowed:
+        k += 1
+    return _round(x, k)
