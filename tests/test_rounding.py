@@ -84,3 +84,12 @@ def test_an_ordinary_array_at_a_fine_target_is_rounded_not_stored_exactly():
     assert np.linalg.norm(y64 - x64) <= 1e-4 * np.linalg.norm(x64)
     coarse = LcckptLossy(target=1e-2)                   # the quantizer's blob is smaller
     assert len(coarse.encode(x[1000:])) == len(lcckpt.encode(x[1000:], target=1e-2))
+
+
+def test_a_coarse_target_never_drops_exponent_bits():
+    """At a target that allows more bits to go than the mantissa's first ones, rounding
+    stops at no mantissa bit: values stay within a factor of two of themselves."""
+    x = np.random.default_rng(3).standard_normal(10_000).astype(np.float32)
+    for target in (0.3, 0.49, 0.9):
+        y = rounded(x, target)
+        assert y is not None and np.all(np.abs(y) >= np.abs(x) / 2) and np.all(np.abs(y) <= 2 * np.abs(x))

@@ -53,7 +53,8 @@ def rounded(x: np.ndarray, target: float) -> np.ndarray | None:
     scale = float(np.max(np.abs(xf))) if xf.size else 0.0
     if scale == 0.0:
         return None                     # nothing finite to round but zeros
-    allowed = target * float(np.linalg.norm(xf.astype(work) / work(scale)))
+    # fp32 sums of squares err by well under a thousandth: that much is kept in hand
+    allowed = target * float(np.linalg.norm(xf.astype(work) / work(scale))) * (1 - 1e-3)
 
     def error(k: int) -> float:         # scaled: no square overflows near the largest
         d = _round(xf, k).astype(work)
@@ -63,7 +64,7 @@ def rounded(x: np.ndarray, target: float) -> np.ndarray | None:
     e = error(keep)
     if e > allowed:
         return None
-    k = keep - (min(TRIES, int(math.log2(allowed / e))) if e > 0 else TRIES)
+    k = max(0, keep - (min(TRIES, int(math.log2(allowed / e))) if e > 0 else TRIES))
     while k < keep and error(k) > allowed:
         k += 1
     return _round(x, k)
