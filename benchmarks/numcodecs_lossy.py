@@ -30,7 +30,8 @@ from lcckpt.numcodecs import LcckptLossy  # noqa: E402
 
 def arrays() -> dict:
     from lcckpt.bench.trajectory import train_trajectory
-    snap = train_trajectory(model="cnn", optimizer="sgd", steps=200, snapshot_every=200).snapshots[-1][1]
+    run = train_trajectory(model="cnn", optimizer="sgd", steps=200, snapshot_every=200)
+    snap = run.snapshots[-1][1]
     out = {"digits CNN (SGD, 200 steps)": np.concatenate(
         [v.detach().reshape(-1).float().numpy() for v in snap["model"].values()
          if v.is_floating_point()])}

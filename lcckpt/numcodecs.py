@@ -171,8 +171,9 @@ class LcckptLossy(_LcckptCodec):
     LC-Checkpoint setting (``bits``, ``error_bound``, ``midpoint``) without a ``target``
     selects LC-Checkpoint's exponent buckets instead, meant for deltas and other
     mostly-small values (every element becomes a bucket mean). Arrays that are not
-    floating (a byte buffer, integers), and chunks that hold NaN or Inf (zarr's NaN fill
-    value for missing data), which no quantizer can bound, are stored exactly.
+    floating (a byte buffer, integers) are stored exactly; chunks that hold NaN or Inf
+    (zarr's NaN fill value for missing data), which no quantizer can bound, are rounded
+    (with a ``target``) or stored exactly.
     """
     codec_id = "lcckpt_lossy"
     _keys = ("target",) + _LC_KEYS

@@ -72,10 +72,10 @@ def save(obj: Any, f: str | os.PathLike | BinaryIO, pickle_module=None, pickle_p
     "Limits"). ``metadata``: string pairs stored in
     the header, readable with :func:`read_metadata` without decoding anything (as
     safetensors' ``__metadata__``). ``progress``: called with each tensor's (or coded
-    array's) bytes once it is coded, for a progress bar. Saved to a path, an object of 64 MiB of tensors or
-    more goes to the file one tensor at a time, as each is coded or copied off its device,
-    the header last (docs/format.md, "Headers written last"): what is held beside the
-    object is one tensor's section, not all of them.
+    array's) bytes once it is coded, for a progress bar. Saved to a path, an object of
+    64 MiB of tensors or more goes to the file one tensor at a time, as each is coded or
+    copied off its device, the header last (docs/format.md, "Headers written last"): what
+    is held beside the object is one tensor's section, not all of them.
     """
     _check_save_args(pickle_module, pickle_protocol, torch_save_args)
     if compress and codec == "raw":
