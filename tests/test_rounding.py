@@ -93,3 +93,29 @@ def test_a_coarse_target_never_drops_exponent_bits():
     for target in (0.3, 0.49, 0.9):
         y = rounded(x, target)
         assert y is not None and np.all(np.abs(y) >= np.abs(x) / 2) and np.all(np.abs(y) <= 2 * np.abs(x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_compiled_errors_are_numpy_s_sums_of_the_rounded_differences(dtype):
+    """The kernel's one read against the rounded copies themselves, in float64, with
+    NaN, Inf, the largest value (which rounds up to Inf and is kept) and subnormals
+    (whose rounding may carry into the first normal binade)."""
+    from lcckpt.codec.kernels.rounding import rounding_errors
+    rng = np.random.default_rng(7)
+    info = np.finfo(dtype)
+    x = (rng.standard_normal(20_000) * 2.0 ** rng.integers(-8, 8, 20_000)).astype(dtype)
+    x[:8] = [np.nan, np.inf, -np.inf, info.max, -info.max, info.tiny / 3, -info.tiny * 0.99,
+             info.tiny * (1 - 2.0 ** -(MANTISSA[np.dtype(dtype)] + 1))]
+    finite = np.isfinite(x)
+    mant = MANTISSA[np.dtype(dtype)]
+    ebits = 8 * x.itemsize - 1 - mant
+    bias = (1 << (ebits - 1)) - 1
+    scale = 2.0 ** 600 if dtype == np.float64 else 1.0     # no square overflows
+    ulp = np.ldexp(1.0, np.maximum(np.arange((1 << ebits) - 1), 1) - bias - mant) / scale
+    keeps = np.array([9, 4, 1, 0])
+    sums = np.zeros(keeps.size + 1)
+    rounding_errors(x.view(f"u{x.itemsize}"), mant, ebits, keeps, ulp, sums)
+    x64 = x[finite].astype(np.float64) / scale
+    want = [np.sum((_round(x, int(k))[finite].astype(np.float64) / scale - x64) ** 2) for k in keeps]
+    assert np.allclose(sums[:-1], want, rtol=1e-12, atol=0)
+    assert np.isclose(sums[-1], np.sum(x64 ** 2), rtol=1e-12)

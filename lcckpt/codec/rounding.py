@@ -15,10 +15,12 @@ import math
 
 import numpy as np
 
+from .kernels import rounding as rk
+
 __all__ = ["MANTISSA", "rounded"]
 
 MANTISSA = {np.dtype(np.float16): 10, np.dtype(np.float32): 23, np.dtype(np.float64): 52}
-TRIES = 3       # keeps tried below the one whose bound per element holds by itself
+TRIES = 4       # keeps tried below the one whose bound per element holds by itself
 
 
 def _round(x: np.ndarray, keep: int) -> np.ndarray:
@@ -38,33 +40,29 @@ def rounded(x: np.ndarray, target: float) -> np.ndarray | None:
     """``x`` with the fewest mantissa bits whose error over its finite elements is within
     ``target·||x||₂``, or None where no bit can go (the dtype is not fp16/fp32/fp64, or
     ``target`` needs every bit). The bound per element, ``2^-(keep+1) <= target``, fixes
-    a first ``keep``; its measured error (about a quarter of the bound on real values;
-    subnormals, whose leading mantissa bits are zeros, err more) then predicts how many
-    more bits can go, each doubling it, and the prediction is measured in turn."""
+    a first ``keep``; it and up to :data:`TRIES` fewer bits are measured in one read
+    (:func:`~lcckpt.codec.kernels.rounding.rounding_errors`, exact in float64): rounding
+    errs by about a quarter of its bound on real values, and subnormals, whose leading
+    mantissa bits are zeros, by more."""
     bits = MANTISSA.get(x.dtype)
     if bits is None or not 0 < target < 1 or x.size == 0:
         return None
     keep = max(0, math.ceil(-math.log2(target) - 1))
     if keep >= bits:
         return None
-    finite = np.isfinite(x)
-    xf = x.reshape(-1) if finite.all() else x[finite]
-    work = np.float64 if x.dtype == np.float64 else np.float32    # y - x exact in it
-    scale = float(np.max(np.abs(xf))) if xf.size else 0.0
+    flat = x.reshape(-1)
+    finite = np.isfinite(flat)
+    scale = float(np.max(np.abs(flat if finite.all() else flat[finite]), initial=0.0))
     if scale == 0.0:
         return None                     # nothing finite to round but zeros
-    # fp32 sums of squares err by well under a thousandth: that much is kept in hand
-    allowed = target * float(np.linalg.norm(xf.astype(work) / work(scale))) * (1 - 1e-3)
-
-    def error(k: int) -> float:         # scaled: no square overflows near the largest
-        d = _round(xf, k).astype(work)
-        d -= xf
-        d /= work(scale)
-        return float(np.sqrt(np.dot(d, d)))
-    e = error(keep)
-    if e > allowed:
+    ebits = 8 * x.itemsize - 1 - bits
+    bias = (1 << (ebits - 1)) - 1
+    with np.errstate(over="ignore"):    # binades above the largest value: never read
+        ulp = np.ldexp(1.0, np.maximum(np.arange((1 << ebits) - 1), 1) - bias - bits) / scale
+    keeps = np.arange(keep, max(-1, keep - 1 - TRIES), -1)
+    sums = np.zeros(keeps.size + 1)
+    rk.rounding_errors(flat.view(f"u{x.itemsize}"), bits, ebits, keeps, ulp, sums)
+    within = sums[:-1] <= target * target * sums[-1]
+    if not within[0]:
         return None
-    k = max(0, keep - (min(TRIES, int(math.log2(allowed / e))) if e > 0 else TRIES))
-    while k < keep and error(k) > allowed:
-        k += 1
-    return _round(x, k)
+    return _round(x, int(keeps[np.argmin(within) - 1 if not within.all() else -1]))
