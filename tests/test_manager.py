@@ -1063,3 +1063,33 @@ def test_a_checkpoint_with_wrapper_prefixes_restores_into_the_bare_model(tmp_pat
     holder.module = torch.nn.Linear(2, 2)               # the model's own keys have it
     part = {"module.weight": 1, "module.bias": 2}
     assert own_keys(part, holder) is part
+
+
+def test_a_submodule_compiled_on_its_own_saves_and_restores_under_its_own_keys(tmp_path):
+    """``self.body = torch.compile(body)`` puts ``body._orig_mod.`` into the state dict's
+    keys: the manager saves them without the segment (as torch's DCP names them), and
+    restores into the model compiled or not, bit for bit with exact checkpoints."""
+    from lcckpt.training.capture import canonical
+
+    def build(seed, compiled):
+        torch.manual_seed(seed)
+        body = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU())
+        m = torch.nn.Module()
+        m.body = torch.compile(body, backend="eager") if compiled else body
+        m.head = torch.nn.Linear(16, 3)
+        m.forward = lambda x: m.head(m.body(x))
+        return m, torch.optim.Adam(m.parameters(), lr=1e-2)
+    model, opt = build(0, compiled=True)
+    assert any("._orig_mod." in k for k in model.state_dict())
+    with CheckpointManager(tmp_path, model, opt, every=2, keyframe_every=1) as mgr:
+        for _ in range(4):
+            mgr.step(_train(model, opt))
+    saved = lcckpt.DeltaCheckpointer(tmp_path).load()["model"]
+    assert sorted(saved) == ["body.0.bias", "body.0.weight", "head.bias", "head.weight"]
+    for compiled in (False, True):
+        other, other_opt = build(1, compiled)
+        with CheckpointManager(tmp_path, other, other_opt, every=2) as mgr:
+            assert mgr.restore() == 4
+        assert_same(_params(other), _params(model))
+    plain = {"a.b": 1}
+    assert canonical(plain) is plain and canonical({"x._orig_mod.y": 2}) == {"x.y": 2}

@@ -3,6 +3,7 @@ objects, the user's ``extra`` values and the global random generators, as one tr
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
 import numpy as np
@@ -44,16 +45,31 @@ def unwrapped(model):
             return model
 
 
+_COMPILED = re.compile(r"(?:^|(?<=\.))_orig_mod\.")     # a compiled submodule's segment
+
+
+def canonical(state: dict) -> dict:
+    """A model's state dict without the ``_orig_mod.`` segments of submodules compiled
+    on their own (``encoder._orig_mod.0.weight`` -> ``encoder.0.weight``, as torch's
+    ``get_model_state_dict`` names them); ``state`` itself where there are none."""
+    if not any(isinstance(k, str) and "_orig_mod." in k for k in state):
+        return state
+    return {_COMPILED.sub("", k) if isinstance(k, str) else k: v for k, v in state.items()}
+
+
 def own_keys(part: dict, model) -> dict:
-    """``part`` (a model's saved state dict) without the wrapper prefixes that every one
-    of its keys has and the model's own keys lack: a checkpoint written before the
-    manager unwrapped its model."""
+    """``part`` (a model's saved state dict) under the model's own keys: without the
+    wrapper prefixes that every one of its keys has and the model's keys lack (a
+    checkpoint written before the manager unwrapped its model), and with ``_orig_mod.``
+    segments where the model has compiled submodules and the checkpoint does not."""
     own = model.state_dict().keys()
     while part and (prefix := next((p for p in WRAPPER_PREFIXES if all(
             isinstance(k, str) and k.startswith(p) for k in part)
             and not any(k.startswith(p) for k in own)), None)):
         part = {k[len(prefix):]: v for k, v in part.items()}
-    return part
+    part = canonical(part)
+    back = {_COMPILED.sub("", k): k for k in own if "_orig_mod." in k}
+    return {back.get(k, k): v for k, v in part.items()} if back else part
 
 
 class Capture:
@@ -88,14 +104,15 @@ class Capture:
         would be copied up twice)."""
         if self.model is None:
             return {}
-        return {"model": {k: v for k, v in self.model.state_dict().items()
-                          if not (isinstance(v, torch.Tensor) and v.device.type != "cpu")}}
+        return {"model": canonical({k: v for k, v in self.model.state_dict().items()
+                                    if not (isinstance(v, torch.Tensor)
+                                            and v.device.type != "cpu")})}
 
     def collect(self, manager_state: dict) -> dict:
         tree: dict[str, Any] = {"manager": manager_state}
         for key, obj in self._parts():
             if obj is not None:
-                tree[key] = obj.state_dict()
+                tree[key] = canonical(obj.state_dict()) if key == "model" else obj.state_dict()
         if self.objects:
             tree["objects"] = {name: handler(obj)[0]() for name, obj in self.objects.items()}
         tree["extra"] = self.extra
