@@ -2,12 +2,12 @@
 places as its reference (an attention mask of -inf, a bias whose masked entries stay
 -inf while the rest is trained).
 
-No quantizer can code ``u - ref`` there (``-inf - -inf`` is NaN), so such a tensor was
-stored exactly at every save, with a warning meant for a diverged step. Here the delta is
-coded with those places set to zero in both ``u`` and the reference: the decoder adds
-zero to them (``-inf + 0`` is ``-inf``, a quiet NaN stays that NaN), so its restored
-tensor keeps them, and the encoder puts them back into its own reference, bit for bit
-what the decoder holds. A tensor whose NaN/Inf moved, appeared or changed is not
+No quantizer can code ``u - ref`` there (``-inf - -inf`` is NaN): stored exactly, such a
+tensor would cost its whole size at every save, with a warning meant for a diverged step.
+Here the delta is coded with those places set to zero in both ``u`` and the reference:
+the decoder adds zero to them (``-inf + 0`` is ``-inf``, a quiet NaN stays that NaN), so
+its restored tensor keeps them, and the encoder puts them back into its own reference,
+bit for bit what the decoder holds. A tensor whose NaN/Inf moved, appeared or changed is not
 handled here: it is stored exactly, as a diverged step is.
 """
 

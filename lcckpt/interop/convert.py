@@ -289,13 +289,14 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = 
     source = src if key is None else f"{src}[{key!r}]"
     if key is not None:
         obj = select(obj, key, src)
-    total = stored_bytes(flat_tensors(obj).values()) if progress is not None else 0
+    tensors = flat_tensors(obj)
+    total = stored_bytes(tensors.values()) if progress is not None else 0
     write_checkpoint(obj, dst, fmt, compress=compress, metadata=meta, source=source,
                      progress=progress and (lambda n: progress(n, total)))
     dropped = len(meta) if meta and fmt == "torch" else 0
     return {"dropped_metadata": dropped, "input": src, "input_format": src_fmt, "output": dst, "output_format": fmt,
             "input_bytes": _size(src, src_fmt), "output_bytes": os.path.getsize(dst),
-            "tensors": len(flat_tensors(obj)),
+            "tensors": len(tensors),
             **(_chain_step(src, step) if src_fmt == "chain" else {})}
 
 
