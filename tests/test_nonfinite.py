@@ -110,3 +110,21 @@ def test_a_trained_bias_whose_masked_entries_stay_minus_inf_is_coded_as_a_delta(
     said = _saved(ck, 4, {"bias": moved})
     assert len(said) == 1 and "the tensor holds NaN/Inf" in said[0]
     assert same_bits(ck.load(4)["bias"], moved)
+
+
+@pytest.mark.parametrize("n", [1000, 5000])       # the base kept exactly, and sketched
+def test_a_signalling_nan_is_kept_bit_for_bit_at_every_step(tmp_path, n):
+    """Adding zero makes a signalling NaN quiet, so a tensor holding one, unchanged, is not
+    coded as a masked delta but stored exactly: every step gives its bits back; and a
+    keyframe holding it gives no cast warning."""
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(n, generator=g)
+    w.view(torch.int32)[:3] = torch.tensor([0x7F800001, 0x7FA00000, -0x3FFFFF], dtype=torch.int32)
+    assert torch.isnan(w[:3]).all()
+    ck = DeltaCheckpointer(tmp_path)
+    for step in range(3):
+        x = w.clone()
+        x[3:] += 0.01 * step
+        said = _saved(ck, step, {"w": x})
+        assert not any("invalid value" in s for s in said)
+        assert same_bits(ck.load(step)["w"], x)

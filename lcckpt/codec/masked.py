@@ -8,7 +8,8 @@ Here the delta is coded with those places set to zero in both ``u`` and the refe
 the decoder adds zero to them (``-inf + 0`` is ``-inf``, a quiet NaN stays that NaN), so
 its restored tensor keeps them, and the encoder puts them back into its own reference,
 bit for bit what the decoder holds. A tensor whose NaN/Inf moved, appeared or changed is not
-handled here: it is stored exactly, as a diverged step is.
+handled here: it is stored exactly, as a diverged step is; so is one holding a signalling
+NaN, which adding zero would make quiet (another bit pattern).
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ def masked_delta(enc, a: np.ndarray, dt, u: np.ndarray, ref: np.ndarray | None, 
     if not np.array_equal(bad, ~np.isfinite(ref)) or not same_bits(u[bad], ref[bad]):
         return None
     kept = ref[bad]
+    with np.errstate(invalid="ignore"):     # a signalling NaN raises the flag as it quiets
+        if not same_bits(kept, kept + kept.dtype.type(0)):
+            return None
     u0, r0 = np.where(bad, 0, u).astype(u.dtype), np.where(bad, 0, ref).astype(u.dtype)
     cfg = enc._config_for(u0, dt)       # the movement of the finite part
     parts, st, lossy = guarded_encode(u0, r0, dt, a.shape, cfg, exact, cache=enc.cache,

@@ -68,7 +68,8 @@ class Movement:
         if base is None:
             self._base = None
         elif base.size <= BUCKETS:
-            self._base = base.astype(np.float64)
+            with np.errstate(invalid="ignore"):     # a signalling NaN is cast quiet
+                self._base = base.astype(np.float64)
         else:
             self._base = sketch(base)[0]
 
