@@ -1065,6 +1065,34 @@ def test_a_checkpoint_with_wrapper_prefixes_restores_into_the_bare_model(tmp_pat
     assert own_keys(part, holder) is part
 
 
+def test_a_lazy_module_restores_before_its_first_forward(tmp_path):
+    """A ``LazyLinear`` has no shape before its first forward: the restore decodes its
+    tensors apart and ``load_state_dict`` materializes them (they were taken for
+    targets, and a restore failed calling the file corrupt); a plain ``load(into=...)``
+    of such a model's state dict returns the stored tensors there."""
+    def build(seed):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.LazyLinear(8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+        return model, torch.optim.SGD(model.parameters(), 0.1, momentum=0.9)
+
+    model, opt = build(0)
+    with CheckpointManager(tmp_path / "run", model, opt, every=1, keyframe_every=1) as mgr:
+        for _ in range(2):
+            model(torch.randn(4, 5)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            mgr.step(0.0)
+    again, again_opt = build(1)
+    with CheckpointManager(tmp_path / "run", again, again_opt, every=1) as mgr:
+        assert mgr.restore() == 2
+    assert_same(_params(again), _params(model))
+    lcckpt.save({"model": model.state_dict()}, tmp_path / "m.lcc")
+    lazy, _ = build(2)
+    got = lcckpt.load(tmp_path / "m.lcc", into={"model": lazy.state_dict()})
+    lazy.load_state_dict(got["model"])
+    assert_same(_params(lazy), _params(model))
+
+
 def test_a_submodule_compiled_on_its_own_saves_and_restores_under_its_own_keys(tmp_path):
     """``self.body = torch.compile(body)`` puts ``body._orig_mod.`` into the state dict's
     keys: the manager saves them without the segment (as torch's DCP names them), and

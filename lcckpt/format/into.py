@@ -15,6 +15,7 @@ from __future__ import annotations
 
 
 import torch
+from torch.nn.parameter import is_lazy
 
 from ..errors import InvalidArgumentError
 from ..util.caller import warn_user
@@ -41,7 +42,9 @@ class Into:
         return cls(tensor_paths(into), warn)
 
     def __init__(self, paths: dict, warn: bool = True):
-        self.paths = paths
+        # a lazy module's parameter before its first forward has no shape to fill: the
+        # load returns the stored tensor there, and load_state_dict materializes it
+        self.paths = {p: t for p, t in paths.items() if not is_lazy(t)}
         self.warn = warn
         self._owner: dict[int, str] = {}     # a target's memory -> the key path it receives
         self._taken: set[str] = set()        # key paths decoded straight into their target
