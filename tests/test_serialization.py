@@ -1452,6 +1452,18 @@ def test_a_target_given_twice_receives_one_tensor_only(tmp_path):
     assert torch.equal(got["a"], a) and torch.equal(got["b"], b)
 
 
+@pytest.mark.parametrize("compress", [False, True])
+def test_an_expanded_target_is_left_with_a_warning_that_says_why(tmp_path, compress):
+    """A target whose elements share memory (``expand()``) cannot take the values: the
+    load returns them beside it and says so, where torch's copy raised."""
+    a = torch.randn(4, 3)
+    lcckpt.save({"a": a}, tmp_path / "f.lcc", compress=compress)
+    t = torch.zeros(3).expand(4, 3)
+    with pytest.warns(RuntimeWarning, match=r"share memory \(expand\(\)-ed\): clone\(\) it"):
+        got = lcckpt.load(tmp_path / "f.lcc", into={"a": t})
+    assert got["a"] is not t and torch.equal(got["a"], a) and not t.any()
+
+
 def test_a_url_is_refused_by_name_and_makes_no_local_folder(tmp_path, monkeypatch):
     """``"memory://x/a.lcc"`` is a valid relative path on POSIX: a chain made a folder
     named ``memory:`` and wrote there, and ``lcckpt.save`` said its directory was

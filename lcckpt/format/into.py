@@ -86,8 +86,9 @@ class Into:
                 continue
             seen = self._seen.get(path)
             out.append((path, "no dense tensor is stored at this place" if seen is None else
-                        f"the stored tensor is {_describe(*seen)}, the target "
-                        f"{_describe(t.dtype, tuple(t.shape))}"))
+                        "the target's elements share memory (expand()-ed): clone() it"
+                        if _overlaps(t) else f"the stored tensor is {_describe(*seen)}, "
+                        f"the target {_describe(t.dtype, tuple(t.shape))}"))
         return out
 
     def warn_unfilled(self) -> None:
@@ -137,8 +138,15 @@ def _describe(dtype: torch.dtype, shape: tuple) -> str:
 def _receives(target, t: torch.Tensor) -> bool:
     """Whether ``target`` (an ``into`` entry) can take the values of ``t``: a tensor of its
     dtype and shape on any real device, strided, without a lazy conjugate or negative
-    bit."""
+    bit, and no two of its elements in one place (an ``expand``-ed tensor: the copy
+    would raise)."""
     return (isinstance(target, torch.Tensor) and target is not t
             and target.device.type != "meta" and target.layout == torch.strided
             and t.layout == torch.strided and target.dtype == t.dtype
-            and target.shape == t.shape and not (target.is_conj() or target.is_neg()))
+            and target.shape == t.shape and not (target.is_conj() or target.is_neg())
+            and not _overlaps(target))
+
+
+def _overlaps(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` share a place in memory (a stride of 0)."""
+    return any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape))
