@@ -93,13 +93,14 @@ class DistributedCheckpointError(LcckptError):
 
 def proves_damage(e: BaseException) -> bool:
     """Whether a failed restore proves its file damaged (so setting it aside is right):
-    corrupt data or a broken chain link, with no unreadable file, limit or newer
-    format anywhere in its causes."""
+    corrupt data or a broken chain link, with no unreadable file, limit, newer format or
+    exhausted memory (a decode that ran out of it is reported as the file's failure)
+    anywhere in its causes."""
     seen, x = [], e
     while x is not None and len(seen) < 16:
         seen.append(x)
         x = x.__cause__
-    if any(isinstance(x, (ResourceLimitError, UnsupportedVersionError)) or
+    if any(isinstance(x, (ResourceLimitError, UnsupportedVersionError, MemoryError)) or
            (isinstance(x, OSError) and not isinstance(x, FileNotFoundError))
            for x in seen):
         return False

@@ -954,6 +954,27 @@ def test_an_unreadable_newest_file_is_raised_not_set_aside(tmp_path, monkeypatch
     assert Path(path).exists() and not Path(path + ".damaged").exists()
 
 
+def test_memory_running_out_in_a_decode_is_raised_not_set_aside(tmp_path, monkeypatch):
+    """A decode of the newest file that runs out of memory (reported as that file's
+    failure to decode, which a manager took for damage) proves nothing of its data:
+    restore raises it, renames nothing and does not roll the run back to the step
+    before."""
+    model, opt, path = _six_steps(tmp_path)
+    from lcckpt.chain.links import FileReplay
+    real = FileReplay.decode_leaf
+
+    def short_of_memory(self, *a, **kw):
+        if self.origin and self.origin[0] == 6:
+            raise MemoryError("cannot allocate")
+        return real(self, *a, **kw)
+    monkeypatch.setattr(FileReplay, "decode_leaf", short_of_memory)
+    mgr = CheckpointManager(tmp_path, model, opt, every=2, backpressure="wait")
+    with pytest.raises(MemoryError):
+        mgr.restore()
+    mgr.close()
+    assert Path(path).exists() and not Path(path + ".damaged").exists()
+
+
 def test_a_file_over_the_limit_is_raised_not_set_aside_and_max_bytes_lets_it_in(tmp_path):
     model, opt, path = _six_steps(tmp_path)
     mgr = CheckpointManager(tmp_path, model, opt, every=2, backpressure="wait")

@@ -409,7 +409,7 @@ class _Loader(CompositeLoader, ValueLoader, StdlibLoader):
             _bad(path, "codec_params is not an object")
         try:
             out = self.decode_leaf(path, self.c, s, meta)
-        except LcckptError:
+        except (LcckptError, MemoryError):     # the machine's limit, not the file's damage
             raise
         except Exception as e:
             raise CorruptDataError(

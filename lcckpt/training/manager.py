@@ -259,9 +259,9 @@ class CheckpointManager:
         none. A newest file proven damaged (a checksum, its structure or its chain link
         fails) is passed over with a warning naming it and why, and renamed to
         ``*.damaged`` so that the chain continues from the step restored. Anything else (an
-        unreadable file, a limit, a newer format) is raised, nothing renamed. ``max_bytes``
-        as in :meth:`DeltaCheckpointer.load`. The model's host tensors are decoded into: a
-        restore that raises may leave part of it there. Under DDP, called on every rank,
+        unreadable file, a limit, a newer format, memory running out) is raised, nothing
+        renamed. ``max_bytes`` as in :meth:`DeltaCheckpointer.load`. The model's host
+        tensors are decoded into: a restore that raises may leave part of it there. Under DDP, called on every rank,
         the writer alone reads the checkpoint and sends it (``cooperative=False``: all do).
         """
         self._check_usable()
