@@ -934,6 +934,15 @@ def _six_steps(tmp_path):
     return model, opt, lcckpt.DeltaCheckpointer(tmp_path).path(6)
 
 
+def _raised_and_kept(tmp_path, model, opt, path, error):
+    """A restore raises ``error`` and leaves the newest file ``path`` where it is."""
+    mgr = CheckpointManager(tmp_path, model, opt, every=2, backpressure="wait")
+    with pytest.raises(error):
+        mgr.restore()
+    mgr.close()
+    assert Path(path).exists() and not Path(path + ".damaged").exists()
+
+
 def test_an_unreadable_newest_file_is_raised_not_set_aside(tmp_path, monkeypatch):
     """EACCES on an intact file says nothing of its data: restore raises it, renames
     nothing and does not roll the run back."""
@@ -947,11 +956,7 @@ def test_an_unreadable_newest_file_is_raised_not_set_aside(tmp_path, monkeypatch
         return real(p, *a, **kw)
     for mod in (directory, restore):          # the chain's walk and its header cache
         monkeypatch.setattr(mod, "read_container", unreadable)
-    mgr = CheckpointManager(tmp_path, model, opt, every=2, backpressure="wait")
-    with pytest.raises(OSError):
-        mgr.restore()
-    mgr.close()
-    assert Path(path).exists() and not Path(path + ".damaged").exists()
+    _raised_and_kept(tmp_path, model, opt, path, OSError)
 
 
 def test_memory_running_out_in_a_decode_is_raised_not_set_aside(tmp_path, monkeypatch):
@@ -968,11 +973,7 @@ def test_memory_running_out_in_a_decode_is_raised_not_set_aside(tmp_path, monkey
             raise MemoryError("cannot allocate")
         return real(self, *a, **kw)
     monkeypatch.setattr(FileReplay, "decode_leaf", short_of_memory)
-    mgr = CheckpointManager(tmp_path, model, opt, every=2, backpressure="wait")
-    with pytest.raises(MemoryError):
-        mgr.restore()
-    mgr.close()
-    assert Path(path).exists() and not Path(path + ".damaged").exists()
+    _raised_and_kept(tmp_path, model, opt, path, MemoryError)
 
 
 def test_a_file_over_the_limit_is_raised_not_set_aside_and_max_bytes_lets_it_in(tmp_path):
