@@ -211,3 +211,25 @@ def test_a_mask_of_minus_inf_and_a_nan_buffer_leave_the_errors_finite(tmp_path, 
     assert sq_dist(a) == 1.0 and sq_dist(a, a.copy()) == 0.0
     assert sq_dist(a, np.array([1.0, np.inf, 0.0, -np.inf])) == np.inf
     assert sq_dist(a, np.array([3.0, np.inf, np.nan, np.inf])) == np.inf
+
+
+def test_a_tensor_a_step_left_unchanged_is_not_said_to_have_lost_its_change(tmp_path):
+    """A bias frozen after the second file keeps the small error earlier deltas left:
+    over its step (zero) that was an infinite error, and the summary said the weight
+    "lost most of its change". A step that changed nothing lost nothing at it (the
+    error is still in the state's error column)."""
+    g = torch.Generator().manual_seed(3)
+    w, b = torch.randn(256, 128, generator=g), torch.randn(256, generator=g)
+    paths = []
+    for i in range(4):
+        w = w + 0.01 * torch.randn(w.shape, generator=g)
+        if i < 2:
+            b = b + 0.01 * torch.randn(b.shape, generator=g)
+        paths.append(str(tmp_path / f"{i}.pt"))
+        torch.save({"a.weight": w, "a.bias": b}, paths[-1])
+    out = tmp_path / "s.json"
+    assert main(["bench", "--checkpoint", *paths, "--json", str(out)]) == 0
+    s = json.loads(out.read_text())["stream"]
+    default = next(r for r in s["rows"] if r["method"] == cb.DEFAULT)
+    assert 0 < default["worst_tensor_err_vs_change"] < 0.5
+    assert "lost most of its change" not in " ".join(cb.summary_line(s).split())

@@ -243,21 +243,21 @@ def _movements(truth: dict, previous: dict | None) -> dict[str, tuple[float, flo
 
 
 def _errors(restored, truth, moved) -> tuple[float, float, dict]:
-    """``(error of the state, error over the step, {role: (its worst tensor's error over
-    its step, its name)})``: one number can hide a tensor the delta lost, when others (an
-    optimizer's moments) move more. ``moved``: :func:`_movements`."""
+    """``(error of the state, error over the step, {role: (worst tensor's error over its
+    step, its name)})``: one number can hide a tensor the delta lost, when others (an
+    optimizer's moments) move more. What the step did not change lost nothing at it (its
+    error, from earlier steps, is in the first number). ``moved``: :func:`_movements`."""
     res = tgt = step = 0.0
     roles: dict[str, tuple[float, str]] = {}
     for k, t in truth.items():
         r = _err(t, restored[k])
         m, n = moved[k]
         res, tgt, step = res + r, tgt + n, step + m
-        if r > 0:
-            w = (math.sqrt(r / m) if m else math.inf, k)
+        if r > 0 and m > 0:
+            w = (math.sqrt(r / m), k)
             role = role_of(f'["{k.rsplit(".", 1)[-1]}"]')       # by its last name: exp_avg, ...
             roles[role] = max(roles.get(role, (0.0, "")), w)
-    return (math.sqrt(res / tgt) if tgt else 0.0,
-            math.sqrt(res / step) if step else (0.0 if res == 0 else math.inf), roles)
+    return math.sqrt(res / tgt) if tgt else 0.0, math.sqrt(res / step) if step else 0.0, roles
 
 
 def _chain_row(label, settings, objs, raw, moved, accuracy, bar) -> dict:
