@@ -863,6 +863,47 @@ def test_benchmark_leaves_training_unchanged():
     assert res["baseline_ms_per_it"] > 0 and "fixed interval" in res["explain"]
 
 
+_EXITS_WRITING = """
+import sys, time, torch, lcckpt
+from lcckpt.chain.checkpointer import DeltaCheckpointer
+save = DeltaCheckpointer.save
+def slow(self, *a, **kw):
+    time.sleep(0.5)                     # the program has ended by the time the save runs
+    if sys.argv[2:] == ["fail"]:
+        raise OSError(28, "No space left on device")
+    return save(self, *a, **kw)
+DeltaCheckpointer.save = slow
+model = torch.nn.Linear(256, 256)
+opt = torch.optim.SGD(model.parameters(), 0.1)
+mgr = lcckpt.CheckpointManager(sys.argv[1], model, opt, every=1)
+mgr.step(0.0)
+"""
+
+
+@pytest.mark.slow
+def test_a_background_save_in_flight_as_the_program_ends_is_written(tmp_path):
+    """A script that ends without closing its manager: the background save it started
+    ran on as the interpreter exited, but the thread pool had shut down, so the save
+    failed on its first chunk, the error was never raised, and the checkpoint was
+    lost. It now finishes (its chunks run on its own thread)."""
+    out = tmp_path / "run"
+    subprocess.run([sys.executable, "-c", _EXITS_WRITING, str(out)], check=True, timeout=120)
+    ck = lcckpt.DeltaCheckpointer(out)
+    assert ck.steps() == [1]
+    assert set(ck.load(1)["model"]) == {"weight", "bias"}
+
+
+@pytest.mark.slow
+def test_a_background_save_failing_as_the_program_ends_says_so(tmp_path):
+    """Its error waited for a next call that never came: nothing said the checkpoint
+    was lost. Now a warning does."""
+    got = subprocess.run([sys.executable, "-c", _EXITS_WRITING, str(tmp_path / "run"), "fail"],
+                         capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0
+    assert "a background checkpoint failed as the program ended" in got.stderr
+    assert "No space left on device" in got.stderr
+
+
 def test_sigterm_checkpoints_then_calls_the_previous_handler(tmp_path):
     calls = []
 

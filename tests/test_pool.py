@@ -116,3 +116,19 @@ def test_a_thread_count_is_read_from_the_environment(monkeypatch):
     assert pool.threads() == 3
     monkeypatch.setenv("LCCKPT_THREADS", "")
     assert pool.threads() == pool.cpus()
+
+
+def test_work_given_a_pool_shut_down_runs_on_the_caller_s_thread(monkeypatch):
+    """At interpreter exit the pool takes no more work ("cannot schedule new futures
+    after shutdown"); a background save still running then runs its chunks itself."""
+    monkeypatch.setenv("LCCKPT_THREADS", "2")
+    monkeypatch.setattr(pool, "_pool", None)
+    pool._get_pool().shutdown()
+    me = threading.get_ident()
+    assert pool.run_tasks(lambda t: (t, threading.get_ident()), 4) == [(t, me) for t in range(4)]
+    seen = []
+    pool.run_balanced(lambda t: seen.append(t), 5)
+    assert sorted(seen) == list(range(5))
+    assert pool.submit(lambda: threading.get_ident()).result() == me
+    with pytest.raises(ValueError, match="x"):
+        pool.submit(lambda: (_ for _ in ()).throw(ValueError("x"))).result()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from ..util.caller import warn_user
 from ..util.collector import paused
 
 
@@ -52,3 +53,11 @@ class Writer:
                 job(*args)
         except BaseException as e:          # raised in the caller's thread by wait()
             self._error = e
+            said_at_exit(e)
+
+
+def said_at_exit(e: BaseException) -> None:
+    """Warn of a background checkpoint's error ``e`` where the program has ended (its
+    main thread is done): no later call will raise it, and the checkpoint is lost."""
+    if not threading.main_thread().is_alive():
+        warn_user(f"a background checkpoint failed as the program ended: {e!r}")

@@ -34,6 +34,7 @@ import torch
 from . import replan as _replan
 from .. import limits
 from ..util import collector
+from .background import said_at_exit
 from .capture import Capture
 from .costs import Costs
 from .explain import explain
@@ -303,8 +304,7 @@ class CheckpointManager:
         timed while no background job runs; ``checkpoint`` = ``snapshot`` (the stall) +
         ``interference`` (how much longer the iterations beside a background write took,
         summed over the write). ``restart`` is the given ``restart_cost``, else the
-        measured restore time, else the persist time.
-        """
+        measured restore time, else the persist time."""
         return self._costs.summary()
 
     @property
@@ -316,10 +316,9 @@ class CheckpointManager:
     def plan_summary(self) -> dict[str, Any] | None:
         """The latest plan: gap (iterations), policy used, Young/Daly gap, horizon; or None."""
         d = self._decision
-        if d is None:
-            return None
-        return {"gap": d.gap, "policy": d.policy_used, "young_daly_gap": d.young_daly_gap,
-                "horizon": d.horizon, "block": d.block, "note": d.note}
+        return None if d is None else {
+            "gap": d.gap, "policy": d.policy_used, "young_daly_gap": d.young_daly_gap,
+            "horizon": d.horizon, "block": d.block, "note": d.note}
 
     def explain(self) -> str:
         """Why the manager checkpoints at its current rate, in a few lines."""
@@ -364,6 +363,7 @@ class CheckpointManager:
             target(*args)
         except BaseException as e:  # handed to the training thread at its next call
             self._error = e
+            said_at_exit(e)
 
     def _due(self) -> bool:
         if not self.writer:                       # another process writes: nothing to take

@@ -69,15 +69,30 @@ def on_pool_thread() -> bool:
 
 def submit(fn, *args) -> Future:
     """Start ``fn(*args)`` on the pool and return its future; on a pool thread (where
-    waiting for a queued task could deadlock the pool) it runs inline instead."""
-    if getattr(_local, "worker", False):
-        fut = Future()
-        try:
-            fut.set_result(fn(*args))
-        except BaseException as e:
-            fut.set_exception(e)
-        return fut
-    return _get_pool().submit(fn, *args)
+    waiting for a queued task could deadlock the pool) it runs inline instead, as it
+    does once the interpreter is exiting (the pool then takes no more work, and a
+    background save still running must finish on its own thread)."""
+    return _done(fn, *args) if getattr(_local, "worker", False) else _queue(fn, *args)
+
+
+def _queue(fn, *args) -> Future:
+    """``fn(*args)`` queued on the pool, or run here where the pool is shut down."""
+    try:
+        return _get_pool().submit(fn, *args)
+    except RuntimeError as e:
+        if "shutdown" not in str(e):         # "cannot schedule new futures after shutdown"
+            raise
+        return _done(fn, *args)
+
+
+def _done(fn, *args) -> Future:
+    """The future of ``fn(*args)``, run here and now."""
+    fut = Future()
+    try:
+        fut.set_result(fn(*args))
+    except BaseException as e:
+        fut.set_exception(e)
+    return fut
 
 
 def _forget_pool():
@@ -108,8 +123,7 @@ def run_tasks(fn, n: int):
         lo, hi = r * n // workers, (r + 1) * n // workers
         return [fn(t) for t in range(lo, hi)]
 
-    pool = _get_pool()
-    futs = [None] + [pool.submit(run_range, r) for r in range(1, workers)]
+    futs = [None] + [_queue(run_range, r) for r in range(1, workers)]
     out, error = [], None
     for r, f in enumerate(futs):
         try:
@@ -145,8 +159,8 @@ def run_balanced(fn, n: int) -> None:
             if t >= n:
                 return
             fn(t)
-    for _ in _get_pool().map(work, range(workers)):
-        pass
+    for f in [_queue(work, r) for r in range(workers)]:
+        f.result()
 
 
 COPY_CHUNK = 1 << 22             # elements per task of :func:`copy`
