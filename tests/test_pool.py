@@ -3,10 +3,13 @@
 size from ``LCCKPT_THREADS``."""
 
 import re
+import subprocess
+import sys
 import threading
 
 import numpy as np
 import pytest
+import torch
 
 import lcckpt
 from lcckpt.codec import streamed
@@ -132,3 +135,15 @@ def test_work_given_a_pool_shut_down_runs_on_the_caller_s_thread(monkeypatch):
     assert pool.submit(lambda: threading.get_ident()).result() == me
     with pytest.raises(ValueError, match="x"):
         pool.submit(lambda: (_ for _ in ()).throw(ValueError("x"))).result()
+
+
+@pytest.mark.slow
+def test_a_save_in_an_atexit_handler_is_written(tmp_path):
+    """``atexit`` handlers run after the pool has shut down: ``lcckpt.save`` there (a
+    save-on-exit hook) raised "cannot schedule new futures after shutdown"."""
+    script = ("import atexit, sys, torch, lcckpt\n"
+              "w = torch.arange(3_000_000, dtype=torch.float32)\n"
+              "atexit.register(lambda: lcckpt.save({'w': w}, sys.argv[1], compress=True))\n")
+    path = tmp_path / "exit.lcc"
+    subprocess.run([sys.executable, "-c", script, str(path)], check=True, timeout=120)
+    assert torch.equal(lcckpt.load(path)["w"], torch.arange(3_000_000, dtype=torch.float32))
