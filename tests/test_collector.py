@@ -2,6 +2,7 @@
 writer beside training, and left alone in other threads (lcckpt/util/collector.py)."""
 
 import gc
+import os
 import threading
 
 import pytest
@@ -162,3 +163,30 @@ def test_a_distributed_async_save_writes_with_the_collector_off(tmp_path, monkey
     ld.load(out, tmp_path / "d")
     assert torch.equal(out["w"], torch.arange(8.0))
     assert seen == [(False, False)]          # in DCP's thread, off
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_process_forked_during_a_background_pause_has_the_collector_on():
+    """A DataLoader worker forked while a writer beside training holds the collector off
+    ran its whole life without it: the block that turns it back on runs in the parent."""
+    inside, leave = threading.Event(), threading.Event()
+
+    def writer():
+        with paused(background=True):
+            inside.set()
+            leave.wait(10)
+    t = threading.Thread(target=writer)
+    t.start()
+    assert inside.wait(10) and not gc.isenabled()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                    # the child: report and leave at once
+        os.write(w, b"1" if gc.isenabled() else b"0")
+        os._exit(0)
+    os.close(w)
+    said = os.read(r, 1)
+    os.close(r)
+    os.waitpid(pid, 0)
+    leave.set()
+    t.join()
+    assert said == b"1" and gc.isenabled()

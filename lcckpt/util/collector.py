@@ -15,19 +15,33 @@ collection started there holds the GIL and stalls training, 2.8-4.3 s of them in
 runs of a manager's background saves (docs/benchmarks.md). Cyclic garbage that training
 makes meanwhile waits until the save ends; ``gc.collect()`` still runs when called. A
 block that finds the collector off leaves it so; the block that turned it off turns it
-back on."""
+back on. A process forked meanwhile (a DataLoader's worker, started as an epoch begins)
+gets it back on: the block that would turn it on runs in the parent alone, and the
+worker ran its whole life without it."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import gc
+import os
 import threading
 from typing import Callable, Iterator, TypeVar
 
 F = TypeVar("F", bound=Callable)
 
 HOLD_OFF = True     # False: the collector is left alone (benchmarks/collector.py compares)
+_held = False       # a block of this module holds the collector off
+
+
+def _after_fork_in_child() -> None:
+    global _held
+    if _held:
+        _held = False
+        gc.enable()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @contextlib.contextmanager
@@ -38,10 +52,13 @@ def paused(background: bool = False) -> Iterator[None]:
     if not HOLD_OFF or not (main or background) or not gc.isenabled():
         yield
         return
+    global _held
     gc.disable()
+    _held = True
     try:
         yield
     finally:
+        _held = False
         gc.enable()
 
 
