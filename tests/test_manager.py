@@ -927,6 +927,33 @@ def test_sigterm_checkpoints_then_calls_the_previous_handler(tmp_path):
         signal.signal(signal.SIGTERM, old)
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_is_terminated_by_sigterm(tmp_path):
+    """A process forked from one whose manager has ``sigterm=True`` (a multiprocessing
+    worker) inherited the handler, which only noted the signal for a manager the child
+    does not run: it ignored SIGTERM and ``terminate()`` never ended it."""
+    model, opt = _setup()
+    mgr = CheckpointManager(tmp_path, model, opt, every=100, sigterm=True)
+    try:
+        pid = os.fork()
+        if pid == 0:                                # the child: wait to be terminated
+            time.sleep(20)
+            os._exit(0)
+        time.sleep(0.2)
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if done[0] == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        assert done[0] == pid and os.WIFSIGNALED(done[1])
+        assert os.WTERMSIG(done[1]) == signal.SIGTERM
+        assert not mgr._sigterm.pending                 # and the parent's hook is as it was
+    finally:
+        mgr.close()
+
+
 def test_the_sigterm_checkpoint_is_a_keyframe_the_run_resumes_from_exactly(tmp_path):
     calls = []
     old = signal.signal(signal.SIGTERM, lambda signum, frame: calls.append(signum))

@@ -13,6 +13,7 @@ all-reduce for ever), so each registers in the group's store first
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from typing import Any
@@ -46,10 +47,18 @@ class SigtermHook:
         self.pending = False
         self._group = in_group() and every_rank_has_one() if group is None else group
         self._next = 0                  # the iteration of the next agreement (a group's)
+        self._pid = os.getpid()
         prev = signal.signal(signal.SIGTERM, self._on_sigterm)
         self._prev: Any = signal.SIG_DFL if prev is None else prev   # None: set from C
 
     def _on_sigterm(self, signum, frame) -> None:
+        if os.getpid() != self._pid:    # a forked child (a worker) has no manager to act:
+            prev = self.uninstall()     # it ignored SIGTERM, and terminate() hung on it
+            if callable(prev):
+                prev(signum, frame)
+            elif prev == signal.SIG_DFL:
+                os.kill(os.getpid(), signum)
+            return
         self.pending = True             # acted on at the next step(), between iterations
 
     def due(self, iteration: int = 0, iter_time=lambda: float("nan")) -> bool:
