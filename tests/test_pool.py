@@ -1,11 +1,14 @@
 """lcckpt's thread pool: a deferred blob read inside a pool task (a small tensor's replay in
 ``settle``) reads inline instead of waiting on a pool that is busy with the caller; its
-size from ``LCCKPT_THREADS``."""
+size from ``LCCKPT_THREADS``; work given once it is shut down (interpreter exit) runs on
+the caller's thread; an error or an interrupt is raised once no task runs."""
 
 import re
+import signal
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -147,3 +150,35 @@ def test_a_save_in_an_atexit_handler_is_written(tmp_path):
     path = tmp_path / "exit.lcc"
     subprocess.run([sys.executable, "-c", script, str(path)], check=True, timeout=120)
     assert torch.equal(lcckpt.load(path)["w"], torch.arange(3_000_000, dtype=torch.float32))
+
+
+@pytest.mark.parametrize("how", ["run_tasks", "run_balanced", "gather"])
+def test_an_interrupt_while_tasks_run_is_raised_once_none_runs(monkeypatch, how):
+    """Ctrl-C while a caller waited for the pool left its tasks running on buffers that
+    the unwinding caller freed: a save interrupted so crashed the interpreter (a
+    segmentation fault in a lossless kernel). The interrupt now waits for them."""
+    monkeypatch.setenv("LCCKPT_THREADS", "2")
+    running, lock = [], threading.Lock()
+
+    def task(t):
+        with lock:
+            running.append(t)
+        try:
+            time.sleep(0.3)
+        finally:
+            with lock:
+                running.remove(t)
+    main = threading.main_thread().ident
+    timer = threading.Timer(0.1, lambda: signal.pthread_kill(main, signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            if how == "run_tasks":
+                pool.run_tasks(task, 6)
+            elif how == "run_balanced":
+                pool.run_balanced(task, 6)
+            else:
+                pool.gather([pool.submit(task, t) for t in range(6)])
+        assert running == []
+    finally:
+        timer.join()

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import blob as _blob, dtypes
 from ..util import memory as _memory, pool as _pool
-from ..util.pool import run_tasks, submit
+from ..util.pool import gather, run_tasks, submit
 from .blob import LOSSLESS, Parsed, parse
 from .tensor import (
     EncodeStats, decode_exact, encode_exact, guarded_encode, warmup as _tensor_warmup,
@@ -342,8 +342,7 @@ class DeltaEncoder:
             return
         ref, u, futures, base = self._copy
         if futures is not None:
-            for f in futures:
-                f.result()
+            gather(futures)
         elif base is not None:
             run_tasks(lambda c: copy_sketched(ref, u, base.parts, c), base.parts.shape[0])
         else:

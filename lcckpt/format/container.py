@@ -45,7 +45,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ..util import crc as _crc, durable as _durable, memory as _memory
-from ..util.pool import submit
+from ..util.pool import gather, submit
 from ..errors import (
     ChecksumError, CorruptDataError, InvalidArgumentError, LcckptError, NotFoundError,
     StorageError, TruncatedError,
@@ -336,11 +336,10 @@ class Container:
                 n = self._source.readinto(start + off, part)
                 return n, one(part[:n])
             offsets = range(0, view.nbytes, _crc.PIECE)
-            futures = [submit(piece, off) for off in offsets]
+            done = gather([submit(piece, off) for off in offsets])
             got, crc = 0, self._seed(i)
             poly = _crc._POLY if self.version == 1 else _crc._POLY_C
-            for off, fut in zip(offsets, futures):
-                n, c = fut.result()
+            for off, (n, c) in zip(offsets, done):
                 if got == off:                # else an earlier piece came up short
                     crc = _crc.crc32_combine(crc, c, n, poly)
                     got += n

@@ -15,6 +15,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from .pool import finish
+
 WINDOW = 2             # jobs started beyond the one the caller took last
 
 
@@ -99,4 +101,5 @@ class Ahead:
             self._closed = True
             self._cv.notify_all()
         if self._thread is not None:
-            self._thread.join()
+            t = self._thread                    # the helper reads the caller's state
+            finish(t.join, lambda: not t.is_alive())

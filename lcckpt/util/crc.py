@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .pool import submit
+from .pool import gather, submit
 from . import crc32c as _c
 
 try:                     # the same CRC-32, 5-8x faster (carry-less multiply): optional extra
@@ -86,10 +86,9 @@ def _pieced(view, value: int, piece, poly: int) -> int:
     view = memoryview(view).cast("B")
     if view.nbytes < 2 * PIECE:
         return piece(view, value)
-    parts = [(len(p), submit(piece, p))
-             for p in (view[off:off + PIECE] for off in range(0, view.nbytes, PIECE))]
-    for n, fut in parts:
-        value = crc32_combine(value, fut.result(), n, poly)
+    pieces = [view[off:off + PIECE] for off in range(0, view.nbytes, PIECE)]
+    for p, c in zip(pieces, gather([submit(piece, p) for p in pieces])):
+        value = crc32_combine(value, c, len(p), poly)
     return value
 
 
@@ -146,10 +145,9 @@ class Windows:
             self._add(view[:pos])
         whole = (view.nbytes - pos) // self.size * self.size
         batch = 16 * self.size                         # windows per pool task
-        tasks = [submit(self._each, view[at:at + min(batch, pos + whole - at)])
-                 for at in range(pos, pos + whole, batch)]
-        for t in tasks:
-            self.crcs.extend(t.result())
+        for crcs in gather([submit(self._each, view[at:at + min(batch, pos + whole - at)])
+                            for at in range(pos, pos + whole, batch)]):
+            self.crcs.extend(crcs)
         if pos + whole < view.nbytes:
             self._add(view[pos + whole:])
 

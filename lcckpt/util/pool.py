@@ -9,7 +9,7 @@ copy of the parent's threads does not exist.
 import itertools
 import os
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import numpy as np
 
@@ -111,32 +111,30 @@ def run_tasks(fn, n: int):
     Work is split into at most ``threads()`` contiguous task ranges so per-task overhead
     stays small. The caller runs the first range itself, and any other that no worker
     has started by then: a caller on a pool thread never waits for work queued behind
-    itself (every worker doing so would wait forever).
+    itself (every worker doing so would wait forever). If a task fails, or the caller is
+    interrupted, the other ranges stop at their next task, and this raises once none runs.
     """
     if n <= 0:
         return []
     workers = min(threads(), n)
     if workers == 1:
         return [fn(t) for t in range(n)]
+    stop = []
 
     def run_range(r):
         lo, hi = r * n // workers, (r + 1) * n // workers
-        return [fn(t) for t in range(lo, hi)]
+        return [fn(t) for t in range(lo, hi) if not stop]
 
-    futs = [None] + [_queue(run_range, r) for r in range(1, workers)]
-    out, error = [], None
-    for r, f in enumerate(futs):
-        try:
-            if error is not None:           # none left running on the caller's data
-                if not f.cancel():
-                    f.exception()
-            else:
-                out.extend(run_range(r) if f is None or f.cancel() else f.result())
-        except BaseException as e:
-            error = e
-    if error is not None:
-        raise error
-    return out
+    futs = [_queue(run_range, r) for r in range(1, workers)]
+    try:
+        out = run_range(0)
+        for r, f in enumerate(futs, 1):
+            out.extend(run_range(r) if f.cancel() else f.result())
+        return out
+    except BaseException:
+        stop.append(True)
+        _stop(futs)
+        raise
 
 
 def run_balanced(fn, n: int) -> None:
@@ -145,22 +143,66 @@ def run_balanced(fn, n: int) -> None:
 
     For tasks of uneven cost (chunks coded in different modes), where the contiguous
     ranges of :func:`run_tasks` can leave one worker idle while the other still has
-    the expensive half; taking a task costs one atomic counter step.
+    the expensive half; taking a task costs one atomic counter step. A failure stops
+    every worker at its next task, as in :func:`run_tasks`.
     """
     workers = min(threads(), n)
     if workers <= 1 or getattr(_local, "worker", False):     # inline on a pool thread
         for t in range(n):
             fn(t)
         return
-    ticket = itertools.count()
+    ticket, stop = itertools.count(), []
 
     def work(_):
         for t in iter(ticket.__next__, None):
-            if t >= n:
+            if t >= n or stop:
                 return
-            fn(t)
-    for f in [_queue(work, r) for r in range(workers)]:
-        f.result()
+            try:
+                fn(t)
+            except BaseException:
+                stop.append(True)
+                raise
+    futs = [_queue(work, r) for r in range(workers)]
+    try:
+        for f in futs:
+            f.result()
+    except BaseException:
+        stop.append(True)
+        _stop(futs)
+        raise
+
+
+def gather(futures) -> list:
+    """The results of ``futures`` (of :func:`submit`), in order. If one fails, or the
+    caller is interrupted while it waits (Ctrl-C), this raises only once none of them
+    runs: a task still running would write into buffers its caller frees as the error
+    unwinds (a Ctrl-C during ``lcckpt.save`` crashed the interpreter so)."""
+    try:
+        return [f.result() for f in futures]
+    except BaseException:
+        _stop(futures)
+        raise
+
+
+def _stop(futures) -> None:
+    """Cancel the futures not started and wait for those that have (each ends within a
+    chunk); an interrupt meanwhile is raised once they have."""
+    running = [f for f in futures if not f.cancel()]
+    finish(lambda: wait(running), lambda: all(f.done() for f in running))
+
+
+def finish(wait_once, done) -> None:
+    """Wait (``wait_once()``) until ``done()``, for threads that use the caller's buffers:
+    an interrupt meanwhile (Ctrl-C, or an exception a signal handler raises) is raised
+    once they have stopped."""
+    interrupted = None
+    while not done():
+        try:
+            wait_once()
+        except BaseException as e:
+            interrupted = interrupted or e
+    if interrupted is not None:
+        raise interrupted
 
 
 COPY_CHUNK = 1 << 22             # elements per task of :func:`copy`
