@@ -808,6 +808,9 @@ def test_rollback_sets_the_later_steps_aside_under_the_lock_and_the_chain_goes_o
     lock.write_text(lock.read_text().replace(str(os.getpid()), "1", 1))
     with pytest.raises(lcckpt.ConcurrentWriteError, match=r"\(pid 1 on \S+, since"):
         DeltaCheckpointer(tmp_path).rollback(1)
+    lock.write_text("")                 # as between the holder's lock and its pid's write
+    with pytest.raises(lcckpt.ConcurrentWriteError, match="earlier in this process.*close"):
+        DeltaCheckpointer(tmp_path).rollback(1)
     assert ck.rollback(1) == [2, 3, 4, 5] and ck.steps() == [0, 1]
     ck.save(2, {"w": w[6]})
     assert ck.info(2)["base"]["step"] == 1

@@ -28,6 +28,12 @@ LOCK_NAME = ".lcckpt-writer.lock"
 NO_LOCKS = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", -1)}
 
 
+# lock files this process holds -> since when: a second writer made here learns it is
+# its own (a notebook cell run twice) even before the holder has written its pid
+_MINE: dict[str, int] = {}
+os.register_at_fork(after_in_child=_MINE.clear)     # a forked child holds none of them
+
+
 class _NoLocks(Exception):
     pass
 
@@ -42,6 +48,7 @@ class WriterLock:
 
     def __init__(self, directory: str):
         self.path = os.path.join(directory, LOCK_NAME)
+        self._key = os.path.realpath(self.path)
         self.pid = os.getpid()
         self.fd = None
         self.stale = None
@@ -63,12 +70,14 @@ class WriterLock:
                 same = False
             if same:
                 break
+            _MINE.pop(self._key, None)
             _close(fd)
         else:
             raise ConcurrentWriteError(f"{directory}: the writer lock keeps changing hands")
         self.stale = _read_small(fd) or None     # a writer that died holding it, if any
+        since = _MINE[self._key]
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()} {int(time.time())}\n".encode(), 0)
+        os.pwrite(fd, f"{_holder(since)}\n".encode(), 0)
         self.fd = fd
 
     def _lock_once(self, fcntl, directory: str) -> int:
@@ -101,11 +110,14 @@ class WriterLock:
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise StorageError(e.errno, f"cannot lock the checkpoint directory: "
                                    f"{e.strerror}", self.path) from None
+            if not holder and self._key in _MINE:       # ours, its pid not yet written
+                holder = _holder(_MINE[self._key])
             raise ConcurrentWriteError(
                 f"{directory} is being written by another DeltaCheckpointer "
                 f"({_describe(holder)}); one writer per directory: stop or close() the other "
                 "writer first (readers need no lock: DeltaCheckpointer(d).load() works while "
                 "it writes)") from None
+        _MINE[self._key] = int(time.time())
         return fd
 
     def held(self) -> bool:
@@ -117,6 +129,7 @@ class WriterLock:
                 os.unlink(self.path)        # while locked: a waiter re-checks the path
             except OSError:
                 pass
+            _MINE.pop(self._key, None)
             _close(self.fd)                 # closing the fd drops the flock
         self.fd = None
 
@@ -139,6 +152,10 @@ def _read_small(fd: int) -> str:
         return os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
     except OSError:
         return ""
+
+
+def _holder(since: int) -> str:
+    return f"{os.getpid()} {socket.gethostname()} {since}"
 
 
 def _describe(holder: str) -> str:
