@@ -954,6 +954,31 @@ def test_a_forked_child_is_terminated_by_sigterm(tmp_path):
         mgr.close()
 
 
+def test_a_sigterm_after_the_last_step_is_acted_on_by_close(tmp_path):
+    """A notice that came after the loop's last ``step()`` was dropped by ``close()``: the
+    job ran on with nothing saved. ``close()`` now writes the keyframe and exits 143 as
+    ``step()`` would; leaving the ``with`` block on an error raises that error instead."""
+    model, opt = _setup()
+    mgr = CheckpointManager(tmp_path / "a", model, opt, every=100, sigterm=True)
+    for _ in range(3):
+        mgr.step(_train(model, opt))
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.05)
+    with pytest.raises(SystemExit) as got:
+        mgr.close()
+    assert got.value.code == 143
+    ck = lcckpt.DeltaCheckpointer(tmp_path / "a")
+    assert ck.steps() == [3] and ck.info(3)["kind"] == "keyframe"
+    mgr.close()                                         # the lock, released after all
+    with pytest.raises(KeyError, match="boom"):
+        with CheckpointManager(tmp_path / "b", model, opt, every=100, sigterm=True) as mgr:
+            mgr.step(_train(model, opt))
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            raise KeyError("boom")
+    assert lcckpt.DeltaCheckpointer(tmp_path / "b").steps() == []
+
+
 def test_the_sigterm_checkpoint_is_a_keyframe_the_run_resumes_from_exactly(tmp_path):
     calls = []
     old = signal.signal(signal.SIGTERM, lambda signum, frame: calls.append(signum))

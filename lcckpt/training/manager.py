@@ -132,7 +132,6 @@ class CheckpointManager:
         self._ck = DeltaCheckpointer(self.directory, **self._ck_args)   # validates them
         if self.writer:                 # a second job on this directory: told now, not later
             check_free(self.directory)
-
         self.iteration = 0              # completed iterations (calls of step)
         self.last_checkpoint: int | None = None   # newest snapshot taken
         self.durable_step: int | None = None      # newest step known complete on disk
@@ -144,10 +143,9 @@ class CheckpointManager:
         self._basis: _replan.Inputs | None = None     # what the current plan was based on
         self._gaps: list[int] = []                     # the plan's gaps still to follow
         self._job: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self._error: BaseException | None = None     # the job's, raised at the next call
         self._persists = 0              # saves finished by this object
         self.stats = {"checkpoints": 0, "deferred": 0, "waited_s": 0.0, "stall_s": 0.0, "plans": 0}
-
         self._sigterm = SigtermHook() if sigterm else None    # in a group: agreed (signals.py)
         self._live = None if background != "overlap" or not self.writer else LiveState(
             model, [optimizer, *self._capture.objects.values()], self._before_optimizer_step)
@@ -159,8 +157,7 @@ class CheckpointManager:
 
         ``loss`` (optional) is a number or a scalar tensor on any device; tensors are not
         synchronized here (they reach the host in batches). Call it after the optimizer step,
-        so that the state it may snapshot is the state after this iteration.
-        """
+        so that the state it may snapshot is the state after this iteration."""
         now = time.perf_counter()
         self._check_usable()
         if self._last_t is not None:
@@ -187,8 +184,7 @@ class CheckpointManager:
         anyway, it is written from the live state in this thread, with no host copy.
         ``keyframe=True``: stored as a keyframe, which restores exactly (a step the run
         will resume from, as on SIGTERM: docs/manager.md); a delta of this iteration
-        already written is written again as one.
-        """
+        already written is written again as one."""
         self._check_usable()
         if type(keyframe) is not bool:
             raise InvalidArgumentError(f"keyframe must be True or False, got {keyframe!r}")
@@ -219,9 +215,12 @@ class CheckpointManager:
 
     def close(self) -> None:
         """Wait for the save in flight, take a checkpoint deferred behind it (it was due),
-        release the directory's writer lock and uninstall the SIGTERM handler. Idempotent."""
+        release the directory's lock, uninstall the SIGTERM handler (a SIGTERM noted since
+        the last ``step()`` is acted on first, as there, outside a process group). Idempotent."""
         if self._closed:
             return
+        if self._sigterm is not None and self._sigterm.pending and not self._sigterm.group:
+            self._emergency()           # else dropped: the job ran on, and nothing was saved
         self._closed = True
         if self._sigterm is not None:
             self._sigterm.uninstall()
@@ -240,9 +239,10 @@ class CheckpointManager:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
-            self.close()
-            return
+            return self.close()
         self._deferring = False         # the state may be what failed: not written now
+        if self._sigterm is not None:
+            self._sigterm.pending = False
         try:                            # do not hide the exception that is unwinding
             self.close()
         except Exception as e:
@@ -262,8 +262,8 @@ class CheckpointManager:
         ``*.damaged`` so that the chain continues from the step restored. Anything else (an
         unreadable file, a limit, a newer format, memory running out) is raised, nothing
         renamed. ``max_bytes`` as in :meth:`DeltaCheckpointer.load`. The model's host
-        tensors are decoded into: a restore that raises may leave part of it there. Under DDP, called on every rank,
-        the writer alone reads the checkpoint and sends it (``cooperative=False``: all do).
+        tensors are decoded into: a restore that raises may leave part of it there. Under DDP,
+        called on every rank, the writer alone reads it and sends it (``cooperative=False``: all do).
         """
         self._check_usable()
         self._join()

@@ -51,6 +51,11 @@ class SigtermHook:
         prev = signal.signal(signal.SIGTERM, self._on_sigterm)
         self._prev: Any = signal.SIG_DFL if prev is None else prev   # None: set from C
 
+    @property
+    def group(self) -> bool:
+        """Whether the ranks of a process group agree on acting (then only at a step)."""
+        return self._group
+
     def _on_sigterm(self, signum, frame) -> None:
         if os.getpid() != self._pid:    # a forked child (a worker) has no manager to act:
             prev = self.uninstall()     # it ignored SIGTERM, and terminate() hung on it
