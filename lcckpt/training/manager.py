@@ -263,7 +263,7 @@ class CheckpointManager:
         unreadable file, a limit, a newer format, memory running out) is raised, nothing
         renamed. ``max_bytes`` as in :meth:`DeltaCheckpointer.load`. The model's host
         tensors are decoded into: a restore that raises may leave part of it there. Under DDP,
-        called on every rank, the writer alone reads it and sends it (``cooperative=False``: all do).
+        called on every rank, the writer alone reads and sends it (``cooperative=False``: all read).
         """
         self._check_usable()
         self._join()
