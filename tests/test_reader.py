@@ -585,3 +585,29 @@ def test_a_shard_index_opens_each_shard_when_one_of_its_tensors_is_read(tmp_path
     index.write_text(json.dumps({"weight_map": {"w": "../model-1.safetensors"}}))
     with pytest.raises(CorruptDataError, match="not a file name beside the index"):
         lc_open(index)
+
+
+@pytest.mark.parametrize("fmt", ["raw", "compressed", "torch", "safetensors"])
+def test_a_read_after_close_says_the_file_is_closed(tmp_path, fmt):
+    """After the ``with`` block an lcckpt file's reads said the file was corrupt ("could
+    not decode ...: I/O operation on closed file") and a torch.save or safetensors file's
+    that the tensor was missing; both now say it is closed."""
+    from safetensors.torch import save_file
+    state = {"w": torch.randn(40, 30)}
+    path = tmp_path / ("f." + {"torch": "pt", "safetensors": "safetensors"}.get(fmt, "lcc"))
+    if fmt == "torch":
+        torch.save(state, path)
+    elif fmt == "safetensors":
+        save_file(state, str(path))
+    else:
+        lcckpt.save(state, path, compress=fmt == "compressed")
+    with lc_open(path) as f:
+        rows = f.get_slice("w")
+        assert torch.equal(f.get_tensor("w"), state["w"])
+    with pytest.raises(InvalidArgumentError, match="is closed: read its tensors inside"):
+        f.get_tensor("w")
+    if fmt in ("raw", "compressed"):
+        with pytest.raises(InvalidArgumentError, match="is closed"):
+            rows[:5]
+    else:                                       # a mapped file's slice stays valid
+        assert torch.equal(rows[:5], state["w"][:5])

@@ -65,7 +65,7 @@ class ForeignReader(Keyed):
         return MappedSlice(self, path, t)
 
     def close(self) -> None:
-        self._index = {}                       # the mapped file goes with its last view
+        self._closed, self._index = True, {}   # the mapped file goes with its last view
 
     def _place(self, t: torch.Tensor) -> torch.Tensor:
         out = t.detach().clone(memory_format=torch.contiguous_format)
@@ -98,7 +98,7 @@ class ShardedReader(Keyed):
         return reader.get_slice(name)
 
     def close(self) -> None:
-        shards, self._shards = self._shards, {}
+        shards, self._shards, self._closed = self._shards, {}, True
         for reader in shards.values():
             reader.close()
 

@@ -103,10 +103,17 @@ class Keyed:
 
     _index: dict
     path: str
+    _closed = False             # set by close(): a read then says so
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InvalidArgumentError(f"{self.path} is closed: read its tensors inside the "
+                                       "`with lcckpt.open(...)` block, or before close()")
 
     def _find(self, key, missing: bool = True):
         """``(key path, leaf)`` of ``key``, a flat name or a key path; a ``KeyError``
         listing the keys where it is neither (None with ``missing=False``)."""
+        self._check_open()
         hit = self._index.get(key) if isinstance(key, str) else None
         if hit is None and isinstance(key, str):
             hit = next(((p, n) for p, n in self._index.values() if p == key), None)

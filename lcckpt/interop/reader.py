@@ -199,7 +199,7 @@ class Reader(Keyed):
         return Slice(self, path, node)
 
     def close(self) -> None:
-        self._last = None
+        self._last, self._closed = None, True
         self._c.close()
         if self._stack is not None:
             self._stack.close()
@@ -303,6 +303,7 @@ class Slice(Sliced):
         self.shape = torch.Size(self._view[1])
 
     def __getitem__(self, index):
+        self._r._check_open()
         items = basic_index(index, len(self.shape), self._path)
         if not self.shape:                      # one element: nothing to save by slicing
             return apply_index(self._r._whole(self._path).detach().clone(), items)
