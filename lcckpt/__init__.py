@@ -7,7 +7,7 @@ from .errors import (
     BrokenChainError, ChecksumError, CorruptDataError, InvalidArgumentError, LcckptError,
     NonFiniteError, TruncatedError, UnsafeObjectError, UnsupportedDtypeError,
     UnsupportedVersionError, NotFoundError, StorageError, ResourceLimitError,
-    ConcurrentWriteError, StateChangedError, PeerRestoreError,
+    ConcurrentWriteError, StateChangedError, PeerRestoreError, NotCopiedError,
 )
 
 __version__ = "0.1.0"
@@ -29,7 +29,7 @@ from . import schedule
 # What ``from lcckpt import *`` gives: not ``open``, which would shadow the builtin.
 __all__ = [
     "BrokenChainError", "ChecksumError", "ConcurrentWriteError", "CorruptDataError",
-    "InvalidArgumentError", "LcckptError", "NonFiniteError", "NotFoundError",
+    "InvalidArgumentError", "LcckptError", "NonFiniteError", "NotCopiedError", "NotFoundError",
     "PeerRestoreError", "ResourceLimitError", "StateChangedError", "StorageError",
     "TruncatedError", "UnsafeObjectError", "UnsupportedDtypeError", "UnsupportedVersionError",
     "CheckpointManager", "CodecConfig", "DEFAULT_POLICY", "DeltaCheckpointer", "DeltaDecoder",

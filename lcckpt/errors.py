@@ -67,6 +67,11 @@ class ConcurrentWriteError(LcckptError):
     directory; one writer at a time is allowed."""
 
 
+class NotCopiedError(LcckptError, TypeError):
+    """An object bound to this process (a checkpointer, a manager) was pickled or copied:
+    make a new one from its directory where it is needed."""
+
+
 class StateChangedError(LcckptError):
     """A tensor was changed in place, by something other than an optimizer's step, while
     a checkpoint was written from the live state (``CheckpointManager(...,

@@ -959,3 +959,22 @@ def test_a_file_stores_no_sizes_its_sections_give_and_info_puts_them_back(tmp_pa
                 moved += 1
             assert {k: v for k, v in st.items() if k not in derived} == stored[key]
     assert moved
+
+
+def test_a_checkpointer_or_a_manager_refuses_pickling_and_copying_by_name(tmp_path):
+    """Pickled or copied, one would hold its directory's writer lock twice; the error
+    said "cannot pickle '_thread.lock' object". It now names the object and what to pass
+    instead, and is still a TypeError, as pickle's own refusals are."""
+    import copy
+    import pickle
+    ck = DeltaCheckpointer(tmp_path / "a")
+    ck.save(0, {"w": torch.ones(3)})
+    mgr = lcckpt.CheckpointManager(tmp_path / "b", torch.nn.Linear(2, 2), every=5)
+    for obj, name in ((ck, "DeltaCheckpointer"), (mgr, "CheckpointManager")):
+        for attempt in (pickle.dumps, copy.copy, copy.deepcopy):
+            with pytest.raises(lcckpt.NotCopiedError, match=f"a {name} cannot be pickled or "
+                                                            "copied.*pass the directory"):
+                attempt(obj)
+    assert issubclass(lcckpt.NotCopiedError, TypeError)
+    mgr.close()
+    ck.close()

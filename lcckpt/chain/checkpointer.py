@@ -46,7 +46,7 @@ from ..format.container import write_container
 from ..format.census import census
 from ..format.into import Into
 from ..format import stream as _stream
-from ..util import collector, durable as _durable, paths as _paths
+from ..util import collector, durable as _durable, owned as _owned, paths as _paths
 from . import restore as _restore
 from .directory import ChainDirectory, check_step, file_name
 from .links import CHAIN_VERSION, stamp_state_id
@@ -66,7 +66,7 @@ LC_MIN_DELTA_ELEMENTS = 4096         # LC mode: smaller floating tensors are sto
 TARGET_MIN_DELTA_ELEMENTS = 8        # target mode: smaller ones (scalars: step counts) are delta-coded exactly
 
 
-class DeltaCheckpointer:
+class DeltaCheckpointer(_owned.Owned):
     """Keyframes and LC-Checkpoint deltas of one training run, one file per step.
 
     ``target`` (default :data:`DEFAULT_TARGET`, a :class:`~lcckpt.chain.policy.RolePolicy`):

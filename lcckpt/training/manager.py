@@ -33,7 +33,7 @@ import torch
 
 from . import replan as _replan
 from .. import limits
-from ..util import collector
+from ..util import collector, owned
 from .background import said_at_exit
 from .capture import Capture
 from .costs import Costs
@@ -55,7 +55,7 @@ __all__ = ["CheckpointManager", "default_bits"]
 STATE_VERSION = 1
 
 
-class CheckpointManager:
+class CheckpointManager(owned.Owned):
     """Plans, takes and restores checkpoints of a training loop (see the module docstring).
 
     ``model`` and ``optimizer`` (may be None), and optionally ``scheduler`` (an LR
