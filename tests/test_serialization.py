@@ -1464,6 +1464,35 @@ def test_an_expanded_target_is_left_with_a_warning_that_says_why(tmp_path, compr
     assert got["a"] is not t and torch.equal(got["a"], a) and not t.any()
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs and Unix sockets")
+@pytest.mark.parametrize("kind", ["FIFO", "socket"])
+def test_a_target_that_is_no_regular_file_is_refused_and_left_in_place(tmp_path, kind):
+    """A save renames a temp file over its target: given /dev/null (as root) it replaced
+    the device with a regular file. Every writer that renames (lcckpt.save,
+    save_safetensors, convert to torch.save) now refuses any target that is not a
+    regular file, before it writes; the test uses a FIFO and a socket of its own."""
+    import socket
+    import stat
+    target = tmp_path / "target"
+    if kind == "FIFO":
+        os.mkfifo(target)
+    else:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(target))
+    is_kind = stat.S_ISFIFO if kind == "FIFO" else stat.S_ISSOCK
+    torch.save({"w": torch.ones(3)}, tmp_path / "src.pt")
+    writes = [lambda: lcckpt.save({"w": torch.ones(3)}, target),
+              lambda: lcckpt.save_safetensors({"w": torch.ones(3)}, target),
+              lambda: lcckpt.convert(tmp_path / "src.pt", target, to="torch")]
+    for write in writes:
+        with pytest.raises(lcckpt.StorageError, match=f"that is a {kind}, not a file"):
+            write()
+        assert is_kind(os.lstat(target).st_mode)
+    assert sorted(os.listdir(tmp_path)) == ["src.pt", "target"]      # no temp file left
+    if kind == "socket":
+        sock.close()
+
+
 def test_a_url_is_refused_by_name_and_makes_no_local_folder(tmp_path, monkeypatch):
     """``"memory://x/a.lcc"`` is a valid relative path on POSIX: a chain made a folder
     named ``memory:`` and wrote there, and ``lcckpt.save`` said its directory was

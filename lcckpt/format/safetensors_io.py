@@ -31,6 +31,7 @@ import torch
 
 from ..codec import dtypes
 from ..errors import CorruptDataError, InvalidArgumentError, TruncatedError, UnsupportedDtypeError
+from ..util.durable import check_target
 from ..util.paths import local
 
 __all__ = [
@@ -333,6 +334,7 @@ def save_safetensors(tensors: Mapping[str, torch.Tensor], f: str | os.PathLike |
         _write(f, head, order)
         return
     path = local(f, "lcckpt.save_safetensors")
+    check_target(path)
     tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
                        f".{os.path.basename(path)}.{os.getpid()}.tmp")
     try:

@@ -29,6 +29,7 @@ from ..format import serialization, sharded
 from ..format.container import open_file
 from ..format.torchzip import is_zip, open_zip, read_members
 from ..errors import CorruptDataError, InvalidArgumentError, UnsafeObjectError
+from ..util.durable import check_target
 from ..util.paths import distributed_hint, local
 from ..format.safetensors_io import read_safetensors, save_safetensors
 from . import trainerdir
@@ -193,6 +194,7 @@ def _flat_tensors(obj, path: str) -> dict[str, torch.Tensor]:
 
 def _save_torch(obj, path: str) -> None:
     """torch.save, then prove that a weights-only load reads it back, then rename."""
+    check_target(path)
     tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
                        f".{os.path.basename(path)}.{os.getpid()}.tmp")
     try:

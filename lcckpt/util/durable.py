@@ -28,7 +28,8 @@ from typing import BinaryIO
 
 from ..errors import LcckptError, NotFoundError, StorageError
 
-__all__ = ["UnsyncedError", "atomic_write", "fsync_dir", "remove_stale_temps", "TEMP_SUFFIX"]
+__all__ = ["UnsyncedError", "atomic_write", "check_target", "fsync_dir", "remove_stale_temps",
+           "TEMP_SUFFIX"]
 
 TEMP_SUFFIX = ".lcckpt-tmp"
 
@@ -44,10 +45,7 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
     The target keeps its permission bits when it exists. On any error (or interrupt) the
     temp file is removed and ``path`` is untouched.
     """
-    if not path or os.path.isdir(path):       # found before the object is coded, not after
-        raise StorageError(errno.EISDIR if path else errno.ENOENT, "cannot write the "
-                           "checkpoint: " + ("that is a directory; give a file name in it"
-                                             if path else "the path is empty"), path)
+    check_target(path)                        # found before the object is coded, not after
     directory = os.path.dirname(os.path.abspath(path))
     base = os.path.basename(path)
     try:
@@ -88,6 +86,30 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
                            f"failed ({e.strerror}): it may not survive a crash; check the "
                            "disk", path) from e
     remove_stale_temps(directory)
+
+
+_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+
+
+def check_target(path: str) -> None:
+    """Refuse a target that is no regular file: a directory, or a device (/dev/null), a
+    FIFO or a socket, which the temp file renamed over it would replace (as root it
+    replaced /dev/null itself with a file) where the caller meant to write into it."""
+    if not path:
+        raise StorageError(errno.ENOENT, "cannot write the checkpoint: the path is empty", path)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return                  # none yet (or out of reach: the write says why)
+    if stat.S_ISDIR(mode):
+        raise StorageError(errno.EISDIR, "cannot write the checkpoint: that is a directory; "
+                           "give a file name in it", path)
+    kind = next((k for test, k in _KINDS if test(mode)), None)
+    if kind is not None:
+        raise StorageError(errno.EINVAL, f"cannot write the checkpoint: that is {kind}, not a "
+                           "file, and a save, written beside it and renamed into place, would "
+                           "replace it; give a regular file's path", path)
 
 
 WRITEBACK_EVERY = 8 << 20      # bytes written between two requests to start writeback
