@@ -1467,8 +1467,8 @@ def test_an_expanded_target_is_left_with_a_warning_that_says_why(tmp_path, compr
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs and Unix sockets")
 @pytest.mark.parametrize("kind", ["FIFO", "socket"])
 def test_a_target_that_is_no_regular_file_is_refused_and_left_in_place(tmp_path, kind):
-    """A save renames a temp file over its target: given /dev/null (as root) it replaced
-    the device with a regular file. Every writer that renames (lcckpt.save,
+    """A save renames a temp file over its target: given /dev/full (run as root) it
+    replaced the device with a regular file. Every writer that renames (lcckpt.save,
     save_safetensors, convert to torch.save) now refuses any target that is not a
     regular file, before it writes; the test uses a FIFO and a socket of its own."""
     import socket

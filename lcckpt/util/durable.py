@@ -94,8 +94,9 @@ _KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")
 
 def check_target(path: str) -> None:
     """Refuse a target that is no regular file: a directory, or a device (/dev/null), a
-    FIFO or a socket, which the temp file renamed over it would replace (as root it
-    replaced /dev/null itself with a file) where the caller meant to write into it."""
+    FIFO or a socket, which the temp file renamed over it would replace (run as root, a
+    save to /dev/full replaced the device with a file) where the caller meant to write
+    into it."""
     if not path:
         raise StorageError(errno.ENOENT, "cannot write the checkpoint: the path is empty", path)
     try:
