@@ -1493,6 +1493,43 @@ def test_a_target_that_is_no_regular_file_is_refused_and_left_in_place(tmp_path,
         sock.close()
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+@pytest.mark.parametrize("fmt", ["lcckpt", "compressed", "torch", "safetensors"])
+def test_a_path_that_is_a_pipe_loads_as_a_stream(tmp_path, fmt):
+    """``lcckpt.load("/dev/stdin")`` fed by a pipe: the format sniffing read the pipe's
+    first bytes, then the load failed with a bare "Illegal seek" (a safetensors file was
+    called damaged). A pipe is now read once, as a file object is; a lazy open of one is
+    refused by name (it needs reads at any offset)."""
+    import threading
+    state = {"w": torch.randn(50, 20), "b": torch.arange(7.0)}
+    src = tmp_path / "src"
+    if fmt == "torch":
+        torch.save(state, src)
+    elif fmt == "safetensors":
+        lcckpt.save_safetensors(state, src)
+    else:
+        lcckpt.save(state, src, compress=fmt == "compressed")
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    out = {}
+
+    def read():
+        try:
+            out["got"] = lcckpt.load(pipe)
+        except BaseException as e:
+            out["error"] = e
+    reader = threading.Thread(target=read, daemon=True)     # a hang fails, not blocks
+    reader.start()
+    threading.Thread(target=lambda: pipe.write_bytes(src.read_bytes()), daemon=True).start()
+    reader.join(60)
+    assert not reader.is_alive(), "the load of a pipe hung"
+    assert "error" not in out, out.get("error")
+    got = out["got"]
+    assert set(got) == set(state) and all(torch.equal(got[k], state[k]) for k in state)
+    with pytest.raises(lcckpt.InvalidArgumentError, match="is a pipe or a device"):
+        lcckpt.open(pipe)
+
+
 def test_a_url_is_refused_by_name_and_makes_no_local_folder(tmp_path, monkeypatch):
     """``"memory://x/a.lcc"`` is a valid relative path on POSIX: a chain made a folder
     named ``memory:`` and wrote there, and ``lcckpt.save`` said its directory was

@@ -12,10 +12,10 @@ from typing import Any, BinaryIO
 from .. import limits
 from ..chain.directory import delta_step
 from ..chain.pointer import POINTER, in_header, resolve
-from ..format.container import read_container
+from ..format.container import open_file, read_container
 from ..errors import LcckptError
 from ..format import serialization
-from ..util.paths import local
+from ..util.paths import is_stream, local
 from ..util.caller import warn_user
 
 FOLLOW = """
@@ -35,6 +35,9 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
          **pickle_load_args) -> Any:
     kw = dict(weights_only=weights_only, mmap=mmap, max_bytes=max_bytes, **pickle_load_args)
     path = local(f, "lcckpt.load") if isinstance(f, (str, os.PathLike)) else None
+    if path is not None and is_stream(path):    # a pipe: read once, as a file object is
+        with open_file(path) as fh:
+            return serialization.load(fh, map_location, pickle_module, into=into, **kw)
     if not follow:
         return serialization.load(f, map_location, pickle_module, into=into, **kw)
     place = _place(path) if path is not None else None

@@ -39,7 +39,7 @@ import torch
 from ..codec import blob as _blob
 from ..codec import dtypes
 from .. import limits
-from ..util.paths import local
+from ..util.paths import is_stream, local
 from ..format import sections as _sections
 from ..format import tree as _tree
 from ..chain import restore as _restore
@@ -74,6 +74,9 @@ def open(path: str | os.PathLike, framework: str = "pt", device=None, *,
         raise InvalidArgumentError(f"lcckpt.open needs a path, got {type(path).__name__}")
     map_location = _device(framework, device, map_location)
     path = local(path, "lcckpt.open")
+    if is_stream(path):
+        raise InvalidArgumentError(f"{path} is a pipe or a device: lazy reads need a file "
+                                   "they can read at any offset; lcckpt.load reads it whole")
     if os.path.isdir(path):
         ck = ChainDirectory(path)
         steps = ck.steps()

@@ -1,4 +1,5 @@
-"""URLs among local paths: lcckpt's own files are local, so a URL is refused by name.
+"""URLs among local paths: lcckpt's own files are local, so a URL is refused by name; and
+paths that are streams (a pipe), which a load reads once, in order.
 
 ``"memory://x/a.lcc"`` or ``"s3://bucket/run"`` is a valid relative path on POSIX (a
 directory named ``memory:``), so a save used to create such a folder, or fail later
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 
 from ..errors import InvalidArgumentError
 
@@ -55,3 +57,13 @@ def distributed_hint(path) -> str | None:
         return ("it holds a DistributedCheckpointer's steps: lcckpt.distributed."
                 "DistributedCheckpointer(directory).load({}) reads the newest whole")
     return None
+
+
+def is_stream(path: str) -> bool:
+    """Whether ``path`` is a pipe, a character device or a socket (``/dev/stdin`` fed by a
+    pipe): bytes read once, in order, where a file can be read at any offset."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISSOCK(mode)
