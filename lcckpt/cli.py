@@ -20,7 +20,7 @@ import re
 import sys
 
 from .errors import CorruptDataError, LcckptError
-from .util.paths import distributed_hint
+from .util.paths import distributed_hint, is_stream
 from .util.bars import byte_bar, items as _progress
 from .util.table import count, format_table as _table
 from .interop.steprows import (FALLBACK_LEGEND, MOVEMENT_LEGEND, ROLE_COLUMNS, fallback_column,
@@ -479,6 +479,9 @@ def main(argv=None) -> int:
                  *(getattr(args, "checkpoint", None) or [])]:
         if path is not None and not os.path.exists(path):
             _fail(args.command, f"{path}: no such file or directory")
+            return 2
+        if path is not None and is_stream(path):      # read at any offset, and more than once
+            _fail(args.command, f"{path} is a pipe or a device: write it to a file first")
             return 2
     if getattr(args, "max_bytes", None) is not None or "--max-bytes" in argv:
         from . import limits  # every load of this command, chains included

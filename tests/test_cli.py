@@ -533,3 +533,24 @@ def test_inspect_maps_a_torch_zip_instead_of_reading_it(tmp_path, capsys, monkey
         doc = json.loads(capsys.readouterr().out)
         assert doc["tensor_count"] == 2 and doc["raw_bytes"] == 64 * 64 * 4 + 12
     assert asked == [True, False]              # the legacy format cannot be mapped
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+@pytest.mark.parametrize("command", [["inspect"], ["verify"], ["convert", "OUT"],
+                                     ["bench", "--checkpoint"]])
+def test_a_pipe_given_as_a_file_is_refused_by_name(tmp_path, capsys, command):
+    """``cat a.pt | lcckpt convert /dev/stdin b.lcc``: the commands read their files at
+    any offset, and more than once; a pipe failed with "Illegal seek", or was called
+    "not a safetensors file: 0 bytes". It is refused before anything is read."""
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    argv = [command[0], *command[1:-1]] if command[-1] == "OUT" else list(command)
+    argv = argv + [str(pipe)] + ([str(tmp_path / "out.lcc")] if command[-1] == "OUT" else [])
+    import threading
+    out = []
+    run = threading.Thread(target=lambda: out.append(main(argv)), daemon=True)
+    run.start()                                 # opening a pipe with no writer blocks
+    run.join(60)
+    assert out == [2], "refused at once" if out else "it opened the pipe and waited"
+    assert "is a pipe or a device: write it to a file first" in capsys.readouterr().err
+    assert not (tmp_path / "out.lcc").exists()
