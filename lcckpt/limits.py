@@ -46,7 +46,7 @@ from .errors import InvalidArgumentError, ResourceLimitError
 
 __all__ = ["AUTO", "AUTO_EXPANSION", "AUTO_FLOOR", "AUTO_SMALL", "DEFAULT", "MAX_HEADER_BYTES",
            "MAX_HEADER_CONTAINERS", "MAX_HEADER_VALUES", "check", "declared_bytes",
-           "get_max_bytes", "is_auto", "parse_max_bytes", "resolve", "set_max_bytes",
+           "get_max_bytes", "is_auto", "parse_max_bytes", "read_stream", "resolve", "set_max_bytes",
            "usable_memory"]
 
 AUTO = "auto"
@@ -237,6 +237,25 @@ def check(declared: int, stored_bytes: int, max_bytes, what: str) -> None:
         f"(expansion {declared / max(stored_bytes, 1):,.0f}x), over {limit:,} bytes ({how}). "
         f"{advice}If you trust this file, pass max_bytes=None (or a larger number), or set "
         "lcckpt.limits.set_max_bytes(...) for the whole process")
+
+
+def read_stream(f, max_bytes, what: str) -> bytearray:
+    """All of the non-seekable ``f`` (a pipe). A load reads such a stream whole before it
+    can parse it, so one longer than any file ``max_bytes`` lets load (the limit plus a
+    header; under "auto", the memory this process has left) is refused as it passes that
+    size: an endless stream took all the memory before."""
+    value = _global if max_bytes is DEFAULT else _validate(max_bytes)
+    mem = usable_memory() if value == AUTO else None
+    cap = mem[0] if mem is not None else value + MAX_HEADER_BYTES if type(value) is int else None
+    data = bytearray()
+    while piece := f.read(1 << 24):
+        data += piece
+        if cap is not None and len(data) > cap:
+            raise ResourceLimitError(
+                f"{what} is a stream of more than {cap:,} bytes, more than any file the limit "
+                f"lets load ({'what ' + mem[1] + ' leaves this process' if mem else 'max_bytes'}"
+                "); if you trust it, pass max_bytes=None, or save it to a file first")
+    return data
 
 
 def parse_max_bytes(text: str):

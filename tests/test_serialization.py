@@ -1530,6 +1530,30 @@ def test_a_path_that_is_a_pipe_loads_as_a_stream(tmp_path, fmt):
         lcckpt.open(pipe)
 
 
+def test_an_endless_stream_is_refused_as_it_passes_the_limit(tmp_path):
+    """A non-seekable stream (a pipe) is read whole before it is parsed, and was read to
+    its end whatever its length: an endless one took all the memory. It is now refused
+    once it is longer than any file ``max_bytes`` lets load, and read no further."""
+    lcckpt.save({"w": torch.ones(4)}, tmp_path / "a.lcc")
+    head = (tmp_path / "a.lcc").read_bytes()[:64]
+
+    class Endless(io.RawIOBase):
+        read_so_far = 0
+
+        def readable(self):
+            return True
+
+        def readinto(self, b):
+            n = len(b)
+            b[:n] = (head[self.read_so_far:] + bytes(n))[:n]     # the header, then zeros
+            self.read_so_far += n
+            return n
+    stream = Endless()
+    with pytest.raises(lcckpt.ResourceLimitError, match="a stream of more than"):
+        lcckpt.load(stream, max_bytes=1_000_000)
+    assert stream.read_so_far <= 1_000_000 + (64 << 20) + (16 << 20)
+
+
 def test_a_url_is_refused_by_name_and_makes_no_local_folder(tmp_path, monkeypatch):
     """``"memory://x/a.lcc"`` is a valid relative path on POSIX: a chain made a folder
     named ``memory:`` and wrote there, and ``lcckpt.save`` said its directory was

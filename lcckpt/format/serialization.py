@@ -220,7 +220,7 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
         raise InvalidArgumentError("mmap=True needs a path: a file object cannot be memory-mapped "
                                    "(torch.load refuses it too)")
     if not f.seekable():
-        f = io.BytesIO(f.read())
+        f = io.BytesIO(limits.read_stream(f, max_bytes, "the file"))
     pos = f.tell()
     head = f.read(16)
     f.seek(pos)
