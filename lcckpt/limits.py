@@ -96,6 +96,11 @@ def get_max_bytes() -> int | str | None:
     return _global
 
 
+def _value(max_bytes) -> int | str | None:
+    """``max_bytes`` checked, or the global default where it is :data:`DEFAULT`."""
+    return _global if max_bytes is DEFAULT else _validate(max_bytes)
+
+
 def resolve(max_bytes, stored_bytes: int) -> int | None:
     """The decoded-byte limit for a load of ``stored_bytes`` (None: unlimited)."""
     return _resolve(max_bytes, stored_bytes)[0]
@@ -104,7 +109,7 @@ def resolve(max_bytes, stored_bytes: int) -> int | None:
 def _resolve(max_bytes, stored_bytes: int, memory: bool = True) -> tuple[int | None, str]:
     """The limit and how it was set, for the message of a refusal; ``memory=False``
     leaves the memory left out of "auto"."""
-    value = _global if max_bytes is DEFAULT else _validate(max_bytes)
+    value = _value(max_bytes)
     if value != AUTO:
         return value, f"max_bytes={value}"
     limit = AUTO_FLOOR + AUTO_EXPANSION * stored_bytes
@@ -244,7 +249,7 @@ def read_stream(f, max_bytes, what: str) -> bytearray:
     can parse it, so one longer than any file ``max_bytes`` lets load (the limit plus a
     header; under "auto", the memory this process has left) is refused as it passes that
     size: an endless stream took all the memory before."""
-    value = _global if max_bytes is DEFAULT else _validate(max_bytes)
+    value = _value(max_bytes)
     mem = usable_memory() if value == AUTO else None
     cap = mem[0] if mem is not None else value + MAX_HEADER_BYTES if type(value) is int else None
     data = bytearray()

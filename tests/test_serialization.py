@@ -1533,7 +1533,8 @@ def test_a_path_that_is_a_pipe_loads_as_a_stream(tmp_path, fmt):
 def test_an_endless_stream_is_refused_as_it_passes_the_limit(tmp_path):
     """A non-seekable stream (a pipe) is read whole before it is parsed, and was read to
     its end whatever its length: an endless one took all the memory. It is now refused
-    once it is longer than any file ``max_bytes`` lets load, and read no further."""
+    once it is longer than any file ``max_bytes`` lets load, and read no further; so is
+    one given to ``load_safetensors``."""
     lcckpt.save({"w": torch.ones(4)}, tmp_path / "a.lcc")
     head = (tmp_path / "a.lcc").read_bytes()[:64]
 
@@ -1552,6 +1553,14 @@ def test_an_endless_stream_is_refused_as_it_passes_the_limit(tmp_path):
     with pytest.raises(lcckpt.ResourceLimitError, match="a stream of more than"):
         lcckpt.load(stream, max_bytes=1_000_000)
     assert stream.read_so_far <= 1_000_000 + (64 << 20) + (16 << 20)
+    old = lcckpt.limits.set_max_bytes(1_000_000)    # a safetensors stream: the same bound
+    try:
+        stream = Endless()
+        with pytest.raises(lcckpt.ResourceLimitError, match="a stream of more than"):
+            lcckpt.load_safetensors(stream)
+        assert stream.read_so_far <= 1_000_000 + (64 << 20) + (16 << 20)
+    finally:
+        lcckpt.limits.set_max_bytes(old)
 
 
 def test_a_url_is_refused_by_name_and_makes_no_local_folder(tmp_path, monkeypatch):

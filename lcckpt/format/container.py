@@ -44,6 +44,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from .. import limits
 from ..util import crc as _crc, durable as _durable, memory as _memory
 from ..util.pool import gather, submit
 from ..errors import (
@@ -465,10 +466,9 @@ def read_container(source) -> Container:
         if seekable:
             src = FileSource(source, source.tell(), owned=False)
         else:
-            data = source.read()
-            if not isinstance(data, (bytes, bytearray)):
+            if isinstance(source.read(0), str):
                 raise InvalidArgumentError("the file object must be opened in binary mode")
-            src = BufferSource(memoryview(data))
+            src = BufferSource(memoryview(limits.read_stream(source, limits.DEFAULT, "the file")))
     try:
         return _open(src)
     except BaseException:

@@ -29,6 +29,7 @@ from typing import Any, BinaryIO, Mapping
 
 import torch
 
+from .. import limits
 from ..codec import dtypes
 from ..errors import CorruptDataError, InvalidArgumentError, TruncatedError, UnsupportedDtypeError
 from ..util.durable import check_target
@@ -166,7 +167,7 @@ def _open(f):
     if sys.byteorder != "little":
         raise UnsupportedDtypeError("reading safetensors needs a little-endian host")
     if not f.seekable():
-        f = io.BytesIO(f.read())
+        f = io.BytesIO(limits.read_stream(f, limits.DEFAULT, "the safetensors file"))
     start = f.tell()
     f.seek(0, os.SEEK_END)
     size = f.tell() - start
