@@ -32,7 +32,7 @@ import torch
 from .. import limits
 from ..codec import dtypes
 from ..errors import CorruptDataError, InvalidArgumentError, TruncatedError, UnsupportedDtypeError
-from ..util.durable import check_target
+from ..util.durable import atomic_write
 from ..util.paths import local
 
 __all__ = [
@@ -326,7 +326,8 @@ def save_safetensors(tensors: Mapping[str, torch.Tensor], f: str | os.PathLike |
                      metadata: Mapping[str, str] | None = None) -> None:
     """Write ``{name: tensor}`` (and optional string ``metadata``) as a safetensors file.
 
-    A path is written atomically (a temp file beside it, fsynced, then renamed).
+    A path is written atomically (a temp file beside it, fsynced, then renamed); a
+    symbolic link there is followed, and the replaced file's permission bits kept.
     """
     if sys.byteorder != "little":
         raise UnsupportedDtypeError("writing safetensors needs a little-endian host")
@@ -335,17 +336,5 @@ def save_safetensors(tensors: Mapping[str, torch.Tensor], f: str | os.PathLike |
         _write(f, head, order)
         return
     path = local(f, "lcckpt.save_safetensors")
-    check_target(path)
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
-                       f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            _write(fh, head, order)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, lambda fh: _write(fh, head, order), through_links=True)
 

@@ -57,6 +57,7 @@ def save(obj: Any, f: str | os.PathLike | BinaryIO, pickle_module=None, pickle_p
          metadata: dict[str, str] | None = None, progress: Callable[[int], None] | None = None,
          **torch_save_args) -> None:
     """Save ``obj`` to a path (atomically) or a writable binary file, without pickle.
+    A symbolic link at the path is followed, as ``torch.save``'s ``open`` follows it.
 
     ``torch.save``'s other arguments are taken, so that its calls run unchanged, and
     change nothing, as nothing is pickled: ``pickle_module`` (None or ``pickle``: another
@@ -101,11 +102,15 @@ def save(obj: Any, f: str | os.PathLike | BinaryIO, pickle_module=None, pickle_p
             coder = stream.wrap(encode_leaf)
             meta, sections = pack(obj, encode_leaf=coder, encode_array=coder if arrays else None)
             stream.finish({**meta, **extra}, sections, renumber_sections)
-        _durable.atomic_write(f, write)
+        _durable.atomic_write(f, write, through_links=True)
         return
     meta, sections = pack(obj, encode_leaf=encode_leaf,
                           encode_array=encode_leaf if arrays else None)
-    write_container(f, sections, {**meta, **extra})
+    if to_path:             # a link at the name is followed, as torch.save's open follows it
+        _durable.atomic_write(f, lambda out: write_container(out, sections, {**meta, **extra}),
+                              through_links=True)
+    else:
+        write_container(f, sections, {**meta, **extra})
 
 
 def _counted(encode_leaf, progress: Callable[[int], None]):

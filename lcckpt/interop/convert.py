@@ -29,7 +29,7 @@ from ..format import serialization, sharded
 from ..format.container import open_file
 from ..format.torchzip import is_zip, open_zip, read_members
 from ..errors import CorruptDataError, InvalidArgumentError, UnsafeObjectError
-from ..util.durable import check_target
+from ..util.durable import atomic_write
 from ..util.paths import distributed_hint, local
 from ..format.safetensors_io import read_safetensors, save_safetensors
 from . import trainerdir
@@ -193,12 +193,9 @@ def _flat_tensors(obj, path: str) -> dict[str, torch.Tensor]:
 
 
 def _save_torch(obj, path: str) -> None:
-    """torch.save, then prove that a weights-only load reads it back, then rename."""
-    check_target(path)
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
-                       f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    try:
-        torch.save(obj, tmp)
+    """torch.save to a temp file, prove that a weights-only load reads it back, then
+    rename it into place (a link at ``path`` followed, as for lcckpt.save)."""
+    def check(tmp: str) -> None:
         try:
             torch.load(tmp, weights_only=True, mmap=True)
         except Exception as e:
@@ -207,12 +204,7 @@ def _save_torch(obj, path: str) -> None:
                 "the torch.save file would need weights_only=False to load: it holds "
                 f"objects torch's safe loader refuses ({_refused(obj, e)}); keep it as .lcc, "
                 f"or convert a part without them (--key {part})") from None
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_write(path, lambda f: torch.save(obj, f), through_links=True, check=check)
 
 
 _SAFE_LEAVES = (torch.Tensor, int, float, complex, str, bytes, bool, type(None), torch.Size,

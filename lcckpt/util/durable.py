@@ -39,15 +39,21 @@ class UnsyncedError(StorageError):
     a power loss. A chain takes the step as saved (and syncs again at the next save)."""
 
 
-def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
+def atomic_write(path: str, write: Callable[[BinaryIO], None], *, through_links: bool = False,
+                 check: Callable[[str], None] | None = None) -> None:
     """Call ``write(f)`` on a temp file, then make it ``path`` durably and atomically.
 
-    The target keeps its permission bits when it exists. On any error (or interrupt) the
-    temp file is removed and ``path`` is untouched.
+    The target keeps its permission bits (and, where allowed, its owner and group) when it
+    exists. With ``through_links``, a symbolic link at ``path`` is followed, as ``open``
+    would: the file it points to is replaced and the link kept (a user's own file name;
+    not a chain's steps, where a planted link must not redirect the writer).
+    ``check(temp_path)``, if given, runs on the complete temp file before the rename.
+    On any error (or interrupt) the temp file is removed and ``path`` is untouched.
     """
     check_target(path)                        # found before the object is coded, not after
-    directory = os.path.dirname(os.path.abspath(path))
-    base = os.path.basename(path)
+    target = os.path.realpath(path) if through_links and os.path.islink(path) else path
+    directory = os.path.dirname(os.path.abspath(target))
+    base = os.path.basename(target)
     try:
         tmp, fd = _create_temp(directory, base)
     except FileNotFoundError as e:
@@ -59,17 +65,14 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
     except OSError as e:
         raise StorageError(e.errno, f"cannot write the checkpoint: {e.strerror}", path) from None
     try:
-        try:
-            mode = stat.S_IMODE(os.stat(path).st_mode)
-        except FileNotFoundError:
-            mode = None
         with open(fd, "wb") as f:
-            if mode is not None:
-                os.chmod(tmp, mode)
+            _keep_attributes(tmp, target)
             write(_Writeback(f))
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if check is not None:
+            check(tmp)
+        os.replace(tmp, target)
     except BaseException as e:
         try:
             os.unlink(tmp)
@@ -86,6 +89,25 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
                            f"failed ({e.strerror}): it may not survive a crash; check the "
                            "disk", path) from e
     remove_stale_temps(directory)
+
+
+def _keep_attributes(tmp: str, target: str) -> None:
+    """Give the temp file the replaced file's permission bits, and its owner and group
+    where this process may (root saving over a user's file; a group-shared file)."""
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        return
+    os.chmod(tmp, stat.S_IMODE(st.st_mode))
+    if hasattr(os, "chown") and (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
+        try:
+            os.chown(tmp, st.st_uid, st.st_gid)
+        except OSError:     # not allowed: the group alone, then nothing
+            try:
+                os.chown(tmp, -1, st.st_gid)
+            except OSError:
+                pass
+        os.chmod(tmp, stat.S_IMODE(st.st_mode))     # chown clears setuid/setgid bits
 
 
 _KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
