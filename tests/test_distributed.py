@@ -815,6 +815,30 @@ def test_destroy_process_group_joins_gloo_threads_after_a_late_import(tmp_path):
     assert got["after"] == 0, got
 
 
+_UNGUARDED_PROCESS_MODE = """
+import sys, torch, torch.distributed as dist, lcckpt.distributed as ld
+dist.init_process_group("gloo", init_method=sys.argv[1], rank=0, world_size=1)
+ck = ld.DistributedCheckpointer(sys.argv[2])
+ck.async_save(0, {"w": torch.ones(8)}, process=True)
+ck.close()
+"""
+
+
+@pytest.mark.slow
+def test_a_process_mode_save_from_an_unguarded_script_says_why_it_died(tmp_path):
+    """DCP's background process is started by spawn, which runs the main script again: a
+    script that trains at its top level kills it. The error says so, not only that the
+    process is dead."""
+    import subprocess
+    script = tmp_path / "train.py"
+    script.write_text(_UNGUARDED_PROCESS_MODE)
+    out = subprocess.run([sys.executable, str(script), W.rendezvous(tmp_path),
+                          str(tmp_path / "ck")], capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    assert "background process is dead" in out.stderr, out.stderr[-3000:]
+    assert 'outside `if __name__ == "__main__":`' in out.stderr, out.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_two_ranks_save_fail_delta_load_and_reshard_to_one(two_ranks):
     root, _ = two_ranks

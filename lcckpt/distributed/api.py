@@ -32,9 +32,8 @@ from torch.distributed.checkpoint.metadata import Metadata
 
 from .. import limits
 from ..errors import DistributedCheckpointError, InvalidArgumentError, LcckptError
-from .exchange import PeerFailedError
 from .fill import missing_key_hint, settle
-from .futures import Outcome, raise_unasked
+from .futures import Outcome, raise_unasked, unwrap
 from .groups import Background, background_group
 from .plain import reader_for
 from .live import LiveStager, Versions
@@ -72,27 +71,6 @@ def _quiet(no_dist: bool):
             yield
 
 
-def _unwrap(exc: BaseException, what: str) -> BaseException:
-    """DCP's CheckpointException -> this rank's own LcckptError, else a
-    DistributedCheckpointError; so is any other failure a surviving rank sees (a peer that
-    died surfaces as the process group's RuntimeError). Interrupts pass through."""
-    failures = getattr(exc, "failures", None)
-    if failures is None:
-        if isinstance(exc, LcckptError) or not isinstance(exc, Exception):
-            return exc
-        return DistributedCheckpointError(
-            f"{what} failed on this rank: {type(exc).__name__}: {exc} (a peer that died or "
-            "a broken process group surfaces this way; nothing was committed)", {})
-    causes = {r: (f[0] if isinstance(f, tuple) else f) for r, f in failures.items()}
-    # a rank's own error first: PeerFailedError only says that another rank failed
-    for c in sorted(causes.values(), key=lambda c: isinstance(c, PeerFailedError)):
-        if isinstance(c, LcckptError):
-            return c
-    detail = "; ".join(f"rank {r}: {type(c).__name__}: {c}" for r, c in sorted(causes.items()))
-    return DistributedCheckpointError(f"{what} failed on rank(s) {sorted(causes)}: {detail}",
-                                      causes)
-
-
 def _save(state, writer: CompressedWriter, planner: BalancedSavePlanner, process_group):
     no_dist = _no_dist(process_group)
     try:
@@ -101,7 +79,7 @@ def _save(state, writer: CompressedWriter, planner: BalancedSavePlanner, process
                           process_group=process_group, no_dist=no_dist)
     except BaseException as e:       # CheckpointException is a BaseException
         writer.abort()
-        err = _unwrap(e, f"saving {writer.path}")
+        err = unwrap(e, f"saving {writer.path}")
         if err is e:
             raise
         raise err from e
@@ -116,7 +94,7 @@ def _finish_async(fut: Future, writer, planner, out: Future):
         md = fut.result()
     except BaseException as e:
         writer.abort()
-        err = _unwrap(e, f"saving {writer.path}")
+        err = unwrap(e, f"saving {writer.path}")
         out.set_exception(err)
     else:
         writer.commit()
@@ -234,7 +212,7 @@ def load(state, directory, *, process_group=None, storage_options: dict | None =
             dcp.load(state, storage_reader=reader, planner=planner,
                      process_group=process_group, no_dist=no_dist)
     except BaseException as e:
-        err = missing_key_hint(_unwrap(e, f"loading {directory}"), reader)
+        err = missing_key_hint(unwrap(e, f"loading {directory}"), reader)
         if err is e:
             raise
         raise err from e

@@ -1,4 +1,5 @@
-"""The future an async save hands back, and what becomes of a failure nobody asked about.
+"""The future an async save hands back, what becomes of a failure nobody asked about, and
+how a failure reaches the caller (:func:`unwrap`).
 
 A background save that fails (a peer died, the state changed under a live save, the disk
 filled) reports it through its future. A loop that calls ``ck.async_save(step, state)``
@@ -11,6 +12,9 @@ load and ``close`` call) raises such a failure instead; a caller that asked the 
 from __future__ import annotations
 
 from concurrent.futures import Future
+
+from ..errors import DistributedCheckpointError, LcckptError
+from .exchange import PeerFailedError
 
 
 class Outcome(Future):
@@ -35,3 +39,33 @@ def raise_unasked(fut: Future, step: int | None) -> None:
         err.add_note(f"(the async_save of step {step}, raised by the next call on the "
                      "checkpointer: its future was not asked)")
         raise err
+
+
+def unwrap(exc: BaseException, what: str) -> BaseException:
+    """DCP's CheckpointException -> this rank's own LcckptError, else a
+    DistributedCheckpointError; so is any other failure a surviving rank sees (a peer that
+    died surfaces as the process group's RuntimeError). Interrupts pass through."""
+    failures = getattr(exc, "failures", None)
+    if failures is None:
+        if isinstance(exc, LcckptError) or not isinstance(exc, Exception):
+            return exc
+        return DistributedCheckpointError(
+            f"{what} failed on this rank: {type(exc).__name__}: {exc} ({_cause_of(exc)}; "
+            "nothing was committed)", {})
+    causes = {r: (f[0] if isinstance(f, tuple) else f) for r, f in failures.items()}
+    # a rank's own error first: PeerFailedError only says that another rank failed
+    for c in sorted(causes.values(), key=lambda c: isinstance(c, PeerFailedError)):
+        if isinstance(c, LcckptError):
+            return c
+    detail = "; ".join(f"rank {r}: {type(c).__name__}: {c}" for r, c in sorted(causes.items()))
+    return DistributedCheckpointError(f"{what} failed on rank(s) {sorted(causes)}: {detail}",
+                                      causes)
+
+
+def _cause_of(exc: BaseException) -> str:
+    if "background process is dead" in str(exc):    # DCP's process mode, started by spawn
+        return ("DCP starts that process with spawn, which runs the main script again: "
+                "training code at the script's top level, outside `if __name__ == "
+                "\"__main__\":`, kills it (its traceback is printed above), as can a peer "
+                "that died")
+    return "a peer that died or a broken process group surfaces this way"
