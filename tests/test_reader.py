@@ -539,6 +539,24 @@ def test_code_written_for_safe_open_runs_on_an_lcckpt_file(tmp_path):
             assert got[k][3].device == torch.device("cpu")
 
 
+def test_a_safetensors_file_lists_its_keys_as_safe_open_does(tmp_path):
+    """safe_open's keys() are sorted and its offset_keys() in the file's order (by dtype
+    alignment, then name); lcckpt.open gives both the same on that file, and on its own
+    files the order of the save for both."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    state = {"z": torch.ones(2, dtype=torch.int8), "a": torch.ones(4),
+             "m": torch.ones(3, dtype=torch.int64), "b": torch.ones(1)}
+    save_file(state, tmp_path / "a.safetensors")
+    with safe_open(tmp_path / "a.safetensors", "pt") as want, \
+            lc_open(tmp_path / "a.safetensors", "pt") as got:
+        assert want.keys() != want.offset_keys()       # the case that tells them apart
+        assert got.keys() == want.keys() and got.offset_keys() == want.offset_keys()
+    lcckpt.save(state, tmp_path / "a.lcc")
+    with lc_open(tmp_path / "a.lcc") as f:
+        assert f.keys() == f.offset_keys() == list(state)
+
+
 def test_safe_open_arguments_that_cannot_hold_are_refused(tmp_path):
     path = tmp_path / "a.lcc"
     lcckpt.save({"w": torch.ones(2)}, path)

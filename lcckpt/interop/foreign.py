@@ -52,6 +52,12 @@ class ForeignReader(Keyed):
             found = list(_leaves(obj))
         self._index = flat_names(found)
 
+    def keys(self) -> list[str]:
+        """The names in the order they were saved; a safetensors file's sorted, as
+        safe_open's ``keys()`` lists them (``offset_keys()``: the file's order)."""
+        names = list(self._index)
+        return sorted(names) if self.format == "safetensors" else names
+
     def metadata(self) -> dict:
         """A safetensors file's ``__metadata__`` ({} for a torch.save file)."""
         return dict(self._meta or {})

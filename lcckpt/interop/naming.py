@@ -129,6 +129,10 @@ class Keyed:
         """The leaves' names, in the order they were saved."""
         return list(self._index)
 
+    def offset_keys(self) -> list[str]:
+        """The leaves' names in the file's order (safe_open's ``offset_keys``)."""
+        return list(self._index)
+
     def __contains__(self, key) -> bool:
         return self._find(key, missing=False) is not None
 
