@@ -159,21 +159,12 @@ def _read_int(path: str) -> int | None:
 
 
 def _cgroup_left() -> tuple[int, str] | None:
-    """The cgroup's limit less its use, counting reclaimable page cache as free (cgroup
-    v2, then v1)."""
-    try:
-        with open("/proc/self/cgroup") as f:
-            rel = next((line.strip().split(":", 2)[2] for line in f
-                        if line.startswith("0::")), None)
-    except (OSError, IndexError):
-        rel = None
-    for base, limit_f, used_f, cache_key in (
-            (f"/sys/fs/cgroup{rel}" if rel is not None else None,
-             "memory.max", "memory.current", "inactive_file"),
-            ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes",
-             "total_inactive_file")):
-        if base is None:
-            continue
+    """The least that a memory limit of this process's cgroup or of one above it leaves,
+    counting reclaimable page cache as free (cgroup v2, and v1's memory controller: a
+    batch scheduler's job sits in a cgroup of its own below the hierarchy's root, which
+    has no limit)."""
+    found = []
+    for base, limit_f, used_f, cache_key in _cgroup_dirs():
         limit = _read_int(os.path.join(base, limit_f))
         used = _read_int(os.path.join(base, used_f))
         if limit is None or used is None or limit >= 1 << 60:     # v1 says "none" so
@@ -187,8 +178,62 @@ def _cgroup_left() -> tuple[int, str] | None:
                         cache = int(v)
         except (OSError, ValueError):
             pass
-        return max(limit - used + cache, 0), "the cgroup's memory limit"
-    return None
+        found.append(max(limit - used + cache, 0))
+    return (min(found), "the cgroup's memory limit") if found else None
+
+
+_PROC_CGROUP, _PROC_MOUNTINFO = "/proc/self/cgroup", "/proc/self/mountinfo"
+_V2 = ("memory.max", "memory.current", "inactive_file")
+_V1 = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+
+
+def _cgroup_dirs() -> list[tuple[str, str, str, str]]:
+    """``(directory, limit file, usage file, page cache key)`` of this process's cgroup
+    and each one above it, up to its hierarchy's mount point, in v2 and v1 (memory)."""
+    paths = {}
+    try:
+        with open(_PROC_CGROUP) as f:
+            for line in f:
+                num, controllers, path = line.rstrip("\n").split(":", 2)
+                if num == "0" and controllers == "":
+                    paths["cgroup2"] = path
+                elif "memory" in controllers.split(","):
+                    paths["cgroup"] = path
+    except (OSError, ValueError):
+        return []
+    out = []
+    for fstype, point, root in _cgroup_mounts():
+        path = paths.get(fstype)
+        if path is None:
+            continue
+        files = _V2 if fstype == "cgroup2" else _V1
+        rel = os.path.relpath(path, root) if path.startswith(root) else "."
+        at = os.path.normpath(os.path.join(point, rel))
+        if not os.path.isdir(at):         # a namespaced view: this cgroup is the mount's root
+            at = point
+        while True:
+            out.append((at, *files))
+            if at == point or not at.startswith(point):
+                break
+            at = os.path.dirname(at)
+    return out
+
+
+def _cgroup_mounts() -> list[tuple[str, str, str]]:
+    """``(type, mount point, root within the hierarchy)`` of the cgroup2 mount and of the
+    v1 mount of the memory controller (/proc/self/mountinfo; else where they usually are)."""
+    found = []
+    try:
+        with open(_PROC_MOUNTINFO) as f:
+            for line in f:
+                fields = line.split()
+                dash = fields.index("-")
+                fstype, options = fields[dash + 1], fields[-1].split(",")
+                if fstype == "cgroup2" or (fstype == "cgroup" and "memory" in options):
+                    found.append((fstype, fields[4].replace("\\040", " "), fields[3]))
+    except (OSError, ValueError, IndexError):
+        return [("cgroup2", "/sys/fs/cgroup", "/"), ("cgroup", "/sys/fs/cgroup/memory", "/")]
+    return found
 
 
 def _rlimit_left() -> tuple[int, str] | None:
