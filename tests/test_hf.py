@@ -193,6 +193,20 @@ def test_a_failed_background_save_is_raised_by_the_next_call(tmp_path, monkeypat
     assert lcckpt.DeltaCheckpointer(tmp_path / "c").steps() == [1]
 
 
+def test_a_background_save_memory_cannot_hold_is_written_in_on_save(tmp_path, monkeypatch):
+    from lcckpt import limits
+    monkeypatch.setattr(limits, "usable_memory", lambda: (1 << 20, "the cgroup's memory limit"))
+    cb = ChainCallback(tmp_path / "c", background=True)
+    args = types.SimpleNamespace(fsdp=None, deepspeed=None, should_save=True,
+                                 output_dir=str(tmp_path / "out"))
+    model = torch.nn.Linear(64, 64)
+    with pytest.warns(RuntimeWarning, match="saved in the foreground"):
+        cb.on_save(args, transformers.TrainerState(global_step=1), None, model=model)
+    assert cb.last_save["step"] == 1 and cb.stats["foreground"] == 1    # before it returned
+    cb.on_save(args, transformers.TrainerState(global_step=2), None, model=model)
+    assert cb.last_save["step"] == 2 and cb.stats["foreground"] == 2
+
+
 def test_lossy_steps_keep_what_training_changed(run):
     """Every restored weight tensor of the default chain within 5% of how far it moved
     since the keyframe (the default's largest share: docs/chain.md)."""

@@ -212,6 +212,17 @@ def test_a_background_chain_writes_what_a_save_in_the_hook_writes(tmp_path, monk
                                                                     background=True)])
 
 
+def test_a_background_save_memory_cannot_hold_is_written_in_the_hook(tmp_path, monkeypatch):
+    from lcckpt import limits
+    from lcckpt.training.lightning import ChainCallback
+    monkeypatch.setattr(limits, "usable_memory", lambda: (1 << 20, "the cgroup's memory limit"))
+    chain = ChainCallback(tmp_path / "chain", background=True)
+    every = ModelCheckpoint(dirpath=tmp_path / "files", every_n_train_steps=4, save_top_k=-1)
+    _fit(tmp_path / "run", 8, callbacks=[every, chain])     # (it silences warnings)
+    assert chain.stats["foreground"] == 2
+    assert lcckpt.DeltaCheckpointer(tmp_path / "chain").steps() == [4, 8]
+
+
 def test_a_chain_behind_the_files_resumes_and_keeps_them_small(tmp_path):
     """``LcckptCheckpointIO(chain=...)``: ModelCheckpoint's files hold the small parts and a
     step of the chain; a run resumes from them with no other change; a removed file leaves

@@ -130,6 +130,47 @@ def test_a_keyframe_checkpoint_restores_exactly_where_deltas_do_not(tmp_path):
             assert torch.equal(t, opt2.state_dict()["state"][k][name]), (k, name)
 
 
+@pytest.mark.parametrize("left", [1 << 20, 1 << 40, None])
+def test_a_background_copy_that_memory_cannot_hold_is_saved_in_the_foreground(
+        tmp_path, monkeypatch, left):
+    """In a cgroup (a container, a batch job) running out of memory is the kernel's kill,
+    not an error: where the memory left cannot hold the host copy beside the save, the
+    checkpoint is written in the loop instead, with one warning; with room (or where the
+    memory left is unknown), in the background."""
+    from lcckpt import limits
+    monkeypatch.setattr(limits, "usable_memory",
+                        lambda: None if left is None else (left, "the cgroup's memory limit"))
+    model, opt = _setup()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with CheckpointManager(tmp_path, model, opt, every=2, background=True,
+                               backpressure="wait") as mgr:
+            for it in range(1, 7):
+                _train(model, opt)
+                took = mgr.step()
+                if took and left == 1 << 20:        # written before step() returned
+                    assert mgr._job is None and mgr.durable_step == it
+            params = _params(model)
+    told = [str(w.message) for w in said if "saved in the foreground" in str(w.message)]
+    assert mgr.stats["foreground"] == (3 if left == 1 << 20 else 0)
+    assert len(told) == (1 if left == 1 << 20 else 0)
+    if told:
+        assert "the cgroup's memory limit leaves 1 MiB" in told[0], told[0]
+    assert lcckpt.DeltaCheckpointer(tmp_path).steps() == [2, 4, 6]
+    model2, opt2 = _setup(seed=3)
+    with CheckpointManager(tmp_path, model2, opt2, every=2) as mgr2:
+        assert mgr2.restore() == 6
+    assert all(torch.allclose(a, b, atol=1e-2) for a, b in zip(params, _params(model2)))
+
+
+def test_state_bytes_counts_shared_data_once():
+    from lcckpt.training.hostcopy import state_bytes
+    w = torch.ones(10, 10)
+    tree = {"a": w, "b": [w, w.view(100)[:10]], "c": (torch.ones(3, dtype=torch.float16),),
+            "s": torch.ones(4, 4).to_sparse(), "n": 3}
+    assert state_bytes(tree) == 400 + 40 + 6
+
+
 def test_restore_on_empty_directory_returns_none(tmp_path):
     model, opt = _setup()
     with CheckpointManager(tmp_path / "new", model, opt, every=5) as mgr:

@@ -160,3 +160,10 @@ class Capture:
         elif rng is not False and str(rng) in state.get("rng_ranks", {}):
             _rng.restore(state["rng_ranks"][str(rng)])
         return state.get("manager", {})
+
+
+def delegated(name: str) -> property:
+    """A property of the manager that reads and sets its :class:`Capture`'s ``name``."""
+    return property(lambda self: getattr(self._capture, name),
+                    lambda self, value: setattr(self._capture, name, value),
+                    doc=f"The registered {name} (saved and restored with every checkpoint).")

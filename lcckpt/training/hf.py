@@ -49,7 +49,7 @@ from ..interop import trainerdir
 from ..interop.convert import read_checkpoint
 from ..util.durable import fsync_dir
 from .background import Writer
-from .hostcopy import HostBuffers
+from .hostcopy import HostBuffers, copy_fits
 
 __all__ = ["ChainCallback", "RESUMABLE", "export_checkpoint", "import_checkpoints"]
 
@@ -67,6 +67,8 @@ class ChainCallback(TrainerCallback):
     save to the next: memory of one state) and returns; a thread encodes and writes it
     while training goes on. The next save, and the end of training, wait for it and
     raise its error if it failed. The files are those a save in ``on_save`` writes.
+    Where the memory left could not hold the copy beside the save, ``on_save`` writes in
+    the loop instead, with one warning (``stats["foreground"]`` counts those saves).
 
     ``replace=True``: the chain instead of the Trainer's ``checkpoint-N`` directories.
     When the Trainer is due to save (``control.should_save`` at the end of a step or an
@@ -92,6 +94,7 @@ class ChainCallback(TrainerCallback):
         self._ck: DeltaCheckpointer | None = None
         self._step: int | None = None          # the newest step handed to a save
         self._buffers = HostBuffers() if background else None
+        self.stats = {"foreground": 0}          # background saves the memory left could not hold
         self._writer = Writer("lcckpt-chain-callback")
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -133,7 +136,8 @@ class ChainCallback(TrainerCallback):
         if every is not None:
             obj["rng_ranks"] = every
         self._step = state.global_step
-        if not self.background:
+        if not self.background or not copy_fits(self._buffers, obj, self.last_save is None,
+                                                self.stats):
             self._write(self._ck, state.global_step, obj)
             return
         self._writer.start(self._write, self._ck, state.global_step,

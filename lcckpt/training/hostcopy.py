@@ -20,7 +20,9 @@ from typing import Any, Callable
 
 import torch
 
+from .. import limits
 from ..format.flatten import key_repr
+from ..util.caller import warn_user
 
 
 class HostBuffers:
@@ -113,3 +115,57 @@ def _alias(t: torch.Tensor) -> tuple | None:
 
 def _size(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+ROOM_MARGIN = 64 << 20        # bytes kept free beyond the estimate
+
+
+def copy_fits(buffers: HostBuffers, tree: Any, first_save: bool, stats: dict) -> bool:
+    """Whether a background snapshot fits (:func:`no_room_for_copy`); if not, the first
+    time, a warning says why, and ``stats["foreground"]`` counts the saves so taken."""
+    why = no_room_for_copy(buffers, tree, first_save)
+    if why is None:
+        return True
+    if not stats["foreground"]:
+        warn_user(why)
+    stats["foreground"] += 1
+    return False
+
+
+def no_room_for_copy(buffers: HostBuffers, tree: Any, first_save: bool) -> str | None:
+    """Why a background snapshot of ``tree`` into ``buffers`` would not fit in the memory
+    this process has left (:func:`lcckpt.limits.usable_memory`), or None. The snapshot
+    allocates what the buffers lack; the save beside it needs up to the state's size (a
+    keyframe's coded sections), and its first one a reference of that size too. In a
+    container or a batch job's cgroup, running out is not an error but the kernel's kill."""
+    state = state_bytes(tree)
+    lacking = max(0, state - buffers.nbytes)
+    if lacking == 0:
+        return None
+    mem = limits.usable_memory()
+    need = lacking + (2 if first_save else 1) * state + ROOM_MARGIN
+    if mem is None or need <= mem[0]:
+        return None
+    return (f"a background checkpoint needs a host copy of the state ({lacking / 2**20:,.0f} "
+            f"MiB) beside the save's own memory, about {need / 2**20:,.0f} MiB in all, and "
+            f"{mem[1]} leaves {mem[0] / 2**20:,.0f} MiB: saved in the foreground instead (the "
+            "loop waits for each write); free memory, or pass background=False to choose it")
+
+
+def state_bytes(tree: Any) -> int:
+    """Bytes of the tensors in ``tree``, each piece of shared data counted once."""
+    seen: set = set()
+    total = 0
+    stack = [tree]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, torch.Tensor) and v.layout == torch.strided:   # sparse: a copy
+            key = _alias(v)
+            if key is None or key not in seen:
+                seen.add(key)
+                total += _size(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif type(v) in (list, tuple):
+            stack.extend(v)
+    return total

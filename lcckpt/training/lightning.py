@@ -48,7 +48,7 @@ from ..format.container import MAGIC
 from ..format.serialization import load, save
 from ..util.durable import TEMP_SUFFIX
 from .background import Writer
-from .hostcopy import HostBuffers
+from .hostcopy import HostBuffers, copy_fits
 from ..util.caller import warn_user
 
 __all__ = ["ChainCallback", "LcckptCheckpointIO", "export_checkpoint", "import_checkpoints",
@@ -307,7 +307,9 @@ class ChainCallback(Callback):
     ``background=True``: the hook copies the checkpoint's tensors into host buffers
     (reused from one save to the next: memory of one state) and returns; a thread encodes
     and writes them while training goes on. The next save and the end of the run wait for
-    it and raise its error if it failed. The files are those a save in the hook writes."""
+    it and raise its error if it failed. The files are those a save in the hook writes.
+    Where the memory left could not hold the copy beside the save, the hook writes in the
+    loop instead, with one warning (``stats["foreground"]`` counts those saves)."""
 
     def __init__(self, directory, *, background: bool = False, **options: Any) -> None:
         self.directory = os.fspath(directory)
@@ -316,6 +318,7 @@ class ChainCallback(Callback):
         self._ck: DeltaCheckpointer | None = None
         self._step: int | None = None
         self._buffers = HostBuffers() if background else None
+        self.stats = {"foreground": 0}          # background saves the memory left could not hold
         self._writer = Writer("lcckpt-lightning-chain")
 
     def on_fit_start(self, trainer, pl_module) -> None:
@@ -329,11 +332,12 @@ class ChainCallback(Callback):
         self.wait()
         self._ck = _ready(self._ck, self.directory, self.options, step)
         self._step = step
-        if self._buffers is None:
-            self._write(self._ck, step, _plain(checkpoint))
+        state = _plain(checkpoint)
+        if self._buffers is None or not copy_fits(self._buffers, state, self.last_save is None,
+                                                  self.stats):
+            self._write(self._ck, step, state)
             return
-        self._writer.start(self._write, self._ck, step,
-                           self._buffers.snapshot(_plain(checkpoint)))
+        self._writer.start(self._write, self._ck, step, self._buffers.snapshot(state))
 
     def wait(self) -> None:
         """Wait for a background save in flight; raise its error if it failed."""

@@ -35,11 +35,11 @@ from . import replan as _replan
 from .. import limits
 from ..util import collector, owned
 from .background import said_at_exit
-from .capture import Capture
+from .capture import Capture, delegated
 from .costs import Costs
 from .explain import explain
 from .options import check_arguments, default_bits
-from .hostcopy import HostBuffers
+from .hostcopy import HostBuffers, copy_fits
 from .overlap import LiveState, remove_newest, torn
 from .losscurve import LossCurve
 from .newest import generators_to_restore, is_writer, restore_state
@@ -81,7 +81,8 @@ class CheckpointManager(owned.Owned):
     host copy of it (the process holds the state, the writer's reference and small
     buffers, where a background write also holds the copy), and the loop stalls for the
     whole write, which the plan counts as the checkpoint's cost. ``checkpoint(wait=True)``
-    always writes that way. ``background="overlap"`` writes in the background from the
+    always writes that way, as does a background checkpoint whose host copy the memory
+    left cannot hold (a warning, ``stats["foreground"]``). ``background="overlap"`` writes in the background from the
     live parameters and optimizer state (no copy of them); the optimizer's next ``step()``
     waits until the write has read them, and only it may change them in place meanwhile
     (:class:`~lcckpt.errors.StateChangedError` otherwise; docs/manager.md).
@@ -145,7 +146,8 @@ class CheckpointManager(owned.Owned):
         self._job: threading.Thread | None = None
         self._error: BaseException | None = None     # the job's, raised at the next call
         self._persists = 0              # saves finished by this object
-        self.stats = {"checkpoints": 0, "deferred": 0, "waited_s": 0.0, "stall_s": 0.0, "plans": 0}
+        self.stats = {"checkpoints": 0, "deferred": 0, "waited_s": 0.0, "stall_s": 0.0, "plans": 0,
+                      "foreground": 0}
         self._sigterm = SigtermHook() if sigterm else None    # in a group: agreed (signals.py)
         self._live = None if background != "overlap" or not self.writer else LiveState(
             model, [optimizer, *self._capture.objects.values()], self._before_optimizer_step)
@@ -395,6 +397,8 @@ class CheckpointManager(owned.Owned):
                     "restore() to continue that run, or use another directory")
         self._curve.flush()
         tree = self._collect()
+        if background is True and not copy_fits(self._buffers, tree, not self._persists, self.stats):
+            background = False          # a copy the memory left cannot hold: the kernel's kill
         live = background == "overlap"
         snap = (self._live.take(tree, self._buffers) if live else
                 self._buffers.snapshot(tree) if background else tree)
@@ -510,11 +514,5 @@ class CheckpointManager(owned.Owned):
         self._sigterm.pass_on()         # the previous handler, or SystemExit(143)
 
 
-def _delegate(name: str) -> property:
-    return property(lambda self: getattr(self._capture, name),
-                    lambda self, value: setattr(self._capture, name, value),
-                    doc=f"The registered {name} (saved and restored with every checkpoint).")
-
-
 for _name in ("model", "optimizer", "scheduler", "scaler", "objects", "extra"):
-    setattr(CheckpointManager, _name, _delegate(_name))
+    setattr(CheckpointManager, _name, delegated(_name))
