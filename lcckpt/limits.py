@@ -43,6 +43,7 @@ except ImportError:                      # not on Windows: no RLIMIT_AS to read
     resource = None
 
 from .errors import InvalidArgumentError, ResourceLimitError
+from .util.caller import warn_user
 
 __all__ = ["AUTO", "AUTO_EXPANSION", "AUTO_FLOOR", "AUTO_SMALL", "DEFAULT", "MAX_HEADER_BYTES",
            "MAX_HEADER_CONTAINERS", "MAX_HEADER_VALUES", "check", "declared_bytes",
@@ -138,6 +139,17 @@ def _kib_field(path: str, field: str) -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def warn_if_short(nbytes: int, what: str) -> None:
+    """Warn when ``nbytes`` more would not fit in what this process can still allocate:
+    in a container or a batch job, running out is the kernel's kill, which says nothing.
+    A warning, not a refusal: swap may still hold it."""
+    mem = usable_memory()
+    if mem is not None and nbytes > mem[0]:
+        warn_user(f"{what}, about {nbytes / 2**20:,.0f} MiB, and {mem[1]} leaves "
+                  f"{mem[0] / 2**20:,.0f} MiB: the process may be killed for memory; free "
+                  "memory or raise the limit")
 
 
 def _available_ram() -> tuple[int, str] | None:

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from unittest import mock
 
 import numpy as np
@@ -978,3 +979,23 @@ def test_a_checkpointer_or_a_manager_refuses_pickling_and_copying_by_name(tmp_pa
     assert issubclass(lcckpt.NotCopiedError, TypeError)
     mgr.close()
     ck.close()
+
+
+def test_a_first_save_whose_reference_memory_cannot_hold_warns_before_it_allocates(
+        tmp_path, monkeypatch):
+    """In a cgroup the kernel kills a process that runs out, silently: a chain's first
+    save, which copies the state into its references, says beforehand that it may not
+    fit (a warning: swap may still hold it). Later saves allocate nothing of that size."""
+    from lcckpt import limits
+    monkeypatch.setattr(limits, "usable_memory", lambda: (100_000, "the cgroup's memory limit"))
+    state = {"w": torch.randn(50_000)}
+    d = lcckpt.DeltaCheckpointer(tmp_path)
+    with pytest.warns(RuntimeWarning, match="first save copies the state, about 0 MiB, and "
+                      "the cgroup's memory limit leaves 0 MiB"):
+        d.save(0, state)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        d.save(1, {"w": state["w"] + 0.01})
+        monkeypatch.setattr(limits, "usable_memory", lambda: (1 << 30, "available RAM"))
+        lcckpt.DeltaCheckpointer(tmp_path / "roomy").save(0, state)
+    assert d.steps() == [0, 1]

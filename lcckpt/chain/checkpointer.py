@@ -14,10 +14,9 @@ Each file's header ``meta["lcckpt_chain"]`` names its base by step, file name an
 ``state_id`` (a digest of the step, its base's id and its sections' checksums); a delta
 whose base carries another id is refused. :meth:`merge` rewrites a delta as a keyframe of
 the very same reconstructed state, keeping its state id. Tracked sections use the section
-codec ``"delta"``; a save passes its own leaf encoder to
-:func:`~lcckpt.format.serialization.pack` (``SaveSession``), a load a leaf decoder that
-advances each tracked tensor's :class:`~lcckpt.codec.delta.Reconstruction`
-(``links.FileReplay``).
+codec ``"delta"``; a save passes its own leaf encoder to :func:`~lcckpt.format.serialization.pack`
+(``SaveSession``), a load a leaf decoder that advances each tracked tensor's
+:class:`~lcckpt.codec.delta.Reconstruction` (``links.FileReplay``).
 
 One writer per directory (lcckpt/chain/lock.py): the first save, merge, retain or
 rollback takes an advisory lock (``fcntl.flock`` on ``.lcckpt-writer.lock``) until
@@ -64,6 +63,7 @@ DEFAULT_TARGET = DEFAULT_POLICY      # DeltaCheckpointer(directory)'s targets: s
 DEFAULT_KEYFRAME_EVERY = 50
 LC_MIN_DELTA_ELEMENTS = 4096         # LC mode: smaller floating tensors are stored whole
 TARGET_MIN_DELTA_ELEMENTS = 8        # target mode: smaller ones (scalars: step counts) are delta-coded exactly
+
 
 
 class DeltaCheckpointer(_owned.Owned):
@@ -253,6 +253,8 @@ class DeltaCheckpointer(_owned.Owned):
                     or (self.keyframe_every is not None
                         and self._last["depth"] + 1 >= self.keyframe_every))
         count, state_bytes = census(obj)
+        if keyframe and not self._encoders:     # its references are allocated now
+            limits.warn_if_short(state_bytes, "a chain's first save copies the state")
         streamed = state_bytes >= _stream.STREAM_ABOVE     # to disk as it is encoded
         session = SaveSession(self._encoders, self._new_encoder,
                                self._track or self._size_rule, keyframe,
@@ -318,8 +320,7 @@ class DeltaCheckpointer(_owned.Owned):
         self._force_keyframe = False
         session.warn(step)
         self._park()
-        self.last_save = {"step": step, "kind": kind, "path": path,
-                          "nbytes": nbytes}
+        self.last_save = {"step": step, "kind": kind, "path": path, "nbytes": nbytes}
         apply_retention(self._dir, self.keep_last)
         return path
 
@@ -340,8 +341,7 @@ class DeltaCheckpointer(_owned.Owned):
 
     def _settings(self) -> dict:
         out = {"bits": "per tensor" if callable(self.bits) else self.bits, "coder": self.coder,
-               "error_bound": self.error_bound,
-               "keyframe_every": self.keyframe_every,
+               "error_bound": self.error_bound, "keyframe_every": self.keyframe_every,
                "min_delta_elements": self.min_delta_elements}
         if self.target is not None:
             t = self.target
