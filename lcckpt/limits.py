@@ -292,13 +292,17 @@ def check(declared: int, stored_bytes: int, max_bytes, what: str) -> None:
     limit, how = _resolve(max_bytes, stored_bytes, memory=declared > AUTO_SMALL)
     if limit is None or declared <= limit:
         return
-    advice = ("It would not fit: free memory or load it on a larger machine; "
-              if "leaves this process" in how else "")
+    if "leaves this process" in how:
+        advice = ("It would not fit in memory: free memory, load it on a larger machine, or "
+                  "read only the tensors you need with lcckpt.open(...); max_bytes=None lifts "
+                  "the limit (and the process may then be killed for memory)")
+    else:
+        advice = ("If you trust this file, pass max_bytes=None (or a larger number), or set "
+                  "lcckpt.limits.set_max_bytes(...) for the whole process")
     raise ResourceLimitError(
         f"{what} declares {declared:,} bytes of data in {stored_bytes:,} stored bytes "
         f"(expansion {declared / max(stored_bytes, 1):,.0f}x), over {limit:,} bytes ({how}). "
-        f"{advice}If you trust this file, pass max_bytes=None (or a larger number), or set "
-        "lcckpt.limits.set_max_bytes(...) for the whole process")
+        + advice)
 
 
 def read_stream(f, max_bytes, what: str) -> bytearray:
