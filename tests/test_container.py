@@ -708,6 +708,26 @@ def test_stale_temps_of_dead_writers_are_removed(tmp_path):
     assert live.exists() and other_host.exists()
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/ns/pid"), reason="needs Linux namespaces")
+def test_a_temp_of_another_pid_namespace_under_the_same_hostname_is_kept(tmp_path, monkeypatch):
+    """Containers that share a hostname (host networking) and a directory each number
+    their processes apart: a pid dead here may be a live writer there, whose temp file
+    must stay; the tag tells the namespaces apart."""
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True).stdout)
+    real = os.readlink
+    with monkeypatch.context() as m:            # the tag a writer in another namespace gives
+        m.setattr(os, "readlink", lambda p: "pid:[1]" if p == "/proc/self/ns/pid" else real(p))
+        there = _durable._host_tag()
+    assert there != _durable._host_tag()
+    theirs = tmp_path / f".ck.lc.{there}-{dead}-0123abcd.lcckpt-tmp"
+    ours = tmp_path / f".ck.lc.{_durable._host_tag()}-{dead}-0123abcd.lcckpt-tmp"
+    theirs.write_bytes(b"partial")
+    ours.write_bytes(b"partial")
+    C.write_container(tmp_path / "ck.lc", [], {})
+    assert theirs.exists() and not ours.exists()
+
+
 def test_a_version_4_entry_may_leave_out_its_offset_and_nothing_else():
     raw = _bytes([("a", {}, b"abc"), ("b", {}, b"")], {})
     with C.read_container(raw) as c:

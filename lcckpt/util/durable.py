@@ -2,9 +2,10 @@
 
 A file is written to a temp file in the same directory, fsynced and renamed over the
 target, then the directory is fsynced: a crash leaves the old file or the new one,
-never a mix. Temp names carry a host tag and the writer's pid, so temp files of killed
-writers on this host are recognised and removed by later writes into the directory
-(of any name: a killed save's temp file is not kept until that name is written again).
+never a mix. Temp names carry a host tag (the hostname and PID namespace) and the
+writer's pid, so temp files of killed writers on this host are recognised and removed by
+later writes into the directory (of any name: a killed save's temp file is not kept until
+that name is written again); a live writer's in another container is not.
 While the temp file is written, writeback of every 8 MiB is requested at once (Linux), so
 the closing fsync has little left to wait for.
 Failures are reported as :class:`~lcckpt.errors.NotFoundError` or
@@ -259,7 +260,13 @@ def _temp_owner(name: str, base: str | None) -> tuple[str, int] | None:
 
 
 def _host_tag() -> str:
-    return f"{zlib.crc32(socket.gethostname().encode('utf-8', 'replace')):08x}"
+    """This host and PID namespace: a pid names a process only within both (containers
+    that share a hostname, as with host networking, and a directory have pids apart)."""
+    try:
+        ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        ns = ""
+    return f"{zlib.crc32((socket.gethostname() + ns).encode('utf-8', 'replace')):08x}"
 
 
 def _temp_prefix(base: str) -> str:
