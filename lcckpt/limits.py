@@ -43,6 +43,7 @@ except ImportError:                      # not on Windows: no RLIMIT_AS to read
     resource = None
 
 from .errors import InvalidArgumentError, ResourceLimitError
+from .util import cgroups
 from .util.caller import warn_user
 
 __all__ = ["AUTO", "AUTO_EXPANSION", "AUTO_FLOOR", "AUTO_SMALL", "DEFAULT", "MAX_HEADER_BYTES",
@@ -162,23 +163,16 @@ def _available_ram() -> tuple[int, str] | None:
     return avail, "available RAM"
 
 
-def _read_int(path: str) -> int | None:
-    try:
-        with open(path) as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):   # "max", missing, unreadable
-        return None
-
-
 def _cgroup_left() -> tuple[int, str] | None:
     """The least that a memory limit of this process's cgroup or of one above it leaves,
     counting reclaimable page cache as free (cgroup v2, and v1's memory controller: a
     batch scheduler's job sits in a cgroup of its own below the hierarchy's root, which
     has no limit)."""
     found = []
-    for base, limit_f, used_f, cache_key in _cgroup_dirs():
-        limit = _read_int(os.path.join(base, limit_f))
-        used = _read_int(os.path.join(base, used_f))
+    for base, version in cgroups.dirs("memory"):
+        limit_f, used_f, cache_key = _V2 if version == 2 else _V1
+        limit = cgroups.read_int(os.path.join(base, limit_f))
+        used = cgroups.read_int(os.path.join(base, used_f))
         if limit is None or used is None or limit >= 1 << 60:     # v1 says "none" so
             continue
         cache = 0
@@ -194,58 +188,8 @@ def _cgroup_left() -> tuple[int, str] | None:
     return (min(found), "the cgroup's memory limit") if found else None
 
 
-_PROC_CGROUP, _PROC_MOUNTINFO = "/proc/self/cgroup", "/proc/self/mountinfo"
 _V2 = ("memory.max", "memory.current", "inactive_file")
 _V1 = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
-
-
-def _cgroup_dirs() -> list[tuple[str, str, str, str]]:
-    """``(directory, limit file, usage file, page cache key)`` of this process's cgroup
-    and each one above it, up to its hierarchy's mount point, in v2 and v1 (memory)."""
-    paths = {}
-    try:
-        with open(_PROC_CGROUP) as f:
-            for line in f:
-                num, controllers, path = line.rstrip("\n").split(":", 2)
-                if num == "0" and controllers == "":
-                    paths["cgroup2"] = path
-                elif "memory" in controllers.split(","):
-                    paths["cgroup"] = path
-    except (OSError, ValueError):
-        return []
-    out = []
-    for fstype, point, root in _cgroup_mounts():
-        path = paths.get(fstype)
-        if path is None:
-            continue
-        files = _V2 if fstype == "cgroup2" else _V1
-        rel = os.path.relpath(path, root) if path.startswith(root) else "."
-        at = os.path.normpath(os.path.join(point, rel))
-        if not os.path.isdir(at):         # a namespaced view: this cgroup is the mount's root
-            at = point
-        while True:
-            out.append((at, *files))
-            if at == point or not at.startswith(point):
-                break
-            at = os.path.dirname(at)
-    return out
-
-
-def _cgroup_mounts() -> list[tuple[str, str, str]]:
-    """``(type, mount point, root within the hierarchy)`` of the cgroup2 mount and of the
-    v1 mount of the memory controller (/proc/self/mountinfo; else where they usually are)."""
-    found = []
-    try:
-        with open(_PROC_MOUNTINFO) as f:
-            for line in f:
-                fields = line.split()
-                dash = fields.index("-")
-                fstype, options = fields[dash + 1], fields[-1].split(",")
-                if fstype == "cgroup2" or (fstype == "cgroup" and "memory" in options):
-                    found.append((fstype, fields[4].replace("\\040", " "), fields[3]))
-    except (OSError, ValueError, IndexError):
-        return [("cgroup2", "/sys/fs/cgroup", "/"), ("cgroup", "/sys/fs/cgroup/memory", "/")]
-    return found
 
 
 def _rlimit_left() -> tuple[int, str] | None:

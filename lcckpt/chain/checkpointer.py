@@ -313,8 +313,7 @@ class DeltaCheckpointer(_owned.Owned):
             raise
         if unsynced is not None:
             warn_user(f"step {step} is saved, but syncing {self.directory} failed "
-                      f"({unsynced.strerror}): the step may not survive a power loss; the "
-                      "next save syncs the directory again (as every save does)")
+                      f"({unsynced.strerror}): it may not survive a power loss; the next save retries")
         depth = 0 if keyframe else self._last["depth"] + 1
         self._last = {"step": step, "state_id": ids[-1], "depth": depth}
         self._force_keyframe = False

@@ -14,6 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 import numpy as np
 
 from ..errors import InvalidArgumentError
+from . import cgroups
 
 _lock = threading.Lock()
 _pool = None
@@ -37,14 +38,18 @@ def threads() -> int:
 
 
 def cpus() -> int:
-    """The CPUs this process may run on (asked once per process: a save of hundreds of
-    small tensors asked thousands of times)."""
+    """The CPUs this process may run on: its affinity, and at most what a CPU quota of
+    its cgroups allows (a container given 2 CPUs of a 64-core host: 64 threads would spend
+    the quota in a fraction of each period, and the kernel would then stop every thread of
+    the process, training's too, until the next). Asked once per process: a save of
+    hundreds of small tensors asked thousands of times."""
     global _cpus
     if _cpus is None:
         try:
-            _cpus = max(1, len(os.sched_getaffinity(0)))
+            n = max(1, len(os.sched_getaffinity(0)))
         except AttributeError:                   # pragma: no cover - non-Linux
-            _cpus = max(1, os.cpu_count() or 1)
+            n = max(1, os.cpu_count() or 1)
+        _cpus = min(n, cgroups.cpu_quota() or n)
     return _cpus
 
 

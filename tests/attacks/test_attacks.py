@@ -599,68 +599,6 @@ def test_usable_memory_is_the_least_bound(monkeypatch):
     assert limits.resolve("auto", 1 << 30) == (192 << 20) + 32 * (1 << 30)
 
 
-def _cgroup_tree(tmp_path, monkeypatch, cgroup: str, mounts: list[str], dirs: dict) -> None:
-    """/proc/self/cgroup, /proc/self/mountinfo and cgroup directories, faked under
-    ``tmp_path``: ``dirs`` maps a directory below it to its files' contents."""
-    (tmp_path / "cgroup").write_text(cgroup)
-    (tmp_path / "mountinfo").write_text("".join(
-        f"3{i} 23 0:2{i} {m.format(tmp=tmp_path)}\n" for i, m in enumerate(mounts)))
-    for d, files in dirs.items():
-        (tmp_path / d).mkdir(parents=True, exist_ok=True)
-        for name, text in files.items():
-            (tmp_path / d / name).write_text(text)
-    monkeypatch.setattr(limits, "_PROC_CGROUP", str(tmp_path / "cgroup"))
-    monkeypatch.setattr(limits, "_PROC_MOUNTINFO", str(tmp_path / "mountinfo"))
-
-
-def _v1(limit, used, cache=0):
-    return {"memory.limit_in_bytes": f"{limit}\n", "memory.usage_in_bytes": f"{used}\n",
-            "memory.stat": f"cache 5\ntotal_inactive_file {cache}\n"}
-
-
-_UNLIMITED = 9223372036854771712
-
-
-def test_a_v1_job_cgroup_below_the_root_bounds_auto(tmp_path, monkeypatch):
-    """A batch job's cgroup v1 (a scheduler's job, step and task levels): the limit sits
-    on the job, below the hierarchy's unlimited root and above the process's own
-    unlimited cgroup. Reading the root alone found no limit, and a load that could not
-    fit was killed by the kernel instead of refused."""
-    job = "m/slurm/uid_0/job_7"
-    _cgroup_tree(tmp_path, monkeypatch,
-                 "5:devices:/slurm\n4:memory:/slurm/uid_0/job_7/step_0\n0::/\n",
-                 ["/ {tmp}/m rw - cgroup cgroup rw,memory", "/ {tmp}/c rw - cgroup cgroup rw,cpu"],
-                 {"m": _v1(_UNLIMITED, 50 << 30), "m/slurm/uid_0": _v1(_UNLIMITED, 9 << 30),
-                  job: _v1(1 << 30, 700 << 20, cache=100 << 20),
-                  f"{job}/step_0": _v1(_UNLIMITED, 600 << 20),
-                  "c/slurm/uid_0/job_7/step_0": _v1(1, 1)})    # not the memory controller
-    assert limits._cgroup_left() == ((1 << 30) - (600 << 20), "the cgroup's memory limit")
-
-
-def test_the_tightest_v2_limit_among_the_ancestors_bounds_auto(tmp_path, monkeypatch):
-    v2 = lambda limit, used: {"memory.max": f"{limit}\n", "memory.current": f"{used}\n",
-                              "memory.stat": "anon 1\ninactive_file 0\n"}
-    _cgroup_tree(tmp_path, monkeypatch, "0::/user.slice/run.scope\n",
-                 ["/ {tmp}/u rw - cgroup2 cgroup2 rw"],
-                 {"u": v2("max", 1 << 40), "u/user.slice": v2(4 << 30, 1 << 30),
-                  "u/user.slice/run.scope": v2(8 << 30, 1 << 30)})
-    assert limits._cgroup_left() == (3 << 30, "the cgroup's memory limit")
-
-
-def test_a_namespaced_cgroup_view_reads_its_mount_root(tmp_path, monkeypatch):
-    """In a container, /proc/self/cgroup may name a path the mount does not show (its
-    root is the container's cgroup): the mount's root is read."""
-    _cgroup_tree(tmp_path, monkeypatch, "4:memory:/docker/abc123\n",
-                 ["/ {tmp}/m rw - cgroup cgroup rw,memory"], {"m": _v1(2 << 30, 1 << 30)})
-    assert limits._cgroup_left() == (1 << 30, "the cgroup's memory limit")
-    _cgroup_tree(tmp_path, monkeypatch, "4:memory:/docker/abc123\n",
-                 ["/docker/abc123 {tmp}/m rw - cgroup cgroup rw,memory"], {})
-    assert limits._cgroup_left() == (1 << 30, "the cgroup's memory limit")    # mount root
-    _cgroup_tree(tmp_path, monkeypatch, "4:memory:/\n",
-                 ["/ {tmp}/m rw - cgroup cgroup rw,memory"], {"m": _v1(_UNLIMITED, 1)})
-    assert limits._cgroup_left() is None
-
-
 def test_small_loads_are_not_held_against_the_memory_left(monkeypatch):
     """Under "auto", a load of at most AUTO_SMALL is checked against the ratio rule
     alone (no /proc reads per lazy row read); a larger one against the memory left."""
