@@ -979,6 +979,27 @@ def test_a_process_group_failure_is_a_distributed_checkpoint_error(tmp_path, mon
     assert torch.equal(target["w"], keep["w"])
 
 
+def test_shared_memory_too_small_for_a_process_mode_save_says_what_to_do(tmp_path, monkeypatch):
+    """Docker gives /dev/shm 64 MiB unless told otherwise, and a process-mode save stages
+    through it: torch's "unable to allocate shared memory" from DCP's stager reaches the
+    caller as a DistributedCheckpointError that says where the room is short and how to
+    give more, as does the same failure in a live save's reads."""
+    shm = RuntimeError("unable to allocate shared memory(shm) for file </torch_1_2_0>: "
+                       "No space left on device (28)")
+
+    def full(*a, **kw):
+        raise shm
+    monkeypatch.setattr(dcp, "async_save", full)
+    ck = ld.DistributedCheckpointer(tmp_path / "ck")
+    with pytest.raises(DistributedCheckpointError, match="/dev/shm has .* MiB free: give it "
+                       "more, as `docker run --shm-size=...`") as e:
+        ck.async_save(0, {"w": torch.ones(4)})
+    assert e.value.__cause__ is shm and "nothing was committed" in str(e.value)
+    from lcckpt.distributed.futures import shm_hint
+    assert shm_hint("gloo: connection closed") == ""
+    ck.close()
+
+
 def test_the_pool_feeds_each_piece_through_a_few_slots_and_checks_the_versions():
     """The two ends of a live process-mode save (lcckpt/distributed/pool.py), here in one
     process: pieces come back in order with their values while the slots are reused; the

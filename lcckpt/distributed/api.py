@@ -125,10 +125,13 @@ def _async(state, writer, planner, process_group, process=False, stager=None, sa
             inner = dcp.async_save(state, storage_writer=writer, planner=planner,
                                    process_group=process_group, no_dist=_no_dist(process_group),
                                    async_checkpointer_type=kind, async_stager=stager)
-    except BaseException:
+    except BaseException as e:
         if fed is not None:
             fed.attach(writer, None)
-        raise
+        err = unwrap(e, f"saving {writer.path}")
+        if err is e:
+            raise
+        raise err from e
     inner = getattr(inner, "upload_completion", inner)
     out = Outcome()
     if fed is not None:

@@ -11,6 +11,7 @@ load and ``close`` call) raises such a failure instead; a caller that asked the 
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import Future
 
 from ..errors import DistributedCheckpointError, LcckptError
@@ -62,7 +63,24 @@ def unwrap(exc: BaseException, what: str) -> BaseException:
                                       causes)
 
 
+def shm_hint(text: str) -> str:
+    """What to do where ``text`` is torch's failure to allocate shared memory ("" if not)."""
+    if "unable to allocate shared memory" not in text:
+        return ""
+    try:
+        st = os.statvfs("/dev/shm")
+        free = (f"{st.f_bavail * st.f_frsize / 2**20:,.0f} of its "
+                f"{st.f_blocks * st.f_frsize / 2**20:,.0f} MiB free")
+    except OSError:
+        free = "unknown room"
+    return (f" (process-mode saves stage through shared memory, and /dev/shm has {free}: "
+            "give it more, as `docker run --shm-size=...` or a Kubernetes emptyDir with "
+            "medium Memory does, or save with process=False)")
+
+
 def _cause_of(exc: BaseException) -> str:
+    if shm_hint(str(exc)):
+        return shm_hint(str(exc))[2:-1]
     if "background process is dead" in str(exc):    # DCP's process mode, started by spawn
         return ("DCP starts that process with spawn, which runs the main script again: "
                 "training code at the script's top level, outside `if __name__ == "

@@ -34,6 +34,7 @@ from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
 from ..chain.moments import first_moments
 from ..errors import DistributedCheckpointError
+from .futures import shm_hint
 from .live import LiveStager, Versions, changed_error
 from .partition import Piece
 from .planner import identity
@@ -264,7 +265,8 @@ class FeedClient:
             raise DistributedCheckpointError("the training process stopped answering a live "
                                              "save's reads") from e
         if msg[0] == "error":
-            raise DistributedCheckpointError(f"reading the live state failed: {msg[1]}")
+            raise DistributedCheckpointError(f"reading the live state failed: {msg[1]}"
+                                             + shm_hint(str(msg[1])))
         if msg[0] != kind:
             raise DistributedCheckpointError(f"live save: expected {kind!r}, got {msg[0]!r}")
         return msg
