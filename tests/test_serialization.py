@@ -1699,3 +1699,16 @@ def test_an_lcckpt_file_named_safetensors_is_warned_of(tmp_path):
         warnings.simplefilter("error")
         S.save({"w": torch.ones(2)}, tmp_path / "model.lcc")
         S.save({"w": torch.ones(2)}, tmp_path / "model.pt")    # torch.save's drop-in
+
+
+def test_a_file_object_left_at_its_end_after_writing_says_to_rewind_it():
+    """torch.load says only EOFError; the file is not empty, it was not rewound."""
+    buf = io.BytesIO()
+    lcckpt.save({"w": torch.ones(3)}, buf)
+    with pytest.raises(InvalidArgumentError, match=r"at its end \(byte \d+\); rewind it with "
+                       r"f.seek\(0\)"):
+        lcckpt.load(buf)
+    buf.seek(0)
+    assert torch.equal(lcckpt.load(buf)["w"], torch.ones(3))
+    with pytest.raises(lcckpt.CorruptDataError, match="the file is empty"):
+        lcckpt.load(io.BytesIO())
