@@ -108,17 +108,21 @@ def resolve(max_bytes, stored_bytes: int) -> int | None:
     return _resolve(max_bytes, stored_bytes)[0]
 
 
-def _resolve(max_bytes, stored_bytes: int, memory: bool = True) -> tuple[int | None, str]:
+def _resolve(max_bytes, stored_bytes: int, memory: bool = True,
+             in_place: int = 0) -> tuple[int | None, str]:
     """The limit and how it was set, for the message of a refusal; ``memory=False``
-    leaves the memory left out of "auto"."""
+    leaves the memory left out of "auto"; ``in_place`` bytes decode into memory the
+    caller holds already (a load's ``into=`` tensors), which the memory left need not."""
     value = _value(max_bytes)
     if value != AUTO:
         return value, f"max_bytes={value}"
     limit = AUTO_FLOOR + AUTO_EXPANSION * stored_bytes
     how = f"the default limit, 'auto': 192 MiB + {AUTO_EXPANSION} x the stored size"
     mem = usable_memory() if memory else None
-    if mem is not None and mem[0] < limit:
-        limit, how = mem[0], f"the default limit, 'auto': what {mem[1]} leaves this process"
+    if mem is not None and mem[0] + in_place < limit:
+        limit = mem[0] + in_place
+        how = f"the default limit, 'auto': what {mem[1]} leaves this process" + (
+            f", plus {in_place:,} bytes that go into the given tensors" if in_place else "")
     return limit, how
 
 
@@ -231,9 +235,11 @@ def declared_bytes(sections) -> int:
     return total
 
 
-def check(declared: int, stored_bytes: int, max_bytes, what: str) -> None:
-    """Raise :class:`ResourceLimitError` when ``declared`` exceeds the resolved limit."""
-    limit, how = _resolve(max_bytes, stored_bytes, memory=declared > AUTO_SMALL)
+def check(declared: int, stored_bytes: int, max_bytes, what: str, in_place: int = 0) -> None:
+    """Raise :class:`ResourceLimitError` when ``declared`` exceeds the resolved limit;
+    ``in_place`` of them decode into tensors the caller holds (no memory is taken)."""
+    limit, how = _resolve(max_bytes, stored_bytes, memory=declared - in_place > AUTO_SMALL,
+                          in_place=in_place)
     if limit is None or declared <= limit:
         return
     if "leaves this process" in how:

@@ -2,6 +2,8 @@
 memory, which bounds what a load may allocate ("auto"), and CPU quota, which bounds the
 pool's threads. The /proc files and cgroup directories are faked under tmp_path."""
 
+import pytest
+
 from lcckpt import limits
 from lcckpt.util import cgroups, pool
 
@@ -102,3 +104,32 @@ def test_cpu_max_of_cgroup_v2_and_no_quota(tmp_path, monkeypatch):
     assert cgroups.cpu_quota() is None
     monkeypatch.setattr(cgroups, "PROC_CGROUP", str(tmp_path / "absent"))
     assert cgroups.cpu_quota() is None and limits._cgroup_left() is None
+
+
+def test_a_load_into_the_callers_tensors_needs_no_memory_for_them(tmp_path, monkeypatch):
+    """Under "auto" a load is held to the memory left; tensors decoded straight into the
+    caller's ``into=`` targets take none, so a model that fills most of a container's
+    limit restores into itself (lcckpt.load and a chain, keyframe and delta), where a load
+    that allocates is refused, as is one whose targets do not fit."""
+    import torch
+    import lcckpt
+    state = {"a": torch.randn(3_000_000), "b": torch.randn(2_000_000)}     # 20 MB
+    lcckpt.save(state, tmp_path / "raw.lcc")
+    lcckpt.save(state, tmp_path / "coded.lcc", compress=True)
+    d = lcckpt.DeltaCheckpointer(tmp_path / "chain")
+    d.save(0, state)
+    d.save(1, {k: v + 0.01 for k, v in state.items()})
+    monkeypatch.setattr(limits, "usable_memory", lambda: (4 << 20, "the cgroup's memory limit"))
+    loads = [lambda into: lcckpt.load(tmp_path / "raw.lcc", into=into),
+             lambda into: lcckpt.load(tmp_path / "coded.lcc", into=into),
+             lambda into: lcckpt.DeltaCheckpointer(tmp_path / "chain").load(0, into=into),
+             lambda into: lcckpt.DeltaCheckpointer(tmp_path / "chain").load(1, into=into)]
+    for load in loads:
+        targets = {k: torch.zeros_like(v) for k, v in state.items()}
+        out = load(targets)
+        assert out["a"].data_ptr() == targets["a"].data_ptr()
+        assert torch.allclose(targets["b"], state["b"], atol=0.02)
+        with pytest.raises(lcckpt.ResourceLimitError, match="memory limit leaves this process"):
+            load(None)
+        with pytest.raises(lcckpt.ResourceLimitError, match="memory limit leaves this process"):
+            load({k: torch.zeros(v.shape, dtype=torch.float64) for k, v in state.items()})

@@ -9,6 +9,7 @@ import os
 from contextlib import ExitStack
 
 import numpy as np
+import torch
 
 from .. import limits
 from ..codec.delta import Reconstruction, settle
@@ -20,7 +21,8 @@ from .directory import ChainDirectory
 from .links import FileReplay, Link, delta_key, elements
 
 
-def walk(d: ChainDirectory, step: int, stack: ExitStack, known=None, max_bytes=limits.DEFAULT):
+def walk(d: ChainDirectory, step: int, stack: ExitStack, known=None, max_bytes=limits.DEFAULT,
+         into=None):
     """The files ``step`` is restored from, keyframe first, as ``[(container, link,
     path)]`` opened in ``stack``, each checked to be the state the next was made
     against, and all of them checked against ``max_bytes`` before anything is decoded
@@ -52,7 +54,7 @@ def walk(d: ChainDirectory, step: int, stack: ExitStack, known=None, max_bytes=l
             break
         s, expect = link.base_step, link.base_state_id
     links.reverse()
-    check_limits(links, tracks, max_bytes)
+    check_limits(links, tracks, max_bytes, into)
     return links, tracks
 
 
@@ -75,7 +77,7 @@ def restore(d: ChainDirectory, step: int, *, build: bool, map_location=None, kno
     Returns ``(obj or None, [(container, link)], tracks of step)``.
     """
     with ExitStack() as stack:
-        links, tracks = walk(d, step, stack, known, max_bytes)
+        links, tracks = walk(d, step, stack, known, max_bytes, into)
         obj = None
         for i, (c, link, path) in enumerate(links):
             try:
@@ -136,21 +138,23 @@ def restore_track(d: ChainDirectory, step: int, key: str) -> np.ndarray | None:
         return None if rec is None else rec.ref      # decoded while the files are open
 
 
-def check_limits(links: list, tracks: dict, max_bytes) -> None:
+def check_limits(links: list, tracks: dict, max_bytes, into=None) -> None:
     """Every file of a chain against ``max_bytes``, before anything is decoded.
 
     Under the default ("auto") a delta's tracked tensor that the chain already holds
     at the same size (its keyframe, an earlier delta, or ``tracks`` from a step
     restored before) is not counted: it decodes into that reference, whose size the
     file that brought it was checked for. So a 1000x delta of a large state loads,
-    while everything a file brings anew counts against its chain's stored size.
+    while everything a file brings anew counts against its chain's stored size. A
+    tracked tensor replayed straight into an ``into`` target takes no memory: the
+    memory left need not hold it.
     """
     stored = sum(c.size for c, _, _ in links)
     vouch = limits.is_auto(max_bytes)
     held = {k: int(np.prod(r.shape)) for k, r in tracks.items()
             if isinstance(r, Reconstruction) and r.shape is not None}
     for c, link, path in links:
-        declared, new = 0, {}
+        declared, new, counted = 0, {}, []
         for sec in c.sections:
             meta = sec["meta"]
             key = delta_key(meta)
@@ -160,9 +164,11 @@ def check_limits(links: list, tracks: dict, max_bytes) -> None:
                     continue
                 new[key] = n
             declared += limits.declared_bytes([sec])
+            counted.append(sec)
+        in_place = into.in_place(counted, (torch.float32, torch.float64)) if into else 0
         try:
             limits.check(declared, stored, max_bytes,
-                         f"step {link.step} with its chain ({len(links)} files)")
+                         f"step {link.step} with its chain ({len(links)} files)", in_place)
         except LcckptError as e:
             raise type(e)(f"{path}: {e}") from None
         held.update(new)

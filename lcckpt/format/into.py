@@ -17,7 +17,9 @@ from __future__ import annotations
 import torch
 from torch.nn.parameter import is_lazy
 
+from ..codec import dtypes
 from ..errors import InvalidArgumentError
+from ..limits import declared_bytes
 from ..util.caller import warn_user
 from .census import children, tensor_paths
 from .flatten import MAX_DEPTH
@@ -76,6 +78,22 @@ class Into:
         with torch.no_grad():
             target.copy_(t)
         return target if target.device == t.device else t
+
+    def in_place(self, sections, working: tuple | None = None) -> int:
+        """Bytes of a container's ``sections`` that decode straight into a target, taking
+        no memory: a tensor section whose key path names a target it fits (and, where
+        ``working`` is given, whose target has one of those dtypes: a chain replays its
+        tracked tensors into fp32 and fp64 targets only)."""
+        total, seen = 0, set()
+        for s in sections:
+            meta = s["meta"]
+            t = self.paths.get(s["name"]) if meta.get("kind") == "tensor" else None
+            if t is None or id(t) in seen or (working and t.dtype not in working) or \
+                    not fits(t, dtypes.NAME_TORCH.get(meta.get("dtype")), meta.get("shape", ())):
+                continue
+            seen.add(id(t))
+            total += min(t.numel() * t.element_size(), declared_bytes([s]))
+        return total
 
     def unfilled(self) -> list[tuple[str, str]]:
         """``(key path, why)`` of each target that received nothing."""

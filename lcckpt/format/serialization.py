@@ -305,7 +305,8 @@ def _unpack_limited(c: Container, map_location, max_bytes, what: str, decode_lea
             f"{what} is step {info.get('step')!r} of a DeltaCheckpointer chain, stored as a "
             "delta against the step before it; load it by its path in its chain's "
             "directory, or open the directory: lcckpt.DeltaCheckpointer(directory).load(step)")
-    limits.check(limits.declared_bytes(c.sections), c.size, max_bytes, what)
+    limits.check(limits.declared_bytes(c.sections), c.size, max_bytes, what,
+                 in_place=into.in_place(c.sections) if into is not None else 0)
     if into is None:
         return unpack(c, map_location, decode_leaf=decode_leaf)
     obj = unpack(c, map_location, decode_leaf=_sections.decode_into(into), fill=into.fill)
