@@ -968,6 +968,45 @@ def test_sigterm_checkpoints_then_calls_the_previous_handler(tmp_path):
         signal.signal(signal.SIGTERM, old)
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="needs SIGUSR1")
+def test_the_signals_named_are_acted_on_and_handed_back(tmp_path):
+    """SLURM's ``--signal=USR1@90`` warns with SIGUSR1 before its SIGTERM: a manager
+    given the signals acts on either, at the next step, with a keyframe; then the
+    previous handler of the signal that came runs, or the process exits with 128 + its
+    number; handlers of both are handed back. A signal that cannot be caught, or that
+    ends nothing by default, is refused."""
+    model, opt = _setup()
+    mgr = CheckpointManager(tmp_path / "a", model, opt, every=100,
+                            sigterm=(signal.SIGUSR1, signal.SIGTERM))
+    assert signal.getsignal(signal.SIGUSR1) == signal.getsignal(signal.SIGTERM) != signal.SIG_DFL
+    mgr.step(_train(model, opt))
+    os.kill(os.getpid(), signal.SIGUSR1)
+    time.sleep(0.05)
+    with pytest.raises(SystemExit) as got:
+        mgr.step(_train(model, opt))
+    assert got.value.code == 128 + signal.SIGUSR1
+    ck = lcckpt.DeltaCheckpointer(tmp_path / "a")
+    assert ck.steps() == [2] and ck.info(2)["kind"] == "keyframe"
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    mgr.close()
+    calls = []
+    old = signal.signal(signal.SIGUSR1, lambda signum, frame: calls.append(signum))
+    try:
+        with CheckpointManager(tmp_path / "b", model, opt, every=100,
+                               sigterm=signal.SIGUSR1) as mgr:
+            assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL    # not named
+            mgr.step(_train(model, opt))
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(0.05)
+            assert mgr.step(_train(model, opt)) is True and calls == [signal.SIGUSR1]
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    for bad in (signal.SIGKILL, signal.SIGCHLD, 0, "TERM", ()):
+        with pytest.raises(InvalidArgumentError, match="sigterm"):
+            CheckpointManager(tmp_path / "c", model, opt, every=100, sigterm=bad)
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_forked_child_is_terminated_by_sigterm(tmp_path):
     """A process forked from one whose manager has ``sigterm=True`` (a multiprocessing

@@ -43,7 +43,7 @@ from .hostcopy import HostBuffers, copy_fits
 from .overlap import LiveState, remove_newest, torn
 from .losscurve import LossCurve
 from .newest import generators_to_restore, is_writer, restore_state
-from .signals import SigtermHook
+from .signals import SigtermHook, signals_of
 from ..chain.checkpointer import DEFAULT_KEYFRAME_EVERY, DeltaCheckpointer
 from ..chain.lock import check_free
 from ..errors import InvalidArgumentError
@@ -86,13 +86,14 @@ class CheckpointManager(owned.Owned):
     live parameters and optimizer state (no copy of them); the optimizer's next ``step()``
     waits until the write has read them, and only it may change them in place meanwhile
     (:class:`~lcckpt.errors.StateChangedError` otherwise; docs/manager.md).
-    ``sigterm=True`` installs a SIGTERM handler (main thread only): at the next ``step()``
-    the manager writes a checkpoint of that iteration (a keyframe: the run resumes from it
-    exactly) and waits until it is durable, then calls the handler that was installed
-    before, or exits with status 143 (SystemExit). Under DDP, with one on every rank, the
-    ranks agree on that iteration (an all-reduce about once a second) and exit together
-    once the checkpoint is durable; it holds every rank's random generators, and each
-    rank resumes its own (docs/manager.md).
+    ``sigterm=True`` installs a SIGTERM handler (main thread only; a signal or several,
+    such as ``signal.SIGUSR1`` for SLURM's ``--signal=USR1@90``, instead): at the next
+    ``step()`` the manager writes a checkpoint of that iteration (a keyframe: the run
+    resumes from it exactly), waits until it is durable, then calls the handler that was
+    installed before, or exits with status 128 + the signal (143: SystemExit). Under DDP,
+    with one on every rank, the ranks agree on that iteration (an all-reduce about once a
+    second) and exit together once it is durable; it holds every rank's random generators,
+    and each rank resumes its own (docs/manager.md).
 
     ``writer``: whether this process writes the checkpoints; by default, under
     ``torch.distributed``, the process of global rank 0 (and a process without a process
@@ -116,7 +117,7 @@ class CheckpointManager(owned.Owned):
                  objects: Mapping[str, Any] | None = None, extra: dict | None = None,
                  downtime: float = 0.0, restart_cost: float | None = None,
                  profile_at: int = 20, backpressure: str = "defer", background: bool | str = True,
-                 sigterm: bool = False, writer: bool | None = None,
+                 sigterm: bool | int | tuple = False, writer: bool | None = None,
                  bits: int | Callable[[str], int] | None = None,
                  keyframe_every: int | None = DEFAULT_KEYFRAME_EVERY,
                  keep_last: int | None = 3, checkpointer_options: Mapping[str, Any] | None = None):
@@ -148,7 +149,8 @@ class CheckpointManager(owned.Owned):
         self._persists = 0              # saves finished by this object
         self.stats = {"checkpoints": 0, "deferred": 0, "waited_s": 0.0, "stall_s": 0.0, "plans": 0,
                       "foreground": 0}
-        self._sigterm = SigtermHook() if sigterm else None    # in a group: agreed (signals.py)
+        self._sigterm = None if sigterm is False or sigterm is None else \
+            SigtermHook(signals=signals_of(sigterm))    # in a group: agreed (signals.py)
         self._live = None if background != "overlap" or not self.writer else LiveState(
             model, [optimizer, *self._capture.objects.values()], self._before_optimizer_step)
 
@@ -511,7 +513,7 @@ class CheckpointManager(owned.Owned):
         self._capture.rank_generators = self._sigterm.generators(self.writer)   # under DDP
         self.checkpoint(wait=True, keyframe=True)     # the step the run resumes from: exact
         self._capture.rank_generators = None
-        self._sigterm.pass_on()         # the previous handler, or SystemExit(143)
+        self._sigterm.pass_on()         # the previous handler, or SystemExit(128 + signal)
 
 
 for _name in ("model", "optimizer", "scheduler", "scaler", "objects", "extra"):

@@ -1,5 +1,6 @@
-"""SIGTERM: noted when it arrives, acted on between iterations (an emergency checkpoint),
-then handed to the handler that was installed before.
+"""SIGTERM (or the signals a manager names, such as the SIGUSR1 that SLURM's
+``--signal=USR1@90`` sends first): noted when it arrives, acted on between iterations (an
+emergency checkpoint), then handed to the handler that was installed before.
 
 Under a process group of several ranks (DDP) the ranks must act at the same iteration:
 one that left the loop alone would leave the others waiting in their next collective,
@@ -21,7 +22,6 @@ from typing import Any
 from ..errors import InvalidArgumentError
 from .ranks import all_meet, comm_device, in_group
 
-SIGTERM_EXIT = 128 + signal.SIGTERM
 AGREE_EVERY = 1.0             # seconds between two agreements on a SIGTERM, about ...
 AGREE_MAX_GAP = 100           # ... and at most this many iterations
 
@@ -35,21 +35,53 @@ def every_rank_has_one(wait: float | None = None) -> bool:
                     "collective; create the manager on every rank (docs/manager.md)", wait)
 
 
+_IGNORED_BY_DEFAULT = {getattr(signal, n) for n in ("SIGCHLD", "SIGCONT", "SIGURG", "SIGWINCH")
+                       if hasattr(signal, n)}
+
+
+def signals_of(sigterm) -> tuple[int, ...]:
+    """The signals a manager's ``sigterm`` names: True is SIGTERM; else a signal, or
+    several (SLURM's ``--signal=USR1@90`` warns with SIGUSR1 before its SIGTERM)."""
+    if sigterm is True:
+        return (signal.SIGTERM,)
+    many = sigterm if isinstance(sigterm, (list, tuple, set, frozenset)) else (sigterm,)
+    out = []
+    for s in many:
+        try:
+            sig = signal.Signals(s) if type(s) is not bool else None
+        except (TypeError, ValueError):
+            sig = None
+        if sig is None or sig in (getattr(signal, "SIGKILL", None),
+                                  getattr(signal, "SIGSTOP", None)) or sig in _IGNORED_BY_DEFAULT:
+            raise InvalidArgumentError(
+                f"sigterm must be True, False or the signals to checkpoint on (such as "
+                f"signal.SIGUSR1), got {s!r}: a signal that can be caught and that ends a "
+                "process by default")
+        out.append(sig)
+    if not out:
+        raise InvalidArgumentError("sigterm=() names no signal: pass False for none")
+    return tuple(dict.fromkeys(out))
+
+
 class SigtermHook:
     """Installed in the main thread only (Python delivers signals only there)."""
 
-    def __init__(self, group: bool | None = None):
+    def __init__(self, group: bool | None = None, signals: tuple[int, ...] = (signal.SIGTERM,)):
         """``group``: agree with the other ranks of the default process group (None: if
-        there is one of several ranks and each of them has a hook)."""
+        there is one of several ranks and each of them has a hook). ``signals``: those
+        acted on (SIGTERM unless told)."""
         if threading.current_thread() is not threading.main_thread():
             raise InvalidArgumentError("sigterm=True needs the manager to be created in the "
                                        "main thread (Python delivers signals only there)")
         self.pending = False
+        self.received: int | None = None    # the signal that came (the last, if several)
         self._group = in_group() and every_rank_has_one() if group is None else group
         self._next = 0                  # the iteration of the next agreement (a group's)
         self._pid = os.getpid()
-        prev = signal.signal(signal.SIGTERM, self._on_sigterm)
-        self._prev: Any = signal.SIG_DFL if prev is None else prev   # None: set from C
+        self._prev: dict[int, Any] | None = {}
+        for sig in signals:
+            prev = signal.signal(sig, self._on_sigterm)
+            self._prev[sig] = signal.SIG_DFL if prev is None else prev   # None: set from C
 
     @property
     def group(self) -> bool:
@@ -58,13 +90,13 @@ class SigtermHook:
 
     def _on_sigterm(self, signum, frame) -> None:
         if os.getpid() != self._pid:    # a forked child (a worker) has no manager to act:
-            prev = self.uninstall()     # it ignored SIGTERM, and terminate() hung on it
-            if callable(prev):
+            prev = (self.uninstall() or {}).get(signum)   # it ignored SIGTERM, and
+            if callable(prev):                            # terminate() hung on it
                 prev(signum, frame)
             elif prev == signal.SIG_DFL:
                 os.kill(os.getpid(), signum)
             return
-        self.pending = True             # acted on at the next step(), between iterations
+        self.pending, self.received = True, signum    # acted on at the next step()
 
     def due(self, iteration: int = 0, iter_time=lambda: float("nan")) -> bool:
         """Whether to act now: a SIGTERM pending here, or in a group, at an iteration the
@@ -93,22 +125,24 @@ class SigtermHook:
         from .broadcast import gather_generators
         return gather_generators(writer)
 
-    def uninstall(self) -> Any:
-        """Put the previous handler back; returns it (None if already uninstalled)."""
+    def uninstall(self) -> dict[int, Any] | None:
+        """Put the previous handlers back; returns them by signal (None if already)."""
         prev, self._prev = self._prev, None
-        if prev is not None:
-            signal.signal(signal.SIGTERM, prev)
+        for sig, handler in (prev or {}).items():
+            signal.signal(sig, handler)
         return prev
 
     def pass_on(self) -> None:
         """After the emergency checkpoint (in a group, once every rank is past it): call
-        the previous handler, or exit with 143."""
+        the previous handler of the signal that came, or exit with 128 + its number (143
+        for SIGTERM, and on a rank that received none)."""
         self.pending = False
         if self._group:
             import torch.distributed as dist
             dist.barrier()
-        prev = self.uninstall()
+        sig = self.received or signal.SIGTERM
+        prev = (self.uninstall() or {}).get(sig, signal.SIG_DFL)
         if callable(prev):
-            prev(signal.SIGTERM, None)
+            prev(sig, None)
         elif prev != signal.SIG_IGN:
-            raise SystemExit(SIGTERM_EXIT)
+            raise SystemExit(128 + sig)
