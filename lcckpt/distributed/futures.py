@@ -73,14 +73,15 @@ def shm_hint(text: str) -> str:
                 f"{st.f_blocks * st.f_frsize / 2**20:,.0f} MiB free")
     except OSError:
         free = "unknown room"
-    return (f" (process-mode saves stage through shared memory, and /dev/shm has {free}: "
+    return (f"process-mode saves stage through shared memory, and /dev/shm has {free}: "
             "give it more, as `docker run --shm-size=...` or a Kubernetes emptyDir with "
-            "medium Memory does, or save with process=False)")
+            "medium Memory does, or save with process=False")
 
 
 def _cause_of(exc: BaseException) -> str:
-    if shm_hint(str(exc)):
-        return shm_hint(str(exc))[2:-1]
+    hint = shm_hint(str(exc))
+    if hint:
+        return hint
     if "background process is dead" in str(exc):    # DCP's process mode, started by spawn
         return ("DCP starts that process with spawn, which runs the main script again: "
                 "training code at the script's top level, outside `if __name__ == "

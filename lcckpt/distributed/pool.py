@@ -265,8 +265,9 @@ class FeedClient:
             raise DistributedCheckpointError("the training process stopped answering a live "
                                              "save's reads") from e
         if msg[0] == "error":
+            hint = shm_hint(str(msg[1]))
             raise DistributedCheckpointError(f"reading the live state failed: {msg[1]}"
-                                             + shm_hint(str(msg[1])))
+                                             + (f" ({hint})" if hint else ""))
         if msg[0] != kind:
             raise DistributedCheckpointError(f"live save: expected {kind!r}, got {msg[0]!r}")
         return msg

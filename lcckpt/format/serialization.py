@@ -230,8 +230,8 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module=None,
     head = f.read(16)
     f.seek(pos)
     if not head and pos > 0:    # written, and not rewound: torch.load says only EOFError
-        raise InvalidArgumentError(f"nothing to read: the file object is at its end (byte {pos:,});"
-                               " rewind it with f.seek(0) after writing")
+        raise InvalidArgumentError(f"nothing to read: the file object is at its end (byte "
+                                   f"{pos:,}); rewind it with f.seek(0) after writing")
     fmt = _sniff(head)
     if fmt != "lcckpt":
         return _load_foreign(fmt, f, map_location, weights_only, mmap, pickle_load_args,

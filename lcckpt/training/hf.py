@@ -49,7 +49,7 @@ from ..interop import trainerdir
 from ..interop.convert import read_checkpoint
 from ..util.durable import fsync_dir
 from .background import Writer
-from .hostcopy import HostBuffers, copy_fits
+from .hostcopy import HostBuffers
 
 __all__ = ["ChainCallback", "RESUMABLE", "export_checkpoint", "import_checkpoints"]
 
@@ -136,8 +136,7 @@ class ChainCallback(TrainerCallback):
         if every is not None:
             obj["rng_ranks"] = every
         self._step = state.global_step
-        if not self.background or not copy_fits(self._buffers, obj, self.last_save is None,
-                                                self.stats):
+        if not self.background or not self._buffers.fits(obj, self.last_save is None, self.stats):
             self._write(self._ck, state.global_step, obj)
             return
         self._writer.start(self._write, self._ck, state.global_step,

@@ -86,6 +86,11 @@ class HostBuffers:
             self.nbytes -= _size(self._buffers.pop(path))
         return out
 
+    def fits(self, tree: Any, first_save: bool, stats: dict) -> bool:
+        """Whether a snapshot of ``tree`` fits in the memory left beside its save
+        (:func:`copy_fits`)."""
+        return copy_fits(self, tree, first_save, stats)
+
     def _tensor(self, t: torch.Tensor, path: str, seen: set, devices: set) -> torch.Tensor:
         seen.add(path)
         t = t.detach()
@@ -122,7 +127,8 @@ ROOM_MARGIN = 64 << 20        # bytes kept free beyond the estimate
 
 def copy_fits(buffers: HostBuffers, tree: Any, first_save: bool, stats: dict) -> bool:
     """Whether a background snapshot fits (:func:`no_room_for_copy`); if not, the first
-    time, a warning says why, and ``stats["foreground"]`` counts the saves so taken."""
+    time, a warning says why, and ``stats["foreground"]`` counts the saves so taken
+    (:meth:`HostBuffers.fits`)."""
     why = no_room_for_copy(buffers, tree, first_save)
     if why is None:
         return True

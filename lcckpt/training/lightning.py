@@ -48,7 +48,7 @@ from ..format.container import MAGIC
 from ..format.serialization import load, save
 from ..util.durable import TEMP_SUFFIX
 from .background import Writer
-from .hostcopy import HostBuffers, copy_fits
+from .hostcopy import HostBuffers
 from ..util.caller import warn_user
 
 __all__ = ["ChainCallback", "LcckptCheckpointIO", "export_checkpoint", "import_checkpoints",
@@ -333,8 +333,8 @@ class ChainCallback(Callback):
         self._ck = _ready(self._ck, self.directory, self.options, step)
         self._step = step
         state = _plain(checkpoint)
-        if self._buffers is None or not copy_fits(self._buffers, state, self.last_save is None,
-                                                  self.stats):
+        if self._buffers is None or not self._buffers.fits(state, self.last_save is None,
+                                                           self.stats):
             self._write(self._ck, step, state)
             return
         self._writer.start(self._write, self._ck, step, self._buffers.snapshot(state))

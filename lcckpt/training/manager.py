@@ -39,7 +39,7 @@ from .capture import Capture, delegated
 from .costs import Costs
 from .explain import explain
 from .options import check_arguments, default_bits
-from .hostcopy import HostBuffers, copy_fits
+from .hostcopy import HostBuffers
 from .overlap import LiveState, remove_newest, torn
 from .losscurve import LossCurve
 from .newest import generators_to_restore, is_writer, restore_state
@@ -82,18 +82,18 @@ class CheckpointManager(owned.Owned):
     buffers, where a background write also holds the copy), and the loop stalls for the
     whole write, which the plan counts as the checkpoint's cost. ``checkpoint(wait=True)``
     always writes that way, as does a background checkpoint whose host copy the memory
-    left cannot hold (a warning, ``stats["foreground"]``). ``background="overlap"`` writes in the background from the
-    live parameters and optimizer state (no copy of them); the optimizer's next ``step()``
-    waits until the write has read them, and only it may change them in place meanwhile
-    (:class:`~lcckpt.errors.StateChangedError` otherwise; docs/manager.md).
-    ``sigterm=True`` installs a SIGTERM handler (main thread only; a signal or several,
-    such as ``signal.SIGUSR1`` for SLURM's ``--signal=USR1@90``, instead): at the next
-    ``step()`` the manager writes a checkpoint of that iteration (a keyframe: the run
-    resumes from it exactly), waits until it is durable, then calls the handler that was
-    installed before, or exits with status 128 + the signal (143: SystemExit). Under DDP,
-    with one on every rank, the ranks agree on that iteration (an all-reduce about once a
-    second) and exit together once it is durable; it holds every rank's random generators,
-    and each rank resumes its own (docs/manager.md).
+    left cannot hold (a warning, ``stats["foreground"]``). ``background="overlap"``
+    writes in the background from the live parameters and optimizer state (no copy of
+    them); the optimizer's next ``step()`` waits until the write has read them, and only
+    it may change them in place meanwhile (:class:`~lcckpt.errors.StateChangedError`
+    otherwise; docs/manager.md).
+    ``sigterm=True`` installs a SIGTERM handler (main thread only; or the signals given,
+    such as SLURM's ``signal.SIGUSR1``): at the next ``step()`` the manager writes a
+    checkpoint of that iteration (a keyframe: the run resumes from it exactly), waits
+    until it is durable, then calls the handler installed before, or exits with 128 +
+    the signal (143: SystemExit). Under DDP, with one on every rank, the ranks agree on
+    that iteration (an all-reduce about once a second) and exit together once it is
+    durable; it holds every rank's generators, each rank resuming its own (docs/manager.md).
 
     ``writer``: whether this process writes the checkpoints; by default, under
     ``torch.distributed``, the process of global rank 0 (and a process without a process
@@ -399,7 +399,7 @@ class CheckpointManager(owned.Owned):
                     "restore() to continue that run, or use another directory")
         self._curve.flush()
         tree = self._collect()
-        if background is True and not copy_fits(self._buffers, tree, not self._persists, self.stats):
+        if background is True and not self._buffers.fits(tree, not self._persists, self.stats):
             background = False          # a copy the memory left cannot hold: the kernel's kill
         live = background == "overlap"
         snap = (self._live.take(tree, self._buffers) if live else
