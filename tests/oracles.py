@@ -206,6 +206,42 @@ def choose_ref(score: np.ndarray, coded: list, table: dict) -> np.ndarray:
     return np.argmin(score, axis=0) if best_choice is None else best_choice
 
 
+
+def plan_ref(hist: dict, extra, n: int, chunk_size: int, modes, old: dict, slack: float,
+             max_len: int):
+    """The entropy coder's plan in numpy (what ``entropy._code_lengths`` and
+    ``_chunk_bytes`` computed before they were compiled): ``(each coded mode's lengths,
+    whether the ``old`` one was kept, bytes of every chunk in every mode, bits per mode
+    but const)``."""
+    from lcckpt.codec.entropy import CODED_MODES, CONST, HUFFMAN, RAW, RUNS
+    from lcckpt.codec.kernels.huffman import code_lengths
+    lengths, kept = {}, {}
+    for m in modes:
+        if m in CODED_MODES:
+            counts = hist[m].sum(axis=0)
+            fresh = code_lengths(counts, max_len)
+            o = old.get(m)
+            kept[m] = (o is not None and o.size == fresh.size
+                       and not np.any((counts > 0) & (o == 0))
+                       and counts @ o.astype(np.int64) <= slack * (counts @ fresh.astype(np.int64)))
+            lengths[m] = o if kept[m] else fresh
+    sizes = np.minimum(chunk_size, n - np.arange(-(-n // chunk_size), dtype=np.int64) * chunk_size)
+    rows, mode_bits = [], {}
+    for m in modes:
+        if m in CODED_MODES:
+            bits = hist[m] @ lengths[m].astype(np.int64) + (extra if m == RUNS else 0)
+        elif m == RAW:
+            bits = sizes * 8
+        else:
+            assert m == CONST
+            is_const = (hist[HUFFMAN] == sizes[:, None]).any(axis=1)
+            bits = np.where(is_const, 0, np.iinfo(np.int64).max // 4)
+        rows.append((bits + 7) // 8)
+        if m != CONST:
+            mode_bits[m] = int(bits.sum())
+    return lengths, kept, np.stack(rows), mode_bits
+
+
 # --- the blob header, field by field ---------------------------------------------------
 import zlib  # noqa: E402
 

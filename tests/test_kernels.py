@@ -780,6 +780,70 @@ def test_compiled_mode_choice_matches_numpys(m, nch, seed, kind):
     assert np.array_equal(got, want)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 3000), st.integers(1, 700), st.integers(0, 2**31),
+       st.sampled_from(["fresh", "near", "far", "gap", "size"]))
+def test_compiled_plan_matches_numpys(b, n, chunk_size, seed, cached):
+    """The plan (each coded mode's code, every chunk's bytes in every mode) runs
+    compiled; it must give numpy's integers: the same code kept or rebuilt (a cached code
+    near the fresh one, far from it, missing a used letter, of another alphabet), the
+    same bytes per chunk, constant chunks and raw extra bits included."""
+    from lcckpt.codec import entropy as en
+    from oracles import plan_ref
+    rng = np.random.default_rng(seed)
+    nch = -(-n // chunk_size)
+    sizes = np.minimum(chunk_size, n - np.arange(nch) * chunk_size)
+    S = 1 << b
+    sym_hist = np.zeros((nch, S), np.int64)
+    for c, size in enumerate(sizes):
+        if rng.random() < 0.3:
+            sym_hist[c, rng.integers(S)] = size                 # a constant chunk
+        else:
+            sym_hist[c] = rng.multinomial(size, rng.dirichlet(np.full(S, 0.3)))
+    hist = {en.HUFFMAN: sym_hist}
+    for m in (en.GROUPED, en.RUNS):
+        a = en.alphabet(m, b)
+        h = rng.integers(0, 50, (nch, a)).astype(en.LETTERS)
+        h[:, rng.random(a) < 0.5] = 0
+        hist[m] = h
+    extra = rng.integers(0, 10**4, nch).astype(np.int64)
+    modes = [m for m in (en.HUFFMAN, en.GROUPED, en.RUNS, en.RAW, en.CONST)
+             if rng.random() < 0.6] or [en.HUFFMAN]
+    old = {}
+    for m in en.CODED_MODES:
+        lengths = hk.code_lengths(hist[m].sum(axis=0), hk.MAX_CODE_LEN)
+        if cached == "near":            # the code of slightly other counts
+            counts = hist[m].sum(axis=0) + (hist[m].sum(axis=0) > 0) * rng.integers(0, 3, lengths.size)
+            lengths = hk.code_lengths(counts, hk.MAX_CODE_LEN)
+        elif cached == "far":           # a flat code: far from skewed counts
+            lengths = np.where(lengths > 0, lengths.max(), 0).astype(np.uint8)
+            lengths[lengths > 0] = max(1, int(np.ceil(np.log2(max(2, (lengths > 0).sum())))))
+        elif cached == "gap" and (lengths > 0).any():
+            lengths[np.flatnonzero(lengths)[0]] = 0
+        elif cached == "size":
+            lengths = np.append(lengths, np.uint8(1))
+        old[m] = lengths
+    an = en.Analysis(n, chunk_size, b, hist, extra)
+    want_lengths, kept, want_bytes, want_bits = plan_ref(
+        hist, extra, n, chunk_size, modes, old, en.CACHE_SLACK, hk.MAX_CODE_LEN)
+    cache = en.CodeCache(lengths=dict(old)) if cached != "fresh" else None
+    got = en._code_lengths(an, modes, cache)
+    for m in want_lengths:
+        assert np.array_equal(got[m], want_lengths[m] if cache else
+                              hk.code_lengths(hist[m].sum(axis=0), hk.MAX_CODE_LEN))
+        if cache is not None:
+            assert (got[m] is old[m]) == kept[m]
+            assert np.array_equal(cache.lengths[m], got[m])
+    if cache is not None:
+        assert (cache.hits, cache.misses) == (sum(kept.values()), len(kept) - sum(kept.values()))
+    else:
+        want_lengths, _, want_bytes, want_bits = plan_ref(
+            hist, extra, n, chunk_size, modes, {}, en.CACHE_SLACK, hk.MAX_CODE_LEN)
+    got_bytes, got_bits = en._chunk_bytes(an, modes, got)
+    assert np.array_equal(got_bytes, want_bytes)
+    assert got_bits == want_bits
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.integers(1, 5000), st.floats(0.0, 1.0), st.integers(0, 2**31),
        st.sampled_from([np.uint32, np.uint64]), st.sampled_from([np.float32, np.float64]),

@@ -27,6 +27,7 @@ import numpy as np
 from ..util.pool import run_tasks, threads
 from ..errors import InvalidArgumentError
 from .kernels import huffman as hk
+from .kernels import plan as pk
 from .kernels import runs as rk
 from .kernels import sums as sk
 from .kernels import tables as tk
@@ -187,10 +188,6 @@ def entropy_bits(counts: np.ndarray) -> float:
     return float(-(counts * np.log2(p)).sum())
 
 
-def _cost(hist: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    return hist @ lengths.astype(np.int64)
-
-
 @dataclass
 class CodeCache:
     """Code lengths of the previous stream, reused while they stay near-optimal.
@@ -204,16 +201,6 @@ class CodeCache:
     hits: int = 0
     misses: int = 0
     nonzero: float | None = None    # share of nonzero symbols of the previous stream
-
-    def choose(self, mode: int, counts: np.ndarray, fresh: np.ndarray) -> np.ndarray:
-        old = self.lengths.get(mode)
-        if old is not None and old.size == fresh.size and not np.any((counts > 0) & (old == 0)):
-            if _cost(counts, old) <= CACHE_SLACK * _cost(counts, fresh):
-                self.hits += 1
-                return old
-        self.misses += 1
-        self.lengths[mode] = fresh
-        return fresh
 
 
 @dataclass
@@ -241,6 +228,7 @@ def raw_stream(sym: np.ndarray, chunk_size: int) -> Encoded:
 
 
 _NOT_CONST_BITS = np.iinfo(np.int64).max // 4    # a chunk that is not constant, as CONST
+_NOT_CONST_BYTES = (_NOT_CONST_BITS + 7) // 8
 
 
 def encode_bytes_chunk(sym: np.ndarray, counts: np.ndarray) -> Encoded:
@@ -253,7 +241,7 @@ def encode_bytes_chunk(sym: np.ndarray, counts: np.ndarray) -> Encoded:
     bits = int(counts @ lengths.astype(np.int64))
     const = bool((counts == n).any())
     score = np.array([[float((bits + 7) // 8)], [float(n)],
-                      [0.0 if const else float((_NOT_CONST_BITS + 7) // 8)]])
+                      [0.0 if const else float(_NOT_CONST_BYTES)]])
     score[1] *= RAW_MARGIN
     modes = modes_for("bytes", 8)                 # HUFFMAN, RAW, CONST: score's rows
     mode = modes[int(_choose(score, modes, {HUFFMAN: lengths})[0])]
@@ -275,22 +263,6 @@ def encode_bytes_chunk(sym: np.ndarray, counts: np.ndarray) -> Encoded:
         part = sym[:n]
     return Encoded(np.full(1, mode, np.uint8), consts, np.full(1, nbytes, np.int64), used,
                    [part], {HUFFMAN: bits, RAW: 8 * n})
-
-
-def _chunk_bits(an: Analysis, mode: int, lengths) -> np.ndarray:
-    """Exact coded size in bits of every chunk under ``mode``."""
-    if mode in CODED_MODES:
-        bits = _cost(an.hist[mode], lengths[mode])
-        if mode == RUNS:
-            bits = bits + an.extra_bits
-        return bits
-    sizes = an.chunk_lens()
-    if mode == RAW:
-        return sizes * 8
-    if mode == CONST:
-        is_const = (an.hist[HUFFMAN] == sizes[:, None]).any(axis=1)
-        return np.where(is_const, 0, _NOT_CONST_BITS)
-    raise ValueError(mode)
 
 
 LAZY_BATCH = 1 << 20    # coded bytes per batch of chunks when coding as the file is written
@@ -318,20 +290,20 @@ def encode(sym: np.ndarray, an: Analysis, modes, cache: CodeCache | None = None,
     b = an.b
     modes = _codeable(an, modes)
     chunk_modes, nbytes, lengths, mode_bits = _plan(an, modes, cache)
-    if callable(sym):
+    present = set(chunk_modes.tolist())
+    if callable(sym):               # called only if some chunk's mode reads every symbol
         listed = RUNS if nonzero is not None else -1
-        reads = ~np.isin(chunk_modes, (CONST, listed))   # modes that read every symbol
-        sym = sym() if reads.any() else NO_SYMBOLS
+        sym = sym() if present - {CONST, listed} else NO_SYMBOLS
     consts = np.zeros(an.nchunks, np.uint8)
-    if CONST in modes:
+    if CONST in present:
         is_c = chunk_modes == CONST
         consts[is_c] = np.argmax(an.hist[HUFFMAN][is_c], axis=1)
-    used = {m: lengths[m] for m in CODED_MODES if m in lengths and np.any(chunk_modes == m)}
+    used = {m: lengths[m] for m in CODED_MODES if m in present}
     codes = {m: hk.canonical_codes(l) for m, l in used.items()}
     # Coded chunks go to one new buffer; raw chunks stay views of ``sym`` (no copy).
     is_raw = chunk_modes == RAW
-    coded_nbytes = np.where(is_raw, 0, nbytes)
-    offsets = np.concatenate(([0], np.cumsum(coded_nbytes)))
+    offsets = np.zeros(an.nchunks + 1, np.int64)
+    np.cumsum(np.where(is_raw, 0, nbytes) if RAW in present else nbytes, out=offsets[1:])
     coded = np.empty(0 if lazy else int(offsets[-1]), np.uint8)
     g, S = group_size(b), 1 << b
     cs = an.chunk_size
@@ -411,25 +383,41 @@ def fit_codes(counts: np.ndarray) -> bool:
 
 
 def _code_lengths(an: Analysis, modes, cache) -> dict:
-    """Each coded mode's code lengths, from its symbol counts (or the cached table)."""
+    """Each coded mode's code lengths, from its symbol counts (or the cached table, kept
+    while :data:`CACHE_SLACK` allows: see :func:`lcckpt.codec.kernels.plan.code_for`)."""
     lengths = {}
     for m in modes:
         if m in CODED_MODES:
-            counts = an.hist[m].sum(axis=0)
-            fresh = hk.code_lengths(counts, hk.MAX_CODE_LEN)
-            lengths[m] = cache.choose(m, counts, fresh) if cache is not None else fresh
+            old = cache.lengths.get(m) if cache is not None else None
+            fresh, keep = pk.code_for(an.hist[m], NO_CODE if old is None else old,
+                                      hk.MAX_CODE_LEN, CACHE_SLACK)
+            if cache is None:
+                lengths[m] = fresh
+            elif keep:
+                cache.hits += 1
+                lengths[m] = old
+            else:
+                cache.misses += 1
+                lengths[m] = cache.lengths[m] = fresh
     return lengths
 
 
 def _chunk_bytes(an: Analysis, modes, lengths) -> tuple[np.ndarray, dict]:
     """``(bytes of every chunk in every mode, total bits per mode but CONST)``."""
-    mode_bits, bits_by_mode = {}, []
-    for m in modes:
-        bits = _chunk_bits(an, m, lengths)
-        bits_by_mode.append(bits)
-        if m != CONST:
-            mode_bits[m] = int(bits.sum())
-    return np.stack([(x + 7) // 8 for x in bits_by_mode]), mode_bits
+    stacked = np.empty((len(modes), an.nchunks), np.int64)
+    mode_bits = {}
+    for i, m in enumerate(modes):
+        if m in CODED_MODES:
+            extra = an.extra_bits if m == RUNS else NO_EXTRA
+            mode_bits[m] = pk.coded_bytes(an.hist[m], lengths[m], extra, stacked[i])
+        elif m == RAW:
+            stacked[i] = an.chunk_lens()
+            mode_bits[m] = 8 * an.n
+        elif m == CONST:
+            pk.const_bytes(an.hist[HUFFMAN], an.n, an.chunk_size, _NOT_CONST_BYTES, stacked[i])
+        else:
+            raise ValueError(m)
+    return stacked, mode_bits
 
 
 def _batches(task, offsets: np.ndarray):
@@ -486,3 +474,5 @@ def lengths_size(lengths: np.ndarray) -> int:
 
 NO_SYMBOLS = np.zeros(1, np.uint8)
 NO_FLOATS = np.zeros(1, np.float32)
+NO_CODE = np.zeros(0, np.uint8)         # no cached code
+NO_EXTRA = np.zeros(0, np.int64)        # a coded mode without raw extra bits
