@@ -615,7 +615,7 @@ def test_the_compiled_error_model_gives_numpys_bits(n, seed, up):
         assert np.array_equal(model.levels(s, up), q)
         qq = float(np.sum(model.cnt * q * q))
         assert model.recon_step(s, up) == (float(np.sum(q * model.s1)) / qq if qq > 0 else s)
-    for k in (0, 1, 7, 8, 9, 127, 128, 129, 300, 9000):
+    for k in (0, 1, 7, 8, 9, 127, 128, 129, 300, 9000, 300_001):
         a = rng.standard_normal(k) * 10.0 ** rng.integers(-8, 8, k)
         assert pairwise_sum(a) == np.sum(a)
 

@@ -5,14 +5,14 @@ The step search evaluates the model a few times per tensor over its magnitude bi
 evaluation is a dozen array expressions, and a state of hundreds of small tensors spent
 more time there than quantizing them. These loops compute the same numbers bit for bit:
 the same operations in the same order per bin, and every sum in numpy's own pairwise
-order (:func:`lcckpt.codec.kernels.sums.pairwise_sum`), so the chosen steps, and the
+order (:func:`lcckpt.codec.kernels.sums.pairwise_sum_in`), so the chosen steps, and the
 blobs, do not change.
 """
 
 import numpy as np
 
 from ...util.jit import kernel
-from .sums import pairwise_sum
+from .sums import pairwise_sum_in
 
 _HUGE = 1e300          # an infinite bin edge, capped as the numpy code caps it
 
@@ -73,14 +73,15 @@ def errors_sq(lo, hi, mean, cnt, s1, s2, steps, up, wide_err, out):
     wide = np.empty(k, np.bool_)
     a = np.empty(k)
     b = np.empty(k)
+    stack, vals = np.empty((64, 3), np.int64), np.empty(64)     # the sums' work arrays
     for t in range(steps.size):
         st = steps[t]
         for j in range(k):
             q[j], wide[j] = _bin_level(lo[j], hi[j], mean[j], st, up)
             a[j] = q[j] * s1[j]
             b[j] = cnt[j] * q[j] * q[j]
-        qs1 = pairwise_sum(a)
-        qq = pairwise_sum(b)
+        qs1 = pairwise_sum_in(a, stack, vals)
+        qq = pairwise_sum_in(b, stack, vals)
         r = qs1 / qq if qq > 0 else st
         for j in range(k):
             if wide[j]:
@@ -88,7 +89,7 @@ def errors_sq(lo, hi, mean, cnt, s1, s2, steps, up, wide_err, out):
             else:
                 qr = q[j] * r
                 a[j] = s2[j] - 2 * q[j] * r * s1[j] + cnt[j] * (qr * qr)
-        out[t] = pairwise_sum(a)
+        out[t] = pairwise_sum_in(a, stack, vals)
 
 
 @kernel
