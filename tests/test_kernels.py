@@ -813,11 +813,12 @@ def test_compiled_plan_matches_numpys(b, n, chunk_size, seed, cached):
     for m in en.CODED_MODES:
         lengths = hk.code_lengths(hist[m].sum(axis=0), hk.MAX_CODE_LEN)
         if cached == "near":            # the code of slightly other counts
-            counts = hist[m].sum(axis=0) + (hist[m].sum(axis=0) > 0) * rng.integers(0, 3, lengths.size)
+            counts = hist[m].sum(axis=0)
+            counts = counts + (counts > 0) * rng.integers(0, 3, lengths.size)
             lengths = hk.code_lengths(counts, hk.MAX_CODE_LEN)
         elif cached == "far":           # a flat code: far from skewed counts
-            lengths = np.where(lengths > 0, lengths.max(), 0).astype(np.uint8)
-            lengths[lengths > 0] = max(1, int(np.ceil(np.log2(max(2, (lengths > 0).sum())))))
+            flat = max(1, int(np.ceil(np.log2(max(2, (lengths > 0).sum())))))
+            lengths = np.where(lengths > 0, flat, 0).astype(np.uint8)
         elif cached == "gap" and (lengths > 0).any():
             lengths[np.flatnonzero(lengths)[0]] = 0
         elif cached == "size":

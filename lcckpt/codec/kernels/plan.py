@@ -3,8 +3,8 @@ each chunk's bytes in each mode.
 
 Every stream is planned, and a small tensor's stream is one chunk: in numpy the plan was
 a dozen calls on arrays of a few dozen entries, a third of the entropy coder's time on a
-4,096-element delta. These loops give the same integers (counts, bits and bytes are exact sums, in any
-order), so the choice, and the blob, do not change.
+4,096-element delta. These loops give the same integers (counts, bits and bytes are exact
+sums, in any order), so the choice, and the blob, do not change.
 """
 
 import numpy as np
