@@ -206,7 +206,6 @@ def choose_ref(score: np.ndarray, coded: list, table: dict) -> np.ndarray:
     return np.argmin(score, axis=0) if best_choice is None else best_choice
 
 
-
 def plan_ref(hist: dict, extra, n: int, chunk_size: int, modes, old: dict, slack: float,
              max_len: int):
     """The entropy coder's plan in numpy (what ``entropy._code_lengths`` and
@@ -223,9 +222,11 @@ def plan_ref(hist: dict, extra, n: int, chunk_size: int, modes, old: dict, slack
             o = old.get(m)
             kept[m] = (o is not None and o.size == fresh.size
                        and not np.any((counts > 0) & (o == 0))
-                       and counts @ o.astype(np.int64) <= slack * (counts @ fresh.astype(np.int64)))
+                       and counts @ o.astype(np.int64)
+                       <= slack * (counts @ fresh.astype(np.int64)))
             lengths[m] = o if kept[m] else fresh
-    sizes = np.minimum(chunk_size, n - np.arange(-(-n // chunk_size), dtype=np.int64) * chunk_size)
+    starts = np.arange(-(-n // chunk_size), dtype=np.int64) * chunk_size
+    sizes = np.minimum(chunk_size, n - starts)
     rows, mode_bits = [], {}
     for m in modes:
         if m in CODED_MODES:
