@@ -575,7 +575,8 @@ def test_the_error_model_predicts_the_measured_error(n, seed, rel_step):
     are 1.1% wide, so with finer steps (a hundred levels) more of them straddle a level
     boundary and the estimate is off by several percent; the search then corrects the
     step by the error it measures. (The model ignores escapes, which only lower the error.)"""
-    from lcckpt.codec.uniform import DEADZONE, _try_step, survey
+    from lcckpt.codec.survey import survey
+    from lcckpt.codec.uniform import DEADZONE, _try_step
     rng = np.random.default_rng(seed)
     ref = rng.standard_normal(n).astype(np.float32)
     u = (ref + rng.standard_normal(n) * rng.choice([0, 1e-3, 1e-2], n)).astype(np.float32)
@@ -601,7 +602,7 @@ def test_the_compiled_error_model_gives_numpys_bits(n, seed, up):
     from oracles import model_errors_ref, model_levels_ref
 
     from lcckpt.codec.kernels.sums import pairwise_sum
-    from lcckpt.codec.uniform import survey
+    from lcckpt.codec.survey import survey
     rng = np.random.default_rng(seed)
     ref = rng.standard_normal(n).astype(np.float32)
     scale = 10.0 ** rng.uniform(-6, 0, n)            # many octaves: thousands of bins
@@ -631,7 +632,7 @@ def test_the_compiled_step_search_chooses_numpys_steps(n, seed, up):
 
     from lcckpt.codec.errmodel import ErrorModel
     from lcckpt.codec.kernels.uniform import MAG_BINS
-    from lcckpt.codec.uniform import survey
+    from lcckpt.codec.survey import survey
     rng = np.random.default_rng(seed)
     ref = rng.standard_normal(n).astype(np.float32)
     u = (ref + rng.standard_normal(n) * 10.0 ** rng.uniform(-6, 0, n)).astype(np.float32)
@@ -657,7 +658,7 @@ def test_survey_histogram_and_sketch_match_numpy_references(n, seed, with_ref, t
     import os
     from lcckpt.codec.kernels.uniform import MAG_BINS
     from lcckpt.codec.movement import LOG2, sketch
-    from lcckpt.codec.uniform import survey
+    from lcckpt.codec.survey import survey
     rng = np.random.default_rng(seed)
     u = (rng.standard_normal(n) * 10.0 ** rng.integers(-40, 30, n)).astype(np.float32)
     u[rng.random(n) < 0.1] = 0
@@ -683,6 +684,83 @@ def test_survey_histogram_and_sketch_match_numpy_references(n, seed, with_ref, t
     want, want_ss = sketch(u)
     np.testing.assert_allclose(sv.sketch, want, rtol=1e-12, atol=1e-300)
     assert sv.norm_sq == pytest.approx(want_ss, rel=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 3000), st.integers(0, 2**31), st.booleans(),
+       st.sampled_from(["none", "nan", "inf", "zeros", "zero_block"]))
+def test_survey_span_bounds_the_bins_it_counted_into(n, seed, with_ref, odd):
+    """The survey's span is the least and the greatest bin it counted into (NaN, Inf and
+    the zeros' bin included), and the error model compacted over the span alone is the
+    whole histogram's, array for array."""
+    from lcckpt.codec.errmodel import bin_bounds
+    from lcckpt.codec.kernels import model as mk
+    from lcckpt.codec.kernels import uniform as uk
+    rng = np.random.default_rng(seed)
+    u = (rng.standard_normal(n) * 10.0 ** rng.integers(-30, 30, n)).astype(np.float32)
+    ref = (u + rng.standard_normal(n).astype(np.float32)) if with_ref else u
+    if odd in ("nan", "inf"):
+        u[rng.integers(n)] = np.nan if odd == "nan" else -np.inf
+    elif odd == "zeros":
+        u[:] = 0
+        ref = u
+    elif odd == "zero_block":                  # a block the survey skips, then others
+        u[:1024] = 0
+        ref = ref.copy()
+        ref[:1024] = 0
+    cnt = np.zeros(uk.MAG_BINS + 1, np.int64)
+    s1, s2 = np.zeros(uk.MAG_BINS + 1), np.zeros(uk.MAG_BINS + 1)
+    out, span = np.array([0.0, 0.0, np.inf]), np.array([uk.MAG_BINS + 1, -1], np.int64)
+    uk.survey_range(u, ref, with_ref or odd == "zeros", 0, n, out, np.zeros(1), 0, cnt, s1, s2,
+                    True, span)
+    touched = np.flatnonzero(cnt)
+    assert (span[0], span[1]) == (touched.min(), touched.max())
+    whole = mk.compact(cnt, s1, s2, bin_bounds())
+    part = mk.compact(cnt, s1, s2, bin_bounds(), *span)
+    for a, b in zip(whole, part):
+        assert np.array_equal(a, b, equal_nan=True)
+
+
+def test_a_survey_leaves_no_count_behind_for_the_next_on_its_thread():
+    """A small tensor's survey counts into histograms its thread keeps: after surveys of
+    NaN, of zeros, with a sketch and with a direction, they are clear, and the next
+    survey's model is the one a fresh thread gives, bit for bit."""
+    import threading
+    from lcckpt.codec import survey as sv
+    rng = np.random.default_rng(5)
+    u = rng.standard_normal(5000).astype(np.float32)
+    ref = u + np.float32(0.01) * rng.standard_normal(5000).astype(np.float32)
+    bad = u.copy()
+    bad[7] = np.nan
+    for args in [(u, ref), (bad, ref), (u, ref, 12, rng.standard_normal(5000)),
+                 (np.zeros(100, np.float32), None), (u[:3], None, 12)]:
+        sv.survey(*args)
+        assert not any(h.any() for h in sv._scratch.hist)
+    here = sv.survey(u * 2, ref)
+    there = []
+    t = threading.Thread(target=lambda: there.append(sv.survey(u * 2, ref)))
+    t.start()
+    t.join()
+    for name in ("cnt", "s1", "s2", "lo", "hi", "mean"):
+        assert same_bits(getattr(here.model, name), getattr(there[0].model, name))
+
+
+def test_a_survey_over_two_tasks_counts_every_element(monkeypatch):
+    """A tensor of more than one survey task: the tasks' spans and histograms together
+    give numpy's counts and sums."""
+    from lcckpt.codec.survey import SURVEY_MIN, survey
+    monkeypatch.setenv("LCCKPT_THREADS", "2")
+    rng = np.random.default_rng(11)
+    n = 3 * SURVEY_MIN + 17
+    u = (rng.standard_normal(n) * 10.0 ** rng.integers(-20, 20, n)).astype(np.float32)
+    u[: SURVEY_MIN] *= np.float32(1e-12)       # the first task's bins lie below the others'
+    m = survey(u, None).model
+    a = np.abs(u).astype(np.float64)
+    a = a[a != 0]
+    b = a.astype(np.float32).view(np.uint32) >> 17
+    keep = np.flatnonzero(np.bincount(b))
+    assert np.array_equal(m.cnt, np.bincount(b)[keep])
+    assert np.allclose(m.s1, np.bincount(b, weights=a)[keep], rtol=1e-12, atol=0)
 
 
 @settings(max_examples=60, deadline=None)
@@ -783,7 +861,8 @@ def test_fitted_restore_step_lowers_the_error_of_the_same_levels(n, seed, rel_st
     """Levels decided with one step and restored with the least-squares step err less
     than restored with the decision step itself, and the error is (nearly) orthogonal to
     what was sent: no systematic lag behind the update."""
-    from lcckpt.codec.uniform import DEADZONE, _try_step, survey
+    from lcckpt.codec.survey import survey
+    from lcckpt.codec.uniform import DEADZONE, _try_step
     rng = np.random.default_rng(seed)
     ref = rng.standard_normal(n).astype(np.float32)
     u = (ref + rng.laplace(size=n) * 1e-2).astype(np.float32)
@@ -820,7 +899,7 @@ def test_survey_stats_against_numpy(n, bad, fp64, seed):
     """The survey's statistics: finiteness of u and ref, the fp64 sum of u² and the
     minimum of u, against numpy on every tail length and across blocks; values near
     the top of fp64 are finite, however their sum rounds."""
-    from lcckpt.codec.uniform import survey
+    from lcckpt.codec.survey import survey
     rng = np.random.default_rng(seed)
     dt = np.float64 if fp64 else np.float32
     u = (rng.standard_normal(n) * 10).astype(dt)

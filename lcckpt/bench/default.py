@@ -64,10 +64,11 @@ def _cases(enc, u, threads):
     from lcckpt.codec.config import CodecConfig
     from lcckpt.codec.dtypes import to_numpy
     from lcckpt.codec.movement import LOG2
+    from lcckpt.codec.survey import survey
     from lcckpt.util import pool as _pool
     n, cs = u.size, 1 << CodecConfig().log2
     ref = enc.ref.copy()
-    sv = uniform.survey(u, ref, LOG2)
+    sv = survey(u, ref, LOG2)
     share = enc._config_for(u, to_numpy(u)[1], sv).target
     uq, tries = _search(u, ref, share, cs, sv)
     modes = entropy.uniform_modes(CodecConfig().coder, uq.bits)
@@ -86,7 +87,7 @@ def _cases(enc, u, threads):
     reset()
     cases = {
         "whole": (reset, lambda: enc.encode_parts(u)),
-        "survey": (reset, lambda: uniform.survey(u, ref, LOG2)),
+        "survey": (reset, lambda: survey(u, ref, LOG2)),
         "search": (reset, lambda: uniform.uniform_quantize(u, ref, share, cs, None, sv)),
         "analysis": (reset, lambda: entropy.analyze(uq.sym, uq.sym_hist, cs, uq.bits, modes)),
         "coding": (reset, lambda: entropy.encode(uq.sym, an, modes, None,

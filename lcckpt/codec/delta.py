@@ -38,7 +38,7 @@ from ..errors import (
 from .movement import BUCKETS, LOG2, Movement, copy_sketched
 from .masked import masked_delta
 from .parked import PARK_MIN, Parked, fingerprint
-from .uniform import survey
+from .survey import survey
 from ..util.caller import warn_user
 
 __all__ = ["DeltaDecoder", "DeltaEncoder", "Reconstruction", "replay", "settle"]

@@ -1,5 +1,5 @@
 """The uniform quantizer's error model: from a magnitude histogram of a delta (the
-survey, :func:`lcckpt.codec.uniform.survey`), the restored error and the symbol counts
+survey, :func:`lcckpt.codec.survey.survey`), the restored error and the symbol counts
 of any step, without quantizing (docs/algorithm.md §7b; compiled in
 :mod:`lcckpt.codec.kernels.model`)."""
 
@@ -41,11 +41,13 @@ class ErrorModel:
     with 64 bins per octave) is taken at its mean. So the step search costs one pass to
     build the model and one to quantize, instead of two passes per tried step."""
 
-    def __init__(self, n: int, cnt: np.ndarray, s1: np.ndarray, s2: np.ndarray):
-        """From a :class:`Survey`'s histogram of ``n`` elements (bins ``[:MAG_BINS]``)."""
+    def __init__(self, n: int, cnt: np.ndarray, s1: np.ndarray, s2: np.ndarray,
+                 span: tuple = (0, -1)):
+        """From a :class:`Survey`'s histogram of ``n`` elements (bins ``[:MAG_BINS]``);
+        ``span``: the bins it counted into, first and last (default: all)."""
         self.n = n
         self.cnt, self.s1, self.s2, self.lo, self.hi, self.mean = mk.compact(
-            cnt, s1, s2, bin_bounds())
+            cnt, s1, s2, bin_bounds(), *span)
         self.direction = None       # per bin: sums of m·sign(d) and of m·d (steer)
 
     def steer(self, a: np.ndarray, b: np.ndarray, cnt: np.ndarray) -> None:

@@ -2,7 +2,7 @@
 whose restored error meets the target (docs/algorithm.md §7b).
 
 A magnitude histogram of the delta (:class:`ErrorModel`, from the one read of the state
-that :func:`survey` makes) predicts the error and the symbol counts of any step; the
+that :func:`~lcckpt.codec.survey.survey` makes) predicts the error and the symbol counts of any step; the
 step is solved from it, then one quantization pass
 writes the symbols and the reconstruction the decoder will make, measuring the error
 exactly. Escapes store elements beyond the widest symbol exactly.
@@ -14,10 +14,11 @@ from functools import lru_cache
 import numpy as np
 
 from ..util import memory as _memory
-from ..util.pool import run_tasks, threads
+from ..util.pool import run_tasks
 from ..errors import NonFiniteError
 from . import entropy, sample
 from .errmodel import ErrorModel
+from .survey import Survey, survey
 from .kernels import uniform as uk
 
 
@@ -263,58 +264,6 @@ def _try_step(u, ref, step, chunk_size, deadzone=DEADZONE, limit=None, floor=0.0
     uq = Uniform(sym, sym_hist, b, float(rstep), table, escf, int(uk.count_bits(escf)), u,
                  float(errs.sum()), 0.0, quantizer=chunks, counted=counted)
     return uq, est
-
-
-SURVEY_MIN = 1 << 16   # elements per survey task at least
-
-
-@dataclass
-class Survey:
-    """What one read of a state and its reference tells before the step is chosen
-    (:func:`lcckpt.codec.kernels.uniform.survey_range`): whether both are finite,
-    ``||u||²``, the least element, the movement sketch of ``u`` (if asked) and the
-    magnitude histogram of ``u - ref``. Three passes over memory become one."""
-    finite: bool
-    norm_sq: float
-    least: float
-    sketch: np.ndarray | None
-    model: "ErrorModel"
-
-
-def survey(u: np.ndarray, ref: np.ndarray | None, sketch_log2: int = 0,
-           direction: np.ndarray | None = None) -> Survey:
-    """:class:`Survey` of flat ``u`` against ``ref`` (None: zeros), on the thread pool;
-    ``sketch_log2``: the sketch's log2 size (0: no sketch); ``direction``: a flat array
-    of ``u``'s size that the restored error is to be orthogonal to (one more read, of
-    it, ``u`` and ``ref``: :meth:`ErrorModel.steer`)."""
-    n = u.size
-    tasks = max(1, min(threads(), -(-n // SURVEY_MIN)))
-    per = -(-n // tasks)
-    out = np.zeros((tasks, 3))
-    out[:, 2] = np.inf
-    sk = np.zeros((tasks, 1 << sketch_log2 if sketch_log2 else 1))
-    cnt = np.zeros((tasks, uk.MAG_BINS + 1), np.int64)
-    s1 = np.zeros((tasks, uk.MAG_BINS + 1))
-    s2 = np.zeros((tasks, uk.MAG_BINS + 1))
-    use_ref = ref is not None
-    r = ref if use_ref else u
-    run_tasks(lambda t: uk.survey_range(u, r, use_ref, t * per, min(n, (t + 1) * per), out[t],
-                                        sk[t], sketch_log2, cnt[t], s1[t], s2[t]), tasks)
-    with np.errstate(invalid="ignore", over="ignore"):     # NaN/Inf: not finite, refused
-        hist = [h[0] if tasks == 1 else h.sum(axis=0) for h in (cnt, s1, s2)]  # one: no copy
-        sketch = sk.sum(axis=0) if sketch_log2 else None
-    model = ErrorModel(n, *hist)
-    finite = bool(np.all(out[:, 0] == 0.0))
-    least = float(out[:, 2].min()) if n else 0.0
-    # a tensor without negative values is floored (raised levels, which the steered
-    # step's sums miss): not steered
-    if direction is not None and finite and least < 0:
-        a = np.zeros((tasks, uk.MAG_BINS + 1))
-        b = np.zeros((tasks, uk.MAG_BINS + 1))
-        run_tasks(lambda t: uk.direction_range(u, r, use_ref, direction, t * per,
-                                               min(n, (t + 1) * per), a[t], b[t]), tasks)
-        model.steer(a.sum(axis=0), b.sum(axis=0), cnt.sum(axis=0))
-    return Survey(finite, float(out[:, 1].sum()), least, sketch, model)
 
 
 def _next_step(oks: list, misses: list, aim_sq: float, model: ErrorModel, up: float):

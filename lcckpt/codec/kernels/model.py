@@ -18,13 +18,17 @@ _HUGE = 1e300          # an infinite bin edge, capped as the numpy code caps it
 
 
 @kernel
-def compact(cnt, s1, s2, bounds):
+def compact(cnt, s1, s2, bounds, j0=0, j1=-1):
     """The histogram's nonzero bins among the first ``bounds.size - 1``: ``(count as
     float, sum, sum of squares, lower edge, upper edge, mean)`` per bin, in bin order (as
-    numpy's ``flatnonzero`` and fancy indexing gave them, in one call instead of eight)."""
+    numpy's ``flatnonzero`` and fancy indexing gave them, in one call instead of eight).
+    ``[j0, j1]``: the bins to look at, where the caller knows every other one is empty
+    (the survey's span); by default all."""
     nb = bounds.size - 1
+    j1 = nb - 1 if j1 < 0 or j1 >= nb else j1
+    j0 = max(j0, 0)
     k = 0
-    for j in range(nb):
+    for j in range(j0, j1 + 1):
         if cnt[j] != 0:
             k += 1
     c = np.empty(k)
@@ -34,7 +38,7 @@ def compact(cnt, s1, s2, bounds):
     hi = np.empty(k)
     mean = np.empty(k)
     i = 0
-    for j in range(nb):
+    for j in range(j0, j1 + 1):
         if cnt[j] != 0:
             c[i] = np.float64(cnt[j])
             a[i] = s1[j]

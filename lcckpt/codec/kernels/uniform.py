@@ -337,6 +337,7 @@ def _nan_if_inf(x):
 
 
 MAG_BINS = 1 << 14     # float32 exponent (8 bits) and the top 6 mantissa bits of |d|
+NO_SPAN = np.zeros(0, np.int64)
 
 
 @kernel(inline="always")
@@ -359,7 +360,7 @@ def _plus_zeros(ub, rb, use_ref, nb):
 
 @kernel
 def survey_range(u, ref, use_ref, start, stop, out, sketch, log2m, cnt, s1, s2,
-                 skip_zeros=True):
+                 skip_zeros=True, span=NO_SPAN):
     """One read of ``u`` (and ``ref``) over ``[start, stop)`` for everything a delta
     needs before its step is chosen, added into the caller's arrays:
 
@@ -371,7 +372,10 @@ def survey_range(u, ref, use_ref, start, stop, out, sketch, log2m, cnt, s1, s2,
       ``d = u - ref`` (64 bins per octave, by the top bits of its float32 value): count,
       sum and sum of squares in fp64; the last bin takes the exact zeros and is not used.
       From these the error and the level counts of any step follow without another pass
-      over the tensor.
+      over the tensor;
+    * ``span`` (if given, ``int64[2]``): lowered to the least and raised to the greatest
+      bin counted into (the zeros' bin included), so the bins outside are known to be
+      untouched (a small tensor's few hundred of the 16K bins).
 
     Three passes over the state become one. Block by block (:data:`BLOCK`): the sums in
     four interleaved parts (no add waits for the one before), then the sketch and the
@@ -393,12 +397,15 @@ def survey_range(u, ref, use_ref, start, stop, out, sketch, log2m, cnt, s1, s2,
     s0 = s1_ = s2_ = s3 = 0.0
     z0 = z1 = z2 = z3 = 0.0
     m0 = m1 = m2 = m3 = out[2]
+    k_lo, k_hi = np.int64(MAG_BINS + 1), np.int64(-1)
     for b0 in range(start, stop, BLOCK):
         b1 = min(stop, b0 + BLOCK)
         nb = b1 - b0
         ub, rb = u[b0:b1], ref[b0:b1]           # indexed from 0: these loops vectorize;
         if skip_zeros and _plus_zeros(ub, rb, use_ref, nb):
             cnt[MAG_BINS] += nb                 # as the element loops below would leave it
+            k_lo = min(k_lo, np.int64(MAG_BINS))
+            k_hi = np.int64(MAG_BINS)
             if nb >= 4:                         # (lanes 1-3 see elements from 4 on)
                 m1 = 0.0 if 0.0 < m1 else m1
                 m2 = 0.0 if 0.0 < m2 else m2
@@ -447,12 +454,17 @@ def survey_range(u, ref, use_ref, start, stop, out, sketch, log2m, cnt, s1, s2,
             m = mag[j]
             k = np.int64(bits[j] >> np.uint32(17))
             k = np.int64(MAG_BINS) if m == 0.0 else k
+            k_lo = k if k < k_lo else k_lo
+            k_hi = k if k > k_hi else k_hi
             cnt[k] += 1
             s1[k] += m
             s2[k] += m * m
     out[0] += (z0 + z1) + (z2 + z3)
     out[1] += (s0 + s1_) + (s2_ + s3)
     out[2] = min(min(m0, m1), min(m2, m3))
+    if span.size == 2:
+        span[0] = min(span[0], k_lo)
+        span[1] = max(span[1], k_hi)
 
 
 @kernel
