@@ -243,6 +243,25 @@ def plan_ref(hist: dict, extra, n: int, chunk_size: int, modes, old: dict, slack
     return lengths, kept, np.stack(rows), mode_bits
 
 
+def try_width_ref(hist, dtype) -> tuple:
+    """``(estimated bytes, bits)`` of the uniform quantizer's symbol width for a level
+    histogram, every width weighed from the narrowest up (what ``uniform._try_args`` did
+    before it weighed them from the widest down)."""
+    from lcckpt.codec.uniform import UNIFORM_BITS, _entropy
+    best = None
+    for b in UNIFORM_BITS:
+        S = 1 << b
+        h = hist[:S].copy()
+        esc = int(hist[S:].sum())
+        h[0] += esc
+        est = _entropy(h) / 8 + esc * (4 + np.dtype(dtype).itemsize) + (S if b > 4 else 0) / 2
+        if best is None or est < best[0]:
+            best = (est, b)
+        if esc == 0:
+            break
+    return best
+
+
 # --- the blob header, field by field ---------------------------------------------------
 import zlib  # noqa: E402
 

@@ -763,6 +763,32 @@ def test_a_survey_over_two_tasks_counts_every_element(monkeypatch):
     assert np.allclose(m.s1, np.bincount(b, weights=a)[keep], rtol=1e-12, atol=0)
 
 
+@settings(max_examples=400, deadline=None)
+@given(st.integers(0, 2**31), st.integers(0, 6000), st.floats(0.05, 300.0),
+       st.integers(0, 40), st.booleans(), st.sampled_from(["float16", "float32", "float64"]))
+def test_symbol_width_is_chosen_as_weighing_every_width_would(seed, n, spread, outliers,
+                                                               halves, dtype):
+    """The uniform quantizer's symbol width, weighed from the widest down and skipping
+    widths whose escapes alone cost too much: the same width and the same estimate, bit
+    for bit, as weighing every width from the narrowest up (``oracles.try_width_ref``),
+    for integer level histograms and the error model's halves alike."""
+    from oracles import try_width_ref
+    from lcckpt.codec.uniform import _try_args
+    rng = np.random.default_rng(seed)
+    levels = np.minimum(np.abs(rng.standard_normal(n) * spread).astype(np.int64), 10**6)
+    sym = np.where(rng.random(n) < 0.5, 2 * levels - 1, 2 * levels).clip(0)
+    if n:
+        sym[rng.integers(0, n, outliers)] = rng.integers(0, 1000, outliers)
+    hist = np.bincount(np.minimum(sym, 256), minlength=257)[:257]
+    if halves:
+        hist = hist / 2.0
+        hist[0] += rng.integers(0, 3) / 2
+    est, b, args = _try_args(hist, 0.1, 0.5, 0.0, 0.1, None, np.dtype(dtype))
+    want_est, want_b = try_width_ref(hist, np.dtype(dtype))
+    assert (b, float(est).hex()) == (want_b, float(want_est).hex())
+    assert args[4] == 1 << b
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 9000), st.integers(0, 2**31), st.booleans(), st.booleans(),
        st.booleans(), st.sampled_from(["none", "neg_zero", "nan", "ref_only", "ref_nan",

@@ -183,18 +183,28 @@ class _Chunks:
 def _try_args(hist, step, up, floor, rstep, limit, dtype) -> tuple:
     """``(estimated bytes, bits, args)`` of a try with the level histogram ``hist``: the
     symbol width of fewest estimated bytes, and the quantizer's arguments from ``step`` on
-    (:func:`lcckpt.codec.kernels.uniform.quantize_range`)."""
+    (:func:`lcckpt.codec.kernels.uniform.quantize_range`).
+
+    The widths from the narrowest up to the first without escapes are the candidates,
+    the narrowest of the cheapest chosen. They are weighed from the widest down, and one
+    whose escapes and table alone cost more than the best so far is not weighed (its
+    estimate only adds the symbols' entropy to that): the same choice and estimate, for
+    fewer entropy evaluations (a small tensor's tries spent more in them than in
+    quantizing)."""
+    per_escape = 4 + np.dtype(dtype).itemsize
+    escs = [int(hist[1 << b:].sum()) for b in UNIFORM_BITS]     # counts beyond each width
+    last = next((i for i, e in enumerate(escs) if e == 0), len(escs) - 1)
     best = None
-    for b in UNIFORM_BITS:
+    for i in range(last, -1, -1):
+        b, esc = UNIFORM_BITS[i], escs[i]
         S = 1 << b
+        if best is not None and esc * per_escape + (S if b > 4 else 0) / 2 > best[0]:
+            continue
         h = hist[:S].copy()
-        esc = int(hist[S:].sum())
         h[0] += esc
-        est = _entropy(h) / 8 + esc * (4 + np.dtype(dtype).itemsize) + (S if b > 4 else 0) / 2
-        if best is None or est < best[0]:
+        est = _entropy(h) / 8 + esc * per_escape + (S if b > 4 else 0) / 2
+        if best is None or est <= best[0]:
             best = (est, b)
-        if esc == 0:
-            break
     est, b = best
     lim = float(limit) if limit is not None else 0.0
     return est, b, (float(step), up, floor, float(rstep), 1 << b,
