@@ -153,6 +153,21 @@ def error_model_ref(cnt, s1, s2):
     return cf, s1[keep], s2[keep], bounds[keep], bounds[keep + 1], s1[keep] / cf
 
 
+def symbol_histogram_ref(model, step: float, up: float) -> np.ndarray:
+    """``ErrorModel.symbol_histogram`` in numpy (before one compiled call made it): zigzag
+    symbol counts, each level's count split between its two signs, all beyond 255 last."""
+    q = model.levels(step, up)
+    big = q > 128
+    h = np.zeros(257)
+    h[256] = model.cnt[big].sum()
+    small = ~big
+    lv = np.bincount(q[small].astype(np.int64), weights=model.cnt[small], minlength=129)
+    h[0] = lv[0] + (model.n - model.cnt.sum())
+    h[1:257:2] += lv[1:129] / 2
+    h[2:257:2] += lv[1:129] / 2
+    return h
+
+
 def step_for_ref(model, tol_sq: float, up: float, start: float) -> float:
     """``ErrorModel.step_for`` as numpy code (before its grids were searched in compiled
     calls): the model's ``errors_sq``, numpy's ``linspace`` and ``flatnonzero``."""

@@ -621,6 +621,28 @@ def test_the_compiled_error_model_gives_numpys_bits(n, seed, up):
         assert pairwise_sum(a) == np.sum(a)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 30000), st.integers(0, 2**31), st.sampled_from([0.4, 0.5]),
+       st.integers(0, 5000))
+def test_the_compiled_symbol_histogram_is_numpys(n, seed, up, extra):
+    """The error model's symbol counts (``ErrorModel.symbol_histogram``, one compiled
+    call) are the numpy code's (``oracles.symbol_histogram_ref``) bit for bit, for steps
+    from past every level to levels far beyond 255, and for a model of ``n`` elements
+    whose histogram left ``extra`` of them out (the zeros)."""
+    from oracles import symbol_histogram_ref
+
+    from lcckpt.codec.survey import survey
+    rng = np.random.default_rng(seed)
+    ref = rng.standard_normal(n).astype(np.float32)
+    u = (ref + rng.standard_normal(n) * 10.0 ** rng.uniform(-6, 0, n)).astype(np.float32)
+    model = survey(u, ref).model
+    model.n += extra
+    rms = float(np.sqrt(np.mean((u - ref).astype(np.float64) ** 2))) or 1.0
+    for step in rms * 10.0 ** rng.uniform(-5, 3, 12):
+        got, want = model.symbol_histogram(step, up), symbol_histogram_ref(model, step, up)
+        assert same_bits(got, want)
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.integers(1, 30000), st.integers(0, 2**31), st.sampled_from([0.4, 0.5]))
 def test_the_compiled_step_search_chooses_numpys_steps(n, seed, up):

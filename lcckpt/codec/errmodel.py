@@ -120,7 +120,13 @@ class ErrorModel:
 
     def symbol_histogram(self, step: float, up: float) -> np.ndarray:
         """Zigzag symbol counts (``[257]``, the last bin all beyond 255), each nonzero
-        level split evenly between its two signs: enough to choose the symbol width."""
+        level split evenly between its two signs: enough to choose the symbol width.
+        Compiled (:func:`lcckpt.codec.kernels.model.symbol_histogram`); numpy's way for
+        a model whose levels it refuses."""
+        h = np.zeros(257)
+        if mk.symbol_histogram(self.lo, self.hi, self.mean, self.cnt, self.n, float(step),
+                               float(up), h):
+            return h
         q = self.levels(step, up)
         big = q > 128
         h = np.zeros(257)

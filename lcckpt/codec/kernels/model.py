@@ -68,6 +68,32 @@ def bin_levels(lo, hi, mean, step, up, q):
 
 
 @kernel
+def symbol_histogram(lo, hi, mean, cnt, n, step, up, h):
+    """``ErrorModel.symbol_histogram`` into ``h`` (``[257]`` zeros): the same numbers,
+    each a sum of whole counts or of their halves, exact in any order. False, leaving
+    ``h`` unfinished, where a level is not a number >= 0 (the caller then takes numpy's
+    way, and its error)."""
+    lv = np.zeros(129)
+    total = 0.0
+    big = 0.0
+    for j in range(lo.size):
+        q = _bin_level(lo[j], hi[j], mean[j], step, up)[0]
+        if not q >= 0.0:
+            return False
+        total += cnt[j]
+        if q > 128:
+            big += cnt[j]
+        else:
+            lv[np.int64(q)] += cnt[j]
+    h[256] = big
+    h[0] = lv[0] + (n - total)
+    for i in range(1, 129):             # -i, +i: symbols 2i - 1 and 2i
+        h[2 * i - 1] += lv[i] / 2
+        h[2 * i] += lv[i] / 2
+    return True
+
+
+@kernel
 def errors_sq(lo, hi, mean, cnt, s1, s2, steps, up, wide_err, out):
     """``ErrorModel.errors_sq``: the modelled ``||u - ũ||²`` of each decision step,
     its levels restored with their least-squares step, into ``out``; a bin wider than a
