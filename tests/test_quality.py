@@ -746,7 +746,9 @@ def test_survey_span_bounds_the_bins_it_counted_into(n, seed, with_ref, odd):
 def test_a_survey_leaves_no_count_behind_for_the_next_on_its_thread():
     """A small tensor's survey counts into histograms its thread keeps: after surveys of
     NaN, of zeros, with a sketch and with a direction, they are clear, and the next
-    survey's model is the one a fresh thread gives, bit for bit."""
+    survey's model is the one a fresh thread gives, bit for bit; a survey that starts
+    while another on its thread is under way (a signal handler's save) counts into
+    arrays of its own."""
     import threading
     from lcckpt.codec import survey as sv
     rng = np.random.default_rng(5)
@@ -758,13 +760,28 @@ def test_a_survey_leaves_no_count_behind_for_the_next_on_its_thread():
                  (np.zeros(100, np.float32), None), (u[:3], None, 12)]:
         sv.survey(*args)
         assert not any(h.any() for h in sv._scratch.hist)
+    # inside a survey that a signal handler's save interrupted, with counts in a bin the
+    # handler's survey counts into too
+    k = int(np.abs(u[:1] * 3 - ref[:1]).astype(np.float32).view(np.uint32)[0] >> 17)
+    sv._scratch.busy = True
+    sv._scratch.hist[0][k] += 7
+    try:
+        inner = sv.survey(u * 3, ref)
+        assert sv._scratch.hist[0][k] == 7          # left to the survey that counted them
+    finally:
+        sv._scratch.busy = False
+        sv._scratch.hist[0][k] = 0
     here = sv.survey(u * 2, ref)
     there = []
     t = threading.Thread(target=lambda: there.append(sv.survey(u * 2, ref)))
     t.start()
     t.join()
+    t = threading.Thread(target=lambda: there.append(sv.survey(u * 3, ref)))
+    t.start()
+    t.join()
     for name in ("cnt", "s1", "s2", "lo", "hi", "mean"):
         assert same_bits(getattr(here.model, name), getattr(there[0].model, name))
+        assert same_bits(getattr(inner.model, name), getattr(there[1].model, name))
 
 
 def test_a_survey_over_two_tasks_counts_every_element(monkeypatch):

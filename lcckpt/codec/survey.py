@@ -81,10 +81,13 @@ def _survey_one(u: np.ndarray, ref: np.ndarray | None, sketch_log2: int,
     into histograms this thread keeps and clears again over the bins counted into (a
     small tensor's survey spent more time allocating and scanning the 16K bins than
     reading its elements)."""
-    h = getattr(_scratch, "hist", None)
+    kept = not getattr(_scratch, "busy", False)    # else a survey this one interrupted
+    h = getattr(_scratch, "hist", None) if kept else None      # (a signal handler's save)
     if h is None:
-        h = _scratch.hist = (np.zeros(uk.MAG_BINS + 1, np.int64), np.zeros(uk.MAG_BINS + 1),
-                             np.zeros(uk.MAG_BINS + 1))
+        h = (np.zeros(uk.MAG_BINS + 1, np.int64), np.zeros(uk.MAG_BINS + 1),
+             np.zeros(uk.MAG_BINS + 1))
+        if kept:
+            _scratch.hist = h
     cnt, s1, s2 = h
     out = np.array([0.0, 0.0, np.inf])
     sk = np.zeros(1 << sketch_log2 if sketch_log2 else 1)
@@ -92,6 +95,7 @@ def _survey_one(u: np.ndarray, ref: np.ndarray | None, sketch_log2: int,
     use_ref = ref is not None
     r = ref if use_ref else u
     try:
+        _scratch.busy = True
         uk.survey_range(u, r, use_ref, 0, u.size, out, sk, sketch_log2, cnt, s1, s2, True,
                         span)
         model = ErrorModel(u.size, cnt, s1, s2, (int(span[0]), int(span[1])))
@@ -103,7 +107,9 @@ def _survey_one(u: np.ndarray, ref: np.ndarray | None, sketch_log2: int,
             uk.direction_range(u, r, use_ref, direction, 0, u.size, a, b)
             model.steer(a, b, cnt)
     finally:
-        if span[0] <= span[1]:
-            for x in h:
-                x[span[0]:span[1] + 1] = 0
+        if kept:
+            _scratch.busy = False
+            if span[0] <= span[1]:
+                for x in h:
+                    x[span[0]:span[1] + 1] = 0
     return Survey(finite, float(out[1]), least, sk if sketch_log2 else None, model)
