@@ -391,6 +391,17 @@ def test_header_json_violations(raw_header):
         C.read_container(_craft(None, raw_header=raw_header))
 
 
+@pytest.mark.parametrize("raw_header, key", [
+    (b'{"version": 1, "version": 1, "meta": {}, "sections": []}', "version"),
+    (b'{"version": 1, "meta": {"a": 1, "b": {"c": 2}, "a": 1}, "sections": []}', "a"),
+    (b'{"version": 1, "meta": {"b": {"c": 2, "d": [{"e": 1, "f": 0, "e": 1}]}}, '
+     b'"sections": []}', "e"),
+])
+def test_a_header_key_given_twice_is_named(raw_header, key):
+    with pytest.raises(CorruptDataError, match=f"header has the key '{key}' twice"):
+        C.read_container(_craft(None, raw_header=raw_header))
+
+
 @pytest.mark.parametrize("version", [1, 2, 3])
 def test_verify_file_reports_the_version_and_the_header(tmp_path, version):
     path = tmp_path / "f.lc"

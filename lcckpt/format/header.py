@@ -152,11 +152,13 @@ def _check_header_size(raw: bytes) -> None:
 
 def _parse_json(raw: bytes):
     def no_duplicates(pairs):
-        obj = {}
-        for k, v in pairs:
-            if k in obj:
-                raise CorruptDataError(f"header has the key {k!r} twice")
-            obj[k] = v
+        obj = dict(pairs)           # in C; a key twice leaves it shorter than the pairs
+        if len(obj) != len(pairs):
+            seen = set()
+            for k, _ in pairs:
+                if k in seen:
+                    raise CorruptDataError(f"header has the key {k!r} twice")
+                seen.add(k)
         return obj
 
     def no_constants(name):
