@@ -131,7 +131,15 @@ def test_no_descriptor_is_left_open_and_none_left_to_take_is_no_error(tmp_path, 
     """Each file's spans share one duplicate descriptor, closed once they are done; where
     none can be taken (EMFILE), the keyframe is read whole, as before."""
     ck, _ = _chain(tmp_path)
-    fds = lambda: len(os.listdir("/proc/self/fd"))        # noqa: E731
+
+    def fds():          # this chain's files held open (the process's other descriptors
+        held = []       # may close meanwhile: a collected object of an earlier test)
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                held.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:                 # closed since it was listed
+                pass
+        return sorted(h for h in held if h.startswith(str(tmp_path)))
     ck.load(2)
     before = fds()
     a = _loads(ck, 2, monkeypatch, stream=True)
