@@ -2,6 +2,7 @@
 restores as reading it whole, damage reported as on that path, and a keyframe whose
 chain's files were closed still decodes."""
 
+import gc
 import os
 
 import numpy as np
@@ -132,8 +133,9 @@ def test_no_descriptor_is_left_open_and_none_left_to_take_is_no_error(tmp_path, 
     none can be taken (EMFILE), the keyframe is read whole, as before."""
     ck, _ = _chain(tmp_path)
 
-    def fds():          # this chain's files held open (the process's other descriptors
-        held = []       # may close meanwhile: a collected object of an earlier test)
+    def fds():          # this chain's files held open once garbage is collected (a
+        gc.collect()    # load's descriptors otherwise close when the collector gets to
+        held = []       # them, and the process's others when an earlier test's do)
         for fd in os.listdir("/proc/self/fd"):
             try:
                 held.append(os.readlink(f"/proc/self/fd/{fd}"))
