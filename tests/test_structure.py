@@ -1,7 +1,6 @@
 """The seams between layers: codec settings, decode into a buffer, the one tracker, leaf hooks."""
 
 import io
-import re
 
 import numpy as np
 import pytest
@@ -61,28 +60,6 @@ def test_config_refuses_bad_settings_by_name(kw, match):
         CodecConfig(**kw)
     with pytest.raises(InvalidArgumentError, match=match):
         CodecConfig.from_dict(kw)
-
-
-@pytest.mark.parametrize("target", [0.0, 1e-9, 0.25, 0.999, 0, float("nan"), float("inf"), 1.0,
-                                    -0.01, True, "0.1"])
-@pytest.mark.parametrize("base", [dict(target=0.01), dict(target=0.01, coder="runs",
-                                                         chunk_size=1 << 12), dict()])
-def test_with_target_is_replace_with_the_same_checks(base, target):
-    """``with_target`` (a delta's own share of the movement) gives the config
-    ``dataclasses.replace`` gives, and refuses what it refuses, with the same message."""
-    import dataclasses
-    cfg = CodecConfig(**base)
-    try:
-        want = dataclasses.replace(cfg, target=target)
-    except InvalidArgumentError as e:
-        with pytest.raises(InvalidArgumentError, match=re.escape(str(e))):
-            cfg.with_target(target)
-        return
-    got = cfg.with_target(target)
-    assert got == want and got is not cfg and cfg == CodecConfig(**base)
-    assert got.to_dict() == want.to_dict() and got.scheme == want.scheme
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        got.target = 0.5
 
 
 def test_config_is_frozen_and_refuses_unknown_keys():

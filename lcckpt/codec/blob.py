@@ -98,7 +98,7 @@ def lossless_header(dt: dtypes.DType, shape, log2: int, rotate: bool, encs) -> W
     """Exact planes; version 3 when a plane holds "pairs" chunks, 4 when one holds zero
     runs, so that a reader that predates them asks for an upgrade instead of misreading
     them."""
-    used = set().union(*(e.modes.tolist() for e in encs))     # (np.any per plane: 40 us)
+    used = set().union(*(e.modes.tolist() for e in encs))     # (np.any per plane: 36 us)
     pairs, runs = entropy.PAIRS in used, entropy.RUNS in used
     w = _header(LOSSLESS, dt, shape, log2,
                 RUNS_VERSION if runs else PAIRS_VERSION if pairs else None)

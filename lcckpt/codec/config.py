@@ -8,9 +8,8 @@ numcodecs codec config. It says nothing of files or chains.
 
 from __future__ import annotations
 
-import copy
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
@@ -91,18 +90,6 @@ class CodecConfig:
                 "selects it); drop "
                 f"{'it' if len(unused) == 1 else 'them'}, or drop "
                 f"{'lossless' if scheme == 'lossless' else 'target'} for LC-Checkpoint's buckets")
-
-    def with_target(self, target: float) -> CodecConfig:
-        """This config with another ``target``: only the target is checked when this one
-        already had a target (the rest was checked when it was made; a delta of a small
-        tensor spent 30 us checking it all again); else the whole config, as by
-        :func:`dataclasses.replace`."""
-        if self.target is None or isinstance(target, bool) or not isinstance(target, float) \
-                or not math.isfinite(target) or not 0 <= target < 1:
-            return replace(self, target=target)     # checked in full, or refused
-        new = copy.copy(self)
-        object.__setattr__(new, "target", target)
-        return new
 
     @property
     def scheme(self) -> str:

@@ -290,7 +290,7 @@ class DeltaEncoder:
         allowed = max(kept, PRECISION[dt.name] * norm)
         self.last_movement = (moved, norm, kept)
         share = min(allowed / norm, MAX_TARGET) if norm > 0 else 0.0
-        return self.config.with_target(share)
+        return dataclasses.replace(self.config, target=share)
 
     def _keyframe(self, a, dt, u, why, defer_copy=False, new_base=True):
         """An exact blob; ``new_base``: movement counts from it (a keyframe, not an exact

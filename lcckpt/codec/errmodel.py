@@ -121,21 +121,13 @@ class ErrorModel:
     def symbol_histogram(self, step: float, up: float) -> np.ndarray:
         """Zigzag symbol counts (``[257]``, the last bin all beyond 255), each nonzero
         level split evenly between its two signs: enough to choose the symbol width.
-        Compiled (:func:`lcckpt.codec.kernels.model.symbol_histogram`); numpy's way for
-        a model whose levels it refuses."""
+        Compiled (:func:`lcckpt.codec.kernels.model.symbol_histogram`)."""
         h = np.zeros(257)
-        if mk.symbol_histogram(self.lo, self.hi, self.mean, self.cnt, self.n, float(step),
-                               float(up), h):
-            return h
-        q = self.levels(step, up)
-        big = q > 128
-        h = np.zeros(257)
-        h[256] = self.cnt[big].sum()
-        small = ~big
-        lv = np.bincount(q[small].astype(np.int64), weights=self.cnt[small], minlength=129)
-        h[0] = lv[0] + (self.n - self.cnt.sum())
-        h[1:257:2] += lv[1:129] / 2              # -1, -2, ...: symbols 1, 3, ...
-        h[2:257:2] += lv[1:129] / 2              # +1, +2, ...: symbols 2, 4, ...
+        # a NaN level comes only from a non-finite delta, which is refused before this
+        if not mk.symbol_histogram(self.lo, self.hi, self.mean, self.cnt, self.n, float(step),
+                                   float(up), h):
+            raise ValueError(f"no symbol counts at step {step}: the model's levels are "
+                             "not numbers >= 0")
         return h
 
     def step_for(self, tol_sq: float, up: float, start: float) -> float:

@@ -71,8 +71,7 @@ def bin_levels(lo, hi, mean, step, up, q):
 def symbol_histogram(lo, hi, mean, cnt, n, step, up, h):
     """``ErrorModel.symbol_histogram`` into ``h`` (``[257]`` zeros): the same numbers,
     each a sum of whole counts or of their halves, exact in any order. False, leaving
-    ``h`` unfinished, where a level is not a number >= 0 (the caller then takes numpy's
-    way, and its error)."""
+    ``h`` unfinished, where a level is not a number >= 0."""
     lv = np.zeros(129)
     total = 0.0
     big = 0.0
