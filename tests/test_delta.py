@@ -138,3 +138,33 @@ def test_replay_into_decodes_a_waiting_keyframe_and_its_deltas_into_the_callers_
     assert r.replay_into(out)
     assert out.tobytes() == want.tobytes() == enc.reference().tobytes()
     assert r.ref is out and not r.replay_into(np.zeros(5000, np.float32))  # none waits now
+
+
+def test_settle_replays_tiny_tensors_on_the_calling_thread(monkeypatch):
+    """``settle``: tensors of at most ``TINY`` elements replay on the caller, one after
+    another (on the pool two threads of mostly Python wait on each other for the GIL);
+    larger ones go to the pool's threads. Every reference comes out as its encoder left
+    it."""
+    import threading
+    from lcckpt.codec import replay
+    from lcckpt.codec.delta import Reconstruction
+    sizes = [300, replay.TINY, replay.TINY + 1, 3 * replay.TINY]
+    recs, want = [], []
+    for k, n in enumerate(sizes):
+        enc = lcckpt.DeltaEncoder(chunk_size=1 << 14)
+        r = Reconstruction()
+        for u in _walk(n, 3, 10 + k):
+            r.apply(enc.encode(u))
+        recs.append(r)
+        want.append(enc.reference().tobytes())
+    where, real = {}, Reconstruction.ref
+
+    def ref(self):
+        where.setdefault(id(self), threading.get_ident())
+        return real.fget(self)
+    monkeypatch.setattr(Reconstruction, "ref", property(ref))
+    monkeypatch.setenv("LCCKPT_THREADS", "2")      # a pool even on a one-CPU machine
+    replay.settle(recs)
+    here = threading.get_ident()
+    assert [where[id(r)] == here for r in recs] == [True, True, False, False]
+    assert [r.ref.tobytes() for r in recs] == want
